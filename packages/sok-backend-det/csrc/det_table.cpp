@@ -1,0 +1,358 @@
+#include "det_table.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "sok/prefetch.hpp"
+
+namespace sok_det {
+
+namespace {
+
+constexpr int64_t kMinSlots = 64;
+constexpr int64_t kParallelMin = 1 << 14;  // keys per call before bulk loops use threads
+
+int64_t next_pow2(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+DetTable::DetTable(const sok_storage_config& config, sok::Options& options)
+    : sok::Storage(config.key_type, config.row_width) {
+  if (config.device_type != SOK_DEVICE_CPU) {
+    sok::fail(SOK_ERROR_UNSUPPORTED,
+              "this det build has no CUDA implementation; create the table on the CPU "
+              "(device_type 0) or install a CUDA build of sok-backend-det");
+  }
+  int64_t init_capacity = options.integer("init_capacity", 1024);
+  max_capacity_ = options.integer("max_capacity", 0);
+  max_load_factor_ = options.real("max_load_factor", 0.5);
+  options.reject_unknown("det", {"init_capacity", "max_capacity", "max_load_factor"});
+  if (init_capacity < 1 || init_capacity > (int64_t{1} << 40)) {
+    sok::invalid("init_capacity=" + std::to_string(init_capacity) + " is out of range; valid: 1 .. 2**40 keys");
+  }
+  if (max_capacity_ < 0) {
+    sok::invalid("max_capacity=" + std::to_string(max_capacity_) + " must be >= 0 (0 = unlimited)");
+  }
+  if (!(max_load_factor_ >= 0.1 && max_load_factor_ <= 0.9)) {
+    sok::invalid("max_load_factor=" + std::to_string(max_load_factor_) + " is out of range; valid: 0.1 .. 0.9");
+  }
+  int64_t slots = next_pow2(std::max<int64_t>(kMinSlots, static_cast<int64_t>(init_capacity / max_load_factor_) + 1));
+  slots_.assign(slots, Slot{0, kEmpty});
+  mask_ = static_cast<uint64_t>(slots - 1);
+}
+
+int64_t DetTable::size(const sok_exec_context&) {
+  std::shared_lock lock(mutex_);
+  return size_;
+}
+
+int64_t DetTable::capacity() {
+  std::shared_lock lock(mutex_);
+  return static_cast<int64_t>(slots_.size());
+}
+
+int64_t DetTable::lookup(uint64_t key) const {
+  uint64_t i = sok::hash_key(key) & mask_;
+  while (true) {
+    const Slot& s = slots_[i];
+    if (s.row == kEmpty) return kEmpty;
+    if (s.row >= 0 && s.key == key) return s.row;
+    i = (i + 1) & mask_;
+  }
+}
+
+void DetTable::lookup_all(int64_t n, const void* keys, int64_t* rows) const {
+  const int32_t kt = key_type();
+  sok::parallel_for(n, kParallelMin, [&](int, int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (i + sok::kPrefetchDistance < e) sok::prefetch(home(sok::load_key(keys, kt, i + sok::kPrefetchDistance)));
+      rows[i] = lookup(sok::load_key(keys, kt, i));
+    }
+  });
+}
+
+void DetTable::check_capacity(int64_t more_keys) const {
+  if (max_capacity_ > 0 && size_ + more_keys > max_capacity_) {
+    sok::fail(SOK_ERROR_CAPACITY, "det table is full: " + std::to_string(size_) + " keys + " +
+                                      std::to_string(more_keys) + " new keys exceed max_capacity=" +
+                                      std::to_string(max_capacity_) +
+                                      "; raise max_capacity or use var_type 'hybrid' for eviction");
+  }
+}
+
+void DetTable::reserve(int64_t more_keys) {
+  int64_t slots = static_cast<int64_t>(slots_.size());
+  if (static_cast<double>(size_ + erased_ + more_keys) <= max_load_factor_ * slots) return;
+  int64_t needed = next_pow2(static_cast<int64_t>((size_ + more_keys) / max_load_factor_) + 1);
+  rehash(std::max(needed, slots));
+}
+
+void DetTable::rehash(int64_t new_slots) {
+  std::vector<Slot> fresh(new_slots, Slot{0, kEmpty});
+  uint64_t mask = static_cast<uint64_t>(new_slots - 1);
+  for (const Slot& s : slots_) {
+    if (s.row < 0) continue;
+    uint64_t i = sok::hash_key(s.key) & mask;
+    while (fresh[i].row != kEmpty) i = (i + 1) & mask;
+    fresh[i] = s;
+  }
+  slots_.swap(fresh);
+  mask_ = mask;
+  erased_ = 0;
+}
+
+int64_t DetTable::allocate_row() {
+  if (!free_rows_.empty()) {
+    int64_t row = free_rows_.back();
+    free_rows_.pop_back();
+    return row;
+  }
+  if ((next_row_ >> kChunkBits) >= static_cast<int64_t>(chunks_.size())) {
+    chunks_.emplace_back(new float[kChunkRows * row_width()]);
+    score_chunks_.emplace_back(new uint64_t[kChunkRows]);
+  }
+  return next_row_++;
+}
+
+int64_t DetTable::insert(uint64_t key, bool* created) {
+  uint64_t i = sok::hash_key(key) & mask_;
+  int64_t reuse = -1;
+  while (true) {
+    Slot& s = slots_[i];
+    if (s.row == kEmpty) break;
+    if (s.row == kErased) {
+      if (reuse < 0) reuse = static_cast<int64_t>(i);
+    } else if (s.key == key) {
+      *created = false;
+      return s.row;
+    }
+    i = (i + 1) & mask_;
+  }
+  int64_t row = allocate_row();
+  if (reuse >= 0) {
+    i = static_cast<uint64_t>(reuse);
+    --erased_;
+  }
+  slots_[i] = Slot{key, row};
+  ++size_;
+  *created = true;
+  return row;
+}
+
+void DetTable::insert_missing(int64_t n, const void* keys, int64_t* rows, uint8_t* found,
+                              const sok_initializer* inits, int32_t num_inits,
+                              std::vector<int64_t>* created_rows) {
+  int64_t misses = 0;
+  for (int64_t i = 0; i < n; ++i) misses += rows[i] == kEmpty;
+  if (found != nullptr) {
+    for (int64_t i = 0; i < n; ++i) found[i] = rows[i] != kEmpty;
+  }
+  if (misses == 0) return;
+  // Duplicates among the misses may make the real count smaller: checking the upper bound keeps
+  // the call all-or-nothing without a second pass.
+  std::vector<uint64_t> unique_misses;
+  unique_misses.reserve(misses);
+  for (int64_t i = 0; i < n; ++i)
+    if (rows[i] == kEmpty) unique_misses.push_back(sok::load_key(keys, key_type(), i));
+  std::sort(unique_misses.begin(), unique_misses.end());
+  int64_t fresh = std::unique(unique_misses.begin(), unique_misses.end()) - unique_misses.begin();
+  check_capacity(fresh);
+  reserve(fresh);
+  created_rows->reserve(fresh);
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] != kEmpty) continue;
+    bool created = false;
+    rows[i] = insert(sok::load_key(keys, key_type(), i), &created);
+    if (created) created_rows->push_back(i);
+  }
+  // Initialise the new rows (by the key of their first occurrence) in parallel.
+  const int32_t w = row_width();
+  sok::parallel_for(static_cast<int64_t>(created_rows->size()), 4096, [&](int, int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      int64_t i = (*created_rows)[j];
+      sok::init_row(row_ptr(rows[i]), w, sok::load_key(keys, key_type(), i), inits, num_inits);
+    }
+  });
+}
+
+void DetTable::find(const sok_exec_context&, int64_t n, const void* keys, sok::Columns cols,
+                    float* values, const float* default_row, uint8_t* found) {
+  std::shared_lock lock(mutex_);
+  const int32_t kt = key_type();
+  const int32_t w = cols.width();
+  const size_t bytes = sizeof(float) * w;
+  sok::parallel_for(n, kParallelMin, [&](int, int64_t b, int64_t e) {
+    // Two-stage pipeline: slots are prefetched kPrefetchDistance keys ahead, rows half as far.
+    constexpr int kRing = sok::kPrefetchDistance / 2;
+    int64_t ring[kRing];
+    auto stage = [&](int64_t i) {
+      int64_t row = lookup(sok::load_key(keys, kt, i));
+      if (row >= 0) sok::prefetch_range(row_ptr(row) + cols.begin, bytes);
+      ring[i % kRing] = row;
+    };
+    for (int64_t i = b; i < std::min(e, b + kRing); ++i) stage(i);
+    for (int64_t i = b; i < e; ++i) {
+      if (i + sok::kPrefetchDistance < e) sok::prefetch(home(sok::load_key(keys, kt, i + sok::kPrefetchDistance)));
+      int64_t row = ring[i % kRing];
+      if (i + kRing < e) stage(i + kRing);
+      float* out = values + i * w;
+      if (row >= 0) {
+        std::memcpy(out, row_ptr(row) + cols.begin, bytes);
+      } else if (default_row != nullptr) {
+        std::memcpy(out, default_row, bytes);
+      } else {
+        std::memset(out, 0, bytes);
+      }
+      if (found != nullptr) found[i] = row >= 0;
+    }
+  });
+}
+
+void DetTable::find_or_insert(const sok_exec_context&, int64_t n, const void* keys,
+                              sok::Columns cols, float* values, uint8_t* found, const uint64_t*,
+                              const sok_initializer* inits, int32_t num_inits) {
+  std::unique_lock lock(mutex_);
+  std::vector<int64_t> rows(n);
+  lookup_all(n, keys, rows.data());
+  std::vector<int64_t> created;
+  insert_missing(n, keys, rows.data(), found, inits, num_inits, &created);
+  const uint64_t now = sok::now_ns();
+  const int32_t w = cols.width();
+  sok::parallel_for(n, kParallelMin, [&](int, int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (i + sok::kPrefetchDistance < e) sok::prefetch(row_ptr(rows[i + sok::kPrefetchDistance]) + cols.begin);
+      std::memcpy(values + i * w, row_ptr(rows[i]) + cols.begin, sizeof(float) * w);
+    }
+  });
+  // Scores: every row gets the same time, so concurrent stores of duplicates agree; still, give
+  // each row one owner to keep the writes race-free.
+  sok::parallel_workers(n, kParallelMin, [&](int worker, int workers) {
+    for (int64_t i = 0; i < n; ++i)
+      if (rows[i] % workers == worker) row_score(rows[i]) = now;
+  });
+}
+
+void DetTable::write_rows(int64_t n, const int64_t* rows, sok::Columns cols, const float* values,
+                          WriteMode mode, uint64_t score) {
+  const int32_t w = cols.width();
+  // Each worker owns the rows with row % workers == worker and walks the batch in order, so
+  // duplicates are applied in batch order (last write wins, sums in a fixed order) without locks.
+  sok::parallel_workers(n, kParallelMin, [&](int worker, int workers) {
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t row = rows[i];
+      if (row % workers != worker) continue;
+      float* dst = row_ptr(row) + cols.begin;
+      const float* src = values + i * w;
+      if (mode == WriteMode::kAssign) {
+        std::memcpy(dst, src, sizeof(float) * w);
+      } else {
+        for (int32_t c = 0; c < w; ++c) dst[c] += src[c];
+      }
+      row_score(row) = score;
+    }
+  });
+}
+
+void DetTable::upsert(int64_t n, const void* keys, sok::Columns cols, const float* values,
+                      const sok_initializer* inits, int32_t num_inits, WriteMode mode) {
+  std::unique_lock lock(mutex_);
+  std::vector<int64_t> rows(n);
+  lookup_all(n, keys, rows.data());
+  std::vector<int64_t> created;
+  insert_missing(n, keys, rows.data(), nullptr, inits, num_inits, &created);
+  if (mode == WriteMode::kAccumulate) {
+    // A new key takes the sum of its values in the batch: start its columns from zero.
+    for (int64_t i : created) std::memset(row_ptr(rows[i]) + cols.begin, 0, sizeof(float) * cols.width());
+  }
+  write_rows(n, rows.data(), cols, values, mode, sok::now_ns());
+}
+
+void DetTable::insert_or_assign(const sok_exec_context&, int64_t n, const void* keys,
+                                sok::Columns cols, const float* values, const uint64_t*,
+                                const sok_initializer* inits, int32_t num_inits) {
+  upsert(n, keys, cols, values, inits, num_inits, WriteMode::kAssign);
+}
+
+void DetTable::accum_or_assign(const sok_exec_context&, int64_t n, const void* keys,
+                               sok::Columns cols, const float* values, const uint64_t*,
+                               const sok_initializer* inits, int32_t num_inits) {
+  upsert(n, keys, cols, values, inits, num_inits, WriteMode::kAccumulate);
+}
+
+int64_t DetTable::insert_and_evict(const sok_exec_context&, int64_t n, const void* keys,
+                                   sok::Columns cols, const float* values, const uint64_t*,
+                                   const sok_initializer* inits, int32_t num_inits, void*, float*,
+                                   uint64_t*) {
+  // det grows instead of evicting: nothing is ever displaced.
+  upsert(n, keys, cols, values, inits, num_inits, WriteMode::kAssign);
+  return 0;
+}
+
+int64_t DetTable::erase(const sok_exec_context&, int64_t n, const void* keys) {
+  std::unique_lock lock(mutex_);
+  int64_t erased = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t key = sok::load_key(keys, key_type(), i);
+    uint64_t j = sok::hash_key(key) & mask_;
+    while (slots_[j].row != kEmpty) {
+      Slot& s = slots_[j];
+      if (s.row >= 0 && s.key == key) {
+        free_rows_.push_back(s.row);
+        s.row = kErased;
+        --size_;
+        ++erased_;
+        ++erased;
+        break;
+      }
+      j = (j + 1) & mask_;
+    }
+  }
+  return erased;
+}
+
+int64_t DetTable::export_batch(const sok_exec_context&, int64_t offset, int64_t limit,
+                               sok::Columns cols, const uint64_t* threshold, void* keys,
+                               float* values, uint64_t* scores) {
+  std::shared_lock lock(mutex_);
+  const int64_t end = std::min<int64_t>(static_cast<int64_t>(slots_.size()), offset + limit);
+  const int32_t w = cols.width();
+  int64_t count = 0;
+  for (int64_t j = offset; j < end; ++j) {
+    const Slot& s = slots_[j];
+    if (s.row < 0) continue;
+    uint64_t score = row_score(s.row);
+    if (threshold != nullptr && score < *threshold) continue;
+    sok::store_key(keys, key_type(), count, s.key);
+    if (values != nullptr) std::memcpy(values + count * w, row_ptr(s.row) + cols.begin, sizeof(float) * w);
+    if (scores != nullptr) scores[count] = score;
+    ++count;
+  }
+  return count;
+}
+
+void DetTable::clear(const sok_exec_context&) {
+  std::unique_lock lock(mutex_);
+  std::fill(slots_.begin(), slots_.end(), Slot{0, kEmpty});
+  size_ = 0;
+  erased_ = 0;
+  next_row_ = 0;
+  free_rows_.clear();
+}
+
+std::string DetTable::describe() {
+  std::shared_lock lock(mutex_);
+  std::ostringstream out;
+  out << "det (CPU): " << size_ << " keys, " << slots_.size() << " slots (load "
+      << static_cast<double>(size_) / static_cast<double>(slots_.size()) << ", max "
+      << max_load_factor_ << "), " << chunks_.size() * kChunkRows << " rows allocated of width "
+      << row_width() << ", key " << sok::key_type_name(key_type());
+  return out.str();
+}
+
+}  // namespace sok_det

@@ -1,0 +1,103 @@
+// det: a dynamic, growing embedding table (var_type "hbm"). CPU implementation.
+//
+// Index: open addressing with linear probing over 16-byte slots {key, row}; the row field marks
+// empty and erased slots, so every 64-bit key value is a valid key (no sentinel keys).
+// Rows: a chunked arena of fixed-width float rows that never moves, so growing the index only
+// rehashes 16-byte slots. Each row carries a score: the time (ns since the Unix epoch) of the last
+// call that wrote or inserted it, used by export_if and incremental dumps.
+//
+// The CUDA implementation (issue "CUDA backends") goes beside this file as det_table_cuda.cu,
+// behind the same class, chosen by the execution context's device.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "sok/backend.hpp"
+
+namespace sok_det {
+
+class DetTable final : public sok::Storage {
+ public:
+  DetTable(const sok_storage_config& config, sok::Options& options);
+
+  int64_t size(const sok_exec_context& ctx) override;
+  int64_t capacity() override;
+  void find(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
+            float* values, const float* default_row, uint8_t* found) override;
+  void find_or_insert(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
+                      float* values, uint8_t* found, const uint64_t* scores,
+                      const sok_initializer* inits, int32_t num_inits) override;
+  void insert_or_assign(const sok_exec_context& ctx, int64_t n, const void* keys,
+                        sok::Columns cols, const float* values, const uint64_t* scores,
+                        const sok_initializer* inits, int32_t num_inits) override;
+  void accum_or_assign(const sok_exec_context& ctx, int64_t n, const void* keys,
+                       sok::Columns cols, const float* values, const uint64_t* scores,
+                       const sok_initializer* inits, int32_t num_inits) override;
+  int64_t erase(const sok_exec_context& ctx, int64_t n, const void* keys) override;
+  int64_t export_batch(const sok_exec_context& ctx, int64_t offset, int64_t limit,
+                       sok::Columns cols, const uint64_t* threshold, void* keys, float* values,
+                       uint64_t* scores) override;
+  int64_t insert_and_evict(const sok_exec_context& ctx, int64_t n, const void* keys,
+                           sok::Columns cols, const float* values, const uint64_t* scores,
+                           const sok_initializer* inits, int32_t num_inits, void* evicted_keys,
+                           float* evicted_values, uint64_t* evicted_scores) override;
+  void clear(const sok_exec_context& ctx) override;
+  std::string describe() override;
+
+ private:
+  struct Slot {
+    uint64_t key;
+    int64_t row;  // >= 0: live; kEmpty / kErased otherwise
+  };
+  static constexpr int64_t kEmpty = -1;
+  static constexpr int64_t kErased = -2;
+  static constexpr int kChunkBits = 14;  // rows per arena chunk: 16384
+  static constexpr int64_t kChunkRows = int64_t{1} << kChunkBits;
+
+  enum class WriteMode { kAssign, kAccumulate };
+
+  float* row_ptr(int64_t row) const {
+    return chunks_[row >> kChunkBits].get() + (row & (kChunkRows - 1)) * row_width();
+  }
+  uint64_t& row_score(int64_t row) const {
+    return score_chunks_[row >> kChunkBits][row & (kChunkRows - 1)];
+  }
+  const Slot* home(uint64_t key) const { return &slots_[sok::hash_key(key) & mask_]; }
+
+  // The row of key, or kEmpty. Needs at least a shared lock.
+  int64_t lookup(uint64_t key) const;
+  // Rows of keys[0, n) (kEmpty for misses), in parallel with prefetching.
+  void lookup_all(int64_t n, const void* keys, int64_t* rows) const;
+  // The row of key, inserting it with a fresh row if absent; *created tells which.
+  int64_t insert(uint64_t key, bool* created);
+  // Inserts the misses of rows[] (kEmpty) serially, initialises new rows, and fills found[].
+  void insert_missing(int64_t n, const void* keys, int64_t* rows, uint8_t* found,
+                      const sok_initializer* inits, int32_t num_inits,
+                      std::vector<int64_t>* created_rows);
+  void write_rows(int64_t n, const int64_t* rows, sok::Columns cols, const float* values,
+                  WriteMode mode, uint64_t score);
+  void upsert(int64_t n, const void* keys, sok::Columns cols, const float* values,
+              const sok_initializer* inits, int32_t num_inits, WriteMode mode);
+  int64_t allocate_row();
+  void reserve(int64_t more_keys);
+  void rehash(int64_t new_slots);
+  void check_capacity(int64_t more_keys) const;
+
+  mutable std::shared_mutex mutex_;
+  std::vector<Slot> slots_;
+  uint64_t mask_ = 0;
+  int64_t size_ = 0;
+  int64_t erased_ = 0;  // erased slots still in probe chains
+  std::vector<std::unique_ptr<float[]>> chunks_;
+  std::vector<std::unique_ptr<uint64_t[]>> score_chunks_;
+  int64_t next_row_ = 0;
+  std::vector<int64_t> free_rows_;
+  double max_load_factor_;
+  int64_t max_capacity_;
+};
+
+}  // namespace sok_det

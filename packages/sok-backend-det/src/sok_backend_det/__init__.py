@@ -1,0 +1,19 @@
+"""det: the dynamic embedding table of SparseOperationKit, var_type ``"hbm"``.
+
+A growing open-addressing hash table; all rows in one memory (device memory on a GPU, host memory
+on the CPU). Every 64-bit key value is valid. Use it through ``sparse_operation_kit``:
+
+Example::
+
+    >>> from sparse_operation_kit.storage import create_storage
+    >>> table = create_storage("hbm", row_width=16, init_capacity=1 << 20)
+
+The native class is ``sok_backend_det._core.Table``; importing this package does not load it.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("sok-backend-det")
+except PackageNotFoundError:  # a source tree
+    __version__ = "0.0.0+unknown"

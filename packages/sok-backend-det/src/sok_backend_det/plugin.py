@@ -1,0 +1,21 @@
+"""Registers the det backend with sok-core (entry point ``sok.backends: det``)."""
+
+from sparse_operation_kit.plugins import BackendSpec, Capabilities, hookimpl
+
+from sok_backend_det import __version__
+
+
+@hookimpl
+def sok_register_backends(registry):
+    registry.register(
+        BackendSpec(
+            name="det",
+            var_types=("hbm",),
+            factory="sok_backend_det._core:Table",
+            capabilities=Capabilities(eviction=False, export_if=True, host_memory=False, devices=("cpu",)),
+            package="sok-backend-det",
+            version=__version__,
+            build_info="sok_backend_det._core:BUILD_INFO",
+            c_api="sok_backend_det._core:storage_api",
+        )
+    )

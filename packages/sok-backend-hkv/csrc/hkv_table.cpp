@@ -1,0 +1,437 @@
+#include "hkv_table.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "sok/prefetch.hpp"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace sok_hkv {
+
+namespace {
+
+constexpr int64_t kParallelMin = 1 << 14;
+
+bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+Policy parse_policy(const std::string& name) {
+  // HierarchicalKV / SOK spellings first, then the short ones.
+  static const std::pair<const char*, Policy> names[] = {
+      {"kLru", Policy::kLru},           {"kLfu", Policy::kLfu},
+      {"kEpochLru", Policy::kEpochLru}, {"kEpochLfu", Policy::kEpochLfu},
+      {"kCustomized", Policy::kCustom}, {"lru", Policy::kLru},
+      {"lfu", Policy::kLfu},            {"epoch_lru", Policy::kEpochLru},
+      {"epoch_lfu", Policy::kEpochLfu}, {"custom", Policy::kCustom},
+      {"customized", Policy::kCustom}};
+  for (const auto& p : names)
+    if (name == p.first) return p.second;
+  sok::invalid("evict_strategy=" + sok::Options::quote(name) +
+               " is not a policy; valid: lru, lfu, epoch_lru, epoch_lfu, custom (or kLru, kLfu, "
+               "kEpochLru, kEpochLfu, kCustomized)");
+}
+
+const char* policy_name(Policy p) {
+  switch (p) {
+    case Policy::kLru: return "lru";
+    case Policy::kLfu: return "lfu";
+    case Policy::kEpochLru: return "epoch_lru";
+    case Policy::kEpochLfu: return "epoch_lfu";
+    default: return "custom";
+  }
+}
+
+std::string pow2_hint(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return std::to_string(p);
+}
+
+}  // namespace
+
+HkvTable::HkvTable(const sok_storage_config& config, sok::Options& options)
+    : sok::Storage(config.key_type, config.row_width) {
+  if (config.device_type != SOK_DEVICE_CPU) {
+    sok::fail(SOK_ERROR_UNSUPPORTED,
+              "this hkv build has no CUDA implementation; create the table on the CPU "
+              "(device_type 0) or install a CUDA build of sok-backend-hkv");
+  }
+  int64_t init_capacity = options.integer("init_capacity", 8192);
+  max_capacity_ = options.integer("max_capacity", int64_t{64} << 20);
+  bucket_size_ = options.integer("max_bucket_size", 128);
+  max_load_factor_ = options.real("max_load_factor", 0.5);
+  max_hbm_gb_ = options.real("max_hbm_for_vectors", 16.0);
+  policy_ = parse_policy(options.text("evict_strategy", "lru"));
+  // GPU tuning settings of SOK's HKV config: validated so typos fail, used by the CUDA path.
+  int64_t device_id = options.integer("device_id", -1);
+  int64_t block_size = options.integer("block_size", 1024);
+  std::string io_by_cpu = options.text("io_by_cpu", "false");
+  options.reject_unknown("hkv", {"init_capacity", "max_capacity", "max_bucket_size",
+                                 "max_load_factor", "max_hbm_for_vectors", "evict_strategy",
+                                 "device_id", "block_size", "io_by_cpu"});
+  if (bucket_size_ < 16 || bucket_size_ > 128 || !is_pow2(bucket_size_)) {
+    sok::invalid("max_bucket_size=" + std::to_string(bucket_size_) + " is not valid; valid: 16, 32, 64, 128");
+  }
+  if (!is_pow2(max_capacity_) || max_capacity_ < bucket_size_) {
+    sok::invalid("max_capacity=" + std::to_string(max_capacity_) +
+                 " must be a power of two >= max_bucket_size (" + std::to_string(bucket_size_) +
+                 "); for example " + pow2_hint(std::max(max_capacity_, bucket_size_)));
+  }
+  if (!is_pow2(init_capacity) || init_capacity < bucket_size_ || init_capacity > max_capacity_) {
+    sok::invalid("init_capacity=" + std::to_string(init_capacity) +
+                 " must be a power of two between max_bucket_size (" + std::to_string(bucket_size_) +
+                 ") and max_capacity (" + std::to_string(max_capacity_) + "); for example " +
+                 pow2_hint(std::min(max_capacity_, std::max(init_capacity, bucket_size_))));
+  }
+  if (!(max_load_factor_ > 0.0 && max_load_factor_ <= 1.0)) {
+    sok::invalid("max_load_factor=" + std::to_string(max_load_factor_) + " is out of range; valid: (0, 1]");
+  }
+  if (!(max_hbm_gb_ >= 0.0)) {
+    sok::invalid("max_hbm_for_vectors=" + std::to_string(max_hbm_gb_) + " must be >= 0 (GB)");
+  }
+  if (device_id < -1) sok::invalid("device_id=" + std::to_string(device_id) + " must be >= -1");
+  if (block_size < 1) sok::invalid("block_size=" + std::to_string(block_size) + " must be >= 1");
+  if (io_by_cpu != "true" && io_by_cpu != "false") {
+    sok::invalid("io_by_cpu=" + sok::Options::quote(io_by_cpu) + " is not valid; valid: true, false");
+  }
+  allocate(init_capacity);
+}
+
+bool HkvTable::accepts_scores() const {
+  return policy_ == Policy::kLfu || policy_ == Policy::kEpochLfu || policy_ == Policy::kCustom;
+}
+
+void HkvTable::allocate(int64_t capacity) {
+  num_buckets_ = capacity / bucket_size_;
+  digests_.assign(capacity, 0);
+  keys_.assign(capacity, 0);
+  scores_.assign(capacity, 0);
+  fill_.assign(num_buckets_, 0);
+  values_.assign(static_cast<size_t>(capacity) * row_width(), 0.0f);
+  size_ = 0;
+}
+
+void HkvTable::grow() {
+  std::vector<uint8_t> digests;
+  std::vector<uint64_t> keys, scores;
+  std::vector<float> values;
+  digests.swap(digests_);
+  keys.swap(keys_);
+  scores.swap(scores_);
+  values.swap(values_);
+  const int64_t old_capacity = static_cast<int64_t>(digests.size());
+  allocate(old_capacity * 2);
+  // Doubling splits each bucket in two, so every live slot finds room in its new bucket.
+  for (int64_t s = 0; s < old_capacity; ++s) {
+    if (digests[s] == 0) continue;
+    uint64_t h = sok::hash_key(keys[s]);
+    int64_t b = bucket_of(h);
+    int64_t j = b * bucket_size_ + fill_[b]++;
+    digests_[j] = digest_of(h);
+    keys_[j] = keys[s];
+    scores_[j] = scores[s];
+    std::memcpy(row(j), values.data() + s * row_width(), sizeof(float) * row_width());
+    ++size_;
+  }
+}
+
+void HkvTable::prefetch_bucket(uint64_t key) const {
+  int64_t b = bucket_of(sok::hash_key(key));
+  sok::prefetch_range(&digests_[b * bucket_size_], static_cast<size_t>(bucket_size_));
+}
+
+int64_t HkvTable::locate(uint64_t key, uint64_t hash) const {
+  const int64_t base = bucket_of(hash) * bucket_size_;
+  const uint8_t d = digest_of(hash);
+  const uint8_t* dg = &digests_[base];
+#if defined(__SSE2__)
+  const __m128i needle = _mm_set1_epi8(static_cast<char>(d));
+  for (int64_t g = 0; g < bucket_size_; g += 16) {
+    __m128i group = _mm_loadu_si128(reinterpret_cast<const __m128i*>(dg + g));
+    unsigned mask = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(group, needle)));
+    while (mask != 0) {
+      int bit = __builtin_ctz(mask);
+      if (keys_[base + g + bit] == key) return base + g + bit;
+      mask &= mask - 1;
+    }
+  }
+#else
+  for (int64_t j = 0; j < bucket_size_; ++j)
+    if (dg[j] == d && keys_[base + j] == key) return base + j;
+#endif
+  return kNotFound;
+}
+
+uint64_t HkvTable::tick() {
+  last_tick_ = std::max(sok::now_ns(), last_tick_ + 1);
+  return last_tick_;
+}
+
+uint64_t HkvTable::next_score(bool has_old, uint64_t old, uint64_t caller, uint64_t now) const {
+  switch (policy_) {
+    case Policy::kLru: return now;
+    case Policy::kLfu: return has_old ? (old > UINT64_MAX - caller ? UINT64_MAX : old + caller) : caller;
+    case Policy::kEpochLru: return (epoch_ << 32) | ((now >> 20) & 0xFFFFFFFFull);
+    case Policy::kEpochLfu: {
+      uint64_t low = has_old ? (old & 0xFFFFFFFFull) : 0;
+      low = std::min<uint64_t>(0xFFFFFFFFull, low + std::min<uint64_t>(caller, 0xFFFFFFFFull));
+      return (epoch_ << 32) | low;
+    }
+    default: return caller;
+  }
+}
+
+void HkvTable::spill_row(Spill* spill, uint64_t key, const float* r, uint64_t score) const {
+  if (spill == nullptr || spill->keys == nullptr) return;
+  sok::store_key(spill->keys, key_type(), spill->count, key);
+  if (spill->values != nullptr) {
+    std::memcpy(spill->values + spill->count * row_width(), r, sizeof(float) * row_width());
+  }
+  if (spill->scores != nullptr) spill->scores[spill->count] = score;
+  ++spill->count;
+}
+
+int64_t HkvTable::place(uint64_t key, uint64_t score, bool* created, Spill* spill) {
+  const uint64_t h = sok::hash_key(key);
+  while (true) {
+    int64_t slot = locate(key, h);
+    if (slot != kNotFound) {
+      *created = false;
+      return slot;
+    }
+    const int64_t capacity = static_cast<int64_t>(digests_.size());
+    const int64_t b = bucket_of(h);
+    const bool can_grow = capacity < max_capacity_;
+    if (can_grow && (fill_[b] == bucket_size_ || static_cast<double>(size_ + 1) > max_load_factor_ * capacity)) {
+      grow();
+      continue;
+    }
+    const int64_t base = b * bucket_size_;
+    *created = true;
+    if (fill_[b] < bucket_size_) {
+      int64_t j = base;
+      while (digests_[j] != 0) ++j;
+      digests_[j] = digest_of(h);
+      keys_[j] = key;
+      ++fill_[b];
+      ++size_;
+      return j;
+    }
+    // Full bucket at max_capacity: the lowest score goes, unless the policy refuses the newcomer.
+    int64_t victim = base;
+    for (int64_t j = base + 1; j < base + bucket_size_; ++j)
+      if (scores_[j] < scores_[victim]) victim = j;
+    const bool admits_all = policy_ == Policy::kLru || policy_ == Policy::kLfu;
+    if (!admits_all && score < scores_[victim]) {
+      *created = false;
+      return kNotFound;
+    }
+    spill_row(spill, keys_[victim], row(victim), scores_[victim]);
+    digests_[victim] = digest_of(h);
+    keys_[victim] = key;
+    return victim;
+  }
+}
+
+int64_t HkvTable::size(const sok_exec_context&) {
+  std::shared_lock lock(mutex_);
+  return size_;
+}
+
+int64_t HkvTable::capacity() {
+  std::shared_lock lock(mutex_);
+  return static_cast<int64_t>(digests_.size());
+}
+
+void HkvTable::find(const sok_exec_context&, int64_t n, const void* keys, sok::Columns cols,
+                    float* values, const float* default_row, uint8_t* found) {
+  std::shared_lock lock(mutex_);
+  const int32_t kt = key_type();
+  const int32_t w = cols.width();
+  const size_t bytes = sizeof(float) * w;
+  sok::parallel_for(n, kParallelMin, [&](int, int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (i + sok::kPrefetchDistance < e) prefetch_bucket(sok::load_key(keys, kt, i + sok::kPrefetchDistance));
+      uint64_t key = sok::load_key(keys, kt, i);
+      int64_t slot = locate(key, sok::hash_key(key));
+      float* out = values + i * w;
+      if (slot != kNotFound) {
+        std::memcpy(out, values_.data() + slot * row_width() + cols.begin, bytes);
+      } else if (default_row != nullptr) {
+        std::memcpy(out, default_row, bytes);
+      } else {
+        std::memset(out, 0, bytes);
+      }
+      if (found != nullptr) found[i] = slot != kNotFound;
+    }
+  });
+}
+
+void HkvTable::find_or_insert(const sok_exec_context&, int64_t n, const void* keys,
+                              sok::Columns cols, float* values, uint8_t* found,
+                              const uint64_t* scores, const sok_initializer* inits,
+                              int32_t num_inits) {
+  std::unique_lock lock(mutex_);
+  const int32_t kt = key_type();
+  const int32_t w = cols.width();
+  const uint64_t now = tick();
+  std::vector<float> scratch(row_width());
+  std::vector<uint64_t> created_keys;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + sok::kPrefetchDistance < n) prefetch_bucket(sok::load_key(keys, kt, i + sok::kPrefetchDistance));
+    const uint64_t key = sok::load_key(keys, kt, i);
+    const uint64_t caller = scores ? scores[i] : 1;
+    bool created = false;
+    int64_t slot = place(key, next_score(false, 0, caller, now), &created, nullptr);
+    const float* src;
+    if (slot == kNotFound) {  // refused: the caller still gets the initial values
+      sok::init_row(scratch.data(), row_width(), key, inits, num_inits);
+      src = scratch.data();
+    } else {
+      if (created) {
+        sok::init_row(row(slot), row_width(), key, inits, num_inits);
+        created_keys.push_back(key);
+      }
+      scores_[slot] = next_score(!created, scores_[slot], caller, now);
+      src = row(slot);
+    }
+    std::memcpy(values + i * w, src + cols.begin, sizeof(float) * w);
+    if (found != nullptr) found[i] = slot != kNotFound && !created;
+  }
+  // Later duplicates of a key created by this call hit it, but it did not exist before the call.
+  if (found != nullptr && !created_keys.empty()) {
+    std::sort(created_keys.begin(), created_keys.end());
+    for (int64_t i = 0; i < n; ++i)
+      if (found[i] && std::binary_search(created_keys.begin(), created_keys.end(), sok::load_key(keys, kt, i)))
+        found[i] = 0;
+  }
+}
+
+void HkvTable::write(int64_t n, const void* keys, sok::Columns cols, const float* values,
+                     const uint64_t* scores, const sok_initializer* inits, int32_t num_inits,
+                     Write mode, Spill* spill) {
+  const int32_t kt = key_type();
+  const int32_t w = cols.width();
+  const uint64_t now = tick();
+  std::vector<float> scratch(row_width());
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + sok::kPrefetchDistance < n) prefetch_bucket(sok::load_key(keys, kt, i + sok::kPrefetchDistance));
+    const uint64_t key = sok::load_key(keys, kt, i);
+    const uint64_t caller = scores ? scores[i] : 1;
+    const uint64_t new_score = next_score(false, 0, caller, now);
+    const float* src = values + i * w;
+    bool created = false;
+    int64_t slot = place(key, new_score, &created, spill);
+    if (slot == kNotFound) {  // refused: report it as evicted, with the row it would have had
+      sok::init_row(scratch.data(), row_width(), key, inits, num_inits);
+      std::memcpy(scratch.data() + cols.begin, src, sizeof(float) * w);
+      spill_row(spill, key, scratch.data(), new_score);
+      continue;
+    }
+    float* dst = row(slot);
+    if (created) sok::init_row(dst, row_width(), key, inits, num_inits);
+    if (created || mode == Write::kAssign) {
+      std::memcpy(dst + cols.begin, src, sizeof(float) * w);
+    } else {
+      for (int32_t c = 0; c < w; ++c) dst[cols.begin + c] += src[c];
+    }
+    scores_[slot] = created ? new_score : next_score(true, scores_[slot], caller, now);
+  }
+}
+
+void HkvTable::insert_or_assign(const sok_exec_context&, int64_t n, const void* keys,
+                                sok::Columns cols, const float* values, const uint64_t* scores,
+                                const sok_initializer* inits, int32_t num_inits) {
+  std::unique_lock lock(mutex_);
+  write(n, keys, cols, values, scores, inits, num_inits, Write::kAssign, nullptr);
+}
+
+void HkvTable::accum_or_assign(const sok_exec_context&, int64_t n, const void* keys,
+                               sok::Columns cols, const float* values, const uint64_t* scores,
+                               const sok_initializer* inits, int32_t num_inits) {
+  std::unique_lock lock(mutex_);
+  write(n, keys, cols, values, scores, inits, num_inits, Write::kAccumulate, nullptr);
+}
+
+int64_t HkvTable::insert_and_evict(const sok_exec_context&, int64_t n, const void* keys,
+                                   sok::Columns cols, const float* values, const uint64_t* scores,
+                                   const sok_initializer* inits, int32_t num_inits,
+                                   void* evicted_keys, float* evicted_values,
+                                   uint64_t* evicted_scores) {
+  std::unique_lock lock(mutex_);
+  Spill spill{evicted_keys, evicted_values, evicted_scores, 0};
+  write(n, keys, cols, values, scores, inits, num_inits, Write::kAssign, &spill);
+  return spill.count;
+}
+
+int64_t HkvTable::erase(const sok_exec_context&, int64_t n, const void* keys) {
+  std::unique_lock lock(mutex_);
+  int64_t erased = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t key = sok::load_key(keys, key_type(), i);
+    uint64_t h = sok::hash_key(key);
+    int64_t slot = locate(key, h);
+    if (slot == kNotFound) continue;
+    digests_[slot] = 0;
+    scores_[slot] = 0;
+    --fill_[bucket_of(h)];
+    --size_;
+    ++erased;
+  }
+  return erased;
+}
+
+int64_t HkvTable::export_batch(const sok_exec_context&, int64_t offset, int64_t limit,
+                               sok::Columns cols, const uint64_t* threshold, void* keys,
+                               float* values, uint64_t* scores) {
+  std::shared_lock lock(mutex_);
+  const int64_t end = std::min<int64_t>(static_cast<int64_t>(digests_.size()), offset + limit);
+  const int32_t w = cols.width();
+  int64_t count = 0;
+  for (int64_t s = offset; s < end; ++s) {
+    if (digests_[s] == 0) continue;
+    if (threshold != nullptr && scores_[s] < *threshold) continue;
+    sok::store_key(keys, key_type(), count, keys_[s]);
+    if (values != nullptr) std::memcpy(values + count * w, values_.data() + s * row_width() + cols.begin, sizeof(float) * w);
+    if (scores != nullptr) scores[count] = scores_[s];
+    ++count;
+  }
+  return count;
+}
+
+void HkvTable::clear(const sok_exec_context&) {
+  std::unique_lock lock(mutex_);
+  std::fill(digests_.begin(), digests_.end(), 0);
+  std::fill(scores_.begin(), scores_.end(), 0);
+  std::fill(fill_.begin(), fill_.end(), 0);
+  size_ = 0;
+}
+
+void HkvTable::set_global_epoch(uint64_t epoch) {
+  std::unique_lock lock(mutex_);
+  if (policy_ != Policy::kEpochLru && policy_ != Policy::kEpochLfu) {
+    sok::fail(SOK_ERROR_UNSUPPORTED, std::string("set_global_epoch needs evict_strategy epoch_lru or epoch_lfu; this table uses ") + policy_name(policy_));
+  }
+  if (epoch > 0xFFFFFFFFull) {
+    sok::invalid("epoch=" + std::to_string(epoch) + " does not fit the 32 high bits of a score; valid: 0 .. 2**32-1");
+  }
+  epoch_ = epoch;
+}
+
+std::string HkvTable::describe() {
+  std::shared_lock lock(mutex_);
+  std::ostringstream out;
+  const auto capacity = static_cast<int64_t>(digests_.size());
+  out << "hkv (CPU): " << size_ << " keys, capacity " << capacity << " of max " << max_capacity_
+      << " (" << num_buckets_ << " buckets x " << bucket_size_ << ", load "
+      << static_cast<double>(size_) / static_cast<double>(capacity) << "), policy "
+      << policy_name(policy_) << ", row width " << row_width() << ", key "
+      << sok::key_type_name(key_type()) << ", all rows in host memory";
+  return out.str();
+}
+
+}  // namespace sok_hkv

@@ -1,0 +1,22 @@
+"""hkv: the embedding table with eviction of SparseOperationKit, var_type ``"hybrid"``.
+
+A bucketed hash table with per-key scores: it grows up to ``max_capacity`` and then evicts the
+lowest-score row of a full bucket (policies lru, lfu, epoch_lru, epoch_lfu, custom). On a GPU,
+rows past ``max_hbm_for_vectors`` GB live in pinned host memory. Use it through
+``sparse_operation_kit``:
+
+Example::
+
+    >>> from sparse_operation_kit.storage import create_storage
+    >>> table = create_storage("hybrid", row_width=16, init_capacity=1024, max_capacity=1 << 20,
+    ...                        evict_strategy="lfu")
+
+The native class is ``sok_backend_hkv._core.Table``; importing this package does not load it.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("sok-backend-hkv")
+except PackageNotFoundError:  # a source tree
+    __version__ = "0.0.0+unknown"

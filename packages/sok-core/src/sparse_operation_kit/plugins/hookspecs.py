@@ -1,0 +1,50 @@
+"""Every hook a SparseOperationKit plugin can implement.
+
+A storage backend is a Python distribution that declares an entry point in the group
+``sok.backends`` pointing at a module (or object) with ``@hookimpl`` functions. sok-core loads the
+entry points when a registry is first needed, but imports a backend's native code only when a
+``var_type`` asks for it.
+
+Example (a third-party backend's ``pyproject.toml`` and plugin module)::
+
+    [project.entry-points."sok.backends"]
+    mybackend = "my_sok_backend.plugin"
+
+    # my_sok_backend/plugin.py
+    from sparse_operation_kit.plugins import BackendSpec, Capabilities, hookimpl
+
+    @hookimpl
+    def sok_register_backends(registry):
+        registry.register(BackendSpec(
+            name="mybackend", var_types=("mine",), factory="my_sok_backend._core:Table",
+            capabilities=Capabilities(eviction=False, export_if=True),
+            package="my-sok-backend", version="1.0"))
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from sparse_operation_kit.plugins.registry import BackendRegistry
+
+#: The pluggy project name of SparseOperationKit's hooks.
+PROJECT_NAME = "sok"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+
+
+@hookspec
+def sok_register_backends(registry: BackendRegistry) -> None:
+    """Register the storage backends this plugin provides.
+
+    Called once per registry, when the registry is built. Call ``registry.register(spec)`` for
+    each backend; the spec names the ``var_type`` strings it serves, a factory path imported only
+    when one of them is used, its capabilities and the storage API version it was built for.
+
+    :param registry: the registry to add :class:`~sparse_operation_kit.plugins.BackendSpec` s to.
+
+    .. versionadded:: 0.1
+    """
