@@ -45,6 +45,23 @@ DetTable::DetTable(const sok_storage_config& config, sok::Options& options)
   int64_t slots = next_pow2(std::max<int64_t>(kMinSlots, static_cast<int64_t>(init_capacity / max_load_factor_) + 1));
   slots_.assign(slots, Slot{0, kEmpty});
   mask_ = static_cast<uint64_t>(slots - 1);
+  // Rows for init_capacity keys are allocated and touched now (in parallel), so filling the table
+  // up to its initial capacity does not pay page faults.
+  const int64_t chunks = (init_capacity + kChunkRows - 1) / kChunkRows;
+  for (int64_t c = 0; c < chunks; ++c) add_chunk();
+  sok::parallel_for(chunks, 2, [&](int, int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      std::memset(chunks_[c].get(), 0, sizeof(float) * kChunkRows * row_width());
+      std::memset(score_chunks_[c].get(), 0, sizeof(uint64_t) * kChunkRows);
+    }
+  });
+}
+
+void DetTable::add_chunk() {
+  std::unique_ptr<float[]> chunk(new float[kChunkRows * row_width()]);
+  std::unique_ptr<uint64_t[]> scores(new uint64_t[kChunkRows]);
+  chunks_.push_back(std::move(chunk));
+  score_chunks_.push_back(std::move(scores));
 }
 
 int64_t DetTable::size(const sok_exec_context&) {
@@ -113,10 +130,7 @@ int64_t DetTable::allocate_row() {
     free_rows_.pop_back();
     return row;
   }
-  if ((next_row_ >> kChunkBits) >= static_cast<int64_t>(chunks_.size())) {
-    chunks_.emplace_back(new float[kChunkRows * row_width()]);
-    score_chunks_.emplace_back(new uint64_t[kChunkRows]);
-  }
+  if ((next_row_ >> kChunkBits) >= static_cast<int64_t>(chunks_.size())) add_chunk();
   return next_row_++;
 }
 
@@ -146,7 +160,7 @@ int64_t DetTable::insert(uint64_t key, bool* created) {
 }
 
 void DetTable::insert_missing(int64_t n, const void* keys, int64_t* rows, uint8_t* found,
-                              const sok_initializer* inits, int32_t num_inits,
+                              const sok_initializer* inits, int32_t num_inits, bool skip_init,
                               std::vector<int64_t>* created_rows) {
   int64_t misses = 0;
   for (int64_t i = 0; i < n; ++i) misses += rows[i] == kEmpty;
@@ -154,24 +168,38 @@ void DetTable::insert_missing(int64_t n, const void* keys, int64_t* rows, uint8_
     for (int64_t i = 0; i < n; ++i) found[i] = rows[i] != kEmpty;
   }
   if (misses == 0) return;
-  // Duplicates among the misses may make the real count smaller: checking the upper bound keeps
-  // the call all-or-nothing without a second pass.
-  std::vector<uint64_t> unique_misses;
-  unique_misses.reserve(misses);
-  for (int64_t i = 0; i < n; ++i)
-    if (rows[i] == kEmpty) unique_misses.push_back(sok::load_key(keys, key_type(), i));
-  std::sort(unique_misses.begin(), unique_misses.end());
-  int64_t fresh = std::unique(unique_misses.begin(), unique_misses.end()) - unique_misses.begin();
-  check_capacity(fresh);
-  reserve(fresh);
+  // `misses` bounds the new keys from above (duplicates count several times); the exact count
+  // needs a sort, so it is only computed when the bound would break max_capacity.
+  int64_t fresh = misses;
+  if (max_capacity_ > 0 && size_ + misses > max_capacity_) {
+    std::vector<uint64_t> unique_misses;
+    unique_misses.reserve(misses);
+    for (int64_t i = 0; i < n; ++i)
+      if (rows[i] == kEmpty) unique_misses.push_back(sok::load_key(keys, key_type(), i));
+    std::sort(unique_misses.begin(), unique_misses.end());
+    fresh = std::unique(unique_misses.begin(), unique_misses.end()) - unique_misses.begin();
+    check_capacity(fresh);
+  }
+  reserve(fresh);  // slots for every new key: no rehash while inserting
   created_rows->reserve(fresh);
-  for (int64_t i = 0; i < n; ++i) {
-    if (rows[i] != kEmpty) continue;
-    bool created = false;
-    rows[i] = insert(sok::load_key(keys, key_type(), i), &created);
-    if (created) created_rows->push_back(i);
+  const int32_t kt = key_type();
+  try {
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + sok::kPrefetchDistance < n && rows[i + sok::kPrefetchDistance] == kEmpty) {
+        sok::prefetch(home(sok::load_key(keys, kt, i + sok::kPrefetchDistance)));
+      }
+      if (rows[i] != kEmpty) continue;
+      bool created = false;
+      rows[i] = insert(sok::load_key(keys, kt, i), &created);
+      if (created) created_rows->push_back(i);
+    }
+  } catch (...) {
+    // A row chunk could not be allocated: take the keys of this call out again (all or nothing).
+    for (int64_t i : *created_rows) remove(sok::load_key(keys, kt, i));
+    throw;
   }
   // Initialise the new rows (by the key of their first occurrence) in parallel.
+  if (skip_init) return;
   const int32_t w = row_width();
   sok::parallel_for(static_cast<int64_t>(created_rows->size()), 4096, [&](int, int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) {
@@ -221,7 +249,7 @@ void DetTable::find_or_insert(const sok_exec_context&, int64_t n, const void* ke
   std::vector<int64_t> rows(n);
   lookup_all(n, keys, rows.data());
   std::vector<int64_t> created;
-  insert_missing(n, keys, rows.data(), found, inits, num_inits, &created);
+  insert_missing(n, keys, rows.data(), found, inits, num_inits, false, &created);
   const uint64_t now = sok::now_ns();
   const int32_t w = cols.width();
   sok::parallel_for(n, kParallelMin, [&](int, int64_t b, int64_t e) {
@@ -245,6 +273,9 @@ void DetTable::write_rows(int64_t n, const int64_t* rows, sok::Columns cols, con
   // duplicates are applied in batch order (last write wins, sums in a fixed order) without locks.
   sok::parallel_workers(n, kParallelMin, [&](int worker, int workers) {
     for (int64_t i = 0; i < n; ++i) {
+      if (i + sok::kPrefetchDistance < n && rows[i + sok::kPrefetchDistance] % workers == worker) {
+        sok::prefetch_write(row_ptr(rows[i + sok::kPrefetchDistance]) + cols.begin);
+      }
       int64_t row = rows[i];
       if (row % workers != worker) continue;
       float* dst = row_ptr(row) + cols.begin;
@@ -265,7 +296,9 @@ void DetTable::upsert(int64_t n, const void* keys, sok::Columns cols, const floa
   std::vector<int64_t> rows(n);
   lookup_all(n, keys, rows.data());
   std::vector<int64_t> created;
-  insert_missing(n, keys, rows.data(), nullptr, inits, num_inits, &created);
+  // A write of whole rows overwrites every column of a new row: no need to initialise it.
+  const bool whole_rows = cols.begin == 0 && cols.end == row_width();
+  insert_missing(n, keys, rows.data(), nullptr, inits, num_inits, whole_rows && mode == WriteMode::kAssign, &created);
   if (mode == WriteMode::kAccumulate) {
     // A new key takes the sum of its values in the batch: start its columns from zero.
     for (int64_t i : created) std::memset(row_ptr(rows[i]) + cols.begin, 0, sizeof(float) * cols.width());
@@ -294,25 +327,26 @@ int64_t DetTable::insert_and_evict(const sok_exec_context&, int64_t n, const voi
   return 0;
 }
 
+bool DetTable::remove(uint64_t key) {
+  uint64_t j = sok::hash_key(key) & mask_;
+  while (slots_[j].row != kEmpty) {
+    Slot& s = slots_[j];
+    if (s.row >= 0 && s.key == key) {
+      free_rows_.push_back(s.row);
+      s.row = kErased;
+      --size_;
+      ++erased_;
+      return true;
+    }
+    j = (j + 1) & mask_;
+  }
+  return false;
+}
+
 int64_t DetTable::erase(const sok_exec_context&, int64_t n, const void* keys) {
   std::unique_lock lock(mutex_);
   int64_t erased = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint64_t key = sok::load_key(keys, key_type(), i);
-    uint64_t j = sok::hash_key(key) & mask_;
-    while (slots_[j].row != kEmpty) {
-      Slot& s = slots_[j];
-      if (s.row >= 0 && s.key == key) {
-        free_rows_.push_back(s.row);
-        s.row = kErased;
-        --size_;
-        ++erased_;
-        ++erased;
-        break;
-      }
-      j = (j + 1) & mask_;
-    }
-  }
+  for (int64_t i = 0; i < n; ++i) erased += remove(sok::load_key(keys, key_type(), i));
   return erased;
 }
 

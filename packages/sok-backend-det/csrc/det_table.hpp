@@ -74,15 +74,19 @@ class DetTable final : public sok::Storage {
   void lookup_all(int64_t n, const void* keys, int64_t* rows) const;
   // The row of key, inserting it with a fresh row if absent; *created tells which.
   int64_t insert(uint64_t key, bool* created);
-  // Inserts the misses of rows[] (kEmpty) serially, initialises new rows, and fills found[].
+  // Removes key if present (its row goes to the free list); returns whether it was there.
+  bool remove(uint64_t key);
+  // Inserts the misses of rows[] (kEmpty) serially, initialises new rows (unless skip_init), and
+  // fills found[].
   void insert_missing(int64_t n, const void* keys, int64_t* rows, uint8_t* found,
-                      const sok_initializer* inits, int32_t num_inits,
+                      const sok_initializer* inits, int32_t num_inits, bool skip_init,
                       std::vector<int64_t>* created_rows);
   void write_rows(int64_t n, const int64_t* rows, sok::Columns cols, const float* values,
                   WriteMode mode, uint64_t score);
   void upsert(int64_t n, const void* keys, sok::Columns cols, const float* values,
               const sok_initializer* inits, int32_t num_inits, WriteMode mode);
   int64_t allocate_row();
+  void add_chunk();
   void reserve(int64_t more_keys);
   void rehash(int64_t new_slots);
   void check_capacity(int64_t more_keys) const;

@@ -106,37 +106,29 @@ bool HkvTable::accepts_scores() const {
 }
 
 void HkvTable::allocate(int64_t capacity) {
-  num_buckets_ = capacity / bucket_size_;
-  digests_.assign(capacity, 0);
-  keys_.assign(capacity, 0);
-  scores_.assign(capacity, 0);
-  fill_.assign(num_buckets_, 0);
-  values_.assign(static_cast<size_t>(capacity) * row_width(), 0.0f);
-  size_ = 0;
-}
-
-void HkvTable::grow() {
-  std::vector<uint8_t> digests;
-  std::vector<uint64_t> keys, scores;
-  std::vector<float> values;
-  digests.swap(digests_);
-  keys.swap(keys_);
-  scores.swap(scores_);
-  values.swap(values_);
-  const int64_t old_capacity = static_cast<int64_t>(digests.size());
-  allocate(old_capacity * 2);
-  // Doubling splits each bucket in two, so every live slot finds room in its new bucket.
-  for (int64_t s = 0; s < old_capacity; ++s) {
-    if (digests[s] == 0) continue;
-    uint64_t h = sok::hash_key(keys[s]);
-    int64_t b = bucket_of(h);
-    int64_t j = b * bucket_size_ + fill_[b]++;
-    digests_[j] = digest_of(h);
-    keys_[j] = keys[s];
-    scores_[j] = scores[s];
-    std::memcpy(row(j), values.data() + s * row_width(), sizeof(float) * row_width());
-    ++size_;
+  // Everything is allocated before anything changes: an allocation failure leaves the table as is.
+  const int64_t num_buckets = capacity / bucket_size_;
+  std::vector<uint8_t> digests(capacity, 0);
+  std::vector<uint64_t> keys(capacity, 0), scores(capacity, 0);
+  std::vector<int32_t> fill(num_buckets, 0);
+  std::vector<float> values(static_cast<size_t>(capacity) * row_width(), 0.0f);
+  // Moving to twice the buckets splits each bucket in two, so every live slot finds room.
+  for (int64_t s = 0; s < static_cast<int64_t>(digests_.size()); ++s) {
+    if (digests_[s] == 0) continue;
+    const uint64_t h = sok::hash_key(keys_[s]);
+    const int64_t b = static_cast<int64_t>(h & (num_buckets - 1));
+    const int64_t j = b * bucket_size_ + fill[b]++;
+    digests[j] = digests_[s];
+    keys[j] = keys_[s];
+    scores[j] = scores_[s];
+    std::memcpy(values.data() + j * row_width(), row(s), sizeof(float) * row_width());
   }
+  digests_.swap(digests);
+  keys_.swap(keys);
+  scores_.swap(scores);
+  fill_.swap(fill);
+  values_.swap(values);
+  num_buckets_ = num_buckets;
 }
 
 void HkvTable::prefetch_bucket(uint64_t key) const {
@@ -144,7 +136,8 @@ void HkvTable::prefetch_bucket(uint64_t key) const {
   sok::prefetch_range(&digests_[b * bucket_size_], static_cast<size_t>(bucket_size_));
 }
 
-int64_t HkvTable::locate(uint64_t key, uint64_t hash) const {
+template <bool kCheckKey>
+int64_t HkvTable::scan(uint64_t key, uint64_t hash) const {
   const int64_t base = bucket_of(hash) * bucket_size_;
   const uint8_t d = digest_of(hash);
   const uint8_t* dg = &digests_[base];
@@ -155,15 +148,80 @@ int64_t HkvTable::locate(uint64_t key, uint64_t hash) const {
     unsigned mask = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(group, needle)));
     while (mask != 0) {
       int bit = __builtin_ctz(mask);
-      if (keys_[base + g + bit] == key) return base + g + bit;
+      if (!kCheckKey || keys_[base + g + bit] == key) return base + g + bit;
       mask &= mask - 1;
     }
   }
 #else
   for (int64_t j = 0; j < bucket_size_; ++j)
-    if (dg[j] == d && keys_[base + j] == key) return base + j;
+    if (dg[j] == d && (!kCheckKey || keys_[base + j] == key)) return base + j;
 #endif
   return kNotFound;
+}
+
+int64_t HkvTable::locate(uint64_t key, uint64_t hash) const { return scan<true>(key, hash); }
+
+template <class Index, class Fn>
+int64_t HkvTable::pipelined(int64_t count, Index&& index, const void* keys, sok::Columns cols, Fn&& fn) const {
+  constexpr int64_t kRing = sok::kPrefetchDistance / 2;
+  const int32_t kt = key_type();
+  int64_t ring[kRing];
+  // The candidate is the first slot whose digest matches (digests only, no key read): its key
+  // and row are prefetched, and fn's holds() check confirms it.
+  auto stage = [&](int64_t j) {
+    uint64_t key = sok::load_key(keys, kt, index(j));
+    int64_t slot = scan<false>(key, sok::hash_key(key));
+    if (slot != kNotFound) {
+      sok::prefetch(&keys_[slot]);
+      sok::prefetch_range(values_.data() + slot * row_width() + cols.begin, sizeof(float) * cols.width());
+    }
+    ring[j % kRing] = slot;
+  };
+  for (int64_t j = 0; j < std::min(count, kRing); ++j) stage(j);
+  for (int64_t j = 0; j < count; ++j) {
+    if (j + 2 * kRing < count) prefetch_bucket(sok::load_key(keys, kt, index(j + 2 * kRing)));
+    const int64_t i = index(j);
+    if (!fn(i, sok::load_key(keys, kt, i), ring[j % kRing])) return j;
+    if (j + kRing < count) stage(j + kRing);
+  }
+  return count;
+}
+
+template <class Op>
+std::vector<HkvTable::Lane> HkvTable::bulk_update(int64_t n, const void* keys, sok::Columns cols,
+                                                  bool spill, Op&& op) {
+  const int workers = n >= kParallelMin ? sok::num_workers() : 1;
+  std::vector<Lane> lanes(workers + 1);  // the last lane serves the serial remainder
+  for (Lane& lane : lanes) {
+    lane.spill = spill;
+    lane.scratch.resize(row_width());
+  }
+  // Keys per worker, by bucket at the current capacity.
+  std::vector<std::vector<int64_t>> mine(workers);
+  const int32_t kt = key_type();
+  if (workers == 1) {
+    mine[0].resize(n);
+    for (int64_t i = 0; i < n; ++i) mine[0][i] = i;
+  } else {
+    for (auto& m : mine) m.reserve(n / workers + n / 16);
+    for (int64_t i = 0; i < n; ++i) mine[bucket_of(sok::hash_key(sok::load_key(keys, kt, i))) % workers].push_back(i);
+  }
+  std::vector<int64_t> reached(workers, 0);
+  sok::parallel_for(workers, 2, [&](int, int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w) {
+      const auto& list = mine[w];
+      reached[w] = pipelined(static_cast<int64_t>(list.size()), [&](int64_t j) { return list[j]; }, keys, cols,
+                             [&](int64_t i, uint64_t key, int64_t hint) { return op(i, key, hint, false, &lanes[w]); });
+    }
+  });
+  std::vector<int64_t> rest;
+  for (int w = 0; w < workers; ++w) rest.insert(rest.end(), mine[w].begin() + reached[w], mine[w].end());
+  if (!rest.empty()) {
+    std::sort(rest.begin(), rest.end());
+    pipelined(static_cast<int64_t>(rest.size()), [&](int64_t j) { return rest[j]; }, keys, cols,
+              [&](int64_t i, uint64_t key, int64_t hint) { return op(i, key, hint, true, &lanes[workers]); });
+  }
+  return lanes;
 }
 
 uint64_t HkvTable::tick() {
@@ -185,17 +243,14 @@ uint64_t HkvTable::next_score(bool has_old, uint64_t old, uint64_t caller, uint6
   }
 }
 
-void HkvTable::spill_row(Spill* spill, uint64_t key, const float* r, uint64_t score) const {
-  if (spill == nullptr || spill->keys == nullptr) return;
-  sok::store_key(spill->keys, key_type(), spill->count, key);
-  if (spill->values != nullptr) {
-    std::memcpy(spill->values + spill->count * row_width(), r, sizeof(float) * row_width());
-  }
-  if (spill->scores != nullptr) spill->scores[spill->count] = score;
-  ++spill->count;
+void HkvTable::spill_row(Lane* lane, uint64_t key, const float* r, uint64_t score) const {
+  if (lane == nullptr || !lane->spill) return;
+  lane->spilled_keys.push_back(key);
+  lane->spilled_rows.insert(lane->spilled_rows.end(), r, r + row_width());
+  lane->spilled_scores.push_back(score);
 }
 
-int64_t HkvTable::place(uint64_t key, uint64_t score, bool* created, Spill* spill) {
+int64_t HkvTable::place(uint64_t key, uint64_t score, bool may_grow, bool* created, Lane* lane) {
   const uint64_t h = sok::hash_key(key);
   while (true) {
     int64_t slot = locate(key, h);
@@ -206,8 +261,10 @@ int64_t HkvTable::place(uint64_t key, uint64_t score, bool* created, Spill* spil
     const int64_t capacity = static_cast<int64_t>(digests_.size());
     const int64_t b = bucket_of(h);
     const bool can_grow = capacity < max_capacity_;
-    if (can_grow && (fill_[b] == bucket_size_ || static_cast<double>(size_ + 1) > max_load_factor_ * capacity)) {
-      grow();
+    if (can_grow && (fill_[b] == bucket_size_ || static_cast<double>(size_.load(std::memory_order_relaxed) + 1) > max_load_factor_ * capacity)) {
+      *created = false;
+      if (!may_grow) return kMustGrow;
+      allocate(capacity * 2);
       continue;
     }
     const int64_t base = b * bucket_size_;
@@ -218,7 +275,7 @@ int64_t HkvTable::place(uint64_t key, uint64_t score, bool* created, Spill* spil
       digests_[j] = digest_of(h);
       keys_[j] = key;
       ++fill_[b];
-      ++size_;
+      size_.fetch_add(1, std::memory_order_relaxed);
       return j;
     }
     // Full bucket at max_capacity: the lowest score goes, unless the policy refuses the newcomer.
@@ -230,7 +287,7 @@ int64_t HkvTable::place(uint64_t key, uint64_t score, bool* created, Spill* spil
       *created = false;
       return kNotFound;
     }
-    spill_row(spill, keys_[victim], row(victim), scores_[victim]);
+    spill_row(lane, keys_[victim], row(victim), scores_[victim]);
     digests_[victim] = digest_of(h);
     keys_[victim] = key;
     return victim;
@@ -250,14 +307,11 @@ int64_t HkvTable::capacity() {
 void HkvTable::find(const sok_exec_context&, int64_t n, const void* keys, sok::Columns cols,
                     float* values, const float* default_row, uint8_t* found) {
   std::shared_lock lock(mutex_);
-  const int32_t kt = key_type();
   const int32_t w = cols.width();
   const size_t bytes = sizeof(float) * w;
   sok::parallel_for(n, kParallelMin, [&](int, int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      if (i + sok::kPrefetchDistance < e) prefetch_bucket(sok::load_key(keys, kt, i + sok::kPrefetchDistance));
-      uint64_t key = sok::load_key(keys, kt, i);
-      int64_t slot = locate(key, sok::hash_key(key));
+    pipelined(e - b, [b](int64_t j) { return b + j; }, keys, cols, [&](int64_t i, uint64_t key, int64_t hint) {
+      const int64_t slot = holds(hint, key) ? hint : locate(key, sok::hash_key(key));
       float* out = values + i * w;
       if (slot != kNotFound) {
         std::memcpy(out, values_.data() + slot * row_width() + cols.begin, bytes);
@@ -267,7 +321,8 @@ void HkvTable::find(const sok_exec_context&, int64_t n, const void* keys, sok::C
         std::memset(out, 0, bytes);
       }
       if (found != nullptr) found[i] = slot != kNotFound;
-    }
+      return true;
+    });
   });
 }
 
@@ -276,61 +331,58 @@ void HkvTable::find_or_insert(const sok_exec_context&, int64_t n, const void* ke
                               const uint64_t* scores, const sok_initializer* inits,
                               int32_t num_inits) {
   std::unique_lock lock(mutex_);
-  const int32_t kt = key_type();
   const int32_t w = cols.width();
   const uint64_t now = tick();
-  std::vector<float> scratch(row_width());
-  std::vector<uint64_t> created_keys;
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + sok::kPrefetchDistance < n) prefetch_bucket(sok::load_key(keys, kt, i + sok::kPrefetchDistance));
-    const uint64_t key = sok::load_key(keys, kt, i);
+  auto lanes = bulk_update(n, keys, cols, false, [&](int64_t i, uint64_t key, int64_t hint, bool may_grow, Lane* lane) {
     const uint64_t caller = scores ? scores[i] : 1;
     bool created = false;
-    int64_t slot = place(key, next_score(false, 0, caller, now), &created, nullptr);
+    int64_t slot = holds(hint, key) ? hint : place(key, next_score(false, 0, caller, now), may_grow, &created, lane);
+    if (slot == kMustGrow) return false;
     const float* src;
     if (slot == kNotFound) {  // refused: the caller still gets the initial values
-      sok::init_row(scratch.data(), row_width(), key, inits, num_inits);
-      src = scratch.data();
+      sok::init_row(lane->scratch.data(), row_width(), key, inits, num_inits);
+      src = lane->scratch.data();
     } else {
       if (created) {
         sok::init_row(row(slot), row_width(), key, inits, num_inits);
-        created_keys.push_back(key);
+        lane->created.push_back(key);
       }
       scores_[slot] = next_score(!created, scores_[slot], caller, now);
       src = row(slot);
     }
     std::memcpy(values + i * w, src + cols.begin, sizeof(float) * w);
     if (found != nullptr) found[i] = slot != kNotFound && !created;
-  }
+    return true;
+  });
   // Later duplicates of a key created by this call hit it, but it did not exist before the call.
-  if (found != nullptr && !created_keys.empty()) {
-    std::sort(created_keys.begin(), created_keys.end());
+  std::vector<uint64_t> created;
+  for (const Lane& lane : lanes) created.insert(created.end(), lane.created.begin(), lane.created.end());
+  if (found != nullptr && !created.empty()) {
+    std::sort(created.begin(), created.end());
     for (int64_t i = 0; i < n; ++i)
-      if (found[i] && std::binary_search(created_keys.begin(), created_keys.end(), sok::load_key(keys, kt, i)))
+      if (found[i] && std::binary_search(created.begin(), created.end(), sok::load_key(keys, key_type(), i)))
         found[i] = 0;
   }
 }
 
-void HkvTable::write(int64_t n, const void* keys, sok::Columns cols, const float* values,
-                     const uint64_t* scores, const sok_initializer* inits, int32_t num_inits,
-                     Write mode, Spill* spill) {
-  const int32_t kt = key_type();
+std::vector<HkvTable::Lane> HkvTable::write(int64_t n, const void* keys, sok::Columns cols,
+                                            const float* values, const uint64_t* scores,
+                                            const sok_initializer* inits, int32_t num_inits,
+                                            Write mode, bool spill) {
   const int32_t w = cols.width();
   const uint64_t now = tick();
-  std::vector<float> scratch(row_width());
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + sok::kPrefetchDistance < n) prefetch_bucket(sok::load_key(keys, kt, i + sok::kPrefetchDistance));
-    const uint64_t key = sok::load_key(keys, kt, i);
+  return bulk_update(n, keys, cols, spill, [&](int64_t i, uint64_t key, int64_t hint, bool may_grow, Lane* lane) {
     const uint64_t caller = scores ? scores[i] : 1;
     const uint64_t new_score = next_score(false, 0, caller, now);
     const float* src = values + i * w;
     bool created = false;
-    int64_t slot = place(key, new_score, &created, spill);
+    int64_t slot = holds(hint, key) ? hint : place(key, new_score, may_grow, &created, lane);
+    if (slot == kMustGrow) return false;
     if (slot == kNotFound) {  // refused: report it as evicted, with the row it would have had
-      sok::init_row(scratch.data(), row_width(), key, inits, num_inits);
-      std::memcpy(scratch.data() + cols.begin, src, sizeof(float) * w);
-      spill_row(spill, key, scratch.data(), new_score);
-      continue;
+      sok::init_row(lane->scratch.data(), row_width(), key, inits, num_inits);
+      std::memcpy(lane->scratch.data() + cols.begin, src, sizeof(float) * w);
+      spill_row(lane, key, lane->scratch.data(), new_score);
+      return true;
     }
     float* dst = row(slot);
     if (created) sok::init_row(dst, row_width(), key, inits, num_inits);
@@ -340,21 +392,22 @@ void HkvTable::write(int64_t n, const void* keys, sok::Columns cols, const float
       for (int32_t c = 0; c < w; ++c) dst[cols.begin + c] += src[c];
     }
     scores_[slot] = created ? new_score : next_score(true, scores_[slot], caller, now);
-  }
+    return true;
+  });
 }
 
 void HkvTable::insert_or_assign(const sok_exec_context&, int64_t n, const void* keys,
                                 sok::Columns cols, const float* values, const uint64_t* scores,
                                 const sok_initializer* inits, int32_t num_inits) {
   std::unique_lock lock(mutex_);
-  write(n, keys, cols, values, scores, inits, num_inits, Write::kAssign, nullptr);
+  write(n, keys, cols, values, scores, inits, num_inits, Write::kAssign, false);
 }
 
 void HkvTable::accum_or_assign(const sok_exec_context&, int64_t n, const void* keys,
                                sok::Columns cols, const float* values, const uint64_t* scores,
                                const sok_initializer* inits, int32_t num_inits) {
   std::unique_lock lock(mutex_);
-  write(n, keys, cols, values, scores, inits, num_inits, Write::kAccumulate, nullptr);
+  write(n, keys, cols, values, scores, inits, num_inits, Write::kAccumulate, false);
 }
 
 int64_t HkvTable::insert_and_evict(const sok_exec_context&, int64_t n, const void* keys,
@@ -363,9 +416,19 @@ int64_t HkvTable::insert_and_evict(const sok_exec_context&, int64_t n, const voi
                                    void* evicted_keys, float* evicted_values,
                                    uint64_t* evicted_scores) {
   std::unique_lock lock(mutex_);
-  Spill spill{evicted_keys, evicted_values, evicted_scores, 0};
-  write(n, keys, cols, values, scores, inits, num_inits, Write::kAssign, &spill);
-  return spill.count;
+  auto lanes = write(n, keys, cols, values, scores, inits, num_inits, Write::kAssign, true);
+  // At most one row leaves per input key, so n slots always suffice.
+  int64_t count = 0;
+  for (const Lane& lane : lanes) {
+    for (size_t j = 0; j < lane.spilled_keys.size(); ++j, ++count) {
+      sok::store_key(evicted_keys, key_type(), count, lane.spilled_keys[j]);
+      if (evicted_values != nullptr) {
+        std::memcpy(evicted_values + count * row_width(), lane.spilled_rows.data() + j * row_width(), sizeof(float) * row_width());
+      }
+      if (evicted_scores != nullptr) evicted_scores[count] = lane.spilled_scores[j];
+    }
+  }
+  return count;
 }
 
 int64_t HkvTable::erase(const sok_exec_context&, int64_t n, const void* keys) {
@@ -428,7 +491,7 @@ std::string HkvTable::describe() {
   const auto capacity = static_cast<int64_t>(digests_.size());
   out << "hkv (CPU): " << size_ << " keys, capacity " << capacity << " of max " << max_capacity_
       << " (" << num_buckets_ << " buckets x " << bucket_size_ << ", load "
-      << static_cast<double>(size_) / static_cast<double>(capacity) << "), policy "
+      << static_cast<double>(size_.load()) / static_cast<double>(capacity) << "), policy "
       << policy_name(policy_) << ", row width " << row_width() << ", key "
       << sok::key_type_name(key_type()) << ", all rows in host memory";
   return out.str();

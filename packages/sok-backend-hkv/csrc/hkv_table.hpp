@@ -19,6 +19,7 @@
 // implementation (issue "CUDA backends"), which goes beside this file as hkv_table_cuda.cu.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <shared_mutex>
 #include <string>
@@ -64,34 +65,61 @@ class HkvTable final : public sok::Storage {
 
  private:
   enum class Write { kAssign, kAccumulate };
-  // Where evicted and refused rows go (insert_and_evict); null pointers drop them.
-  struct Spill {
-    void* keys = nullptr;
-    float* values = nullptr;
-    uint64_t* scores = nullptr;
-    int64_t count = 0;
+  // What one worker of a bulk update collects: evicted and refused rows (when `spill` is on),
+  // the keys it created, and a scratch row.
+  struct Lane {
+    bool spill = false;
+    std::vector<uint64_t> spilled_keys;
+    std::vector<float> spilled_rows;
+    std::vector<uint64_t> spilled_scores;
+    std::vector<uint64_t> created;
+    std::vector<float> scratch;
   };
   static constexpr int64_t kNotFound = -1;
+  static constexpr int64_t kMustGrow = -2;
 
   float* row(int64_t slot) { return values_.data() + slot * row_width(); }
   int64_t bucket_of(uint64_t hash) const { return static_cast<int64_t>(hash & (num_buckets_ - 1)); }
   static uint8_t digest_of(uint64_t hash) { return static_cast<uint8_t>(1 + (hash >> 56) % 255); }
   void prefetch_bucket(uint64_t key) const;
+  bool holds(int64_t slot, uint64_t key) const {
+    return slot != kNotFound && digests_[slot] != 0 && keys_[slot] == key;
+  }
+  // Software pipeline over a list of keys: the bucket of the key 2R ahead is prefetched, a
+  // candidate slot of the key R ahead is picked by digest and its key and row prefetched, then
+  // fn(i, key, hint) runs for the current key i. The hint may be wrong (a digest collision, or fn changed the table): fn
+  // confirms it with holds() and falls back to locate()/place().
+  // index(j) gives the batch position of the j-th key to visit (j < count); fn returns false to
+  // stop. Returns how many keys fn accepted.
+  template <class Index, class Fn>
+  int64_t pipelined(int64_t count, Index&& index, const void* keys, sok::Columns cols, Fn&& fn) const;
 
   // The slot of key in its bucket, or kNotFound. Needs at least a shared lock.
   int64_t locate(uint64_t key, uint64_t hash) const;
+  // The first slot of key's bucket whose digest matches (kCheckKey: and whose key is key).
+  template <bool kCheckKey>
+  int64_t scan(uint64_t key, uint64_t hash) const;
   // Score of a key by the policy: old = its score if present (has_old), inc = caller score.
   uint64_t next_score(bool has_old, uint64_t old, uint64_t caller, uint64_t now) const;
   uint64_t tick();
-  // Finds or places key (growing or evicting as needed). Returns the slot, or kNotFound when the
-  // policy refused it. *created is true for a new slot; an evicted row is appended to spill.
-  int64_t place(uint64_t key, uint64_t score, bool* created, Spill* spill);
-  void grow();
+  // Finds or places key, evicting as needed. Returns the slot, kNotFound when the policy refused
+  // it, or kMustGrow when the table should grow first and may_grow is false (bulk workers never
+  // grow the table; the caller grows it and goes on serially). *created is true for a new slot; an
+  // evicted row goes to lane.
+  int64_t place(uint64_t key, uint64_t score, bool may_grow, bool* created, Lane* lane);
+  // Runs op(i, key, hint, may_grow, lane) over the batch. With enough keys, worker w takes the keys
+  // whose bucket % workers == w, in batch order, so every bucket (and every key) has one writer and
+  // duplicates apply in batch order. op returns false to stop its worker (kMustGrow); the keys the
+  // workers did not reach then run serially, in batch order, with growth allowed. Returns the
+  // lanes for the caller to merge.
+  template <class Op>
+  std::vector<Lane> bulk_update(int64_t n, const void* keys, sok::Columns cols, bool spill, Op&& op);
+  // Resizes to `capacity` slots (growth doubles), moving every live slot.
   void allocate(int64_t capacity);
-  void write(int64_t n, const void* keys, sok::Columns cols, const float* values,
-             const uint64_t* scores, const sok_initializer* inits, int32_t num_inits, Write mode,
-             Spill* spill);
-  void spill_row(Spill* spill, uint64_t key, const float* row, uint64_t score) const;
+  std::vector<Lane> write(int64_t n, const void* keys, sok::Columns cols, const float* values,
+                          const uint64_t* scores, const sok_initializer* inits, int32_t num_inits,
+                          Write mode, bool spill);
+  void spill_row(Lane* lane, uint64_t key, const float* row, uint64_t score) const;
 
   mutable std::shared_mutex mutex_;
   Policy policy_;
@@ -102,7 +130,7 @@ class HkvTable final : public sok::Storage {
   double max_hbm_gb_;
   uint64_t epoch_ = 0;
   uint64_t last_tick_ = 0;
-  int64_t size_ = 0;
+  std::atomic<int64_t> size_{0};
   std::vector<uint8_t> digests_;  // (capacity,)
   std::vector<uint64_t> keys_;    // (capacity,)
   std::vector<uint64_t> scores_;  // (capacity,)
