@@ -82,6 +82,29 @@ def _options_as_strings(options: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _integers(values: Any, what: str, dtype: np.dtype) -> np.ndarray:
+    """``values`` as a C-contiguous array of ``dtype``, refusing non-integers and values that do not
+    fit (named in the message). Python lists are read as exact ints (NumPy would make a list with
+    values beyond int64 float64 or object)."""
+    array = np.asarray(values)
+    if array.size == 0:  # [] is float64 to NumPy; an empty batch has no dtype to check
+        return np.empty(array.shape, dtype=dtype)
+    if not isinstance(values, np.ndarray) and array.dtype.kind in "fO":
+        items = np.asarray(values, dtype=object).ravel().tolist()
+        if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in items):
+            array = np.array([int(v) for v in items], dtype=object).reshape(array.shape)
+    if array.dtype.kind not in "iuO" or (array.dtype == object and not all(
+            isinstance(v, (int, np.integer)) for v in array.ravel().tolist())):
+        raise TypeError(f"{what} must be integers ({dtype.name}), got dtype {array.dtype}")
+    if array.dtype != dtype:
+        info = np.iinfo(dtype)
+        low, high = array.min(), array.max()
+        if int(low) < info.min or int(high) > info.max:
+            bad = low if int(low) < info.min else high
+            raise ValueError(f"{what} value {int(bad)} does not fit {dtype.name} (valid: {info.min} .. {info.max})")
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
 class Storage:
     """A storage table with argument checking, over a backend table.
 
@@ -104,21 +127,10 @@ class Storage:
 
     # -- argument checks ------------------------------------------------------------------------
     def _keys(self, keys: Any) -> np.ndarray:
-        array = np.asarray(keys)
+        array = _integers(keys, "keys", self.key_dtype)
         if array.ndim != 1:
             raise ValueError(f"keys must be a 1-D array, got shape {array.shape}")
-        if array.dtype.kind not in "iu":
-            raise TypeError(f"keys must be integers ({self.key_dtype.name}), got dtype {array.dtype}")
-        if array.dtype != self.key_dtype and array.size:
-            info = np.iinfo(self.key_dtype)
-            low, high = array.min(), array.max()
-            if int(low) < info.min or int(high) > info.max:
-                bad = low if int(low) < info.min else high
-                raise ValueError(
-                    f"key {int(bad)} does not fit the table's key dtype {self.key_dtype.name} "
-                    f"(valid: {info.min} .. {info.max})"
-                )
-        return np.ascontiguousarray(array, dtype=self.key_dtype)
+        return array
 
     def _columns(self, columns: Any) -> tuple[int, int]:
         if columns is None:
@@ -147,12 +159,10 @@ class Storage:
     def _scores(self, scores: Any, n: int) -> np.ndarray | None:
         if scores is None:
             return None
-        array = np.asarray(scores)
-        if array.dtype.kind not in "iu" or array.shape != (n,):
-            raise ValueError(f"scores must be {n} non-negative integers, got dtype {array.dtype} shape {array.shape}")
-        if array.size and array.dtype.kind == "i" and array.min() < 0:
-            raise ValueError(f"scores must be non-negative, got {int(array.min())}")
-        return np.ascontiguousarray(array, dtype=SCORE_DTYPE)
+        array = _integers(scores, "scores", np.dtype(SCORE_DTYPE))
+        if array.shape != (n,):
+            raise ValueError(f"scores must hold one integer per key ({n}), got shape {array.shape}")
+        return array
 
     def _inits(self, initializers: Sequence[inits.Initializer] | None) -> list[InitTuple]:
         if initializers is None:
@@ -181,7 +191,10 @@ class Storage:
         width = end - begin
         default_row = None
         if default is not None:
-            default_row = np.ascontiguousarray(np.broadcast_to(np.asarray(default, dtype=VALUE_DTYPE), (width,)))
+            given = np.asarray(default, dtype=VALUE_DTYPE)
+            if given.shape not in ((), (width,)):
+                raise ValueError(f"default must be a number or a row of {width} values, got shape {given.shape}")
+            default_row = np.ascontiguousarray(np.broadcast_to(given, (width,)))
         values = np.empty((k.size, width), dtype=VALUE_DTYPE)
         found = np.empty(k.size, dtype=np.bool_)
         self.table.find(k, begin, end, values, default_row, found)

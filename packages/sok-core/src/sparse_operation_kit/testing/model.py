@@ -18,7 +18,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +37,9 @@ class DictModel:
         initializers: how new rows are filled (zeros when empty).
     """
 
-    def __init__(self, row_width: int, key_dtype: str = "int64",
-                 initializers: Sequence[inits.Initializer] = ()) -> None:
+    def __init__(
+        self, row_width: int, key_dtype: str = "int64", initializers: Sequence[inits.Initializer] = ()
+    ) -> None:
         self.row_width = row_width
         self.key_dtype = np.dtype(key_dtype)
         self.initializers = list(initializers)
@@ -81,7 +83,7 @@ class DictModel:
     def insert_or_assign(self, keys: Any, values: np.ndarray, columns: tuple[int, int] | None = None) -> None:
         """Assign in batch order: the last duplicate wins."""
         cols = self._cols(columns)
-        for key, value in zip((int(k) for k in keys), np.asarray(values, dtype=np.float32)):
+        for key, value in zip((int(k) for k in keys), np.asarray(values, dtype=np.float32), strict=True):
             if key not in self.rows:
                 self.rows[key] = self.new_row(key)
             self.rows[key][cols] = value
@@ -89,7 +91,7 @@ class DictModel:
     def accum_or_assign(self, keys: Any, values: np.ndarray, columns: tuple[int, int] | None = None) -> None:
         """Add in batch order (float32); a new key starts its columns from zero."""
         cols = self._cols(columns)
-        for key, value in zip((int(k) for k in keys), np.asarray(values, dtype=np.float32)):
+        for key, value in zip((int(k) for k in keys), np.asarray(values, dtype=np.float32), strict=True):
             if key not in self.rows:
                 row = self.new_row(key)
                 row[cols] = 0.0

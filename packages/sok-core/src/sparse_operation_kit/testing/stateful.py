@@ -16,7 +16,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from hypothesis import strategies as st
@@ -46,14 +46,16 @@ def _writes(draw: st.DrawFn, key_pool: Sequence[int]) -> tuple[np.ndarray, tuple
     """``(keys, columns, values)`` with small integer values, so float32 sums are exact."""
     keys = np.array(draw(st.lists(st.sampled_from(key_pool), max_size=8)), dtype=np.int64)
     columns = draw(_COLUMNS)
-    flat = draw(st.lists(st.integers(-8, 8), min_size=keys.size * _width(columns),
-                         max_size=keys.size * _width(columns)))
+    flat = draw(
+        st.lists(st.integers(-8, 8), min_size=keys.size * _width(columns), max_size=keys.size * _width(columns))
+    )
     values = np.array(flat, dtype=np.float32).reshape(keys.size, _width(columns))
     return keys, columns, values
 
 
-def model_state_machine(make_storage: Callable[[], Storage], initializers: Sequence[inits.Initializer],
-                        key_pool: Sequence[int] = KEY_POOL) -> type[RuleBasedStateMachine]:
+def model_state_machine(
+    make_storage: Callable[[], Storage], initializers: Sequence[inits.Initializer], key_pool: Sequence[int] = KEY_POOL
+) -> type[RuleBasedStateMachine]:
     """A state machine class driving a fresh storage per example alongside a :class:`DictModel`.
 
     Args:
@@ -62,8 +64,7 @@ def model_state_machine(make_storage: Callable[[], Storage], initializers: Seque
         initializers: the storage's initializers (the model uses the same).
         key_pool: the keys batches are drawn from.
     """
-    keys_strategy = st.lists(st.sampled_from(list(key_pool)), max_size=8).map(
-        lambda ks: np.array(ks, dtype=np.int64))
+    keys_strategy = st.lists(st.sampled_from(list(key_pool)), max_size=8).map(lambda ks: np.array(ks, dtype=np.int64))
     writes = _writes(list(key_pool))
 
     class StorageModelMachine(RuleBasedStateMachine):

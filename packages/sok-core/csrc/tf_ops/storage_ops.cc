@@ -1,0 +1,380 @@
+// TensorFlow ops over a storage's C ABI: the training path of sok.DynamicVariable.
+//
+// Each op takes the address of a sok_table_ref (int64 scalar) and calls the backend through its
+// function table; sok-core never links a backend. CPU kernels; the CUDA build adds DEVICE_GPU
+// registrations that pass TF's stream in the execution context.
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "sok/table_ref.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace sok_tf {
+
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::shape_inference::InferenceContext;
+namespace errors = ::tensorflow::errors;
+
+constexpr sok_exec_context kCpu{SOK_DEVICE_CPU, 0, nullptr};
+
+int32_t key_type_of(::tensorflow::DataType dt) {
+  switch (dt) {
+    case ::tensorflow::DT_INT64: return SOK_KEY_INT64;
+    case ::tensorflow::DT_UINT64: return SOK_KEY_UINT64;
+    case ::tensorflow::DT_INT32: return SOK_KEY_INT32;
+    default: return -1;
+  }
+}
+
+// Parses "kind,begin,end,a,b,seed;..." (sparse_operation_kit.table_ref writes it with full precision).
+Status parse_inits(const std::string& text, std::vector<sok_initializer>* out) {
+  std::stringstream all(text);
+  std::string item;
+  while (std::getline(all, item, ';')) {
+    if (item.empty()) continue;
+    sok_initializer init{};
+    unsigned long long seed = 0;
+    if (std::sscanf(item.c_str(), "%d,%d,%d,%lf,%lf,%llu", &init.kind, &init.col_begin, &init.col_end,
+                    &init.a, &init.b, &seed) != 6) {
+      return errors::InvalidArgument("malformed initializer spec '", item, "'");
+    }
+    init.seed = seed;
+    out->push_back(init);
+  }
+  return Status();
+}
+
+// The table reference behind input 0, checked.
+Status table_from(OpKernelContext* ctx, int input, sok_table_ref** out) {
+  const Tensor& t = ctx->input(input);
+  if (!::tensorflow::TensorShapeUtils::IsScalar(t.shape())) {
+    return errors::InvalidArgument("the table reference must be an int64 scalar, got shape ",
+                                   t.shape().DebugString());
+  }
+  auto* ref = reinterpret_cast<sok_table_ref*>(static_cast<intptr_t>(t.scalar<int64_t>()()));
+  if (ref == nullptr || ref->magic != SOK_TABLE_REF_MAGIC || ref->api == nullptr || ref->storage == nullptr) {
+    return errors::FailedPrecondition(
+        "the table reference does not point at a live SOK storage (was its variable deleted?)");
+  }
+  *out = ref;
+  return Status();
+}
+
+Status status_of(const sok_table_ref* ref, sok_status st, const char* op) {
+  if (st == SOK_OK) return Status();
+  std::string message = std::string(op) + " failed in backend '" + ref->api->backend_name +
+                        "': " + ref->api->last_error(ref->storage);
+  switch (st) {
+    case SOK_ERROR_INVALID_ARGUMENT: return errors::InvalidArgument(message);
+    case SOK_ERROR_OUT_OF_MEMORY: return errors::ResourceExhausted(message);
+    case SOK_ERROR_UNSUPPORTED: return errors::Unimplemented(message);
+    case SOK_ERROR_CAPACITY: return errors::ResourceExhausted(message);
+    default: return errors::Internal(message);
+  }
+}
+
+#define SOK_OK_OR_RETURN(ctx, expr)      \
+  do {                                   \
+    Status _s = (expr);                  \
+    if (!_s.ok()) {                      \
+      (ctx)->SetStatus(_s);              \
+      return;                            \
+    }                                    \
+  } while (0)
+
+// Ops that read or write a column range [col_begin, col_end) of rows, with initializers for new rows.
+class RowOp : public OpKernel {
+ public:
+  explicit RowOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("col_begin", &col_begin_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("col_end", &col_end_));
+    std::string inits;
+    if (ctx->HasAttr("inits")) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("inits", &inits));
+      OP_REQUIRES_OK(ctx, parse_inits(inits, &inits_));
+    }
+    OP_REQUIRES(ctx, col_begin_ >= 0 && col_end_ > col_begin_,
+                errors::InvalidArgument("bad column range [", col_begin_, ", ", col_end_, ")"));
+  }
+
+ protected:
+  // The reference, checked against the keys' dtype (input keys_input).
+  Status prepare(OpKernelContext* ctx, int keys_input, sok_table_ref** ref) {
+    TF_RETURN_IF_ERROR(table_from(ctx, 0, ref));
+    const int32_t kt = key_type_of(ctx->input(keys_input).dtype());
+    if (kt != (*ref)->key_type) {
+      return errors::InvalidArgument("keys have dtype ", ::tensorflow::DataTypeString(ctx->input(keys_input).dtype()),
+                                     " but the table's key type is ", (*ref)->key_type == SOK_KEY_INT32 ? "int32" : ((*ref)->key_type == SOK_KEY_UINT64 ? "uint64" : "int64"));
+    }
+    if (col_end_ > (*ref)->row_width) {
+      return errors::InvalidArgument("column range [", col_begin_, ", ", col_end_, ") exceeds the row width ",
+                                     (*ref)->row_width);
+    }
+    return Status();
+  }
+  int32_t width() const { return col_end_ - col_begin_; }
+
+  int32_t col_begin_ = 0;
+  int32_t col_end_ = 0;
+  std::vector<sok_initializer> inits_;
+};
+
+// values = rows of keys, inserting missing keys (handle: the variable, for gradients only).
+class LookupOp : public RowOp {
+ public:
+  using RowOp::RowOp;
+  void Compute(OpKernelContext* ctx) override {
+    sok_table_ref* ref = nullptr;
+    SOK_OK_OR_RETURN(ctx, prepare(ctx, 2, &ref));
+    const Tensor& keys = ctx->input(2);
+    TensorShape shape = keys.shape();
+    shape.AddDim(width());
+    Tensor* values = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &values));
+    const int64_t n = keys.NumElements();
+    sok_status st = ref->api->find_or_insert(ref->storage, &kCpu, n, keys.data(), col_begin_, col_end_,
+                                             values->flat<float>().data(), nullptr, nullptr, inits_.data(),
+                                             static_cast<int32_t>(inits_.size()));
+    SOK_OK_OR_RETURN(ctx, status_of(ref, st, "lookup (find_or_insert)"));
+  }
+};
+
+// values, found = rows of keys (default zeros); never inserts.
+class FindOp : public RowOp {
+ public:
+  using RowOp::RowOp;
+  void Compute(OpKernelContext* ctx) override {
+    sok_table_ref* ref = nullptr;
+    SOK_OK_OR_RETURN(ctx, prepare(ctx, 1, &ref));
+    const Tensor& keys = ctx->input(1);
+    TensorShape shape = keys.shape();
+    shape.AddDim(width());
+    Tensor* values = nullptr;
+    Tensor* found = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &found));
+    sok_status st = ref->api->find(ref->storage, &kCpu, keys.NumElements(), keys.data(), col_begin_, col_end_,
+                                   values->flat<float>().data(), nullptr,
+                                   reinterpret_cast<uint8_t*>(found->flat<bool>().data()));
+    SOK_OK_OR_RETURN(ctx, status_of(ref, st, "find"));
+  }
+};
+
+// Writes values to the rows of keys: insert_or_assign or accum_or_assign.
+template <bool kAccumulate>
+class WriteOp : public RowOp {
+ public:
+  using RowOp::RowOp;
+  void Compute(OpKernelContext* ctx) override {
+    sok_table_ref* ref = nullptr;
+    SOK_OK_OR_RETURN(ctx, prepare(ctx, 1, &ref));
+    const Tensor& keys = ctx->input(1);
+    const Tensor& values = ctx->input(2);
+    const int64_t n = keys.NumElements();
+    OP_REQUIRES(ctx, values.NumElements() == n * width(),
+                errors::InvalidArgument("values must hold ", n, " rows of ", width(), " floats, got shape ",
+                                        values.shape().DebugString()));
+    auto fn = kAccumulate ? ref->api->accum_or_assign : ref->api->insert_or_assign;
+    sok_status st = fn(ref->storage, &kCpu, n, keys.data(), col_begin_, col_end_, values.flat<float>().data(),
+                       nullptr, inits_.data(), static_cast<int32_t>(inits_.size()));
+    SOK_OK_OR_RETURN(ctx, status_of(ref, st, kAccumulate ? "accum_or_assign" : "insert_or_assign"));
+  }
+};
+
+class EraseOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    sok_table_ref* ref = nullptr;
+    SOK_OK_OR_RETURN(ctx, table_from(ctx, 0, &ref));
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES(ctx, key_type_of(keys.dtype()) == ref->key_type,
+                errors::InvalidArgument("keys dtype does not match the table's key type"));
+    Tensor* count = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &count));
+    int64_t erased = 0;
+    sok_status st = ref->api->erase(ref->storage, &kCpu, keys.NumElements(), keys.data(), &erased);
+    SOK_OK_OR_RETURN(ctx, status_of(ref, st, "erase"));
+    count->scalar<int64_t>()() = erased;
+  }
+};
+
+class SizeOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    sok_table_ref* ref = nullptr;
+    SOK_OK_OR_RETURN(ctx, table_from(ctx, 0, &ref));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    int64_t size = 0;
+    SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->size(ref->storage, &kCpu, &size), "size"));
+    out->scalar<int64_t>()() = size;
+  }
+};
+
+// keys, values, scores of every row (with filter: rows scored >= threshold).
+class ExportOp : public RowOp {
+ public:
+  explicit ExportOp(OpKernelConstruction* ctx) : RowOp(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("filter", &filter_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tkeys", &key_dtype_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    sok_table_ref* ref = nullptr;
+    SOK_OK_OR_RETURN(ctx, table_from(ctx, 0, &ref));
+    OP_REQUIRES(ctx, key_type_of(key_dtype_) == ref->key_type,
+                errors::InvalidArgument("Tkeys does not match the table's key type"));
+    const uint64_t threshold = ctx->input(1).scalar<uint64_t>()();
+    int64_t capacity = 0;
+    SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->capacity(ref->storage, &capacity), "capacity"));
+    const int64_t key_bytes = ref->key_type == SOK_KEY_INT32 ? 4 : 8;
+    // Export in chunks of slots into growing buffers, then copy into outputs of the exact size.
+    constexpr int64_t kChunk = 1 << 16;
+    std::vector<char> keys;
+    std::vector<float> values;
+    std::vector<uint64_t> scores;
+    int64_t total = 0;
+    for (int64_t offset = 0; offset < capacity; offset += kChunk) {
+      const int64_t limit = std::min(kChunk, capacity - offset);
+      keys.resize((total + limit) * key_bytes);
+      values.resize((total + limit) * width());
+      scores.resize(total + limit);
+      int64_t count = 0;
+      sok_status st = filter_ ? ref->api->export_if(ref->storage, &kCpu, threshold, offset, limit, col_begin_, col_end_,
+                                                    keys.data() + total * key_bytes, values.data() + total * width(),
+                                                    scores.data() + total, &count)
+                              : ref->api->export_batch(ref->storage, &kCpu, offset, limit, col_begin_, col_end_,
+                                                       keys.data() + total * key_bytes, values.data() + total * width(),
+                                                       scores.data() + total, &count);
+      SOK_OK_OR_RETURN(ctx, status_of(ref, st, "export"));
+      total += count;
+    }
+    Tensor *k = nullptr, *v = nullptr, *s = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total}), &k));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total, width()}), &v));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({total}), &s));
+    std::memcpy(k->data(), keys.data(), total * key_bytes);
+    std::memcpy(v->flat<float>().data(), values.data(), sizeof(float) * total * width());
+    std::memcpy(s->flat<uint64_t>().data(), scores.data(), sizeof(uint64_t) * total);
+  }
+
+ private:
+  bool filter_ = false;
+  ::tensorflow::DataType key_dtype_;
+};
+
+#define SOK_KEY_TYPES "Tkeys: {int32, int64, uint64}"
+
+REGISTER_OP("SokLookup")
+    .Input("handle: resource")
+    .Input("table: int64")
+    .Input("keys: Tkeys")
+    .Output("values: float")
+    .Attr(SOK_KEY_TYPES)
+    .Attr("col_begin: int")
+    .Attr("col_end: int")
+    .Attr("inits: string = ''")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t b, e;
+      TF_RETURN_IF_ERROR(c->GetAttr("col_begin", &b));
+      TF_RETURN_IF_ERROR(c->GetAttr("col_end", &e));
+      ::tensorflow::shape_inference::ShapeHandle out;
+      TF_RETURN_IF_ERROR(c->Concatenate(c->input(2), c->Vector(e - b), &out));
+      c->set_output(0, out);
+      return Status();
+    })
+    .Doc("Rows [col_begin, col_end) of keys, inserting missing keys with the initializers.");
+
+REGISTER_OP("SokFind")
+    .Input("table: int64")
+    .Input("keys: Tkeys")
+    .Output("values: float")
+    .Output("found: bool")
+    .Attr(SOK_KEY_TYPES)
+    .Attr("col_begin: int")
+    .Attr("col_end: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t b, e;
+      TF_RETURN_IF_ERROR(c->GetAttr("col_begin", &b));
+      TF_RETURN_IF_ERROR(c->GetAttr("col_end", &e));
+      ::tensorflow::shape_inference::ShapeHandle out;
+      TF_RETURN_IF_ERROR(c->Concatenate(c->input(1), c->Vector(e - b), &out));
+      c->set_output(0, out);
+      c->set_output(1, c->input(1));
+      return Status();
+    });
+
+#define SOK_WRITE_OP(name)                  \
+  REGISTER_OP(name)                         \
+      .Input("table: int64")                \
+      .Input("keys: Tkeys")                 \
+      .Input("values: float")               \
+      .Attr(SOK_KEY_TYPES)                  \
+      .Attr("col_begin: int")               \
+      .Attr("col_end: int")                 \
+      .Attr("inits: string = ''")           \
+      .SetIsStateful()                      \
+      .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+
+SOK_WRITE_OP("SokInsertOrAssign");
+SOK_WRITE_OP("SokAccumOrAssign");
+
+REGISTER_OP("SokErase")
+    .Input("table: int64")
+    .Input("keys: Tkeys")
+    .Output("count: int64")
+    .Attr(SOK_KEY_TYPES)
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("SokSize")
+    .Input("table: int64")
+    .Output("size: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("SokExport")
+    .Input("table: int64")
+    .Input("threshold: uint64")
+    .Output("keys: Tkeys")
+    .Output("values: float")
+    .Output("scores: uint64")
+    .Attr(SOK_KEY_TYPES)
+    .Attr("col_begin: int")
+    .Attr("col_end: int")
+    .Attr("filter: bool = false")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t b, e;
+      TF_RETURN_IF_ERROR(c->GetAttr("col_begin", &b));
+      TF_RETURN_IF_ERROR(c->GetAttr("col_end", &e));
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, e - b));
+      c->set_output(2, c->Vector(InferenceContext::kUnknownDim));
+      return Status();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("SokLookup").Device(DEVICE_CPU), LookupOp);
+REGISTER_KERNEL_BUILDER(Name("SokFind").Device(DEVICE_CPU), FindOp);
+REGISTER_KERNEL_BUILDER(Name("SokInsertOrAssign").Device(DEVICE_CPU), WriteOp<false>);
+REGISTER_KERNEL_BUILDER(Name("SokAccumOrAssign").Device(DEVICE_CPU), WriteOp<true>);
+REGISTER_KERNEL_BUILDER(Name("SokErase").Device(DEVICE_CPU), EraseOp);
+REGISTER_KERNEL_BUILDER(Name("SokSize").Device(DEVICE_CPU), SizeOp);
+REGISTER_KERNEL_BUILDER(Name("SokExport").Device(DEVICE_CPU), ExportOp);
+
+}  // namespace sok_tf

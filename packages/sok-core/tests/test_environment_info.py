@@ -1,0 +1,54 @@
+"""print_environment_info and the `sok` command line."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import sparse_operation_kit as sok
+from sparse_operation_kit.cli import main
+from sparse_operation_kit.env_info import environment_info
+
+
+def test_environment_info_lists_both_backends_and_their_builds():
+    info = environment_info(with_tensorflow=False)
+    assert {"hbm", "hybrid"} <= set(info["var_types"])
+    builds = {b["name"]: b["build"] for b in info["backends"]}
+    for name in ("det", "hkv"):
+        assert builds[name]["version"] == sok.__version__
+        assert builds[name]["cuda"] in (True, False)
+        assert "error" not in builds[name]
+
+
+def test_print_environment_info_from_a_fresh_interpreter():
+    out = subprocess.run(
+        [sys.executable, "-c", "import sparse_operation_kit as sok; sok.print_environment_info()"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    assert "var_types            hbm, hybrid" in out
+    assert "tensorflow           2.21" in out
+    assert "backend det" in out and "backend hkv" in out
+
+
+def test_cli_info(capsys):
+    assert main(["info", "--no-tensorflow"]) == 0
+    assert "backend hkv" in capsys.readouterr().out
+
+
+def test_cli_demo_runs_small(capsys):
+    assert main(["demo", "--keys", "5000", "--dim", "4", "--batch", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "var_type 'hbm'" in out and "var_type 'hybrid'" in out
+    assert "evicted" in out
+
+
+def test_cli_reports_bad_arguments_without_a_traceback(capsys):
+    assert main(["demo", "--keys", "0"]) == 2
+    assert "keys, dim and batch must be >= 1" in capsys.readouterr().err
+
+
+def test_print_environment_info_takes_a_file():
+    buffer = io.StringIO()
+    sok.print_environment_info(file=buffer)
+    assert "sok-core" in buffer.getvalue()

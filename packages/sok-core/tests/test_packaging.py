@@ -1,0 +1,53 @@
+"""The monorepo's packages: lockstep versions, extras, entry points, headers."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+import sparse_operation_kit
+
+ROOT = Path(__file__).resolve().parents[3]
+PACKAGES = ("sok-core", "sok-backend-det", "sok-backend-hkv", "sok-hps")
+
+
+def _project(name):
+    return tomllib.loads((ROOT / "packages" / name / "pyproject.toml").read_text())["project"]
+
+
+def test_versions_are_in_lockstep():
+    versions = {name: _project(name)["version"] for name in PACKAGES}
+    assert len(set(versions.values())) == 1, versions
+
+
+def test_extras_pin_the_same_version():
+    core = _project("sok-core")
+    version = core["version"]
+    extras = core["optional-dependencies"]
+    assert extras["det"] == [f"sok-backend-det=={version}"]
+    assert extras["hkv"] == [f"sok-backend-hkv=={version}"]
+    assert extras["hps"] == [f"sok-hps=={version}"]
+    assert sorted(extras["all"]) == sorted(extras["det"] + extras["hkv"] + extras["hps"])
+    for name in PACKAGES[1:]:
+        assert f"sok-core=={version}" in _project(name)["dependencies"]
+
+
+def test_backends_declare_entry_points():
+    names = {ep.name: ep.value for ep in entry_points(group="sok.backends")}
+    assert names["det"] == "sok_backend_det.plugin"
+    assert names["hkv"] == "sok_backend_hkv.plugin"
+
+
+@pytest.mark.parametrize("header", ["storage_api.h", "backend.hpp", "python_table.hpp", "prefetch.hpp"])
+def test_headers_ship_with_the_package(header):
+    assert (Path(sparse_operation_kit.get_include()) / "sok" / header).is_file()
+    assert (Path(sparse_operation_kit.get_cmake_dir()) / "SokStorageApi.cmake").is_file()
+
+
+def test_hps_package_imports():
+    import hierarchical_parameter_server as hps
+
+    assert hps.__version__ == sparse_operation_kit.__version__

@@ -1,0 +1,138 @@
+"""The backend registry: var_type names, lazy loading, errors that say how to fix them."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import sparse_operation_kit
+from sparse_operation_kit.plugins import (
+    FIRST_PARTY,
+    STORAGE_API_VERSION,
+    BackendLoadError,
+    BackendNotInstalledError,
+    BackendRegistry,
+    BackendSpec,
+    Capabilities,
+    UnknownVarTypeError,
+    get_registry,
+    hookimpl,
+)
+from sparse_operation_kit.plugins.registry import capsule_api_version
+from sparse_operation_kit.storage import create_storage
+
+
+def test_first_party_var_types_are_installed():
+    assert {"hbm", "hybrid"} <= set(get_registry().var_types())
+
+
+def test_hbm_is_det_and_hybrid_is_hkv():
+    registry = get_registry()
+    assert registry.spec("hbm").name == "det"
+    assert registry.spec("hybrid").name == "hkv"
+    assert registry.spec("hybrid").capabilities.eviction
+    assert not registry.spec("hbm").capabilities.eviction
+
+
+def test_unknown_var_type_names_it_and_lists_installed():
+    with pytest.raises(UnknownVarTypeError) as info:
+        create_storage("hbn", row_width=4)
+    message = str(info.value)
+    assert "'hbn'" in message
+    for var_type in get_registry().var_types():
+        assert repr(var_type) in message
+
+
+def test_var_type_must_be_a_string():
+    with pytest.raises(TypeError, match="var_type must be a string"):
+        get_registry().spec(3)
+
+
+@pytest.mark.parametrize("backend", FIRST_PARTY, ids=lambda b: b.name)
+def test_uninstalled_first_party_backend_says_how_to_install(backend):
+    empty = BackendRegistry()  # no entry points loaded: as if no backend were installed
+    with pytest.raises(BackendNotInstalledError) as info:
+        empty.spec(backend.var_types[0])
+    message = str(info.value)
+    assert f"pip install 'sok-core[{backend.extra}]'" in message
+    assert backend.package in message
+    assert "Installed var_types: none" in message
+
+
+def test_backends_load_lazily():
+    """Loading the registry imports no native backend module; a var_type imports only its own."""
+    code = (
+        "import sys\n"
+        "from sparse_operation_kit.plugins import get_registry\n"
+        "registry = get_registry()\n"
+        "assert {'hbm', 'hybrid'} <= set(registry.var_types())\n"
+        "assert 'sok_backend_det._core' not in sys.modules and 'sok_backend_hkv._core' not in sys.modules\n"
+        "assert 'tensorflow' not in sys.modules\n"
+        "registry.factory('hbm')\n"
+        "assert 'sok_backend_det._core' in sys.modules and 'sok_backend_hkv._core' not in sys.modules\n"
+    )
+    import subprocess
+
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _spec(name="extra", var_types=("extra",), **kwargs):
+    return BackendSpec(name=name, var_types=var_types, factory=lambda *a: None, **kwargs)
+
+
+def test_register_refuses_a_taken_var_type():
+    registry = BackendRegistry()
+    registry.register(_spec("a", ("x",)))
+    with pytest.raises(ValueError, match="var_type 'x' of backend 'b' is already served by backend 'a'"):
+        registry.register(_spec("b", ("x",)))
+
+
+def test_register_refuses_another_api_version():
+    registry = BackendRegistry()
+    with pytest.raises(BackendLoadError, match=f"version {STORAGE_API_VERSION + 1}.*speaks version {STORAGE_API_VERSION}"):
+        registry.register(_spec(api_version=STORAGE_API_VERSION + 1))
+
+
+def test_register_refuses_unknown_key_dtypes():
+    registry = BackendRegistry()
+    with pytest.raises(ValueError, match="unknown key dtypes"):
+        registry.register(_spec(capabilities=Capabilities(key_dtypes=("float32",))))
+
+
+def test_a_factory_that_fails_to_import_says_which_and_how_to_fix():
+    registry = BackendRegistry()
+    registry.register(BackendSpec(name="broken", var_types=("broken",), factory="no_such_module_xyz:Table",
+                                  package="sok-backend-broken"))
+    with pytest.raises(BackendLoadError, match="no_such_module_xyz.*pip install --force-reinstall sok-backend-broken"):
+        registry.factory("broken")
+
+
+def test_plugin_registered_at_run_time_serves_its_var_type():
+    registry = BackendRegistry()
+
+    class Plugin:
+        @hookimpl
+        def sok_register_backends(self, registry):
+            registry.register(_spec("runtime", ("runtime",)))
+
+    registry.register_plugin(Plugin())
+    assert registry.var_types() == ["runtime"]
+    registry.unregister("runtime")
+    assert registry.var_types() == []
+
+
+def test_native_capsules_carry_this_api_version():
+    for var_type in ("hbm", "hybrid"):
+        spec = get_registry().spec(var_type)
+        module_name, _, attr = spec.c_api.partition(":")
+        module = __import__(module_name, fromlist=[attr])
+        assert capsule_api_version(getattr(module, attr)()) == STORAGE_API_VERSION
+
+
+def test_python_and_c_api_versions_agree():
+    header = Path(sparse_operation_kit.get_include(), "sok", "storage_api.h").read_text()
+    match = re.search(r"#define SOK_STORAGE_API_VERSION (\d+)", header)
+    assert match and int(match.group(1)) == STORAGE_API_VERSION

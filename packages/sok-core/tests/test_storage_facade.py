@@ -1,0 +1,48 @@
+"""Argument handling of the Storage facade, shared by every backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sparse_operation_kit.storage import create_storage
+
+
+def test_uint64_keys_and_scores_from_python_lists():
+    table = create_storage("hybrid", row_width=2, key_dtype="uint64", evict_strategy="custom",
+                           init_capacity=128, max_capacity=1024)
+    table.insert_or_assign([2**64 - 1, 3], np.ones((2, 2)), scores=[17, 2**64 - 1])
+    keys, _, scores = table.export()
+    assert dict(zip(keys.tolist(), scores.tolist())) == {2**64 - 1: 17, 3: 2**64 - 1}
+
+
+def test_keys_that_do_not_fit_are_named():
+    table = create_storage("hbm", row_width=1, key_dtype="int32")
+    with pytest.raises(ValueError, match="keys value 2147483648 does not fit int32"):
+        table.find(np.array([1, 2**31], dtype=np.int64))
+    with pytest.raises(ValueError, match="keys value 1180591620717411303424 does not fit int32"):
+        table.find([2**70])
+
+
+def test_scores_out_of_range_are_refused():
+    table = create_storage("hybrid", row_width=1, evict_strategy="custom", init_capacity=128, max_capacity=128)
+    with pytest.raises(ValueError, match="scores value 18446744073709551616 does not fit uint64"):
+        table.insert_or_assign([1], np.ones((1, 1)), scores=[2**64])
+    with pytest.raises(ValueError, match="scores value -1 does not fit uint64"):
+        table.insert_or_assign([1], np.ones((1, 1)), scores=np.array([-1]))
+    assert table.size() == 0
+
+
+def test_default_row_must_match_the_columns():
+    table = create_storage("hbm", row_width=4)
+    with pytest.raises(ValueError, match="default must be a number or a row of 2 values"):
+        table.find([1], columns=(0, 2), default=[1.0, 2.0, 3.0])
+    values, _ = table.find([1], columns=(0, 2), default=7)
+    np.testing.assert_array_equal(values, [[7, 7]])
+
+
+def test_row_width_and_options_are_checked():
+    with pytest.raises(ValueError, match="row_width must be an integer >= 1"):
+        create_storage("hbm", row_width=0)
+    with pytest.raises(TypeError, match="must be a number, string or bool"):
+        create_storage("hbm", row_width=1, init_capacity=[1])
