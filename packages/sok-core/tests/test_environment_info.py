@@ -24,7 +24,9 @@ def test_environment_info_lists_both_backends_and_their_builds():
 def test_print_environment_info_from_a_fresh_interpreter():
     out = subprocess.run(
         [sys.executable, "-c", "import sparse_operation_kit as sok; sok.print_environment_info()"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     assert "var_types            hbm, hybrid" in out
     assert "tensorflow           2.21" in out

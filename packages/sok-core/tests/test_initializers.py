@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from sparse_operation_kit import initializers as inits
 
 

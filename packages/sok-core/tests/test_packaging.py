@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import tomllib
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-
 import sparse_operation_kit
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("sok-core", "sok-backend-det", "sok-backend-hkv", "sok-hps")

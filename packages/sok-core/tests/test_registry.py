@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import sparse_operation_kit
 from sparse_operation_kit.plugins import (
     FIRST_PARTY,
@@ -92,7 +91,9 @@ def test_register_refuses_a_taken_var_type():
 
 def test_register_refuses_another_api_version():
     registry = BackendRegistry()
-    with pytest.raises(BackendLoadError, match=f"version {STORAGE_API_VERSION + 1}.*speaks version {STORAGE_API_VERSION}"):
+    with pytest.raises(
+        BackendLoadError, match=f"version {STORAGE_API_VERSION + 1}.*speaks version {STORAGE_API_VERSION}"
+    ):
         registry.register(_spec(api_version=STORAGE_API_VERSION + 1))
 
 
@@ -104,8 +105,11 @@ def test_register_refuses_unknown_key_dtypes():
 
 def test_a_factory_that_fails_to_import_says_which_and_how_to_fix():
     registry = BackendRegistry()
-    registry.register(BackendSpec(name="broken", var_types=("broken",), factory="no_such_module_xyz:Table",
-                                  package="sok-backend-broken"))
+    registry.register(
+        BackendSpec(
+            name="broken", var_types=("broken",), factory="no_such_module_xyz:Table", package="sok-backend-broken"
+        )
+    )
     with pytest.raises(BackendLoadError, match="no_such_module_xyz.*pip install --force-reinstall sok-backend-broken"):
         registry.factory("broken")
 

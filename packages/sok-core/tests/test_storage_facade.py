@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from sparse_operation_kit.storage import create_storage
 
 
 def test_uint64_keys_and_scores_from_python_lists():
-    table = create_storage("hybrid", row_width=2, key_dtype="uint64", evict_strategy="custom",
-                           init_capacity=128, max_capacity=1024)
+    table = create_storage(
+        "hybrid", row_width=2, key_dtype="uint64", evict_strategy="custom", init_capacity=128, max_capacity=1024
+    )
     table.insert_or_assign([2**64 - 1, 3], np.ones((2, 2)), scores=[17, 2**64 - 1])
     keys, _, scores = table.export()
-    assert dict(zip(keys.tolist(), scores.tolist())) == {2**64 - 1: 17, 3: 2**64 - 1}
+    assert dict(zip(keys.tolist(), scores.tolist(), strict=True)) == {2**64 - 1: 17, 3: 2**64 - 1}
 
 
 def test_keys_that_do_not_fit_are_named():

@@ -22,8 +22,9 @@ def _next_pow2(v: int) -> int:
 def _make(var_type: str, num_keys: int, dim: int) -> Storage:
     if var_type == "hybrid":
         cap = _next_pow2(num_keys) // 2
-        return create_storage(var_type, row_width=dim, initializer="random",
-                              init_capacity=min(cap, 1 << 16), max_capacity=cap)
+        return create_storage(
+            var_type, row_width=dim, initializer="random", init_capacity=min(cap, 1 << 16), max_capacity=cap
+        )
     return create_storage(var_type, row_width=dim, initializer="random")
 
 
@@ -31,8 +32,13 @@ def _rate(n: int, seconds: float) -> str:
     return f"{n / seconds / 1e6:8.2f} M keys/s"
 
 
-def run_storage_demo(num_keys: int = 4 << 20, dim: int = 64, batch: int = 1 << 18,
-                     var_types: tuple[str, ...] | list[str] = ("hbm", "hybrid"), seed: int = 0) -> dict:
+def run_storage_demo(
+    num_keys: int = 4 << 20,
+    dim: int = 64,
+    batch: int = 1 << 18,
+    var_types: tuple[str, ...] | list[str] = ("hbm", "hybrid"),
+    seed: int = 0,
+) -> dict:
     """Run the demo and print what happens; returns the measured figures per var_type."""
     if num_keys < 1 or dim < 1 or batch < 1:
         raise ValueError(f"keys, dim and batch must be >= 1, got {num_keys}, {dim}, {batch}")
@@ -48,7 +54,7 @@ def run_storage_demo(num_keys: int = 4 << 20, dim: int = 64, batch: int = 1 << 1
             bar.set_size(num_keys)
             start = time.perf_counter()
             for begin in range(0, num_keys, batch):
-                chunk = keys[begin:begin + batch]
+                chunk = keys[begin : begin + batch]
                 values = np.full((chunk.size, dim), 0.5, dtype=np.float32)
                 evicted += table.insert_and_evict(chunk, values)[0].size
                 bar.relative_update(chunk.size)
@@ -57,8 +63,9 @@ def run_storage_demo(num_keys: int = 4 << 20, dim: int = 64, batch: int = 1 << 1
         start = time.perf_counter()
         _, found = table.find(sample)
         find_s = time.perf_counter() - start
-        mixed = np.concatenate([sample[: sample.size // 2],
-                                rng.integers(0, 2**62, size=sample.size - sample.size // 2, dtype=np.int64)])
+        mixed = np.concatenate(
+            [sample[: sample.size // 2], rng.integers(0, 2**62, size=sample.size - sample.size // 2, dtype=np.int64)]
+        )
         start = time.perf_counter()
         table.find_or_insert(mixed)
         foi_s = time.perf_counter() - start

@@ -29,8 +29,11 @@ def _devices(with_tensorflow: bool) -> list[str]:
         try:
             import tensorflow as tf
 
-            devices += [f"TensorFlow {d.device_type}: {d.name}" for d in tf.config.list_physical_devices()
-                        if d.device_type != "CPU"]
+            devices += [
+                f"TensorFlow {d.device_type}: {d.name}"
+                for d in tf.config.list_physical_devices()
+                if d.device_type != "CPU"
+            ]
         except Exception as error:  # a broken TF install is a fact worth reporting, not a crash
             devices.append(f"TensorFlow devices unavailable: {type(error).__name__}: {error}")
     return devices
@@ -46,14 +49,16 @@ def environment_info(with_tensorflow: bool = True) -> dict[str, Any]:
     registry = get_registry()
     backends = []
     for spec in registry.backends():
-        backends.append({
-            "name": spec.name,
-            "var_types": list(spec.var_types),
-            "package": spec.package,
-            "version": spec.version,
-            "capabilities": spec.capabilities.__dict__,
-            "build": registry.build_info(spec),
-        })
+        backends.append(
+            {
+                "name": spec.name,
+                "var_types": list(spec.var_types),
+                "package": spec.package,
+                "version": spec.version,
+                "capabilities": spec.capabilities.__dict__,
+                "build": registry.build_info(spec),
+            }
+        )
     return {
         "python": f"{platform.python_version()} ({sys.executable})",
         "platform": platform.platform(),
@@ -75,7 +80,9 @@ def print_environment_info(file: TextIO | None = None, with_tensorflow: bool = T
     info = environment_info(with_tensorflow)
     for key in ("python", "platform", "sok-core", "storage_api_version", "numpy", "tensorflow", "horovod", "pluggy"):
         print(f"{key:<20} {info[key] if info[key] is not None else 'not installed'}", file=out)
-    print(f"{'var_types':<20} {', '.join(info['var_types']) or 'none (install sok-core[det] or sok-core[hkv])'}", file=out)
+    print(
+        f"{'var_types':<20} {', '.join(info['var_types']) or 'none (install sok-core[det] or sok-core[hkv])'}", file=out
+    )
     for backend in info["backends"]:
         build = backend["build"]
         if "error" in build:
@@ -84,9 +91,12 @@ def print_environment_info(file: TextIO | None = None, with_tensorflow: bool = T
             cuda = f"CUDA (archs {build.get('cuda_archs')})" if build.get("cuda") else "CPU only"
             build_text = f"{cuda}, storage API v{build.get('api_version', '?')}"
         caps = backend["capabilities"]
-        print(f"{'backend ' + backend['name']:<20} var_types={','.join(backend['var_types'])} "
-              f"{backend['package']} {backend['version']}: {build_text}; eviction={caps['eviction']} "
-              f"export_if={caps['export_if']} host_memory={caps['host_memory']} "
-              f"devices={','.join(caps['devices'])} keys={','.join(caps['key_dtypes'])}", file=out)
+        print(
+            f"{'backend ' + backend['name']:<20} var_types={','.join(backend['var_types'])} "
+            f"{backend['package']} {backend['version']}: {build_text}; eviction={caps['eviction']} "
+            f"export_if={caps['export_if']} host_memory={caps['host_memory']} "
+            f"devices={','.join(caps['devices'])} keys={','.join(caps['key_dtypes'])}",
+            file=out,
+        )
     for device in info["devices"]:
         print(f"{'device':<20} {device}", file=out)

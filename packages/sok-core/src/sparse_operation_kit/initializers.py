@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -93,7 +93,9 @@ def uniform(low: float, high: float, seed: int = 0, columns: tuple[int, int] | N
     return Initializer(InitKind.UNIFORM, float(low), float(high), seed, columns)
 
 
-def normal(mean: float = 0.0, stddev: float = 1.0, seed: int = 0, columns: tuple[int, int] | None = None) -> Initializer:
+def normal(
+    mean: float = 0.0, stddev: float = 1.0, seed: int = 0, columns: tuple[int, int] | None = None
+) -> Initializer:
     """N(mean, stddev)."""
     return Initializer(InitKind.NORMAL, float(mean), float(stddev), seed, columns)
 

@@ -23,7 +23,8 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -53,18 +54,39 @@ class Table(Protocol):
     def size(self) -> int: ...
     def capacity(self) -> int: ...
     def find(self, keys, col_begin: int, col_end: int, values_out, default_row, found_out) -> None: ...
-    def find_or_insert(self, keys, col_begin: int, col_end: int, values_out, found_out, scores,
-                       inits: Sequence[InitTuple]) -> None: ...
-    def insert_or_assign(self, keys, col_begin: int, col_end: int, values, scores,
-                         inits: Sequence[InitTuple]) -> None: ...
-    def accum_or_assign(self, keys, col_begin: int, col_end: int, values, scores,
-                        inits: Sequence[InitTuple]) -> None: ...
+    def find_or_insert(
+        self, keys, col_begin: int, col_end: int, values_out, found_out, scores, inits: Sequence[InitTuple]
+    ) -> None: ...
+    def insert_or_assign(
+        self, keys, col_begin: int, col_end: int, values, scores, inits: Sequence[InitTuple]
+    ) -> None: ...
+    def accum_or_assign(
+        self, keys, col_begin: int, col_end: int, values, scores, inits: Sequence[InitTuple]
+    ) -> None: ...
     def erase(self, keys) -> int: ...
-    def export_batch(self, offset: int, limit: int, col_begin: int, col_end: int, keys_out,
-                     values_out, scores_out, threshold: int | None) -> int: ...
-    def insert_and_evict(self, keys, col_begin: int, col_end: int, values, scores,
-                         inits: Sequence[InitTuple], evicted_keys, evicted_values,
-                         evicted_scores) -> int: ...
+    def export_batch(
+        self,
+        offset: int,
+        limit: int,
+        col_begin: int,
+        col_end: int,
+        keys_out,
+        values_out,
+        scores_out,
+        threshold: int | None,
+    ) -> int: ...
+    def insert_and_evict(
+        self,
+        keys,
+        col_begin: int,
+        col_end: int,
+        values,
+        scores,
+        inits: Sequence[InitTuple],
+        evicted_keys,
+        evicted_values,
+        evicted_scores,
+    ) -> int: ...
     def clear(self) -> None: ...
     def set_global_epoch(self, epoch: int) -> None: ...
     def describe(self) -> str: ...
@@ -93,8 +115,9 @@ def _integers(values: Any, what: str, dtype: np.dtype) -> np.ndarray:
         items = np.asarray(values, dtype=object).ravel().tolist()
         if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in items):
             array = np.array([int(v) for v in items], dtype=object).reshape(array.shape)
-    if array.dtype.kind not in "iuO" or (array.dtype == object and not all(
-            isinstance(v, (int, np.integer)) for v in array.ravel().tolist())):
+    if array.dtype.kind not in "iuO" or (
+        array.dtype == object and not all(isinstance(v, (int, np.integer)) for v in array.ravel().tolist())
+    ):
         raise TypeError(f"{what} must be integers ({dtype.name}), got dtype {array.dtype}")
     if array.dtype != dtype:
         info = np.iinfo(dtype)
@@ -115,8 +138,9 @@ class Storage:
         initializers: how new rows are filled (zeros when empty).
     """
 
-    def __init__(self, table: Table, spec: BackendSpec, var_type: str,
-                 initializers: Sequence[inits.Initializer] = ()) -> None:
+    def __init__(
+        self, table: Table, spec: BackendSpec, var_type: str, initializers: Sequence[inits.Initializer] = ()
+    ) -> None:
         self.table = table
         self.spec = spec
         self.var_type = var_type
@@ -153,7 +177,9 @@ class Storage:
         if array.dtype.kind not in "fiu":
             raise TypeError(f"values must be real numbers, got dtype {array.dtype}")
         if array.shape != (n, width):
-            raise ValueError(f"values must have shape ({n}, {width}) for {n} keys and {width} columns, got {array.shape}")
+            raise ValueError(
+                f"values must have shape ({n}, {width}) for {n} keys and {width} columns, got {array.shape}"
+            )
         return np.ascontiguousarray(array, dtype=VALUE_DTYPE)
 
     def _scores(self, scores: Any, n: int) -> np.ndarray | None:
@@ -200,8 +226,13 @@ class Storage:
         self.table.find(k, begin, end, values, default_row, found)
         return values, found
 
-    def find_or_insert(self, keys: Any, columns: Any = None, scores: Any = None,
-                       initializers: Sequence[inits.Initializer] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def find_or_insert(
+        self,
+        keys: Any,
+        columns: Any = None,
+        scores: Any = None,
+        initializers: Sequence[inits.Initializer] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Rows of ``keys``, inserting missing keys with initialised rows first.
 
         Returns ``(values, found)``; ``found`` is True for keys that existed before the call.
@@ -234,8 +265,9 @@ class Storage:
         """Remove ``keys``; returns how many were present."""
         return int(self.table.erase(self._keys(keys)))
 
-    def insert_and_evict(self, keys: Any, values: Any, columns: Any = None,
-                         scores: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def insert_and_evict(
+        self, keys: Any, values: Any, columns: Any = None, scores: Any = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`insert_or_assign` that returns what it displaced: ``(keys, rows, scores)`` of
         evicted rows (whole rows, optimizer state included) and of inputs the policy refused."""
         k = self._keys(keys)
@@ -244,12 +276,16 @@ class Storage:
         ev_keys = np.empty(k.size, dtype=self.key_dtype)
         ev_values = np.empty((k.size, self.row_width), dtype=VALUE_DTYPE)
         ev_scores = np.empty(k.size, dtype=SCORE_DTYPE)
-        count = int(self.table.insert_and_evict(k, begin, end, v, self._scores(scores, k.size),
-                                                self._init_tuples, ev_keys, ev_values, ev_scores))
+        count = int(
+            self.table.insert_and_evict(
+                k, begin, end, v, self._scores(scores, k.size), self._init_tuples, ev_keys, ev_values, ev_scores
+            )
+        )
         return ev_keys[:count], ev_values[:count], ev_scores[:count]
 
-    def export_batch(self, offset: int, limit: int, columns: Any = None,
-                     threshold: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def export_batch(
+        self, offset: int, limit: int, columns: Any = None, threshold: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Live rows in slots ``[offset, offset + limit)``: ``(keys, values, scores)``; with
         ``threshold``, only rows whose score is at least ``threshold``."""
         offset, limit = int(offset), int(limit)
@@ -262,12 +298,16 @@ class Storage:
         keys = np.empty(limit, dtype=self.key_dtype)
         values = np.empty((limit, end - begin), dtype=VALUE_DTYPE)
         scores = np.empty(limit, dtype=SCORE_DTYPE)
-        count = int(self.table.export_batch(offset, limit, begin, end, keys, values, scores,
-                                            None if threshold is None else int(threshold)))
+        count = int(
+            self.table.export_batch(
+                offset, limit, begin, end, keys, values, scores, None if threshold is None else int(threshold)
+            )
+        )
         return keys[:count], values[:count], scores[:count]
 
-    def export(self, columns: Any = None, threshold: int | None = None,
-               callback: Callback | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def export(
+        self, columns: Any = None, threshold: int | None = None, callback: Callback | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every live row (with ``threshold``: every row scored at least that), in slot order.
 
         ``callback`` (see :mod:`sparse_operation_kit.progress`) is told the slots scanned.
@@ -282,10 +322,11 @@ class Storage:
         if not parts:
             begin, end = self._columns(columns)
             return (np.empty(0, self.key_dtype), np.empty((0, end - begin), VALUE_DTYPE), np.empty(0, SCORE_DTYPE))
-        return tuple(np.concatenate(p) for p in zip(*parts))  # type: ignore[return-value]
+        return tuple(np.concatenate(p) for p in zip(*parts, strict=True))  # type: ignore[return-value]
 
-    def export_if(self, threshold: int, columns: Any = None,
-                  callback: Callback | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def export_if(
+        self, threshold: int, columns: Any = None, callback: Callback | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every row whose score is at least ``threshold`` (e.g. updated since a time in ns)."""
         return self.export(columns, threshold, callback)
 
@@ -322,9 +363,15 @@ def _initializers(initializer: Any, row_width: int, seed: int) -> list[inits.Ini
     )
 
 
-def create_storage(var_type: str = "hbm", row_width: int = 1, key_dtype: Any = "int64",
-                   initializer: Any = None, seed: int = 0,
-                   factory: Callable[..., Any] | None = None, **options: Any) -> Storage:
+def create_storage(
+    var_type: str = "hbm",
+    row_width: int = 1,
+    key_dtype: Any = "int64",
+    initializer: Any = None,
+    seed: int = 0,
+    factory: Callable[..., Any] | None = None,
+    **options: Any,
+) -> Storage:
     """A new storage of the backend serving ``var_type``.
 
     Args:

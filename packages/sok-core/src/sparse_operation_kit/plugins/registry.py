@@ -18,8 +18,9 @@ import ctypes
 import importlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pluggy
 
@@ -161,14 +162,20 @@ class BackendRegistry:
             raise ValueError(f"backend {spec.name!r} must name at least one non-empty var_type")
         unknown = set(spec.capabilities.key_dtypes) - set(KEY_DTYPES)
         if unknown:
-            raise ValueError(f"backend {spec.name!r} declares unknown key dtypes {sorted(unknown)}; valid: {KEY_DTYPES}")
+            raise ValueError(
+                f"backend {spec.name!r} declares unknown key dtypes {sorted(unknown)}; valid: {KEY_DTYPES}"
+            )
         with self._lock:
             if spec.name in self._specs:
-                raise ValueError(f"a backend named {spec.name!r} is already registered ({self._specs[spec.name].package})")
+                raise ValueError(
+                    f"a backend named {spec.name!r} is already registered ({self._specs[spec.name].package})"
+                )
             for var_type in spec.var_types:
                 if var_type in self._by_var_type:
                     other = self._by_var_type[var_type]
-                    raise ValueError(f"var_type {var_type!r} of backend {spec.name!r} is already served by backend {other.name!r}")
+                    raise ValueError(
+                        f"var_type {var_type!r} of backend {spec.name!r} is already served by backend {other.name!r}"
+                    )
             self._specs[spec.name] = spec
             for var_type in spec.var_types:
                 self._by_var_type[var_type] = spec
@@ -257,7 +264,9 @@ class BackendRegistry:
         try:
             version = capsule_api_version(_import_path(spec.c_api)())
         except Exception as error:
-            raise BackendLoadError(f"backend {spec.name!r} has no readable storage API capsule ({spec.c_api}): {error}") from error
+            raise BackendLoadError(
+                f"backend {spec.name!r} has no readable storage API capsule ({spec.c_api}): {error}"
+            ) from error
         if version != STORAGE_API_VERSION:
             raise BackendLoadError(
                 f"backend {spec.name!r}'s native code implements storage API version {version}, but this "
