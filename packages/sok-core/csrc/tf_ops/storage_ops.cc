@@ -38,24 +38,6 @@ int32_t key_type_of(::tensorflow::DataType dt) {
   }
 }
 
-// Parses "kind,begin,end,a,b,seed;..." (sparse_operation_kit.table_ref writes it with full precision).
-Status parse_inits(const std::string& text, std::vector<sok_initializer>* out) {
-  std::stringstream all(text);
-  std::string item;
-  while (std::getline(all, item, ';')) {
-    if (item.empty()) continue;
-    sok_initializer init{};
-    unsigned long long seed = 0;
-    if (std::sscanf(item.c_str(), "%d,%d,%d,%lf,%lf,%llu", &init.kind, &init.col_begin, &init.col_end,
-                    &init.a, &init.b, &seed) != 6) {
-      return errors::InvalidArgument("malformed initializer spec '", item, "'");
-    }
-    init.seed = seed;
-    out->push_back(init);
-  }
-  return Status();
-}
-
 // The table reference behind input 0, checked.
 Status table_from(OpKernelContext* ctx, int input, sok_table_ref** out) {
   const Tensor& t = ctx->input(input);
@@ -94,17 +76,13 @@ Status status_of(const sok_table_ref* ref, sok_status st, const char* op) {
     }                                    \
   } while (0)
 
-// Ops that read or write a column range [col_begin, col_end) of rows, with initializers for new rows.
+// Ops that read or write a column range [col_begin, col_end) of rows (new rows are filled by the
+// reference's initializers).
 class RowOp : public OpKernel {
  public:
   explicit RowOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("col_begin", &col_begin_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("col_end", &col_end_));
-    std::string inits;
-    if (ctx->HasAttr("inits")) {
-      OP_REQUIRES_OK(ctx, ctx->GetAttr("inits", &inits));
-      OP_REQUIRES_OK(ctx, parse_inits(inits, &inits_));
-    }
     OP_REQUIRES(ctx, col_begin_ >= 0 && col_end_ > col_begin_,
                 errors::InvalidArgument("bad column range [", col_begin_, ", ", col_end_, ")"));
   }
@@ -112,7 +90,7 @@ class RowOp : public OpKernel {
  protected:
   // The reference, checked against the keys' dtype (input keys_input).
   Status prepare(OpKernelContext* ctx, int keys_input, sok_table_ref** ref) {
-    TF_RETURN_IF_ERROR(table_from(ctx, 0, ref));
+    TF_RETURN_IF_ERROR(table_from(ctx, keys_input - 1, ref));
     const int32_t kt = key_type_of(ctx->input(keys_input).dtype());
     if (kt != (*ref)->key_type) {
       return errors::InvalidArgument("keys have dtype ", ::tensorflow::DataTypeString(ctx->input(keys_input).dtype()),
@@ -128,25 +106,25 @@ class RowOp : public OpKernel {
 
   int32_t col_begin_ = 0;
   int32_t col_end_ = 0;
-  std::vector<sok_initializer> inits_;
 };
 
-// values = rows of keys, inserting missing keys (handle: the variable, for gradients only).
+// values = rows of keys, inserting missing keys. kKeysInput is 2 for SokLookup (input 0 is the
+// variable's handle, there for gradients only) and 1 for SokFindOrInsert.
+template <int kKeysInput>
 class LookupOp : public RowOp {
  public:
   using RowOp::RowOp;
   void Compute(OpKernelContext* ctx) override {
     sok_table_ref* ref = nullptr;
-    SOK_OK_OR_RETURN(ctx, prepare(ctx, 2, &ref));
-    const Tensor& keys = ctx->input(2);
+    SOK_OK_OR_RETURN(ctx, prepare(ctx, kKeysInput, &ref));
+    const Tensor& keys = ctx->input(kKeysInput);
     TensorShape shape = keys.shape();
     shape.AddDim(width());
     Tensor* values = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &values));
     const int64_t n = keys.NumElements();
     sok_status st = ref->api->find_or_insert(ref->storage, &kCpu, n, keys.data(), col_begin_, col_end_,
-                                             values->flat<float>().data(), nullptr, nullptr, inits_.data(),
-                                             static_cast<int32_t>(inits_.size()));
+                                             values->flat<float>().data(), nullptr, nullptr, ref->inits, ref->num_inits);
     SOK_OK_OR_RETURN(ctx, status_of(ref, st, "lookup (find_or_insert)"));
   }
 };
@@ -188,7 +166,7 @@ class WriteOp : public RowOp {
                                         values.shape().DebugString()));
     auto fn = kAccumulate ? ref->api->accum_or_assign : ref->api->insert_or_assign;
     sok_status st = fn(ref->storage, &kCpu, n, keys.data(), col_begin_, col_end_, values.flat<float>().data(),
-                       nullptr, inits_.data(), static_cast<int32_t>(inits_.size()));
+                       nullptr, ref->inits, ref->num_inits);
     SOK_OK_OR_RETURN(ctx, status_of(ref, st, kAccumulate ? "accum_or_assign" : "insert_or_assign"));
   }
 };
@@ -286,7 +264,6 @@ REGISTER_OP("SokLookup")
     .Attr(SOK_KEY_TYPES)
     .Attr("col_begin: int")
     .Attr("col_end: int")
-    .Attr("inits: string = ''")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       int64_t b, e;
@@ -298,6 +275,25 @@ REGISTER_OP("SokLookup")
       return Status();
     })
     .Doc("Rows [col_begin, col_end) of keys, inserting missing keys with the initializers.");
+
+REGISTER_OP("SokFindOrInsert")
+    .Input("table: int64")
+    .Input("keys: Tkeys")
+    .Output("values: float")
+    .Attr(SOK_KEY_TYPES)
+    .Attr("col_begin: int")
+    .Attr("col_end: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t b, e;
+      TF_RETURN_IF_ERROR(c->GetAttr("col_begin", &b));
+      TF_RETURN_IF_ERROR(c->GetAttr("col_end", &e));
+      ::tensorflow::shape_inference::ShapeHandle out;
+      TF_RETURN_IF_ERROR(c->Concatenate(c->input(1), c->Vector(e - b), &out));
+      c->set_output(0, out);
+      return Status();
+    })
+    .Doc("Rows [col_begin, col_end) of keys, inserting missing keys (no gradient).");
 
 REGISTER_OP("SokFind")
     .Input("table: int64")
@@ -327,7 +323,6 @@ REGISTER_OP("SokFind")
       .Attr(SOK_KEY_TYPES)                  \
       .Attr("col_begin: int")               \
       .Attr("col_end: int")                 \
-      .Attr("inits: string = ''")           \
       .SetIsStateful()                      \
       .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
 
@@ -369,7 +364,8 @@ REGISTER_OP("SokExport")
       return Status();
     });
 
-REGISTER_KERNEL_BUILDER(Name("SokLookup").Device(DEVICE_CPU), LookupOp);
+REGISTER_KERNEL_BUILDER(Name("SokLookup").Device(DEVICE_CPU), LookupOp<2>);
+REGISTER_KERNEL_BUILDER(Name("SokFindOrInsert").Device(DEVICE_CPU), LookupOp<1>);
 REGISTER_KERNEL_BUILDER(Name("SokFind").Device(DEVICE_CPU), FindOp);
 REGISTER_KERNEL_BUILDER(Name("SokInsertOrAssign").Device(DEVICE_CPU), WriteOp<false>);
 REGISTER_KERNEL_BUILDER(Name("SokAccumOrAssign").Device(DEVICE_CPU), WriteOp<true>);

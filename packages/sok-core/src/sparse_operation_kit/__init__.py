@@ -37,4 +37,31 @@ def print_environment_info(file=None) -> None:
     _print(file=file)
 
 
-__all__ = ["__version__", "get_include", "get_cmake_dir", "print_environment_info"]
+# The TensorFlow-facing API, imported on first use so `import sparse_operation_kit` stays light.
+_LAZY = {
+    "DynamicVariable": "sparse_operation_kit.dynamic_variable",
+    "export": "sparse_operation_kit.dynamic_variable",
+    "assign": "sparse_operation_kit.dynamic_variable",
+    "OptimizerWrapper": "sparse_operation_kit.optimizer",
+    "SGD": "sparse_operation_kit.optimizer",
+    "filter_variables": "sparse_operation_kit.optimizer",
+    "DynamicEmbedding": "sparse_operation_kit.layers",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sparse_operation_kit' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))
+
+
+__all__ = ["__version__", "get_include", "get_cmake_dir", "print_environment_info", *_LAZY]

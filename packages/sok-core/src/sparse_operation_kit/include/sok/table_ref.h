@@ -3,7 +3,9 @@
  * The Python side (sparse_operation_kit.table_ref) fills this struct with a backend's function table
  * and storage handle and passes its address to the ops as an int64 scalar. The magic number lets an
  * op refuse an address that does not point at a live reference. `storage` may be swapped for a
- * wider copy (when an optimizer adds state columns) while ops keep the same reference.
+ * wider copy (when an optimizer adds state columns) while ops keep the same reference; `inits` say
+ * how every column of a new row is filled (embedding and optimizer state alike), so a graph traced
+ * before the swap still inserts rows right.
  */
 #ifndef SOK_TABLE_REF_H_
 #define SOK_TABLE_REF_H_
@@ -20,6 +22,8 @@ typedef struct sok_table_ref {
   sok_storage* storage;
   int32_t key_type; /* sok_key_type */
   int32_t row_width;
+  const sok_initializer* inits; /* (num_inits,) */
+  int32_t num_inits;
 } sok_table_ref;
 
 #endif /* SOK_TABLE_REF_H_ */

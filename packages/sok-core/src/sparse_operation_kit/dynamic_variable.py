@@ -1,0 +1,382 @@
+"""``sok.DynamicVariable``: a hash-table embedding that behaves as a ``tf.Variable`` where SOK's does.
+
+Rows live in a storage of the backend chosen by ``var_type`` (``"hbm"``: det, ``"hybrid"``: hkv, or a
+plugin's name). Every read is a find-or-insert: looking up a new key inserts it with the
+initializer's row. ``tf.nn.embedding_lookup``, ``sparse_read``, ``tf.GradientTape`` (gradients are
+``tf.IndexedSlices`` over raw keys) and ``tf.function`` work; updates go through
+``sok.OptimizerWrapper``.
+
+Example::
+
+    >>> import tensorflow as tf
+    >>> import sparse_operation_kit as sok
+    >>> v = sok.DynamicVariable(dimension=3, initializer="13")
+    >>> tf.nn.embedding_lookup(v, tf.constant([0, 1, 2**40], dtype=tf.int64)).numpy()[0]
+    array([13., 13., 13.], dtype=float32)
+    >>> v.size.numpy()
+    array([3, 3], dtype=int32)
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import tape as tape_lib
+from tensorflow.python.framework import indexed_slices as indexed_slices_lib
+from tensorflow.python.framework import ops as tf_ops_lib
+from tensorflow.python.framework import random_seed
+from tensorflow.python.ops import resource_variable_ops
+
+from sparse_operation_kit import initializers as inits
+from sparse_operation_kit import tf_ops
+from sparse_operation_kit.storage import Storage, create_storage
+from sparse_operation_kit.table_ref import TableRef
+
+__all__ = ["DynamicVariable", "export", "assign"]
+
+#: var_type when none is given (the seed API's documented default).
+DEFAULT_VAR_TYPE = "hbm"
+
+_KEY_TYPES = {tf.int64: "int64", tf.int32: "int32", tf.uint64: "uint64"}
+_MODE = re.compile(r"^(distributed|localized:(\d+))$")
+
+
+def _key_dtype(key_type: Any) -> tf.DType:
+    dtype = tf.int64 if key_type is None else tf.as_dtype(key_type)
+    if dtype not in _KEY_TYPES:
+        raise ValueError(f"key_type {key_type!r} is not supported; valid: tf.int64, tf.int32, tf.uint64")
+    return dtype
+
+
+def _seed() -> int:
+    """A seed for random initializers: from tf.random.set_seed when set, else fresh entropy."""
+    global_seed, op_seed = random_seed.get_seed(None)
+    if global_seed is None:
+        return secrets.randbits(63)
+    return (int(global_seed) * 1_000_003 + int(op_seed)) % 2**63
+
+
+def _keras_initializer(initializer: Any, seed: int) -> inits.Initializer | None:
+    """The storage initializer equivalent to a Keras initializer object, or None if unknown."""
+    config = initializer.get_config() if hasattr(initializer, "get_config") else {}
+    name = type(initializer).__name__
+    seed = config.get("seed") if config.get("seed") is not None else seed
+    if name in ("Zeros", "zeros"):
+        return inits.constant(0.0)
+    if name in ("Ones", "ones"):
+        return inits.constant(1.0)
+    if name == "Constant":
+        value = np.asarray(config.get("value", 0.0))
+        if value.size == 1:
+            return inits.constant(float(value.reshape(-1)[0]))
+    if name == "RandomUniform":
+        return inits.uniform(config.get("minval", -0.05), config.get("maxval", 0.05), int(seed))
+    if name == "RandomNormal":
+        return inits.normal(config.get("mean", 0.0), config.get("stddev", 0.05), int(seed))
+    if name == "TruncatedNormal":
+        return inits.truncated_normal(config.get("mean", 0.0), config.get("stddev", 0.05), int(seed))
+    return None
+
+
+def resolve_initializer(initializer: Any) -> tuple[inits.Initializer, str]:
+    """The storage initializer and its SOK string for a DynamicVariable's ``initializer`` argument."""
+    seed = _seed()
+    if initializer is None:
+        initializer = "random"
+    if isinstance(initializer, str):
+        return inits.from_string(initializer, seed=seed), initializer
+    if isinstance(initializer, (int, float, np.number)) and not isinstance(initializer, bool):
+        return inits.constant(float(initializer)), str(float(initializer))
+    if isinstance(initializer, inits.Initializer):
+        return initializer, repr(initializer)
+    resolved = _keras_initializer(initializer, seed)
+    if resolved is None:
+        raise ValueError(
+            f"initializer {initializer!r} is not supported; valid: 'random' (U[-0.05, 0.05)), 'normal', "
+            f"'uniform', 'zeros', 'ones', a number or a number as a string, or a Keras Zeros, Ones, Constant "
+            f"(scalar), RandomUniform, RandomNormal or TruncatedNormal initializer"
+        )
+    return resolved, type(initializer).__name__
+
+
+class DynamicVariable(resource_variable_ops.UninitializedVariable):
+    """An embedding table of unbounded key space, stored in a hash table.
+
+    Args:
+        dimension: embedding width (>= 1).
+        initializer: how new rows are filled: ``"random"`` (U[-0.05, 0.05), the default, on every
+            backend), ``"normal"``, ``"uniform"``, ``"zeros"``, ``"ones"``, a number (or one as a
+            string, e.g. ``"13"``), or a Keras initializer. Random rows are a function of the key
+            and the seed: reproducible under ``tf.random.set_seed``.
+        var_type: ``"hbm"`` (det, default), ``"hybrid"`` (hkv) or a plugin's var_type.
+        name: variable name.
+        constraint: not supported for dynamic variables (must be None).
+        trainable: whether GradientTape watches it.
+        key_type: ``tf.int64`` (default), ``tf.int32`` or ``tf.uint64``.
+        dtype: ``tf.float32`` (the only one).
+        mode: None or ``"distributed"`` (one shard per rank) or ``"localized:N"`` (rank N).
+        **kwargs: backend options (``init_capacity``, ``max_capacity``, ``max_hbm_for_vectors``,
+            ``evict_strategy``, ...), validated by the backend.
+
+    Example::
+
+        v = sok.DynamicVariable(dimension=16, var_type="hybrid", init_capacity=1024,
+                                max_capacity=1 << 20)
+        emb = tf.nn.embedding_lookup(v, ids)      # [batch, 16]; inserts unseen ids
+    """
+
+    def __init__(self, dimension: int, initializer: Any = None, var_type: str | None = None,
+                 name: str | None = None, constraint: Any = None, trainable: bool = True,
+                 key_type: Any = None, dtype: Any = None, mode: str | None = None, **kwargs: Any) -> None:
+        if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)) or dimension < 1:
+            raise ValueError(f"dimension must be an integer >= 1, got {dimension!r}")
+        if dtype is not None and tf.as_dtype(dtype) != tf.float32:
+            raise ValueError(f"dtype {dtype!r} is not supported; valid: tf.float32")
+        if constraint is not None:
+            raise ValueError("constraint is not supported for a DynamicVariable; pass constraint=None")
+        if mode is not None and not (isinstance(mode, str) and _MODE.match(mode)):
+            raise ValueError(f"mode {mode!r} is not valid; valid: None, 'distributed' or 'localized:N' (N a rank)")
+        self._dimension = int(dimension)
+        self._key_dtype = _key_dtype(key_type)
+        self._var_type = DEFAULT_VAR_TYPE if var_type is None else var_type
+        self._mode = mode
+        self._config = dict(kwargs)
+        initializer, self._initializer_str = resolve_initializer(initializer)
+        # The embedding's initializer covers columns [0, dimension); optimizer state columns
+        # added later bring their own.
+        self._initializer = inits.Initializer(initializer.kind, initializer.a, initializer.b, initializer.seed,
+                                              (0, self._dimension))
+        storage = create_storage(self._var_type, row_width=self._dimension,
+                                 key_dtype=_KEY_TYPES[self._key_dtype], initializer=self._initializer, **kwargs)
+        tf_ops.library()  # fail now, with the fix, if the op library is missing or stale
+        self._table = TableRef(storage)
+        with tf_ops_lib.init_scope():
+            self._table_address = tf.constant(self._table.address, dtype=tf.int64)
+        super().__init__(trainable=trainable, name=name or "sok_dynamic_Variable",
+                         shape=tf.TensorShape([None, self._dimension]), dtype=tf.float32)
+
+    # -- properties of SOK's DynamicVariable ----------------------------------------------------
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    @property
+    def key_type(self) -> tf.DType:
+        return self._key_dtype
+
+    @property
+    def backend_type(self) -> str:
+        return self._var_type
+
+    @property
+    def config_dict(self) -> dict:
+        return dict(self._config)
+
+    @property
+    def mode(self) -> str | None:
+        return self._mode
+
+    @property
+    def target_gpu(self) -> int:
+        match = _MODE.match(self._mode or "")
+        return int(match.group(2)) if match and match.group(2) is not None else -1
+
+    @property
+    def initializer_str(self) -> str:
+        return self._initializer_str
+
+    @property
+    def storage(self) -> Storage:
+        """The local shard's storage (the Python face of the backend's table)."""
+        return self._table.storage
+
+    @property
+    def table_ref(self) -> TableRef:
+        """The reference the ops use; the optimizer widens rows through it."""
+        return self._table
+
+    @property
+    def embedding_initializer(self) -> inits.Initializer:
+        """How the embedding columns of new rows are filled."""
+        return self._initializer
+
+    @property
+    def table_address(self) -> tf.Tensor:
+        """The int64 address of the table reference the ops take."""
+        return self._table_address
+
+    def is_static(self) -> bool:
+        return False
+
+    def key_map(self, indices: Any) -> Any:
+        return indices
+
+    @property
+    def size(self) -> tf.Tensor:
+        """``[rows in this shard, dimension]`` as an int32 tensor (as SOK's ``v.size``)."""
+        rows = tf.cast(tf_ops.library().sok_size(self._table_address), tf.int32)
+        return tf.stack([rows, tf.constant(self._dimension, tf.int32)])
+
+    def __repr__(self) -> str:
+        return f"<sok.DynamicVariable '{self.name}' shape=(None, {self._dimension}) dtype=float32 var_type={self._var_type!r}>"
+
+    # -- reads ----------------------------------------------------------------------------------
+    def _keys(self, indices: Any) -> tf.Tensor:
+        ids = tf.convert_to_tensor(indices)
+        if ids.dtype == self._key_dtype:
+            return ids
+        if ids.dtype == tf.int32 and self._key_dtype == tf.int64:
+            return tf.cast(ids, tf.int64)
+        raise TypeError(
+            f"indices have dtype {ids.dtype.name} but the variable's key_type is {self._key_dtype.name}; "
+            f"cast them, or create the variable with key_type={ids.dtype.name}"
+        )
+
+    def sparse_read(self, indices: Any, name: str | None = None) -> tf.Tensor:
+        """Rows of ``indices`` (any shape; result shape ``indices.shape + [dimension]``), inserting
+        unseen keys with the initializer. Differentiable: the gradient is IndexedSlices over keys."""
+        with tf.name_scope(name or "SokLookup"):
+            tape_lib.variable_accessed(self)
+            return tf_ops.library().sok_lookup(
+                self.handle, self._table_address, self._keys(indices), col_begin=0, col_end=self._dimension)
+
+    # -- writes through IndexedSlices (SOK's scatter_* for dynamic variables) ------------------
+    def _write(self, sparse_delta: Any, accumulate: bool, negate: bool = False) -> None:
+        if not isinstance(sparse_delta, indexed_slices_lib.IndexedSlices):
+            raise TypeError(f"sparse_delta is not IndexedSlices: {sparse_delta!r}")
+        values = tf.reshape(tf.convert_to_tensor(sparse_delta.values, tf.float32), [-1, self._dimension])
+        if negate:
+            values = -values
+        op = tf_ops.library().sok_accum_or_assign if accumulate else tf_ops.library().sok_insert_or_assign
+        op(self._table_address, tf.reshape(self._keys(sparse_delta.indices), [-1]), values, col_begin=0,
+           col_end=self._dimension)
+
+    def scatter_update(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> DynamicVariable:
+        """Assign rows: ``IndexedSlices(values, keys)``."""
+        self._write(sparse_delta, accumulate=False)
+        return self
+
+    def scatter_add(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> DynamicVariable:
+        """Add to rows: ``IndexedSlices(deltas, keys)``."""
+        self._write(sparse_delta, accumulate=True)
+        return self
+
+    def scatter_sub(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> DynamicVariable:
+        """Subtract from rows: ``IndexedSlices(deltas, keys)``."""
+        self._write(sparse_delta, accumulate=True, negate=True)
+        return self
+
+    # -- what a hash table cannot do -------------------------------------------------------------
+    def _unsupported(self, what: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"{what} is not supported by a sok.DynamicVariable (its rows are a hash table of unbounded key "
+            f"space); use tf.nn.embedding_lookup / sparse_read to read rows, sok.assign to write them, "
+            f"sok.export to get every row, and sok.dump / sok.load to checkpoint"
+        )
+
+    def value(self):
+        raise self._unsupported("value()")
+
+    def read_value(self):
+        raise self._unsupported("read_value()")
+
+    def _read_variable_op(self, *args, **kwargs):
+        raise self._unsupported("reading the whole variable")
+
+    def _dense_var_to_tensor(self, *args, **kwargs):
+        raise self._unsupported("converting to a dense tensor")
+
+    def numpy(self):
+        raise self._unsupported("numpy()")
+
+    def assign(self, *args, **kwargs):
+        raise self._unsupported("assign()")
+
+    def assign_add(self, *args, **kwargs):
+        raise self._unsupported("assign_add()")
+
+    def assign_sub(self, *args, **kwargs):
+        raise self._unsupported("assign_sub()")
+
+    def gather_nd(self, *args, **kwargs):
+        raise self._unsupported("gather_nd()")
+
+    def scatter_max(self, *args, **kwargs):
+        raise self._unsupported("scatter_max()")
+
+    def scatter_min(self, *args, **kwargs):
+        raise self._unsupported("scatter_min()")
+
+    def scatter_mul(self, *args, **kwargs):
+        raise self._unsupported("scatter_mul()")
+
+    def scatter_div(self, *args, **kwargs):
+        raise self._unsupported("scatter_div()")
+
+    def scatter_nd_update(self, *args, **kwargs):
+        raise self._unsupported("scatter_nd_update()")
+
+    def scatter_nd_add(self, *args, **kwargs):
+        raise self._unsupported("scatter_nd_add()")
+
+    def scatter_nd_sub(self, *args, **kwargs):
+        raise self._unsupported("scatter_nd_sub()")
+
+    def batch_scatter_update(self, *args, **kwargs):
+        raise self._unsupported("batch_scatter_update()")
+
+    def _serialize_to_tensors(self):
+        raise self._unsupported("tf.train.Checkpoint / SavedModel")
+
+    def __deepcopy__(self, memo):
+        raise self._unsupported("copy.deepcopy()")
+
+    def __reduce__(self):
+        raise self._unsupported("pickling")
+
+
+@tf.RegisterGradient("SokLookup")
+def _sok_lookup_grad(op: tf.Operation, grad: tf.Tensor) -> list:
+    keys = tf.reshape(op.inputs[2], [-1])
+    width = op.get_attr("col_end") - op.get_attr("col_begin")
+    values = tf.reshape(grad, [-1, width])
+    return [indexed_slices_lib.IndexedSlices(values, keys), None, None]
+
+
+def _check_dynamic(var: Any, what: str) -> DynamicVariable:
+    if not isinstance(var, DynamicVariable):
+        raise TypeError(f"{what} takes a sok.DynamicVariable, got {type(var).__name__}")
+    return var
+
+
+def export(var: DynamicVariable) -> tuple[tf.Tensor, tf.Tensor]:
+    """The keys and embedding rows of the variable's local shard: ``(keys [N], values [N, dim])``.
+
+    Example::
+
+        keys, values = sok.export(v)
+    """
+    var = _check_dynamic(var, "sok.export")
+    keys, values, _ = tf_ops.library().sok_export(
+        var.table_address, tf.constant(0, tf.uint64), Tkeys=var.key_type, col_begin=0, col_end=var.dimension)
+    return keys, values
+
+
+def assign(var: DynamicVariable, indices: Any, values: Any) -> DynamicVariable:
+    """Insert or overwrite rows of the variable's local shard; returns the variable.
+
+    Example::
+
+        sok.assign(v, tf.constant([1, 2], tf.int64), tf.ones([2, v.dimension]))
+    """
+    var = _check_dynamic(var, "sok.assign")
+    keys = tf.reshape(var._keys(indices), [-1])
+    values = tf.convert_to_tensor(values, tf.float32)
+    if values.shape.rank is not None and (values.shape.rank != 2 or values.shape[-1] not in (None, var.dimension)):
+        raise ValueError(f"values must have shape [N, {var.dimension}], got {values.shape}")
+    var.scatter_update(indexed_slices_lib.IndexedSlices(values, keys))
+    return var
