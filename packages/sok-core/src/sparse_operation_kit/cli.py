@@ -21,9 +21,12 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from sparse_operation_kit.demo import run_storage_demo
+    from sparse_operation_kit.demo import run_storage_demo, run_training_demo
 
-    run_storage_demo(num_keys=args.keys, dim=args.dim, batch=args.batch, var_types=args.var_types)
+    if args.part in ("storage", "all"):
+        run_storage_demo(num_keys=args.keys, dim=args.dim, batch=args.batch, var_types=args.var_types)
+    if args.part in ("train", "all"):
+        run_training_demo(steps=args.steps, var_types=args.var_types)
     return 0
 
 
@@ -36,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--no-tensorflow", action="store_true", help="do not import TensorFlow")
     info.set_defaults(run=_info)
 
-    demo = commands.add_parser("demo", help="the storage demo: fill, query, evict and export tables")
+    demo = commands.add_parser("demo", help="fill, query, evict and export tables; train a DynamicVariable")
+    demo.add_argument("--part", choices=("storage", "train", "all"), default="all", help="which demo (default all)")
+    demo.add_argument("--steps", type=int, default=200, help="training steps per var_type (default 200)")
     demo.add_argument("--keys", type=int, default=4 << 20, help="keys to insert (default 4Mi)")
     demo.add_argument("--dim", type=int, default=64, help="floats per row (default 64)")
     demo.add_argument("--batch", type=int, default=1 << 18, help="keys per call (default 256Ki)")

@@ -129,9 +129,19 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         emb = tf.nn.embedding_lookup(v, ids)      # [batch, 16]; inserts unseen ids
     """
 
-    def __init__(self, dimension: int, initializer: Any = None, var_type: str | None = None,
-                 name: str | None = None, constraint: Any = None, trainable: bool = True,
-                 key_type: Any = None, dtype: Any = None, mode: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dimension: int,
+        initializer: Any = None,
+        var_type: str | None = None,
+        name: str | None = None,
+        constraint: Any = None,
+        trainable: bool = True,
+        key_type: Any = None,
+        dtype: Any = None,
+        mode: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)) or dimension < 1:
             raise ValueError(f"dimension must be an integer >= 1, got {dimension!r}")
         if dtype is not None and tf.as_dtype(dtype) != tf.float32:
@@ -148,16 +158,26 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         initializer, self._initializer_str = resolve_initializer(initializer)
         # The embedding's initializer covers columns [0, dimension); optimizer state columns
         # added later bring their own.
-        self._initializer = inits.Initializer(initializer.kind, initializer.a, initializer.b, initializer.seed,
-                                              (0, self._dimension))
-        storage = create_storage(self._var_type, row_width=self._dimension,
-                                 key_dtype=_KEY_TYPES[self._key_dtype], initializer=self._initializer, **kwargs)
+        self._initializer = inits.Initializer(
+            initializer.kind, initializer.a, initializer.b, initializer.seed, (0, self._dimension)
+        )
+        storage = create_storage(
+            self._var_type,
+            row_width=self._dimension,
+            key_dtype=_KEY_TYPES[self._key_dtype],
+            initializer=self._initializer,
+            **kwargs,
+        )
         tf_ops.library()  # fail now, with the fix, if the op library is missing or stale
         self._table = TableRef(storage)
         with tf_ops_lib.init_scope():
             self._table_address = tf.constant(self._table.address, dtype=tf.int64)
-        super().__init__(trainable=trainable, name=name or "sok_dynamic_Variable",
-                         shape=tf.TensorShape([None, self._dimension]), dtype=tf.float32)
+        super().__init__(
+            trainable=trainable,
+            name=name or "sok_dynamic_Variable",
+            shape=tf.TensorShape([None, self._dimension]),
+            dtype=tf.float32,
+        )
 
     # -- properties of SOK's DynamicVariable ----------------------------------------------------
     @property
@@ -242,7 +262,8 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         with tf.name_scope(name or "SokLookup"):
             tape_lib.variable_accessed(self)
             return tf_ops.library().sok_lookup(
-                self.handle, self._table_address, self._keys(indices), col_begin=0, col_end=self._dimension)
+                self.handle, self._table_address, self._keys(indices), col_begin=0, col_end=self._dimension
+            )
 
     # -- writes through IndexedSlices (SOK's scatter_* for dynamic variables) ------------------
     def _write(self, sparse_delta: Any, accumulate: bool, negate: bool = False) -> None:
@@ -252,8 +273,13 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         if negate:
             values = -values
         op = tf_ops.library().sok_accum_or_assign if accumulate else tf_ops.library().sok_insert_or_assign
-        op(self._table_address, tf.reshape(self._keys(sparse_delta.indices), [-1]), values, col_begin=0,
-           col_end=self._dimension)
+        op(
+            self._table_address,
+            tf.reshape(self._keys(sparse_delta.indices), [-1]),
+            values,
+            col_begin=0,
+            col_end=self._dimension,
+        )
 
     def scatter_update(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> DynamicVariable:
         """Assign rows: ``IndexedSlices(values, keys)``."""
@@ -362,7 +388,8 @@ def export(var: DynamicVariable) -> tuple[tf.Tensor, tf.Tensor]:
     """
     var = _check_dynamic(var, "sok.export")
     keys, values, _ = tf_ops.library().sok_export(
-        var.table_address, tf.constant(0, tf.uint64), Tkeys=var.key_type, col_begin=0, col_end=var.dimension)
+        var.table_address, tf.constant(0, tf.uint64), Tkeys=var.key_type, col_begin=0, col_end=var.dimension
+    )
     return keys, values
 
 

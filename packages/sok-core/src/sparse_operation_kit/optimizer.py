@@ -260,11 +260,17 @@ class OptimizerWrapper:
         dim, old = var.dimension, var.table_ref.storage
         width = dim * (1 + len(self._rule.slots))
         initializers = [var.embedding_initializer] + [
-            inits.constant(value, columns=((i + 1) * dim, (i + 2) * dim)) for i, (_, value) in enumerate(self._rule.slots)
+            inits.constant(value, columns=((i + 1) * dim, (i + 2) * dim))
+            for i, (_, value) in enumerate(self._rule.slots)
         ]
         if width != old.row_width:
-            wide = create_storage(var.backend_type, row_width=width, key_dtype=old.key_dtype.name,
-                                  initializer=initializers, **var.config_dict)
+            wide = create_storage(
+                var.backend_type,
+                row_width=width,
+                key_dtype=old.key_dtype.name,
+                initializer=initializers,
+                **var.config_dict,
+            )
             keys, values, _ = old.export(columns=(0, dim))
             if keys.size:
                 wide.insert_or_assign(keys, values, columns=(0, dim))
@@ -275,7 +281,9 @@ class OptimizerWrapper:
 
     def _apply_dynamic(self, grad: Any, var: DynamicVariable, lr: Tensor, step: Tensor) -> None:
         if not isinstance(grad, indexed_slices_lib.IndexedSlices):
-            raise TypeError(f"the gradient of {var.name} must be tf.IndexedSlices (from a lookup), got {type(grad).__name__}")
+            raise TypeError(
+                f"the gradient of {var.name} must be tf.IndexedSlices (from a lookup), got {type(grad).__name__}"
+            )
         dim = var.dimension
         width = dim * (1 + len(self._rule.slots))
         keys = tf.reshape(var._keys(grad.indices), [-1])
@@ -284,7 +292,7 @@ class OptimizerWrapper:
         summed = tf.math.unsorted_segment_sum(values, position, tf.shape(unique, out_type=tf.int64)[0])
         lib = tf_ops.library()
         rows = lib.sok_find_or_insert(var.table_address, unique, col_begin=0, col_end=width)
-        slots = {name: rows[:, (i + 1) * dim:(i + 2) * dim] for i, (name, _) in enumerate(self._rule.slots)}
+        slots = {name: rows[:, (i + 1) * dim : (i + 2) * dim] for i, (name, _) in enumerate(self._rule.slots)}
         new_w, new_slots = self._rule.update(rows[:, :dim], slots, summed, lr, step)
         new_rows = tf.concat([new_w] + [new_slots[name] for name, _ in self._rule.slots], axis=1)
         lib.sok_insert_or_assign(var.table_address, unique, new_rows, col_begin=0, col_end=width)
@@ -317,8 +325,12 @@ class OptimizerWrapper:
             raise ValueError(f"{var.name} has no {self.name} state yet: apply a gradient to it first")
         i = names.index(slot_name) + 1
         keys, values, _ = tf_ops.library().sok_export(
-            var.table_address, tf.constant(0, tf.uint64), Tkeys=var.key_type,
-            col_begin=i * var.dimension, col_end=(i + 1) * var.dimension)
+            var.table_address,
+            tf.constant(0, tf.uint64),
+            Tkeys=var.key_type,
+            col_begin=i * var.dimension,
+            col_end=(i + 1) * var.dimension,
+        )
         return keys, values
 
 
