@@ -135,7 +135,7 @@ def run_training_demo(
                 loss = tf.reduce_mean(tf.square(dense(pooled) - batch_labels))
             grads = tape.gradient(loss, [table] + dense.trainable_variables)
             sparse_opt.apply_gradients([(grads[0], table)])
-            dense_opt.apply_gradients(zip(grads[1:], dense.trainable_variables))
+            dense_opt.apply_gradients(zip(grads[1:], dense.trainable_variables, strict=True))
             return loss
 
         print(f"\n== training on var_type {var_type!r}: {steps} steps of {batch} samples x {hotness} ids, dim {dim}")

@@ -242,7 +242,8 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         return tf.stack([rows, tf.constant(self._dimension, tf.int32)])
 
     def __repr__(self) -> str:
-        return f"<sok.DynamicVariable '{self.name}' shape=(None, {self._dimension}) dtype=float32 var_type={self._var_type!r}>"
+        return (f"<sok.DynamicVariable '{self.name}' shape=(None, {self._dimension}) dtype=float32 "
+                f"var_type={self._var_type!r}>")
 
     # -- reads ----------------------------------------------------------------------------------
     def _keys(self, indices: Any) -> tf.Tensor:

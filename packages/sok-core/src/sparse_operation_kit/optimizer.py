@@ -20,8 +20,9 @@ Example::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.framework import indexed_slices as indexed_slices_lib

@@ -8,7 +8,7 @@ swapped (:meth:`TableRef.swap`) while traced graphs keep using the same address.
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence
+from collections.abc import Sequence
 
 from sparse_operation_kit.dtypes import KEY_DTYPES
 from sparse_operation_kit.initializers import Initializer

@@ -18,7 +18,7 @@ class OpLibraryError(ImportError):
     """sok-core's TensorFlow op library is missing or does not match the installed TensorFlow."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library() -> Any:
     """The loaded op library module (``tf.load_op_library``)."""
     try:
