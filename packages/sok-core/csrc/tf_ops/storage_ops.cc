@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "sok/backend.hpp"
 #include "sok/table_ref.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -126,6 +127,61 @@ class LookupOp : public RowOp {
     sok_status st = ref->api->find_or_insert(ref->storage, &kCpu, n, keys.data(), col_begin_, col_end_,
                                              values->flat<float>().data(), nullptr, nullptr, ref->inits, ref->num_inits);
     SOK_OK_OR_RETURN(ctx, status_of(ref, st, "lookup (find_or_insert)"));
+  }
+};
+
+// values = rows of keys; missing keys are inserted with insert_and_evict, and the rows that made room
+// come back as evicted_keys / evicted_values (embedding columns). Input 0 is the variable's handle.
+class LookupAndEvictOp : public RowOp {
+ public:
+  using RowOp::RowOp;
+  void Compute(OpKernelContext* ctx) override {
+    sok_table_ref* ref = nullptr;
+    SOK_OK_OR_RETURN(ctx, prepare(ctx, 2, &ref));
+    const Tensor& keys = ctx->input(2);
+    const int64_t n = keys.NumElements();
+    const int32_t w = width();
+    const int32_t row = ref->row_width;
+    TensorShape shape = keys.shape();
+    shape.AddDim(w);
+    Tensor* values = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &values));
+    float* out = values->flat<float>().data();
+    std::vector<uint8_t> found(n);
+    SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->find(ref->storage, &kCpu, n, keys.data(), col_begin_, col_end_,
+                                                        out, nullptr, found.data()), "find"));
+    // Missing keys: whole initial rows, inserted with eviction.
+    const size_t key_bytes = ref->key_type == SOK_KEY_INT32 ? 4 : 8;
+    std::vector<char> missing_keys;
+    std::vector<float> rows;
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (found[i]) continue;
+      missing_keys.resize((m + 1) * key_bytes);
+      std::memcpy(missing_keys.data() + m * key_bytes, static_cast<const char*>(keys.data()) + i * key_bytes, key_bytes);
+      rows.resize((m + 1) * row);
+      sok::init_row(rows.data() + m * row, row, sok::load_key(keys.data(), ref->key_type, i), ref->inits, ref->num_inits);
+      std::memcpy(out + i * w, rows.data() + m * row + col_begin_, sizeof(float) * w);
+      ++m;
+    }
+    std::vector<char> evicted_keys(std::max<int64_t>(m, 1) * key_bytes);
+    std::vector<float> evicted_rows(std::max<int64_t>(m, 1) * row);
+    std::vector<uint64_t> evicted_scores(std::max<int64_t>(m, 1));
+    int64_t evicted = 0;
+    if (m > 0) {
+      sok_status st = ref->api->insert_and_evict(ref->storage, &kCpu, m, missing_keys.data(), 0, row, rows.data(),
+                                                 nullptr, ref->inits, ref->num_inits, evicted_keys.data(),
+                                                 evicted_rows.data(), evicted_scores.data(), &evicted);
+      SOK_OK_OR_RETURN(ctx, status_of(ref, st, "insert_and_evict"));
+    }
+    Tensor *ek = nullptr, *ev = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({evicted}), &ek));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({evicted, w}), &ev));
+    std::memcpy(ek->data(), evicted_keys.data(), evicted * key_bytes);
+    float* ev_out = ev->flat<float>().data();
+    for (int64_t j = 0; j < evicted; ++j) {
+      std::memcpy(ev_out + j * w, evicted_rows.data() + j * row + col_begin_, sizeof(float) * w);
+    }
   }
 };
 
@@ -295,6 +351,30 @@ REGISTER_OP("SokFindOrInsert")
     })
     .Doc("Rows [col_begin, col_end) of keys, inserting missing keys (no gradient).");
 
+REGISTER_OP("SokLookupAndEvict")
+    .Input("handle: resource")
+    .Input("table: int64")
+    .Input("keys: Tkeys")
+    .Output("values: float")
+    .Output("evicted_keys: Tkeys")
+    .Output("evicted_values: float")
+    .Attr(SOK_KEY_TYPES)
+    .Attr("col_begin: int")
+    .Attr("col_end: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t b, e;
+      TF_RETURN_IF_ERROR(c->GetAttr("col_begin", &b));
+      TF_RETURN_IF_ERROR(c->GetAttr("col_end", &e));
+      ::tensorflow::shape_inference::ShapeHandle out;
+      TF_RETURN_IF_ERROR(c->Concatenate(c->input(2), c->Vector(e - b), &out));
+      c->set_output(0, out);
+      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(2, c->Matrix(InferenceContext::kUnknownDim, e - b));
+      return Status();
+    })
+    .Doc("Rows of keys; missing keys are inserted with eviction and the evicted rows returned.");
+
 REGISTER_OP("SokFind")
     .Input("table: int64")
     .Input("keys: Tkeys")
@@ -366,6 +446,7 @@ REGISTER_OP("SokExport")
 
 REGISTER_KERNEL_BUILDER(Name("SokLookup").Device(DEVICE_CPU), LookupOp<2>);
 REGISTER_KERNEL_BUILDER(Name("SokFindOrInsert").Device(DEVICE_CPU), LookupOp<1>);
+REGISTER_KERNEL_BUILDER(Name("SokLookupAndEvict").Device(DEVICE_CPU), LookupAndEvictOp);
 REGISTER_KERNEL_BUILDER(Name("SokFind").Device(DEVICE_CPU), FindOp);
 REGISTER_KERNEL_BUILDER(Name("SokInsertOrAssign").Device(DEVICE_CPU), WriteOp<false>);
 REGISTER_KERNEL_BUILDER(Name("SokAccumOrAssign").Device(DEVICE_CPU), WriteOp<true>);

@@ -42,6 +42,7 @@ _LAZY = {
     "DynamicVariable": "sparse_operation_kit.dynamic_variable",
     "export": "sparse_operation_kit.dynamic_variable",
     "assign": "sparse_operation_kit.dynamic_variable",
+    "sparse_read_and_evict": "sparse_operation_kit.dynamic_variable",
     "OptimizerWrapper": "sparse_operation_kit.optimizer",
     "SGD": "sparse_operation_kit.optimizer",
     "filter_variables": "sparse_operation_kit.optimizer",

@@ -36,7 +36,7 @@ from sparse_operation_kit import tf_ops
 from sparse_operation_kit.storage import Storage, create_storage
 from sparse_operation_kit.table_ref import TableRef
 
-__all__ = ["DynamicVariable", "export", "assign"]
+__all__ = ["DynamicVariable", "export", "assign", "sparse_read_and_evict"]
 
 #: var_type when none is given (the seed API's documented default).
 DEFAULT_VAR_TYPE = "hbm"
@@ -372,6 +372,33 @@ def _sok_lookup_grad(op: tf.Operation, grad: tf.Tensor) -> list:
     width = op.get_attr("col_end") - op.get_attr("col_begin")
     values = tf.reshape(grad, [-1, width])
     return [indexed_slices_lib.IndexedSlices(values, keys), None, None]
+
+
+@tf.RegisterGradient("SokLookupAndEvict")
+def _sok_lookup_and_evict_grad(op: tf.Operation, grad: tf.Tensor, *unused: tf.Tensor) -> list:
+    return _sok_lookup_grad(op, grad)
+
+
+def sparse_read_and_evict(var: DynamicVariable, indices: Any, name: str | None = None) -> tuple:
+    """Rows of ``indices`` from a table with eviction; missing keys are inserted, and the rows
+    evicted to make room are returned: ``(embeddings, evicted_keys, evicted_values)``.
+
+    Only backends with eviction (``"hybrid"``) evict; the gradient flows to ``embeddings``.
+
+    Example::
+
+        emb, gone_keys, gone_rows = sok.sparse_read_and_evict(v, ids)
+    """
+    var = _check_dynamic(var, "sok.sparse_read_and_evict")
+    if not var.storage.spec.capabilities.eviction:
+        raise TypeError(
+            f"sparse_read_and_evict needs a backend with eviction (e.g. var_type 'hybrid'); "
+            f"{var.name} uses var_type {var.backend_type!r}, which never evicts"
+        )
+    with tf.name_scope(name or "SokLookupAndEvict"):
+        tape_lib.variable_accessed(var)
+        return tuple(tf_ops.library().sok_lookup_and_evict(
+            var.handle, var.table_address, var._keys(indices), col_begin=0, col_end=var.dimension))
 
 
 def _check_dynamic(var: Any, what: str) -> DynamicVariable:

@@ -1,0 +1,324 @@
+"""sok.OptimizerWrapper and sok.SGD: row-wise Keras-3 updates of sok.DynamicVariable rows.
+
+The oracle is the wrapped Keras optimizer itself, applied to a plain ``tf.Variable`` holding the
+same rows and read with ``tf.gather``. Every row is touched at every step there, so Keras' dense
+update and the wrapper's lazy one must agree. Reference §1.9.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+import sparse_operation_kit as sok  # noqa: E402
+
+VAR_TYPES = ["hbm", "hybrid"]
+OPTIONS = {"hbm": {}, "hybrid": {"init_capacity": 1024, "max_capacity": 1 << 16}}
+MODES = ["eager", "function"]
+K = tf.keras.optimizers
+
+
+def make_var(var_type: str, dimension: int = 4, **kwargs) -> sok.DynamicVariable:
+    return sok.DynamicVariable(dimension=dimension, var_type=var_type, **OPTIONS[var_type], **kwargs)
+
+
+def exported(var) -> tuple[np.ndarray, np.ndarray]:
+    """sok.export sorted by key (hkv exports in table order)."""
+    keys, values = sok.export(var)
+    keys, values = keys.numpy(), values.numpy()
+    order = np.argsort(keys, kind="stable")
+    return keys[order], values[order]
+
+
+def compiled(fn, mode):
+    return tf.function(fn) if mode == "function" else fn
+
+
+# -- the oracle: the same Keras optimizer on a tf.Variable ------------------------------------
+
+V, D, STEPS = 6, 4, 5
+INITIAL = np.random.default_rng(0).uniform(-1.0, 1.0, (V, D)).astype(np.float32)
+# Every key 0..V-1 at every step, with duplicates (0 twice, 3 three times).
+IDS = tf.constant([0, 1, 2, 3, 4, 5, 0, 3, 3], tf.int64)
+WEIGHTS = tf.constant(np.linspace(0.5, 1.5, 9, dtype=np.float32).reshape(9, 1))
+
+OPTIMIZERS = {
+    "SGD": lambda: K.SGD(learning_rate=0.1),
+    "SGD-momentum": lambda: K.SGD(learning_rate=0.1, momentum=0.9),
+    "SGD-nesterov": lambda: K.SGD(learning_rate=0.1, momentum=0.9, nesterov=True),
+    "Adagrad": lambda: K.Adagrad(learning_rate=0.1),
+    "Adam": lambda: K.Adam(learning_rate=0.05),
+    "Adam-amsgrad": lambda: K.Adam(learning_rate=0.05, amsgrad=True),
+    "Adamax": lambda: K.Adamax(learning_rate=0.05),
+    "Adadelta": lambda: K.Adadelta(learning_rate=1.0),
+    "Ftrl": lambda: K.Ftrl(learning_rate=0.1),
+    "Ftrl-regularized": lambda: K.Ftrl(
+        learning_rate=0.1,
+        l1_regularization_strength=0.01,
+        l2_regularization_strength=0.01,
+        l2_shrinkage_regularization_strength=0.01,
+        beta=0.1,
+    ),
+    "RMSprop": lambda: K.RMSprop(learning_rate=0.01),
+    "RMSprop-momentum-centered": lambda: K.RMSprop(learning_rate=0.01, momentum=0.9, centered=True),
+}
+
+
+def weighted_square_loss(embeddings):
+    return tf.reduce_sum(WEIGHTS * tf.square(embeddings))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_matches_keras_on_a_dense_variable(name, var_type, mode):
+    v = make_var(var_type, dimension=D, initializer="zeros")
+    sok.assign(v, tf.range(V, dtype=tf.int64), INITIAL)
+    dense = tf.Variable(INITIAL)
+    wrapper, keras = sok.OptimizerWrapper(OPTIMIZERS[name]()), OPTIMIZERS[name]()
+
+    def sok_step():
+        with tf.GradientTape() as tape:
+            loss = weighted_square_loss(tf.nn.embedding_lookup(v, IDS))
+        wrapper.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+
+    def keras_step():
+        with tf.GradientTape() as tape:
+            loss = weighted_square_loss(tf.gather(dense, IDS))
+        # Densified: Keras 3's own IndexedSlices path mishandles duplicate indices (squares each
+        # duplicate's gradient separately, or fails for centered RMSprop).
+        keras.apply_gradients([(tf.convert_to_tensor(tape.gradient(loss, dense)), dense)])
+
+    sok_step, keras_step = compiled(sok_step, mode), compiled(keras_step, mode)
+    for _ in range(STEPS):
+        sok_step()
+        keras_step()
+    keys, values = exported(v)
+    assert keys.tolist() == list(range(V))
+    assert np.abs(dense.numpy() - INITIAL).max() > 1e-3  # the oracle did move
+    np.testing.assert_allclose(values, dense.numpy(), rtol=1e-5, atol=1e-6)
+    assert int(wrapper.iterations.numpy()) == STEPS
+
+
+# -- lazy updates ------------------------------------------------------------------------------
+
+LAZY = {
+    "SGD-momentum": lambda: K.SGD(learning_rate=0.1, momentum=0.9),
+    "Adam": lambda: K.Adam(learning_rate=0.05),
+    "RMSprop-momentum": lambda: K.RMSprop(learning_rate=0.01, momentum=0.9),
+}
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+@pytest.mark.parametrize("name", list(LAZY))
+def test_rows_not_touched_stay_bit_identical(name, var_type):
+    v = make_var(var_type, dimension=D, initializer="zeros")
+    sok.assign(v, tf.range(V, dtype=tf.int64), INITIAL)
+    opt = sok.OptimizerWrapper(LAZY[name]())
+
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(tf.nn.embedding_lookup(v, tf.constant(ids, tf.int64))))
+        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+
+    step([0, 1, 2])  # rows 0-2 get optimizer state
+    after_first = exported(v)[1]
+    for _ in range(3):
+        step([0, 1])  # row 2 has momentum but is not touched again; rows 3-5 never are
+    _, values = exported(v)
+    np.testing.assert_array_equal(values[2], after_first[2])
+    np.testing.assert_array_equal(values[3:], INITIAL[3:])
+    assert not np.array_equal(values[:2], after_first[:2])
+
+
+# -- learning rate -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_learning_rate_schedule_is_followed(var_type, mode):
+    schedule = K.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+    v = make_var(var_type, dimension=2, initializer="1")
+    opt = sok.OptimizerWrapper(K.SGD(learning_rate=schedule))
+    ids = tf.constant([4, 9], tf.int64)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(v, ids))
+        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+
+    step = compiled(step, mode)
+    for _ in range(3):
+        step()
+    # lr 0.1, 0.05, 0.025 on a gradient of 1
+    np.testing.assert_allclose(exported(v)[1], np.full((2, 2), 1.0 - 0.175), rtol=1e-6)
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_learning_rate_change_after_tracing_is_followed(var_type):
+    v = make_var(var_type, dimension=2, initializer="1")
+    keras = K.SGD(learning_rate=0.5)
+    opt = sok.OptimizerWrapper(keras)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(v, tf.constant([3], tf.int64)))
+        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+
+    step()
+    keras.learning_rate.assign(0.25)
+    step()
+    np.testing.assert_allclose(exported(v)[1], [[0.25, 0.25]], rtol=1e-6)
+
+
+# -- gradients of duplicates, new keys, plain variables ----------------------------------------
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_duplicate_keys_are_summed_before_the_update(var_type):
+    v = make_var(var_type, dimension=2, initializer="zeros")
+    opt = sok.OptimizerWrapper(K.Adagrad(learning_rate=1.0))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(v, tf.constant([7, 7, 7], tf.int64)))
+    opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+    # one gradient of 3 (not three of 1): acc = 0.1 + 9, w = -1 * 3 / sqrt(9.1 + 1e-7)
+    keys, values = exported(v)
+    assert keys.tolist() == [7]
+    np.testing.assert_allclose(values, np.full((1, 2), -3.0 / np.sqrt(9.1 + 1e-7)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_unseen_keys_start_from_the_initializer(var_type, mode):
+    v = make_var(var_type, dimension=3, initializer="13")
+    opt = sok.OptimizerWrapper(K.SGD(learning_rate=1.0))
+    ids = tf.constant([0, 1, 2**40], tf.int64)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(v, ids))
+        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+
+    compiled(step, mode)()
+    keys, values = exported(v)
+    assert keys.tolist() == [0, 1, 2**40]
+    np.testing.assert_array_equal(values, np.full((3, 3), 12.0, np.float32))
+
+
+def test_plain_tf_variable_is_updated_by_the_wrapped_optimizer():
+    keras = K.SGD(learning_rate=0.5)
+    opt = sok.OptimizerWrapper(keras)
+    w = tf.Variable([1.0, 2.0, 3.0])
+    opt.apply_gradients([(tf.constant([1.0, 2.0, -2.0]), w)])
+    np.testing.assert_allclose(w.numpy(), [0.5, 1.0, 4.0])
+    assert int(keras.iterations.numpy()) == 1
+    assert int(opt.iterations.numpy()) == 0  # the wrapper counts dynamic steps only
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_dynamic_and_plain_variables_in_one_call(var_type):
+    v = make_var(var_type, dimension=2, initializer="2")
+    w = tf.Variable([[1.0, 1.0]])
+    opt = sok.OptimizerWrapper(K.SGD(learning_rate=0.5))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(v, tf.constant([5], tf.int64)) * w)
+    grads = tape.gradient(loss, [v, w])
+    opt.apply_gradients(zip(grads, [v, w]))
+    np.testing.assert_allclose(exported(v)[1], [[1.5, 1.5]])  # 2 - 0.5 * w
+    np.testing.assert_allclose(w.numpy(), [[0.0, 0.0]])  # 1 - 0.5 * v
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_sok_sgd(var_type):
+    v = make_var(var_type, dimension=2, initializer="1")
+    opt = sok.SGD(0.25)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(v, tf.constant([1, 1, 2], tf.int64)))
+    opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+    np.testing.assert_allclose(exported(v)[1], [[0.5, 0.5], [0.75, 0.75]])
+
+
+def test_filter_variables_splits_dynamic_from_the_rest():
+    a, b = sok.DynamicVariable(dimension=2), sok.DynamicVariable(dimension=2)
+    w = tf.Variable([1.0])
+    sok_vars, other = sok.filter_variables([w, a, b])
+    assert sok_vars == [a, b] and len(other) == 1 and other[0] is w
+
+
+# -- slots -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_get_slot_returns_the_adagrad_accumulator(var_type):
+    v = make_var(var_type, dimension=2, initializer="zeros")
+    opt = sok.OptimizerWrapper(K.Adagrad(learning_rate=0.1))
+    assert opt.get_slot_names() == ["accumulator"]
+    with tf.GradientTape() as tape:
+        loss = 2.0 * tf.reduce_sum(tf.nn.embedding_lookup(v, tf.constant([3, 4], tf.int64)))
+    opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+    keys, values = opt.get_slot(v, "accumulator")
+    order = np.argsort(keys.numpy())
+    assert keys.numpy()[order].tolist() == [3, 4]
+    np.testing.assert_allclose(values.numpy()[order], np.full((2, 2), 0.1 + 2.0**2), rtol=1e-6)
+
+
+def test_get_slot_of_an_unknown_name_raises():
+    v = sok.DynamicVariable(dimension=2)
+    opt = sok.OptimizerWrapper(K.Adagrad())
+    with pytest.raises(ValueError, match="momentum"):
+        opt.get_slot(v, "momentum")
+
+
+def test_get_slot_before_any_update_raises():
+    v = sok.DynamicVariable(dimension=2)
+    opt = sok.OptimizerWrapper(K.Adagrad())
+    with pytest.raises(ValueError, match="apply"):
+        opt.get_slot(v, "accumulator")
+
+
+# -- what is refused ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["Lion", "Nadam"])
+def test_unsupported_optimizer_lists_the_supported_ones(name):
+    with pytest.raises(ValueError, match=name) as info:
+        sok.OptimizerWrapper(getattr(K, name)())
+    for supported in ("SGD", "Adagrad", "Adam", "Adamax", "Adadelta", "Ftrl", "RMSprop"):
+        assert supported in str(info.value)
+
+
+@pytest.mark.parametrize("option", ["clipnorm", "clipvalue", "global_clipnorm"])
+def test_gradient_clipping_is_not_implemented(option):
+    with pytest.raises(NotImplementedError, match=option):
+        sok.OptimizerWrapper(K.SGD(learning_rate=0.1, **{option: 1.0}))
+
+
+# -- graph inspection --------------------------------------------------------------------------
+
+PYTHON_OPS = {"PyFunc", "EagerPyFunc", "PyFuncStateless"}
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_traced_training_step_has_no_python_ops(var_type):
+    v = make_var(var_type, dimension=4)
+    dense = tf.Variable(tf.ones([4, 1]))
+    opt = sok.OptimizerWrapper(K.Adam(learning_rate=0.01))
+
+    @tf.function
+    def train_step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.matmul(tf.nn.embedding_lookup(v, ids), dense))
+        grads = tape.gradient(loss, [v, dense])
+        opt.apply_gradients(zip(grads, [v, dense]))
+        return loss
+
+    ids = tf.constant([1, 2, 2, 2**40], tf.int64)
+    train_step(ids)
+    graph_def = train_step.get_concrete_function(ids).graph.as_graph_def()
+    op_types = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        op_types |= {node.op for node in function.node_def}
+    assert {"SokLookup", "SokFindOrInsert", "SokInsertOrAssign"} <= op_types
+    assert not op_types & PYTHON_OPS
