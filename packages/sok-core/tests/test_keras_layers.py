@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tensorflow as tf
-
 import sparse_operation_kit as sok
+import tensorflow as tf
 
 VAR_TYPES = {"hbm": {}, "hybrid": {"init_capacity": 1024, "max_capacity": 1 << 16}}
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tensorflow as tf
-
 import sparse_operation_kit as sok
+import tensorflow as tf
 
 
 def test_evicted_rows_carry_their_trained_values_and_never_repeat():
