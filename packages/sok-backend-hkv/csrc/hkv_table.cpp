@@ -161,6 +161,22 @@ int64_t HkvTable::scan(uint64_t key, uint64_t hash) const {
 
 int64_t HkvTable::locate(uint64_t key, uint64_t hash) const { return scan<true>(key, hash); }
 
+int64_t HkvTable::first_empty(int64_t base) const {
+  const uint8_t* dg = &digests_[base];
+#if defined(__SSE2__)
+  const __m128i zero = _mm_setzero_si128();
+  for (int64_t g = 0; g < bucket_size_; g += 16) {
+    __m128i group = _mm_loadu_si128(reinterpret_cast<const __m128i*>(dg + g));
+    unsigned mask = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(group, zero)));
+    if (mask != 0) return base + g + __builtin_ctz(mask);
+  }
+#else
+  for (int64_t j = 0; j < bucket_size_; ++j)
+    if (dg[j] == 0) return base + j;
+#endif
+  return kNotFound;  // callers check fill_ first: never reached
+}
+
 template <class Index, class Fn>
 int64_t HkvTable::pipelined(int64_t count, Index&& index, const void* keys, sok::Columns cols, Fn&& fn) const {
   constexpr int64_t kRing = sok::kPrefetchDistance / 2;
@@ -218,6 +234,7 @@ std::vector<HkvTable::Lane> HkvTable::bulk_update(int64_t n, const void* keys, s
   for (int w = 0; w < workers; ++w) rest.insert(rest.end(), mine[w].begin() + reached[w], mine[w].end());
   if (!rest.empty()) {
     std::sort(rest.begin(), rest.end());
+    for (int w = 0; w < workers; ++w) lanes[workers].created.absorb(lanes[w].created);
     pipelined(static_cast<int64_t>(rest.size()), [&](int64_t j) { return rest[j]; }, keys, cols,
               [&](int64_t i, uint64_t key, int64_t hint) { return op(i, key, hint, true, &lanes[workers]); });
   }
@@ -270,8 +287,7 @@ int64_t HkvTable::place(uint64_t key, uint64_t score, bool may_grow, bool* creat
     const int64_t base = b * bucket_size_;
     *created = true;
     if (fill_[b] < bucket_size_) {
-      int64_t j = base;
-      while (digests_[j] != 0) ++j;
+      const int64_t j = first_empty(base);
       digests_[j] = digest_of(h);
       keys_[j] = key;
       ++fill_[b];
@@ -333,7 +349,7 @@ void HkvTable::find_or_insert(const sok_exec_context&, int64_t n, const void* ke
   std::unique_lock lock(mutex_);
   const int32_t w = cols.width();
   const uint64_t now = tick();
-  auto lanes = bulk_update(n, keys, cols, false, [&](int64_t i, uint64_t key, int64_t hint, bool may_grow, Lane* lane) {
+  bulk_update(n, keys, cols, false, [&](int64_t i, uint64_t key, int64_t hint, bool may_grow, Lane* lane) {
     const uint64_t caller = scores ? scores[i] : 1;
     bool created = false;
     int64_t slot = holds(hint, key) ? hint : place(key, next_score(false, 0, caller, now), may_grow, &created, lane);
@@ -345,24 +361,17 @@ void HkvTable::find_or_insert(const sok_exec_context&, int64_t n, const void* ke
     } else {
       if (created) {
         sok::init_row(row(slot), row_width(), key, inits, num_inits);
-        lane->created.push_back(key);
+        lane->created.insert(key);
       }
       scores_[slot] = next_score(!created, scores_[slot], caller, now);
       src = row(slot);
     }
     std::memcpy(values + i * w, src + cols.begin, sizeof(float) * w);
-    if (found != nullptr) found[i] = slot != kNotFound && !created;
+    // A later duplicate of a key this call created hits it, but it did not exist before the call
+    // (duplicates share a bucket, so they meet in the same lane, in batch order).
+    if (found != nullptr) found[i] = slot != kNotFound && !created && !lane->created.contains(key);
     return true;
   });
-  // Later duplicates of a key created by this call hit it, but it did not exist before the call.
-  std::vector<uint64_t> created;
-  for (const Lane& lane : lanes) created.insert(created.end(), lane.created.begin(), lane.created.end());
-  if (found != nullptr && !created.empty()) {
-    std::sort(created.begin(), created.end());
-    for (int64_t i = 0; i < n; ++i)
-      if (found[i] && std::binary_search(created.begin(), created.end(), sok::load_key(keys, key_type(), i)))
-        found[i] = 0;
-  }
 }
 
 std::vector<HkvTable::Lane> HkvTable::write(int64_t n, const void* keys, sok::Columns cols,
@@ -385,7 +394,8 @@ std::vector<HkvTable::Lane> HkvTable::write(int64_t n, const void* keys, sok::Co
       return true;
     }
     float* dst = row(slot);
-    if (created) sok::init_row(dst, row_width(), key, inits, num_inits);
+    // A new row gets its initial values, except where this write covers the whole row anyway.
+    if (created && (cols.begin > 0 || cols.end < row_width())) sok::init_row(dst, row_width(), key, inits, num_inits);
     if (created || mode == Write::kAssign) {
       std::memcpy(dst + cols.begin, src, sizeof(float) * w);
     } else {

@@ -31,6 +31,52 @@ namespace sok_hkv {
 
 enum class Policy { kLru = 0, kLfu = 1, kEpochLru = 2, kEpochLfu = 3, kCustom = 4 };
 
+// The keys a bulk call created (open addressing, linear probing): a later duplicate of such a key
+// hits it in the table, yet did not exist before the call.
+class CreatedSet {
+ public:
+  void insert(uint64_t key) {
+    if (2 * (count_ + 1) > static_cast<int64_t>(used_.size())) rehash(std::max<size_t>(64, used_.size() * 2));
+    if (place(key)) ++count_;
+  }
+  void absorb(const CreatedSet& other) {
+    for (size_t i = 0; i < other.used_.size(); ++i)
+      if (other.used_[i]) insert(other.keys_[i]);
+  }
+  bool contains(uint64_t key) const {
+    if (count_ == 0) return false;
+    for (size_t i = sok::hash_key(key) & (used_.size() - 1);; i = (i + 1) & (used_.size() - 1)) {
+      if (!used_[i]) return false;
+      if (keys_[i] == key) return true;
+    }
+  }
+
+ private:
+  bool place(uint64_t key) {
+    for (size_t i = sok::hash_key(key) & (used_.size() - 1);; i = (i + 1) & (used_.size() - 1)) {
+      if (!used_[i]) {
+        used_[i] = 1;
+        keys_[i] = key;
+        return true;
+      }
+      if (keys_[i] == key) return false;
+    }
+  }
+  void rehash(size_t slots) {
+    std::vector<uint64_t> keys;
+    std::vector<uint8_t> used;
+    keys.swap(keys_);
+    used.swap(used_);
+    keys_.assign(slots, 0);
+    used_.assign(slots, 0);
+    for (size_t i = 0; i < used.size(); ++i)
+      if (used[i]) place(keys[i]);
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<uint8_t> used_;
+  int64_t count_ = 0;
+};
+
 class HkvTable final : public sok::Storage {
  public:
   HkvTable(const sok_storage_config& config, sok::Options& options);
@@ -72,7 +118,7 @@ class HkvTable final : public sok::Storage {
     std::vector<uint64_t> spilled_keys;
     std::vector<float> spilled_rows;
     std::vector<uint64_t> spilled_scores;
-    std::vector<uint64_t> created;
+    CreatedSet created;
     std::vector<float> scratch;
   };
   static constexpr int64_t kNotFound = -1;
@@ -96,6 +142,8 @@ class HkvTable final : public sok::Storage {
 
   // The slot of key in its bucket, or kNotFound. Needs at least a shared lock.
   int64_t locate(uint64_t key, uint64_t hash) const;
+  // The first empty slot of the bucket starting at slot base.
+  int64_t first_empty(int64_t base) const;
   // The first slot of key's bucket whose digest matches (kCheckKey: and whose key is key).
   template <bool kCheckKey>
   int64_t scan(uint64_t key, uint64_t hash) const;

@@ -143,6 +143,30 @@ def test_gradient_is_indexed_slices_over_raw_keys(var_type, ids):
 
 
 @pytest.mark.parametrize("var_type", VAR_TYPES)
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: DynamicVariable.sparse_read calls tape.variable_accessed(self) without checking "
+    "self.trainable (ResourceVariable does), so GradientTape watches a trainable=False variable",
+)
+def test_non_trainable_variable_is_not_watched_by_gradient_tape(var_type):
+    v = make_var(var_type, trainable=False)
+    assert not v.trainable
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(v, tf.constant([1, 2], tf.int64)))
+    assert tape.watched_variables() == ()
+    assert tape.gradient(loss, v) is None
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_lookup_shape_is_inferred_in_tf_function(var_type):
+    v = make_var(var_type, dimension=5)
+    lookup = tf.function(lambda ids: tf.nn.embedding_lookup(v, ids))
+    concrete = lookup.get_concrete_function(tf.TensorSpec([None, 7], tf.int64))
+    assert concrete.structured_outputs.shape.as_list() == [None, 7, 5]
+    assert lookup(tf.zeros([0, 7], tf.int64)).shape.as_list() == [0, 7, 5]
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
 def test_eager_and_tf_function_give_identical_lookups_and_gradients(var_type, reset_seed):
     ids = tf.constant([[3, 8, 3], [2**40, -5, 8]], tf.int64)
 
@@ -195,6 +219,14 @@ def test_random_rows_differ_with_another_seed(var_type, reset_seed):
     tf.random.set_seed(4321)
     second = tf.nn.embedding_lookup(make_var(var_type), ids).numpy()
     assert not np.any(first == second)
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_two_variables_under_one_seed_get_different_rows(var_type, reset_seed):
+    ids = tf.constant([0, 5, 2**40, -3], tf.int64)
+    tf.random.set_seed(1234)
+    a, b = make_var(var_type), make_var(var_type)
+    assert not np.any(tf.nn.embedding_lookup(a, ids).numpy() == tf.nn.embedding_lookup(b, ids).numpy())
 
 
 @pytest.mark.parametrize("var_type", VAR_TYPES)

@@ -48,6 +48,7 @@ OPTIMIZERS = {
     "SGD-momentum": lambda: K.SGD(learning_rate=0.1, momentum=0.9),
     "SGD-nesterov": lambda: K.SGD(learning_rate=0.1, momentum=0.9, nesterov=True),
     "Adagrad": lambda: K.Adagrad(learning_rate=0.1),
+    "Adagrad-custom": lambda: K.Adagrad(learning_rate=0.2, initial_accumulator_value=0.5, epsilon=1e-3),
     "Adam": lambda: K.Adam(learning_rate=0.05),
     "Adam-amsgrad": lambda: K.Adam(learning_rate=0.05, amsgrad=True),
     "Adamax": lambda: K.Adamax(learning_rate=0.05),
@@ -293,6 +294,52 @@ def test_unsupported_optimizer_lists_the_supported_ones(name):
 def test_gradient_clipping_is_not_implemented(option):
     with pytest.raises(NotImplementedError, match=option):
         sok.OptimizerWrapper(K.SGD(learning_rate=0.1, **{option: 1.0}))
+
+
+def test_a_variable_takes_one_wrapper_only():
+    v = sok.DynamicVariable(dimension=2)
+    first, second = sok.OptimizerWrapper(K.SGD(1.0)), sok.OptimizerWrapper(K.Adagrad(1.0))
+    for opt in (first, second):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(v, tf.constant([1], tf.int64)))
+        if opt is second:
+            with pytest.raises(ValueError, match="one wrapper per variable"):
+                opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+        else:
+            opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+
+
+IGNORED = (
+    "BUG: OptimizerWrapper neither refuses nor applies this Keras option (only weight_decay and "
+    "clipping are refused): the dynamic rows silently diverge from Keras"
+)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"loss_scale_factor": 4.0}, marks=pytest.mark.xfail(strict=True, reason=IGNORED)),
+        pytest.param({"gradient_accumulation_steps": 2}, marks=pytest.mark.xfail(strict=True, reason=IGNORED)),
+        pytest.param(
+            {"use_ema": True, "ema_overwrite_frequency": 1}, marks=pytest.mark.xfail(strict=True, reason=IGNORED)
+        ),
+    ],
+    ids=["loss_scale_factor", "gradient_accumulation_steps", "use_ema"],
+)
+def test_options_that_change_the_update_are_refused_or_honoured(options):
+    try:
+        wrapper = sok.OptimizerWrapper(K.SGD(learning_rate=1.0, **options))
+    except NotImplementedError:
+        return  # refused, as clipnorm is
+    keras = K.SGD(learning_rate=1.0, **options)
+    v = sok.DynamicVariable(dimension=1, initializer="0")
+    dense = tf.Variable([[0.0]])
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(v, tf.constant([0], tf.int64)))
+        wrapper.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+        keras.apply_gradients([(tf.ones([1, 1]), dense)])
+    np.testing.assert_allclose(exported(v)[1], dense.numpy(), rtol=1e-6)
 
 
 # -- graph inspection --------------------------------------------------------------------------
