@@ -143,11 +143,6 @@ def test_gradient_is_indexed_slices_over_raw_keys(var_type, ids):
 
 
 @pytest.mark.parametrize("var_type", VAR_TYPES)
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: DynamicVariable.sparse_read calls tape.variable_accessed(self) without checking "
-    "self.trainable (ResourceVariable does), so GradientTape watches a trainable=False variable",
-)
 def test_non_trainable_variable_is_not_watched_by_gradient_tape(var_type):
     v = make_var(var_type, trainable=False)
     assert not v.trainable

@@ -309,20 +309,12 @@ def test_a_variable_takes_one_wrapper_only():
             opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
 
 
-IGNORED = (
-    "BUG: OptimizerWrapper neither refuses nor applies this Keras option (only weight_decay and "
-    "clipping are refused): the dynamic rows silently diverge from Keras"
-)
-
-
 @pytest.mark.parametrize(
     "options",
     [
-        pytest.param({"loss_scale_factor": 4.0}, marks=pytest.mark.xfail(strict=True, reason=IGNORED)),
-        pytest.param({"gradient_accumulation_steps": 2}, marks=pytest.mark.xfail(strict=True, reason=IGNORED)),
-        pytest.param(
-            {"use_ema": True, "ema_overwrite_frequency": 1}, marks=pytest.mark.xfail(strict=True, reason=IGNORED)
-        ),
+        {"loss_scale_factor": 4.0},
+        {"gradient_accumulation_steps": 2},
+        {"use_ema": True, "ema_overwrite_frequency": 1},
     ],
     ids=["loss_scale_factor", "gradient_accumulation_steps", "use_ema"],
 )

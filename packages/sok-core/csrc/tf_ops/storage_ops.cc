@@ -310,7 +310,66 @@ class ExportOp : public RowOp {
   ::tensorflow::DataType key_dtype_;
 };
 
+// unique_keys, sums = the distinct keys (in order of first occurrence) and the sum of the rows of
+// values per distinct key: tf.unique + unsorted_segment_sum in one pass over a hash index.
+template <typename K>
+class UniqueSumOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& keys_t = ctx->input(0);
+    const Tensor& values_t = ctx->input(1);
+    const int64_t n = keys_t.NumElements();
+    OP_REQUIRES(ctx, values_t.dims() == 2 && values_t.dim_size(0) == n,
+                errors::InvalidArgument("values must have shape [", n, ", width], got ", values_t.shape().DebugString()));
+    const int64_t w = values_t.dim_size(1);
+    const K* keys = keys_t.flat<K>().data();
+    const float* values = values_t.flat<float>().data();
+    int64_t slots = 16;
+    while (slots < 2 * n) slots <<= 1;
+    std::vector<int64_t> index(slots, -1);  // slot -> position among the distinct keys
+    std::vector<int64_t> position(n);        // key i -> position of its distinct key
+    std::vector<K> distinct;
+    distinct.reserve(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const K key = keys[i];
+      uint64_t s = sok::hash_key(static_cast<uint64_t>(key)) & (slots - 1);
+      while (index[s] >= 0 && distinct[index[s]] != key) s = (s + 1) & (slots - 1);
+      if (index[s] < 0) {
+        index[s] = static_cast<int64_t>(distinct.size());
+        distinct.push_back(key);
+      }
+      position[i] = index[s];
+    }
+    const int64_t u = static_cast<int64_t>(distinct.size());
+    Tensor *unique_t = nullptr, *sums_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &unique_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({u, w}), &sums_t));
+    std::copy(distinct.begin(), distinct.end(), unique_t->flat<K>().data());
+    float* sums = sums_t->flat<float>().data();
+    std::fill(sums, sums + u * w, 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      float* dst = sums + position[i] * w;
+      const float* src = values + i * w;
+      for (int64_t c = 0; c < w; ++c) dst[c] += src[c];
+    }
+  }
+};
+
 #define SOK_KEY_TYPES "Tkeys: {int32, int64, uint64}"
+
+REGISTER_OP("SokUniqueSum")
+    .Input("keys: Tkeys")
+    .Input("values: float")
+    .Output("unique_keys: Tkeys")
+    .Output("sums: float")
+    .Attr(SOK_KEY_TYPES)
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, c->Dim(c->input(1), 1)));
+      return Status();
+    })
+    .Doc("Distinct keys in order of first occurrence and the per-key sums of the value rows.");
 
 REGISTER_OP("SokLookup")
     .Input("handle: resource")
@@ -452,6 +511,9 @@ REGISTER_KERNEL_BUILDER(Name("SokInsertOrAssign").Device(DEVICE_CPU), WriteOp<fa
 REGISTER_KERNEL_BUILDER(Name("SokAccumOrAssign").Device(DEVICE_CPU), WriteOp<true>);
 REGISTER_KERNEL_BUILDER(Name("SokErase").Device(DEVICE_CPU), EraseOp);
 REGISTER_KERNEL_BUILDER(Name("SokSize").Device(DEVICE_CPU), SizeOp);
+REGISTER_KERNEL_BUILDER(Name("SokUniqueSum").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkeys"), UniqueSumOp<int64_t>);
+REGISTER_KERNEL_BUILDER(Name("SokUniqueSum").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkeys"), UniqueSumOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("SokUniqueSum").Device(DEVICE_CPU).TypeConstraint<uint64_t>("Tkeys"), UniqueSumOp<uint64_t>);
 REGISTER_KERNEL_BUILDER(Name("SokExport").Device(DEVICE_CPU), ExportOp);
 
 }  // namespace sok_tf

@@ -261,7 +261,8 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         """Rows of ``indices`` (any shape; result shape ``indices.shape + [dimension]``), inserting
         unseen keys with the initializer. Differentiable: the gradient is IndexedSlices over keys."""
         with tf.name_scope(name or "SokLookup"):
-            tape_lib.variable_accessed(self)
+            if self.trainable:
+                tape_lib.variable_accessed(self)
             return tf_ops.library().sok_lookup(
                 self.handle, self._table_address, self._keys(indices), col_begin=0, col_end=self._dimension
             )
@@ -396,7 +397,8 @@ def sparse_read_and_evict(var: DynamicVariable, indices: Any, name: str | None =
             f"{var.name} uses var_type {var.backend_type!r}, which never evicts"
         )
     with tf.name_scope(name or "SokLookupAndEvict"):
-        tape_lib.variable_accessed(var)
+        if var.trainable:
+            tape_lib.variable_accessed(var)
         return tuple(tf_ops.library().sok_lookup_and_evict(
             var.handle, var.table_address, var._keys(indices), col_begin=0, col_end=var.dimension))
 

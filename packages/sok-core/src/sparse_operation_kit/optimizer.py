@@ -172,7 +172,8 @@ RULES: dict[str, Callable[[Any], Rule]] = {
 }
 
 # Options of Keras optimizers that change the update beyond the rule; refused for dynamic rows.
-_UNSUPPORTED_OPTIONS = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm")
+_UNSUPPORTED_OPTIONS = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema", "loss_scale_factor",
+                        "gradient_accumulation_steps")
 
 
 def _rule_for(optimizer: Any) -> Rule:
@@ -289,9 +290,8 @@ class OptimizerWrapper:
         width = dim * (1 + len(self._rule.slots))
         keys = tf.reshape(var._keys(grad.indices), [-1])
         values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, dim])
-        unique, position = tf.unique(keys, out_idx=tf.int64)
-        summed = tf.math.unsorted_segment_sum(values, position, tf.shape(unique, out_type=tf.int64)[0])
         lib = tf_ops.library()
+        unique, summed = lib.sok_unique_sum(keys, values)
         rows = lib.sok_find_or_insert(var.table_address, unique, col_begin=0, col_end=width)
         slots = {name: rows[:, (i + 1) * dim : (i + 2) * dim] for i, (name, _) in enumerate(self._rule.slots)}
         new_w, new_slots = self._rule.update(rows[:, :dim], slots, summed, lr, step)
