@@ -109,23 +109,21 @@ void HkvTable::allocate(int64_t capacity) {
   // Everything is allocated before anything changes: an allocation failure leaves the table as is.
   const int64_t num_buckets = capacity / bucket_size_;
   std::vector<uint8_t> digests(capacity, 0);
-  std::vector<uint64_t> keys(capacity, 0), scores(capacity, 0);
+  std::vector<Entry> entries(capacity, Entry{0, 0});
   std::vector<int32_t> fill(num_buckets, 0);
   std::vector<float> values(static_cast<size_t>(capacity) * row_width(), 0.0f);
   // Moving to twice the buckets splits each bucket in two, so every live slot finds room.
   for (int64_t s = 0; s < static_cast<int64_t>(digests_.size()); ++s) {
     if (digests_[s] == 0) continue;
-    const uint64_t h = sok::hash_key(keys_[s]);
+    const uint64_t h = sok::hash_key(entries_[s].key);
     const int64_t b = static_cast<int64_t>(h & (num_buckets - 1));
     const int64_t j = b * bucket_size_ + fill[b]++;
     digests[j] = digests_[s];
-    keys[j] = keys_[s];
-    scores[j] = scores_[s];
+    entries[j] = entries_[s];
     std::memcpy(values.data() + j * row_width(), row(s), sizeof(float) * row_width());
   }
   digests_.swap(digests);
-  keys_.swap(keys);
-  scores_.swap(scores);
+  entries_.swap(entries);
   fill_.swap(fill);
   values_.swap(values);
   num_buckets_ = num_buckets;
@@ -148,13 +146,13 @@ int64_t HkvTable::scan(uint64_t key, uint64_t hash) const {
     unsigned mask = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(group, needle)));
     while (mask != 0) {
       int bit = __builtin_ctz(mask);
-      if (!kCheckKey || keys_[base + g + bit] == key) return base + g + bit;
+      if (!kCheckKey || entries_[base + g + bit].key == key) return base + g + bit;
       mask &= mask - 1;
     }
   }
 #else
   for (int64_t j = 0; j < bucket_size_; ++j)
-    if (dg[j] == d && (!kCheckKey || keys_[base + j] == key)) return base + j;
+    if (dg[j] == d && (!kCheckKey || entries_[base + j].key == key)) return base + j;
 #endif
   return kNotFound;
 }
@@ -187,8 +185,15 @@ int64_t HkvTable::pipelined(int64_t count, Index&& index, const void* keys, sok:
   auto stage = [&](int64_t j) {
     uint64_t key = sok::load_key(keys, kt, index(j));
     int64_t slot = scan<false>(key, sok::hash_key(key));
-    if (slot != kNotFound) {
-      sok::prefetch(&keys_[slot]);
+    if (slot == kNotFound) {  // a new key will most likely take the bucket's first empty slot
+      const int64_t base = bucket_of(sok::hash_key(key)) * bucket_size_;
+      slot = fill_[base / bucket_size_] < bucket_size_ ? first_empty(base) : kNotFound;
+      if (slot != kNotFound) {
+        sok::prefetch_write(&entries_[slot]);
+        sok::prefetch_write(values_.data() + slot * row_width() + cols.begin);
+      }
+    } else {
+      sok::prefetch(&entries_[slot]);
       sok::prefetch_range(values_.data() + slot * row_width() + cols.begin, sizeof(float) * cols.width());
     }
     ring[j % kRing] = slot;
@@ -212,6 +217,13 @@ std::vector<HkvTable::Lane> HkvTable::bulk_update(int64_t n, const void* keys, s
     lane.spill = spill;
     lane.scratch.resize(row_width());
   }
+  for (int w = 0; w < workers; ++w) lanes[w].lanes = workers;
+  auto fold_sizes = [&] {
+    for (Lane& lane : lanes) {
+      size_ += lane.added;
+      lane.added = 0;
+    }
+  };
   // Keys per worker, by bucket at the current capacity.
   std::vector<std::vector<int64_t>> mine(workers);
   const int32_t kt = key_type();
@@ -230,6 +242,7 @@ std::vector<HkvTable::Lane> HkvTable::bulk_update(int64_t n, const void* keys, s
                              [&](int64_t i, uint64_t key, int64_t hint) { return op(i, key, hint, false, &lanes[w]); });
     }
   });
+  fold_sizes();
   std::vector<int64_t> rest;
   for (int w = 0; w < workers; ++w) rest.insert(rest.end(), mine[w].begin() + reached[w], mine[w].end());
   if (!rest.empty()) {
@@ -237,6 +250,7 @@ std::vector<HkvTable::Lane> HkvTable::bulk_update(int64_t n, const void* keys, s
     for (int w = 0; w < workers; ++w) lanes[workers].created.absorb(lanes[w].created);
     pipelined(static_cast<int64_t>(rest.size()), [&](int64_t j) { return rest[j]; }, keys, cols,
               [&](int64_t i, uint64_t key, int64_t hint) { return op(i, key, hint, true, &lanes[workers]); });
+    fold_sizes();
   }
   return lanes;
 }
@@ -278,7 +292,7 @@ int64_t HkvTable::place(uint64_t key, uint64_t score, bool may_grow, bool* creat
     const int64_t capacity = static_cast<int64_t>(digests_.size());
     const int64_t b = bucket_of(h);
     const bool can_grow = capacity < max_capacity_;
-    if (can_grow && (fill_[b] == bucket_size_ || static_cast<double>(size_.load(std::memory_order_relaxed) + 1) > max_load_factor_ * capacity)) {
+    if (can_grow && (fill_[b] == bucket_size_ || static_cast<double>(size_ + lane->added * lane->lanes + 1) > max_load_factor_ * capacity)) {
       *created = false;
       if (!may_grow) return kMustGrow;
       allocate(capacity * 2);
@@ -289,23 +303,23 @@ int64_t HkvTable::place(uint64_t key, uint64_t score, bool may_grow, bool* creat
     if (fill_[b] < bucket_size_) {
       const int64_t j = first_empty(base);
       digests_[j] = digest_of(h);
-      keys_[j] = key;
+      entries_[j].key = key;
       ++fill_[b];
-      size_.fetch_add(1, std::memory_order_relaxed);
+      ++lane->added;
       return j;
     }
     // Full bucket at max_capacity: the lowest score goes, unless the policy refuses the newcomer.
     int64_t victim = base;
     for (int64_t j = base + 1; j < base + bucket_size_; ++j)
-      if (scores_[j] < scores_[victim]) victim = j;
+      if (entries_[j].score < entries_[victim].score) victim = j;
     const bool admits_all = policy_ == Policy::kLru || policy_ == Policy::kLfu;
-    if (!admits_all && score < scores_[victim]) {
+    if (!admits_all && score < entries_[victim].score) {
       *created = false;
       return kNotFound;
     }
-    spill_row(lane, keys_[victim], row(victim), scores_[victim]);
+    spill_row(lane, entries_[victim].key, row(victim), entries_[victim].score);
     digests_[victim] = digest_of(h);
-    keys_[victim] = key;
+    entries_[victim].key = key;
     return victim;
   }
 }
@@ -363,7 +377,7 @@ void HkvTable::find_or_insert(const sok_exec_context&, int64_t n, const void* ke
         sok::init_row(row(slot), row_width(), key, inits, num_inits);
         lane->created.insert(key);
       }
-      scores_[slot] = next_score(!created, scores_[slot], caller, now);
+      entries_[slot].score = next_score(!created, entries_[slot].score, caller, now);
       src = row(slot);
     }
     std::memcpy(values + i * w, src + cols.begin, sizeof(float) * w);
@@ -401,7 +415,7 @@ std::vector<HkvTable::Lane> HkvTable::write(int64_t n, const void* keys, sok::Co
     } else {
       for (int32_t c = 0; c < w; ++c) dst[cols.begin + c] += src[c];
     }
-    scores_[slot] = created ? new_score : next_score(true, scores_[slot], caller, now);
+    entries_[slot].score = created ? new_score : next_score(true, entries_[slot].score, caller, now);
     return true;
   });
 }
@@ -450,7 +464,7 @@ int64_t HkvTable::erase(const sok_exec_context&, int64_t n, const void* keys) {
     int64_t slot = locate(key, h);
     if (slot == kNotFound) continue;
     digests_[slot] = 0;
-    scores_[slot] = 0;
+    entries_[slot].score = 0;
     --fill_[bucket_of(h)];
     --size_;
     ++erased;
@@ -467,10 +481,10 @@ int64_t HkvTable::export_batch(const sok_exec_context&, int64_t offset, int64_t 
   int64_t count = 0;
   for (int64_t s = offset; s < end; ++s) {
     if (digests_[s] == 0) continue;
-    if (threshold != nullptr && scores_[s] < *threshold) continue;
-    sok::store_key(keys, key_type(), count, keys_[s]);
+    if (threshold != nullptr && entries_[s].score < *threshold) continue;
+    sok::store_key(keys, key_type(), count, entries_[s].key);
     if (values != nullptr) std::memcpy(values + count * w, values_.data() + s * row_width() + cols.begin, sizeof(float) * w);
-    if (scores != nullptr) scores[count] = scores_[s];
+    if (scores != nullptr) scores[count] = entries_[s].score;
     ++count;
   }
   return count;
@@ -479,7 +493,7 @@ int64_t HkvTable::export_batch(const sok_exec_context&, int64_t offset, int64_t 
 void HkvTable::clear(const sok_exec_context&) {
   std::unique_lock lock(mutex_);
   std::fill(digests_.begin(), digests_.end(), 0);
-  std::fill(scores_.begin(), scores_.end(), 0);
+  std::fill(entries_.begin(), entries_.end(), Entry{0, 0});
   std::fill(fill_.begin(), fill_.end(), 0);
   size_ = 0;
 }
@@ -501,7 +515,7 @@ std::string HkvTable::describe() {
   const auto capacity = static_cast<int64_t>(digests_.size());
   out << "hkv (CPU): " << size_ << " keys, capacity " << capacity << " of max " << max_capacity_
       << " (" << num_buckets_ << " buckets x " << bucket_size_ << ", load "
-      << static_cast<double>(size_.load()) / static_cast<double>(capacity) << "), policy "
+      << static_cast<double>(size_) / static_cast<double>(capacity) << "), policy "
       << policy_name(policy_) << ", row width " << row_width() << ", key "
       << sok::key_type_name(key_type()) << ", all rows in host memory";
   return out.str();

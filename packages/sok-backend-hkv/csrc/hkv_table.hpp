@@ -19,7 +19,6 @@
 // implementation (issue "CUDA backends"), which goes beside this file as hkv_table_cuda.cu.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <shared_mutex>
 #include <string>
@@ -120,6 +119,8 @@ class HkvTable final : public sok::Storage {
     std::vector<uint64_t> spilled_scores;
     CreatedSet created;
     std::vector<float> scratch;
+    int64_t added = 0;  // keys this lane placed, folded into size_ when the bulk call ends
+    int64_t lanes = 1;  // lanes writing at once: the load-factor check extrapolates `added`
   };
   static constexpr int64_t kNotFound = -1;
   static constexpr int64_t kMustGrow = -2;
@@ -129,7 +130,7 @@ class HkvTable final : public sok::Storage {
   static uint8_t digest_of(uint64_t hash) { return static_cast<uint8_t>(1 + (hash >> 56) % 255); }
   void prefetch_bucket(uint64_t key) const;
   bool holds(int64_t slot, uint64_t key) const {
-    return slot != kNotFound && digests_[slot] != 0 && keys_[slot] == key;
+    return slot != kNotFound && digests_[slot] != 0 && entries_[slot].key == key;
   }
   // Software pipeline over a list of keys: the bucket of the key 2R ahead is prefetched, a
   // candidate slot of the key R ahead is picked by digest and its key and row prefetched, then
@@ -178,10 +179,14 @@ class HkvTable final : public sok::Storage {
   double max_hbm_gb_;
   uint64_t epoch_ = 0;
   uint64_t last_tick_ = 0;
-  std::atomic<int64_t> size_{0};
+  int64_t size_ = 0;
+  // A slot's key and score share a 16-byte entry: one cache line fill serves both.
+  struct Entry {
+    uint64_t key;
+    uint64_t score;
+  };
   std::vector<uint8_t> digests_;  // (capacity,)
-  std::vector<uint64_t> keys_;    // (capacity,)
-  std::vector<uint64_t> scores_;  // (capacity,)
+  std::vector<Entry> entries_;    // (capacity,)
   std::vector<int32_t> fill_;     // (num_buckets,) live slots per bucket
   std::vector<float> values_;     // (capacity, row_width)
 };
