@@ -1,9 +1,7 @@
 """The DynamicVariable example of SOK's documentation (seed sok-dynamic-variable-api), verbatim."""
 
-import numpy as np
-import tensorflow as tf
-import horovod.tensorflow as hvd
 import sparse_operation_kit as sok
+import tensorflow as tf
 
 v = sok.DynamicVariable(dimension=3, initializer="13")
 print("v.shape:", v.shape)

@@ -47,6 +47,16 @@ _LAZY = {
     "SGD": "sparse_operation_kit.optimizer",
     "filter_variables": "sparse_operation_kit.optimizer",
     "DynamicEmbedding": "sparse_operation_kit.layers",
+    "All2AllDenseEmbedding": "sparse_operation_kit.layers",
+    "Variable": "sparse_operation_kit.distributed_variable",
+    "DistributedVariable": "sparse_operation_kit.distributed_variable",
+    "LocalizedVariable": "sparse_operation_kit.distributed_variable",
+    "lookup_sparse": "sparse_operation_kit.lookup",
+    "all2all_dense_embedding": "sparse_operation_kit.lookup",
+    "init": "sparse_operation_kit.communication",
+    "rank": "sparse_operation_kit.communication",
+    "num_ranks": "sparse_operation_kit.communication",
+    "experiment": "sparse_operation_kit.experiment",
 }
 
 
@@ -56,7 +66,8 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'sparse_operation_kit' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(module), name)
+    imported = importlib.import_module(module)
+    value = imported if module.endswith("." + name) else getattr(imported, name)
     globals()[name] = value
     return value
 

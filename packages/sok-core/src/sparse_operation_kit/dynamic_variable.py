@@ -242,8 +242,10 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         return tf.stack([rows, tf.constant(self._dimension, tf.int32)])
 
     def __repr__(self) -> str:
-        return (f"<sok.DynamicVariable '{self.name}' shape=(None, {self._dimension}) dtype=float32 "
-                f"var_type={self._var_type!r}>")
+        return (
+            f"<sok.DynamicVariable '{self.name}' shape=(None, {self._dimension}) dtype=float32 "
+            f"var_type={self._var_type!r}>"
+        )
 
     # -- reads ----------------------------------------------------------------------------------
     def _keys(self, indices: Any) -> tf.Tensor:
@@ -399,8 +401,11 @@ def sparse_read_and_evict(var: DynamicVariable, indices: Any, name: str | None =
     with tf.name_scope(name or "SokLookupAndEvict"):
         if var.trainable:
             tape_lib.variable_accessed(var)
-        return tuple(tf_ops.library().sok_lookup_and_evict(
-            var.handle, var.table_address, var._keys(indices), col_begin=0, col_end=var.dimension))
+        return tuple(
+            tf_ops.library().sok_lookup_and_evict(
+                var.handle, var.table_address, var._keys(indices), col_begin=0, col_end=var.dimension
+            )
+        )
 
 
 def _check_dynamic(var: Any, what: str) -> DynamicVariable:

@@ -172,8 +172,15 @@ RULES: dict[str, Callable[[Any], Rule]] = {
 }
 
 # Options of Keras optimizers that change the update beyond the rule; refused for dynamic rows.
-_UNSUPPORTED_OPTIONS = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema", "loss_scale_factor",
-                        "gradient_accumulation_steps")
+_UNSUPPORTED_OPTIONS = (
+    "weight_decay",
+    "clipnorm",
+    "clipvalue",
+    "global_clipnorm",
+    "use_ema",
+    "loss_scale_factor",
+    "gradient_accumulation_steps",
+)
 
 
 def _rule_for(optimizer: Any) -> Rule:

@@ -1,0 +1,293 @@
+"""``sok.lookup_sparse``: a fused, model-parallel ``tf.nn.embedding_lookup_sparse`` over many tables.
+
+The exchange (one call, any mix of static distributed, static localized and dynamic tables):
+
+1. every rank checks its arguments, and the ranks agree (one allreduce) that all ids are valid
+   before anything else moves, so a bad id fails on every rank with the same message;
+2. the ids, row lengths and weights of all tables are allgathered (three collectives for the whole
+   call): each rank sees the global batch's ids, a few bytes per id;
+3. each rank looks up the ids it owns (row ``i`` of a distributed table on rank ``i % n``, the whole
+   of a localized table on its rank, dynamic keys by ``key mod n``) and pools them per global sample
+   into partial sums (weighted, no division yet);
+4. one all-to-all sends each rank the partial sums of its own samples, for all tables at once;
+   the rank adds them up and applies the combiner (``sum``, ``mean``, ``sqrtn``).
+
+Pooled partial sums travel instead of rows, so the floats exchanged per step do not grow with the
+number of ids per sample. Gradients come from TensorFlow's autodiff through the same ops (Horovod's
+collectives have gradients): ``tf.IndexedSlices`` per table, local rows for static tables and raw
+keys for dynamic ones, summed over the global batch.
+
+Example::
+
+    v1 = sok.Variable(np.arange(17 * 3).reshape(17, 3), dtype=tf.float32)
+    v2 = sok.Variable(np.arange(7 * 5).reshape(7, 5), dtype=tf.float32)
+    ids1 = tf.ragged.constant([[1, 1], [3, 4, 5]], dtype=tf.int64)
+    ids2 = tf.ragged.constant([[1], [2, 3]], dtype=tf.int64)
+    emb1, emb2 = sok.lookup_sparse([v1, v2], [ids1, ids2], combiners=["sum", "sum"])
+    # emb1 = [[6, 8, 10], [36, 39, 42]], emb2 = [[5, 6, 7, 8, 9], [25, 27, 29, 31, 33]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from sparse_operation_kit import communication
+from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable
+from sparse_operation_kit.dynamic_variable import DynamicVariable
+
+__all__ = ["lookup_sparse", "all2all_dense_embedding", "COMBINERS"]
+
+#: Combiner names (case-insensitive; "average" is SOK's alias of "mean").
+COMBINERS = ("sum", "mean", "sqrtn")
+_ALIASES = {"average": "mean"}
+
+
+def _combiner(name: Any, index: int) -> str:
+    if not isinstance(name, str) or _ALIASES.get(name.lower(), name.lower()) not in COMBINERS:
+        raise ValueError(f"combiners[{index}] = {name!r} is not valid; valid: {', '.join(COMBINERS)} (any case)")
+    return _ALIASES.get(name.lower(), name.lower())
+
+
+def _ragged(ids: Any, index: int, what: str) -> tf.RaggedTensor:
+    if isinstance(ids, tf.SparseTensor):
+        if ids.shape.rank not in (None, 2):
+            raise ValueError(f"{what}[{index}] must be a 2-D SparseTensor, got rank {ids.shape.rank}")
+        return tf.RaggedTensor.from_sparse(ids)
+    if isinstance(ids, tf.RaggedTensor):
+        if ids.ragged_rank != 1 or ids.shape.rank != 2:
+            raise ValueError(f"{what}[{index}] must be a 2-D RaggedTensor (ragged_rank 1), got shape {ids.shape}")
+        return ids
+    raise TypeError(f"{what}[{index}] must be a tf.SparseTensor or tf.RaggedTensor, got {type(ids).__name__}")
+
+
+def _table_kind(param: Any, index: int) -> str:
+    if isinstance(param, DynamicVariable):
+        return "dynamic"
+    if isinstance(param, (DistributedVariable, LocalizedVariable)):
+        if param.dtype != tf.float32:
+            raise TypeError(
+                f"params[{index}] ({param.name}) has dtype {param.dtype.name}; sok tables must be "
+                f"float32: create it with dtype=tf.float32"
+            )
+        return "localized" if isinstance(param, LocalizedVariable) else "distributed"
+    raise TypeError(
+        f"params[{index}] must be a sok.Variable or sok.DynamicVariable, got {type(param).__name__}; "
+        f"for a plain tf.Variable use tf.nn.embedding_lookup_sparse"
+    )
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _owner(keys: tf.Tensor, kind: str, param: Any, n: int) -> tf.Tensor:
+    if kind == "localized":
+        return tf.fill(tf.shape(keys), tf.constant(param.target_gpu, tf.int64))
+    if kind == "dynamic" and param.mode is not None and param.target_gpu >= 0:
+        return tf.fill(tf.shape(keys), tf.constant(param.target_gpu, tf.int64))
+    return tf.math.floormod(tf.cast(keys, tf.int64), n)
+
+
+def _pool_local(
+    param: Any,
+    kind: str,
+    keys: tf.Tensor,
+    samples: tf.Tensor,
+    weights: tf.Tensor | None,
+    num_samples: tf.Tensor,
+    rank: int,
+    n: int,
+) -> tf.Tensor:
+    """Partial sums [num_samples, dim] of the ids this rank owns."""
+    mine = tf.equal(_owner(keys, kind, param, n), rank)
+    keys, samples = tf.boolean_mask(keys, mine), tf.boolean_mask(samples, mine)
+    if kind == "dynamic":
+        rows = param.sparse_read(param._keys(keys))
+    else:
+        local = tf.cast(keys, tf.int64) // n if kind == "distributed" else tf.cast(keys, tf.int64)
+        rows = tf.gather(param, local)
+    if weights is not None:
+        rows = rows * tf.boolean_mask(weights, mine)[:, None]
+    return tf.math.unsorted_segment_sum(rows, samples, num_samples)
+
+
+def _check_ids(
+    params: Sequence[Any],
+    kinds: Sequence[str],
+    ragged: Sequence[tf.RaggedTensor],
+    comm: communication.CommunicationTool,
+) -> list[tf.Operation]:
+    """Assertions that fail on every rank together when any rank has a bad static id."""
+    bad = []
+    for param, kind, ids in zip(params, kinds, ragged):
+        if kind == "dynamic":
+            continue
+        rows = int(param.global_shape[0])
+        values = tf.cast(ids.values, tf.int64)
+        bad.append(tf.reduce_sum(tf.cast((values < 0) | (values >= rows), tf.int64)))
+    if not bad:
+        return []
+    counts = comm.allreduce_sum(tf.stack(bad)) if comm.num_ranks() > 1 else tf.stack(bad)
+    checks = []
+    static = [(i, p) for i, (p, k) in enumerate(zip(params, kinds)) if k != "dynamic"]
+    for j, (i, param) in enumerate(static):
+        checks.append(
+            tf.debugging.assert_equal(
+                counts[j],
+                tf.constant(0, tf.int64),
+                message=f"sp_ids[{i}] has ids outside [0, {int(param.global_shape[0])}) for table {param.name} "
+                f"(count over all ranks follows); static tables take ids 0 .. rows-1",
+            )
+        )
+    return checks
+
+
+def lookup_sparse(params: Any, sp_ids: Any, sp_weights: Any = None, combiners: Any = None) -> Any:
+    """Pooled lookups of several tables in one collective call.
+
+    Args:
+        params: a table or a list of tables: ``sok.Variable`` (distributed or localized) and
+            ``sok.DynamicVariable``, in any mix; the same table may appear twice.
+        sp_ids: one 2-D ``tf.SparseTensor`` or ``tf.RaggedTensor`` of int32/int64 ids per table,
+            ``[local_batch, None]``. Empty rows give zeros.
+        sp_weights: None, or one float32 tensor of the same layout per table.
+        combiners: None (all ``"mean"``) or one of ``"sum"``, ``"mean"``, ``"sqrtn"`` per table.
+
+    Returns:
+        A list of ``[local_batch, dim_i]`` float32 tensors (a single tensor when ``sp_ids`` is not
+        a list or tuple), equal to ``tf.nn.embedding_lookup_sparse`` on the full tables.
+
+    Every rank must call it with the same tables and combiners in the same order; batch sizes may
+    differ between ranks.
+    """
+    single = not isinstance(sp_ids, (list, tuple))
+    params, ids_list = _as_list(params), _as_list(sp_ids)
+    if len(params) != len(ids_list):
+        raise ValueError(
+            f"params has {len(params)} tables but sp_ids has {len(ids_list)}; give one id tensor per table"
+        )
+    weights_list = None if sp_weights is None else _as_list(sp_weights)
+    if weights_list is not None and len(weights_list) != len(ids_list):
+        raise ValueError(f"sp_weights has {len(weights_list)} entries but sp_ids has {len(ids_list)}")
+    names = ["mean"] * len(params) if combiners is None else _as_list(combiners)
+    if len(names) != len(params):
+        raise ValueError(f"combiners has {len(names)} entries but params has {len(params)}")
+    names = [_combiner(c, i) for i, c in enumerate(names)]
+    kinds = [_table_kind(p, i) for i, p in enumerate(params)]
+    ragged = [_ragged(ids, i, "sp_ids") for i, ids in enumerate(ids_list)]
+    for i, ids in enumerate(ragged):
+        if not ids.dtype.is_integer:
+            raise TypeError(f"sp_ids[{i}] has dtype {ids.dtype.name}; ids must be int32 or int64")
+    weights = None
+    if weights_list is not None:
+        weights = [_ragged(w, i, "sp_weights") for i, w in enumerate(weights_list)]
+        for i, w in enumerate(weights):
+            if w.dtype != tf.float32:
+                raise TypeError(f"sp_weights[{i}] has dtype {w.dtype.name}; weights must be float32")
+    batch_sizes = {int(ids.shape[0]) for ids in ragged if ids.shape[0] is not None}
+    if len(batch_sizes) > 1:
+        raise ValueError(f"all sp_ids of one call must have the same batch size, got {sorted(batch_sizes)}")
+
+    comm = communication.tool()
+    n, rank = comm.num_ranks(), comm.rank()
+    with tf.control_dependencies(_check_ids(params, kinds, ragged, comm)):  # before anything moves
+        keys = [tf.identity(ids.values) for ids in ragged]
+    lengths = [tf.cast(ids.row_lengths(), tf.int64) for ids in ragged]
+    local_batch = tf.shape(lengths[0], out_type=tf.int64)[0]
+
+    # Pooling denominators, from the local batch (before any exchange).
+    denominators = []
+    for i, name in enumerate(names):
+        w = None if weights is None else weights[i]
+        if name == "sum":
+            denominators.append(None)
+            continue
+        if w is None:
+            total = tf.cast(lengths[i], tf.float32) if name == "mean" else tf.sqrt(tf.cast(lengths[i], tf.float32))
+        else:
+            total = tf.reduce_sum(w, axis=1) if name == "mean" else tf.sqrt(tf.reduce_sum(tf.square(w), axis=1))
+        denominators.append(total)
+
+    dims = [int(p.shape[-1]) for p in params]
+    if n == 1:
+        samples = [tf.repeat(tf.range(local_batch), lengths[i]) for i in range(len(params))]
+        partial = [
+            _pool_local(p, k, keys[i], samples[i], None if weights is None else weights[i].values, local_batch, 0, 1)
+            for i, (p, k) in enumerate(zip(params, kinds))
+        ]
+    else:
+        partial = _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm, n, rank, dims)
+
+    outputs = []
+    for i, pooled in enumerate(partial):
+        if denominators[i] is not None:
+            d = denominators[i]
+            pooled = tf.math.divide_no_nan(pooled, tf.where(d > 0, d, tf.zeros_like(d))[:, None])
+        outputs.append(pooled)
+    return outputs[0] if single else outputs
+
+
+def _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm, n, rank, dims):
+    """Steps 2-4 of the module docstring for several ranks: partial sums of the local samples."""
+    num_tables = len(params)
+    all_keys = tf.concat([tf.cast(k, tf.int64) for k in keys], 0)  # ids are int32 or int64
+    all_lengths = tf.concat(lengths, 0)  # [tables * local_batch]
+    g_keys = comm.allgather(all_keys)
+    g_lengths = comm.allgather(all_lengths)
+    g_batch = comm.allgather(tf.reshape(local_batch, [1]))  # [n]
+    g_weights = None
+    if weights is not None:
+        g_weights = comm.allgather(tf.concat([w.values for w in weights], 0))
+    global_batch = tf.reduce_sum(g_batch)
+    sample_offsets = tf.cumsum(g_batch, exclusive=True)
+    # Split the gathered lengths by rank ([tables * B_r] each), then by table.
+    per_rank_lengths = tf.split(g_lengths, g_batch * num_tables, num=n)
+    key_counts = []  # [n][tables]
+    for r in range(n):
+        per_table = tf.reshape(per_rank_lengths[r], [num_tables, -1])
+        key_counts.append(tf.reduce_sum(per_table, axis=1))
+    key_counts = tf.stack(key_counts)  # [n, tables]
+    key_chunks = tf.split(g_keys, tf.reshape(key_counts, [-1]), num=n * num_tables)
+    weight_chunks = None if g_weights is None else tf.split(g_weights, tf.reshape(key_counts, [-1]), num=n * num_tables)
+    partial = []
+    for t in range(num_tables):
+        t_keys, t_samples, t_weights = [], [], []
+        for r in range(n):
+            rank_lengths = tf.reshape(per_rank_lengths[r], [num_tables, -1])[t]
+            t_keys.append(key_chunks[r * num_tables + t])
+            t_samples.append(sample_offsets[r] + tf.repeat(tf.range(g_batch[r]), rank_lengths))
+            if weight_chunks is not None:
+                t_weights.append(weight_chunks[r * num_tables + t])
+        table_keys = tf.concat(t_keys, 0)
+        if kinds[t] == "dynamic" and params[t].key_type == tf.int32:
+            table_keys = tf.cast(table_keys, tf.int32)
+        partial.append(
+            _pool_local(
+                params[t],
+                kinds[t],
+                table_keys,
+                tf.concat(t_samples, 0),
+                tf.concat(t_weights, 0) if t_weights else None,
+                global_batch,
+                rank,
+                n,
+            )
+        )
+    # One all-to-all for all tables: rank r gets the rows of its samples from every rank.
+    send = tf.concat(partial, axis=1)  # [global_batch, sum(dims)]
+    received = comm.alltoall(send, splits=tf.cast(g_batch, tf.int32))  # [n * local_batch, sum(dims)], by source rank
+    summed = tf.reduce_sum(tf.reshape(received, [n, local_batch, sum(dims)]), axis=0)
+    return tf.split(summed, dims, axis=1)
+
+
+def all2all_dense_embedding(param: Any, indices: Any) -> tf.Tensor:
+    """Rows of a distributed table (or DynamicVariable) for 1-D ids, each rank its own ids:
+    a model-parallel ``tf.nn.embedding_lookup``. Returns ``[len(indices), dim]``."""
+    ids = tf.convert_to_tensor(indices)
+    if ids.shape.rank != 1:
+        raise ValueError(f"indices must be 1-D, got shape {ids.shape}")
+    ragged = tf.RaggedTensor.from_tensor(tf.reshape(ids, [-1, 1]))
+    return lookup_sparse([param], [ragged], combiners=["sum"])[0]
