@@ -1,5 +1,5 @@
 # The entry points named in the README. Each sets everything up first (ci/setup.sh is idempotent).
-.PHONY: setup demo test bench lint
+.PHONY: setup demo demo-np2 test bench lint
 
 setup:
 	bash ci/setup.sh
@@ -7,11 +7,16 @@ setup:
 demo: setup
 	.venv/bin/sok demo
 
+demo-np2: setup
+	.venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/sok demo --part train
+
 test: setup
 	bash ci/test.sh
 
 bench: setup
 	.venv/bin/python benchmarks/storage_cpu.py
+	.venv/bin/python benchmarks/dynamic_train_cpu.py
+	.venv/bin/python benchmarks/lookup_sparse_cpu.py
 
 lint: setup
 	.venv/bin/ruff check packages benchmarks

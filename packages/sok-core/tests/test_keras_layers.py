@@ -93,3 +93,27 @@ def test_layer_output_shapes():
 def test_bad_combiner():
     with pytest.raises(ValueError, match="combiner 'max' is not valid"):
         sok.DynamicEmbedding(4, combiner="max")
+
+
+@pytest.mark.parametrize("use_hashtable", [True, False])
+def test_all2all_dense_embedding_layer_shapes_and_gradients(use_hashtable):
+    layer = sok.All2AllDenseEmbedding(64, 4, slot_num=3, nnz_per_slot=2, use_hashtable=use_hashtable,
+                                      embedding_initializer=tf.keras.initializers.Constant(0.5))
+    ids = tf.constant(np.arange(12).reshape(2, 3, 2), tf.int64)
+    with tf.GradientTape() as tape:
+        out = layer(ids)
+        loss = tf.reduce_sum(out)
+    assert out.shape == (2, 3, 2, 4)
+    np.testing.assert_allclose(out.numpy(), 0.5)
+    assert layer.embedding_variable in layer.trainable_weights
+    grad = tape.gradient(loss, layer.embedding_variable)
+    assert isinstance(grad, tf.IndexedSlices)
+    np.testing.assert_allclose(tf.math.unsorted_segment_sum(grad.values, grad.indices, 64).numpy()[:12], 1.0)
+
+
+def test_all2all_dense_embedding_checks_the_input_shape():
+    layer = sok.All2AllDenseEmbedding(8, 4, slot_num=3, nnz_per_slot=2)
+    with pytest.raises(ValueError, match=r"inputs must have shape \[batch, 3, 2\]"):
+        layer(tf.constant([[1, 2]], tf.int64))
+    dynamic = sok.All2AllDenseEmbedding(8, 4, slot_num=3, nnz_per_slot=2, dynamic_input=True)
+    assert dynamic(tf.constant([5, 6, 7], tf.int64)).shape == (3, 4)

@@ -7,6 +7,7 @@ half of the inserts evicts, and the evicted rows are counted (``insert_and_evict
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -98,65 +99,123 @@ def run_training_demo(
     var_types: tuple[str, ...] | list[str] = ("hbm", "hybrid"),
     seed: int = 0,
 ) -> dict:
-    """Train a small click model on a DynamicVariable per var_type; print the loss and steps/s.
+    """Train a small click model with two distributed tables and one dynamic table, per var_type.
 
-    Ids follow a power law over ``vocabulary`` keys; the target is a fixed random function of the
-    ids, so the loss can go down. Lookup, backward and the Adagrad update run in one tf.function.
+    Three features of power-law ids (1 to 8 per sample) are looked up in one ``sok.lookup_sparse``
+    call: "user" and "item" are ``sok.Variable`` tables (row ``i`` on rank ``i % n``), "query" is a
+    ``sok.DynamicVariable`` of the var_type. Launched under ``horovodrun`` the ranks train one model
+    together (each rank its own batch); otherwise one process trains it. The target is a fixed random
+    function of the ids, so the loss can go down. Lookup, backward and the updates (Keras Adagrad on
+    the static tables, ``sok.OptimizerWrapper(Adagrad)`` on the dynamic one, Adam on the dense
+    layer) run in one tf.function. Rank 0 prints.
     """
     import tensorflow as tf
 
+    from sparse_operation_kit import communication
+    from sparse_operation_kit.distributed_variable import Variable
     from sparse_operation_kit.dynamic_variable import DynamicVariable
+    from sparse_operation_kit.lookup import lookup_sparse
     from sparse_operation_kit.optimizer import OptimizerWrapper
 
     if steps < 1 or batch < 1 or dim < 1 or vocabulary < 2:
         raise ValueError(
             f"steps, batch and dim must be >= 1 and vocabulary >= 2, got {steps}, {batch}, {dim}, {vocabulary}"
         )
-    rng = np.random.default_rng(seed)
-    hotness = 8
-    # Power-law ids (Zipf-like) scattered over the int64 range by a multiplicative hash.
-    ranks = np.minimum(rng.zipf(1.2, size=(steps, batch, hotness)), vocabulary) - 1
-    ids = (ranks.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
-    labels = ((ranks % 7) < 3).mean(axis=2, keepdims=True).astype(np.float32)
+    if "HOROVOD_RANK" in os.environ and communication._tool is None:
+        communication.init("horovod")
+    rank, ranks = communication.rank(), communication.num_ranks()
+    say = print if rank == 0 else (lambda *args, **kwargs: None)
+    rng = np.random.default_rng(seed + 1000 * rank)  # each rank its own batches
+    static_rows = min(vocabulary, 1 << 16)
+
+    def feature(rows: int) -> tuple[list, np.ndarray]:
+        lengths = rng.integers(1, 9, size=(steps, batch))
+        ids = np.minimum(rng.zipf(1.2, size=int(lengths.sum())), rows) - 1
+        return np.split(ids, np.cumsum(lengths.ravel())[:-1]), lengths
+
+    user, user_len = feature(static_rows)
+    item, item_len = feature(static_rows)
+    query, query_len = feature(vocabulary)
+    # Labels: a fixed function of the first id of each feature.
+    first = np.array([[u[0] % 7, i[0] % 5, q[0] % 3] for u, i, q in zip(user, item, query)])
+    labels = (first[:, 0] < 3).astype(np.float32) * 0.5 + (first[:, 1] < 2) * 0.3 + (first[:, 2] == 0) * 0.2
+    labels = labels.reshape(steps, batch, 1).astype(np.float32)
+
+    def ragged(parts: list, lengths: np.ndarray, step: int, scatter: bool = False) -> tf.RaggedTensor:
+        values = np.concatenate(parts[step * batch : (step + 1) * batch]).astype(np.int64)
+        if scatter:  # dynamic keys spread over the int64 range
+            values = (values.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
+        return tf.RaggedTensor.from_row_lengths(values, lengths[step])
+
     results = {}
     for var_type in var_types:
-        tf.random.set_seed(seed)
+        init = tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=seed)  # the same tables on every rank
+        tables = [
+            Variable(shape=[static_rows, dim], initializer=init, dtype=tf.float32, name=f"user_{var_type}"),
+            Variable(shape=[static_rows, dim], initializer=init, dtype=tf.float32, name=f"item_{var_type}"),
+        ]
         options = {"init_capacity": 1 << 16, "max_capacity": 1 << 22} if var_type == "hybrid" else {}
-        table = DynamicVariable(dim, var_type=var_type, initializer="random", **options)
-        dense = tf.keras.layers.Dense(1)
-        dense.build((None, dim))
+        dynamic = DynamicVariable(dim, var_type=var_type, initializer="random", name=f"query_{var_type}", **options)
+        dense = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed))
+        dense.build((None, 3 * dim))
+        static_opt = tf.keras.optimizers.Adagrad(learning_rate=0.1)
         sparse_opt = OptimizerWrapper(tf.keras.optimizers.Adagrad(learning_rate=0.1))
         dense_opt = tf.keras.optimizers.Adam(learning_rate=0.01)
 
         @tf.function
-        def train_step(batch_ids, batch_labels, table=table, dense=dense, sparse_opt=sparse_opt, dense_opt=dense_opt):
+        def train_step(
+            u,
+            i,
+            q,
+            y,
+            tables=tables,
+            dynamic=dynamic,
+            dense=dense,
+            static_opt=static_opt,
+            sparse_opt=sparse_opt,
+            dense_opt=dense_opt,
+        ):
             with tf.GradientTape() as tape:
-                pooled = tf.reduce_mean(tf.nn.embedding_lookup(table, batch_ids), axis=1)
-                loss = tf.reduce_mean(tf.square(dense(pooled) - batch_labels))
-            grads = tape.gradient(loss, [table] + dense.trainable_variables)
-            sparse_opt.apply_gradients([(grads[0], table)])
-            dense_opt.apply_gradients(zip(grads[1:], dense.trainable_variables, strict=True))
+                pooled = lookup_sparse(tables + [dynamic], [u, i, q], combiners=["mean"] * 3)
+                loss = tf.reduce_mean(tf.square(dense(tf.concat(pooled, axis=1)) - y))
+            grads = tape.gradient(loss, tables + [dynamic] + dense.trainable_variables)
+            static_opt.apply_gradients(zip(grads[:2], tables))
+            sparse_opt.apply_gradients([(grads[2], dynamic)])
+            dense_opt.apply_gradients(zip(grads[3:], dense.trainable_variables))
             return loss
 
-        print(f"\n== training on var_type {var_type!r}: {steps} steps of {batch} samples x {hotness} ids, dim {dim}")
+        def inputs(step: int) -> tuple:
+            return (
+                ragged(user, user_len, step),
+                ragged(item, item_len, step),
+                ragged(query, query_len, step, scatter=True),
+                tf.constant(labels[step]),
+            )
+
+        say(
+            f"\n== training on {ranks} rank(s): 2 distributed tables + 1 dynamic table of var_type {var_type!r}, "
+            f"{steps} steps of {batch} samples per rank, dim {dim}"
+        )
         losses = []
-        with TqdmCallback(desc=f"train {var_type}", unit="step") as bar:
+        train_step(*inputs(0))  # trace once, outside the timing
+        with TqdmCallback(desc=f"train {var_type}", unit="step", disable=rank != 0) as bar:
             bar.set_size(steps)
-            train_step(tf.constant(ids[0]), tf.constant(labels[0]))  # trace once, outside the timing
             start = time.perf_counter()
             for step in range(steps):
-                losses.append(float(train_step(tf.constant(ids[step]), tf.constant(labels[step]))))
+                losses.append(float(train_step(*inputs(step))))
                 bar.relative_update(1)
             seconds = time.perf_counter() - start
-        first, last = float(np.mean(losses[:10])), float(np.mean(losses[-10:]))
+        window = max(1, min(10, steps // 4))
+        first, last = float(np.mean(losses[:window])), float(np.mean(losses[-window:]))
         results[var_type] = {
             "steps_per_s": steps / seconds,
             "first_loss": first,
             "last_loss": last,
-            "rows": int(table.size.numpy()[0]),
+            "dynamic_rows": int(dynamic.size.numpy()[0]),
         }
-        print(
+        say(
             f"loss {first:.4f} -> {last:.4f}   {steps / seconds:6.1f} steps/s   "
-            f"{steps * batch / seconds / 1e3:8.1f} k samples/s   {results[var_type]['rows']:,} rows"
+            f"{steps * batch * ranks / seconds / 1e3:8.1f} k samples/s over {ranks} rank(s)   "
+            f"{results[var_type]['dynamic_rows']:,} dynamic rows on rank 0"
         )
     return results

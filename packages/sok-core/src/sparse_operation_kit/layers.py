@@ -28,14 +28,31 @@ from typing import Any
 
 import tensorflow as tf
 
+from sparse_operation_kit import communication
+from sparse_operation_kit.distributed_variable import Variable
 from sparse_operation_kit.dynamic_variable import DynamicVariable
+from sparse_operation_kit.lookup import all2all_dense_embedding
 
-__all__ = ["DynamicEmbedding"]
+__all__ = ["DynamicEmbedding", "All2AllDenseEmbedding"]
 
 _COMBINERS = ("sum", "mean")
 
 
-class DynamicEmbedding(tf.keras.layers.Layer):
+class _OwnsSokVariable(tf.keras.layers.Layer):
+    """Adds ``self._variable`` (a SOK table Keras does not track) to the layer's weights."""
+
+    _variable: tf.Variable
+
+    @property
+    def variables(self) -> list:
+        return super().variables + [self._variable]
+
+    @property
+    def weights(self) -> list:
+        return super().weights + [self._variable]
+
+
+class DynamicEmbedding(_OwnsSokVariable):
     """An embedding layer over a ``sok.DynamicVariable``.
 
     Args:
@@ -79,14 +96,6 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         """The layer's DynamicVariable."""
         return self._variable
 
-    @property
-    def variables(self) -> list:
-        return super().variables + [self._variable]
-
-    @property
-    def weights(self) -> list:
-        return super().weights + [self._variable]
-
     def call(self, ids: Any) -> tf.Tensor:
         embeddings = self._variable.sparse_read(ids)
         if self.combiner == "sum":
@@ -114,3 +123,93 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             }
         )
         return config
+
+
+class All2AllDenseEmbedding(_OwnsSokVariable):
+    """SOK's model-parallel dense embedding layer: key ``k`` lives on rank ``k % n``.
+
+    Args:
+        max_vocabulary_size_per_gpu: rows per rank (a capacity hint for the hash table).
+        embedding_vec_size: embedding width.
+        slot_num: feature fields per sample.
+        nnz_per_slot: ids per field.
+        dynamic_input: inputs are any 1-D ids (output ``[None, embedding_vec_size]``) instead of
+            ``[batch, slot_num, nnz_per_slot]`` (output ``[batch, slot_num, nnz_per_slot, size]``).
+        use_hashtable: a ``sok.DynamicVariable`` (any key) instead of a static table whose ids must
+            lie in ``[0, max_vocabulary_size_per_gpu * n)``.
+        key_dtype: ``tf.int64`` (default) or ``tf.int32``.
+        embedding_initializer: a Keras initializer or its name (default U[-0.05, 0.05)).
+
+    Example::
+
+        layer = sok.All2AllDenseEmbedding(1024, 16, slot_num=3, nnz_per_slot=2)
+        vectors = layer(ids)   # ids [batch, 3, 2] -> [batch, 3, 2, 16]
+    """
+
+    def __init__(
+        self,
+        max_vocabulary_size_per_gpu: int,
+        embedding_vec_size: int,
+        slot_num: int,
+        nnz_per_slot: int,
+        dynamic_input: bool = False,
+        use_hashtable: bool = True,
+        key_dtype: Any = tf.int64,
+        embedding_initializer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        for name, value in (
+            ("max_vocabulary_size_per_gpu", max_vocabulary_size_per_gpu),
+            ("embedding_vec_size", embedding_vec_size),
+            ("slot_num", slot_num),
+            ("nnz_per_slot", nnz_per_slot),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.embedding_vec_size, self.slot_num, self.nnz_per_slot = embedding_vec_size, slot_num, nnz_per_slot
+        self.dynamic_input = dynamic_input
+        initializer = (
+            embedding_initializer
+            if embedding_initializer is not None
+            else tf.keras.initializers.RandomUniform(-0.05, 0.05)
+        )
+        if isinstance(initializer, str) and initializer == "random_uniform":
+            initializer = tf.keras.initializers.RandomUniform(-0.05, 0.05)
+        if use_hashtable:
+            self._variable = DynamicVariable(
+                embedding_vec_size,
+                initializer=initializer,
+                key_type=key_dtype,
+                name=f"{self.name}/embeddings",
+                init_capacity=max_vocabulary_size_per_gpu,
+            )
+        else:
+            rows = max_vocabulary_size_per_gpu * communication.num_ranks()
+            self._variable = Variable(
+                shape=[rows, embedding_vec_size],
+                initializer=tf.keras.initializers.get(initializer),
+                dtype=tf.float32,
+                name=f"{self.name}/embeddings",
+            )
+
+    @property
+    def embedding_variable(self) -> tf.Variable:
+        return self._variable
+
+    def call(self, inputs: Any, training: bool = True) -> tf.Tensor:
+        ids = tf.convert_to_tensor(inputs)
+        if self.dynamic_input:
+            return all2all_dense_embedding(self._variable, tf.reshape(ids, [-1]))
+        if ids.shape.rank != 3 or tuple(ids.shape[1:]) != (self.slot_num, self.nnz_per_slot):
+            raise ValueError(
+                f"inputs must have shape [batch, {self.slot_num}, {self.nnz_per_slot}] "
+                f"(slot_num, nnz_per_slot), got {ids.shape}; or create the layer with dynamic_input=True"
+            )
+        vectors = all2all_dense_embedding(self._variable, tf.reshape(ids, [-1]))
+        return tf.reshape(vectors, [-1, self.slot_num, self.nnz_per_slot, self.embedding_vec_size])
+
+    def compute_output_shape(self, input_shape: Any) -> tuple:
+        if self.dynamic_input:
+            return (None, self.embedding_vec_size)
+        return (input_shape[0], self.slot_num, self.nnz_per_slot, self.embedding_vec_size)
