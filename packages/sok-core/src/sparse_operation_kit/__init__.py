@@ -57,6 +57,9 @@ _LAZY = {
     "rank": "sparse_operation_kit.communication",
     "num_ranks": "sparse_operation_kit.communication",
     "experiment": "sparse_operation_kit.experiment",
+    "dump": "sparse_operation_kit.checkpoint",
+    "load": "sparse_operation_kit.checkpoint",
+    "incremental_model_dump": "sparse_operation_kit.checkpoint",
 }
 
 

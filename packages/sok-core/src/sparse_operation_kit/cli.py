@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 
@@ -30,6 +31,35 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ckpt(args: argparse.Namespace) -> int:
+    import json
+
+    from sparse_operation_kit.checkpoint import convert_to_hps, inspect
+    from sparse_operation_kit.progress import TqdmCallback
+
+    if args.ckpt_command == "inspect":
+        info = inspect(args.path, verify=not args.no_verify)
+        manifest = info["manifest"] or {}
+        print(
+            f"checkpoint {args.path}: written by {manifest.get('world_size', '?')} rank(s), optimizer "
+            f"{manifest.get('optimizer')}, step {manifest.get('step')}"
+            f"{'' if info['manifest'] else ' (no manifest: NVIDIA SOK layout)'}"
+        )
+        for table, entry in info["tables"].items():
+            print(
+                f"  {table}: {entry['rows']:,} rows x {entry['dim']} ({entry['key_dtype']} keys)"
+                f"{'; state ' + ', '.join(entry['state_files']) if entry['state_files'] else ''}"
+            )
+        print("checksums: " + ("verified" if info["manifest"] and not args.no_verify else "not checked"))
+        if args.json:
+            print(json.dumps(info, indent=2, default=str))
+        return 0
+    with TqdmCallback(desc="convert", unit="table") as bar:
+        written = convert_to_hps(args.path, args.output, callback=bar)
+    print(f"wrote {len(written)} HPS table directories under {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sok", description="SparseOperationKit command line")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -47,15 +77,26 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch", type=int, default=1 << 18, help="keys per call (default 256Ki)")
     demo.add_argument("--var-types", nargs="+", default=["hbm", "hybrid"], help="var_types to run")
     demo.set_defaults(run=_demo)
+    ckpt = commands.add_parser("ckpt", help="inspect or convert sok.dump checkpoints")
+    ckpt_commands = ckpt.add_subparsers(dest="ckpt_command", required=True)
+    inspect_cmd = ckpt_commands.add_parser("inspect", help="tables, rows, dims, optimizer; verify checksums")
+    inspect_cmd.add_argument("path")
+    inspect_cmd.add_argument("--no-verify", action="store_true", help="skip the checksum check")
+    inspect_cmd.add_argument("--json", action="store_true", help="also print everything as JSON")
+    convert_cmd = ckpt_commands.add_parser("convert", help="write the tables in HPS's sparse-model layout")
+    convert_cmd.add_argument("path")
+    convert_cmd.add_argument("output")
+    ckpt.set_defaults(run=_ckpt)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up banner is not ours to print
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return args.run(args)
-    except (ValueError, TypeError, ImportError) as error:
+    except (ValueError, TypeError, ImportError, OSError) as error:
         print(f"sok {args.command}: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,455 @@
+"""``sok.dump`` / ``sok.load`` (checkpoints that reshard) and ``sok.incremental_model_dump``.
+
+Files follow NVIDIA SOK's layout (``checkpoint_format``). ``dump`` is collective: every rank sends
+its shard to rank 0 in rounds of at most 64 MiB, and rank 0 writes a new directory beside ``path``
+and swaps it in only when every file is written and synced, so a crash leaves the previous
+checkpoint intact. ``load`` checks every file (headers, sizes, dims, slot files, the manifest's
+checksums) on every rank before it assigns anything, then gives each rank the rows it owns under
+the *current* world size and layout: any world size to any other, distributed and localized,
+det to hkv and back.
+
+Example::
+
+    sok.dump("ckpt", [v1, v2], optimizer)     # optimizer: a sok.OptimizerWrapper, or None
+    sok.load("ckpt", [v1, v2], optimizer)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from sparse_operation_kit import checkpoint_format as fmt
+from sparse_operation_kit import communication
+from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable
+from sparse_operation_kit.dynamic_variable import DynamicVariable
+from sparse_operation_kit.optimizer import OptimizerWrapper
+from sparse_operation_kit.progress import Callback, NoOpCallback
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["dump", "load", "incremental_model_dump"]
+
+#: Bytes each rank sends per round while dumping (as NVIDIA SOK).
+ROUND_BYTES = 64 << 20
+
+
+def _variables(variables: Any) -> list:
+    items = list(variables) if isinstance(variables, (list, tuple)) else [variables]
+    for i, v in enumerate(items):
+        if not isinstance(v, (DynamicVariable, DistributedVariable, LocalizedVariable)):
+            raise TypeError(
+                f"variable {i} is a {type(v).__name__}; dump/load take sok.Variable and sok.DynamicVariable"
+            )
+    tables = [fmt.table_name(v.name) for v in items]
+    duplicates = sorted({t for t in tables if tables.count(t) > 1})
+    if duplicates:
+        raise ValueError(f"several variables map to the same checkpoint name(s) {duplicates}; give them distinct names")
+    return items
+
+
+def _optimizer(optimizer: Any) -> OptimizerWrapper | None:
+    if isinstance(optimizer, (list, tuple)) and len(optimizer) == 1:
+        optimizer = optimizer[0]
+    if optimizer is None or isinstance(optimizer, OptimizerWrapper):
+        return optimizer
+    raise TypeError(
+        f"optimizer must be None or a sok.OptimizerWrapper, got {type(optimizer).__name__}; the state of "
+        f"static tables updated by a Keras optimizer is checkpointed with tf.train.Checkpoint"
+    )
+
+
+def _slots(var: Any, optimizer: OptimizerWrapper | None) -> list[str]:
+    """Slot names stored for ``var`` (dynamic variables with this wrapper's state only)."""
+    if optimizer is None or not isinstance(var, DynamicVariable):
+        return []
+    if getattr(var, "_sok_optimizer", None) is not optimizer:
+        return []
+    return optimizer.get_slot_names()
+
+
+def _local_shard(var: Any, slots: list[str]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(keys, [weights, slot 1, ...]) of this rank's shard, sorted by key."""
+    dim = var.dimension
+    if isinstance(var, DynamicVariable):
+        keys, rows, _ = var.storage.export(columns=(0, dim * (1 + len(slots))))
+        order = np.argsort(keys, kind="stable")
+        keys, rows = keys[order], rows[order]
+        return keys, [np.ascontiguousarray(rows[:, i * dim : (i + 1) * dim]) for i in range(1 + len(slots))]
+    values = var.numpy().astype(np.float32)
+    if isinstance(var, LocalizedVariable):
+        return np.arange(values.shape[0], dtype=np.int64), [values]
+    n, g = var.num_gpus, var.global_gpu_id
+    return np.arange(values.shape[0], dtype=np.int64) * n + g, [values]
+
+
+def _key_dtype(var: Any) -> str:
+    return var.key_type.name if isinstance(var, DynamicVariable) else "int64"
+
+
+def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | None = None) -> None:
+    """Write the variables (and the wrapper's optimizer state of dynamic ones) to directory ``path``.
+
+    Collective: every rank calls it with the same variables. Replaces an existing checkpoint at
+    ``path`` atomically.
+    """
+    variables, wrapper = _variables(dump_vars), _optimizer(optimizer)
+    comm = communication.tool()
+    rank, n = comm.rank(), comm.num_ranks()
+    callback = callback or NoOpCallback()
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    staging = (
+        tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(path))}.sok-tmp-", dir=parent)
+        if rank == 0
+        else None
+    )
+    manifest: dict[str, Any] = {
+        "world_size": n,
+        "optimizer": wrapper.name if wrapper else None,
+        "step": int(wrapper.iterations.numpy()) if wrapper else None,
+        "tables": {},
+    }
+    failed = 0
+    try:
+        callback.set_size(len(variables))
+        for var in variables:
+            slots = _slots(var, wrapper)
+            entry = _dump_variable(staging, var, slots, wrapper, comm)
+            if rank == 0:
+                manifest["tables"][fmt.table_name(var.name)] = entry
+            callback.relative_update(1)
+        if rank == 0:
+            fmt.write_manifest(staging, manifest)
+            _swap_into_place(staging, path)
+    except Exception:
+        failed = 1
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if n == 1:
+            raise
+        logger.exception("sok.dump failed on rank %d", rank)
+    if n > 1 and int(comm.allreduce_sum(tf.constant(failed, tf.int64)).numpy()) > 0:
+        raise RuntimeError(
+            f"sok.dump to {path} failed on at least one rank (see its log); the previous checkpoint "
+            f"at that path, if any, is unchanged"
+        )
+    logger.info("SOK dump to %s done: %d tables", path, len(variables))
+
+
+def _dump_variable(
+    staging: str | None,
+    var: Any,
+    slots: list[str],
+    wrapper: OptimizerWrapper | None,
+    comm: communication.CommunicationTool,
+) -> dict:
+    table, dim = fmt.table_name(var.name), var.dimension
+    keys, arrays = _local_shard(var, slots)
+    key_dtype = _key_dtype(var)
+    names = [fmt.key_file(table), fmt.weight_file(table)] + [fmt.state_file(table, wrapper.name, s) for s in slots]
+    headers = [fmt.header(fmt.FILE_KEY, key_dtype), fmt.header(fmt.FILE_WEIGHT, "float32")] + [
+        fmt.header(fmt.FILE_STATE, "float32", s) for s in slots
+    ]
+    files = hashes = None
+    if staging is not None:
+        files = [open(os.path.join(staging, name), "wb") for name in names]
+        hashes = [hashlib.sha256() for _ in names]
+        for f, h, head in zip(files, hashes, headers):
+            f.write(head)
+            h.update(head)
+    try:
+        rows_per_round = max(1, ROUND_BYTES // (4 * dim * len(arrays) + 8))
+        n = comm.num_ranks()
+        counts = [keys.shape[0]] if n == 1 else comm.allgather(tf.constant([keys.shape[0]], tf.int64)).numpy().tolist()
+        rounds = max(1, -(-max(counts) // rows_per_round))
+        total = 0
+        for r in range(rounds):
+            part = slice(r * rows_per_round, (r + 1) * rows_per_round)
+            pieces = [keys[part]] + [a[part] for a in arrays]
+            if n > 1:
+                gathered = [comm.allgather(tf.constant(pieces[0]))] + [
+                    comm.allgather(tf.constant(p.reshape(-1, dim))) for p in pieces[1:]
+                ]
+                pieces = [g.numpy() for g in gathered]
+            if files is not None:
+                for f, h, p in zip(files, hashes, pieces):
+                    raw = np.ascontiguousarray(p).tobytes()
+                    f.write(raw)
+                    h.update(raw)
+            total += pieces[0].shape[0]
+        entry: dict[str, Any] = {
+            "variable": var.name,
+            "dim": dim,
+            "rows": int(total),
+            "key_dtype": key_dtype,
+            "dtype": "float32",
+            "slots": slots,
+            "kind": "dynamic" if isinstance(var, DynamicVariable) else "static",
+            "mode": getattr(var, "mode", None)
+            if isinstance(var, DynamicVariable)
+            else (f"localized:{var.target_gpu}" if isinstance(var, LocalizedVariable) else "distributed"),
+        }
+        if files is not None:
+            for f in files:
+                f.flush()
+                os.fsync(f.fileno())
+            entry["sha256"] = {name: h.hexdigest() for name, h in zip(names, hashes)}
+        return entry
+    finally:
+        for f in files or []:
+            f.close()
+
+
+def _swap_into_place(staging: str, path: str) -> None:
+    """Replace ``path`` by ``staging`` so that one of the two complete checkpoints is always there."""
+    path = os.path.abspath(path)
+    if os.path.exists(path):
+        old = f"{staging}.old"
+        os.rename(path, old)
+        os.rename(staging, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(staging, path)
+    dir_fd = os.open(os.path.dirname(path), os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _plan(path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | None, manifest: dict | None) -> dict:
+    """Check one table's files; return what to read. Raises CheckpointError before anything changes."""
+    table, dim = fmt.table_name(var.name), var.dimension
+    key_info = fmt.read_header(os.path.join(path, fmt.key_file(table)))
+    weight_info = fmt.read_header(os.path.join(path, fmt.weight_file(table)))
+    if key_info.file_type != fmt.FILE_KEY or weight_info.file_type != fmt.FILE_WEIGHT:
+        raise fmt.CheckpointError(f"{key_info.path} / {weight_info.path} have the wrong file types")
+    if key_info.dtype not in ("int32", "int64", "uint32", "uint64") or weight_info.dtype != "float32":
+        raise fmt.CheckpointError(
+            f"{table}: keys are {key_info.dtype} and weights {weight_info.dtype}; expected integer "
+            f"keys and float32 weights"
+        )
+    rows = key_info.elements
+    if rows == 0 and weight_info.elements != 0 or rows and weight_info.elements % rows:
+        raise fmt.CheckpointError(
+            f"{weight_info.path} holds {weight_info.elements} floats, not a whole number of rows "
+            f"for {rows} keys: the file is truncated or from another table"
+        )
+    if rows and weight_info.elements // rows != dim:
+        raise fmt.CheckpointError(
+            f"{weight_info.path} has rows of width {weight_info.elements // rows} but {var.name} has dimension {dim}"
+        )
+    files = [key_info, weight_info]
+    for slot in slots:
+        candidates = [fmt.state_file(table, wrapper.name, slot)]
+        alias = fmt.SLOT_ALIASES.get((wrapper.name, slot))
+        if alias:
+            candidates.append(fmt.state_file(table, wrapper.name, alias))
+        found = [c for c in candidates if os.path.exists(os.path.join(path, c))]
+        if not found:
+            raise fmt.CheckpointError(
+                f"optimizer state file {os.path.join(path, candidates[0])} is missing ({wrapper.name} "
+                f"slot {slot!r} of {var.name}); load without the optimizer to skip its state"
+            )
+        info = fmt.read_header(os.path.join(path, found[0]))
+        if info.elements != rows * dim or info.dtype != "float32":
+            raise fmt.CheckpointError(
+                f"{info.path} holds {info.elements} {info.dtype} values; expected {rows} x {dim} float32"
+            )
+        files.append(info)
+    if manifest is not None:
+        expected = manifest.get("tables", {}).get(table, {}).get("sha256", {})
+        for info in files:
+            name = os.path.basename(info.path)
+            if name in expected and fmt.sha256(info.path) != expected[name]:
+                raise fmt.CheckpointError(
+                    f"{info.path} does not match its checksum in the manifest: the file is corrupt"
+                )
+    keys = fmt.payload(key_info)
+    if not isinstance(var, DynamicVariable):
+        global_rows = int(var.global_shape[0])
+        if rows != global_rows:
+            raise fmt.CheckpointError(f"{key_info.path} has {rows} rows but {var.name} has {global_rows}")
+        seen = np.zeros(global_rows, dtype=bool)
+        k = np.asarray(keys, dtype=np.int64)
+        if k.size and (k.min() < 0 or k.max() >= global_rows):
+            raise fmt.CheckpointError(f"{key_info.path} has row ids outside [0, {global_rows})")
+        seen[k] = True
+        if not seen.all():
+            raise fmt.CheckpointError(f"{key_info.path} lacks some rows of {var.name} (or repeats others)")
+    return {"files": files, "rows": rows, "dim": dim}
+
+
+def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | None = None) -> None:
+    """Read variables (and optimizer state) from ``path``, whatever world size and layout wrote it.
+
+    Every file is checked before any variable changes; a problem raises CheckpointError naming
+    the file and leaves the variables as they were.
+    """
+    variables, wrapper = _variables(load_vars), _optimizer(optimizer)
+    if not os.path.isdir(path):
+        raise fmt.CheckpointError(f"no checkpoint directory at {path}")
+    manifest = fmt.read_manifest(path)
+    slot_names = [
+        wrapper.get_slot_names() if wrapper is not None and isinstance(v, DynamicVariable) else [] for v in variables
+    ]
+    plans = [_plan(path, v, s, wrapper, manifest) for v, s in zip(variables, slot_names)]
+    comm = communication.tool()
+    rank, n = comm.rank(), comm.num_ranks()
+    callback = callback or NoOpCallback()
+    callback.set_size(len(variables))
+    for var, slots, plan in zip(variables, slot_names, plans):
+        keys = np.asarray(fmt.payload(plan["files"][0]))
+        arrays = [fmt.payload(info, plan["rows"], plan["dim"]) for info in plan["files"][1:]]
+        if isinstance(var, DynamicVariable):
+            _load_dynamic(var, keys, arrays, slots, wrapper, rank, n)
+        else:
+            _load_static(var, keys, arrays[0], rank, n)
+        callback.relative_update(1)
+    if wrapper is not None and manifest is not None and manifest.get("step") is not None:
+        wrapper.iterations.assign(manifest["step"])
+    logger.info("SOK load from %s done: %d tables", path, len(variables))
+
+
+def _owned(keys: np.ndarray, var: Any, rank: int, n: int) -> np.ndarray:
+    target = var.target_gpu
+    if target >= 0:
+        return np.full(keys.shape, rank == target)
+    return np.mod(keys.astype(np.int64) if keys.dtype != np.uint64 else keys.view(np.int64), n) == rank
+
+
+def _load_dynamic(
+    var: DynamicVariable,
+    keys: np.ndarray,
+    arrays: Sequence[np.ndarray],
+    slots: list[str],
+    wrapper: OptimizerWrapper | None,
+    rank: int,
+    n: int,
+) -> None:
+    mine = _owned(keys, var, rank, n)
+    keys = keys[mine].astype(var.key_type.as_numpy_dtype)
+    if slots:
+        wrapper._attach(var)
+    dim = var.dimension
+    storage = var.table_ref.storage
+    for i, values in enumerate(arrays):
+        if keys.size:
+            storage.insert_or_assign(keys, np.asarray(values[mine]), columns=(i * dim, (i + 1) * dim))
+
+
+def _load_static(var: Any, keys: np.ndarray, weights: np.ndarray, rank: int, n: int) -> None:
+    keys = keys.astype(np.int64)
+    if isinstance(var, LocalizedVariable):
+        if rank == var.target_gpu:
+            value = np.empty(tuple(var.shape), dtype=np.float32)
+            value[keys] = weights
+            var.assign(value)
+        return
+    mine = np.mod(keys, n) == rank
+    value = np.empty(tuple(var.shape), dtype=np.float32)
+    value[keys[mine] // n] = weights[mine]
+    var.assign(value)
+
+
+def incremental_model_dump(sok_vars: Any, time_threshold: Any, sess: Any = None) -> tuple[list, list]:
+    """Rows of dynamic variables written after ``time_threshold``, gathered to every rank.
+
+    Args:
+        sok_vars: a DynamicVariable or a list of them (either backend).
+        time_threshold: a ``datetime.datetime`` (a naive one is local time, as ``datetime.timestamp``
+            reads it; pass an aware one to be sure), or a list with one per variable. Rows count as
+            changed when their score, the host clock in ns since the Unix epoch at their last write
+            or lookup, is at or after it.
+        sess: TF1 only; must be None.
+
+    Returns:
+        ``(keys_list, values_list)``: per variable, ``np.ndarray [K]`` and ``[K, dim]``, rank by rank.
+    """
+    if sess is not None:
+        raise ValueError("sess is a TensorFlow 1 argument; TensorFlow 2 needs none")
+    variables = list(sok_vars) if isinstance(sok_vars, (list, tuple)) else [sok_vars]
+    for i, v in enumerate(variables):
+        if not isinstance(v, DynamicVariable):
+            raise TypeError(f"variable {i} is a {type(v).__name__}; incremental_model_dump takes sok.DynamicVariable")
+    thresholds = list(time_threshold) if isinstance(time_threshold, (list, tuple)) else [time_threshold]
+    if len(thresholds) not in (1, len(variables)):
+        raise ValueError(f"time_threshold has {len(thresholds)} entries; give 1 or one per variable ({len(variables)})")
+    if len(thresholds) == 1:
+        thresholds *= len(variables)
+    comm = communication.tool()
+    keys_list, values_list = [], []
+    for var, when in zip(variables, thresholds):
+        if not isinstance(when, dt.datetime):
+            raise TypeError(f"time_threshold must be a datetime.datetime, got {type(when).__name__}")
+        ns = max(0, int(when.timestamp() * 1e9))
+        keys, values, _ = var.storage.export_if(ns, columns=(0, var.dimension))
+        if comm.num_ranks() > 1:
+            keys = comm.allgather(tf.constant(keys)).numpy()
+            values = comm.allgather(tf.constant(values.reshape(-1, var.dimension))).numpy()
+        keys_list.append(keys)
+        values_list.append(values)
+    return keys_list, values_list
+
+
+def inspect(path: str, verify: bool = True) -> dict:
+    """What a checkpoint directory holds, per table: rows, dim, dtypes, optimizer slots; with
+    ``verify``, the manifest's checksums are checked (CheckpointError on a mismatch)."""
+    if not os.path.isdir(path):
+        raise fmt.CheckpointError(f"no checkpoint directory at {path}")
+    manifest = fmt.read_manifest(path)
+    tables: dict[str, dict] = {}
+    for name in sorted(os.listdir(path)):
+        if name.endswith("-key"):
+            table = name[: -len("-key")]
+            key_info = fmt.read_header(os.path.join(path, name))
+            weight_info = fmt.read_header(os.path.join(path, fmt.weight_file(table)))
+            rows = key_info.elements
+            states = sorted(
+                n for n in os.listdir(path) if n.startswith(f"{table}-") and n not in (name, fmt.weight_file(table))
+            )
+            tables[table] = {
+                "rows": rows,
+                "dim": weight_info.elements // rows if rows else None,
+                "key_dtype": key_info.dtype,
+                "state_files": states,
+            }
+    if verify and manifest is not None:
+        for table, entry in manifest.get("tables", {}).items():
+            for name, digest in entry.get("sha256", {}).items():
+                if fmt.sha256(os.path.join(path, name)) != digest:
+                    raise fmt.CheckpointError(
+                        f"{os.path.join(path, name)} does not match its checksum: the file is corrupt"
+                    )
+    return {"path": path, "manifest": manifest, "tables": tables}
+
+
+def convert_to_hps(path: str, output: str, callback: Callback | None = None) -> list[str]:
+    """Write each table of a checkpoint in HPS's sparse-model layout: ``<output>/<table>/key``
+    (int64) and ``emb_vector`` (float32 rows). Returns the table directories."""
+    info = inspect(path)
+    callback = callback or NoOpCallback()
+    callback.set_size(len(info["tables"]))
+    written = []
+    for table, entry in info["tables"].items():
+        target = os.path.join(output, table)
+        os.makedirs(target, exist_ok=True)
+        key_info = fmt.read_header(os.path.join(path, fmt.key_file(table)))
+        weight_info = fmt.read_header(os.path.join(path, fmt.weight_file(table)))
+        keys = fmt.payload(key_info)
+        np.asarray(keys.view(np.int64) if keys.dtype == np.uint64 else keys, dtype=np.int64).tofile(
+            os.path.join(target, "key")
+        )
+        np.asarray(fmt.payload(weight_info), dtype=np.float32).tofile(os.path.join(target, "emb_vector"))
+        written.append(target)
+        callback.relative_update(1)
+    return written

@@ -1,0 +1,147 @@
+"""The on-disk format of SOK checkpoints: NVIDIA SOK's files plus a manifest. One source of truth.
+
+A checkpoint is a directory with, per table (``<table>`` = the variable name with punctuation
+replaced by ``_``, as NVIDIA SOK names it):
+
+* ``<table>-key``: ``[N]`` keys (global row ids for static tables);
+* ``<table>-weight``: ``[N, dim]`` float32 rows, in the order of the keys;
+* ``<table>-<Optimizer>-<slot>``: ``[N, dim]`` optimizer state, same order (when dumped);
+
+each with NVIDIA SOK's 296-byte header (big-endian uint32 fields: 256-byte table name, file type,
+32-byte slot name, data type index), then the raw little-endian payload. Files written by NVIDIA SOK
+load here and the other way round. ``manifest.json`` (ours; optional on load) records the format
+version, tables, dims, dtypes, optimizer and step, slot names, the writer's world size and modes,
+row counts and SHA-256 checksums.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import string
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Version of manifest.json (the binary files are NVIDIA SOK's, unversioned).
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+HEADER_BYTES = 296
+FILE_KEY, FILE_WEIGHT, FILE_STATE = 0, 1, 2
+
+#: NVIDIA SOK's data type indices.
+DTYPE_INDEX = {"int32": 0, "int64": 1, "uint32": 2, "uint64": 3, "float16": 4, "float32": 5, "float64": 6}
+INDEX_DTYPE = {v: k for k, v in DTYPE_INDEX.items()}
+
+#: Slot names NVIDIA SOK's files may use for ours (Keras 2 named Adamax's second slot "v").
+SLOT_ALIASES = {("Adamax", "u"): "v"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated, corrupt or does not match the variables."""
+
+
+def table_name(variable_name: str) -> str:
+    """NVIDIA SOK's file prefix of a variable: punctuation becomes ``_`` (``"emb:0"`` -> ``"emb_0"``)."""
+    return "".join("_" if c in string.punctuation else c for c in variable_name)
+
+
+def key_file(table: str) -> str:
+    return f"{table}-key"
+
+
+def weight_file(table: str) -> str:
+    return f"{table}-weight"
+
+
+def state_file(table: str, optimizer: str, slot: str) -> str:
+    return f"{table}-{optimizer}-{slot}"
+
+
+def header(file_type: int, dtype: str, slot: str = "") -> bytes:
+    """The 296-byte header of one file."""
+    name = " " * 256
+    slot_field = slot.rjust(32, " ")
+    if len(slot_field) != 32:
+        raise CheckpointError(f"slot name {slot!r} is longer than the format's 32 bytes")
+    return name.encode() + struct.pack(">I", file_type) + slot_field.encode() + struct.pack(">I", DTYPE_INDEX[dtype])
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """What a file's header and size say."""
+
+    path: str
+    file_type: int
+    slot: str
+    dtype: str
+    elements: int
+
+
+def read_header(path: str) -> FileInfo:
+    """Parse and check a file's header; CheckpointError names the file and the problem."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint file {path} is missing")
+    size = os.path.getsize(path)
+    if size < HEADER_BYTES:
+        raise CheckpointError(
+            f"checkpoint file {path} is truncated: {size} bytes, shorter than the {HEADER_BYTES}-byte header"
+        )
+    with open(path, "rb") as f:
+        raw = f.read(HEADER_BYTES)
+    file_type = struct.unpack(">I", raw[256:260])[0]
+    slot = raw[260:292].decode(errors="replace").strip()
+    dtype_index = struct.unpack(">I", raw[292:296])[0]
+    if file_type not in (FILE_KEY, FILE_WEIGHT, FILE_STATE) or dtype_index not in INDEX_DTYPE:
+        raise CheckpointError(
+            f"checkpoint file {path} has a corrupt header (file type {file_type}, dtype index {dtype_index})"
+        )
+    dtype = INDEX_DTYPE[dtype_index]
+    itemsize = np.dtype(dtype).itemsize
+    payload = size - HEADER_BYTES
+    if payload % itemsize:
+        raise CheckpointError(
+            f"checkpoint file {path} is truncated: {payload} payload bytes is not a whole number of {dtype}"
+        )
+    return FileInfo(path, file_type, slot, dtype, payload // itemsize)
+
+
+def payload(info: FileInfo, rows: int | None = None, dim: int | None = None) -> np.ndarray:
+    """The file's data as a read-only memory map (``[rows, dim]`` when given)."""
+    data = np.memmap(info.path, dtype=info.dtype, mode="r", offset=HEADER_BYTES, shape=(info.elements,))
+    return data.reshape(rows, dim) if rows is not None and dim is not None else data
+
+
+def sha256(path: str, chunk: int = 1 << 24) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: str, manifest: dict) -> None:
+    path = os.path.join(directory, MANIFEST)
+    with open(path, "w") as f:
+        json.dump({"format_version": FORMAT_VERSION, **manifest}, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_manifest(directory: str) -> dict | None:
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(path):
+        return None  # NVIDIA SOK writes none
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except (OSError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path} is not valid JSON: {error}") from error
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has format version {manifest.get('format_version')!r}; this sok-core reads "
+            f"version {FORMAT_VERSION}: upgrade sok-core"
+        )
+    return manifest
