@@ -33,10 +33,9 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+import sparse_operation_kit as sok  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tqdm import tqdm  # noqa: E402
-
-import sparse_operation_kit as sok  # noqa: E402
 
 LR = 0.05
 INITIAL_ACCUMULATOR = 0.1

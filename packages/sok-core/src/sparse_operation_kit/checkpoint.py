@@ -424,7 +424,7 @@ def inspect(path: str, verify: bool = True) -> dict:
                 "state_files": states,
             }
     if verify and manifest is not None:
-        for table, entry in manifest.get("tables", {}).items():
+        for entry in manifest.get("tables", {}).values():
             for name, digest in entry.get("sha256", {}).items():
                 if fmt.sha256(os.path.join(path, name)) != digest:
                     raise fmt.CheckpointError(
@@ -440,7 +440,7 @@ def convert_to_hps(path: str, output: str, callback: Callback | None = None) -> 
     callback = callback or NoOpCallback()
     callback.set_size(len(info["tables"]))
     written = []
-    for table, entry in info["tables"].items():
+    for table in info["tables"]:
         target = os.path.join(output, table)
         os.makedirs(target, exist_ok=True)
         key_info = fmt.read_header(os.path.join(path, fmt.key_file(table)))
