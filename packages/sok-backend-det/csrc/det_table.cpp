@@ -267,7 +267,7 @@ void DetTable::find_or_insert(const sok_exec_context&, int64_t n, const void* ke
 }
 
 void DetTable::write_rows(int64_t n, const int64_t* rows, sok::Columns cols, const float* values,
-                          WriteMode mode, uint64_t score) {
+                          WriteMode mode, uint64_t score, const uint64_t* scores) {
   const int32_t w = cols.width();
   // Each worker owns the rows with row % workers == worker and walks the batch in order, so
   // duplicates are applied in batch order (last write wins, sums in a fixed order) without locks.
@@ -285,13 +285,14 @@ void DetTable::write_rows(int64_t n, const int64_t* rows, sok::Columns cols, con
       } else {
         for (int32_t c = 0; c < w; ++c) dst[c] += src[c];
       }
-      row_score(row) = score;
+      row_score(row) = scores != nullptr ? scores[i] : score;
     }
   });
 }
 
 void DetTable::upsert(int64_t n, const void* keys, sok::Columns cols, const float* values,
-                      const sok_initializer* inits, int32_t num_inits, WriteMode mode) {
+                      const sok_initializer* inits, int32_t num_inits, WriteMode mode,
+                      const uint64_t* scores) {
   std::unique_lock lock(mutex_);
   std::vector<int64_t> rows(n);
   lookup_all(n, keys, rows.data());
@@ -303,7 +304,13 @@ void DetTable::upsert(int64_t n, const void* keys, sok::Columns cols, const floa
     // A new key takes the sum of its values in the batch: start its columns from zero.
     for (int64_t i : created) std::memset(row_ptr(rows[i]) + cols.begin, 0, sizeof(float) * cols.width());
   }
-  write_rows(n, rows.data(), cols, values, mode, sok::now_ns());
+  write_rows(n, rows.data(), cols, values, mode, sok::now_ns(), scores);
+}
+
+void DetTable::import_batch(const sok_exec_context&, int64_t n, const void* keys, sok::Columns cols,
+                            const float* values, const uint64_t* scores, const sok_initializer* inits,
+                            int32_t num_inits) {
+  upsert(n, keys, cols, values, inits, num_inits, WriteMode::kAssign, scores);
 }
 
 void DetTable::insert_or_assign(const sok_exec_context&, int64_t n, const void* keys,

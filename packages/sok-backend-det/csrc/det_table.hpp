@@ -45,6 +45,9 @@ class DetTable final : public sok::Storage {
                            sok::Columns cols, const float* values, const uint64_t* scores,
                            const sok_initializer* inits, int32_t num_inits, void* evicted_keys,
                            float* evicted_values, uint64_t* evicted_scores) override;
+  void import_batch(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
+                    const float* values, const uint64_t* scores, const sok_initializer* inits,
+                    int32_t num_inits) override;
   void clear(const sok_exec_context& ctx) override;
   std::string describe() override;
 
@@ -81,10 +84,12 @@ class DetTable final : public sok::Storage {
   void insert_missing(int64_t n, const void* keys, int64_t* rows, uint8_t* found,
                       const sok_initializer* inits, int32_t num_inits, bool skip_init,
                       std::vector<int64_t>* created_rows);
+  // Writes values to rows; the score of row i is scores[i], or `score` when scores is null.
   void write_rows(int64_t n, const int64_t* rows, sok::Columns cols, const float* values,
-                  WriteMode mode, uint64_t score);
+                  WriteMode mode, uint64_t score, const uint64_t* scores);
   void upsert(int64_t n, const void* keys, sok::Columns cols, const float* values,
-              const sok_initializer* inits, int32_t num_inits, WriteMode mode);
+              const sok_initializer* inits, int32_t num_inits, WriteMode mode,
+              const uint64_t* scores = nullptr);
   int64_t allocate_row();
   void add_chunk();
   void reserve(int64_t more_keys);

@@ -281,7 +281,8 @@ void HkvTable::spill_row(Lane* lane, uint64_t key, const float* r, uint64_t scor
   lane->spilled_scores.push_back(score);
 }
 
-int64_t HkvTable::place(uint64_t key, uint64_t score, bool may_grow, bool* created, Lane* lane) {
+int64_t HkvTable::place(uint64_t key, uint64_t score, bool may_grow, bool* created, Lane* lane,
+                        bool admit_all) {
   const uint64_t h = sok::hash_key(key);
   while (true) {
     int64_t slot = locate(key, h);
@@ -312,8 +313,7 @@ int64_t HkvTable::place(uint64_t key, uint64_t score, bool may_grow, bool* creat
     int64_t victim = base;
     for (int64_t j = base + 1; j < base + bucket_size_; ++j)
       if (entries_[j].score < entries_[victim].score) victim = j;
-    const bool admits_all = policy_ == Policy::kLru || policy_ == Policy::kLfu;
-    if (!admits_all && score < entries_[victim].score) {
+    if (!admit_all && score < entries_[victim].score) {
       *created = false;
       return kNotFound;
     }
@@ -366,7 +366,7 @@ void HkvTable::find_or_insert(const sok_exec_context&, int64_t n, const void* ke
   bulk_update(n, keys, cols, false, [&](int64_t i, uint64_t key, int64_t hint, bool may_grow, Lane* lane) {
     const uint64_t caller = scores ? scores[i] : 1;
     bool created = false;
-    int64_t slot = holds(hint, key) ? hint : place(key, next_score(false, 0, caller, now), may_grow, &created, lane);
+    int64_t slot = holds(hint, key) ? hint : place(key, next_score(false, 0, caller, now), may_grow, &created, lane, admits_all(Write::kAssign));
     if (slot == kMustGrow) return false;
     const float* src;
     if (slot == kNotFound) {  // refused: the caller still gets the initial values
@@ -396,10 +396,10 @@ std::vector<HkvTable::Lane> HkvTable::write(int64_t n, const void* keys, sok::Co
   const uint64_t now = tick();
   return bulk_update(n, keys, cols, spill, [&](int64_t i, uint64_t key, int64_t hint, bool may_grow, Lane* lane) {
     const uint64_t caller = scores ? scores[i] : 1;
-    const uint64_t new_score = next_score(false, 0, caller, now);
+    const uint64_t new_score = mode == Write::kImport ? scores[i] : next_score(false, 0, caller, now);
     const float* src = values + i * w;
     bool created = false;
-    int64_t slot = holds(hint, key) ? hint : place(key, new_score, may_grow, &created, lane);
+    int64_t slot = holds(hint, key) ? hint : place(key, new_score, may_grow, &created, lane, admits_all(mode));
     if (slot == kMustGrow) return false;
     if (slot == kNotFound) {  // refused: report it as evicted, with the row it would have had
       sok::init_row(lane->scratch.data(), row_width(), key, inits, num_inits);
@@ -410,12 +410,12 @@ std::vector<HkvTable::Lane> HkvTable::write(int64_t n, const void* keys, sok::Co
     float* dst = row(slot);
     // A new row gets its initial values, except where this write covers the whole row anyway.
     if (created && (cols.begin > 0 || cols.end < row_width())) sok::init_row(dst, row_width(), key, inits, num_inits);
-    if (created || mode == Write::kAssign) {
+    if (created || mode != Write::kAccumulate) {
       std::memcpy(dst + cols.begin, src, sizeof(float) * w);
     } else {
       for (int32_t c = 0; c < w; ++c) dst[cols.begin + c] += src[c];
     }
-    entries_[slot].score = created ? new_score : next_score(true, entries_[slot].score, caller, now);
+    entries_[slot].score = created || mode == Write::kImport ? new_score : next_score(true, entries_[slot].score, caller, now);
     return true;
   });
 }
@@ -453,6 +453,13 @@ int64_t HkvTable::insert_and_evict(const sok_exec_context&, int64_t n, const voi
     }
   }
   return count;
+}
+
+void HkvTable::import_batch(const sok_exec_context&, int64_t n, const void* keys, sok::Columns cols,
+                            const float* values, const uint64_t* scores, const sok_initializer* inits,
+                            int32_t num_inits) {
+  std::unique_lock lock(mutex_);
+  write(n, keys, cols, values, scores, inits, num_inits, Write::kImport, false);
 }
 
 int64_t HkvTable::erase(const sok_exec_context&, int64_t n, const void* keys) {

@@ -104,12 +104,16 @@ class HkvTable final : public sok::Storage {
                            sok::Columns cols, const float* values, const uint64_t* scores,
                            const sok_initializer* inits, int32_t num_inits, void* evicted_keys,
                            float* evicted_values, uint64_t* evicted_scores) override;
+  void import_batch(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
+                    const float* values, const uint64_t* scores, const sok_initializer* inits,
+                    int32_t num_inits) override;
   void clear(const sok_exec_context& ctx) override;
   void set_global_epoch(uint64_t epoch) override;
   std::string describe() override;
 
  private:
-  enum class Write { kAssign, kAccumulate };
+  // kImport: assign, storing the caller's scores as they are (custom admission at capacity).
+  enum class Write { kAssign, kAccumulate, kImport };
   // What one worker of a bulk update collects: evicted and refused rows (when `spill` is on),
   // the keys it created, and a scratch row.
   struct Lane {
@@ -150,12 +154,17 @@ class HkvTable final : public sok::Storage {
   int64_t scan(uint64_t key, uint64_t hash) const;
   // Score of a key by the policy: old = its score if present (has_old), inc = caller score.
   uint64_t next_score(bool has_old, uint64_t old, uint64_t caller, uint64_t now) const;
+  // The policy's admission rule for a newcomer with `score` against the bucket minimum.
+  bool admits_all(Write mode) const {
+    return mode != Write::kImport && (policy_ == Policy::kLru || policy_ == Policy::kLfu);
+  }
   uint64_t tick();
   // Finds or places key, evicting as needed. Returns the slot, kNotFound when the policy refused
   // it, or kMustGrow when the table should grow first and may_grow is false (bulk workers never
   // grow the table; the caller grows it and goes on serially). *created is true for a new slot; an
   // evicted row goes to lane.
-  int64_t place(uint64_t key, uint64_t score, bool may_grow, bool* created, Lane* lane);
+  int64_t place(uint64_t key, uint64_t score, bool may_grow, bool* created, Lane* lane,
+                bool admit_all);
   // Runs op(i, key, hint, may_grow, lane) over the batch. With enough keys, worker w takes the keys
   // whose bucket % workers == w, in batch order, so every bucket (and every key) has one writer and
   // duplicates apply in batch order. op returns false to stop its worker (kMustGrow); the keys the

@@ -143,9 +143,18 @@ class PyDictTable:
             self._scores[slots] = self._tick()
 
     def _write(
-        self, keys, col_begin: int, col_end: int, values, scores, inits: Sequence[InitTuple], accumulate: bool
+        self,
+        keys,
+        col_begin: int,
+        col_end: int,
+        values,
+        scores,
+        inits: Sequence[InitTuple],
+        accumulate: bool,
+        imported: bool = False,
     ) -> None:
-        self._refuse_scores(scores)
+        if not imported:
+            self._refuse_scores(scores)
         with self._lock:
             slots, found = self._slots(keys, inits)
             if accumulate:
@@ -155,7 +164,10 @@ class PyDictTable:
                     self._rows[slot, col_begin:col_end] += value
                 else:
                     self._rows[slot, col_begin:col_end] = value
-            self._scores[slots] = self._tick()
+            self._scores[slots] = scores if imported else self._tick()
+
+    def import_batch(self, keys, col_begin: int, col_end: int, values, scores, inits: Sequence[InitTuple]) -> None:
+        self._write(keys, col_begin, col_end, values, scores, inits, accumulate=False, imported=True)
 
     def insert_or_assign(self, keys, col_begin: int, col_end: int, values, scores, inits: Sequence[InitTuple]) -> None:
         self._write(keys, col_begin, col_end, values, scores, inits, accumulate=False)

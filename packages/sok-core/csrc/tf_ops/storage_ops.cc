@@ -358,6 +358,17 @@ class UniqueSumOp : public OpKernel {
 
 #define SOK_KEY_TYPES "Tkeys: {int32, int64, uint64}"
 
+// Output 0 has the shape of the keys (input keys_input) plus one axis of col_end - col_begin.
+Status RowsShape(InferenceContext* c, int keys_input) {
+  int64_t b, e;
+  TF_RETURN_IF_ERROR(c->GetAttr("col_begin", &b));
+  TF_RETURN_IF_ERROR(c->GetAttr("col_end", &e));
+  ::tensorflow::shape_inference::ShapeHandle out;
+  TF_RETURN_IF_ERROR(c->Concatenate(c->input(keys_input), c->Vector(e - b), &out));
+  c->set_output(0, out);
+  return Status();
+}
+
 REGISTER_OP("SokUniqueSum")
     .Input("keys: Tkeys")
     .Input("values: float")
@@ -380,15 +391,7 @@ REGISTER_OP("SokLookup")
     .Attr("col_begin: int")
     .Attr("col_end: int")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      int64_t b, e;
-      TF_RETURN_IF_ERROR(c->GetAttr("col_begin", &b));
-      TF_RETURN_IF_ERROR(c->GetAttr("col_end", &e));
-      ::tensorflow::shape_inference::ShapeHandle out;
-      TF_RETURN_IF_ERROR(c->Concatenate(c->input(2), c->Vector(e - b), &out));
-      c->set_output(0, out);
-      return Status();
-    })
+    .SetShapeFn([](InferenceContext* c) { return RowsShape(c, 2); })
     .Doc("Rows [col_begin, col_end) of keys, inserting missing keys with the initializers.");
 
 REGISTER_OP("SokFindOrInsert")
@@ -399,15 +402,7 @@ REGISTER_OP("SokFindOrInsert")
     .Attr("col_begin: int")
     .Attr("col_end: int")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      int64_t b, e;
-      TF_RETURN_IF_ERROR(c->GetAttr("col_begin", &b));
-      TF_RETURN_IF_ERROR(c->GetAttr("col_end", &e));
-      ::tensorflow::shape_inference::ShapeHandle out;
-      TF_RETURN_IF_ERROR(c->Concatenate(c->input(1), c->Vector(e - b), &out));
-      c->set_output(0, out);
-      return Status();
-    })
+    .SetShapeFn([](InferenceContext* c) { return RowsShape(c, 1); })
     .Doc("Rows [col_begin, col_end) of keys, inserting missing keys (no gradient).");
 
 REGISTER_OP("SokLookupAndEvict")
@@ -422,12 +417,10 @@ REGISTER_OP("SokLookupAndEvict")
     .Attr("col_end: int")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(RowsShape(c, 2));
       int64_t b, e;
       TF_RETURN_IF_ERROR(c->GetAttr("col_begin", &b));
       TF_RETURN_IF_ERROR(c->GetAttr("col_end", &e));
-      ::tensorflow::shape_inference::ShapeHandle out;
-      TF_RETURN_IF_ERROR(c->Concatenate(c->input(2), c->Vector(e - b), &out));
-      c->set_output(0, out);
       c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
       c->set_output(2, c->Matrix(InferenceContext::kUnknownDim, e - b));
       return Status();
@@ -444,12 +437,7 @@ REGISTER_OP("SokFind")
     .Attr("col_end: int")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      int64_t b, e;
-      TF_RETURN_IF_ERROR(c->GetAttr("col_begin", &b));
-      TF_RETURN_IF_ERROR(c->GetAttr("col_end", &e));
-      ::tensorflow::shape_inference::ShapeHandle out;
-      TF_RETURN_IF_ERROR(c->Concatenate(c->input(1), c->Vector(e - b), &out));
-      c->set_output(0, out);
+      TF_RETURN_IF_ERROR(RowsShape(c, 1));
       c->set_output(1, c->input(1));
       return Status();
     });

@@ -106,6 +106,8 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
     comm = communication.tool()
     rank, n = comm.rank(), comm.num_ranks()
     callback = callback or NoOpCallback()
+    if rank == 0:
+        _recover(path)
     parent = os.path.dirname(os.path.abspath(path)) or "."
     staging = (
         tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(path))}.sok-tmp-", dir=parent)
@@ -209,6 +211,26 @@ def _dump_variable(
             f.close()
 
 
+def _recover(path: str) -> None:
+    """Finish a swap that a crash interrupted between its two renames (``path`` missing, the old
+    checkpoint set aside): the new one if it is complete (its manifest is written last), else the
+    old one goes back to ``path``."""
+    path = os.path.abspath(path)
+    if os.path.exists(path):
+        return
+    parent, base = os.path.dirname(path), os.path.basename(path)
+    prefix = f".{base}.sok-tmp-"
+    for old in sorted(n for n in os.listdir(parent) if n.startswith(prefix) and n.endswith(".old")):
+        staging = os.path.join(parent, old[: -len(".old")])
+        if os.path.exists(os.path.join(staging, fmt.MANIFEST)):
+            os.rename(staging, path)
+            shutil.rmtree(os.path.join(parent, old), ignore_errors=True)
+        else:
+            os.rename(os.path.join(parent, old), path)
+        logger.warning("recovered the checkpoint at %s after an interrupted sok.dump", path)
+        return
+
+
 def _swap_into_place(staging: str, path: str) -> None:
     """Replace ``path`` by ``staging`` so that one of the two complete checkpoints is always there."""
     path = os.path.abspath(path)
@@ -249,11 +271,11 @@ def _plan(path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | Non
             f"{weight_info.path} has rows of width {weight_info.elements // rows} but {var.name} has dimension {dim}"
         )
     files = [key_info, weight_info]
+    if manifest is not None and not manifest.get("tables", {}).get(table, {}).get("slots", True):
+        slots = []  # our manifest says this table had no optimizer state (it was never trained)
     for slot in slots:
-        candidates = [fmt.state_file(table, wrapper.name, slot)]
-        alias = fmt.SLOT_ALIASES.get((wrapper.name, slot))
-        if alias:
-            candidates.append(fmt.state_file(table, wrapper.name, alias))
+        candidates = [fmt.state_file(table, wrapper.name, slot)] + [
+            fmt.state_file(table, opt, alias) for opt, alias in fmt.SLOT_ALIASES.get((wrapper.name, slot), [])]
         found = [c for c in candidates if os.path.exists(os.path.join(path, c))]
         if not found:
             raise fmt.CheckpointError(
@@ -286,7 +308,7 @@ def _plan(path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | Non
         seen[k] = True
         if not seen.all():
             raise fmt.CheckpointError(f"{key_info.path} lacks some rows of {var.name} (or repeats others)")
-    return {"files": files, "rows": rows, "dim": dim}
+    return {"files": files, "rows": rows, "dim": dim, "slots": slots}
 
 
 def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | None = None) -> None:
@@ -296,6 +318,8 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     the file and leaves the variables as they were.
     """
     variables, wrapper = _variables(load_vars), _optimizer(optimizer)
+    if communication.rank() == 0:
+        _recover(path)
     if not os.path.isdir(path):
         raise fmt.CheckpointError(f"no checkpoint directory at {path}")
     manifest = fmt.read_manifest(path)
@@ -303,6 +327,12 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
         wrapper.get_slot_names() if wrapper is not None and isinstance(v, DynamicVariable) else [] for v in variables
     ]
     plans = [_plan(path, v, s, wrapper, manifest) for v, s in zip(variables, slot_names)]
+    slot_names = [plan["slots"] for plan in plans]
+    for var, slots in zip(variables, slot_names):
+        owner = getattr(var, "_sok_optimizer", None)
+        if slots and owner is not None and owner is not wrapper:
+            raise ValueError(f"{var.name} already has the state of another sok.OptimizerWrapper ({owner.name}); load "
+                             f"with that wrapper, or into a fresh variable")
     comm = communication.tool()
     rank, n = comm.rank(), comm.num_ranks()
     callback = callback or NoOpCallback()
@@ -404,6 +434,7 @@ def incremental_model_dump(sok_vars: Any, time_threshold: Any, sess: Any = None)
 def inspect(path: str, verify: bool = True) -> dict:
     """What a checkpoint directory holds, per table: rows, dim, dtypes, optimizer slots; with
     ``verify``, the manifest's checksums are checked (CheckpointError on a mismatch)."""
+    _recover(path)
     if not os.path.isdir(path):
         raise fmt.CheckpointError(f"no checkpoint directory at {path}")
     manifest = fmt.read_manifest(path)

@@ -280,9 +280,9 @@ class OptimizerWrapper:
                 initializer=initializers,
                 **var.config_dict,
             )
-            keys, values, _ = old.export(columns=(0, dim))
-            if keys.size:
-                wide.insert_or_assign(keys, values, columns=(0, dim))
+            keys, values, scores = old.export(columns=(0, dim))
+            if keys.size:  # scores too: widening is no write (eviction order, incremental dumps)
+                wide.import_batch(keys, values, scores, columns=(0, dim))
             logger.debug("widened %s to %d columns for %s (%d rows copied)", var.name, width, self.name, keys.size)
             var.table_ref.swap(wide, initializers)
         var._sok_optimizer = self

@@ -35,7 +35,7 @@ from sparse_operation_kit.progress import Callback, NoOpCallback
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Storage", "Table", "create_storage"]
+__all__ = ["NativeTable", "Storage", "Table", "create_storage"]
 
 #: Slots scanned per export_batch call by :meth:`Storage.export`.
 EXPORT_CHUNK = 1 << 18
@@ -87,9 +87,20 @@ class Table(Protocol):
         evicted_values,
         evicted_scores,
     ) -> int: ...
+    def import_batch(self, keys, col_begin: int, col_end: int, values, scores,
+                     inits: Sequence[InitTuple]) -> None: ...
     def clear(self) -> None: ...
     def set_global_epoch(self, epoch: int) -> None: ...
     def describe(self) -> str: ...
+
+
+class NativeTable(Table, Protocol):
+    """The table class of a native backend (``sok/python_table.hpp``, the same in every backend): a
+    :class:`Table` driven through the C ABI, constructed as ``Table(key_dtype, row_width, options)``."""
+
+    def handle_capsule(self) -> Any:
+        """The ``sok_storage*`` of this table as a PyCapsule (valid while the table lives)."""
+        ...
 
 
 def _options_as_strings(options: dict[str, Any]) -> dict[str, str]:
@@ -329,6 +340,17 @@ class Storage:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every row whose score is at least ``threshold`` (e.g. updated since a time in ns)."""
         return self.export(columns, threshold, callback)
+
+    def import_batch(self, keys: Any, values: Any, scores: Any, columns: Any = None) -> None:
+        """:meth:`insert_or_assign` that stores ``scores`` as the rows' scores, whatever the policy:
+        the inverse of :meth:`export_batch` (restoring a table, copying one into another)."""
+        k = self._keys(keys)
+        begin, end = self._columns(columns)
+        v = self._values(values, k.size, end - begin)
+        s = self._scores(scores, k.size)
+        if s is None:
+            raise ValueError("import_batch needs scores (one per key)")
+        self.table.import_batch(k, begin, end, v, s, self._init_tuples)
 
     def clear(self) -> None:
         """Remove every key (capacity stays)."""

@@ -446,6 +446,18 @@ class StorageConformance:
         storage.erase(_keys(np.arange(0, 20, 2)))
         assert sorted(storage.export()[0].tolist()) == list(range(1, 20, 2))
 
+    def test_import_batch_stores_the_given_scores(self, storage: Storage) -> None:
+        keys = _keys(np.arange(1, 6))
+        scores = np.array([7, 2**63, 5, 0, 2**64 - 1], dtype=np.uint64)
+        storage.import_batch(keys, _rows_for(keys, storage.row_width), scores)
+        exported, values, got = storage.export()
+        order = np.argsort(exported)
+        np.testing.assert_array_equal(exported[order], keys)
+        np.testing.assert_array_equal(got[order], scores)
+        np.testing.assert_array_equal(values[order], _rows_for(keys, storage.row_width))
+        storage.import_batch(keys[:2], _rows_for(keys[:2], storage.row_width), np.array([1, 1], np.uint64))
+        assert sorted(storage.export_if(2)[0].tolist()) == [3, 5]
+
     def test_scores_are_times_of_the_last_write(self, spec: BackendSpec, storage: Storage) -> None:
         if not spec.capabilities.export_if:
             pytest.skip(f"backend {spec.name!r} keeps no scores")

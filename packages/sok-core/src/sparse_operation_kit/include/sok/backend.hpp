@@ -287,6 +287,10 @@ class Storage {
                                    const sok_initializer* inits, int32_t num_inits,
                                    void* evicted_keys, float* evicted_values,
                                    uint64_t* evicted_scores) = 0;
+  // insert_or_assign storing `scores` as they are (never null here).
+  virtual void import_batch(const sok_exec_context& ctx, int64_t n, const void* keys, Columns cols,
+                            const float* values, const uint64_t* scores, const sok_initializer* inits,
+                            int32_t num_inits) = 0;
   virtual void clear(const sok_exec_context& ctx) = 0;
   virtual void set_global_epoch(uint64_t) {
     fail(SOK_ERROR_UNSUPPORTED, "this backend has no epoch-based eviction policy");
@@ -561,6 +565,19 @@ const sok_storage_api* make_storage_api(const char* name) {
         int64_t m = s.insert_and_evict(c, n, keys, check_cols(s, cb, ce), values, scores, inits,
                                        ni, ek, ev, es);
         if (num_evicted != nullptr) *num_evicted = m;
+      });
+    };
+    a.import_batch = [](sok_storage* h, const sok_exec_context* ctx, int64_t n, const void* keys,
+                        int32_t cb, int32_t ce, const float* values, const uint64_t* scores,
+                        const sok_initializer* inits, int32_t ni) {
+      return guarded(h, [&](Storage& s) {
+        const auto& c = check_ctx(s, ctx);
+        check_count(n, "n");
+        check_ptr(keys, n, "keys");
+        check_ptr(values, n, "values");
+        check_ptr(scores, n, "scores");
+        check_inits(s, inits, ni);
+        s.import_batch(c, n, keys, check_cols(s, cb, ce), values, scores, inits, ni);
       });
     };
     a.clear = [](sok_storage* h, const sok_exec_context* ctx) {

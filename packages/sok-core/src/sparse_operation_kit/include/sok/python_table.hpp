@@ -11,6 +11,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <optional>
@@ -166,6 +167,13 @@ class PyTable {
     return m;
   }
 
+  void import_batch(py::array keys, int cb, int ce, py::array values, py::array scores,
+                    const std::vector<InitTuple>& inits) {
+    if (api_->struct_size < offsetof(sok_storage_api, import_batch) + sizeof(api_->import_batch)) {
+      throw py::value_error("this backend was built without import_batch; rebuild it against this sok-core");
+    }
+    write(api_->import_batch, keys, cb, ce, values, scores, inits);
+  }
   void clear() {
     call([&] { return api_->clear(handle_, &cpu_); });
   }
@@ -328,6 +336,7 @@ inline void bind_table(py::module_& m, const sok_storage_api* api) {
       .def("erase", &PyTable::erase)
       .def("export_batch", &PyTable::export_batch)
       .def("insert_and_evict", &PyTable::insert_and_evict)
+      .def("import_batch", &PyTable::import_batch)
       .def("clear", &PyTable::clear)
       .def("set_global_epoch", &PyTable::set_global_epoch)
       .def("describe", &PyTable::describe)

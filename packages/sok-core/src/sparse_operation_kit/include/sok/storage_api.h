@@ -154,6 +154,12 @@ typedef struct sok_storage_api {
   sok_status (*set_global_epoch)(sok_storage* s, uint64_t epoch);
   /* A short description of the storage's state for logs ("det: 1024 slots, ..."). */
   sok_status (*describe)(sok_storage* s, char* buffer, int64_t buffer_size);
+  /* The inverse of export_batch: insert_or_assign that stores scores (n,) as they are, whatever the
+   * eviction policy (for restoring checkpoints and copying tables). A table at capacity treats
+   * them as custom scores: the lowest goes, or the input is dropped. */
+  sok_status (*import_batch)(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
+                             int32_t col_begin, int32_t col_end, const float* values,
+                             const uint64_t* scores, const sok_initializer* inits, int32_t num_inits);
 } sok_storage_api;
 
 #ifdef __cplusplus
