@@ -17,11 +17,11 @@ Example::
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 import os
 import shutil
 import tempfile
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,19 +77,28 @@ def _slots(var: Any, optimizer: OptimizerWrapper | None) -> list[str]:
     return optimizer.get_slot_names()
 
 
-def _local_shard(var: Any, slots: list[str]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(keys, [weights, slot 1, ...]) of this rank's shard, sorted by key."""
+def _shard_chunks(var: Any, slots: list[str], rows: int) -> tuple[int, Any]:
+    """(number of chunks, iterator of (keys, [weights, slot 1, ...])) over this rank's shard, at
+    most ``rows`` rows per chunk, streamed from the table (bounded memory). Each chunk is sorted by
+    key, so a table that fits one round is written in key order, as NVIDIA SOK writes it."""
     dim = var.dimension
     if isinstance(var, DynamicVariable):
-        keys, rows, _ = var.storage.export(columns=(0, dim * (1 + len(slots))))
-        order = np.argsort(keys, kind="stable")
-        keys, rows = keys[order], rows[order]
-        return keys, [np.ascontiguousarray(rows[:, i * dim : (i + 1) * dim]) for i in range(1 + len(slots))]
+        storage = var.storage
+        capacity = storage.capacity()
+
+        def dynamic():
+            for offset in range(0, capacity, rows):
+                keys, values, _ = storage.export_batch(offset, rows, columns=(0, dim * (1 + len(slots))))
+                order = np.argsort(keys, kind="stable")
+                keys, values = keys[order], values[order]
+                yield keys, [np.ascontiguousarray(values[:, i * dim : (i + 1) * dim]) for i in range(1 + len(slots))]
+
+        return -(-capacity // rows), dynamic()
     values = var.numpy().astype(np.float32)
-    if isinstance(var, LocalizedVariable):
-        return np.arange(values.shape[0], dtype=np.int64), [values]
-    n, g = var.num_gpus, var.global_gpu_id
-    return np.arange(values.shape[0], dtype=np.int64) * n + g, [values]
+    local = np.arange(values.shape[0], dtype=np.int64)
+    keys = local if isinstance(var, LocalizedVariable) else local * var.num_gpus + var.global_gpu_id
+    count = -(-values.shape[0] // rows)
+    return count, ((keys[i : i + rows], [values[i : i + rows]]) for i in range(0, values.shape[0], rows))
 
 
 def _key_dtype(var: Any) -> str:
@@ -155,7 +164,6 @@ def _dump_variable(
     comm: communication.CommunicationTool,
 ) -> dict:
     table, dim = fmt.table_name(var.name), var.dimension
-    keys, arrays = _local_shard(var, slots)
     key_dtype = _key_dtype(var)
     names = [fmt.key_file(table), fmt.weight_file(table)] + [fmt.state_file(table, wrapper.name, s) for s in slots]
     headers = [fmt.header(fmt.FILE_KEY, key_dtype), fmt.header(fmt.FILE_WEIGHT, "float32")] + [
@@ -164,29 +172,29 @@ def _dump_variable(
     files = hashes = None
     if staging is not None:
         files = [open(os.path.join(staging, name), "wb") for name in names]
-        hashes = [hashlib.sha256() for _ in names]
-        for f, h, head in zip(files, hashes, headers):
+        crcs = [zlib.crc32(head) for head in headers]
+        for f, head in zip(files, headers):
             f.write(head)
-            h.update(head)
     try:
-        rows_per_round = max(1, ROUND_BYTES // (4 * dim * len(arrays) + 8))
+        rows_per_round = max(1, ROUND_BYTES // (4 * dim * (1 + len(slots)) + 8))
         n = comm.num_ranks()
-        counts = [keys.shape[0]] if n == 1 else comm.allgather(tf.constant([keys.shape[0]], tf.int64)).numpy().tolist()
-        rounds = max(1, -(-max(counts) // rows_per_round))
+        count, chunks = _shard_chunks(var, slots, rows_per_round)
+        rounds = count if n == 1 else int(comm.allgather(tf.constant([count], tf.int64)).numpy().max())
+        empty = (np.empty(0, _key_dtype(var)), [np.empty((0, dim), np.float32) for _ in range(1 + len(slots))])
         total = 0
-        for r in range(rounds):
-            part = slice(r * rows_per_round, (r + 1) * rows_per_round)
-            pieces = [keys[part]] + [a[part] for a in arrays]
+        for _ in range(rounds):
+            keys, arrays = next(chunks, empty)  # a rank with fewer chunks sends empty ones
+            pieces = [keys] + arrays
             if n > 1:
                 gathered = [comm.allgather(tf.constant(pieces[0]))] + [
                     comm.allgather(tf.constant(p.reshape(-1, dim))) for p in pieces[1:]
                 ]
                 pieces = [g.numpy() for g in gathered]
             if files is not None:
-                for f, h, p in zip(files, hashes, pieces):
-                    raw = np.ascontiguousarray(p).tobytes()
+                for j, (f, p) in enumerate(zip(files, pieces)):
+                    raw = np.ascontiguousarray(p).view(np.uint8).reshape(-1)
                     f.write(raw)
-                    h.update(raw)
+                    crcs[j] = zlib.crc32(raw, crcs[j])
             total += pieces[0].shape[0]
         entry: dict[str, Any] = {
             "variable": var.name,
@@ -204,7 +212,7 @@ def _dump_variable(
             for f in files:
                 f.flush()
                 os.fsync(f.fileno())
-            entry["sha256"] = {name: h.hexdigest() for name, h in zip(names, hashes)}
+            entry["crc32"] = {name: f"{c:08x}" for name, c in zip(names, crcs)}
         return entry
     finally:
         for f in files or []:
@@ -289,10 +297,10 @@ def _plan(path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | Non
             )
         files.append(info)
     if manifest is not None:
-        expected = manifest.get("tables", {}).get(table, {}).get("sha256", {})
+        expected = manifest.get("tables", {}).get(table, {}).get("crc32", {})
         for info in files:
             name = os.path.basename(info.path)
-            if name in expected and fmt.sha256(info.path) != expected[name]:
+            if name in expected and fmt.crc32(info.path) != expected[name]:
                 raise fmt.CheckpointError(
                     f"{info.path} does not match its checksum in the manifest: the file is corrupt"
                 )
@@ -456,8 +464,8 @@ def inspect(path: str, verify: bool = True) -> dict:
             }
     if verify and manifest is not None:
         for entry in manifest.get("tables", {}).values():
-            for name, digest in entry.get("sha256", {}).items():
-                if fmt.sha256(os.path.join(path, name)) != digest:
+            for name, digest in entry.get("crc32", {}).items():
+                if fmt.crc32(os.path.join(path, name)) != digest:
                     raise fmt.CheckpointError(
                         f"{os.path.join(path, name)} does not match its checksum: the file is corrupt"
                     )

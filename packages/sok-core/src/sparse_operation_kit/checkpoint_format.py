@@ -11,16 +11,17 @@ each with NVIDIA SOK's 296-byte header (big-endian uint32 fields: 256-byte table
 32-byte slot name, data type index), then the raw little-endian payload. Files written by NVIDIA SOK
 load here and the other way round. ``manifest.json`` (ours; optional on load) records the format
 version, tables, dims, dtypes, optimizer and step, slot names, the writer's world size and modes,
-row counts and SHA-256 checksums.
+row counts and CRC-32 checksums (they catch corruption and truncation; they are no defence
+against tampering).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import string
 import struct
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,12 +116,13 @@ def payload(info: FileInfo, rows: int | None = None, dim: int | None = None) -> 
     return data.reshape(rows, dim) if rows is not None and dim is not None else data
 
 
-def sha256(path: str, chunk: int = 1 << 24) -> str:
-    digest = hashlib.sha256()
+def crc32(path: str, chunk: int = 1 << 24) -> str:
+    """The CRC-32 of a whole file, as 8 hex digits."""
+    value = 0
     with open(path, "rb") as f:
         while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+            value = zlib.crc32(block, value)
+    return f"{value:08x}"
 
 
 def write_manifest(directory: str, manifest: dict) -> None:
