@@ -169,7 +169,8 @@ def _dump_variable(
     headers = [fmt.header(fmt.FILE_KEY, key_dtype), fmt.header(fmt.FILE_WEIGHT, "float32")] + [
         fmt.header(fmt.FILE_STATE, "float32", s) for s in slots
     ]
-    files = hashes = None
+    files: list | None = None
+    crcs: list[int] = []
     if staging is not None:
         files = [open(os.path.join(staging, name), "wb") for name in names]
         crcs = [zlib.crc32(head) for head in headers]
