@@ -84,11 +84,20 @@ def _as_list(value: Any) -> list:
 
 
 def _owner(keys: tf.Tensor, kind: str, param: Any, n: int) -> tf.Tensor:
-    if kind == "localized":
-        return tf.fill(tf.shape(keys), tf.constant(param.target_gpu, tf.int64))
-    if kind == "dynamic" and param.mode is not None and param.target_gpu >= 0:
-        return tf.fill(tf.shape(keys), tf.constant(param.target_gpu, tf.int64))
-    return tf.math.floormod(tf.cast(keys, tf.int64), n)
+    if kind == "localized" or (kind == "dynamic" and param.target_gpu >= 0):
+        return tf.fill(tf.shape(keys, out_type=tf.int64), tf.constant(param.target_gpu, tf.int64))
+    bits = tf.bitcast(keys, tf.int64) if keys.dtype == tf.uint64 else tf.cast(keys, tf.int64)
+    return tf.math.floormod(bits, n)  # negative (and uint64 >= 2**63) keys too, as sok.load places them
+
+
+def _as_table_keys(keys: tf.Tensor, param: DynamicVariable) -> tf.Tensor:
+    """Ids as the table's key dtype (int32/int64 ids for int64 tables, int64 bits for uint64 ones;
+    int64 ids for int32 tables were range-checked by _agreed_checks)."""
+    if keys.dtype == param.key_type:
+        return keys
+    if param.key_type == tf.uint64:
+        return tf.bitcast(tf.cast(keys, tf.int64), tf.uint64)
+    return tf.cast(keys, param.key_type)
 
 
 def _pool_local(
@@ -105,7 +114,7 @@ def _pool_local(
     mine = tf.equal(_owner(keys, kind, param, n), rank)
     keys, samples = tf.boolean_mask(keys, mine), tf.boolean_mask(samples, mine)
     if kind == "dynamic":
-        rows = param.sparse_read(param._keys(keys))
+        rows = param.sparse_read(_as_table_keys(keys, param))
     else:
         local = tf.cast(keys, tf.int64) // n if kind == "distributed" else tf.cast(keys, tf.int64)
         rows = tf.gather(param, local)
@@ -114,38 +123,57 @@ def _pool_local(
     return tf.math.unsorted_segment_sum(rows, samples, num_samples)
 
 
-def _check_ids(
+def _agreed_checks(
     params: Sequence[Any],
     kinds: Sequence[str],
     ragged: Sequence[tf.RaggedTensor],
+    weights: Sequence[tf.RaggedTensor] | None,
     comm: communication.CommunicationTool,
+    hotness: Sequence[int] | None = None,
 ) -> list[tf.Operation]:
-    """Assertions that fail on every rank together when any rank has a bad static id."""
-    bad = []
-    for param, kind, ids in zip(params, kinds, ragged):
-        if kind == "dynamic":
-            continue
-        rows = int(param.global_shape[0])
+    """Data checks that fail on every rank together: each rank counts its problems, one allreduce
+    adds them up, and every rank asserts on the sums (so no rank enters the exchange alone)."""
+    problems: list[tuple[tf.Tensor, str]] = []
+    for i, (param, kind, ids) in enumerate(zip(params, kinds, ragged)):
         values = tf.cast(ids.values, tf.int64)
-        bad.append(tf.reduce_sum(tf.cast((values < 0) | (values >= rows), tf.int64)))
-    if not bad:
+        if kind != "dynamic":
+            rows = int(param.global_shape[0])
+            problems.append((tf.reduce_sum(tf.cast((values < 0) | (values >= rows), tf.int64)),
+                             f"sp_ids[{i}] has ids outside [0, {rows}) for table {param.name} (count over all ranks "
+                             f"follows); static tables take ids 0 .. rows-1"))
+        elif param.key_type == tf.int32 and ids.dtype == tf.int64:
+            outside = (values < -(2**31)) | (values >= 2**31)
+            problems.append((tf.reduce_sum(tf.cast(outside, tf.int64)),
+                             f"sp_ids[{i}] has int64 ids that do not fit the int32 keys of {param.name} (count over all "
+                             f"ranks follows)"))
+        if weights is not None:
+            mismatch = tf.reduce_sum(tf.abs(tf.cast(ids.row_lengths(), tf.int64)
+                                            - tf.cast(weights[i].row_lengths(), tf.int64)))
+            problems.append((mismatch, f"sp_weights[{i}] does not have the row lengths of sp_ids[{i}] (differences over all ranks "
+                             f"follow)"))
+        if hotness is not None:
+            longest = tf.cast(ids.row_lengths(), tf.int64)
+            problems.append((tf.reduce_sum(tf.cast(longest > hotness[i], tf.int64)),
+                             f"sp_ids[{i}] has a sample with more ids than hotness[{i}] = {hotness[i]} (count over all "
+                             f"ranks follows)"))
+    if not problems:
         return []
-    counts = comm.allreduce_sum(tf.stack(bad)) if comm.num_ranks() > 1 else tf.stack(bad)
-    checks = []
-    static = [(i, p) for i, (p, k) in enumerate(zip(params, kinds)) if k != "dynamic"]
-    for j, (i, param) in enumerate(static):
-        checks.append(
-            tf.debugging.assert_equal(
-                counts[j],
-                tf.constant(0, tf.int64),
-                message=f"sp_ids[{i}] has ids outside [0, {int(param.global_shape[0])}) for table {param.name} "
-                f"(count over all ranks follows); static tables take ids 0 .. rows-1",
-            )
-        )
-    return checks
+    counts = tf.stack([count for count, _ in problems])
+    if comm.num_ranks() > 1:
+        counts = comm.allreduce_sum(counts)
+    return [tf.debugging.assert_equal(counts[j], tf.constant(0, tf.int64), message=message)
+            for j, (_, message) in enumerate(problems)]
 
 
-def lookup_sparse(params: Any, sp_ids: Any, sp_weights: Any = None, combiners: Any = None) -> Any:
+def _validate_placement(params: Sequence[Any], kinds: Sequence[str], n: int) -> None:
+    for i, (param, kind) in enumerate(zip(params, kinds)):
+        if kind in ("dynamic", "localized") and param.target_gpu >= n:
+            raise ValueError(f"params[{i}] ({param.name}) is localized on rank {param.target_gpu}, but there are only "
+                             f"{n} rank(s); valid: localized:0 .. localized:{n - 1}")
+
+
+def lookup_sparse(params: Any, sp_ids: Any, sp_weights: Any = None, combiners: Any = None,
+                  hotness: Sequence[int] | None = None) -> Any:
     """Pooled lookups of several tables in one collective call.
 
     Args:
@@ -161,10 +189,13 @@ def lookup_sparse(params: Any, sp_ids: Any, sp_weights: Any = None, combiners: A
         a list or tuple), equal to ``tf.nn.embedding_lookup_sparse`` on the full tables.
 
     Every rank must call it with the same tables and combiners in the same order; batch sizes may
-    differ between ranks.
+    differ between ranks. ``hotness`` (one int per table, the most ids a sample may have) is the
+    ``sparse_operation_kit.experiment`` argument, checked on every rank together.
     """
     single = not isinstance(sp_ids, (list, tuple))
     params, ids_list = _as_list(params), _as_list(sp_ids)
+    if not params:
+        raise ValueError("params is empty; give at least one table")
     if len(params) != len(ids_list):
         raise ValueError(
             f"params has {len(params)} tables but sp_ids has {len(ids_list)}; give one id tensor per table"
@@ -191,11 +222,23 @@ def lookup_sparse(params: Any, sp_ids: Any, sp_weights: Any = None, combiners: A
     if len(batch_sizes) > 1:
         raise ValueError(f"all sp_ids of one call must have the same batch size, got {sorted(batch_sizes)}")
 
+    if hotness is not None:
+        hotness = _as_list(hotness)
+        if len(hotness) != len(ragged):
+            raise ValueError(f"hotness has {len(hotness)} entries but sp_ids has {len(ragged)}")
+        for i, limit in enumerate(hotness):
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ValueError(f"hotness[{i}] = {limit!r} must be an integer >= 1")
+
     comm = communication.tool()
     n, rank = comm.num_ranks(), comm.rank()
-    with tf.control_dependencies(_check_ids(params, kinds, ragged, comm)):  # before anything moves
+    _validate_placement(params, kinds, n)
+    with tf.control_dependencies(_agreed_checks(params, kinds, ragged, weights, comm, hotness)):
+        # Everything below, collectives included, waits for the checks.
         keys = [tf.identity(ids.values) for ids in ragged]
-    lengths = [tf.cast(ids.row_lengths(), tf.int64) for ids in ragged]
+        lengths = [tf.cast(tf.identity(ids.row_lengths()), tf.int64) for ids in ragged]
+        if weights is not None:
+            weights = [tf.RaggedTensor.from_row_lengths(tf.identity(w.values), w.row_lengths()) for w in weights]
     local_batch = tf.shape(lengths[0], out_type=tf.int64)[0]
 
     # Pooling denominators, from the local batch (before any exchange).
@@ -233,7 +276,7 @@ def lookup_sparse(params: Any, sp_ids: Any, sp_weights: Any = None, combiners: A
 def _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm, n, rank, dims):
     """Steps 2-4 of the module docstring for several ranks: partial sums of the local samples."""
     num_tables = len(params)
-    all_keys = tf.concat([tf.cast(k, tf.int64) for k in keys], 0)  # ids are int32 or int64
+    all_keys = tf.concat([tf.bitcast(k, tf.int64) if k.dtype == tf.uint64 else tf.cast(k, tf.int64) for k in keys], 0)
     all_lengths = tf.concat(lengths, 0)  # [tables * local_batch]
     g_keys = comm.allgather(all_keys)
     g_lengths = comm.allgather(all_lengths)
@@ -262,8 +305,6 @@ def _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm,
             if weight_chunks is not None:
                 t_weights.append(weight_chunks[r * num_tables + t])
         table_keys = tf.concat(t_keys, 0)
-        if kinds[t] == "dynamic" and params[t].key_type == tf.int32:
-            table_keys = tf.cast(table_keys, tf.int32)
         partial.append(
             _pool_local(
                 params[t],

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import tensorflow as tf
-
 from sparse_operation_kit.communication import init, num_ranks, rank
 from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable, Variable
 from sparse_operation_kit.dynamic_variable import DynamicVariable, assign, export, sparse_read_and_evict
@@ -42,25 +40,6 @@ __all__ = [
 
 
 def lookup_sparse(params: Any, sp_ids: Any, hotness: Any = None, combiners: Any = None, sp_weights: Any = None) -> Any:
-    """``sok.lookup_sparse`` with ``hotness``: one int per table, the most ids any sample may have."""
-    if hotness is not None:
-        ids_list = list(sp_ids) if isinstance(sp_ids, (list, tuple)) else [sp_ids]
-        limits = list(hotness) if isinstance(hotness, (list, tuple)) else [hotness]
-        if len(limits) != len(ids_list):
-            raise ValueError(f"hotness has {len(limits)} entries but sp_ids has {len(ids_list)}")
-        checks = []
-        for i, (ids, limit) in enumerate(zip(ids_list, limits)):
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                raise ValueError(f"hotness[{i}] = {limit!r} must be an integer >= 1")
-            ragged = tf.RaggedTensor.from_sparse(ids) if isinstance(ids, tf.SparseTensor) else ids
-            longest = tf.reduce_max(tf.concat([tf.cast(ragged.row_lengths(), tf.int64), [0]], 0))
-            checks.append(
-                tf.debugging.assert_less_equal(
-                    longest,
-                    tf.constant(limit, tf.int64),
-                    message=f"sp_ids[{i}] has a sample with more ids than hotness[{i}] = {limit}",
-                )
-            )
-        with tf.control_dependencies(checks):
-            return _lookup_sparse(params, sp_ids, sp_weights, combiners)
-    return _lookup_sparse(params, sp_ids, sp_weights, combiners)
+    """``sok.lookup_sparse`` with ``hotness``: one int per table, the most ids any sample may have
+    (checked on every rank together)."""
+    return _lookup_sparse(params, sp_ids, sp_weights, combiners, hotness=hotness)
