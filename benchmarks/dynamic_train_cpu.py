@@ -64,7 +64,8 @@ def sok_step(var_type: str, dim: int, vocabulary: int):
     options = {"init_capacity": 1 << 16, "max_capacity": 1 << 22} if var_type == "hybrid" else {}
     table = sok.DynamicVariable(dim, var_type=var_type, initializer="random", **options)
     wrapper = sok.OptimizerWrapper(
-        tf.keras.optimizers.Adagrad(LR, initial_accumulator_value=INITIAL_ACCUMULATOR, epsilon=EPSILON))
+        tf.keras.optimizers.Adagrad(LR, initial_accumulator_value=INITIAL_ACCUMULATOR, epsilon=EPSILON)
+    )
     head, head_opt = dense_head(dim)
 
     @tf.function
@@ -100,9 +101,12 @@ def dense_step(dim: int, vocabulary: int):
 
 
 def hash_table_step(dim: int, vocabulary: int):
-    rows = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32, tf.zeros([dim]), experimental_is_anonymous=True)
+    rows = tf.lookup.experimental.MutableHashTable(
+        tf.int64, tf.float32, tf.zeros([dim]), experimental_is_anonymous=True
+    )
     accumulators = tf.lookup.experimental.MutableHashTable(
-        tf.int64, tf.float32, tf.fill([dim], INITIAL_ACCUMULATOR), experimental_is_anonymous=True)
+        tf.int64, tf.float32, tf.fill([dim], INITIAL_ACCUMULATOR), experimental_is_anonymous=True
+    )
     head, head_opt = dense_head(dim)
 
     @tf.function
@@ -156,8 +160,10 @@ def main() -> None:
 
     print(f"machine  {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, load {os.getloadavg()}")
     print(f"versions tensorflow {tf.__version__}, sok {sok.__version__}")
-    print(f"step     batch {args.batch} x hotness {args.hotness}, dim {args.dim}, vocabulary {args.vocabulary}, "
-          f"{args.steps} timed steps after {args.warmup}, best of {args.repeat}")
+    print(
+        f"step     batch {args.batch} x hotness {args.hotness}, dim {args.dim}, vocabulary {args.vocabulary}, "
+        f"{args.steps} timed steps after {args.warmup}, best of {args.repeat}"
+    )
     ranks, keys, labels = make_data(args)
     sok_inputs = [(tf.constant(k), tf.constant(y)) for k, y in zip(keys, labels)]
     dense_inputs = [(tf.constant(r), tf.constant(y)) for r, y in zip(ranks, labels)]

@@ -98,8 +98,9 @@ def make_data(n: int, dim: int, seed: int) -> Data:
     n_new = n - n_hit
     pool = np.empty(0, dtype=np.int64)
     while pool.size < n + n_new:  # distinct keys over the whole int64 range but the two reserved
-        more = rng.integers(DELETED_KEY + 1, np.iinfo(np.int64).max, size=n + n_new + 1024,
-                            dtype=np.int64, endpoint=True)
+        more = rng.integers(
+            DELETED_KEY + 1, np.iinfo(np.int64).max, size=n + n_new + 1024, dtype=np.int64, endpoint=True
+        )
         pool = np.unique(np.concatenate([pool, more]))
     pool = rng.permutation(pool)[: n + n_new]
     keys, new_keys = pool[:n], pool[n:]
@@ -113,10 +114,18 @@ def make_data(n: int, dim: int, seed: int) -> Data:
     foi_hit = np.concatenate([np.ones(n_hit, bool), np.zeros(n_new, bool)])
     order = rng.permutation(n)
     return Data(
-        n=n, dim=dim, keys=keys, values=values,
-        upd_keys=keys[upd_perm], upd_values=final[upd_perm], final=final,
-        find_index=find_index, find_keys=keys[find_index],
-        foi_keys=foi_keys[order], foi_hit=foi_hit[order], foi_expected=foi_rows[order],
+        n=n,
+        dim=dim,
+        keys=keys,
+        values=values,
+        upd_keys=keys[upd_perm],
+        upd_values=final[upd_perm],
+        final=final,
+        find_index=find_index,
+        find_keys=keys[find_index],
+        foi_keys=foi_keys[order],
+        foi_hit=foi_hit[order],
+        foi_expected=foi_rows[order],
     )
 
 
@@ -145,8 +154,9 @@ class SokRunner:
 
     mode = "numpy"
 
-    def __init__(self, label: str, var_type: str, options: dict[str, int],
-                 gather: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self, label: str, var_type: str, options: dict[str, int], gather: Callable[[], Any] | None = None
+    ) -> None:
         self.label, self.var_type, self.options = label, var_type, options
         self.gather = gather  # timed right before find: a paired baseline, immune to slow drift
         self.description = ""
@@ -192,12 +202,18 @@ class TfTableRunner:
         default = tf.fill([data.dim], float("nan"))  # NaN row: how the foi emulation spots misses
         # Anonymous: freed with the Python object (a named table lives as long as the process).
         if self.kind == "mutable":
-            return tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32, default_value=default,
-                                                           experimental_is_anonymous=True)
+            return tf.lookup.experimental.MutableHashTable(
+                tf.int64, tf.float32, default_value=default, experimental_is_anonymous=True
+            )
         return tf.lookup.experimental.DenseHashTable(
-            tf.int64, tf.float32, default_value=default, empty_key=int(EMPTY_KEY),
-            deleted_key=int(DELETED_KEY), initial_num_buckets=next_pow2(2 * data.n),
-            experimental_is_anonymous=True)
+            tf.int64,
+            tf.float32,
+            default_value=default,
+            empty_key=int(EMPTY_KEY),
+            deleted_key=int(DELETED_KEY),
+            initial_num_buckets=next_pow2(2 * data.n),
+            experimental_is_anonymous=True,
+        )
 
     def _ops(self, table: Any, dim: int) -> tuple[Callable, Callable, Callable]:
         tf = self.tf
@@ -220,9 +236,11 @@ class TfTableRunner:
             return insert, lookup, find_or_insert
         k_spec = tf.TensorSpec([None], tf.int64)
         v_spec = tf.TensorSpec([None, dim], tf.float32)
-        fns = (tf.function(insert, input_signature=[k_spec, v_spec]),
-               tf.function(lookup, input_signature=[k_spec]),
-               tf.function(find_or_insert, input_signature=[k_spec]))
+        fns = (
+            tf.function(insert, input_signature=[k_spec, v_spec]),
+            tf.function(lookup, input_signature=[k_spec]),
+            tf.function(find_or_insert, input_signature=[k_spec]),
+        )
         no_keys = tf.zeros([0], tf.int64)
         fns[0](no_keys, tf.zeros([0, dim], tf.float32))  # trace now, not in the timed call
         fns[1](no_keys)
@@ -347,16 +365,25 @@ TF_TABLES = ("TF MutableHashTable", "TF DenseHashTable")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--keys", type=int, default=1 << 20, help="keys per batch (default 1Mi)")
     parser.add_argument("--dim", type=int, default=64, help="float32 columns per row (default 64)")
     parser.add_argument("--repeat", type=int, default=5, help="recorded rounds (default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="unrecorded rounds first (default 1)")
-    parser.add_argument("--stat", choices=tuple(STATISTICS), default="best",
-                        help="what M keys/s and the ratios use: the best (default) or the median round")
-    parser.add_argument("--tf-mode", choices=("best", "eager", "function"), default="best",
-                        help="how TF baselines run: both modes, the faster one per op counts (default), or one")
+    parser.add_argument(
+        "--stat",
+        choices=tuple(STATISTICS),
+        default="best",
+        help="what M keys/s and the ratios use: the best (default) or the median round",
+    )
+    parser.add_argument(
+        "--tf-mode",
+        choices=("best", "eager", "function"),
+        default="best",
+        help="how TF baselines run: both modes, the faster one per op counts (default), or one",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="PATH", help="write the configuration, machine and every sample here")
     parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
@@ -370,8 +397,10 @@ def main(argv: list[str] | None = None) -> int:
     n, dim = args.keys, args.dim
     machine = machine_context(tf)
     machine["load_average_start"] = load_average()
-    print(f"storage_cpu: {n} int64 keys x {dim} float32, {args.stat} of {args.repeat} rounds "
-          f"(+{args.warmup} warm-up), seed {args.seed}")
+    print(
+        f"storage_cpu: {n} int64 keys x {dim} float32, {args.stat} of {args.repeat} rounds "
+        f"(+{args.warmup} warm-up), seed {args.seed}"
+    )
     for key, value in machine.items():
         if isinstance(value, dict):
             value = ", ".join(f"{k}: {v}" for k, v in value.items())
@@ -381,13 +410,15 @@ def main(argv: list[str] | None = None) -> int:
     attach_tf(data, tf)
     hkv_capacity = next_pow2(2 * n)
     n_new = int((~data.foi_hit).sum())
+
     def paired_gather() -> Any:
         return tf.gather(data.tf["final"], data.tf["find_index"])
 
     sok_runners = [
         SokRunner("det (hbm)", "hbm", {"init_capacity": n + n_new}, paired_gather),
-        SokRunner("hkv (hybrid)", "hybrid", {"init_capacity": hkv_capacity, "max_capacity": hkv_capacity},
-                  paired_gather),
+        SokRunner(
+            "hkv (hybrid)", "hybrid", {"init_capacity": hkv_capacity, "max_capacity": hkv_capacity}, paired_gather
+        ),
     ]
     modes = ("eager", "function") if args.tf_mode == "best" else (args.tf_mode,)
     tf_runners = [TfTableRunner(tf, kind, mode) for kind in ("mutable", "dense") for mode in modes]
@@ -427,18 +458,26 @@ def main(argv: list[str] | None = None) -> int:
         for label, mode in entries:
             times = samples[(label, mode)][op]
             seconds = stat[(label, mode)][op]
-            rows.append({
-                "op": op, "table": label, "mode": mode, "seconds": seconds,
-                "best_s": min(times), "median_s": statistics.median(times),
-                "mkeys_per_s": n / seconds / 1e6,
-                "spread_pct": 100 * (max(times) - min(times)) / statistics.median(times),
-                "vs_gather": gather_base[2] / seconds if op == "find" else None,
-                "vs_mutable": tf_base[("TF MutableHashTable", op)][2] / seconds,
-                "vs_dense": tf_base[("TF DenseHashTable", op)][2] / seconds,
-            })
+            rows.append(
+                {
+                    "op": op,
+                    "table": label,
+                    "mode": mode,
+                    "seconds": seconds,
+                    "best_s": min(times),
+                    "median_s": statistics.median(times),
+                    "mkeys_per_s": n / seconds / 1e6,
+                    "spread_pct": 100 * (max(times) - min(times)) / statistics.median(times),
+                    "vs_gather": gather_base[2] / seconds if op == "find" else None,
+                    "vs_mutable": tf_base[("TF MutableHashTable", op)][2] / seconds,
+                    "vs_dense": tf_base[("TF DenseHashTable", op)][2] / seconds,
+                }
+            )
 
-    header = (f"{'op':<28} {'table':<25} {'mode':<8} {'best ms':>8} {'median ms':>9} {'M keys/s':>8} "
-              f"{'spread':>6} {'vs gather':>9} {'vs MutHT':>8} {'vs DenseHT':>10}")
+    header = (
+        f"{'op':<28} {'table':<25} {'mode':<8} {'best ms':>8} {'median ms':>9} {'M keys/s':>8} "
+        f"{'spread':>6} {'vs gather':>9} {'vs MutHT':>8} {'vs DenseHT':>10}"
+    )
     print()
     print(header)
     print("-" * len(header))
@@ -447,19 +486,23 @@ def main(argv: list[str] | None = None) -> int:
         if previous is not None and row["op"] != previous:
             print()
         previous = row["op"]
-        print(f"{OP_TITLES[row['op']]:<28} {row['table']:<25} {row['mode']:<8} {1e3 * row['best_s']:>8.1f} "
-              f"{1e3 * row['median_s']:>9.1f} {row['mkeys_per_s']:>8.2f} {row['spread_pct']:>5.0f}% "
-              f"{fmt_ratio(row['vs_gather']):>9} {fmt_ratio(row['vs_mutable']):>8} {fmt_ratio(row['vs_dense']):>10}")
+        print(
+            f"{OP_TITLES[row['op']]:<28} {row['table']:<25} {row['mode']:<8} {1e3 * row['best_s']:>8.1f} "
+            f"{1e3 * row['median_s']:>9.1f} {row['mkeys_per_s']:>8.2f} {row['spread_pct']:>5.0f}% "
+            f"{fmt_ratio(row['vs_gather']):>9} {fmt_ratio(row['vs_mutable']):>8} {fmt_ratio(row['vs_dense']):>10}"
+        )
     print()
-    print(f"M keys/s and ratios use the {args.stat} round; ratios are throughput over the baseline's "
-          "(>1 = faster);")
-    print("spread = (max - min) / median. TF find_or_insert is emulated: lookup with a NaN default row, "
-          "insert of the misses, where.")
+    print(f"M keys/s and ratios use the {args.stat} round; ratios are throughput over the baseline's (>1 = faster);")
+    print(
+        "spread = (max - min) / median. TF find_or_insert is emulated: lookup with a NaN default row, "
+        "insert of the misses, where."
+    )
     if len(modes) > 1:
         print(f"TF {args.stat} ms, eager / tf.function (the faster is the baseline above):")
         for label in TF_TABLES:
-            parts = [f"{op} {1e3 * stat[(label, 'eager')][op]:.1f} / {1e3 * stat[(label, 'function')][op]:.1f}"
-                     for op in OPS]
+            parts = [
+                f"{op} {1e3 * stat[(label, 'eager')][op]:.1f} / {1e3 * stat[(label, 'function')][op]:.1f}" for op in OPS
+            ]
             print(f"  {label:<20} " + ", ".join(parts))
         parts = [f"{r.source} {r.mode} {1e3 * stat[(r.label, r.mode)]['find']:.1f}" for r in gather_runners]
         print(f"  {'dense tf.gather':<20} " + ", ".join(parts))
@@ -468,23 +511,37 @@ def main(argv: list[str] | None = None) -> int:
         times = samples[(runner.label, runner.mode)]
         ratios = [g / f for g, f in zip(times["paired_gather"], times["find"], strict=True)]
         paired[runner.label] = statistics.median(ratios)
-    print("find vs tf.gather (tensor, eager) timed just before it in the same round, median of rounds: "
-          + ", ".join(f"{label} {ratio:.2f}x" for label, ratio in paired.items()))
+    print(
+        "find vs tf.gather (tensor, eager) timed just before it in the same round, median of rounds: "
+        + ", ".join(f"{label} {ratio:.2f}x" for label, ratio in paired.items())
+    )
     for runner in sok_runners:
         notes = sorted(set(runner.notes))
         print(f"{runner.label}: {runner.description}" + (f" [{'; '.join(notes)}]" if notes else ""))
-    print(f"load average (1, 5, 15 min): {machine['load_average_start']} at start, "
-          f"{machine['load_average_end']} at end (this benchmark adds up to one per core)")
+    print(
+        f"load average (1, 5, 15 min): {machine['load_average_start']} at start, "
+        f"{machine['load_average_end']} at end (this benchmark adds up to one per core)"
+    )
 
     goals = []
     for runner in sok_runners:
         find_row = next(r for r in rows if r["op"] == "find" and r["table"] == runner.label)
         insert_row = next(r for r in rows if r["op"] == "insert" and r["table"] == runner.label)
-        goals.append({"goal": f"{runner.label} find >= {GOAL_FIND_VS_GATHER:.0%} of dense tf.gather",
-                      "value": find_row["vs_gather"], "target": GOAL_FIND_VS_GATHER,
-                      "paired": paired[runner.label]})
-        goals.append({"goal": f"{runner.label} insert >= {GOAL_INSERT_VS_MUTABLE:g}x MutableHashTable",
-                      "value": insert_row["vs_mutable"], "target": GOAL_INSERT_VS_MUTABLE})
+        goals.append(
+            {
+                "goal": f"{runner.label} find >= {GOAL_FIND_VS_GATHER:.0%} of dense tf.gather",
+                "value": find_row["vs_gather"],
+                "target": GOAL_FIND_VS_GATHER,
+                "paired": paired[runner.label],
+            }
+        )
+        goals.append(
+            {
+                "goal": f"{runner.label} insert >= {GOAL_INSERT_VS_MUTABLE:g}x MutableHashTable",
+                "value": insert_row["vs_mutable"],
+                "target": GOAL_INSERT_VS_MUTABLE,
+            }
+        )
     print()
     for goal in goals:
         goal["pass"] = goal["value"] >= goal["target"]
@@ -496,8 +553,11 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": "storage_cpu",
             "config": {k: v for k, v in vars(args).items() if k != "json"},
             "machine": machine,
-            "samples_s": [{"table": label, "mode": mode, "op": op, "seconds": v}
-                          for (label, mode), ops in samples.items() for op, v in ops.items()],
+            "samples_s": [
+                {"table": label, "mode": mode, "op": op, "seconds": v}
+                for (label, mode), ops in samples.items()
+                for op, v in ops.items()
+            ],
             "rows": rows,
             "goals": goals,
             "paired_find_vs_gather": paired,

@@ -97,8 +97,14 @@ def test_bad_combiner():
 
 @pytest.mark.parametrize("use_hashtable", [True, False])
 def test_all2all_dense_embedding_layer_shapes_and_gradients(use_hashtable):
-    layer = sok.All2AllDenseEmbedding(64, 4, slot_num=3, nnz_per_slot=2, use_hashtable=use_hashtable,
-                                      embedding_initializer=tf.keras.initializers.Constant(0.5))
+    layer = sok.All2AllDenseEmbedding(
+        64,
+        4,
+        slot_num=3,
+        nnz_per_slot=2,
+        use_hashtable=use_hashtable,
+        embedding_initializer=tf.keras.initializers.Constant(0.5),
+    )
     ids = tf.constant(np.arange(12).reshape(2, 3, 2), tf.int64)
     with tf.GradientTape() as tape:
         out = layer(ids)

@@ -9,8 +9,7 @@ import tensorflow as tf
 
 
 def test_evicted_rows_carry_their_trained_values_and_never_repeat():
-    v = sok.DynamicVariable(dimension=16, var_type="hybrid", initializer="11", init_capacity=8192,
-                            max_capacity=16384)
+    v = sok.DynamicVariable(dimension=16, var_type="hybrid", initializer="11", init_capacity=8192, max_capacity=16384)
     optimizer = sok.OptimizerWrapper(tf.keras.optimizers.SGD(learning_rate=1.0))
     seen_evicted: set[int] = set()
     total_evicted = 0

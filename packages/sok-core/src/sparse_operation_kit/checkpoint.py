@@ -284,7 +284,8 @@ def _plan(path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | Non
         slots = []  # our manifest says this table had no optimizer state (it was never trained)
     for slot in slots:
         candidates = [fmt.state_file(table, wrapper.name, slot)] + [
-            fmt.state_file(table, opt, alias) for opt, alias in fmt.SLOT_ALIASES.get((wrapper.name, slot), [])]
+            fmt.state_file(table, opt, alias) for opt, alias in fmt.SLOT_ALIASES.get((wrapper.name, slot), [])
+        ]
         found = [c for c in candidates if os.path.exists(os.path.join(path, c))]
         if not found:
             raise fmt.CheckpointError(
@@ -340,8 +341,10 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     for var, slots in zip(variables, slot_names):
         owner = getattr(var, "_sok_optimizer", None)
         if slots and owner is not None and owner is not wrapper:
-            raise ValueError(f"{var.name} already has the state of another sok.OptimizerWrapper ({owner.name}); load "
-                             f"with that wrapper, or into a fresh variable")
+            raise ValueError(
+                f"{var.name} already has the state of another sok.OptimizerWrapper ({owner.name}); load "
+                f"with that wrapper, or into a fresh variable"
+            )
     comm = communication.tool()
     rank, n = comm.rank(), comm.num_ranks()
     callback = callback or NoOpCallback()

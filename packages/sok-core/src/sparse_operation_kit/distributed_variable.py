@@ -54,10 +54,23 @@ class _StaticVariable(resource_variable_ops.ResourceVariable):
 
     is_sok_variable = True
 
-    def _create(self, local: tf.Tensor, global_shape: tf.TensorShape, target_gpu: int, dtype: Any,
-                name: str | None, trainable: bool, kwargs: dict) -> None:
-        super().__init__(initial_value=local, dtype=dtype, name=name or f"sok_static_Variable_{next(_counter)}",
-                         trainable=trainable, **kwargs)
+    def _create(
+        self,
+        local: tf.Tensor,
+        global_shape: tf.TensorShape,
+        target_gpu: int,
+        dtype: Any,
+        name: str | None,
+        trainable: bool,
+        kwargs: dict,
+    ) -> None:
+        super().__init__(
+            initial_value=local,
+            dtype=dtype,
+            name=name or f"sok_static_Variable_{next(_counter)}",
+            trainable=trainable,
+            **kwargs,
+        )
         self._global_shape = global_shape
         self._target_gpu = target_gpu
         self._rank = communication.rank()
@@ -90,12 +103,27 @@ class _StaticVariable(resource_variable_ops.ResourceVariable):
 class DistributedVariable(_StaticVariable):
     """Row ``i`` on rank ``i % n`` at local row ``i // n``."""
 
-    def __init__(self, initial_value: Any = None, shape: Any = None, initializer: Any = None, dtype: Any = None,
-                 name: str | None = None, trainable: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        initial_value: Any = None,
+        shape: Any = None,
+        initializer: Any = None,
+        dtype: Any = None,
+        name: str | None = None,
+        trainable: bool = True,
+        **kwargs: Any,
+    ) -> None:
         n, g = communication.num_ranks(), communication.rank()
         value = _global_value(initial_value, shape, initializer, dtype)
-        self._create(tf.gather(value, tf.range(g, int(value.shape[0]), n, dtype=tf.int64)), value.shape, -1,
-                     dtype, name, trainable, kwargs)
+        self._create(
+            tf.gather(value, tf.range(g, int(value.shape[0]), n, dtype=tf.int64)),
+            value.shape,
+            -1,
+            dtype,
+            name,
+            trainable,
+            kwargs,
+        )
 
     def key_map(self, indices: Any) -> Any:
         """Local rows of global ids (owned by this rank)."""
@@ -105,12 +133,23 @@ class DistributedVariable(_StaticVariable):
 class LocalizedVariable(_StaticVariable):
     """The whole table on rank ``target``; ``[0, dim]`` elsewhere."""
 
-    def __init__(self, target: int, initial_value: Any = None, shape: Any = None, initializer: Any = None,
-                 dtype: Any = None, name: str | None = None, trainable: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        target: int,
+        initial_value: Any = None,
+        shape: Any = None,
+        initializer: Any = None,
+        dtype: Any = None,
+        name: str | None = None,
+        trainable: bool = True,
+        **kwargs: Any,
+    ) -> None:
         n, g = communication.num_ranks(), communication.rank()
         if target >= n:
-            raise ValueError(f"mode 'localized:{target}' names rank {target}, but there are only {n} rank(s); "
-                             f"valid: localized:0 .. localized:{n - 1}")
+            raise ValueError(
+                f"mode 'localized:{target}' names rank {target}, but there are only {n} rank(s); "
+                f"valid: localized:0 .. localized:{n - 1}"
+            )
         value = _global_value(initial_value, shape, initializer, dtype)
         self._create(value if g == target else value[:0], value.shape, target, dtype, name, trainable, kwargs)
 

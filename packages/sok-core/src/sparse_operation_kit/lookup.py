@@ -138,42 +138,64 @@ def _agreed_checks(
         values = tf.cast(ids.values, tf.int64)
         if kind != "dynamic":
             rows = int(param.global_shape[0])
-            problems.append((tf.reduce_sum(tf.cast((values < 0) | (values >= rows), tf.int64)),
-                             f"sp_ids[{i}] has ids outside [0, {rows}) for table {param.name} (count over all ranks "
-                             f"follows); static tables take ids 0 .. rows-1"))
+            problems.append(
+                (
+                    tf.reduce_sum(tf.cast((values < 0) | (values >= rows), tf.int64)),
+                    f"sp_ids[{i}] has ids outside [0, {rows}) for table {param.name} (count over all ranks "
+                    f"follows); static tables take ids 0 .. rows-1",
+                )
+            )
         elif param.key_type == tf.int32 and ids.dtype == tf.int64:
             outside = (values < -(2**31)) | (values >= 2**31)
-            problems.append((tf.reduce_sum(tf.cast(outside, tf.int64)),
-                             f"sp_ids[{i}] has int64 ids that do not fit the int32 keys of {param.name} (count over all "
-                             f"ranks follows)"))
+            problems.append(
+                (
+                    tf.reduce_sum(tf.cast(outside, tf.int64)),
+                    f"sp_ids[{i}] has int64 ids that do not fit the int32 keys of {param.name} (count over all "
+                    f"ranks follows)",
+                )
+            )
         if weights is not None:
-            mismatch = tf.reduce_sum(tf.abs(tf.cast(ids.row_lengths(), tf.int64)
-                                            - tf.cast(weights[i].row_lengths(), tf.int64)))
-            problems.append((mismatch, f"sp_weights[{i}] does not have the row lengths of sp_ids[{i}] (differences over all ranks "
-                             f"follow)"))
+            mismatch = tf.reduce_sum(
+                tf.abs(tf.cast(ids.row_lengths(), tf.int64) - tf.cast(weights[i].row_lengths(), tf.int64))
+            )
+            problems.append(
+                (
+                    mismatch,
+                    f"sp_weights[{i}] does not have the row lengths of sp_ids[{i}] (differences over all ranks follow)",
+                )
+            )
         if hotness is not None:
             longest = tf.cast(ids.row_lengths(), tf.int64)
-            problems.append((tf.reduce_sum(tf.cast(longest > hotness[i], tf.int64)),
-                             f"sp_ids[{i}] has a sample with more ids than hotness[{i}] = {hotness[i]} (count over all "
-                             f"ranks follows)"))
+            problems.append(
+                (
+                    tf.reduce_sum(tf.cast(longest > hotness[i], tf.int64)),
+                    f"sp_ids[{i}] has a sample with more ids than hotness[{i}] = {hotness[i]} (count over all "
+                    f"ranks follows)",
+                )
+            )
     if not problems:
         return []
     counts = tf.stack([count for count, _ in problems])
     if comm.num_ranks() > 1:
         counts = comm.allreduce_sum(counts)
-    return [tf.debugging.assert_equal(counts[j], tf.constant(0, tf.int64), message=message)
-            for j, (_, message) in enumerate(problems)]
+    return [
+        tf.debugging.assert_equal(counts[j], tf.constant(0, tf.int64), message=message)
+        for j, (_, message) in enumerate(problems)
+    ]
 
 
 def _validate_placement(params: Sequence[Any], kinds: Sequence[str], n: int) -> None:
     for i, (param, kind) in enumerate(zip(params, kinds)):
         if kind in ("dynamic", "localized") and param.target_gpu >= n:
-            raise ValueError(f"params[{i}] ({param.name}) is localized on rank {param.target_gpu}, but there are only "
-                             f"{n} rank(s); valid: localized:0 .. localized:{n - 1}")
+            raise ValueError(
+                f"params[{i}] ({param.name}) is localized on rank {param.target_gpu}, but there are only "
+                f"{n} rank(s); valid: localized:0 .. localized:{n - 1}"
+            )
 
 
-def lookup_sparse(params: Any, sp_ids: Any, sp_weights: Any = None, combiners: Any = None,
-                  hotness: Sequence[int] | None = None) -> Any:
+def lookup_sparse(
+    params: Any, sp_ids: Any, sp_weights: Any = None, combiners: Any = None, hotness: Sequence[int] | None = None
+) -> Any:
     """Pooled lookups of several tables in one collective call.
 
     Args:
