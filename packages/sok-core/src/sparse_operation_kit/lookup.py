@@ -110,17 +110,25 @@ def _pool_local(
     rank: int,
     n: int,
 ) -> tf.Tensor:
-    """Partial sums [num_samples, dim] of the ids this rank owns."""
-    mine = tf.equal(_owner(keys, kind, param, n), rank)
-    keys, samples = tf.boolean_mask(keys, mine), tf.boolean_mask(samples, mine)
+    """Partial sums [num_samples, dim] of the ids this rank owns. ``samples`` is sorted.
+
+    Each distinct id is read once (a dynamic table inserts it once; the gradient has one row per
+    distinct id), then a sorted segment sum pools the rows per sample.
+    """
+    if n > 1:
+        mine = tf.equal(_owner(keys, kind, param, n), rank)
+        keys, samples = tf.boolean_mask(keys, mine), tf.boolean_mask(samples, mine)
+        if weights is not None:
+            weights = tf.boolean_mask(weights, mine)
+    unique, position = tf.unique(keys, out_idx=tf.int64)
     if kind == "dynamic":
-        rows = param.sparse_read(_as_table_keys(keys, param))
+        rows = param.sparse_read(_as_table_keys(unique, param))
     else:
-        local = tf.cast(keys, tf.int64) // n if kind == "distributed" else tf.cast(keys, tf.int64)
+        local = tf.cast(unique, tf.int64) // n if kind == "distributed" else tf.cast(unique, tf.int64)
         rows = tf.gather(param, local)
-    if weights is not None:
-        rows = rows * tf.boolean_mask(weights, mine)[:, None]
-    return tf.math.unsorted_segment_sum(rows, samples, num_samples)
+    if weights is None:
+        return tf.sparse.segment_sum(rows, position, samples, num_segments=num_samples)
+    return tf.math.unsorted_segment_sum(tf.gather(rows, position) * weights[:, None], samples, num_samples)
 
 
 def _agreed_checks(
@@ -278,7 +286,7 @@ def lookup_sparse(
 
     dims = [int(p.shape[-1]) for p in params]
     if n == 1:
-        samples = [tf.repeat(tf.range(local_batch), lengths[i]) for i in range(len(params))]
+        samples = [ids.value_rowids() for ids in ragged]
         partial = [
             _pool_local(p, k, keys[i], samples[i], None if weights is None else weights[i].values, local_batch, 0, 1)
             for i, (p, k) in enumerate(zip(params, kinds))
