@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
-import importlib.util
 import json
 import os
 import platform
@@ -50,6 +48,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up banner out of the table
 
 import numpy as np  # noqa: E402
+from machine import extension_builds, load_average  # noqa: E402
 
 GOAL = 0.7
 GB = 1e9
@@ -72,30 +71,6 @@ def meminfo(field: str) -> int:
     except OSError:
         pass
     return 0
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "?"
-
-
-def extension_builds() -> dict[str, str]:
-    builds = {}
-    for module in ("sok_backend_det._core", "sok_backend_hkv._core"):
-        try:
-            spec = importlib.util.find_spec(module)
-        except ImportError:
-            spec = None
-        if spec is None or spec.origin is None:
-            builds[module] = "not installed"
-            continue
-        with open(spec.origin, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()[:12]
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(spec.origin)))
-        builds[module] = f"sha256 {digest}, built {stamp}"
-    return builds
 
 
 def machine_context(tf: Any, directory: str) -> dict[str, Any]:

@@ -59,6 +59,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up banner out of the table
 
 import numpy as np  # noqa: E402
+from machine import load_average  # noqa: E402
 
 #: Criteo Kaggle (Display Advertising Challenge) categorical cardinalities, C1..C26.
 CRITEO_CARDINALITIES = (
@@ -138,13 +139,6 @@ def dist_version(name: str) -> str:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return "not installed"
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "?"
 
 
 def machine_context() -> dict[str, Any]:

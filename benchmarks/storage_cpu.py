@@ -52,6 +52,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up banner out of the table
 
 import numpy as np  # noqa: E402
+from machine import extension_builds, load_average  # noqa: E402
 
 OPS = ("insert", "update", "find", "foi")
 OP_TITLES = {
@@ -327,37 +328,8 @@ def machine_context(tf: Any) -> dict[str, Any]:
     }
 
 
-def extension_builds() -> dict[str, str]:
-    """Which build of each backend extension ran: a short hash and the file time (builds change
-    under a benchmark that is rerun while the C++ is being worked on)."""
-    import hashlib
-    import importlib.util
-
-    builds = {}
-    for module in ("sok_backend_det._core", "sok_backend_hkv._core"):
-        try:
-            spec = importlib.util.find_spec(module)
-        except ImportError:
-            spec = None
-        if spec is None or spec.origin is None:
-            builds[module] = "not installed"
-            continue
-        with open(spec.origin, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()[:12]
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(spec.origin)))
-        builds[module] = f"sha256 {digest}, built {stamp}"
-    return builds
-
-
 def fmt_ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "?"
 
 
 STATISTICS = {"best": min, "median": statistics.median}
