@@ -79,8 +79,8 @@ def _slots(var: Any, optimizer: OptimizerWrapper | None) -> list[str]:
 
 def _shard_chunks(var: Any, slots: list[str], rows: int) -> tuple[int, Any]:
     """(number of chunks, iterator of (keys, [weights, slot 1, ...])) over this rank's shard, at
-    most ``rows`` rows per chunk, streamed from the table (bounded memory). Each chunk is sorted by
-    key, so a table that fits one round is written in key order, as NVIDIA SOK writes it."""
+    most ``rows`` rows per chunk, streamed from the table in slot order (bounded memory; loading
+    places rows by key, so the order in the files does not matter)."""
     dim = var.dimension
     if isinstance(var, DynamicVariable):
         storage = var.storage
@@ -89,8 +89,6 @@ def _shard_chunks(var: Any, slots: list[str], rows: int) -> tuple[int, Any]:
         def dynamic():
             for offset in range(0, capacity, rows):
                 keys, values, _ = storage.export_batch(offset, rows, columns=(0, dim * (1 + len(slots))))
-                order = np.argsort(keys, kind="stable")
-                keys, values = keys[order], values[order]
                 yield keys, [np.ascontiguousarray(values[:, i * dim : (i + 1) * dim]) for i in range(1 + len(slots))]
 
         return -(-capacity // rows), dynamic()
@@ -379,14 +377,15 @@ def _load_dynamic(
     n: int,
 ) -> None:
     mine = _owned(keys, var, rank, n)
-    keys = keys[mine].astype(var.key_type.as_numpy_dtype)
+    every = bool(mine.all())  # one rank, or the target of a localized table: no copies
+    keys = (keys if every else keys[mine]).astype(var.key_type.as_numpy_dtype, copy=False)
     if slots:
         wrapper._attach(var)
     dim = var.dimension
     storage = var.table_ref.storage
     for i, values in enumerate(arrays):
         if keys.size:
-            storage.insert_or_assign(keys, np.asarray(values[mine]), columns=(i * dim, (i + 1) * dim))
+            storage.insert_or_assign(keys, values if every else values[mine], columns=(i * dim, (i + 1) * dim))
 
 
 def _load_static(var: Any, keys: np.ndarray, weights: np.ndarray, rank: int, n: int) -> None:
