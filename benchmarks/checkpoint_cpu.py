@@ -139,10 +139,6 @@ def raw_read(paths: list[str], dim: int) -> tuple[np.ndarray, np.ndarray]:
     return np.fromfile(paths[0], dtype=np.int64), np.fromfile(paths[1], dtype=np.float32).reshape(-1, dim)
 
 
-def sort_by_key(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    return rows[np.argsort(keys, kind="stable")]
-
-
 def check(what: str, ok: bool) -> None:
     if not ok:
         raise SystemExit(f"checkpoint_cpu: {what} returned wrong results; the timings would mean nothing")
@@ -260,7 +256,6 @@ def main(argv: list[str] | None = None) -> int:
             # Where the time goes: the parts of dump and load, timed once on their own.
             gc.collect()
             anatomy["export (storage -> NumPy)"], (ex_keys, ex_rows, _) = timed(var.storage.export, (0, dim))
-            anatomy["sort by key (argsort + take)"], _ = timed(sort_by_key, ex_keys, ex_rows)
             del ex_keys, ex_rows
             gc.collect()
             paths = files_in(ckpt)

@@ -361,20 +361,41 @@ int64_t DetTable::export_batch(const sok_exec_context&, int64_t offset, int64_t 
                                sok::Columns cols, const uint64_t* threshold, void* keys,
                                float* values, uint64_t* scores) {
   std::shared_lock lock(mutex_);
+  const int64_t begin = std::min<int64_t>(static_cast<int64_t>(slots_.size()), offset);
   const int64_t end = std::min<int64_t>(static_cast<int64_t>(slots_.size()), offset + limit);
   const int32_t w = cols.width();
-  int64_t count = 0;
-  for (int64_t j = offset; j < end; ++j) {
-    const Slot& s = slots_[j];
-    if (s.row < 0) continue;
-    uint64_t score = row_score(s.row);
-    if (threshold != nullptr && score < *threshold) continue;
-    sok::store_key(keys, key_type(), count, s.key);
-    if (values != nullptr) std::memcpy(values + count * w, row_ptr(s.row) + cols.begin, sizeof(float) * w);
-    if (scores != nullptr) scores[count] = score;
-    ++count;
-  }
-  return count;
+  auto selected = [&](const Slot& s) { return s.row >= 0 && (threshold == nullptr || row_score(s.row) >= *threshold); };
+  // Two passes over contiguous parts of the slot range: count per part, then copy each part to its
+  // place in the output (slot order is kept; the row reads are random, so threads help).
+  const int parts = (end - begin) >= kParallelMin ? sok::num_workers() : 1;
+  const int64_t span = (end - begin + parts - 1) / std::max(1, parts);
+  std::vector<int64_t> first(parts + 1, 0);
+  sok::parallel_for(parts, 2, [&](int, int64_t pb, int64_t pe) {
+    for (int64_t p = pb; p < pe; ++p) {
+      int64_t c = 0;
+      for (int64_t j = begin + p * span; j < std::min(end, begin + (p + 1) * span); ++j) c += selected(slots_[j]);
+      first[p + 1] = c;
+    }
+  });
+  for (int p = 0; p < parts; ++p) first[p + 1] += first[p];
+  sok::parallel_for(parts, 2, [&](int, int64_t pb, int64_t pe) {
+    for (int64_t p = pb; p < pe; ++p) {
+      int64_t out = first[p];
+      const int64_t stop = std::min(end, begin + (p + 1) * span);
+      for (int64_t j = begin + p * span; j < stop; ++j) {
+        const Slot& s = slots_[j];
+        if (!selected(s)) continue;
+        if (j + sok::kPrefetchDistance < stop && slots_[j + sok::kPrefetchDistance].row >= 0) {
+          sok::prefetch(row_ptr(slots_[j + sok::kPrefetchDistance].row) + cols.begin);
+        }
+        sok::store_key(keys, key_type(), out, s.key);
+        if (values != nullptr) std::memcpy(values + out * w, row_ptr(s.row) + cols.begin, sizeof(float) * w);
+        if (scores != nullptr) scores[out] = row_score(s.row);
+        ++out;
+      }
+    }
+  });
+  return first[parts];
 }
 
 void DetTable::clear(const sok_exec_context&) {
