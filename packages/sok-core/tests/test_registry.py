@@ -20,7 +20,7 @@ from sparse_operation_kit.plugins import (
     get_registry,
     hookimpl,
 )
-from sparse_operation_kit.plugins.registry import capsule_api_version
+from sparse_operation_kit.plugins.registry import capsule_api_version, import_path
 from sparse_operation_kit.storage import create_storage
 
 
@@ -131,9 +131,7 @@ def test_plugin_registered_at_run_time_serves_its_var_type():
 def test_native_capsules_carry_this_api_version():
     for var_type in ("hbm", "hybrid"):
         spec = get_registry().spec(var_type)
-        module_name, _, attr = spec.c_api.partition(":")
-        module = __import__(module_name, fromlist=[attr])
-        assert capsule_api_version(getattr(module, attr)()) == STORAGE_API_VERSION
+        assert capsule_api_version(import_path(spec.c_api)()) == STORAGE_API_VERSION
 
 
 def test_python_and_c_api_versions_agree():

@@ -95,7 +95,7 @@ class RowOp : public OpKernel {
     const int32_t kt = key_type_of(ctx->input(keys_input).dtype());
     if (kt != (*ref)->key_type) {
       return errors::InvalidArgument("keys have dtype ", ::tensorflow::DataTypeString(ctx->input(keys_input).dtype()),
-                                     " but the table's key type is ", (*ref)->key_type == SOK_KEY_INT32 ? "int32" : ((*ref)->key_type == SOK_KEY_UINT64 ? "uint64" : "int64"));
+                                     " but the table's key type is ", sok::key_type_name((*ref)->key_type));
     }
     if (col_end_ > (*ref)->row_width) {
       return errors::InvalidArgument("column range [", col_begin_, ", ", col_end_, ") exceeds the row width ",
@@ -104,6 +104,12 @@ class RowOp : public OpKernel {
     return Status();
   }
   int32_t width() const { return col_end_ - col_begin_; }
+  // Output `index` of shape keys.shape + [width()]: one row of the column range per key.
+  Status allocate_rows(OpKernelContext* ctx, int index, const Tensor& keys, Tensor** out) const {
+    TensorShape shape = keys.shape();
+    shape.AddDim(width());
+    return ctx->allocate_output(index, shape, out);
+  }
 
   int32_t col_begin_ = 0;
   int32_t col_end_ = 0;
@@ -119,10 +125,8 @@ class LookupOp : public RowOp {
     sok_table_ref* ref = nullptr;
     SOK_OK_OR_RETURN(ctx, prepare(ctx, kKeysInput, &ref));
     const Tensor& keys = ctx->input(kKeysInput);
-    TensorShape shape = keys.shape();
-    shape.AddDim(width());
     Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &values));
+    OP_REQUIRES_OK(ctx, allocate_rows(ctx, 0, keys, &values));
     const int64_t n = keys.NumElements();
     sok_status st = ref->api->find_or_insert(ref->storage, &kCpu, n, keys.data(), col_begin_, col_end_,
                                              values->flat<float>().data(), nullptr, nullptr, ref->inits, ref->num_inits);
@@ -142,10 +146,8 @@ class LookupAndEvictOp : public RowOp {
     const int64_t n = keys.NumElements();
     const int32_t w = width();
     const int32_t row = ref->row_width;
-    TensorShape shape = keys.shape();
-    shape.AddDim(w);
     Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &values));
+    OP_REQUIRES_OK(ctx, allocate_rows(ctx, 0, keys, &values));
     float* out = values->flat<float>().data();
     std::vector<uint8_t> found(n);
     SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->find(ref->storage, &kCpu, n, keys.data(), col_begin_, col_end_,
@@ -193,11 +195,9 @@ class FindOp : public RowOp {
     sok_table_ref* ref = nullptr;
     SOK_OK_OR_RETURN(ctx, prepare(ctx, 1, &ref));
     const Tensor& keys = ctx->input(1);
-    TensorShape shape = keys.shape();
-    shape.AddDim(width());
     Tensor* values = nullptr;
     Tensor* found = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &values));
+    OP_REQUIRES_OK(ctx, allocate_rows(ctx, 0, keys, &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &found));
     sok_status st = ref->api->find(ref->storage, &kCpu, keys.NumElements(), keys.data(), col_begin_, col_end_,
                                    values->flat<float>().data(), nullptr,

@@ -179,7 +179,7 @@ def _dump_variable(
         n = comm.num_ranks()
         count, chunks = _shard_chunks(var, slots, rows_per_round)
         rounds = count if n == 1 else int(comm.allgather(tf.constant([count], tf.int64)).numpy().max())
-        empty = (np.empty(0, _key_dtype(var)), [np.empty((0, dim), np.float32) for _ in range(1 + len(slots))])
+        empty = (np.empty(0, key_dtype), [np.empty((0, dim), np.float32) for _ in range(1 + len(slots))])
         total = 0
         for _ in range(rounds):
             keys, arrays = next(chunks, empty)  # a rank with fewer chunks sends empty ones

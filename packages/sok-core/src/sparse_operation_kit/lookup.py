@@ -317,19 +317,15 @@ def _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm,
     global_batch = tf.reduce_sum(g_batch)
     sample_offsets = tf.cumsum(g_batch, exclusive=True)
     # Split the gathered lengths by rank ([tables * B_r] each), then by table.
-    per_rank_lengths = tf.split(g_lengths, g_batch * num_tables, num=n)
-    key_counts = []  # [n][tables]
-    for r in range(n):
-        per_table = tf.reshape(per_rank_lengths[r], [num_tables, -1])
-        key_counts.append(tf.reduce_sum(per_table, axis=1))
-    key_counts = tf.stack(key_counts)  # [n, tables]
+    lengths_by_rank = [tf.reshape(part, [num_tables, -1]) for part in tf.split(g_lengths, g_batch * num_tables, num=n)]
+    key_counts = tf.stack([tf.reduce_sum(part, axis=1) for part in lengths_by_rank])  # [n, tables]
     key_chunks = tf.split(g_keys, tf.reshape(key_counts, [-1]), num=n * num_tables)
     weight_chunks = None if g_weights is None else tf.split(g_weights, tf.reshape(key_counts, [-1]), num=n * num_tables)
     partial = []
     for t in range(num_tables):
         t_keys, t_samples, t_weights = [], [], []
         for r in range(n):
-            rank_lengths = tf.reshape(per_rank_lengths[r], [num_tables, -1])[t]
+            rank_lengths = lengths_by_rank[r][t]
             t_keys.append(key_chunks[r * num_tables + t])
             t_samples.append(sample_offsets[r] + tf.repeat(tf.range(g_batch[r]), rank_lengths))
             if weight_chunks is not None:

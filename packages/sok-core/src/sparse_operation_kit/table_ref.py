@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from sparse_operation_kit.dtypes import KEY_DTYPES
 from sparse_operation_kit.initializers import Initializer
+from sparse_operation_kit.plugins.registry import capsule_pointer, import_path
 from sparse_operation_kit.storage import Storage
 
 #: "SOKTABLE", as SOK_TABLE_REF_MAGIC in sok/table_ref.h.
@@ -42,13 +43,6 @@ class _CTableRef(ctypes.Structure):
     ]
 
 
-def _capsule_pointer(capsule: object, name: bytes) -> int:
-    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    get_pointer.restype = ctypes.c_void_p
-    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    return get_pointer(capsule, name)
-
-
 def native_pointers(storage: Storage) -> tuple[int, int]:
     """``(api, storage)`` addresses of a storage of a native backend; TypeError for others."""
     table = storage.table
@@ -58,10 +52,8 @@ def native_pointers(storage: Storage) -> tuple[int, int]:
             f"backend {storage.spec.name!r} (var_type {storage.var_type!r}) has no C ABI, so TensorFlow ops "
             f"cannot drive it; use a native backend such as 'hbm' or 'hybrid'"
         )
-    module_name, _, attribute = c_api.partition(":")
-    module = __import__(module_name, fromlist=[attribute])
-    api = _capsule_pointer(getattr(module, attribute)(), b"sok_storage_api")
-    handle = _capsule_pointer(table.handle_capsule(), b"sok_storage")
+    api = capsule_pointer(import_path(c_api)(), b"sok_storage_api")
+    handle = capsule_pointer(table.handle_capsule(), b"sok_storage")
     return api, handle
 
 

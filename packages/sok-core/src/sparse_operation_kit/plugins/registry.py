@@ -121,16 +121,21 @@ class BackendSpec:
     c_api: str | None = None
 
 
-def capsule_api_version(capsule: object) -> int:
-    """The ``api_version`` field of a ``sok_storage_api`` capsule (its first uint32)."""
+def capsule_pointer(capsule: object, name: bytes) -> int:
+    """The address a PyCapsule named ``name`` holds (ValueError for another name)."""
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
     get_pointer.restype = ctypes.c_void_p
     get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    address = get_pointer(capsule, b"sok_storage_api")
-    return ctypes.c_uint32.from_address(address).value
+    return get_pointer(capsule, name)
 
 
-def _import_path(path: str) -> Any:
+def capsule_api_version(capsule: object) -> int:
+    """The ``api_version`` field of a ``sok_storage_api`` capsule (its first uint32)."""
+    return ctypes.c_uint32.from_address(capsule_pointer(capsule, b"sok_storage_api")).value
+
+
+def import_path(path: str) -> Any:
+    """The object named ``"module:attribute"`` (or the module for ``"module"``), imported now."""
     module_name, _, attribute = path.partition(":")
     module = importlib.import_module(module_name)
     return getattr(module, attribute) if attribute else module
@@ -247,7 +252,7 @@ class BackendRegistry:
                 factory = spec.factory
             else:
                 try:
-                    factory = _import_path(spec.factory)
+                    factory = import_path(spec.factory)
                 except (ImportError, AttributeError) as error:
                     raise BackendLoadError(
                         f"backend {spec.name!r} is registered but its factory {spec.factory!r} "
@@ -262,7 +267,7 @@ class BackendRegistry:
     @staticmethod
     def _check_c_api(spec: BackendSpec) -> None:
         try:
-            version = capsule_api_version(_import_path(spec.c_api)())
+            version = capsule_api_version(import_path(spec.c_api)())
         except Exception as error:
             raise BackendLoadError(
                 f"backend {spec.name!r} has no readable storage API capsule ({spec.c_api}): {error}"
@@ -279,7 +284,7 @@ class BackendRegistry:
         if spec.build_info is None:
             return {}
         try:
-            info = spec.build_info() if callable(spec.build_info) else _import_path(spec.build_info)
+            info = spec.build_info() if callable(spec.build_info) else import_path(spec.build_info)
             return dict(info)
         except Exception as error:  # reported, not raised: this feeds bug reports
             return {"error": f"{type(error).__name__}: {error}"}
