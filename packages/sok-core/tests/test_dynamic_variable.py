@@ -183,6 +183,50 @@ def test_eager_and_tf_function_give_identical_lookups_and_gradients(var_type, re
     assert graph_var.size.numpy().tolist() == [4, 4]
 
 
+def _depends_on(op, target) -> bool:
+    """Whether graph op ``op`` reaches ``target`` through data or control inputs."""
+    seen, stack = set(), [op]
+    while stack:
+        cur = stack.pop()
+        if cur is target:
+            return True
+        if cur.name in seen:
+            continue
+        seen.add(cur.name)
+        stack.extend(t.op for t in cur.inputs)
+        stack.extend(cur.control_inputs)
+    return False
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_ops_on_one_table_run_in_program_order_in_tf_function(var_type):
+    """Regression: a lookup and the update after it have no data edge, so only the variable's resource
+    handle orders them; without it TF may run the update first and the lookup sees the new rows."""
+    v = make_var(var_type, dimension=3, initializer="13")
+    ids = tf.constant([4, 5, 4], tf.int64)
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.SGD(learning_rate=1.0))
+
+    def step():
+        with tf.GradientTape() as tape:
+            emb = tf.nn.embedding_lookup(v, ids)
+            loss = tf.reduce_sum(emb)
+        optimizer.apply_gradients([(tape.gradient(loss, v), v)])
+        keys, _ = sok.export(v)
+        return emb, v.size, keys
+
+    graph = tf.function(step).get_concrete_function().graph
+    ops = {t: [op for op in graph.get_operations() if op.type == t] for t in ("SokLookup", "SokFindOrInsert",
+                                                                               "SokInsertOrAssign", "SokExport",
+                                                                               "SokSize")}
+    assert all(len(found) == 1 for found in ops.values()), {t: len(f) for t, f in ops.items()}
+    chain = [ops[t][0] for t in ("SokLookup", "SokFindOrInsert", "SokInsertOrAssign")]
+    for earlier, later in zip(chain, chain[1:]):
+        assert _depends_on(later, earlier), f"{later.type} does not wait for {earlier.type}"
+    assert _depends_on(ops["SokExport"][0], ops["SokInsertOrAssign"][0])
+    emb, _, _ = tf.function(step)()
+    np.testing.assert_array_equal(emb.numpy(), np.full((3, 3), 13.0, np.float32))
+
+
 # -- initializers -------------------------------------------------------------------------------
 
 

@@ -1,7 +1,10 @@
 // TensorFlow ops over a storage's C ABI: the training path of sok.DynamicVariable.
 //
-// Each op takes the address of a sok_table_ref (int64 scalar) and calls the backend through its
-// function table; sok-core never links a backend. CPU kernels; the CUDA build adds DEVICE_GPU
+// Each op takes the variable's resource handle (input 0) and the address of its sok_table_ref
+// (input 1, an int64 scalar) and calls the backend through its function table; sok-core never links a
+// backend. The handle is never read: it is there so that tf.function's automatic control dependencies
+// order every op on one table in program order (a lookup is never moved past an update of its rows)
+// and so that gradients reach the variable. CPU kernels; the CUDA build adds DEVICE_GPU
 // registrations that pass TF's stream in the execution context.
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +32,9 @@ using ::tensorflow::shape_inference::InferenceContext;
 namespace errors = ::tensorflow::errors;
 
 constexpr sok_exec_context kCpu{SOK_DEVICE_CPU, 0, nullptr};
+// Inputs of every table op: 0 the variable's resource handle, 1 the table reference, 2 the keys.
+constexpr int kTable = 1;
+constexpr int kKeys = 2;
 
 int32_t key_type_of(::tensorflow::DataType dt) {
   switch (dt) {
@@ -39,7 +45,7 @@ int32_t key_type_of(::tensorflow::DataType dt) {
   }
 }
 
-// The table reference behind input 0, checked.
+// The table reference behind input `input` (an int64 scalar address), checked.
 Status table_from(OpKernelContext* ctx, int input, sok_table_ref** out) {
   const Tensor& t = ctx->input(input);
   if (!::tensorflow::TensorShapeUtils::IsScalar(t.shape())) {
@@ -115,16 +121,14 @@ class RowOp : public OpKernel {
   int32_t col_end_ = 0;
 };
 
-// values = rows of keys, inserting missing keys. kKeysInput is 2 for SokLookup (input 0 is the
-// variable's handle, there for gradients only) and 1 for SokFindOrInsert.
-template <int kKeysInput>
+// values = rows of keys, inserting missing keys.
 class LookupOp : public RowOp {
  public:
   using RowOp::RowOp;
   void Compute(OpKernelContext* ctx) override {
     sok_table_ref* ref = nullptr;
-    SOK_OK_OR_RETURN(ctx, prepare(ctx, kKeysInput, &ref));
-    const Tensor& keys = ctx->input(kKeysInput);
+    SOK_OK_OR_RETURN(ctx, prepare(ctx, kKeys, &ref));
+    const Tensor& keys = ctx->input(kKeys);
     Tensor* values = nullptr;
     OP_REQUIRES_OK(ctx, allocate_rows(ctx, 0, keys, &values));
     const int64_t n = keys.NumElements();
@@ -135,14 +139,14 @@ class LookupOp : public RowOp {
 };
 
 // values = rows of keys; missing keys are inserted with insert_and_evict, and the rows that made room
-// come back as evicted_keys / evicted_values (embedding columns). Input 0 is the variable's handle.
+// come back as evicted_keys / evicted_values (embedding columns).
 class LookupAndEvictOp : public RowOp {
  public:
   using RowOp::RowOp;
   void Compute(OpKernelContext* ctx) override {
     sok_table_ref* ref = nullptr;
-    SOK_OK_OR_RETURN(ctx, prepare(ctx, 2, &ref));
-    const Tensor& keys = ctx->input(2);
+    SOK_OK_OR_RETURN(ctx, prepare(ctx, kKeys, &ref));
+    const Tensor& keys = ctx->input(kKeys);
     const int64_t n = keys.NumElements();
     const int32_t w = width();
     const int32_t row = ref->row_width;
@@ -193,8 +197,8 @@ class FindOp : public RowOp {
   using RowOp::RowOp;
   void Compute(OpKernelContext* ctx) override {
     sok_table_ref* ref = nullptr;
-    SOK_OK_OR_RETURN(ctx, prepare(ctx, 1, &ref));
-    const Tensor& keys = ctx->input(1);
+    SOK_OK_OR_RETURN(ctx, prepare(ctx, kKeys, &ref));
+    const Tensor& keys = ctx->input(kKeys);
     Tensor* values = nullptr;
     Tensor* found = nullptr;
     OP_REQUIRES_OK(ctx, allocate_rows(ctx, 0, keys, &values));
@@ -213,9 +217,9 @@ class WriteOp : public RowOp {
   using RowOp::RowOp;
   void Compute(OpKernelContext* ctx) override {
     sok_table_ref* ref = nullptr;
-    SOK_OK_OR_RETURN(ctx, prepare(ctx, 1, &ref));
-    const Tensor& keys = ctx->input(1);
-    const Tensor& values = ctx->input(2);
+    SOK_OK_OR_RETURN(ctx, prepare(ctx, kKeys, &ref));
+    const Tensor& keys = ctx->input(kKeys);
+    const Tensor& values = ctx->input(kKeys + 1);
     const int64_t n = keys.NumElements();
     OP_REQUIRES(ctx, values.NumElements() == n * width(),
                 errors::InvalidArgument("values must hold ", n, " rows of ", width(), " floats, got shape ",
@@ -232,8 +236,8 @@ class EraseOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     sok_table_ref* ref = nullptr;
-    SOK_OK_OR_RETURN(ctx, table_from(ctx, 0, &ref));
-    const Tensor& keys = ctx->input(1);
+    SOK_OK_OR_RETURN(ctx, table_from(ctx, kTable, &ref));
+    const Tensor& keys = ctx->input(kKeys);
     OP_REQUIRES(ctx, key_type_of(keys.dtype()) == ref->key_type,
                 errors::InvalidArgument("keys dtype does not match the table's key type"));
     Tensor* count = nullptr;
@@ -250,7 +254,7 @@ class SizeOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     sok_table_ref* ref = nullptr;
-    SOK_OK_OR_RETURN(ctx, table_from(ctx, 0, &ref));
+    SOK_OK_OR_RETURN(ctx, table_from(ctx, kTable, &ref));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     int64_t size = 0;
@@ -268,10 +272,10 @@ class ExportOp : public RowOp {
   }
   void Compute(OpKernelContext* ctx) override {
     sok_table_ref* ref = nullptr;
-    SOK_OK_OR_RETURN(ctx, table_from(ctx, 0, &ref));
+    SOK_OK_OR_RETURN(ctx, table_from(ctx, kTable, &ref));
     OP_REQUIRES(ctx, key_type_of(key_dtype_) == ref->key_type,
                 errors::InvalidArgument("Tkeys does not match the table's key type"));
-    const uint64_t threshold = ctx->input(1).scalar<uint64_t>()();
+    const uint64_t threshold = ctx->input(kTable + 1).scalar<uint64_t>()();
     int64_t capacity = 0;
     SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->capacity(ref->storage, &capacity), "capacity"));
     const int64_t key_bytes = ref->key_type == SOK_KEY_INT32 ? 4 : 8;
@@ -391,10 +395,11 @@ REGISTER_OP("SokLookup")
     .Attr("col_begin: int")
     .Attr("col_end: int")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) { return RowsShape(c, 2); })
+    .SetShapeFn([](InferenceContext* c) { return RowsShape(c, kKeys); })
     .Doc("Rows [col_begin, col_end) of keys, inserting missing keys with the initializers.");
 
 REGISTER_OP("SokFindOrInsert")
+    .Input("handle: resource")
     .Input("table: int64")
     .Input("keys: Tkeys")
     .Output("values: float")
@@ -402,7 +407,7 @@ REGISTER_OP("SokFindOrInsert")
     .Attr("col_begin: int")
     .Attr("col_end: int")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) { return RowsShape(c, 1); })
+    .SetShapeFn([](InferenceContext* c) { return RowsShape(c, kKeys); })
     .Doc("Rows [col_begin, col_end) of keys, inserting missing keys (no gradient).");
 
 REGISTER_OP("SokLookupAndEvict")
@@ -417,7 +422,7 @@ REGISTER_OP("SokLookupAndEvict")
     .Attr("col_end: int")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(RowsShape(c, 2));
+      TF_RETURN_IF_ERROR(RowsShape(c, kKeys));
       int64_t b, e;
       TF_RETURN_IF_ERROR(c->GetAttr("col_begin", &b));
       TF_RETURN_IF_ERROR(c->GetAttr("col_end", &e));
@@ -428,6 +433,7 @@ REGISTER_OP("SokLookupAndEvict")
     .Doc("Rows of keys; missing keys are inserted with eviction and the evicted rows returned.");
 
 REGISTER_OP("SokFind")
+    .Input("handle: resource")
     .Input("table: int64")
     .Input("keys: Tkeys")
     .Output("values: float")
@@ -437,13 +443,14 @@ REGISTER_OP("SokFind")
     .Attr("col_end: int")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(RowsShape(c, 1));
-      c->set_output(1, c->input(1));
+      TF_RETURN_IF_ERROR(RowsShape(c, kKeys));
+      c->set_output(1, c->input(kKeys));
       return Status();
     });
 
 #define SOK_WRITE_OP(name)                  \
   REGISTER_OP(name)                         \
+      .Input("handle: resource")            \
       .Input("table: int64")                \
       .Input("keys: Tkeys")                 \
       .Input("values: float")               \
@@ -457,6 +464,7 @@ SOK_WRITE_OP("SokInsertOrAssign");
 SOK_WRITE_OP("SokAccumOrAssign");
 
 REGISTER_OP("SokErase")
+    .Input("handle: resource")
     .Input("table: int64")
     .Input("keys: Tkeys")
     .Output("count: int64")
@@ -465,12 +473,14 @@ REGISTER_OP("SokErase")
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
 REGISTER_OP("SokSize")
+    .Input("handle: resource")
     .Input("table: int64")
     .Output("size: int64")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
 REGISTER_OP("SokExport")
+    .Input("handle: resource")
     .Input("table: int64")
     .Input("threshold: uint64")
     .Output("keys: Tkeys")
@@ -491,8 +501,8 @@ REGISTER_OP("SokExport")
       return Status();
     });
 
-REGISTER_KERNEL_BUILDER(Name("SokLookup").Device(DEVICE_CPU), LookupOp<2>);
-REGISTER_KERNEL_BUILDER(Name("SokFindOrInsert").Device(DEVICE_CPU), LookupOp<1>);
+REGISTER_KERNEL_BUILDER(Name("SokLookup").Device(DEVICE_CPU), LookupOp);
+REGISTER_KERNEL_BUILDER(Name("SokFindOrInsert").Device(DEVICE_CPU), LookupOp);
 REGISTER_KERNEL_BUILDER(Name("SokLookupAndEvict").Device(DEVICE_CPU), LookupAndEvictOp);
 REGISTER_KERNEL_BUILDER(Name("SokFind").Device(DEVICE_CPU), FindOp);
 REGISTER_KERNEL_BUILDER(Name("SokInsertOrAssign").Device(DEVICE_CPU), WriteOp<false>);

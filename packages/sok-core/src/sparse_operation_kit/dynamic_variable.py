@@ -225,9 +225,10 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         return self._initializer
 
     @property
-    def table_address(self) -> tf.Tensor:
-        """The int64 address of the table reference the ops take."""
-        return self._table_address
+    def table_inputs(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(handle, table_address)``: the first two inputs of every storage op. The handle orders
+        the ops on one table inside ``tf.function`` (automatic control dependencies follow resources)."""
+        return self.handle, self._table_address
 
     def is_static(self) -> bool:
         return False
@@ -238,7 +239,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
     @property
     def size(self) -> tf.Tensor:
         """``[rows in this shard, dimension]`` as an int32 tensor (as SOK's ``v.size``)."""
-        rows = tf.cast(tf_ops.library().sok_size(self._table_address), tf.int32)
+        rows = tf.cast(tf_ops.library().sok_size(*self.table_inputs), tf.int32)
         return tf.stack([rows, tf.constant(self._dimension, tf.int32)])
 
     def __repr__(self) -> str:
@@ -266,7 +267,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
             if self.trainable:
                 tape_lib.variable_accessed(self)
             return tf_ops.library().sok_lookup(
-                self.handle, self._table_address, self._keys(indices), col_begin=0, col_end=self._dimension
+                *self.table_inputs, self._keys(indices), col_begin=0, col_end=self._dimension
             )
 
     # -- writes through IndexedSlices (SOK's scatter_* for dynamic variables) ------------------
@@ -278,7 +279,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
             values = -values
         op = tf_ops.library().sok_accum_or_assign if accumulate else tf_ops.library().sok_insert_or_assign
         op(
-            self._table_address,
+            *self.table_inputs,
             tf.reshape(self._keys(sparse_delta.indices), [-1]),
             values,
             col_begin=0,
@@ -403,7 +404,7 @@ def sparse_read_and_evict(var: DynamicVariable, indices: Any, name: str | None =
             tape_lib.variable_accessed(var)
         return tuple(
             tf_ops.library().sok_lookup_and_evict(
-                var.handle, var.table_address, var._keys(indices), col_begin=0, col_end=var.dimension
+                *var.table_inputs, var._keys(indices), col_begin=0, col_end=var.dimension
             )
         )
 
@@ -423,7 +424,7 @@ def export(var: DynamicVariable) -> tuple[tf.Tensor, tf.Tensor]:
     """
     var = _check_dynamic(var, "sok.export")
     keys, values, _ = tf_ops.library().sok_export(
-        var.table_address, tf.constant(0, tf.uint64), Tkeys=var.key_type, col_begin=0, col_end=var.dimension
+        *var.table_inputs, tf.constant(0, tf.uint64), Tkeys=var.key_type, col_begin=0, col_end=var.dimension
     )
     return keys, values
 

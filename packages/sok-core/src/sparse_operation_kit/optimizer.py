@@ -299,11 +299,11 @@ class OptimizerWrapper:
         values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, dim])
         lib = tf_ops.library()
         unique, summed = lib.sok_unique_sum(keys, values)
-        rows = lib.sok_find_or_insert(var.table_address, unique, col_begin=0, col_end=width)
+        rows = lib.sok_find_or_insert(*var.table_inputs, unique, col_begin=0, col_end=width)
         slots = {name: rows[:, (i + 1) * dim : (i + 2) * dim] for i, (name, _) in enumerate(self._rule.slots)}
         new_w, new_slots = self._rule.update(rows[:, :dim], slots, summed, lr, step)
         new_rows = tf.concat([new_w] + [new_slots[name] for name, _ in self._rule.slots], axis=1)
-        lib.sok_insert_or_assign(var.table_address, unique, new_rows, col_begin=0, col_end=width)
+        lib.sok_insert_or_assign(*var.table_inputs, unique, new_rows, col_begin=0, col_end=width)
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], *args: Any, **kwargs: Any) -> None:
         """Update dynamic variables row-wise; pass every other pair to the wrapped optimizer."""
@@ -333,7 +333,7 @@ class OptimizerWrapper:
             raise ValueError(f"{var.name} has no {self.name} state yet: apply a gradient to it first")
         i = names.index(slot_name) + 1
         keys, values, _ = tf_ops.library().sok_export(
-            var.table_address,
+            *var.table_inputs,
             tf.constant(0, tf.uint64),
             Tkeys=var.key_type,
             col_begin=i * var.dimension,
