@@ -215,9 +215,10 @@ def test_ops_on_one_table_run_in_program_order_in_tf_function(var_type):
         return emb, v.size, keys
 
     graph = tf.function(step).get_concrete_function().graph
-    ops = {t: [op for op in graph.get_operations() if op.type == t] for t in ("SokLookup", "SokFindOrInsert",
-                                                                               "SokInsertOrAssign", "SokExport",
-                                                                               "SokSize")}
+    ops = {
+        t: [op for op in graph.get_operations() if op.type == t]
+        for t in ("SokLookup", "SokFindOrInsert", "SokInsertOrAssign", "SokExport", "SokSize")
+    }
     assert all(len(found) == 1 for found in ops.values()), {t: len(f) for t, f in ops.items()}
     chain = [ops[t][0] for t in ("SokLookup", "SokFindOrInsert", "SokInsertOrAssign")]
     for earlier, later in zip(chain, chain[1:]):
