@@ -54,6 +54,11 @@ else
   # CPU build by default; an already installed TensorFlow of the right version is kept (above).
   pip_q "${SOK_TF_PACKAGE:-tensorflow-cpu}==$TF_VERSION"
 fi
+# tf_keras (Keras 2), for the tests of sok.OptimizerWrapper over its optimizers. --no-deps: its
+# metadata names the `tensorflow` distribution, which would replace tensorflow-cpu.
+if ! "$PY" -c "import tf_keras" 2>/dev/null; then
+  pip_q --no-deps "tf_keras==$TF_VERSION"
+fi
 
 step 4 "Horovod $HOROVOD_VERSION (TensorFlow + Gloo, built from the patched sdist)"
 HVD_STAMP="$VENV/.sok-horovod-built"
@@ -86,6 +91,15 @@ else
 fi
 
 step 5 "packages: ${PACKAGES[*]}"
+# CUDA code (where nvcc is found) is built for this machine's GPU, or for one architecture (sm_90)
+# on machines without one (CI), which keeps the build short; pip users get 80 and 90.
+if [[ -z "${CUDAARCHS:-}" ]]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    export CUDAARCHS=native
+  else
+    export CUDAARCHS=90
+  fi
+fi
 for pkg in "${PACKAGES[@]}"; do
   dir="$ROOT/packages/$pkg"
   stamp="$VENV/.sok-built-$pkg.sha"

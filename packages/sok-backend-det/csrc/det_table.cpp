@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
-#include <sstream>
 
 #include "sok/prefetch.hpp"
 
@@ -22,26 +21,43 @@ int64_t next_pow2(int64_t v) {
 
 }  // namespace
 
-DetTable::DetTable(const sok_storage_config& config, sok::Options& options)
-    : sok::Storage(config.key_type, config.row_width) {
-  if (config.device_type != SOK_DEVICE_CPU) {
-    sok::fail(SOK_ERROR_UNSUPPORTED,
-              "this det build has no CUDA implementation; create the table on the CPU "
-              "(device_type 0) or install a CUDA build of sok-backend-det");
-  }
-  int64_t init_capacity = options.integer("init_capacity", 1024);
-  max_capacity_ = options.integer("max_capacity", 0);
-  max_load_factor_ = options.real("max_load_factor", 0.5);
+DetOptions DetOptions::parse(sok::Options& options) {
+  DetOptions o;
+  o.init_capacity = options.integer("init_capacity", 1024);
+  o.max_capacity = options.integer("max_capacity", 0);
+  o.max_load_factor = options.real("max_load_factor", 0.5);
   options.reject_unknown("det", {"init_capacity", "max_capacity", "max_load_factor"});
-  if (init_capacity < 1 || init_capacity > (int64_t{1} << 40)) {
-    sok::invalid("init_capacity=" + std::to_string(init_capacity) + " is out of range; valid: 1 .. 2**40 keys");
+  if (o.init_capacity < 1 || o.init_capacity > (int64_t{1} << 40)) {
+    sok::invalid("init_capacity=" + std::to_string(o.init_capacity) + " is out of range; valid: 1 .. 2**40 keys");
   }
-  if (max_capacity_ < 0) {
-    sok::invalid("max_capacity=" + std::to_string(max_capacity_) + " must be >= 0 (0 = unlimited)");
+  if (o.max_capacity < 0) {
+    sok::invalid("max_capacity=" + std::to_string(o.max_capacity) + " must be >= 0 (0 = unlimited)");
   }
-  if (!(max_load_factor_ >= 0.1 && max_load_factor_ <= 0.9)) {
-    sok::invalid("max_load_factor=" + std::to_string(max_load_factor_) + " is out of range; valid: 0.1 .. 0.9");
+  if (!(o.max_load_factor >= 0.1 && o.max_load_factor <= 0.9)) {
+    sok::invalid("max_load_factor=" + std::to_string(o.max_load_factor) + " is out of range; valid: 0.1 .. 0.9");
   }
+  return o;
+}
+
+sok::Storage* create_storage(const sok_storage_config& config, sok::Options& options) {
+  const DetOptions parsed = DetOptions::parse(options);
+  if (config.device_type == SOK_DEVICE_CUDA) {
+#ifdef SOK_WITH_CUDA
+    return create_cuda_storage(config, parsed);
+#else
+    sok::fail(SOK_ERROR_UNSUPPORTED,
+              "this build of sok-backend-det has no CUDA implementation (it was built without a CUDA "
+              "toolkit); create the table on the CPU, or rebuild it where nvcc is on PATH");
+#endif
+  }
+  return new DetTable(config, parsed);
+}
+
+DetTable::DetTable(const sok_storage_config& config, const DetOptions& options)
+    : sok::Storage(config.key_type, config.row_width),
+      max_load_factor_(options.max_load_factor),
+      max_capacity_(options.max_capacity) {
+  const int64_t init_capacity = options.init_capacity;
   int64_t slots = next_pow2(std::max<int64_t>(kMinSlots, static_cast<int64_t>(init_capacity / max_load_factor_) + 1));
   slots_.assign(slots, Slot{0, kEmpty});
   mask_ = static_cast<uint64_t>(slots - 1);
@@ -409,12 +425,10 @@ void DetTable::clear(const sok_exec_context&) {
 
 std::string DetTable::describe() {
   std::shared_lock lock(mutex_);
-  std::ostringstream out;
-  out << "det (CPU): " << size_ << " keys, " << slots_.size() << " slots (load "
-      << static_cast<double>(size_) / static_cast<double>(slots_.size()) << ", max "
-      << max_load_factor_ << "), " << chunks_.size() * kChunkRows << " rows allocated of width "
-      << row_width() << ", key " << sok::key_type_name(key_type());
-  return out.str();
+  return "det (CPU): " + std::to_string(size_) + " keys, " + std::to_string(slots_.size()) + " slots (load " +
+         sok::fmt(static_cast<double>(size_) / static_cast<double>(slots_.size())) + ", max " +
+         sok::fmt(max_load_factor_) + "), " + std::to_string(chunks_.size() * kChunkRows) +
+         " rows allocated of width " + std::to_string(row_width()) + ", key " + sok::key_type_name(key_type());
 }
 
 }  // namespace sok_det

@@ -6,8 +6,8 @@
 // rehashes 16-byte slots. Each row carries a score: the time (ns since the Unix epoch) of the last
 // call that wrote or inserted it, used by export_if and incremental dumps.
 //
-// The CUDA implementation (issue "CUDA backends") goes beside this file as det_table_cuda.cu,
-// behind the same class, chosen by the execution context's device.
+// The CUDA implementation (det_table_cuda.cu, in CUDA builds) keeps every row in device memory;
+// create_storage() picks one by the config's device type.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +20,23 @@
 
 namespace sok_det {
 
+// The options of a det table, the same on the CPU and the GPU.
+struct DetOptions {
+  int64_t init_capacity;    // keys the table holds before it first grows
+  int64_t max_capacity;     // most keys (0 = unlimited); more fail with SOK_ERROR_CAPACITY
+  double max_load_factor;   // keys per slot before the table grows
+  static DetOptions parse(sok::Options& options);
+};
+
+// A det storage on the config's device: DetTable on the CPU, the CUDA table in CUDA builds.
+sok::Storage* create_storage(const sok_storage_config& config, sok::Options& options);
+#ifdef SOK_WITH_CUDA
+sok::Storage* create_cuda_storage(const sok_storage_config& config, const DetOptions& options);
+#endif
+
 class DetTable final : public sok::Storage {
  public:
-  DetTable(const sok_storage_config& config, sok::Options& options);
+  DetTable(const sok_storage_config& config, const DetOptions& options);
 
   int64_t size(const sok_exec_context& ctx) override;
   int64_t capacity() override;

@@ -6,5 +6,5 @@
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "det storage backend (var_type 'hbm'): a growing hash table of float rows.";
-  sok::bind_table(m, sok::make_storage_api<sok_det::DetTable>("det"));
+  sok::bind_table(m, sok::make_storage_api<sok_det::create_storage>("det"));
 }

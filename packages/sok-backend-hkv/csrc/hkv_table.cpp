@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
-#include <sstream>
 
 #include "sok/prefetch.hpp"
 
@@ -35,6 +34,14 @@ Policy parse_policy(const std::string& name) {
                "kEpochLru, kEpochLfu, kCustomized)");
 }
 
+std::string pow2_hint(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return std::to_string(p);
+}
+
+}  // namespace
+
 const char* policy_name(Policy p) {
   switch (p) {
     case Policy::kLru: return "lru";
@@ -45,60 +52,70 @@ const char* policy_name(Policy p) {
   }
 }
 
-std::string pow2_hint(int64_t v) {
-  int64_t p = 1;
-  while (p < v) p <<= 1;
-  return std::to_string(p);
-}
-
-}  // namespace
-
-HkvTable::HkvTable(const sok_storage_config& config, sok::Options& options)
-    : sok::Storage(config.key_type, config.row_width) {
-  if (config.device_type != SOK_DEVICE_CPU) {
-    sok::fail(SOK_ERROR_UNSUPPORTED,
-              "this hkv build has no CUDA implementation; create the table on the CPU "
-              "(device_type 0) or install a CUDA build of sok-backend-hkv");
-  }
-  int64_t init_capacity = options.integer("init_capacity", 8192);
-  max_capacity_ = options.integer("max_capacity", int64_t{64} << 20);
-  bucket_size_ = options.integer("max_bucket_size", 128);
-  max_load_factor_ = options.real("max_load_factor", 0.5);
-  max_hbm_gb_ = options.real("max_hbm_for_vectors", 16.0);
-  policy_ = parse_policy(options.text("evict_strategy", "lru"));
-  // GPU tuning settings of SOK's HKV config: validated so typos fail, used by the CUDA path.
-  int64_t device_id = options.integer("device_id", -1);
-  int64_t block_size = options.integer("block_size", 1024);
-  std::string io_by_cpu = options.text("io_by_cpu", "false");
+HkvOptions HkvOptions::parse(sok::Options& options) {
+  HkvOptions o;
+  o.init_capacity = options.integer("init_capacity", 8192);
+  o.max_capacity = options.integer("max_capacity", int64_t{64} << 20);
+  o.bucket_size = options.integer("max_bucket_size", 128);
+  o.max_load_factor = options.real("max_load_factor", 0.5);
+  o.max_hbm_gb = options.real("max_hbm_for_vectors", 16.0);
+  o.policy = parse_policy(options.text("evict_strategy", "lru"));
+  o.device_id = options.integer("device_id", -1);
+  o.block_size = options.integer("block_size", 1024);
+  const std::string io_by_cpu = options.text("io_by_cpu", "false");
   options.reject_unknown("hkv", {"init_capacity", "max_capacity", "max_bucket_size",
                                  "max_load_factor", "max_hbm_for_vectors", "evict_strategy",
                                  "device_id", "block_size", "io_by_cpu"});
-  if (bucket_size_ < 16 || bucket_size_ > 128 || !is_pow2(bucket_size_)) {
-    sok::invalid("max_bucket_size=" + std::to_string(bucket_size_) + " is not valid; valid: 16, 32, 64, 128");
+  if (o.bucket_size < 16 || o.bucket_size > 128 || !is_pow2(o.bucket_size)) {
+    sok::invalid("max_bucket_size=" + std::to_string(o.bucket_size) + " is not valid; valid: 16, 32, 64, 128");
   }
-  if (!is_pow2(max_capacity_) || max_capacity_ < bucket_size_) {
-    sok::invalid("max_capacity=" + std::to_string(max_capacity_) +
-                 " must be a power of two >= max_bucket_size (" + std::to_string(bucket_size_) +
-                 "); for example " + pow2_hint(std::max(max_capacity_, bucket_size_)));
+  if (!is_pow2(o.max_capacity) || o.max_capacity < o.bucket_size) {
+    sok::invalid("max_capacity=" + std::to_string(o.max_capacity) +
+                 " must be a power of two >= max_bucket_size (" + std::to_string(o.bucket_size) +
+                 "); for example " + pow2_hint(std::max(o.max_capacity, o.bucket_size)));
   }
-  if (!is_pow2(init_capacity) || init_capacity < bucket_size_ || init_capacity > max_capacity_) {
-    sok::invalid("init_capacity=" + std::to_string(init_capacity) +
-                 " must be a power of two between max_bucket_size (" + std::to_string(bucket_size_) +
-                 ") and max_capacity (" + std::to_string(max_capacity_) + "); for example " +
-                 pow2_hint(std::min(max_capacity_, std::max(init_capacity, bucket_size_))));
+  if (!is_pow2(o.init_capacity) || o.init_capacity < o.bucket_size || o.init_capacity > o.max_capacity) {
+    sok::invalid("init_capacity=" + std::to_string(o.init_capacity) +
+                 " must be a power of two between max_bucket_size (" + std::to_string(o.bucket_size) +
+                 ") and max_capacity (" + std::to_string(o.max_capacity) + "); for example " +
+                 pow2_hint(std::min(o.max_capacity, std::max(o.init_capacity, o.bucket_size))));
   }
-  if (!(max_load_factor_ > 0.0 && max_load_factor_ <= 1.0)) {
-    sok::invalid("max_load_factor=" + std::to_string(max_load_factor_) + " is out of range; valid: (0, 1]");
+  if (!(o.max_load_factor > 0.0 && o.max_load_factor <= 1.0)) {
+    sok::invalid("max_load_factor=" + std::to_string(o.max_load_factor) + " is out of range; valid: (0, 1]");
   }
-  if (!(max_hbm_gb_ >= 0.0)) {
-    sok::invalid("max_hbm_for_vectors=" + std::to_string(max_hbm_gb_) + " must be >= 0 (GB)");
+  if (!(o.max_hbm_gb >= 0.0)) {
+    sok::invalid("max_hbm_for_vectors=" + std::to_string(o.max_hbm_gb) + " must be >= 0 (GB)");
   }
-  if (device_id < -1) sok::invalid("device_id=" + std::to_string(device_id) + " must be >= -1");
-  if (block_size < 1) sok::invalid("block_size=" + std::to_string(block_size) + " must be >= 1");
+  if (o.device_id < -1) sok::invalid("device_id=" + std::to_string(o.device_id) + " must be >= -1");
+  if (o.block_size < 1) sok::invalid("block_size=" + std::to_string(o.block_size) + " must be >= 1");
   if (io_by_cpu != "true" && io_by_cpu != "false") {
     sok::invalid("io_by_cpu=" + sok::Options::quote(io_by_cpu) + " is not valid; valid: true, false");
   }
-  allocate(init_capacity);
+  o.io_by_cpu = io_by_cpu == "true";
+  return o;
+}
+
+sok::Storage* create_storage(const sok_storage_config& config, sok::Options& options) {
+  const HkvOptions parsed = HkvOptions::parse(options);
+  if (config.device_type == SOK_DEVICE_CUDA) {
+#ifdef SOK_WITH_CUDA
+    return create_cuda_storage(config, parsed);
+#else
+    sok::fail(SOK_ERROR_UNSUPPORTED,
+              "this build of sok-backend-hkv has no CUDA implementation (it was built without a CUDA "
+              "toolkit); create the table on the CPU, or rebuild it where nvcc is on PATH");
+#endif
+  }
+  return new HkvTable(config, parsed);
+}
+
+HkvTable::HkvTable(const sok_storage_config& config, const HkvOptions& options)
+    : sok::Storage(config.key_type, config.row_width),
+      policy_(options.policy),
+      bucket_size_(options.bucket_size),
+      max_capacity_(options.max_capacity),
+      max_load_factor_(options.max_load_factor) {
+  allocate(options.init_capacity);
 }
 
 bool HkvTable::accepts_scores() const {
@@ -518,14 +535,13 @@ void HkvTable::set_global_epoch(uint64_t epoch) {
 
 std::string HkvTable::describe() {
   std::shared_lock lock(mutex_);
-  std::ostringstream out;
   const auto capacity = static_cast<int64_t>(digests_.size());
-  out << "hkv (CPU): " << size_ << " keys, capacity " << capacity << " of max " << max_capacity_
-      << " (" << num_buckets_ << " buckets x " << bucket_size_ << ", load "
-      << static_cast<double>(size_) / static_cast<double>(capacity) << "), policy "
-      << policy_name(policy_) << ", row width " << row_width() << ", key "
-      << sok::key_type_name(key_type()) << ", all rows in host memory";
-  return out.str();
+  return "hkv (CPU): " + std::to_string(size_) + " keys, capacity " + std::to_string(capacity) + " of max " +
+         std::to_string(max_capacity_) + " (" + std::to_string(num_buckets_) + " buckets x " +
+         std::to_string(bucket_size_) + ", load " +
+         sok::fmt(static_cast<double>(size_) / static_cast<double>(capacity)) + "), policy " +
+         policy_name(policy_) + ", row width " + std::to_string(row_width()) + ", key " +
+         sok::key_type_name(key_type()) + ", all rows in host memory";
 }
 
 }  // namespace sok_hkv

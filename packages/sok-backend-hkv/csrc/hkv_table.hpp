@@ -16,7 +16,7 @@
 //   custom     the caller's score
 //
 // On the CPU every row lives in host memory; max_hbm_for_vectors matters to the CUDA
-// implementation (issue "CUDA backends"), which goes beside this file as hkv_table_cuda.cu.
+// implementation (hkv_table_cuda.cu, in CUDA builds), which create_storage() picks by device type.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +29,27 @@
 namespace sok_hkv {
 
 enum class Policy { kLru = 0, kLfu = 1, kEpochLru = 2, kEpochLfu = 3, kCustom = 4 };
+const char* policy_name(Policy p);
+
+// The options of an hkv table (SOK's HKV config names), the same on the CPU and the GPU.
+struct HkvOptions {
+  int64_t init_capacity;
+  int64_t max_capacity;
+  int64_t bucket_size;      // max_bucket_size
+  double max_load_factor;
+  double max_hbm_gb;        // max_hbm_for_vectors: GB of row memory on the GPU, the rest in host memory
+  Policy policy;            // evict_strategy
+  int64_t device_id;        // SOK's HKV tuning settings: validated; device_id -1 = the config's device
+  int64_t block_size;
+  bool io_by_cpu;
+  static HkvOptions parse(sok::Options& options);
+};
+
+// An hkv storage on the config's device: HkvTable on the CPU, the CUDA table in CUDA builds.
+sok::Storage* create_storage(const sok_storage_config& config, sok::Options& options);
+#ifdef SOK_WITH_CUDA
+sok::Storage* create_cuda_storage(const sok_storage_config& config, const HkvOptions& options);
+#endif
 
 // The keys a bulk call created (open addressing, linear probing): a later duplicate of such a key
 // hits it in the table, yet did not exist before the call.
@@ -78,7 +99,7 @@ class CreatedSet {
 
 class HkvTable final : public sok::Storage {
  public:
-  HkvTable(const sok_storage_config& config, sok::Options& options);
+  HkvTable(const sok_storage_config& config, const HkvOptions& options);
 
   bool accepts_scores() const override;
   bool requires_scores() const override { return policy_ == Policy::kCustom; }
@@ -185,7 +206,6 @@ class HkvTable final : public sok::Storage {
   int64_t num_buckets_ = 0;
   int64_t max_capacity_;
   double max_load_factor_;
-  double max_hbm_gb_;
   uint64_t epoch_ = 0;
   uint64_t last_tick_ = 0;
   int64_t size_ = 0;

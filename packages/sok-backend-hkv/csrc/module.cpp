@@ -6,5 +6,5 @@
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "hkv storage backend (var_type 'hybrid'): a bucketed table with scores and eviction.";
-  sok::bind_table(m, sok::make_storage_api<sok_hkv::HkvTable>("hkv"));
+  sok::bind_table(m, sok::make_storage_api<sok_hkv::create_storage>("hkv"));
 }

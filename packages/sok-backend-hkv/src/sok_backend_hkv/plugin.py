@@ -16,7 +16,7 @@ def sok_register_backends(registry):
                 eviction=True,
                 export_if=True,
                 host_memory=True,
-                devices=("cpu",),
+                devices=("cpu", "cuda"),
                 eviction_policies=("lru", "lfu", "epoch_lru", "epoch_lfu", "custom"),
             ),
             package="sok-backend-hkv",

@@ -1,10 +1,13 @@
 """``sok.OptimizerWrapper``: lazy, row-wise updates of dynamic variables with a Keras optimizer's rule.
 
 The wrapper reads the hyper-parameters (and learning-rate schedule) of the Keras optimizer it wraps
-and applies the same formula as Keras to the rows a gradient touches, and only to them. Optimizer
-state lives in the same storage row as the embedding (``[embedding | slot 1 | slot 2 ...]``), so
-eviction, export and checkpoints never separate a key's weight from its state. Duplicate keys in a
-gradient are summed first. Everything runs as TensorFlow ops: eager, or inside ``tf.function``.
+and applies the same formula as that optimizer to the rows a gradient touches, and only to them.
+Three flavours of Keras optimizers are accepted: Keras 3 (``tf.keras.optimizers.*``), tf_keras
+(``tf_keras.optimizers.*``) and tf_keras' legacy ones (``tf_keras.optimizers.legacy.*``); each is
+updated with its own formulas (:class:`Flavor`). Optimizer state lives in the same storage row as
+the embedding (``[embedding | slot 1 | slot 2 ...]``), so eviction, export and checkpoints never
+separate a key's weight from its state. Duplicate keys in a gradient are summed first. Everything
+runs as TensorFlow ops: eager, or inside ``tf.function``.
 
 Variables that are not dynamic (``tf.Variable``, Keras variables) are passed to the wrapped
 optimizer unchanged.
@@ -12,6 +15,7 @@ optimizer unchanged.
 Example::
 
     opt = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(learning_rate=0.1))
+    # or sok.OptimizerWrapper(tf_keras.optimizers.legacy.Adagrad(learning_rate=0.1))
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(tf.nn.embedding_lookup(v, ids))
     opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
@@ -19,6 +23,8 @@ Example::
 
 from __future__ import annotations
 
+import enum
+import importlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -34,10 +40,105 @@ from sparse_operation_kit.storage import create_storage
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OptimizerWrapper", "SGD", "filter_variables"]
+__all__ = ["Flavor", "OptimizerWrapper", "SGD", "UnsupportedOptionError", "filter_variables"]
 
 Tensor = tf.Tensor
 Update = Callable[[Tensor, dict, Tensor, Tensor, Tensor], tuple[Tensor, dict]]
+
+
+class UnsupportedOptionError(NotImplementedError, ValueError):
+    """An optimizer option the row-wise rule cannot honour (``clipnorm``, ``weight_decay``, ...).
+
+    Both a ``ValueError`` (a setting the wrapper refuses) and a ``NotImplementedError`` (what it
+    raised first), so either ``except`` catches it.
+    """
+
+
+class Flavor(enum.Enum):
+    """The Keras an optimizer comes from: where it keeps its settings and which formulas it uses.
+
+    The rules below are written once, with Keras 3's formulas; the few places where the other
+    flavours compute differently are parameters of the rules:
+
+    * ``TF_KERAS``: Adam's ``adaptive_epsilon``; RMSprop multiplies by ``rsqrt``.
+    * ``TF_KERAS_LEGACY`` (``OptimizerV2``: hyper-parameters in ``_hyper``, read with
+      ``_get_hyper``; updates by TensorFlow's ``ResourceApply*`` kernels): Adagrad adds epsilon
+      after the square root (``ResourceApplyAdagradV2``), so does RMSprop without momentum (with
+      momentum, ``ResourceApply(Centered)RMSProp`` adds it inside, as Keras 3); the learning rate
+      also decays by ``decay`` (``lr / (1 + decay * step)``).
+    """
+
+    KERAS = "Keras 3"
+    TF_KERAS = "tf_keras"
+    TF_KERAS_LEGACY = "tf_keras legacy"
+
+    @classmethod
+    def of(cls, optimizer: Any) -> Flavor:
+        modules = [klass.__module__ for klass in type(optimizer).__mro__]
+        if any(m.startswith("tf_keras.") and ".legacy." in m for m in modules):
+            return cls.TF_KERAS_LEGACY
+        if any(m.startswith("tf_keras.") for m in modules):
+            return cls.TF_KERAS
+        return cls.KERAS
+
+
+# Settings tf_keras' legacy optimizers keep in private attributes (neither hyper nor public).
+_LEGACY_ATTRIBUTES = {
+    "initial_accumulator_value": "_initial_accumulator_value",
+    "l2_shrinkage_regularization_strength": "_l2_shrinkage_regularization_strength",
+}
+
+
+class Settings:
+    """The hyper-parameters and learning rate of a Keras optimizer of any :class:`Flavor`.
+
+    ``settings("epsilon")`` is a Python float, read once (when the rule is made);
+    :meth:`learning_rate` is a tensor, read at every step.
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+        self.flavor = Flavor.of(optimizer)
+        self.legacy = self.flavor is Flavor.TF_KERAS_LEGACY
+        if self.legacy and hasattr(optimizer, "_create_hypers"):
+            with tf.init_scope():  # hyper variables, made eagerly now rather than in a traced step
+                optimizer._create_hypers()
+
+    def _read(self, name: str) -> Any:
+        opt = self.optimizer
+        if self.legacy:
+            if name in opt._hyper:
+                return opt._get_hyper(name)
+            name = _LEGACY_ATTRIBUTES.get(name, name)
+        return getattr(opt, name)
+
+    def __call__(self, name: str) -> float:
+        value = self._read(name)
+        return float(value.numpy()) if hasattr(value, "numpy") else float(value)
+
+    def flag(self, name: str, default: bool | None = None) -> bool:
+        if default is not None and not hasattr(self.optimizer, name):
+            return default
+        return bool(self._read(name))
+
+    def _schedule_type(self) -> type:
+        keras = importlib.import_module("keras" if self.flavor is Flavor.KERAS else "tf_keras")
+        return keras.optimizers.schedules.LearningRateSchedule
+
+    def learning_rate(self, iterations: tf.Variable) -> Tensor:
+        """The learning rate of the step after ``iterations`` steps, as the optimizer computes it."""
+        opt = self.optimizer
+        lr = self._read("learning_rate") if self.legacy else getattr(opt, "_learning_rate", None)
+        if isinstance(lr, self._schedule_type()):
+            # The step each flavour passes: the int64 counter; legacy casts it to the float dtype.
+            lr = lr(tf.cast(iterations, tf.float32) if self.legacy else iterations)
+        elif not self.legacy:
+            lr = opt.learning_rate
+        lr = tf.cast(tf.convert_to_tensor(lr), tf.float32)
+        decay = float(getattr(opt, "_initial_decay", 0.0)) if self.legacy else 0.0
+        if decay > 0:
+            lr = lr / (1.0 + decay * tf.cast(iterations, tf.float32))
+        return lr
 
 
 @dataclass(frozen=True)
@@ -46,7 +147,8 @@ class Rule:
 
     Args:
         name: the optimizer's name in SOK checkpoints (``"Adagrad"``).
-        slots: ``(slot name, initial value)`` per state column block, in row order.
+        slots: ``(slot name, initial value)`` per state column block, in row order. The same for
+            every flavour, so checkpoints move between them.
         update: ``update(w, slots, g, lr, step) -> (w, slots)`` on ``[n, dim]`` tensors.
     """
 
@@ -55,13 +157,8 @@ class Rule:
     update: Update
 
 
-def _hyper(optimizer: Any, name: str) -> float:
-    value = getattr(optimizer, name)
-    return float(value.numpy()) if hasattr(value, "numpy") else float(value)
-
-
-def _sgd(opt: Any) -> Rule:
-    momentum, nesterov = _hyper(opt, "momentum"), bool(opt.nesterov)
+def _sgd(h: Settings) -> Rule:
+    momentum, nesterov = h("momentum"), h.flag("nesterov")
     if momentum == 0:
         return Rule("SGD", (), lambda w, s, g, lr, step: (w - g * lr, s))
 
@@ -73,34 +170,37 @@ def _sgd(opt: Any) -> Rule:
     return Rule("SGD", (("momentum", 0.0),), update)
 
 
-def _adagrad(opt: Any) -> Rule:
-    eps = _hyper(opt, "epsilon")
+def _adagrad(h: Settings) -> Rule:
+    eps, eps_after_sqrt = h("epsilon"), h.legacy
 
     def update(w, s, g, lr, step):
         acc = s["accumulator"] + tf.square(g)
-        return w - lr * g / tf.sqrt(acc + eps), {"accumulator": acc}
+        denominator = tf.sqrt(acc) + eps if eps_after_sqrt else tf.sqrt(acc + eps)
+        return w - lr * g / denominator, {"accumulator": acc}
 
-    return Rule("Adagrad", (("accumulator", _hyper(opt, "initial_accumulator_value")),), update)
+    return Rule("Adagrad", (("accumulator", h("initial_accumulator_value")),), update)
 
 
-def _adam(opt: Any) -> Rule:
-    b1, b2, eps, amsgrad = _hyper(opt, "beta_1"), _hyper(opt, "beta_2"), _hyper(opt, "epsilon"), bool(opt.amsgrad)
+def _adam(h: Settings) -> Rule:
+    b1, b2, eps, amsgrad = h("beta_1"), h("beta_2"), h("epsilon"), h.flag("amsgrad")
+    adaptive_epsilon = h.flag("adaptive_epsilon", default=False)  # tf_keras only
 
     def update(w, s, g, lr, step):
         alpha = lr * tf.sqrt(1 - tf.pow(b2, step)) / (1 - tf.pow(b1, step))
+        eps_hat = eps * tf.sqrt(1 - tf.pow(b2, step)) if adaptive_epsilon else eps
         m = s["m"] + (g - s["m"]) * (1 - b1)
         v = s["v"] + (tf.square(g) - s["v"]) * (1 - b2)
         out = {"m": m, "v": v}
         if amsgrad:
             v = out["vhat"] = tf.maximum(s["vhat"], v)
-        return w - m * alpha / (tf.sqrt(v) + eps), out
+        return w - m * alpha / (tf.sqrt(v) + eps_hat), out
 
     slots = (("m", 0.0), ("v", 0.0)) + ((("vhat", 0.0),) if amsgrad else ())
     return Rule("Adam", slots, update)
 
 
-def _adamax(opt: Any) -> Rule:
-    b1, b2, eps = _hyper(opt, "beta_1"), _hyper(opt, "beta_2"), _hyper(opt, "epsilon")
+def _adamax(h: Settings) -> Rule:
+    b1, b2, eps = h("beta_1"), h("beta_2"), h("epsilon")
 
     def update(w, s, g, lr, step):
         m = s["m"] + (g - s["m"]) * (1 - b1)
@@ -110,8 +210,8 @@ def _adamax(opt: Any) -> Rule:
     return Rule("Adamax", (("m", 0.0), ("u", 0.0)), update)
 
 
-def _adadelta(opt: Any) -> Rule:
-    rho, eps = _hyper(opt, "rho"), _hyper(opt, "epsilon")
+def _adadelta(h: Settings) -> Rule:
+    rho, eps = h("rho"), h("epsilon")
 
     def update(w, s, g, lr, step):
         acc_grad = rho * s["accum_grad"] + (1 - rho) * tf.square(g)
@@ -122,10 +222,10 @@ def _adadelta(opt: Any) -> Rule:
     return Rule("Adadelta", (("accum_grad", 0.0), ("accum_var", 0.0)), update)
 
 
-def _ftrl(opt: Any) -> Rule:
-    power = _hyper(opt, "learning_rate_power")
-    l1, l2 = _hyper(opt, "l1_regularization_strength"), _hyper(opt, "l2_regularization_strength")
-    shrinkage, beta = _hyper(opt, "l2_shrinkage_regularization_strength"), _hyper(opt, "beta")
+def _ftrl(h: Settings) -> Rule:
+    power = h("learning_rate_power")
+    l1, l2 = h("l1_regularization_strength"), h("l2_regularization_strength")
+    shrinkage, beta = h("l2_shrinkage_regularization_strength"), h("beta")
 
     def update(w, s, g, lr, step):
         accum, linear = s["accumulator"], s["linear"]
@@ -136,32 +236,41 @@ def _ftrl(opt: Any) -> Rule:
         w = (tf.clip_by_value(linear, -l1, l1) - linear) / quadratic
         return w, {"accumulator": new_accum, "linear": linear}
 
-    return Rule("Ftrl", (("accumulator", _hyper(opt, "initial_accumulator_value")), ("linear", 0.0)), update)
+    return Rule("Ftrl", (("accumulator", h("initial_accumulator_value")), ("linear", 0.0)), update)
 
 
-def _rmsprop(opt: Any) -> Rule:
-    rho, momentum, eps, centered = _hyper(opt, "rho"), _hyper(opt, "momentum"), _hyper(opt, "epsilon"), opt.centered
+def _rmsprop(h: Settings) -> Rule:
+    rho, momentum, eps, centered = h("rho"), h("momentum"), h("epsilon"), h.flag("centered")
+    # Legacy RMSprop uses its momentum kernel whenever momentum was given as a tensor or callable.
+    has_momentum = momentum > 0 or (h.legacy and h.flag("_momentum"))
+    eps_after_sqrt = h.legacy and not has_momentum
+    rsqrt = h.flavor is Flavor.TF_KERAS
 
     def update(w, s, g, lr, step):
         out = {"velocity": rho * s["velocity"] + (1 - rho) * tf.square(g)}
         if centered:
             out["average_gradient"] = rho * s["average_gradient"] + (1 - rho) * g
-            denominator = out["velocity"] - tf.square(out["average_gradient"]) + eps
+            denominator = out["velocity"] - tf.square(out["average_gradient"])
         else:
-            denominator = out["velocity"] + eps
-        increment = lr * g / tf.sqrt(denominator)
-        if momentum > 0:
+            denominator = out["velocity"]
+        if eps_after_sqrt:
+            increment = lr * g / (tf.sqrt(denominator) + eps)
+        elif rsqrt:
+            increment = lr * g * tf.math.rsqrt(denominator + eps)
+        else:
+            increment = lr * g / tf.sqrt(denominator + eps)
+        if has_momentum:
             out["momentum"] = momentum * s["momentum"] + increment
             return w - out["momentum"], out
         return w - increment, out
 
-    slots = (("velocity", 0.0),) + ((("momentum", 0.0),) if momentum > 0 else ())
+    slots = (("velocity", 0.0),) + ((("momentum", 0.0),) if has_momentum else ())
     slots += (("average_gradient", 0.0),) if centered else ()
     return Rule("RMSprop", slots, update)
 
 
 #: Keras optimizer class name → its row-wise rule. The one list of supported optimizers.
-RULES: dict[str, Callable[[Any], Rule]] = {
+RULES: dict[str, Callable[[Settings], Rule]] = {
     "SGD": _sgd,
     "Adagrad": _adagrad,
     "Adam": _adam,
@@ -171,7 +280,8 @@ RULES: dict[str, Callable[[Any], Rule]] = {
     "RMSprop": _rmsprop,
 }
 
-# Options of Keras optimizers that change the update beyond the rule; refused for dynamic rows.
+# Options of Keras optimizers (any flavour; an attribute a flavour lacks reads as unset) that change
+# the update beyond the rule; refused for dynamic rows.
 _UNSUPPORTED_OPTIONS = (
     "weight_decay",
     "clipnorm",
@@ -180,16 +290,18 @@ _UNSUPPORTED_OPTIONS = (
     "use_ema",
     "loss_scale_factor",
     "gradient_accumulation_steps",
+    "gradient_transformers",  # tf_keras legacy
 )
 
 
-def _rule_for(optimizer: Any) -> Rule:
-    for klass in type(optimizer).__mro__:
+def _rule_for(settings: Settings) -> Rule:
+    for klass in type(settings.optimizer).__mro__:
         if klass.__name__ in RULES:
-            return RULES[klass.__name__](optimizer)
+            return RULES[klass.__name__](settings)
     raise ValueError(
-        f"optimizer {type(optimizer).__name__} is not supported by sok.OptimizerWrapper; valid: Keras "
-        f"{', '.join(sorted(RULES))} (tf.keras.optimizers.*)"
+        f"optimizer {type(settings.optimizer).__name__} is not supported by sok.OptimizerWrapper; valid: "
+        f"{', '.join(sorted(RULES))} of Keras 3 (tf.keras.optimizers.*), tf_keras (tf_keras.optimizers.*) "
+        f"or tf_keras legacy (tf_keras.optimizers.legacy.*)"
     )
 
 
@@ -210,20 +322,31 @@ class OptimizerWrapper:
     """Applies a Keras optimizer's update rule to ``sok.DynamicVariable`` rows, lazily.
 
     Args:
-        optimizer: a Keras 3 optimizer (``tf.keras.optimizers.SGD``, ``Adagrad``, ``Adam`` (applied
-            as LazyAdam: only touched rows decay), ``Adamax``, ``Adadelta``, ``Ftrl``, ``RMSprop``).
-            Its learning rate (or schedule) and hyper-parameters are read at each step; the
-            step counter is the wrapper's own (:attr:`iterations`).
+        optimizer: a Keras optimizer: ``SGD``, ``Adagrad``, ``Adam`` (applied as LazyAdam: only
+            touched rows decay), ``Adamax``, ``Adadelta``, ``Ftrl`` or ``RMSprop`` of Keras 3
+            (``tf.keras.optimizers``), tf_keras (``tf_keras.optimizers``) or tf_keras legacy
+            (``tf_keras.optimizers.legacy``), each updated with its own formulas (:class:`Flavor`).
+            Its learning rate (or schedule, and legacy ``decay``) is read at each step, its other
+            hyper-parameters when the wrapper is made; the step counter is the wrapper's own
+            (:attr:`iterations`).
+
+    Raises:
+        ValueError: the optimizer is not one of those.
+        UnsupportedOptionError: (a ``ValueError``) it has an option the row-wise rule cannot
+            honour: ``clipnorm``, ``clipvalue``, ``global_clipnorm``, ``weight_decay``, ``use_ema``,
+            ``loss_scale_factor``, ``gradient_accumulation_steps``, ``gradient_transformers``.
     """
 
     def __init__(self, optimizer: Any) -> None:
         self._optimizer = optimizer
-        self._rule = _rule_for(optimizer)
+        self._settings = Settings(optimizer)
+        self._rule = _rule_for(self._settings)
         for option in _UNSUPPORTED_OPTIONS:
-            if getattr(optimizer, option, None):
-                raise NotImplementedError(
-                    f"{type(optimizer).__name__}({option}={getattr(optimizer, option)!r}) is not supported for "
-                    f"dynamic variables; create the optimizer without {option}"
+            value = getattr(optimizer, option, None)
+            if value:
+                raise UnsupportedOptionError(
+                    f"{self._settings.flavor.value} {type(optimizer).__name__}({option}={value!r}) is not supported "
+                    f"for dynamic variables; create the optimizer without {option}"
                 )
         self._iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="sok_optimizer_iterations")
         self._variables: dict[int, DynamicVariable] = {}
@@ -249,12 +372,6 @@ class OptimizerWrapper:
 
     def get_slot_names(self) -> list[str]:
         return [name for name, _ in self._rule.slots]
-
-    def _learning_rate(self) -> Tensor:
-        lr = getattr(self._optimizer, "_learning_rate", None)
-        if isinstance(lr, tf.keras.optimizers.schedules.LearningRateSchedule):
-            return tf.cast(lr(self._iterations), tf.float32)
-        return tf.cast(tf.convert_to_tensor(self._optimizer.learning_rate), tf.float32)
 
     def _attach(self, var: DynamicVariable) -> None:
         """Give the variable's rows this optimizer's state columns (once, before the first update)."""
@@ -318,7 +435,7 @@ class OptimizerWrapper:
             return
         for _, v in dynamic:
             self._attach(v)
-        lr = self._learning_rate()
+        lr = self._settings.learning_rate(self._iterations)
         step = tf.cast(self._iterations + 1, tf.float32)
         for g, v in dynamic:
             self._apply_dynamic(g, v, lr, step)

@@ -10,6 +10,10 @@ A row holds ``row_width`` floats: ``[embedding | optimizer state]``. Reads and w
 column range (``columns=(begin, end)``, default the whole row) so a lookup never touches optimizer
 state. Every value of the key dtype is a valid key.
 
+A storage lives on the CPU (the default) or on a GPU: ``create_storage(..., device="cuda:0")``
+returns a :class:`CudaStorage`, whose methods take NumPy arrays, lists or device arrays (CuPy,
+Torch CUDA tensors, anything with ``__cuda_array_interface__`` or ``__dlpack__``) and need CuPy.
+
 Example::
 
     >>> import numpy as np
@@ -22,6 +26,8 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -29,13 +35,22 @@ from typing import Any, Protocol
 import numpy as np
 
 from sparse_operation_kit import initializers as inits
+from sparse_operation_kit.device_arrays import (
+    as_device,
+    cupy_module,
+    device_floats,
+    device_integers,
+    is_device_array,
+    parse_device,
+    to_host,
+)
 from sparse_operation_kit.dtypes import SCORE_DTYPE, VALUE_DTYPE, normalize_key_dtype
 from sparse_operation_kit.plugins.registry import BackendSpec, get_registry
 from sparse_operation_kit.progress import Callback, NoOpCallback
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["NativeTable", "Storage", "Table", "create_storage"]
+__all__ = ["CudaStorage", "NativeTable", "Storage", "Table", "create_storage"]
 
 #: Slots scanned per export_batch call by :meth:`Storage.export`.
 EXPORT_CHUNK = 1 << 18
@@ -46,7 +61,12 @@ InitTuple = tuple[int, int, int, float, float, int]
 class Table(Protocol):
     """What a backend's factory returns. Arguments arrive validated by :class:`Storage`: keys are
     1-D C-contiguous arrays of the table's key dtype, values C-contiguous float32 ``(n, w)`` with
-    ``w = col_end - col_begin``, scores uint64 ``(n,)`` or None, outputs preallocated."""
+    ``w = col_end - col_begin``, scores uint64 ``(n,)`` or None, outputs preallocated.
+
+    A factory that can put tables on a GPU takes a fourth argument, ``device="cuda:N"`` (it is
+    passed only for GPU storages, so a three-argument factory serves CPU storages); such a table
+    reports ``device``, takes CuPy arrays (inputs and outputs, on its GPU) and a keyword-only
+    ``stream`` (a ``cudaStream_t`` as int) in every method."""
 
     row_width: int
     key_dtype: str
@@ -95,7 +115,9 @@ class Table(Protocol):
 
 class NativeTable(Table, Protocol):
     """The table class of a native backend (``sok/python_table.hpp``, the same in every backend): a
-    :class:`Table` driven through the C ABI, constructed as ``Table(key_dtype, row_width, options)``."""
+    :class:`Table` driven through the C ABI, constructed as
+    ``Table(key_dtype, row_width, options, device="cpu")``; ``device`` is ``"cpu"`` or
+    ``"cuda:N"`` (CUDA builds), and every method takes a keyword-only ``stream: int = 0``."""
 
     def handle_capsule(self) -> Any:
         """The ``sok_storage*`` of this table as a PyCapsule (valid while the table lives)."""
@@ -114,11 +136,24 @@ def _options_as_strings(options: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _refuse_device_array(values: Any, what: str) -> None:
+    """Raise a ValueError that says what to do if ``values`` is a device array (a CPU storage got it)."""
+    if is_device_array(values):
+        raise ValueError(
+            f"{what} is a CUDA device array ({type(values).__name__}) but the storage is on the CPU; pass "
+            f"host data (NumPy), or create the storage on the GPU: create_storage(..., device='cuda')"
+        )
+
+
 def _integers(values: Any, what: str, dtype: np.dtype) -> np.ndarray:
     """``values`` as a C-contiguous array of ``dtype``, refusing non-integers and values that do not
     fit (named in the message). Python lists are read as exact ints (NumPy would make a list with
     values beyond int64 float64 or object)."""
-    array = np.asarray(values)
+    try:
+        array = np.asarray(values)
+    except Exception:
+        _refuse_device_array(values, what)
+        raise
     if array.size == 0:  # [] is float64 to NumPy; an empty batch has no dtype to check
         return np.empty(array.shape, dtype=dtype)
     if not isinstance(values, np.ndarray) and array.dtype.kind in "fO":
@@ -128,6 +163,7 @@ def _integers(values: Any, what: str, dtype: np.dtype) -> np.ndarray:
     if array.dtype.kind not in "iuO" or (
         array.dtype == object and not all(isinstance(v, (int, np.integer)) for v in array.ravel().tolist())
     ):
+        _refuse_device_array(values, what)
         raise TypeError(f"{what} must be integers ({dtype.name}), got dtype {array.dtype}")
     if array.dtype != dtype:
         info = np.iinfo(dtype)
@@ -146,14 +182,21 @@ class Storage:
         spec: the backend's registry entry.
         var_type: the var_type it was created for.
         initializers: how new rows are filled (zeros when empty).
+        device: where the table lives: ``"cpu"`` here, ``"cuda:N"`` for a :class:`CudaStorage`.
     """
 
     def __init__(
-        self, table: Table, spec: BackendSpec, var_type: str, initializers: Sequence[inits.Initializer] = ()
+        self,
+        table: Table,
+        spec: BackendSpec,
+        var_type: str,
+        initializers: Sequence[inits.Initializer] = (),
+        device: str = "cpu",
     ) -> None:
         self.table = table
         self.spec = spec
         self.var_type = var_type
+        self.device = device
         self.row_width = int(table.row_width)
         self.key_dtype = np.dtype(table.key_dtype)
         self.initializers = tuple(initializers)
@@ -183,8 +226,13 @@ class Storage:
         return begin, end
 
     def _values(self, values: Any, n: int, width: int) -> np.ndarray:
-        array = np.asarray(values)
+        try:
+            array = np.asarray(values)
+        except Exception:
+            _refuse_device_array(values, "values")
+            raise
         if array.dtype.kind not in "fiu":
+            _refuse_device_array(values, "values")
             raise TypeError(f"values must be real numbers, got dtype {array.dtype}")
         if array.shape != (n, width):
             raise ValueError(
@@ -364,7 +412,237 @@ class Storage:
         return str(self.table.describe())
 
     def __repr__(self) -> str:
-        return f"Storage(var_type={self.var_type!r}, {self.describe()})"
+        where = "" if self.device == "cpu" else f", device={self.device!r}"
+        return f"{type(self).__name__}(var_type={self.var_type!r}{where}, {self.describe()})"
+
+
+def _on_device(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a :class:`CudaStorage` method with the table's GPU as CuPy's current device."""
+
+    @functools.wraps(method)
+    def run(self: CudaStorage, *args: Any, **kwargs: Any) -> Any:
+        with self._cupy.cuda.Device(self.device_id):
+            return method(self, *args, **kwargs)
+
+    return run
+
+
+class CudaStorage(Storage):
+    """A :class:`Storage` whose table lives on a GPU: ``create_storage(..., device="cuda:N")``.
+
+    Every method takes host data (NumPy arrays, lists) or device arrays (CuPy arrays, Torch CUDA
+    tensors, anything with ``__cuda_array_interface__`` or ``__dlpack__``), with the checks and
+    messages of the CPU path, done on the device. Work is enqueued on CuPy's current stream of the
+    table's GPU (``with cupy.cuda.Stream(): ...`` picks another). Results are NumPy arrays when the
+    keys were host data, CuPy arrays on the table's GPU when they were device arrays (ready in the
+    order of that stream); :meth:`export_batch` and :meth:`export` return NumPy arrays. Device
+    arrays on another GPU are copied to the table's.
+
+    Example::
+
+        >>> import cupy
+        >>> s = create_storage("hbm", row_width=4, initializer="13", device="cuda")
+        >>> values, found = s.find_or_insert(cupy.arange(3))   # CuPy in, CuPy out
+        >>> values, found = s.find_or_insert([0, 1, 2])        # lists/NumPy in, NumPy out
+
+    Args:
+        table: the backend's table object, made with ``device=device``.
+        spec: the backend's registry entry.
+        var_type: the var_type it was created for.
+        initializers: how new rows are filled (zeros when empty).
+        device: ``"cuda:N"``.
+    """
+
+    def __init__(
+        self,
+        table: Table,
+        spec: BackendSpec,
+        var_type: str,
+        initializers: Sequence[inits.Initializer] = (),
+        device: str = "cuda:0",
+    ) -> None:
+        kind, self.device_id = parse_device(device)
+        if kind != "cuda":
+            raise ValueError(f"a CudaStorage lives on a GPU, not on {device!r}")
+        self._cupy = cupy_module()
+        super().__init__(table, spec, var_type, initializers, f"cuda:{self.device_id}")
+
+    # -- arguments to the device ----------------------------------------------------------------
+    def _stream(self) -> int:
+        return int(self._cupy.cuda.get_current_stream().ptr)
+
+    def _returned(self, host: bool, *arrays: Any) -> Any:
+        return tuple(to_host(a) for a in arrays) if host else arrays
+
+    def _keys(self, keys: Any) -> Any:
+        if not is_device_array(keys):
+            return self._cupy.asarray(super()._keys(keys))
+        array = device_integers(as_device(keys, "keys", self.device_id), "keys", self.key_dtype)
+        if array.ndim != 1:
+            raise ValueError(f"keys must be a 1-D array, got shape {array.shape}")
+        return array
+
+    def _values(self, values: Any, n: int, width: int) -> Any:
+        if not is_device_array(values):
+            return self._cupy.asarray(super()._values(values, n, width))
+        array = device_floats(as_device(values, "values", self.device_id), "values")
+        if array.shape != (n, width):
+            raise ValueError(
+                f"values must have shape ({n}, {width}) for {n} keys and {width} columns, got {array.shape}"
+            )
+        return array
+
+    def _scores(self, scores: Any, n: int) -> Any:
+        if scores is None:
+            return None
+        if not is_device_array(scores):
+            return self._cupy.asarray(super()._scores(scores, n))
+        array = device_integers(as_device(scores, "scores", self.device_id), "scores", np.dtype(SCORE_DTYPE))
+        if array.shape != (n,):
+            raise ValueError(f"scores must hold one integer per key ({n}), got shape {array.shape}")
+        return array
+
+    def _default_row(self, default: Any, width: int) -> Any:
+        cp = self._cupy
+        if is_device_array(default):
+            given = as_device(default, "default", self.device_id).astype(VALUE_DTYPE, copy=False)
+        else:
+            given = np.asarray(default, dtype=VALUE_DTYPE)
+        if given.shape not in ((), (width,)):
+            raise ValueError(f"default must be a number or a row of {width} values, got shape {given.shape}")
+        return cp.ascontiguousarray(cp.broadcast_to(cp.asarray(given), (width,)))
+
+    # -- operations -----------------------------------------------------------------------------
+    @_on_device
+    def size(self) -> int:
+        return int(self.table.size(stream=self._stream()))
+
+    def _synchronize(self) -> None:
+        """Wait for the current stream: calls that read host state (capacity, describe) see its work."""
+        self._cupy.cuda.get_current_stream().synchronize()
+
+    @_on_device
+    def capacity(self) -> int:
+        self._synchronize()
+        return int(self.table.capacity())
+
+    @_on_device
+    def find(self, keys: Any, columns: Any = None, default: Any = None) -> tuple[Any, Any]:
+        host = not is_device_array(keys)
+        k = self._keys(keys)
+        begin, end = self._columns(columns)
+        default_row = None if default is None else self._default_row(default, end - begin)
+        values = self._cupy.empty((k.size, end - begin), dtype=VALUE_DTYPE)
+        found = self._cupy.empty(k.size, dtype=np.bool_)
+        self.table.find(k, begin, end, values, default_row, found, stream=self._stream())
+        return self._returned(host, values, found)
+
+    @_on_device
+    def find_or_insert(
+        self,
+        keys: Any,
+        columns: Any = None,
+        scores: Any = None,
+        initializers: Sequence[inits.Initializer] | None = None,
+    ) -> tuple[Any, Any]:
+        host = not is_device_array(keys)
+        k = self._keys(keys)
+        begin, end = self._columns(columns)
+        s = self._scores(scores, k.size)
+        values = self._cupy.empty((k.size, end - begin), dtype=VALUE_DTYPE)
+        found = self._cupy.empty(k.size, dtype=np.bool_)
+        self.table.find_or_insert(k, begin, end, values, found, s, self._inits(initializers), stream=self._stream())
+        return self._returned(host, values, found)
+
+    @_on_device
+    def insert_or_assign(self, keys: Any, values: Any, columns: Any = None, scores: Any = None) -> None:
+        k = self._keys(keys)
+        begin, end = self._columns(columns)
+        v = self._values(values, k.size, end - begin)
+        s = self._scores(scores, k.size)
+        self.table.insert_or_assign(k, begin, end, v, s, self._init_tuples, stream=self._stream())
+
+    @_on_device
+    def accum_or_assign(self, keys: Any, values: Any, columns: Any = None, scores: Any = None) -> None:
+        k = self._keys(keys)
+        begin, end = self._columns(columns)
+        v = self._values(values, k.size, end - begin)
+        s = self._scores(scores, k.size)
+        self.table.accum_or_assign(k, begin, end, v, s, self._init_tuples, stream=self._stream())
+
+    @_on_device
+    def erase(self, keys: Any) -> int:
+        return int(self.table.erase(self._keys(keys), stream=self._stream()))
+
+    @_on_device
+    def insert_and_evict(self, keys: Any, values: Any, columns: Any = None, scores: Any = None) -> tuple[Any, Any, Any]:
+        cp = self._cupy
+        host = not is_device_array(keys)
+        k = self._keys(keys)
+        begin, end = self._columns(columns)
+        v = self._values(values, k.size, end - begin)
+        s = self._scores(scores, k.size)
+        ev_keys = cp.empty(k.size, dtype=self.key_dtype)
+        ev_values = cp.empty((k.size, self.row_width), dtype=VALUE_DTYPE)
+        ev_scores = cp.empty(k.size, dtype=SCORE_DTYPE)
+        count = int(
+            self.table.insert_and_evict(
+                k, begin, end, v, s, self._init_tuples, ev_keys, ev_values, ev_scores, stream=self._stream()
+            )
+        )
+        return self._returned(host, ev_keys[:count], ev_values[:count], ev_scores[:count])
+
+    @_on_device
+    def export_batch(
+        self, offset: int, limit: int, columns: Any = None, threshold: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        cp = self._cupy
+        offset, limit = int(offset), int(limit)
+        if offset < 0 or limit < 0:
+            raise ValueError(f"offset and limit must be >= 0, got offset={offset}, limit={limit}")
+        if threshold is not None and not 0 <= int(threshold) < 2**64:
+            raise ValueError(f"threshold must be in [0, 2**64), got {threshold!r}")
+        begin, end = self._columns(columns)
+        limit = min(limit, max(0, self.capacity() - offset))
+        keys = cp.empty(limit, dtype=self.key_dtype)
+        values = cp.empty((limit, end - begin), dtype=VALUE_DTYPE)
+        scores = cp.empty(limit, dtype=SCORE_DTYPE)
+        count = int(
+            self.table.export_batch(
+                offset,
+                limit,
+                begin,
+                end,
+                keys,
+                values,
+                scores,
+                None if threshold is None else int(threshold),
+                stream=self._stream(),
+            )
+        )
+        return self._returned(True, keys[:count], values[:count], scores[:count])
+
+    @_on_device
+    def import_batch(self, keys: Any, values: Any, scores: Any, columns: Any = None) -> None:
+        k = self._keys(keys)
+        begin, end = self._columns(columns)
+        v = self._values(values, k.size, end - begin)
+        s = self._scores(scores, k.size)
+        if s is None:
+            raise ValueError("import_batch needs scores (one per key)")
+        self.table.import_batch(k, begin, end, v, s, self._init_tuples, stream=self._stream())
+
+    @_on_device
+    def clear(self) -> None:
+        self.table.clear(stream=self._stream())
+
+    def set_global_epoch(self, epoch: int) -> None:
+        self.table.set_global_epoch(int(epoch))  # host state, read by the calls enqueued after this one
+
+    @_on_device
+    def describe(self) -> str:
+        self._synchronize()
+        return str(self.table.describe())
 
 
 def _initializers(initializer: Any, row_width: int, seed: int) -> list[inits.Initializer]:
@@ -391,6 +669,7 @@ def create_storage(
     initializer: Any = None,
     seed: int = 0,
     factory: Callable[..., Any] | None = None,
+    device: str = "cpu",
     **options: Any,
 ) -> Storage:
     """A new storage of the backend serving ``var_type``.
@@ -403,6 +682,8 @@ def create_storage(
             ``"normal"``, ``"zeros"``, ``"ones"``, ``"13"``), a number, or Initializer objects.
         seed: seed of random initializers given as strings.
         factory: use this table factory instead of the registry's (tests, tools).
+        device: where the table lives: ``"cpu"``, ``"cuda"`` (GPU 0) or ``"cuda:N"``. A GPU table
+            needs a backend built with CUDA and CuPy; its storage is a :class:`CudaStorage`.
         **options: backend options (``init_capacity``, ``max_capacity``, ``evict_strategy``, ...),
             validated by the backend.
 
@@ -411,6 +692,7 @@ def create_storage(
         >>> s = create_storage("hybrid", row_width=8, evict_strategy="lfu", max_capacity=1024,
         ...                    init_capacity=1024)
     """
+    kind, device_id = parse_device(device)
     registry = get_registry()
     spec = registry.spec(var_type)
     if isinstance(row_width, bool) or not isinstance(row_width, (int, np.integer)) or row_width < 1:
@@ -423,6 +705,56 @@ def create_storage(
         )
     init_list = _initializers(initializer, int(row_width), seed)
     make = factory or registry.factory(var_type)
-    table = make(dtype.name, int(row_width), _options_as_strings(options))
-    logger.debug("created %s storage: %s", var_type, table.describe())
-    return Storage(table, spec, var_type, init_list)
+    if kind == "cpu":  # no device argument: three-argument factories keep working
+        table = make(dtype.name, int(row_width), _options_as_strings(options))
+        logger.debug("created %s storage: %s", var_type, table.describe())
+        return Storage(table, spec, var_type, init_list)
+    device = f"cuda:{device_id}"
+    table = _make_gpu_table(make, spec, var_type, dtype.name, int(row_width), _options_as_strings(options), device)
+    storage = CudaStorage(table, spec, var_type, init_list, device)
+    if logger.isEnabledFor(logging.DEBUG):  # describe() waits for the GPU
+        logger.debug("created %s storage on %s: %s", var_type, device, storage.describe())
+    return storage
+
+
+def _takes_no_device(make: Callable[..., Any]) -> bool:
+    """Whether the signature of ``make`` (when Python can read it) has no ``device`` parameter."""
+    try:
+        parameters = inspect.signature(make).parameters.values()
+    except (TypeError, ValueError):  # builtins and pybind11 classes: unknown, try the call
+        return False
+    return not any(p.name == "device" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _make_gpu_table(
+    make: Callable[..., Any],
+    spec: BackendSpec,
+    var_type: str,
+    key_dtype: str,
+    row_width: int,
+    options: dict[str, str],
+    device: str,
+) -> Any:
+    """``make(key_dtype, row_width, options, device=device)``, or a NotImplementedError naming the
+    backend when its factory takes no ``device`` (a backend without GPU support)."""
+    no_gpu = (
+        f"backend {spec.name!r} (var_type {var_type!r}) has no GPU support: its table factory takes no "
+        f"device argument, so its tables cannot live on {device!r}; use device='cpu', or install a "
+        f"version of {spec.package or spec.name} with GPU support"
+    )
+    if _takes_no_device(make):
+        raise NotImplementedError(no_gpu)
+    try:
+        table = make(key_dtype, row_width, options, device=device)
+    except TypeError as error:
+        message = str(error)
+        signatures = message.split("Invoked with")[0]  # pybind11 lists the signatures it has first
+        if "unexpected keyword argument 'device'" in message or (
+            "incompatible constructor arguments" in message and "device" not in signatures
+        ):
+            raise NotImplementedError(no_gpu) from error
+        raise
+    reported = getattr(table, "device", device)
+    if reported != device:
+        raise RuntimeError(f"backend {spec.name!r} made a table on {reported!r} when asked for one on {device!r}")
+    return table

@@ -1,16 +1,24 @@
 """sok-core's TensorFlow op library: loading it, checking it, and the op wrappers.
 
 The library is compiled against the TensorFlow present when sok-core was built; loading it under
-another TensorFlow version fails with a message naming both versions and the fix.
+another TensorFlow version fails with a message naming both versions and the fix. Its GPU kernels
+are a second library (``libsok_tf_ops_gpu.so``, built when a CUDA toolkit was found), loaded only by
+a CUDA build of TensorFlow.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any
 
+_log = logging.getLogger(__name__)
+
 _LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
+GPU_LIBRARY = "libsok_tf_ops_gpu.so"
+# What the build recorded about the GPU kernels: the CUDA toolkit version, or "none".
+_GPU_STAMP = "gpu_build.txt"
 _REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps sok-core (or: make setup in the repository)"
 
 
@@ -43,6 +51,44 @@ def library() -> Any:
             f"installed; rebuild it: {_REBUILD}"
         )
     try:
-        return tf.load_op_library(path)
+        lib = tf.load_op_library(path)
     except Exception as error:  # the loader's message is the useful part: keep it
         raise OpLibraryError(f"loading {path} failed: {error}. Rebuild it: {_REBUILD}") from error
+    if tf.test.is_built_with_cuda():
+        _load_gpu_kernels(tf)
+    return lib
+
+
+def gpu_build() -> str | None:
+    """The CUDA toolkit version the GPU kernels were built with, ``"none"`` when no toolkit was found
+    at build time, or None when sok-core was built without its op library."""
+    try:
+        with open(os.path.join(_LIB_DIR, _GPU_STAMP)) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+def _load_gpu_kernels(tf: Any) -> None:
+    """Loads the DEVICE_GPU kernels into a CUDA TensorFlow (after the library that registers the ops).
+
+    A CPU TensorFlow never loads them: it has no GPU to run them on.
+    """
+    path = os.path.join(_LIB_DIR, GPU_LIBRARY)
+    if not os.path.exists(path):
+        _log.warning(
+            "TensorFlow is built with CUDA but sok-core has no GPU kernels (%s: no CUDA toolkit was found "
+            "when it was built): SOK's ops run on the CPU. For GPU kernels, put the CUDA toolkit's nvcc on "
+            "PATH and rebuild sok-core: %s",
+            path,
+            _REBUILD,
+        )
+        return
+    try:
+        tf.load_op_library(path)
+    except Exception as error:  # the loader's message is the useful part: keep it
+        raise OpLibraryError(
+            f"loading sok-core's GPU kernels {path} (built with CUDA {gpu_build()}) into TensorFlow "
+            f"{tf.__version__} failed: {error}. Rebuild sok-core on this machine, with the CUDA toolkit that "
+            f"matches this TensorFlow's on PATH: {_REBUILD}"
+        ) from error

@@ -17,6 +17,26 @@ overrides one fixture, ``var_type``::
 
 Optional fixtures to override (defaults in brackets):
 
+- ``device`` [``"cpu"``]: where every storage of the suite lives, passed to ``create_storage``
+  (``"cuda:0"`` runs the whole suite on a GPU: inputs stay NumPy arrays, so every call goes
+  through the host-data path of :class:`~sparse_operation_kit.storage.CudaStorage`; device-array
+  inputs are tested by :mod:`sparse_operation_kit.testing.device_conformance`). A backend's GPU
+  module subclasses the suite again with this fixture, skipped where CUDA tables cannot be made
+  (:func:`sparse_operation_kit.testing.device.cuda_skip_reason`)::
+
+      pytestmark = pytest.mark.gpu
+      if (reason := cuda_skip_reason(sok_backend_mine._core)) is not None:
+          pytest.skip(reason, allow_module_level=True)
+
+      class TestMyBackendCuda(StorageConformance):
+          @pytest.fixture
+          def var_type(self):
+              return "mine"
+
+          @pytest.fixture
+          def device(self):
+              return "cuda:0"
+
 - ``storage_options`` [``{}``]: backend options passed to every ``create_storage`` call.
 - ``small_capacity_options`` [``{"init_capacity": 128}``]: options of a table that must grow.
 - ``one_bucket_options`` [``init_capacity = max_capacity = max_bucket_size = 128``]: options of
@@ -31,6 +51,7 @@ policy's tests only when the policy is in ``Capabilities.eviction_policies``; th
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +62,7 @@ import numpy as np
 import pytest
 
 from sparse_operation_kit import initializers as inits
+from sparse_operation_kit.device_arrays import parse_device
 from sparse_operation_kit.dtypes import KEY_DTYPES, SCORE_DTYPE
 from sparse_operation_kit.plugins.registry import BackendSpec, get_registry
 from sparse_operation_kit.storage import Storage, create_storage
@@ -105,6 +127,11 @@ class StorageConformance:
         raise NotImplementedError(f"{type(self).__name__} must override the var_type fixture")
 
     @pytest.fixture
+    def device(self) -> str:
+        """Where the suite's storages live: ``"cpu"``, or ``"cuda:N"`` in a backend's GPU tests."""
+        return "cpu"
+
+    @pytest.fixture
     def storage_options(self) -> dict[str, Any]:
         """Backend options for every storage of the suite."""
         return {}
@@ -130,11 +157,11 @@ class StorageConformance:
         return get_registry().spec(var_type)
 
     @pytest.fixture
-    def make_storage(self, var_type: str, storage_options: dict[str, Any]) -> MakeStorage:
-        """``make(**kwargs)``: ``create_storage(var_type, **storage_options, **kwargs)``."""
+    def make_storage(self, var_type: str, device: str, storage_options: dict[str, Any]) -> MakeStorage:
+        """``make(**kwargs)``: ``create_storage(var_type, device=device, **storage_options, **kwargs)``."""
 
         def make(**kwargs: Any) -> Storage:
-            return create_storage(var_type, **{**storage_options, **kwargs})
+            return create_storage(var_type, **{"device": device, **storage_options, **kwargs})
 
         return make
 
@@ -177,6 +204,34 @@ class StorageConformance:
         assert storage.row_width == 4
         assert storage.key_dtype == np.dtype("int64")
         assert isinstance(storage.describe(), str) and storage.describe()
+
+    def test_storage_reports_its_device(self, spec: BackendSpec, device: str, storage: Storage) -> None:
+        kind, index = parse_device(device)
+        assert storage.device == ("cpu" if kind == "cpu" else f"cuda:{index}")
+        assert kind in spec.capabilities.devices, (
+            f"backend {spec.name!r} made a storage on {storage.device!r}, but its Capabilities.devices "
+            f"is {spec.capabilities.devices}"
+        )
+
+    @pytest.mark.parametrize("bad", ["gpu", "CUDA", "cuda:", "cuda:-1", "cuda:x", "cpu:0", " cuda", 0, None])
+    def test_bad_device_is_refused(self, make_storage: MakeStorage, bad: Any) -> None:
+        with pytest.raises(ValueError, match=f"device {re.escape(repr(bad))} is not valid"):
+            make_storage(row_width=1, device=bad)
+
+    def test_gpu_storage_of_a_backend_without_cuda_is_refused(
+        self, spec: BackendSpec, make_storage: MakeStorage
+    ) -> None:
+        if "cuda" in spec.capabilities.devices:
+            pytest.skip(f"backend {spec.name!r} lists 'cuda' in its Capabilities.devices")
+        try:
+            storage = make_storage(row_width=1, device="cuda")
+        except (NotImplementedError, ValueError) as error:
+            assert re.search("cuda|gpu", str(error), re.IGNORECASE), error
+        else:
+            pytest.fail(
+                f"backend {spec.name!r} made a storage on {storage.device!r}, but its Capabilities.devices is "
+                f"{spec.capabilities.devices}: list 'cuda' there"
+            )
 
     def test_new_storage_is_empty(self, storage: Storage) -> None:
         keys, values, scores = storage.export()

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <new>
@@ -19,6 +20,13 @@
 #include <vector>
 
 #include "sok/storage_api.h"
+
+// Functions shared by host code and CUDA kernels (the initializers' random stream).
+#if defined(__CUDACC__)
+#define SOK_HD __host__ __device__
+#else
+#define SOK_HD
+#endif
 
 namespace sok {
 
@@ -67,31 +75,32 @@ inline void store_key(void* keys, int32_t key_type, int64_t i, uint64_t key) {
 }
 
 // splitmix64's finaliser: a bijective 64-bit mixer, used for hashing keys and for initializers.
-inline uint64_t mix64(uint64_t z) {
+SOK_HD inline uint64_t mix64(uint64_t z) {
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
 
-inline uint64_t hash_key(uint64_t key) { return mix64(key); }
+SOK_HD inline uint64_t hash_key(uint64_t key) { return mix64(key); }
 
 // The random stream of initializers: a pure function of (seed, key, column, draw), defined once
-// here and mirrored by sparse_operation_kit/initializers.py (the NumPy reference).
-inline double uniform01(uint64_t seed, uint64_t key, int32_t col, uint32_t draw) {
+// here and mirrored by sparse_operation_kit/initializers.py (the NumPy reference). CUDA builds
+// compile it with --fmad=false so that device results equal the host's bit for bit.
+SOK_HD inline double uniform01(uint64_t seed, uint64_t key, int32_t col, uint32_t draw) {
   uint64_t r = mix64(mix64(key ^ mix64(seed)) + ((static_cast<uint64_t>(col) << 8) | draw));
   return static_cast<double>(r >> 11) * 0x1.0p-53;
 }
 
-inline double normal01(uint64_t seed, uint64_t key, int32_t col, uint32_t attempt) {
+SOK_HD inline double normal01(uint64_t seed, uint64_t key, int32_t col, uint32_t attempt) {
   double u1 = 1.0 - uniform01(seed, key, col, 2 * attempt);  // (0, 1]
   double u2 = uniform01(seed, key, col, 2 * attempt + 1);
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  return ::sqrt(-2.0 * ::log(u1)) * ::cos(6.283185307179586 * u2);
 }
 
 constexpr uint32_t kTruncatedNormalAttempts = 64;
 
-inline float init_value(const sok_initializer& init, uint64_t key, int32_t col) {
+SOK_HD inline float init_value(const sok_initializer& init, uint64_t key, int32_t col) {
   switch (init.kind) {
     case SOK_INIT_CONSTANT: return static_cast<float>(init.a);
     case SOK_INIT_UNIFORM:
@@ -102,9 +111,9 @@ inline float init_value(const sok_initializer& init, uint64_t key, int32_t col) 
       double z = 0.0;
       for (uint32_t t = 0; t < kTruncatedNormalAttempts; ++t) {
         z = normal01(init.seed, key, col, t);
-        if (std::fabs(z) <= 2.0) break;
+        if (::fabs(z) <= 2.0) break;
       }
-      z = std::min(2.0, std::max(-2.0, z));
+      z = z > 2.0 ? 2.0 : (z < -2.0 ? -2.0 : z);
       return static_cast<float>(init.a + init.b * z);
     }
     default: return 0.0f;  // rejected by validate_inits before any row is touched
@@ -123,6 +132,15 @@ inline void init_row(float* row, int32_t width, uint64_t key, const sok_initiali
       for (int32_t c = init.col_begin; c < init.col_end; ++c) row[c] = init_value(init, key, c);
     }
   }
+}
+
+// A number for messages ("%g"). Backends build text with std::string, never with iostreams: some
+// toolchains link libstdc++ statically into the module, and their iostreams then crash for want of
+// locale initialisation (seen with the GPU host's GCC).
+inline std::string fmt(double v) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%g", v);
+  return buffer;
 }
 
 // Nanoseconds since the Unix epoch: the clock of LRU scores and of incremental dumps.
@@ -409,9 +427,13 @@ inline void check_inits(const Storage& s, const sok_initializer* inits, int32_t 
 
 }  // namespace detail
 
-// The C function table of backend `Impl`, whose constructor takes (const sok_storage_config&,
-// Options&) and must consume its options. `name` must outlive the program (a literal).
-template <class Impl>
+// Makes a storage for a validated config; must consume its options (see Options::reject_unknown).
+using StorageFactory = Storage* (*)(const sok_storage_config& config, Options& options);
+
+// The C function table of a backend whose storages `Create` makes (for example one CPU class and,
+// in CUDA builds, one CUDA class chosen by config.device_type). `name` must outlive the program
+// (a literal).
+template <StorageFactory Create>
 const sok_storage_api* make_storage_api(const char* name) {
   using namespace detail;
   static const sok_storage_api api = [name] {
@@ -434,7 +456,11 @@ const sok_storage_api* make_storage_api(const char* name) {
         if (config->row_width < 1) invalid("row_width must be >= 1, got " + std::to_string(config->row_width));
         if (config->num_options < 0) invalid("num_options must be >= 0");
         Options options(*config);
-        *out = to_handle(new Impl(*config, options));
+        if (config->device_type != SOK_DEVICE_CPU && config->device_type != SOK_DEVICE_CUDA) {
+          invalid("unknown device_type " + std::to_string(config->device_type) + "; valid: 0 (CPU), 1 (CUDA)");
+        }
+        if (config->device_id < 0) invalid("device_id must be >= 0, got " + std::to_string(config->device_id));
+        *out = to_handle(Create(*config, options));
         return SOK_OK;
       } catch (const Error& e) {
         create_error() = e.what();

@@ -21,18 +21,64 @@
 
 #include "sok/storage_api.h"
 
+#ifdef SOK_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace sok {
 namespace py = pybind11;
 
 // (kind, col_begin, col_end, a, b, seed), as sparse_operation_kit.initializers produces them.
 using InitTuple = std::tuple<int, int, int, double, double, uint64_t>;
 
+// The DLPack structs this file reads (dlpack.h, v0.8; the ABI every framework exports).
+struct DLDevice {
+  int32_t device_type;  // 1 CPU, 2 CUDA, 3 CUDA host, 13 CUDA managed
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;  // 0 int, 1 uint, 2 float, 6 bool
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor* self);
+};
+
+// One array argument, borrowed for the call: a NumPy array (CPU tables) or a device array given
+// through __cuda_array_interface__ or __dlpack__ (CUDA tables).
+struct ArrayArg {
+  void* data = nullptr;
+  int ndim = 0;
+  int64_t shape[2] = {0, 0};
+  char kind = 0;  // 'i', 'u', 'f' or 'b'
+  int itemsize = 0;
+  bool writable = true;
+  bool contiguous = true;
+  py::object owner;                 // keeps the producer's object alive
+  std::shared_ptr<void> dl_owner;   // calls the DLPack deleter at the end of the call
+  int64_t elements() const { return ndim == 0 ? 1 : (ndim == 1 ? shape[0] : shape[0] * shape[1]); }
+  std::string dtype_name() const { return std::string(1, kind) + std::to_string(itemsize * 8); }
+};
+
 class PyTable {
  public:
   PyTable(const sok_storage_api* api, const std::string& key_dtype, int row_width,
-          const std::map<std::string, std::string>& options)
+          const std::map<std::string, std::string>& options, const std::string& device)
       : api_(api), row_width_(row_width) {
     key_type_ = parse_key_dtype(key_dtype);
+    parse_device(device);
     std::vector<const char*> names, values;
     for (const auto& kv : options) {
       names.push_back(kv.first.c_str());
@@ -42,8 +88,8 @@ class PyTable {
     config.struct_size = sizeof(config);
     config.key_type = key_type_;
     config.row_width = row_width;
-    config.device_type = SOK_DEVICE_CPU;
-    config.device_id = 0;
+    config.device_type = device_type_;
+    config.device_id = device_id_;
     config.num_options = static_cast<int32_t>(names.size());
     config.option_names = names.data();
     config.option_values = values.data();
@@ -60,127 +106,139 @@ class PyTable {
 
   int row_width() const { return row_width_; }
   std::string key_dtype() const { return key_dtype_name(key_type_); }
+  std::string device() const {
+    return device_type_ == SOK_DEVICE_CPU ? "cpu" : "cuda:" + std::to_string(device_id_);
+  }
 
-  int64_t size() {
+  int64_t size(intptr_t stream) {
+    auto ctx = context(stream);
     int64_t out = 0;
-    call([&] { return api_->size(handle_, &cpu_, &out); });
+    call([&] { return api_->size(handle_, &ctx, &out); });
     return out;
   }
-  int64_t capacity() {
+  int64_t capacity(intptr_t stream) {
+    context(stream);  // checks the stream; the slot count is host state
     int64_t out = 0;
     call([&] { return api_->capacity(handle_, &out); });
     return out;
   }
 
-  void find(py::array keys, int cb, int ce, py::array values, std::optional<py::array> default_row,
-            py::array found) {
-    int64_t n = check_keys(keys);
-    check_floats(values, n, ce - cb, "values");
-    check_bytes(found, n, "found");
+  void find(py::object keys, int cb, int ce, py::object values, py::object default_row, py::object found,
+            intptr_t stream) {
+    auto ctx = context(stream);
+    ArrayArg k = keys_arg(keys, "keys", ctx);
+    const int64_t n = k.shape[0];
+    ArrayArg v = floats_arg(values, n, ce - cb, "values", true, ctx);
+    ArrayArg f = bytes_arg(found, n, "found", ctx);
     const float* def = nullptr;
-    if (default_row) {
-      check_floats(*default_row, -1, ce - cb, "default_row");
-      def = static_cast<const float*>(default_row->data());
+    ArrayArg d;
+    if (!default_row.is_none()) {
+      d = floats_arg(default_row, -1, ce - cb, "default_row", false, ctx);
+      def = static_cast<const float*>(d.data);
     }
     call([&] {
-      return api_->find(handle_, &cpu_, n, keys.data(), cb, ce, static_cast<float*>(values.mutable_data()),
-                        def, static_cast<uint8_t*>(found.mutable_data()));
+      return api_->find(handle_, &ctx, n, k.data, cb, ce, static_cast<float*>(v.data), def,
+                        static_cast<uint8_t*>(f.data));
     });
   }
 
-  void find_or_insert(py::array keys, int cb, int ce, py::array values, py::array found,
-                      std::optional<py::array> scores, const std::vector<InitTuple>& inits) {
-    int64_t n = check_keys(keys);
-    check_floats(values, n, ce - cb, "values");
-    check_bytes(found, n, "found");
-    const uint64_t* sc = check_scores(scores, n);
+  void find_or_insert(py::object keys, int cb, int ce, py::object values, py::object found, py::object scores,
+                      const std::vector<InitTuple>& inits, intptr_t stream) {
+    auto ctx = context(stream);
+    ArrayArg k = keys_arg(keys, "keys", ctx);
+    const int64_t n = k.shape[0];
+    ArrayArg v = floats_arg(values, n, ce - cb, "values", true, ctx);
+    ArrayArg f = bytes_arg(found, n, "found", ctx);
+    ArrayArg sc = scores_arg(scores, n, ctx);
     auto in = to_inits(inits);
     call([&] {
-      return api_->find_or_insert(handle_, &cpu_, n, keys.data(), cb, ce,
-                                  static_cast<float*>(values.mutable_data()),
-                                  static_cast<uint8_t*>(found.mutable_data()), sc, in.data(),
+      return api_->find_or_insert(handle_, &ctx, n, k.data, cb, ce, static_cast<float*>(v.data),
+                                  static_cast<uint8_t*>(f.data), static_cast<const uint64_t*>(sc.data), in.data(),
                                   static_cast<int32_t>(in.size()));
     });
   }
 
-  void insert_or_assign(py::array keys, int cb, int ce, py::array values,
-                        std::optional<py::array> scores, const std::vector<InitTuple>& inits) {
-    write(api_->insert_or_assign, keys, cb, ce, values, scores, inits);
+  void insert_or_assign(py::object keys, int cb, int ce, py::object values, py::object scores,
+                        const std::vector<InitTuple>& inits, intptr_t stream) {
+    write(api_->insert_or_assign, keys, cb, ce, values, scores, inits, stream);
   }
-  void accum_or_assign(py::array keys, int cb, int ce, py::array values,
-                       std::optional<py::array> scores, const std::vector<InitTuple>& inits) {
-    write(api_->accum_or_assign, keys, cb, ce, values, scores, inits);
+  void accum_or_assign(py::object keys, int cb, int ce, py::object values, py::object scores,
+                       const std::vector<InitTuple>& inits, intptr_t stream) {
+    write(api_->accum_or_assign, keys, cb, ce, values, scores, inits, stream);
   }
 
-  int64_t erase(py::array keys) {
-    int64_t n = check_keys(keys);
+  int64_t erase(py::object keys, intptr_t stream) {
+    auto ctx = context(stream);
+    ArrayArg k = keys_arg(keys, "keys", ctx);
     int64_t erased = 0;
-    call([&] { return api_->erase(handle_, &cpu_, n, keys.data(), &erased); });
+    call([&] { return api_->erase(handle_, &ctx, k.shape[0], k.data, &erased); });
     return erased;
   }
 
-  int64_t export_batch(int64_t offset, int64_t limit, int cb, int ce, py::array keys,
-                       std::optional<py::array> values, std::optional<py::array> scores,
-                       std::optional<uint64_t> threshold) {
-    check_keys_out(keys, limit);
-    float* v = nullptr;
-    if (values) {
-      check_floats(*values, limit, ce - cb, "values");
-      v = static_cast<float*>(values->mutable_data());
+  int64_t export_batch(int64_t offset, int64_t limit, int cb, int ce, py::object keys, py::object values,
+                       py::object scores, std::optional<uint64_t> threshold, intptr_t stream) {
+    auto ctx = context(stream);
+    ArrayArg k = keys_arg(keys, "keys", ctx);
+    if (k.shape[0] < limit || !k.writable) {
+      throw py::value_error("the keys output must be writable and hold " + std::to_string(limit) + " keys");
     }
-    uint64_t* s = nullptr;
-    if (scores) {
-      check_u64(*scores, limit, "scores");
-      s = static_cast<uint64_t*>(scores->mutable_data());
-    }
+    ArrayArg v, s;
+    if (!values.is_none()) v = floats_arg(values, limit, ce - cb, "values", true, ctx);
+    if (!scores.is_none()) s = u64_arg(scores, limit, "scores", true, ctx);
     int64_t count = 0;
     call([&] {
       if (threshold) {
-        return api_->export_if(handle_, &cpu_, *threshold, offset, limit, cb, ce,
-                               keys.mutable_data(), v, s, &count);
+        return api_->export_if(handle_, &ctx, *threshold, offset, limit, cb, ce, k.data, static_cast<float*>(v.data),
+                               static_cast<uint64_t*>(s.data), &count);
       }
-      return api_->export_batch(handle_, &cpu_, offset, limit, cb, ce, keys.mutable_data(), v, s,
-                                &count);
+      return api_->export_batch(handle_, &ctx, offset, limit, cb, ce, k.data, static_cast<float*>(v.data),
+                                static_cast<uint64_t*>(s.data), &count);
     });
     return count;
   }
 
-  int64_t insert_and_evict(py::array keys, int cb, int ce, py::array values,
-                           std::optional<py::array> scores, const std::vector<InitTuple>& inits,
-                           py::array evicted_keys, py::array evicted_values,
-                           py::array evicted_scores) {
-    int64_t n = check_keys(keys);
-    check_floats(values, n, ce - cb, "values");
-    const uint64_t* sc = check_scores(scores, n);
-    check_keys_out(evicted_keys, n);
-    check_floats(evicted_values, n, row_width_, "evicted_values");
-    check_u64(evicted_scores, n, "evicted_scores");
+  int64_t insert_and_evict(py::object keys, int cb, int ce, py::object values, py::object scores,
+                           const std::vector<InitTuple>& inits, py::object evicted_keys, py::object evicted_values,
+                           py::object evicted_scores, intptr_t stream) {
+    auto ctx = context(stream);
+    ArrayArg k = keys_arg(keys, "keys", ctx);
+    const int64_t n = k.shape[0];
+    ArrayArg v = floats_arg(values, n, ce - cb, "values", false, ctx);
+    ArrayArg sc = scores_arg(scores, n, ctx);
+    ArrayArg ek = keys_arg(evicted_keys, "evicted_keys", ctx);
+    if (ek.shape[0] < n || !ek.writable) {
+      throw py::value_error("evicted_keys must be writable and hold " + std::to_string(n) + " keys");
+    }
+    ArrayArg ev = floats_arg(evicted_values, n, row_width_, "evicted_values", true, ctx);
+    ArrayArg es = u64_arg(evicted_scores, n, "evicted_scores", true, ctx);
     auto in = to_inits(inits);
     int64_t m = 0;
     call([&] {
-      return api_->insert_and_evict(
-          handle_, &cpu_, n, keys.data(), cb, ce, static_cast<const float*>(values.data()), sc,
-          in.data(), static_cast<int32_t>(in.size()), evicted_keys.mutable_data(),
-          static_cast<float*>(evicted_values.mutable_data()),
-          static_cast<uint64_t*>(evicted_scores.mutable_data()), &m);
+      return api_->insert_and_evict(handle_, &ctx, n, k.data, cb, ce, static_cast<const float*>(v.data),
+                                    static_cast<const uint64_t*>(sc.data), in.data(), static_cast<int32_t>(in.size()),
+                                    ek.data, static_cast<float*>(ev.data), static_cast<uint64_t*>(es.data), &m);
     });
     return m;
   }
 
-  void import_batch(py::array keys, int cb, int ce, py::array values, py::array scores,
-                    const std::vector<InitTuple>& inits) {
+  void import_batch(py::object keys, int cb, int ce, py::object values, py::object scores,
+                    const std::vector<InitTuple>& inits, intptr_t stream) {
     if (api_->struct_size < offsetof(sok_storage_api, import_batch) + sizeof(api_->import_batch)) {
       throw py::value_error("this backend was built without import_batch; rebuild it against this sok-core");
     }
-    write(api_->import_batch, keys, cb, ce, values, scores, inits);
+    if (scores.is_none()) throw py::value_error("import_batch needs scores (one per key)");
+    write(api_->import_batch, keys, cb, ce, values, scores, inits, stream);
   }
-  void clear() {
-    call([&] { return api_->clear(handle_, &cpu_); });
+  void clear(intptr_t stream) {
+    auto ctx = context(stream);
+    call([&] { return api_->clear(handle_, &ctx); });
   }
-  void set_global_epoch(uint64_t epoch) {
+  void set_global_epoch(uint64_t epoch, intptr_t stream) {
+    context(stream);
     call([&] { return api_->set_global_epoch(handle_, epoch); });
   }
-  std::string describe() {
+  std::string describe(intptr_t stream) {
+    context(stream);
     char buffer[512];
     call([&] { return api_->describe(handle_, buffer, sizeof(buffer)); });
     return buffer;
@@ -195,15 +253,17 @@ class PyTable {
                                  int32_t, int32_t, const float*, const uint64_t*,
                                  const sok_initializer*, int32_t);
 
-  void write(WriteFn fn, py::array keys, int cb, int ce, py::array values,
-             std::optional<py::array> scores, const std::vector<InitTuple>& inits) {
-    int64_t n = check_keys(keys);
-    check_floats(values, n, ce - cb, "values");
-    const uint64_t* sc = check_scores(scores, n);
+  void write(WriteFn fn, py::object keys, int cb, int ce, py::object values, py::object scores,
+             const std::vector<InitTuple>& inits, intptr_t stream) {
+    auto ctx = context(stream);
+    ArrayArg k = keys_arg(keys, "keys", ctx);
+    const int64_t n = k.shape[0];
+    ArrayArg v = floats_arg(values, n, ce - cb, "values", false, ctx);
+    ArrayArg sc = scores_arg(scores, n, ctx);
     auto in = to_inits(inits);
     call([&] {
-      return fn(handle_, &cpu_, n, keys.data(), cb, ce, static_cast<const float*>(values.data()),
-                sc, in.data(), static_cast<int32_t>(in.size()));
+      return fn(handle_, &ctx, n, k.data, cb, ce, static_cast<const float*>(v.data),
+                static_cast<const uint64_t*>(sc.data), in.data(), static_cast<int32_t>(in.size()));
     });
   }
 
@@ -229,6 +289,230 @@ class PyTable {
     }
   }
 
+  void parse_device(const std::string& device) {
+    if (device == "cpu") {
+      device_type_ = SOK_DEVICE_CPU;
+      device_id_ = 0;
+      return;
+    }
+    const std::string prefix = "cuda";
+    bool ok = device.compare(0, prefix.size(), prefix) == 0;
+    int id = 0;
+    if (ok && device.size() > prefix.size()) {
+      const std::string rest = device.substr(prefix.size());
+      ok = rest.size() > 1 && rest[0] == ':' && rest.find_first_not_of("0123456789", 1) == std::string::npos &&
+           rest.size() < 8;
+      if (ok) id = std::stoi(rest.substr(1));
+    }
+    if (!ok) throw py::value_error("device '" + device + "' is not valid; valid: 'cpu', 'cuda' or 'cuda:N'");
+    device_type_ = SOK_DEVICE_CUDA;
+    device_id_ = id;
+  }
+
+  sok_exec_context context(intptr_t stream) const {
+    if (device_type_ == SOK_DEVICE_CPU && stream != 0) {
+      throw py::value_error("stream=" + std::to_string(stream) + " was given but the table is on the CPU; pass stream=0");
+    }
+    return sok_exec_context{device_type_, device_id_, reinterpret_cast<void*>(stream)};
+  }
+
+  // -- array arguments ---------------------------------------------------------------------------
+  ArrayArg array_arg(py::object obj, const char* what, const sok_exec_context& ctx) const {
+    const bool is_numpy = py::isinstance<py::array>(obj);
+    const bool has_cai = py::hasattr(obj, "__cuda_array_interface__");
+    if (device_type_ == SOK_DEVICE_CPU) {
+      if (!is_numpy) {
+        throw py::value_error(std::string(what) + (has_cai || py::hasattr(obj, "__dlpack__")
+                                                       ? " is a device array but the table is on the CPU; pass a NumPy array"
+                                                       : " must be a NumPy array, got " +
+                                                             std::string(py::str(py::type::of(obj).attr("__name__")))));
+      }
+      py::array a = py::reinterpret_borrow<py::array>(obj);
+      ArrayArg r;
+      r.data = a.ndim() >= 0 ? const_cast<void*>(a.data()) : nullptr;
+      r.ndim = static_cast<int>(a.ndim());
+      if (r.ndim > 2) throw py::value_error(std::string(what) + " has " + std::to_string(r.ndim) + " dimensions");
+      for (int i = 0; i < r.ndim; ++i) r.shape[i] = a.shape(i);
+      r.kind = a.dtype().kind();
+      r.itemsize = static_cast<int>(a.itemsize());
+      r.writable = a.writeable();
+      r.contiguous = (a.flags() & py::array::c_style) != 0;
+      r.owner = obj;
+      return r;
+    }
+    if (is_numpy) {
+      throw py::value_error(std::string(what) + " is a host (NumPy) array but the table is on " + device() +
+                            "; pass a device array (CuPy, Torch, ...) on that GPU");
+    }
+    if (has_cai) return cai_arg(obj, what, ctx);
+    if (py::hasattr(obj, "__dlpack__")) return dlpack_arg(obj, what, ctx);
+    throw py::value_error(std::string(what) + " must be a device array with __cuda_array_interface__ or __dlpack__ "
+                          "(CuPy, Torch, ...), got " + std::string(py::str(py::type::of(obj).attr("__name__"))));
+  }
+
+  ArrayArg cai_arg(py::object obj, const char* what, const sok_exec_context& ctx) const {
+    py::dict cai = obj.attr("__cuda_array_interface__");
+    ArrayArg r;
+    r.owner = obj;
+    py::tuple shape = cai["shape"];
+    r.ndim = static_cast<int>(shape.size());
+    if (r.ndim > 2) throw py::value_error(std::string(what) + " has " + std::to_string(r.ndim) + " dimensions");
+    for (int i = 0; i < r.ndim; ++i) r.shape[i] = shape[i].cast<int64_t>();
+    const std::string typestr = cai["typestr"].cast<std::string>();
+    if (typestr.size() < 3 || typestr[0] == '>') {
+      throw py::value_error(std::string(what) + " has an unsupported typestr '" + typestr + "'");
+    }
+    r.kind = typestr[1];
+    r.itemsize = std::stoi(typestr.substr(2));
+    py::tuple data = cai["data"];
+    r.data = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
+    r.writable = !data[1].cast<bool>();
+    if (cai.contains("mask") && !cai["mask"].is_none()) {
+      throw py::value_error(std::string(what) + " is a masked array; pass a plain one");
+    }
+    r.contiguous = true;
+    if (cai.contains("strides") && !cai["strides"].is_none()) {
+      py::tuple strides = cai["strides"];
+      int64_t expect = r.itemsize;
+      for (int i = r.ndim - 1; i >= 0; --i) {
+        if (r.shape[i] > 1 && strides[i].cast<int64_t>() != expect) r.contiguous = false;
+        expect *= r.shape[i];
+      }
+    }
+    check_device_pointer(r, what);
+    if (cai.contains("stream") && !cai["stream"].is_none()) wait_for_producer(cai["stream"].cast<intptr_t>(), ctx);
+    return r;
+  }
+
+  ArrayArg dlpack_arg(py::object obj, const char* what, const sok_exec_context& ctx) const {
+    // The producer makes its data ready on our stream (DLPack: 1 = the legacy default stream).
+    const intptr_t stream = ctx.stream == nullptr ? 1 : reinterpret_cast<intptr_t>(ctx.stream);
+    py::capsule cap = obj.attr("__dlpack__")(py::arg("stream") = stream);
+    if (std::string(cap.name() ? cap.name() : "") != "dltensor") {
+      throw py::value_error(std::string(what) + ": __dlpack__ returned a capsule that is not an unused 'dltensor'");
+    }
+    auto* managed = static_cast<DLManagedTensor*>(cap.get_pointer());
+    if (PyCapsule_SetName(cap.ptr(), "used_dltensor") != 0) throw py::error_already_set();
+    ArrayArg r;
+    r.owner = obj;
+    r.dl_owner = std::shared_ptr<void>(managed, [](void* p) {
+      auto* m = static_cast<DLManagedTensor*>(p);
+      if (m->deleter != nullptr) m->deleter(m);
+    });
+    const DLTensor& t = managed->dl_tensor;
+    if (t.device.device_type != 2 && t.device.device_type != 13) {
+      throw py::value_error(std::string(what) + " is not on a CUDA device (DLPack device type " +
+                            std::to_string(t.device.device_type) + ") but the table is on " + device());
+    }
+    if (t.device.device_id != device_id_) {
+      throw py::value_error(std::string(what) + " is on cuda:" + std::to_string(t.device.device_id) +
+                            " but the table is on " + device());
+    }
+    r.ndim = t.ndim;
+    if (r.ndim > 2) throw py::value_error(std::string(what) + " has " + std::to_string(r.ndim) + " dimensions");
+    for (int i = 0; i < r.ndim; ++i) r.shape[i] = t.shape[i];
+    static const char kinds[] = {'i', 'u', 'f', '?', '?', '?', 'b'};
+    r.kind = t.dtype.code < 7 ? kinds[t.dtype.code] : '?';
+    r.itemsize = t.dtype.bits / 8;
+    if (t.dtype.lanes != 1) r.kind = '?';
+    r.data = static_cast<char*>(t.data) + t.byte_offset;
+    r.contiguous = true;
+    if (t.strides != nullptr) {
+      int64_t expect = 1;
+      for (int i = r.ndim - 1; i >= 0; --i) {
+        if (r.shape[i] > 1 && t.strides[i] != expect) r.contiguous = false;
+        expect *= r.shape[i];
+      }
+    }
+    return r;
+  }
+
+  void check_device_pointer(const ArrayArg& r, const char* what) const {
+#ifdef SOK_WITH_CUDA
+    if (r.data == nullptr || r.elements() == 0) return;
+    cudaPointerAttributes attrs{};
+    if (cudaPointerGetAttributes(&attrs, r.data) != cudaSuccess) {
+      cudaGetLastError();
+      throw py::value_error(std::string(what) + ": its pointer is not CUDA memory");
+    }
+    if (attrs.type != cudaMemoryTypeDevice && attrs.type != cudaMemoryTypeManaged) {
+      throw py::value_error(std::string(what) + " is not in device memory but the table is on " + device());
+    }
+    if (attrs.device != device_id_) {
+      throw py::value_error(std::string(what) + " is on cuda:" + std::to_string(attrs.device) +
+                            " but the table is on " + device());
+    }
+#else
+    (void)r;
+    (void)what;
+#endif
+  }
+
+  // __cuda_array_interface__ v3: the producer's stream (1 legacy default, 2 per-thread default,
+  // else a cudaStream_t) must finish writing before the call's stream reads.
+  void wait_for_producer(intptr_t producer, const sok_exec_context& ctx) const {
+#ifdef SOK_WITH_CUDA
+    cudaStream_t theirs = producer == 1 ? cudaStreamLegacy
+                          : producer == 2 ? cudaStreamPerThread
+                                          : reinterpret_cast<cudaStream_t>(producer);
+    cudaStream_t ours = ctx.stream == nullptr ? cudaStreamLegacy : static_cast<cudaStream_t>(ctx.stream);
+    if (theirs == ours) return;
+    cudaEvent_t ready;
+    if (cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(ready, theirs) != cudaSuccess || cudaStreamWaitEvent(ours, ready, 0) != cudaSuccess) {
+      cudaGetLastError();
+      throw std::runtime_error("could not order the call's stream after the array producer's stream");
+    }
+    cudaEventDestroy(ready);
+#else
+    (void)producer;
+    (void)ctx;
+#endif
+  }
+
+  ArrayArg keys_arg(py::object obj, const char* what, const sok_exec_context& ctx) const {
+    ArrayArg a = array_arg(obj, what, ctx);
+    const char want_kind = key_type_ == SOK_KEY_UINT64 ? 'u' : 'i';
+    const int want_size = key_type_ == SOK_KEY_INT32 ? 4 : 8;
+    if (a.ndim != 1 || !a.contiguous || a.kind != want_kind || a.itemsize != want_size) {
+      throw py::value_error(std::string(what) + " must be a 1-D C-contiguous " + key_dtype_name(key_type_) +
+                            " array, got " + a.dtype_name() + " with " + std::to_string(a.ndim) + " dimensions" +
+                            (a.contiguous ? "" : " (not contiguous)"));
+    }
+    return a;
+  }
+  ArrayArg floats_arg(py::object obj, int64_t rows, int cols, const char* what, bool out,
+                      const sok_exec_context& ctx) const {
+    ArrayArg a = array_arg(obj, what, ctx);
+    const bool shape_ok = rows < 0 ? (a.ndim == 1 && a.shape[0] == cols)
+                                   : (a.ndim == 2 && a.shape[0] == rows && a.shape[1] == cols);
+    if (!shape_ok || !a.contiguous || a.kind != 'f' || a.itemsize != 4 || (out && !a.writable)) {
+      throw py::value_error(std::string(what) + " must be a " + (out ? "writable " : "") +
+                            "C-contiguous float32 array of shape (" + (rows < 0 ? "" : std::to_string(rows) + ", ") +
+                            std::to_string(cols) + ")");
+    }
+    return a;
+  }
+  ArrayArg bytes_arg(py::object obj, int64_t n, const char* what, const sok_exec_context& ctx) const {
+    ArrayArg a = array_arg(obj, what, ctx);
+    if (a.ndim != 1 || a.shape[0] != n || !a.contiguous || a.itemsize != 1 || !a.writable) {
+      throw py::value_error(std::string(what) + " must be a writable 1-D bool or uint8 array of length " +
+                            std::to_string(n));
+    }
+    return a;
+  }
+  ArrayArg u64_arg(py::object obj, int64_t n, const char* what, bool out, const sok_exec_context& ctx) const {
+    ArrayArg a = array_arg(obj, what, ctx);
+    if (a.ndim != 1 || a.shape[0] < n || !a.contiguous || a.kind != 'u' || a.itemsize != 8 || (out && !a.writable)) {
+      throw py::value_error(std::string(what) + " must be a 1-D uint64 array of length " + std::to_string(n));
+    }
+    return a;
+  }
+  ArrayArg scores_arg(py::object obj, int64_t n, const sok_exec_context& ctx) const {
+    if (obj.is_none()) return ArrayArg{};
+    return u64_arg(obj, n, "scores", false, ctx);
+  }
+
   static int32_t parse_key_dtype(const std::string& name) {
     if (name == "int64") return SOK_KEY_INT64;
     if (name == "uint64") return SOK_KEY_UINT64;
@@ -237,49 +521,6 @@ class PyTable {
   }
   static std::string key_dtype_name(int32_t t) {
     return t == SOK_KEY_INT32 ? "int32" : (t == SOK_KEY_UINT64 ? "uint64" : "int64");
-  }
-
-  static bool c_contiguous(const py::array& a) {
-    return (a.flags() & py::array::c_style) != 0;
-  }
-  int64_t check_keys(const py::array& keys) const {
-    if (keys.ndim() != 1 || !c_contiguous(keys) ||
-        keys.dtype().kind() != (key_type_ == SOK_KEY_UINT64 ? 'u' : 'i') ||
-        keys.itemsize() != (key_type_ == SOK_KEY_INT32 ? 4 : 8)) {
-      throw py::value_error("keys must be a 1-D C-contiguous " + key_dtype_name(key_type_) +
-                            " array, got dtype " + std::string(py::str(keys.dtype())) + " with " +
-                            std::to_string(keys.ndim()) + " dimensions");
-    }
-    return keys.shape(0);
-  }
-  void check_keys_out(py::array& keys, int64_t n) const {
-    if (check_keys(keys) < n || !keys.writeable()) {
-      throw py::value_error("the keys output must be writable and hold " + std::to_string(n) + " keys");
-    }
-  }
-  static void check_floats(const py::array& a, int64_t rows, int cols, const char* what) {
-    bool shape_ok = rows < 0 ? (a.ndim() == 1 && a.shape(0) == cols)
-                             : (a.ndim() == 2 && a.shape(0) == rows && a.shape(1) == cols);
-    if (!shape_ok || !c_contiguous(a) || a.dtype().kind() != 'f' || a.itemsize() != 4) {
-      throw py::value_error(std::string(what) + " must be a C-contiguous float32 array of shape (" +
-                            (rows < 0 ? "" : std::to_string(rows) + ", ") + std::to_string(cols) +
-                            ")");
-    }
-  }
-  static void check_bytes(const py::array& a, int64_t n, const char* what) {
-    if (a.ndim() != 1 || a.shape(0) != n || !c_contiguous(a) || a.itemsize() != 1 || !a.writeable()) {
-      throw py::value_error(std::string(what) + " must be a writable 1-D bool or uint8 array of length " + std::to_string(n));
-    }
-  }
-  static void check_u64(const py::array& a, int64_t n, const char* what) {
-    if (a.ndim() != 1 || a.shape(0) < n || !c_contiguous(a) || a.dtype().kind() != 'u' || a.itemsize() != 8) {
-      throw py::value_error(std::string(what) + " must be a 1-D uint64 array of length " + std::to_string(n));
-    }
-  }
-  static const uint64_t* check_scores(const std::optional<py::array>& scores, int64_t n) {
-    if (!scores) return nullptr;
-    check_u64(*scores, n, "scores");
-    return static_cast<const uint64_t*>(scores->data());
   }
   static std::vector<sok_initializer> to_inits(const std::vector<InitTuple>& inits) {
     std::vector<sok_initializer> out;
@@ -300,8 +541,23 @@ class PyTable {
   sok_storage* handle_ = nullptr;
   int32_t key_type_;
   int row_width_;
-  sok_exec_context cpu_{SOK_DEVICE_CPU, 0, nullptr};
+  int32_t device_type_ = SOK_DEVICE_CPU;
+  int32_t device_id_ = 0;
 };
+
+// The CUDA devices this process sees (0 in CPU builds).
+inline int cuda_device_count() {
+#ifdef SOK_WITH_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+#else
+  return 0;
+#endif
+}
 
 // Adds to module `m`: `Table` (the class above over `api`), `storage_api()` (the capsule of the
 // function table) and `BUILD_INFO` (version, CUDA or not, CUDA architectures) of the backend being
@@ -319,28 +575,44 @@ inline void bind_table(py::module_& m, const sok_storage_api* api) {
   build["api_version"] = api->api_version;
   m.attr("BUILD_INFO") = build;
   // module_local: every backend compiles its own PyTable, so each registers the type privately.
+  // Every operation takes a keyword-only `stream` (a cudaStream_t as int, 0 = the legacy default
+  // stream; 0 for CPU tables). CUDA tables take device arrays (__cuda_array_interface__ or
+  // __dlpack__) on the table's GPU and enqueue their work on the stream; the calls that return
+  // numbers (size, erase, export_batch, insert_and_evict, describe) wait for it.
+  auto stream = py::arg("stream") = 0;
   py::class_<PyTable>(m, "Table", py::module_local(), "A storage of this backend, driven through its C ABI.")
       .def(py::init([api](const std::string& key_dtype, int row_width,
-                          const std::map<std::string, std::string>& options) {
-             return std::make_unique<PyTable>(api, key_dtype, row_width, options);
+                          const std::map<std::string, std::string>& options, const std::string& device) {
+             return std::make_unique<PyTable>(api, key_dtype, row_width, options, device);
            }),
-           py::arg("key_dtype"), py::arg("row_width"), py::arg("options"))
+           py::arg("key_dtype"), py::arg("row_width"), py::arg("options"), py::arg("device") = "cpu")
       .def_property_readonly("row_width", &PyTable::row_width)
       .def_property_readonly("key_dtype", &PyTable::key_dtype)
-      .def("size", &PyTable::size)
-      .def("capacity", &PyTable::capacity)
-      .def("find", &PyTable::find)
-      .def("find_or_insert", &PyTable::find_or_insert)
-      .def("insert_or_assign", &PyTable::insert_or_assign)
-      .def("accum_or_assign", &PyTable::accum_or_assign)
-      .def("erase", &PyTable::erase)
-      .def("export_batch", &PyTable::export_batch)
-      .def("insert_and_evict", &PyTable::insert_and_evict)
-      .def("import_batch", &PyTable::import_batch)
-      .def("clear", &PyTable::clear)
-      .def("set_global_epoch", &PyTable::set_global_epoch)
-      .def("describe", &PyTable::describe)
+      .def_property_readonly("device", &PyTable::device)
+      .def("size", &PyTable::size, py::kw_only(), stream)
+      .def("capacity", &PyTable::capacity, py::kw_only(), stream)
+      .def("find", &PyTable::find, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"), py::arg("values"),
+           py::arg("default_row"), py::arg("found"), py::kw_only(), stream)
+      .def("find_or_insert", &PyTable::find_or_insert, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"),
+           py::arg("values"), py::arg("found"), py::arg("scores"), py::arg("inits"), py::kw_only(), stream)
+      .def("insert_or_assign", &PyTable::insert_or_assign, py::arg("keys"), py::arg("col_begin"),
+           py::arg("col_end"), py::arg("values"), py::arg("scores"), py::arg("inits"), py::kw_only(), stream)
+      .def("accum_or_assign", &PyTable::accum_or_assign, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"),
+           py::arg("values"), py::arg("scores"), py::arg("inits"), py::kw_only(), stream)
+      .def("erase", &PyTable::erase, py::arg("keys"), py::kw_only(), stream)
+      .def("export_batch", &PyTable::export_batch, py::arg("offset"), py::arg("limit"), py::arg("col_begin"),
+           py::arg("col_end"), py::arg("keys"), py::arg("values"), py::arg("scores"), py::arg("threshold"),
+           py::kw_only(), stream)
+      .def("insert_and_evict", &PyTable::insert_and_evict, py::arg("keys"), py::arg("col_begin"),
+           py::arg("col_end"), py::arg("values"), py::arg("scores"), py::arg("inits"), py::arg("evicted_keys"),
+           py::arg("evicted_values"), py::arg("evicted_scores"), py::kw_only(), stream)
+      .def("import_batch", &PyTable::import_batch, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"),
+           py::arg("values"), py::arg("scores"), py::arg("inits"), py::kw_only(), stream)
+      .def("clear", &PyTable::clear, py::kw_only(), stream)
+      .def("set_global_epoch", &PyTable::set_global_epoch, py::arg("epoch"), py::kw_only(), stream)
+      .def("describe", &PyTable::describe, py::kw_only(), stream)
       .def("handle_capsule", &PyTable::handle_capsule);
+  m.def("cuda_device_count", &cuda_device_count, "CUDA devices this process sees (0 in CPU builds).");
   m.def("storage_api", [api] {
     return py::capsule(const_cast<sok_storage_api*>(api), SOK_STORAGE_CAPSULE_NAME);
   }, "The sok_storage_api function table of this backend, as a PyCapsule.");

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# GPU tests of the storage backends, on a CUDA host with no network (run as root or not, from anywhere):
+#
+#   ci/gpu_test.sh [--sanitize] [--bench]
+#
+#   build     sok-core, sok-backend-det and sok-backend-hkv, with CUDA for CMAKE_CUDA_ARCHITECTURES
+#             (default 90), into $SOK_GPU_WORK/site (default /tmp/sok-gpu/site) with $PYTHON (default
+#             python3: the one holding CuPy, Torch, pybind11, scikit-build-core, pytest). Not a venv:
+#             a venv made from a venv's python sees only the base interpreter's packages, not CuPy.
+#   tests     pytest over the backends' tests (their CUDA conformance and device-array modules
+#             included) and sok-core's tests that need no TensorFlow.
+#   sanitize  (--sanitize) compute-sanitizer memcheck and racecheck over the CUDA conformance tests
+#             selected by -k "$SOK_SANITIZE_K" (default find_or_insert), CuPy's memory pool off.
+#   bench     (--bench) python benchmarks/storage_gpu.py.
+#
+# Logs: build.log, test.log, sanitizer.log, bench.log in $OUT when set, else in $SOK_GPU_WORK/logs.
+# Every step runs (tests only after a good build); a summary ends the output; the exit status is
+# non-zero when any step failed. Idempotent: the site is rebuilt each run, the CMake build trees
+# under $SOK_GPU_WORK/build are kept, so a second run recompiles only what changed.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+SANITIZE=0
+BENCH=0
+for arg in "$@"; do
+  case "$arg" in
+    --sanitize) SANITIZE=1 ;;
+    --bench) BENCH=1 ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --sanitize, --bench, --help)" >&2; exit 2 ;;
+  esac
+done
+
+PYTHON="${PYTHON:-python3}"
+WORK="${SOK_GPU_WORK:-/tmp/sok-gpu}"
+SITE="$WORK/site"
+BUILD="$WORK/build/$(printf '%s' "$ROOT" | cksum | cut -d' ' -f1)"  # one CMake tree per checkout
+LOGS="${OUT:-$WORK/logs}"
+SAN_K="${SOK_SANITIZE_K:-find_or_insert}"
+mkdir -p "$LOGS" "$BUILD"
+
+export CMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-90}"
+export CUDAARCHS="$CMAKE_CUDA_ARCHITECTURES"
+if ! command -v nvcc >/dev/null 2>&1; then
+  for dir in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda; do
+    if [ -n "$dir" ] && [ -x "$dir/bin/nvcc" ]; then export PATH="$PATH:$dir/bin"; break; fi
+  done
+fi
+if command -v nvcc >/dev/null 2>&1; then export CUDACXX="${CUDACXX:-$(command -v nvcc)}"; fi
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export TF_CPP_MIN_LOG_LEVEL=2
+
+RESULTS=()
+FAILED=0
+OK=0
+
+# step NAME LOG FUNCTION: run FUNCTION (under set -e, in a subshell) with its output in LOG, record
+# PASS or FAIL in RESULTS and OK, never exit. Not called as a condition: that would switch off set -e
+# inside FUNCTION.
+step() {
+  local name="$1" log="$2" fn="$3" start=$SECONDS rc
+  echo "== $name (log: $log)"
+  set +e
+  (
+    set -e
+    "$fn"
+  ) >"$log" 2>&1
+  rc=$?
+  set -e
+  if [ "$rc" = 0 ]; then
+    OK=1
+    RESULTS+=("PASS  $name ($((SECONDS - start)) s)")
+  else
+    OK=0
+    FAILED=1
+    RESULTS+=("FAIL  $name (exit $rc, $((SECONDS - start)) s; log: $log)")
+    echo "-- $name failed (exit $rc); the end of its log:"
+    tail -n 60 "$log"
+  fi
+}
+
+build() {
+  set -x
+  "$PYTHON" -c 'import sys; print(sys.executable, sys.version)'
+  "$PYTHON" -c 'import cupy, numpy, pybind11, scikit_build_core; print("cupy", cupy.__version__, "numpy", numpy.__version__, "pybind11", pybind11.__version__, "scikit-build-core", scikit_build_core.__version__)'
+  nvcc --version
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  rm -rf "$SITE"
+  mkdir -p "$SITE"
+  local pkg
+  for pkg in sok-core sok-backend-det sok-backend-hkv; do
+    "$PYTHON" -m pip install --no-index --no-build-isolation --no-deps --no-cache-dir \
+      --disable-pip-version-check -v --target "$SITE" \
+      -C "build-dir=$BUILD/$pkg" -C build.verbose=true -C logging.level=INFO \
+      -C "cmake.define.CMAKE_CUDA_ARCHITECTURES=$CMAKE_CUDA_ARCHITECTURES" \
+      "./packages/$pkg"
+  done
+  "$PYTHON" - <<'EOF'
+import sok_backend_det._core as det
+import sok_backend_hkv._core as hkv
+
+for core in (det, hkv):
+    count = getattr(core, "cuda_device_count", None)
+    print(core.__name__, core.__file__, core.BUILD_INFO, "cuda_device_count:", count() if count else "missing")
+    assert core.BUILD_INFO["cuda"], f"{core.__name__} was built without CUDA"
+EOF
+}
+
+run_tests() {
+  "$PYTHON" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=600 \
+    packages/sok-backend-det/tests packages/sok-backend-hkv/tests \
+    packages/sok-core/tests/test_storage_facade.py packages/sok-core/tests/test_conformance_pydict.py \
+    packages/sok-core/tests/test_registry.py packages/sok-core/tests/test_initializers.py
+}
+
+sanitize() {
+  local sanitizer tool rc=0
+  sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool, pytest -k '$SAN_K'"
+    # CuPy's pool off: every array its own cudaMalloc, so memcheck sees overruns between arrays.
+    "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 50 \
+      "$PYTHON" -c 'import sys, cupy, pytest; cupy.cuda.set_allocator(None); sys.exit(pytest.main(sys.argv[1:]))' \
+      -q -p no:cacheprovider --maxfail=1 -k "$SAN_K" \
+      packages/sok-backend-det/tests/test_conformance_cuda.py packages/sok-backend-hkv/tests/test_conformance_cuda.py ||
+      rc=$?
+  done
+  return "$rc"
+}
+
+bench() {
+  if [ ! -f benchmarks/storage_gpu.py ]; then
+    echo "benchmarks/storage_gpu.py is missing"
+    return 1
+  fi
+  "$PYTHON" benchmarks/storage_gpu.py
+}
+
+step build "$LOGS/build.log" build
+if [ "$OK" = 1 ]; then
+  step tests "$LOGS/test.log" run_tests
+  tail -n 25 "$LOGS/test.log"
+  if [ "$SANITIZE" = 1 ]; then step sanitizer "$LOGS/sanitizer.log" sanitize; fi
+  if [ "$BENCH" = 1 ]; then
+    step bench "$LOGS/bench.log" bench
+    cat "$LOGS/bench.log"
+  fi
+else
+  RESULTS+=("SKIP  tests, sanitizer, bench (the build failed)")
+fi
+
+echo
+echo "== ci/gpu_test.sh summary ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || echo 'no GPU'); logs in $LOGS)"
+printf '%s\n' "${RESULTS[@]}"
+exit "$FAILED"

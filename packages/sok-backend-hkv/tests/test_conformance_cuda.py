@@ -1,0 +1,26 @@
+"""hkv (var_type "hybrid") against the storage conformance suite on a GPU (``device="cuda:0"``).
+
+Runs where CuPy, a CUDA build of sok-backend-hkv and a GPU are found (``ci/gpu_test.sh``); skipped,
+with the reason, elsewhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sok_backend_hkv import _core
+from sparse_operation_kit.testing import StorageConformance
+from sparse_operation_kit.testing.device import DEVICE, cuda_skip_reason
+
+pytestmark = pytest.mark.gpu
+if (reason := cuda_skip_reason(_core)) is not None:
+    pytest.skip(reason, allow_module_level=True)
+
+
+class TestHkvConformanceCuda(StorageConformance):
+    @pytest.fixture
+    def var_type(self) -> str:
+        return "hybrid"
+
+    @pytest.fixture
+    def device(self) -> str:
+        return DEVICE

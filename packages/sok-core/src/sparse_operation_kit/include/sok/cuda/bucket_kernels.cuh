@@ -1,0 +1,734 @@
+// CUDA kernels of the GPU bucket table (sok/cuda/bucket_table.cuh): the device half, kept apart
+// from the host class so each file reads on its own.
+//
+// Layout. The table is `nb` buckets of `B` slots (B a power of two, 16..128). Per slot: a one-byte
+// state in `digests` (0 empty, 1 busy = claimed by a thread of the running kernel, 2..255 the
+// digest of the live key), the 64-bit key in `keys` and the 64-bit score in `scores`. Every 64-bit
+// key value is valid: emptiness lives in the state byte, never in the key. A slot's row of W floats
+// lives in device memory for slots j < hb of each bucket and in mapped pinned host memory for the
+// others; new keys take the lowest empty slot, so device slots fill first.
+//
+// Probing. A key hashes (splitmix64, as on the CPU) to a home bucket; a group of kGroup lanes scans
+// the bucket's B state bytes at once (16 per lane, one 128-byte line for B = 128), then compares
+// the full key only where the digest matches. A key whose home bucket is full while the table is
+// still growing goes to the next bucket with room, and its home bucket's overflow flag (sticky
+// until a rehash or clear) tells lookups to follow the chain. A table at its size limit that evicts
+// (hkv) instead replaces the lowest-score slot of the home bucket.
+//
+// Concurrency. Callers deduplicate a batch first, so the keys of one kernel are distinct, and an
+// upsert runs in two kernels: the first updates the keys already present (no slot changes hands,
+// so it needs no locks), the second places the missing ones. A thread claims an empty slot by CAS
+// of its state byte to busy, writes row, key and score, then publishes the digest with a fence and
+// an atomic XOR. In an evicting table it locks a victim the same way (readers and other evictors
+// skip busy slots) and re-checks the victim's score after locking it.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "sok/backend.hpp"
+
+namespace sok {
+namespace gpu {
+
+namespace cg = cooperative_groups;
+
+constexpr int kGroup = 8;           // lanes per key
+constexpr int kBlock = 256;         // threads per block
+constexpr int kKeysPerBlock = kBlock / kGroup;
+constexpr int kMaxInits = 8;        // initializers per call (embedding + optimizer slots)
+constexpr uint8_t kEmptyState = 0;
+constexpr uint8_t kBusyState = 1;
+constexpr uint32_t kOverflow = 1;   // bucket flag: some key homed here lives further on
+
+enum class Mode : int { kFindOrInsert = 0, kAssign = 1, kAccumulate = 2, kImport = 3 };
+// Score policies, numbered as HierarchicalKV's (and sok_hkv::Policy).
+enum class Policy : int { kLru = 0, kLfu = 1, kEpochLru = 2, kEpochLfu = 3, kCustom = 4 };
+
+struct Inits {
+  int32_t count;
+  sok_initializer items[kMaxInits];
+};
+
+// The table's arrays as kernels see them.
+struct View {
+  uint8_t* digests;   // nb * B state bytes
+  uint64_t* keys;     // nb * B
+  uint64_t* scores;   // nb * B
+  uint32_t* flags;    // nb
+  float* vdev;        // nb * hb rows of W floats (device)
+  float* vhost;       // nb * (B - hb) rows (mapped pinned host memory, device address)
+  int64_t nb;         // a power of two
+  int32_t B;
+  int32_t log_b;
+  int32_t hb;
+  int32_t W;
+
+  __device__ float* row(int64_t slot) const {
+    const int64_t b = slot >> log_b;
+    const int32_t j = static_cast<int32_t>(slot & (B - 1));
+    return j < hb ? vdev + (b * hb + j) * W : vhost + (b * (B - hb) + (j - hb)) * W;
+  }
+};
+
+__device__ __forceinline__ uint8_t digest_of(uint64_t h) { return static_cast<uint8_t>(2 + (h >> 56) % 254); }
+
+__device__ __forceinline__ uint64_t load_key_d(const void* keys, int32_t key_type, int64_t i) {
+  if (key_type == SOK_KEY_INT32) return static_cast<uint64_t>(static_cast<int64_t>(static_cast<const int32_t*>(keys)[i]));
+  return static_cast<const uint64_t*>(keys)[i];
+}
+
+__device__ __forceinline__ void store_key_d(void* keys, int32_t key_type, int64_t i, uint64_t key) {
+  if (key_type == SOK_KEY_INT32) {
+    static_cast<int32_t*>(keys)[i] = static_cast<int32_t>(static_cast<int64_t>(key));
+  } else {
+    static_cast<uint64_t*>(keys)[i] = key;
+  }
+}
+
+// Bit k of the result is set where byte k of the 16 bytes equals `byte`.
+__device__ __forceinline__ uint32_t match16(uint4 v, uint8_t byte) {
+  const uint32_t pattern = 0x01010101u * byte;
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  uint32_t mask = 0;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t eq = __vcmpeq4(w[q], pattern);  // 0xFF per equal byte
+#pragma unroll
+    for (int k = 0; k < 4; ++k) mask |= ((eq >> (8 * k + 7)) & 1u) << (4 * q + k);
+  }
+  return mask;
+}
+
+// State bytes 2..255 (live) where bit k is set.
+__device__ __forceinline__ uint32_t live16(uint4 v) {
+  return ~(match16(v, kEmptyState) | match16(v, kBusyState)) & 0xFFFFu;
+}
+
+// The 16 state bytes of lane `lane` in bucket `b` (zeros past the bucket). kFresh bypasses L1, for
+// kernels where other SMs write the table meanwhile.
+template <bool kFresh>
+__device__ __forceinline__ uint4 states16(const View& t, int64_t b, int lane) {
+  if (lane * 16 >= t.B) return make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u);  // "busy": never matches
+  const uint4* p = reinterpret_cast<const uint4*>(t.digests + (b << t.log_b) + lane * 16);
+  return kFresh ? __ldcg(p) : *p;
+}
+
+template <bool kFresh>
+__device__ __forceinline__ uint64_t read_u64(const uint64_t* p) {
+  return kFresh ? __ldcg(reinterpret_cast<const unsigned long long*>(p)) : *p;
+}
+
+// The slot holding key, or -1; the same on every lane of the group.
+template <bool kFresh, class Group>
+__device__ int64_t locate(const View& t, const Group& g, uint64_t key, uint64_t h, uint8_t d) {
+  const int lane = static_cast<int>(g.thread_rank());
+  int64_t b = static_cast<int64_t>(h & static_cast<uint64_t>(t.nb - 1));
+  for (int64_t step = 0; step < t.nb; ++step) {
+    uint32_t mask = match16(states16<kFresh>(t, b, lane), d);
+    int32_t hit = -1;
+    while (mask != 0) {
+      const int k = __ffs(mask) - 1;
+      mask &= mask - 1;
+      const int64_t slot = (b << t.log_b) + lane * 16 + k;
+      if (read_u64<kFresh>(t.keys + slot) == key) {
+        hit = lane * 16 + k;
+        break;
+      }
+    }
+    const uint32_t any = g.ballot(hit >= 0);
+    if (any != 0) return (b << t.log_b) + g.shfl(hit, __ffs(any) - 1);
+    const uint32_t flag = kFresh ? __ldcg(t.flags + b) : t.flags[b];
+    if ((flag & kOverflow) == 0) return -1;
+    b = (b + 1) & (t.nb - 1);
+  }
+  return -1;
+}
+
+// The 32-bit word holding a state byte, and the byte's shift in it.
+__device__ __forceinline__ unsigned int* state_word(const View& t, int64_t slot) {
+  return reinterpret_cast<unsigned int*>(t.digests + (slot & ~int64_t{3}));
+}
+__device__ __forceinline__ int state_shift(int64_t slot) { return static_cast<int>(slot & 3) * 8; }
+
+// Locks a live slot: CAS of its state byte from `d` to busy, waiting while another thread holds it.
+// Returns false if the slot no longer holds digest d (the caller looks the key up again).
+__device__ bool lock_slot(const View& t, int64_t slot, uint8_t d) {
+  unsigned int* word = state_word(t, slot);
+  const int shift = state_shift(slot);
+  while (true) {
+    const unsigned int cur = __ldcg(word);
+    const uint8_t state = static_cast<uint8_t>(cur >> shift);
+    if (state == kBusyState) {
+      __nanosleep(32);
+      continue;
+    }
+    if (state != d) return false;
+    const unsigned int next = (cur & ~(0xFFu << shift)) | (static_cast<unsigned int>(kBusyState) << shift);
+    if (atomicCAS(word, cur, next) == cur) return true;
+  }
+}
+
+// Sets the state byte of a slot this thread holds busy to `state` (a digest, or empty).
+__device__ __forceinline__ void release_slot(const View& t, int64_t slot, uint8_t state) {
+  __threadfence();
+  atomicXor(state_word(t, slot), static_cast<unsigned int>(kBusyState ^ state) << state_shift(slot));
+}
+
+// Claims an empty slot of bucket b (its state becomes busy): the slot, or -1 when the bucket is full.
+template <class Group>
+__device__ int64_t claim_empty(const View& t, const Group& g, int64_t b) {
+  const int lane = static_cast<int>(g.thread_rank());
+  while (true) {
+    const uint32_t empties = lane * 16 < t.B ? match16(states16<true>(t, b, lane), kEmptyState) : 0u;
+    const uint32_t any = g.ballot(empties != 0);
+    if (any == 0) return -1;
+    const int owner = __ffs(any) - 1;
+    int64_t got = -1;
+    if (lane == owner) {
+      const int64_t slot = (b << t.log_b) + lane * 16 + (__ffs(empties) - 1);
+      unsigned int* word = state_word(t, slot);
+      const int shift = state_shift(slot);
+      const unsigned int cur = __ldcg(word);
+      if (static_cast<uint8_t>(cur >> shift) == kEmptyState &&
+          atomicCAS(word, cur, cur | (static_cast<unsigned int>(kBusyState) << shift)) == cur) {
+        got = slot;
+      }
+    }
+    got = g.shfl(got, owner);
+    if (got >= 0) return got;
+  }
+}
+
+// The live slot of bucket b with the lowest score (ties: the lowest slot), and that score.
+template <class Group>
+__device__ void lowest_score(const View& t, const Group& g, int64_t b, int64_t* slot, uint64_t* score) {
+  const int lane = static_cast<int>(g.thread_rank());
+  uint64_t best = ~uint64_t{0};
+  int64_t best_slot = -1;
+  uint32_t live = lane * 16 < t.B ? live16(states16<true>(t, b, lane)) : 0u;
+  while (live != 0) {
+    const int k = __ffs(live) - 1;
+    live &= live - 1;
+    const int64_t s = (b << t.log_b) + lane * 16 + k;
+    const uint64_t sc = read_u64<true>(t.scores + s);
+    if (best_slot < 0 || sc < best) {
+      best = sc;
+      best_slot = s;
+    }
+  }
+  for (int offset = kGroup / 2; offset > 0; offset /= 2) {
+    const uint64_t other = g.shfl_xor(best, offset);
+    const int64_t other_slot = g.shfl_xor(best_slot, offset);
+    if (other_slot >= 0 && (best_slot < 0 || other < best || (other == best && other_slot < best_slot))) {
+      best = other;
+      best_slot = other_slot;
+    }
+  }
+  *slot = best_slot;
+  *score = best;
+}
+
+// Copies w floats (group-parallel, 16-byte vectors where aligned); kAdd adds instead.
+template <bool kAdd, class Group>
+__device__ void copy_floats(const Group& g, float* dst, const float* src, int32_t w) {
+  const int lane = static_cast<int>(g.thread_rank());
+  const bool vec = (w % 4 == 0) && (reinterpret_cast<uintptr_t>(dst) % 16 == 0) && (reinterpret_cast<uintptr_t>(src) % 16 == 0);
+  if (vec) {
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    const float4* s4 = reinterpret_cast<const float4*>(src);
+    for (int32_t c = lane; c < w / 4; c += kGroup) {
+      float4 v = s4[c];
+      if (kAdd) {
+        const float4 o = d4[c];
+        v.x += o.x;
+        v.y += o.y;
+        v.z += o.z;
+        v.w += o.w;
+      }
+      d4[c] = v;
+    }
+  } else {
+    for (int32_t c = lane; c < w; c += kGroup) dst[c] = kAdd ? dst[c] + src[c] : src[c];
+  }
+}
+
+// Fills a new row: zeros, then each initializer over its columns (later ones win, as on the CPU).
+template <class Group>
+__device__ void init_row_d(const Group& g, float* row, int32_t W, uint64_t key, const Inits& inits) {
+  for (int32_t c = static_cast<int32_t>(g.thread_rank()); c < W; c += kGroup) {
+    float v = 0.0f;
+    for (int32_t i = 0; i < inits.count; ++i) {
+      const sok_initializer& init = inits.items[i];
+      if (c >= init.col_begin && c < init.col_end) v = sok::init_value(init, key, c);
+    }
+    row[c] = v;
+  }
+}
+
+__device__ __forceinline__ uint64_t next_score(Policy policy, bool has_old, uint64_t old, uint64_t caller, uint64_t now,
+                                               uint64_t epoch) {
+  switch (policy) {
+    case Policy::kLru: return now;
+    case Policy::kLfu: return has_old ? (old > ~uint64_t{0} - caller ? ~uint64_t{0} : old + caller) : caller;
+    case Policy::kEpochLru: return (epoch << 32) | ((now >> 20) & 0xFFFFFFFFull);
+    case Policy::kEpochLfu: {
+      uint64_t low = has_old ? (old & 0xFFFFFFFFull) : 0;
+      const uint64_t inc = caller < 0xFFFFFFFFull ? caller : 0xFFFFFFFFull;
+      low = low + inc > 0xFFFFFFFFull ? 0xFFFFFFFFull : low + inc;
+      return (epoch << 32) | low;
+    }
+    default: return caller;
+  }
+}
+
+struct UpsertArgs {
+  int64_t n;
+  const void* keys;
+  int32_t key_type;
+  int32_t cb;
+  int32_t ce;
+  Mode mode;
+  Policy policy;
+  bool admit_all;      // lru/lfu (not import): a newcomer always takes the lowest-score slot
+  bool evicting;       // full buckets evict (table at its size limit) instead of overflowing
+  const float* values; // (n, w) input rows (assign, accumulate, import)
+  float* out;          // (n, w) output rows (find_or_insert)
+  uint8_t* found;      // (n,) or null (find_or_insert)
+  const uint64_t* scores;  // per key: caller scores (or summed increments), null = 1 each
+  const int32_t* leader;   // per key: the batch index that acts for its duplicates, or null
+  // accumulate: a leader's duplicates in batch order are order[first[l] .. end[l]).
+  const int32_t* order;
+  const int32_t* first;
+  const int32_t* end;
+  uint64_t now;
+  uint64_t epoch;
+  Inits inits;
+  void* ev_keys;        // evicted / refused rows, or null
+  float* ev_values;     // (n, W)
+  uint64_t* ev_scores;
+  unsigned long long* ev_count;
+  unsigned long long* size;  // live keys
+};
+
+// accumulate: adds the values of every occurrence of leader l's key to dst in batch order, so the
+// sums round exactly as sequential adds do (with assign_first, the first occurrence is copied).
+template <class Group>
+__device__ void add_duplicates(const Group& g, const UpsertArgs& a, int64_t l, float* dst, int32_t w,
+                               bool assign_first) {
+  const int32_t begin = a.first[l];
+  const int32_t end = a.end[l];
+  for (int32_t k = begin; k < end; ++k) {
+    const float* src = a.values + static_cast<int64_t>(a.order[k]) * w;
+    if (k == begin && assign_first) {
+      copy_floats<false>(g, dst, src, w);
+    } else {
+      copy_floats<true>(g, dst, src, w);
+    }
+    g.sync();
+  }
+}
+
+// Records a row that left the table (or was refused) in the evicted outputs.
+template <class Group>
+__device__ void spill(const Group& g, const UpsertArgs& a, int32_t W, uint64_t key, const float* row, uint64_t score) {
+  unsigned long long idx = 0;
+  if (g.thread_rank() == 0) idx = atomicAdd(a.ev_count, 1ull);
+  idx = g.shfl(idx, 0);
+  if (g.thread_rank() == 0) {
+    store_key_d(a.ev_keys, a.key_type, static_cast<int64_t>(idx), key);
+    if (a.ev_scores != nullptr) a.ev_scores[idx] = score;
+  }
+  if (a.ev_values != nullptr) copy_floats<false>(g, a.ev_values + static_cast<int64_t>(idx) * W, row, W);
+}
+
+// Upserts run in two kernels, so that no thread ever waits for another and no lock is needed for
+// keys already present. Phase 1 (update_hits_kernel) only touches keys that are in the table: it
+// writes their rows and scores and marks the others missing; no slot changes hands. Phase 2
+// (insert_missing_kernel) places the missing keys (distinct, and still missing): it claims empty
+// slots or, in an evicting table, locks and replaces victims; rows of keys updated in phase 1 are
+// complete by then, so an evicted row is always whole.
+
+// The mode's write of `in` (w columns) to a row that already holds the key.
+template <class Group>
+__device__ void apply_to_existing(const Group& g, const UpsertArgs& a, int64_t i, float* row, const float* in, int32_t w) {
+  if (a.mode == Mode::kAssign || a.mode == Mode::kImport) {
+    copy_floats<false>(g, row + a.cb, in, w);
+  } else if (a.mode == Mode::kAccumulate) {
+    add_duplicates(g, a, i, row + a.cb, w, false);
+  }
+}
+
+// Phase 1: one group of kGroup lanes per (leader) key.
+__global__ void update_hits_kernel(View t, UpsertArgs a, uint8_t* missing) {
+  auto block = cg::this_thread_block();
+  auto g = cg::tiled_partition<kGroup>(block);
+  const int lane = static_cast<int>(g.thread_rank());
+  const int32_t w = a.ce - a.cb;
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; i < a.n; i += groups) {
+    if (a.leader[i] != i) continue;
+    const uint64_t key = load_key_d(a.keys, a.key_type, i);
+    const uint64_t h = sok::hash_key(key);
+    const int64_t slot = locate<false>(t, g, key, h, digest_of(h));
+    if (lane == 0) missing[i] = slot < 0 ? 1 : 0;
+    if (slot < 0) continue;
+    float* row = t.row(slot);
+    const uint64_t caller = a.scores != nullptr ? a.scores[i] : 1;
+    apply_to_existing(g, a, i, row, a.values != nullptr ? a.values + i * w : nullptr, w);
+    if (a.mode == Mode::kFindOrInsert) copy_floats<false>(g, a.out + i * w, row + a.cb, w);
+    if (lane == 0) {
+      if (a.found != nullptr) a.found[i] = 1;
+      t.scores[slot] = a.mode == Mode::kImport ? caller : next_score(a.policy, true, t.scores[slot], caller, a.now, a.epoch);
+    }
+  }
+}
+
+// Phase 2: places each missing (leader) key. Pass A (kEvict false) claims empty slots only; in an
+// evicting table the keys whose home bucket is full are marked (missing = 2) for pass B, which
+// evicts. Nothing reads a slot's key, score or row during pass A but its own writer (other threads
+// only claim empty slots), so pass A publishes without a fence; pass B's evictors read victims'
+// scores and rows, so there a fence orders them before the digest.
+template <bool kEvict>
+__global__ void insert_missing_kernel(View t, UpsertArgs a, uint8_t* missing) {
+  auto block = cg::this_thread_block();
+  auto g = cg::tiled_partition<kGroup>(block);
+  __shared__ unsigned long long created;
+  if (block.thread_rank() == 0) created = 0;
+  block.sync();
+  const int lane = static_cast<int>(g.thread_rank());
+  const int32_t w = a.ce - a.cb;
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; i < a.n; i += groups) {
+    if (a.leader[i] != i || missing[i] != (kEvict ? 2 : 1)) continue;
+    const uint64_t key = load_key_d(a.keys, a.key_type, i);
+    const uint64_t h = sok::hash_key(key);
+    const uint8_t d = digest_of(h);
+    const uint64_t caller = a.scores != nullptr ? a.scores[i] : 1;
+    const float* in = a.values != nullptr ? a.values + i * w : nullptr;
+    const uint64_t new_score = a.mode == Mode::kImport ? caller : next_score(a.policy, false, 0, caller, a.now, a.epoch);
+    int64_t b = static_cast<int64_t>(h & static_cast<uint64_t>(t.nb - 1));
+    int64_t slot = -1;
+    bool refused = false;
+    bool replaced = false;
+    if (a.evicting && !kEvict) {
+      slot = claim_empty(t, g, b);
+      if (slot < 0) {
+        if (lane == 0) missing[i] = 2;  // the home bucket is full: pass B evicts
+        continue;
+      }
+    } else if (a.evicting) {
+      while (slot < 0 && !refused) {
+        slot = claim_empty(t, g, b);
+        if (slot >= 0) break;
+        int64_t victim;
+        uint64_t low;
+        lowest_score(t, g, b, &victim, &low);
+        if (victim < 0) continue;  // every slot busy for a moment: look again
+        if (!a.admit_all && new_score < low) {
+          refused = true;
+          break;
+        }
+        int ok = 0;
+        if (lane == 0) {
+          const uint8_t vd = static_cast<uint8_t>(__ldcg(state_word(t, victim)) >> state_shift(victim));
+          if (vd >= 2 && lock_slot(t, victim, vd)) {
+            if (read_u64<true>(t.scores + victim) == low) {
+              ok = 1;
+            } else {
+              release_slot(t, victim, vd);  // its score moved: choose again
+            }
+          }
+        }
+        if (!g.shfl(ok, 0)) continue;
+        slot = victim;
+        replaced = true;
+        if (a.ev_keys != nullptr) {
+          spill(g, a, t.W, read_u64<true>(t.keys + victim), t.row(victim), low);
+          g.sync();
+        }
+      }
+    } else {
+      // Growing table: the first bucket of the chain with room.
+      for (int64_t step = 0; step < t.nb && slot < 0; ++step) {
+        slot = claim_empty(t, g, b);
+        if (slot < 0) {
+          if (lane == 0) atomicOr(t.flags + b, kOverflow);
+          b = (b + 1) & (t.nb - 1);
+        }
+      }
+      refused = slot < 0;  // only if the table is full, which the host rules out before the call
+    }
+    if (refused) {
+      if (a.mode == Mode::kFindOrInsert) {  // the caller still reads the initial values
+        for (int32_t c = lane; c < w; c += kGroup) {
+          float v = 0.0f;
+          for (int32_t k = 0; k < a.inits.count; ++k) {
+            const sok_initializer& init = a.inits.items[k];
+            if (a.cb + c >= init.col_begin && a.cb + c < init.col_end) v = sok::init_value(init, key, a.cb + c);
+          }
+          a.out[i * w + c] = v;
+        }
+        if (lane == 0 && a.found != nullptr) a.found[i] = 0;
+      } else if (a.ev_keys != nullptr && a.mode != Mode::kImport) {
+        // Reported as evicted, with the row it would have had.
+        unsigned long long idx = 0;
+        if (lane == 0) idx = atomicAdd(a.ev_count, 1ull);
+        idx = g.shfl(idx, 0);
+        if (lane == 0) {
+          store_key_d(a.ev_keys, a.key_type, static_cast<int64_t>(idx), key);
+          if (a.ev_scores != nullptr) a.ev_scores[idx] = new_score;
+        }
+        if (a.ev_values != nullptr) {
+          float* dst = a.ev_values + static_cast<int64_t>(idx) * t.W;
+          init_row_d(g, dst, t.W, key, a.inits);
+          g.sync();
+          copy_floats<false>(g, dst + a.cb, in, w);
+        }
+      }
+      continue;
+    }
+    float* row = t.row(slot);
+    const bool whole = a.cb == 0 && a.ce == t.W;
+    if (a.mode == Mode::kFindOrInsert || !whole) {
+      init_row_d(g, row, t.W, key, a.inits);
+      g.sync();
+    }
+    if (a.mode == Mode::kAccumulate) {
+      add_duplicates(g, a, i, row + a.cb, w, true);  // the first occurrence's values, then the others
+    } else if (a.mode != Mode::kFindOrInsert) {
+      copy_floats<false>(g, row + a.cb, in, w);
+    } else {
+      copy_floats<false>(g, a.out + i * w, row + a.cb, w);  // the row was initialised above
+    }
+    if (lane == 0) {
+      if (a.found != nullptr) a.found[i] = 0;
+      t.keys[slot] = key;
+      t.scores[slot] = new_score;
+      if (!replaced) atomicAdd(&created, 1ull);
+    }
+    // Publish. Pass B: the warp barrier orders the lanes' row writes before lane 0's fence (fences
+    // are cumulative), and the fence orders them and the key and score before the digest.
+    g.sync();
+    if (lane == 0) {
+      if (kEvict) __threadfence();
+      atomicXor(state_word(t, slot), static_cast<unsigned int>(kBusyState ^ d) << state_shift(slot));
+    }
+  }
+  block.sync();
+  if (block.thread_rank() == 0 && created != 0) atomicAdd(a.size, created);
+}
+
+struct FindArgs {
+  int64_t n;
+  const void* keys;
+  int32_t key_type;
+  int32_t cb;
+  int32_t ce;
+  float* out;
+  const float* default_row;
+  uint8_t* found;
+};
+
+__global__ void find_kernel(View t, FindArgs a) {
+  auto block = cg::this_thread_block();
+  auto g = cg::tiled_partition<kGroup>(block);
+  const int32_t w = a.ce - a.cb;
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; i < a.n; i += groups) {
+    const uint64_t key = load_key_d(a.keys, a.key_type, i);
+    const uint64_t h = sok::hash_key(key);
+    const int64_t slot = locate<false>(t, g, key, h, digest_of(h));
+    float* dst = a.out + i * w;
+    if (slot >= 0) {
+      copy_floats<false>(g, dst, t.row(slot) + a.cb, w);
+    } else if (a.default_row != nullptr) {
+      copy_floats<false>(g, dst, a.default_row, w);
+    } else {
+      for (int32_t c = static_cast<int32_t>(g.thread_rank()); c < w; c += kGroup) dst[c] = 0.0f;
+    }
+    if (a.found != nullptr && g.thread_rank() == 0) a.found[i] = slot >= 0 ? 1 : 0;
+  }
+}
+
+// Counts the keys of a batch that are not in the table (capacity checks before inserting).
+__global__ void count_missing_kernel(View t, int64_t n, const void* keys, int32_t key_type, const int32_t* leader,
+                                     unsigned long long* missing) {
+  auto block = cg::this_thread_block();
+  auto g = cg::tiled_partition<kGroup>(block);
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; i < n; i += groups) {
+    if (leader[i] != i) continue;
+    const uint64_t key = load_key_d(keys, key_type, i);
+    const uint64_t h = sok::hash_key(key);
+    if (locate<false>(t, g, key, h, digest_of(h)) < 0 && g.thread_rank() == 0) atomicAdd(missing, 1ull);
+  }
+}
+
+__global__ void erase_kernel(View t, int64_t n, const void* keys, int32_t key_type, unsigned long long* erased,
+                             unsigned long long* size) {
+  auto block = cg::this_thread_block();
+  auto g = cg::tiled_partition<kGroup>(block);
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; i < n; i += groups) {
+    const uint64_t key = load_key_d(keys, key_type, i);
+    const uint64_t h = sok::hash_key(key);
+    const uint8_t d = digest_of(h);
+    while (true) {
+      const int64_t slot = locate<true>(t, g, key, h, d);
+      if (slot < 0) break;
+      int done = 0;
+      if (g.thread_rank() == 0 && lock_slot(t, slot, d)) {
+        if (read_u64<true>(t.keys + slot) == key) {
+          t.scores[slot] = 0;
+          release_slot(t, slot, kEmptyState);
+          atomicAdd(erased, 1ull);
+          atomicAdd(size, ~0ull);  // -1
+          done = 1;
+        } else {
+          release_slot(t, slot, d);
+        }
+      }
+      if (g.shfl(done, 0)) break;
+    }
+  }
+}
+
+// Moves every live slot of `from` into `to` (a larger, empty table). Keys are distinct.
+__global__ void rehash_kernel(View from, View to) {
+  auto block = cg::this_thread_block();
+  auto g = cg::tiled_partition<kGroup>(block);
+  const int lane = static_cast<int>(g.thread_rank());
+  const int64_t slots = from.nb << from.log_b;
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
+  for (int64_t s = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; s < slots; s += groups) {
+    const uint8_t d = from.digests[s];
+    if (d < 2) continue;
+    const uint64_t key = from.keys[s];
+    int64_t b = static_cast<int64_t>(sok::hash_key(key) & static_cast<uint64_t>(to.nb - 1));
+    int64_t slot = -1;
+    for (int64_t step = 0; step < to.nb && slot < 0; ++step) {
+      slot = claim_empty(to, g, b);
+      if (slot < 0) {
+        if (lane == 0) atomicOr(to.flags + b, kOverflow);
+        b = (b + 1) & (to.nb - 1);
+      }
+    }
+    copy_floats<false>(g, to.row(slot), from.row(s), to.W);
+    if (lane == 0) {
+      to.keys[slot] = key;
+      to.scores[slot] = from.scores[s];
+    }
+    __threadfence();
+    g.sync();
+    if (lane == 0) release_slot(to, slot, d);
+  }
+}
+
+// Export, pass 1: flags[s - offset] = slot s is live (and scored >= threshold).
+__global__ void export_mark_kernel(View t, int64_t offset, int64_t limit, bool filter, uint64_t threshold,
+                                   int32_t* flags) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < limit; j += stride) {
+    const int64_t s = offset + j;
+    flags[j] = t.digests[s] >= 2 && (!filter || t.scores[s] >= threshold) ? 1 : 0;
+  }
+}
+
+// Export, pass 2: live slots go to base + their rank; *base advances by the chunk's count.
+__global__ void export_write_kernel(View t, int64_t offset, int64_t limit, const int32_t* flags, const int32_t* ranks,
+                                    int32_t key_type, int32_t cb, int32_t ce, void* keys, float* values,
+                                    uint64_t* scores, const unsigned long long* base) {
+  auto block = cg::this_thread_block();
+  auto g = cg::tiled_partition<kGroup>(block);
+  const int32_t w = ce - cb;
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
+  const int64_t start = static_cast<int64_t>(*base);
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; j < limit; j += groups) {
+    if (!flags[j]) continue;
+    const int64_t s = offset + j;
+    const int64_t out = start + ranks[j];
+    if (g.thread_rank() == 0) {
+      store_key_d(keys, key_type, out, t.keys[s]);
+      if (scores != nullptr) scores[out] = t.scores[s];
+    }
+    if (values != nullptr) copy_floats<false>(g, values + out * w, t.row(s) + cb, w);
+  }
+}
+
+__global__ void export_advance_kernel(const int32_t* flags, const int32_t* ranks, int64_t limit, unsigned long long* base) {
+  if (limit > 0) *base += static_cast<unsigned long long>(ranks[limit - 1] + flags[limit - 1]);
+}
+
+// Deduplication, pass 1: every key claims (or joins) a slot of an open-addressing index of
+// `slots` entries (owner = the first batch index to claim it); last = the highest batch index per
+// distinct key.
+__global__ void dedup_insert_kernel(int64_t n, const void* keys, int32_t key_type, int64_t slots, int32_t* owner,
+                                    int32_t* last, int32_t* slot_of) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const uint64_t key = load_key_d(keys, key_type, i);
+    int64_t s = static_cast<int64_t>(sok::hash_key(key) & static_cast<uint64_t>(slots - 1));
+    while (true) {
+      int32_t o = owner[s];
+      if (o < 0) {
+        o = atomicCAS(owner + s, -1, static_cast<int32_t>(i));
+        if (o < 0) break;
+      }
+      if (load_key_d(keys, key_type, o) == key) break;
+      s = (s + 1) & (slots - 1);
+    }
+    atomicMax(last + s, static_cast<int32_t>(i));
+    slot_of[i] = static_cast<int32_t>(s);
+  }
+}
+
+// Pass 2: leader[i] = the last batch index of key i (it acts for all its duplicates).
+__global__ void dedup_leader_kernel(int64_t n, const int32_t* last, const int32_t* slot_of, int32_t* leader) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    leader[i] = last[slot_of[i]];
+  }
+}
+
+__global__ void iota_kernel(int64_t n, int32_t* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = static_cast<int32_t>(i);
+  }
+}
+
+// accumulate, after a stable sort of (leader, index) pairs: the segment of each leader.
+__global__ void duplicate_segments_kernel(int64_t n, const int32_t* sorted_leader, int32_t* first, int32_t* end) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < n; p += stride) {
+    const int32_t l = sorted_leader[p];
+    if (p == 0 || sorted_leader[p - 1] != l) first[l] = static_cast<int32_t>(p);
+    if (p == n - 1 || sorted_leader[p + 1] != l) end[l] = static_cast<int32_t>(p + 1);
+  }
+}
+
+// LFU policies: a leader's score increment is the sum over its duplicates (saturating).
+__global__ void sum_increments_kernel(int64_t n, const int32_t* leader, const uint64_t* scores,
+                                      unsigned long long* sums) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    atomicAdd(sums + leader[i], static_cast<unsigned long long>(scores != nullptr ? scores[i] : 1));
+  }
+}
+
+// find_or_insert: duplicates copy their leader's row and found flag (one thread per key).
+__global__ void copy_from_leaders_kernel(int64_t n, int32_t w, const int32_t* leader, float* out, uint8_t* found) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int32_t l = leader[i];
+    if (l == i) continue;
+    for (int32_t c = 0; c < w; ++c) out[i * w + c] = out[static_cast<int64_t>(l) * w + c];
+    if (found != nullptr) found[i] = found[l];
+  }
+}
+
+}  // namespace gpu
+}  // namespace sok

@@ -1,0 +1,643 @@
+// The GPU storage shared by the CUDA builds of det ("hbm": every row on the device, grows, never
+// evicts) and hkv ("hybrid": rows past a device-memory budget in pinned host memory, evicts at
+// max_capacity). A backend includes this from one .cu file and configures it with BucketConfig;
+// the kernels and the table layout are described in sok/cuda/bucket_kernels.cuh.
+//
+// Host side. Every call is stream-ordered on the caller's CUDA stream: no host lock is held while
+// the GPU works and the hot path never synchronises. Calls from several streams are chained with
+// an event, so they take effect in the order they were made. Duplicate keys of a batch are
+// resolved on the device first (the last occurrence acts for its duplicates; accumulations are
+// summed), so the table kernels see distinct keys. Growth: the host keeps an upper bound of the
+// key count (refreshed without waiting from a size snapshot copied after each call); only when
+// a batch could push the load past max_load_factor does it wait for the exact count, count the
+// batch's new keys, and rehash into twice the buckets in one kernel.
+#pragma once
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <string>
+
+#include "sok/backend.hpp"
+#include "sok/cuda/bucket_kernels.cuh"
+
+namespace sok {
+namespace gpu {
+
+struct BucketConfig {
+  const char* backend;      // "det" / "hkv", for messages
+  int32_t bucket_size;      // slots per bucket: 16, 32, 64 or 128
+  int64_t init_slots;       // a power of two >= bucket_size
+  int64_t max_slots;        // the most slots growth reaches (a power of two), 0 = unlimited
+  int64_t max_keys;         // more keys fail with SOK_ERROR_CAPACITY (det's max_capacity), 0 = unlimited
+  double max_load_factor;   // grow before keys exceed this fraction of the slots
+  Policy policy;
+  bool evicts;              // at max_slots, a full bucket evicts its lowest score (hkv)
+  double hbm_bytes;         // device memory for rows; the other rows live in pinned host memory
+};
+
+inline void check_cuda(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return;
+  cudaGetLastError();  // clear a sticky launch error
+  const std::string message = std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+  if (err == cudaErrorMemoryAllocation) sok::fail(SOK_ERROR_OUT_OF_MEMORY, message);
+  sok::fail(SOK_ERROR_INTERNAL, message);
+}
+
+inline unsigned int blocks_for(int64_t items, int64_t per_block) {
+  const int64_t b = (items + per_block - 1) / per_block;
+  return static_cast<unsigned int>(std::max<int64_t>(1, std::min<int64_t>(b, int64_t{1} << 20)));
+}
+
+// Stream-ordered scratch memory, freed on the stream when it goes out of scope.
+class Scratch {
+ public:
+  Scratch(cudaStream_t stream, size_t bytes) : stream_(stream) {
+    if (bytes > 0) check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (scratch)");
+  }
+  ~Scratch() {
+    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <class T>
+  T* as(size_t offset_bytes = 0) const {
+    return reinterpret_cast<T*>(static_cast<char*>(ptr_) + offset_bytes);
+  }
+
+ private:
+  cudaStream_t stream_;
+  void* ptr_ = nullptr;
+};
+
+// Makes the table's device current for the scope.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() {
+    int now = previous_;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+};
+
+class BucketTable final : public sok::Storage {
+ public:
+  BucketTable(const sok_storage_config& config, const BucketConfig& c)
+      : sok::Storage(config.key_type, config.row_width), cfg_(c), device_(config.device_id) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      sok::fail(SOK_ERROR_UNSUPPORTED, std::string(c.backend) + ": no CUDA device is visible to this process");
+    }
+    if (device_ >= count) {
+      sok::invalid("device_id " + std::to_string(device_) + " does not exist; this process sees " +
+                   std::to_string(count) + " CUDA device(s): 0 .. " + std::to_string(count - 1));
+    }
+    DeviceScope scope(device_);
+    check_cuda(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_), "cudaDeviceGetAttribute");
+    // Scratch memory of calls comes from the device's stream-ordered pool: keep it cached.
+    cudaMemPool_t pool;
+    check_cuda(cudaDeviceGetDefaultMemPool(&pool, device_), "cudaDeviceGetDefaultMemPool");
+    uint64_t threshold = ~uint64_t{0};
+    check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold), "cudaMemPoolSetAttribute");
+    check_cuda(cudaEventCreateWithFlags(&last_done_, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventCreateWithFlags(&size_ready_, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaMalloc(&d_size_, sizeof(unsigned long long)), "cudaMalloc (counter)");
+    check_cuda(cudaMemset(d_size_, 0, sizeof(unsigned long long)), "cudaMemset");
+    check_cuda(cudaMallocHost(&h_size_, sizeof(unsigned long long)), "cudaMallocHost");
+    *h_size_ = 0;
+    view_ = allocate(cfg_.init_slots);
+    evicting_ = cfg_.evicts && cfg_.max_slots > 0 && capacity_slots() >= cfg_.max_slots;
+  }
+
+  ~BucketTable() override {
+    DeviceScope scope(device_);
+    cudaDeviceSynchronize();
+    release(view_);
+    cudaFree(d_size_);
+    cudaFreeHost(h_size_);
+    cudaEventDestroy(last_done_);
+    cudaEventDestroy(size_ready_);
+  }
+
+  bool supports_device(int32_t device_type) const override { return device_type == SOK_DEVICE_CUDA; }
+  bool accepts_scores() const override {
+    return cfg_.policy == Policy::kLfu || cfg_.policy == Policy::kEpochLfu || cfg_.policy == Policy::kCustom;
+  }
+  bool requires_scores() const override { return cfg_.policy == Policy::kCustom; }
+
+  int64_t capacity() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return capacity_slots();
+  }
+
+  int64_t size(const sok_exec_context& ctx) override {
+    Call call(this, ctx);
+    return exact_size(call.stream);
+  }
+
+  void find(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols, float* values,
+            const float* default_row, uint8_t* found) override {
+    Call call(this, ctx);
+    if (n == 0) return;
+    FindArgs a{n, keys, key_type(), cols.begin, cols.end, values, default_row, found};
+    find_kernel<<<group_blocks(n), kBlock, 0, call.stream>>>(view_, a);
+    check_cuda(cudaGetLastError(), "find kernel");
+  }
+
+  void find_or_insert(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols, float* values,
+                      uint8_t* found, const uint64_t* scores, const sok_initializer* inits,
+                      int32_t num_inits) override {
+    Call call(this, ctx);
+    if (n == 0) return;
+    Batch batch(this, call.stream, n, keys, scores);
+    prepare_insert(call.stream, batch);
+    UpsertArgs a = upsert_args(batch, cols, Mode::kFindOrInsert, inits, num_inits);
+    a.out = values;
+    a.found = found;
+    run_upsert(call.stream, a);
+    copy_from_leaders_kernel<<<blocks_for(n, kBlock), kBlock, 0, call.stream>>>(
+        n, cols.width(), batch.leader, values, found);
+    check_cuda(cudaGetLastError(), "find_or_insert duplicates");
+    after_insert(call.stream, n);
+  }
+
+  void insert_or_assign(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
+                        const float* values, const uint64_t* scores, const sok_initializer* inits,
+                        int32_t num_inits) override {
+    write(ctx, n, keys, cols, values, scores, inits, num_inits, Mode::kAssign, nullptr);
+  }
+
+  void accum_or_assign(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
+                       const float* values, const uint64_t* scores, const sok_initializer* inits,
+                       int32_t num_inits) override {
+    write(ctx, n, keys, cols, values, scores, inits, num_inits, Mode::kAccumulate, nullptr);
+  }
+
+  void import_batch(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
+                    const float* values, const uint64_t* scores, const sok_initializer* inits,
+                    int32_t num_inits) override {
+    write(ctx, n, keys, cols, values, scores, inits, num_inits, Mode::kImport, nullptr);
+  }
+
+  int64_t insert_and_evict(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
+                           const float* values, const uint64_t* scores, const sok_initializer* inits,
+                           int32_t num_inits, void* evicted_keys, float* evicted_values,
+                           uint64_t* evicted_scores) override {
+    Evicted ev{evicted_keys, evicted_values, evicted_scores, 0};
+    write(ctx, n, keys, cols, values, scores, inits, num_inits, Mode::kAssign, &ev);
+    return ev.count;
+  }
+
+  int64_t erase(const sok_exec_context& ctx, int64_t n, const void* keys) override {
+    Call call(this, ctx);
+    if (n == 0) return 0;
+    Scratch counter(call.stream, sizeof(unsigned long long));
+    check_cuda(cudaMemsetAsync(counter.as<void>(), 0, sizeof(unsigned long long), call.stream), "cudaMemsetAsync");
+    erase_kernel<<<group_blocks(n), kBlock, 0, call.stream>>>(view_, n, keys, key_type(),
+                                                                           counter.as<unsigned long long>(), d_size_);
+    check_cuda(cudaGetLastError(), "erase kernel");
+    snapshot_size(call.stream);
+    unsigned long long erased = 0;
+    check_cuda(cudaMemcpyAsync(&erased, counter.as<void>(), sizeof(erased), cudaMemcpyDeviceToHost, call.stream),
+               "cudaMemcpyAsync");
+    check_cuda(cudaStreamSynchronize(call.stream), "cudaStreamSynchronize (erase)");
+    return static_cast<int64_t>(erased);
+  }
+
+  int64_t export_batch(const sok_exec_context& ctx, int64_t offset, int64_t limit, sok::Columns cols,
+                       const uint64_t* threshold, void* keys, float* values, uint64_t* scores) override {
+    Call call(this, ctx);
+    const int64_t begin = std::min(offset, capacity_slots());
+    const int64_t end = std::min(capacity_slots(), offset + limit);
+    if (end <= begin) return 0;
+    constexpr int64_t kChunk = int64_t{1} << 24;  // slots per pass: bounds the scratch memory
+    const int64_t span = std::min(kChunk, end - begin);
+    size_t scan_bytes = 0;
+    check_cuda(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<int32_t*>(nullptr),
+                                             static_cast<int32_t*>(nullptr), static_cast<int>(span), call.stream),
+               "cub scan (size)");
+    const size_t flags_bytes = align(sizeof(int32_t) * span);
+    Scratch scratch(call.stream, 2 * flags_bytes + align(sizeof(unsigned long long)) + scan_bytes);
+    int32_t* flags = scratch.as<int32_t>();
+    int32_t* ranks = scratch.as<int32_t>(flags_bytes);
+    auto* base = scratch.as<unsigned long long>(2 * flags_bytes);
+    void* scan_tmp = scratch.as<char>(2 * flags_bytes + align(sizeof(unsigned long long)));
+    check_cuda(cudaMemsetAsync(base, 0, sizeof(unsigned long long), call.stream), "cudaMemsetAsync");
+    for (int64_t from = begin; from < end; from += span) {
+      const int64_t m = std::min(span, end - from);
+      export_mark_kernel<<<blocks_for(m, kBlock), kBlock, 0, call.stream>>>(view_, from, m, threshold != nullptr,
+                                                                            threshold ? *threshold : 0, flags);
+      size_t bytes = scan_bytes;
+      check_cuda(cub::DeviceScan::ExclusiveSum(scan_tmp, bytes, flags, ranks, static_cast<int>(m), call.stream),
+                 "cub scan");
+      export_write_kernel<<<blocks_for(m, kKeysPerBlock), kBlock, 0, call.stream>>>(
+          view_, from, m, flags, ranks, key_type(), cols.begin, cols.end, keys, values, scores, base);
+      export_advance_kernel<<<1, 1, 0, call.stream>>>(flags, ranks, m, base);
+      check_cuda(cudaGetLastError(), "export kernels");
+    }
+    unsigned long long count = 0;
+    check_cuda(cudaMemcpyAsync(&count, base, sizeof(count), cudaMemcpyDeviceToHost, call.stream), "cudaMemcpyAsync");
+    check_cuda(cudaStreamSynchronize(call.stream), "cudaStreamSynchronize (export)");
+    return static_cast<int64_t>(count);
+  }
+
+  void clear(const sok_exec_context& ctx) override {
+    Call call(this, ctx);
+    const int64_t slots = capacity_slots();
+    check_cuda(cudaMemsetAsync(view_.digests, 0, slots, call.stream), "cudaMemsetAsync");
+    check_cuda(cudaMemsetAsync(view_.flags, 0, sizeof(uint32_t) * view_.nb, call.stream), "cudaMemsetAsync");
+    check_cuda(cudaMemsetAsync(d_size_, 0, sizeof(unsigned long long), call.stream), "cudaMemsetAsync");
+    snapshot_size(call.stream);
+    bound_ = 0;
+  }
+
+  void set_global_epoch(uint64_t epoch) override {
+    if (cfg_.policy != Policy::kEpochLru && cfg_.policy != Policy::kEpochLfu) {
+      sok::fail(SOK_ERROR_UNSUPPORTED, std::string("set_global_epoch needs evict_strategy epoch_lru or epoch_lfu; ") +
+                                           "this " + cfg_.backend + " table's policy has no epoch");
+    }
+    if (epoch > 0xFFFFFFFFull) {
+      sok::invalid("epoch=" + std::to_string(epoch) + " does not fit the 32 high bits of a score; valid: 0 .. 2**32-1");
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    epoch_ = epoch;
+  }
+
+  std::string describe() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DeviceScope scope(device_);
+    check_cuda(cudaEventSynchronize(last_done_), "cudaEventSynchronize");
+    unsigned long long keys = 0;
+    check_cuda(cudaMemcpy(&keys, d_size_, sizeof(keys), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    const int64_t slots = capacity_slots();
+    std::string out = std::string(cfg_.backend) + " (CUDA:" + std::to_string(device_) + "): " + std::to_string(keys) +
+                      " keys, capacity " + std::to_string(slots);
+    if (cfg_.max_slots > 0) out += " of max " + std::to_string(cfg_.max_slots);
+    out += " (" + std::to_string(view_.nb) + " buckets x " + std::to_string(view_.B) + ", load " +
+           sok::fmt(static_cast<double>(keys) / static_cast<double>(slots)) + "), row width " +
+           std::to_string(row_width()) + ", key " + sok::key_type_name(key_type()) + ", rows: " +
+           std::to_string(view_.hb) + " of " + std::to_string(view_.B) + " slots per bucket in device memory" +
+           (view_.hb < view_.B ? ", the rest in pinned host memory" : "");
+    return out;
+  }
+
+ private:
+  struct Evicted {
+    void* keys;
+    float* values;
+    uint64_t* scores;
+    int64_t count;
+  };
+
+  // One ABI call: the table's lock for the enqueueing, its device current, the caller's stream
+  // ordered after the previous call (from any stream), and this call's end recorded for the next.
+  struct Call {
+    Call(BucketTable* t, const sok_exec_context& ctx) : table(t), lock(t->mutex_), scope(t->device_) {
+      if (ctx.device_id != t->device_) {
+        sok::invalid("the call's arrays are on cuda:" + std::to_string(ctx.device_id) + " but the table is on cuda:" +
+                     std::to_string(t->device_));
+      }
+      stream = static_cast<cudaStream_t>(ctx.stream);
+      if (t->has_last_ && t->last_stream_ != stream) {
+        check_cuda(cudaStreamWaitEvent(stream, t->last_done_, 0), "cudaStreamWaitEvent");
+      }
+    }
+    ~Call() {
+      if (cudaEventRecord(table->last_done_, stream) == cudaSuccess) {
+        table->has_last_ = true;
+        table->last_stream_ = stream;
+      } else {
+        cudaGetLastError();
+      }
+    }
+    BucketTable* table;
+    std::lock_guard<std::mutex> lock;
+    DeviceScope scope;
+    cudaStream_t stream;
+  };
+
+  // A batch's keys with each duplicate's leader (its last occurrence) and, for LFU policies, the
+  // summed score increments.
+  struct Batch {
+    Batch(BucketTable* t, cudaStream_t stream, int64_t n_, const void* keys_, const uint64_t* scores_)
+        : n(n_), keys(keys_), scores(scores_), memory(stream, bytes_for(n_, t->lfu_like())) {
+      if (n >= (int64_t{1} << 31) - 1) {
+        sok::invalid("a batch holds at most 2**31 - 2 keys, got " + std::to_string(n) + "; split it");
+      }
+      const int64_t slots = index_slots(n);
+      auto* owner = memory.as<int32_t>();
+      auto* last = owner + slots;
+      auto* slot_of = last + slots;
+      leader = slot_of + n;
+      check_cuda(cudaMemsetAsync(owner, 0xFF, sizeof(int32_t) * 2 * slots, stream), "cudaMemsetAsync");
+      dedup_insert_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, keys, t->key_type(), slots, owner, last,
+                                                                        slot_of);
+      dedup_leader_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, last, slot_of, leader);
+      check_cuda(cudaGetLastError(), "deduplication kernels");
+      if (t->lfu_like()) {
+        auto* sums = memory.as<unsigned long long>(align(sizeof(int32_t) * (2 * slots + 2 * n)));
+        check_cuda(cudaMemsetAsync(sums, 0, sizeof(unsigned long long) * n, stream), "cudaMemsetAsync");
+        sum_increments_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, leader, scores, sums);
+        check_cuda(cudaGetLastError(), "score increments");
+        scores = reinterpret_cast<const uint64_t*>(sums);
+      }
+    }
+    static int64_t index_slots(int64_t n) {
+      int64_t s = 64;
+      while (s < 2 * n) s <<= 1;
+      return s;
+    }
+    static size_t bytes_for(int64_t n, bool lfu) {
+      return align(sizeof(int32_t) * (2 * index_slots(n) + 2 * n)) + (lfu ? sizeof(unsigned long long) * n : 0);
+    }
+    int64_t n;
+    const void* keys;
+    const uint64_t* scores;
+    Scratch memory;
+    int32_t* leader = nullptr;
+  };
+
+  static size_t align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
+  // Blocks for a kernel with one group per item: enough to fill the GPU, the rest by grid stride
+  // (a grid of many short blocks spends its time starting them).
+  unsigned int group_blocks(int64_t items) const {
+    return static_cast<unsigned int>(std::min<int64_t>(blocks_for(items, kKeysPerBlock), int64_t{8} * sm_count_));
+  }
+  bool lfu_like() const { return cfg_.policy == Policy::kLfu || cfg_.policy == Policy::kEpochLfu; }
+  int64_t capacity_slots() const { return view_.nb << view_.log_b; }
+
+  void write(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols, const float* values,
+             const uint64_t* scores, const sok_initializer* inits, int32_t num_inits, Mode mode, Evicted* ev) {
+    Call call(this, ctx);
+    if (n == 0) return;
+    Batch batch(this, call.stream, n, keys, mode == Mode::kImport ? nullptr : scores);
+    if (mode == Mode::kImport) batch.scores = scores;  // stored as given: never summed
+    prepare_insert(call.stream, batch);
+    UpsertArgs a = upsert_args(batch, cols, mode, inits, num_inits);
+    a.values = values;
+    Scratch segments(call.stream, mode == Mode::kAccumulate ? segment_bytes(n) : 0);
+    if (mode == Mode::kAccumulate) order_duplicates(call.stream, batch, segments, &a);
+    Scratch counter(call.stream, ev != nullptr ? sizeof(unsigned long long) : 0);
+    if (ev != nullptr) {
+      check_cuda(cudaMemsetAsync(counter.as<void>(), 0, sizeof(unsigned long long), call.stream), "cudaMemsetAsync");
+      a.ev_keys = ev->keys;
+      a.ev_values = ev->values;
+      a.ev_scores = ev->scores;
+      a.ev_count = counter.as<unsigned long long>();
+    }
+    run_upsert(call.stream, a);
+    after_insert(call.stream, n);
+    if (ev != nullptr) {
+      unsigned long long count = 0;
+      check_cuda(cudaMemcpyAsync(&count, counter.as<void>(), sizeof(count), cudaMemcpyDeviceToHost, call.stream),
+                 "cudaMemcpyAsync");
+      check_cuda(cudaStreamSynchronize(call.stream), "cudaStreamSynchronize (insert_and_evict)");
+      ev->count = static_cast<int64_t>(count);
+    }
+  }
+
+  static size_t segment_bytes(int64_t n) {
+    size_t sort_bytes = 0;
+    cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const int32_t*>(nullptr),
+                                    static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                    static_cast<int32_t*>(nullptr), static_cast<int>(n));
+    return 5 * align(sizeof(int32_t) * n) + sort_bytes;
+  }
+
+  // accumulate: the batch indices of every key's occurrences, in batch order, so that duplicates
+  // are added one after another as on the CPU (a stable radix sort of (leader, index) pairs).
+  void order_duplicates(cudaStream_t stream, const Batch& batch, const Scratch& memory, UpsertArgs* a) {
+    const int64_t n = batch.n;
+    const size_t part = align(sizeof(int32_t) * n);
+    auto* index = memory.as<int32_t>();
+    auto* sorted_leader = memory.as<int32_t>(part);
+    auto* order = memory.as<int32_t>(2 * part);
+    auto* first = memory.as<int32_t>(3 * part);
+    auto* end = memory.as<int32_t>(4 * part);
+    void* sort_tmp = memory.as<char>(5 * part);
+    iota_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, index);
+    size_t sort_bytes = segment_bytes(n) - 5 * part;
+    int end_bit = 1;
+    while (end_bit < 31 && (int64_t{1} << end_bit) < n) ++end_bit;
+    check_cuda(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, batch.leader, sorted_leader, index, order,
+                                               static_cast<int>(n), 0, end_bit, stream),
+               "cub radix sort");
+    duplicate_segments_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, sorted_leader, first, end);
+    check_cuda(cudaGetLastError(), "duplicate segments");
+    a->order = order;
+    a->first = first;
+    a->end = end;
+  }
+
+  UpsertArgs upsert_args(const Batch& batch, sok::Columns cols, Mode mode, const sok_initializer* inits,
+                         int32_t num_inits) {
+    if (num_inits > kMaxInits) {
+      sok::invalid(std::to_string(num_inits) + " initializers in one call; the CUDA table takes at most " +
+                   std::to_string(kMaxInits));
+    }
+    UpsertArgs a{};
+    a.n = batch.n;
+    a.keys = batch.keys;
+    a.key_type = key_type();
+    a.cb = cols.begin;
+    a.ce = cols.end;
+    a.mode = mode;
+    a.policy = cfg_.policy;
+    a.admit_all = mode != Mode::kImport && (cfg_.policy == Policy::kLru || cfg_.policy == Policy::kLfu);
+    a.evicting = evicting_;
+    a.scores = batch.scores;
+    a.leader = batch.leader;
+    a.now = tick();
+    a.epoch = epoch_;
+    a.inits.count = num_inits;
+    for (int32_t i = 0; i < num_inits; ++i) a.inits.items[i] = inits[i];
+    a.size = d_size_;
+    return a;
+  }
+
+  // Phase 1 updates the keys present, phase 2 places the others (sok/cuda/bucket_kernels.cuh).
+  void run_upsert(cudaStream_t stream, const UpsertArgs& a) {
+    Scratch missing(stream, a.n);
+    const unsigned int blocks = group_blocks(a.n);
+    update_hits_kernel<<<blocks, kBlock, 0, stream>>>(view_, a, missing.as<uint8_t>());
+    insert_missing_kernel<false><<<blocks, kBlock, 0, stream>>>(view_, a, missing.as<uint8_t>());
+    if (a.evicting) insert_missing_kernel<true><<<blocks, kBlock, 0, stream>>>(view_, a, missing.as<uint8_t>());
+    check_cuda(cudaGetLastError(), "upsert kernels");
+  }
+
+  // LRU clock: ns since the Unix epoch, strictly increasing per table (as on the CPU).
+  uint64_t tick() {
+    last_tick_ = std::max(sok::now_ns(), last_tick_ + 1);
+    return last_tick_;
+  }
+
+  // Queues a copy of the key count for the host (read later without waiting when it is done).
+  void snapshot_size(cudaStream_t stream) {
+    check_cuda(cudaMemcpyAsync(h_size_, d_size_, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync (size)");
+    check_cuda(cudaEventRecord(size_ready_, stream), "cudaEventRecord");
+    snapshot_pending_ = true;
+  }
+
+  void after_insert(cudaStream_t stream, int64_t n) {
+    bound_ += n;
+    snapshot_size(stream);
+  }
+
+  int64_t exact_size(cudaStream_t stream) {
+    unsigned long long keys = 0;
+    check_cuda(cudaMemcpyAsync(&keys, d_size_, sizeof(keys), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (size)");
+    bound_ = static_cast<int64_t>(keys);
+    return bound_;
+  }
+
+  // Before inserting a batch: make sure the table can take every new key of it (growing it if the
+  // load would pass max_load_factor), or fail with nothing changed.
+  void prepare_insert(cudaStream_t stream, const Batch& batch) {
+    if (snapshot_pending_ && cudaEventQuery(size_ready_) == cudaSuccess) {
+      bound_ = static_cast<int64_t>(*h_size_);
+      snapshot_pending_ = false;
+    }
+    cudaGetLastError();  // cudaEventQuery's cudaErrorNotReady is not an error here
+    if (evicting_) return;
+    const int64_t slots = capacity_slots();
+    const bool within_keys = cfg_.max_keys == 0 || bound_ + batch.n <= cfg_.max_keys;
+    if (within_keys && static_cast<double>(bound_ + batch.n) <= cfg_.max_load_factor * static_cast<double>(slots)) {
+      return;
+    }
+    const int64_t size = exact_size(stream);
+    const int64_t fresh = count_missing(stream, batch);
+    if (cfg_.max_keys > 0 && size + fresh > cfg_.max_keys) {
+      sok::fail(SOK_ERROR_CAPACITY, std::string(cfg_.backend) + " table is full: " + std::to_string(size) + " keys + " +
+                                        std::to_string(fresh) + " new keys exceed max_capacity=" +
+                                        std::to_string(cfg_.max_keys) +
+                                        "; raise max_capacity or use var_type 'hybrid' for eviction");
+    }
+    int64_t target = slots;
+    while (static_cast<double>(size + fresh) > cfg_.max_load_factor * static_cast<double>(target) &&
+           (cfg_.max_slots == 0 || target < cfg_.max_slots)) {
+      target *= 2;
+    }
+    if (target > slots) rehash(stream, target);
+    evicting_ = cfg_.evicts && cfg_.max_slots > 0 && capacity_slots() >= cfg_.max_slots;
+    if (!evicting_ && size + fresh > capacity_slots()) {
+      sok::fail(SOK_ERROR_CAPACITY, std::string(cfg_.backend) + " table is full: " + std::to_string(size) + " keys + " +
+                                        std::to_string(fresh) + " new keys exceed its " +
+                                        std::to_string(capacity_slots()) + " slots");
+    }
+  }
+
+  int64_t count_missing(cudaStream_t stream, const Batch& batch) {
+    Scratch counter(stream, sizeof(unsigned long long));
+    check_cuda(cudaMemsetAsync(counter.as<void>(), 0, sizeof(unsigned long long), stream), "cudaMemsetAsync");
+    count_missing_kernel<<<group_blocks(batch.n), kBlock, 0, stream>>>(
+        view_, batch.n, batch.keys, key_type(), batch.leader, counter.as<unsigned long long>());
+    check_cuda(cudaGetLastError(), "count_missing kernel");
+    unsigned long long missing = 0;
+    check_cuda(cudaMemcpyAsync(&missing, counter.as<void>(), sizeof(missing), cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync");
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (count new keys)");
+    return static_cast<int64_t>(missing);
+  }
+
+  // Device slots per bucket for nb buckets under the device-memory budget.
+  int32_t device_slots(int64_t nb) const {
+    const double row_bytes = static_cast<double>(row_width()) * sizeof(float);
+    const double per_bucket = std::floor(cfg_.hbm_bytes / (static_cast<double>(nb) * row_bytes));
+    return static_cast<int32_t>(std::max(0.0, std::min<double>(cfg_.bucket_size, per_bucket)));
+  }
+
+  View allocate(int64_t slots) {
+    View v{};
+    v.B = cfg_.bucket_size;
+    v.log_b = 0;
+    while ((1 << v.log_b) < v.B) ++v.log_b;
+    v.nb = slots / v.B;
+    v.hb = device_slots(v.nb);
+    v.W = row_width();
+    try {
+      check_cuda(cudaMalloc(&v.digests, slots), "cudaMalloc (states)");
+      check_cuda(cudaMalloc(&v.keys, sizeof(uint64_t) * slots), "cudaMalloc (keys)");
+      check_cuda(cudaMalloc(&v.scores, sizeof(uint64_t) * slots), "cudaMalloc (scores)");
+      check_cuda(cudaMalloc(&v.flags, sizeof(uint32_t) * v.nb), "cudaMalloc (flags)");
+      const int64_t dev_rows = v.nb * v.hb;
+      const int64_t host_rows = v.nb * (v.B - v.hb);
+      if (dev_rows > 0) check_cuda(cudaMalloc(&v.vdev, sizeof(float) * dev_rows * v.W), "cudaMalloc (device rows)");
+      if (host_rows > 0) {
+        void* host = nullptr;
+        check_cuda(cudaHostAlloc(&host, sizeof(float) * host_rows * v.W, cudaHostAllocMapped | cudaHostAllocPortable),
+                   "cudaHostAlloc (host rows)");
+        void* mapped = nullptr;
+        check_cuda(cudaHostGetDevicePointer(&mapped, host, 0), "cudaHostGetDevicePointer");
+        v.vhost = static_cast<float*>(mapped);
+      }
+      check_cuda(cudaMemset(v.digests, 0, slots), "cudaMemset");
+      check_cuda(cudaMemset(v.scores, 0, sizeof(uint64_t) * slots), "cudaMemset");
+      check_cuda(cudaMemset(v.flags, 0, sizeof(uint32_t) * v.nb), "cudaMemset");
+      // The memsets ran on the legacy stream; callers may use non-blocking streams.
+      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (allocation)");
+    } catch (...) {
+      release(v);
+      throw;
+    }
+    return v;
+  }
+
+  static void release(View& v) {
+    cudaFree(v.digests);
+    cudaFree(v.keys);
+    cudaFree(v.scores);
+    cudaFree(v.flags);
+    cudaFree(v.vdev);
+    if (v.vhost != nullptr) {
+      void* host = nullptr;
+      // The mapped address is the host address under unified addressing (every 64-bit platform).
+      cudaPointerAttributes attrs{};
+      if (cudaPointerGetAttributes(&attrs, v.vhost) == cudaSuccess && attrs.hostPointer != nullptr) host = attrs.hostPointer;
+      cudaFreeHost(host != nullptr ? host : v.vhost);
+    }
+    v = View{};
+  }
+
+  void rehash(cudaStream_t stream, int64_t slots) {
+    View next = allocate(slots);  // may throw: the table is unchanged then
+    const int64_t old_slots = capacity_slots();
+    rehash_kernel<<<blocks_for(old_slots, kKeysPerBlock), kBlock, 0, stream>>>(view_, next);
+    check_cuda(cudaGetLastError(), "rehash kernel");
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (growth)");
+    release(view_);
+    view_ = next;
+  }
+
+  BucketConfig cfg_;
+  int device_;
+  int sm_count_ = 132;
+  std::mutex mutex_;
+  View view_{};
+  bool evicting_ = false;
+  uint64_t epoch_ = 0;
+  uint64_t last_tick_ = 0;
+  unsigned long long* d_size_ = nullptr;  // live keys, on the device
+  unsigned long long* h_size_ = nullptr;  // its latest snapshot (pinned)
+  cudaEvent_t size_ready_ = nullptr;
+  bool snapshot_pending_ = false;
+  int64_t bound_ = 0;                     // an upper bound of the key count
+  cudaEvent_t last_done_ = nullptr;
+  cudaStream_t last_stream_ = nullptr;
+  bool has_last_ = false;
+};
+
+}  // namespace gpu
+}  // namespace sok

@@ -1,0 +1,94 @@
+"""Helpers of the GPU tests: when to skip them, and arrays that speak one interchange protocol only.
+
+A backend's GPU test module skips itself as a whole, with the reason (one line in ``pytest -rs``),
+where CUDA tables cannot be made::
+
+    import pytest
+    from sok_backend_mine import _core
+    from sparse_operation_kit.testing.device import cuda_skip_reason
+
+    pytestmark = pytest.mark.gpu
+    if (reason := cuda_skip_reason(_core)) is not None:  # here, so -rs names this module
+        pytest.skip(reason, allow_module_level=True)
+
+Nothing here imports CuPy or Torch at import time, so CPU-only runs collect these modules and skip.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from sparse_operation_kit.device_arrays import CUPY_INSTALL_HINT
+
+__all__ = [
+    "DEVICE",
+    "CudaArrayInterfaceOnly",
+    "DLPackOnly",
+    "cuda_skip_reason",
+    "requires_cuda",
+]
+
+#: The device of the GPU tests.
+DEVICE = "cuda:0"
+
+
+def cuda_skip_reason(core: ModuleType) -> str | None:
+    """Why CUDA tables of the backend whose native module is ``core`` cannot be tested here, or
+    None: CuPy missing, a build without CUDA, a build without ``cuda_device_count``, no GPU."""
+    try:
+        import cupy  # noqa: F401
+    except Exception as error:  # ImportError, or a CuPy that cannot load its CUDA libraries
+        return f"needs CuPy ({CUPY_INSTALL_HINT}): {type(error).__name__}: {error}"
+    name = core.__name__
+    if not dict(getattr(core, "BUILD_INFO", {})).get("cuda", False):
+        return f"{name} was built without CUDA (BUILD_INFO['cuda'] is False): rebuild it where nvcc is found"
+    count = getattr(core, "cuda_device_count", None)
+    if count is None:
+        return f"{name} has no cuda_device_count(): rebuild it against this sok-core"
+    if int(count()) == 0:
+        return f"no CUDA device ({name}.cuda_device_count() == 0)"
+    return None
+
+
+def requires_cuda(core: ModuleType) -> pytest.MarkDecorator:
+    """A ``skipif`` mark (with :func:`cuda_skip_reason`) for single GPU tests in a CPU module."""
+    reason = cuda_skip_reason(core)
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+class CudaArrayInterfaceOnly:
+    """An array that exposes only ``__cuda_array_interface__``: that of a CuPy ``array``, read
+    under CuPy's current stream (so v3's ``stream`` names it), or naming ``stream`` when given.
+
+    The wrapper keeps ``array`` alive; it has no ``__dlpack__`` and no ``__array__``.
+    """
+
+    def __init__(self, array: Any, stream: int | None = None) -> None:
+        self._array = array
+        interface = dict(array.__cuda_array_interface__)
+        if stream is not None:
+            interface["stream"] = stream
+        self.__cuda_array_interface__ = interface
+
+    def __repr__(self) -> str:
+        interface = self.__cuda_array_interface__
+        return f"CudaArrayInterfaceOnly(shape={interface['shape']}, typestr={interface['typestr']!r})"
+
+
+class DLPackOnly:
+    """An array that exposes only ``__dlpack__`` and ``__dlpack_device__`` (those of ``array``)."""
+
+    def __init__(self, array: Any) -> None:
+        self._array = array
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._array.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._array.__dlpack_device__()
+
+    def __repr__(self) -> str:
+        return f"DLPackOnly(shape={self._array.shape}, dtype={self._array.dtype})"
