@@ -9,7 +9,7 @@
 // others; new keys take the lowest empty slot, so device slots fill first.
 //
 // Probing. A key hashes (splitmix64, as on the CPU) to a home bucket; a group of kGroup lanes scans
-// the bucket's B state bytes at once (16 per lane, one 128-byte line for B = 128), then compares
+// the bucket's B state bytes at once (16-byte chunks, one 128-byte line for B = 128), then compares
 // the full key only where the digest matches. A key whose home bucket is full while the table is
 // still growing goes to the next bucket with room, and its home bucket's overflow flag (sticky
 // until a rehash or clear) tells lookups to follow the chain. A table at its size limit that evicts
@@ -35,7 +35,12 @@ namespace gpu {
 
 namespace cg = cooperative_groups;
 
-constexpr int kGroup = 8;           // lanes per key
+#ifndef SOK_GPU_GROUP
+#define SOK_GPU_GROUP 4
+#endif
+constexpr int kGroup = SOK_GPU_GROUP;    // lanes per key: 2, 4 or 8
+constexpr int kChunks = 8 / kGroup;      // 16-byte chunks of state bytes per lane (buckets <= 128 slots)
+static_assert(kGroup == 2 || kGroup == 4 || kGroup == 8, "SOK_GPU_GROUP must be 2, 4 or 8");
 constexpr int kBlock = 256;         // threads per block
 constexpr int kKeysPerBlock = kBlock / kGroup;
 constexpr int kMaxInits = 8;        // initializers per call (embedding + optimizer slots)
@@ -107,12 +112,12 @@ __device__ __forceinline__ uint32_t live16(uint4 v) {
   return ~(match16(v, kEmptyState) | match16(v, kBusyState)) & 0xFFFFu;
 }
 
-// The 16 state bytes of lane `lane` in bucket `b` (zeros past the bucket). kFresh bypasses L1, for
-// kernels where other SMs write the table meanwhile.
+// The 16 state bytes of chunk `c` of bucket `b` (all "busy", which never matches, past the
+// bucket). kFresh bypasses L1, for kernels where other SMs write the table meanwhile.
 template <bool kFresh>
-__device__ __forceinline__ uint4 states16(const View& t, int64_t b, int lane) {
-  if (lane * 16 >= t.B) return make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u);  // "busy": never matches
-  const uint4* p = reinterpret_cast<const uint4*>(t.digests + (b << t.log_b) + lane * 16);
+__device__ __forceinline__ uint4 states16(const View& t, int64_t b, int c) {
+  if (c * 16 >= t.B) return make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u);
+  const uint4* p = reinterpret_cast<const uint4*>(t.digests + (b << t.log_b) + c * 16);
   return kFresh ? __ldcg(p) : *p;
 }
 
@@ -121,21 +126,28 @@ __device__ __forceinline__ uint64_t read_u64(const uint64_t* p) {
   return kFresh ? __ldcg(reinterpret_cast<const unsigned long long*>(p)) : *p;
 }
 
-// The slot holding key, or -1; the same on every lane of the group.
+// The slot holding key, or -1; the same on every lane of the group. Lane l scans chunks l,
+// l + kGroup, ... (all its loads are issued before any is used).
 template <bool kFresh, class Group>
 __device__ int64_t locate(const View& t, const Group& g, uint64_t key, uint64_t h, uint8_t d) {
   const int lane = static_cast<int>(g.thread_rank());
   int64_t b = static_cast<int64_t>(h & static_cast<uint64_t>(t.nb - 1));
   for (int64_t step = 0; step < t.nb; ++step) {
-    uint32_t mask = match16(states16<kFresh>(t, b, lane), d);
+    uint4 v[kChunks];
+#pragma unroll
+    for (int q = 0; q < kChunks; ++q) v[q] = states16<kFresh>(t, b, lane + q * kGroup);
     int32_t hit = -1;
-    while (mask != 0) {
-      const int k = __ffs(mask) - 1;
-      mask &= mask - 1;
-      const int64_t slot = (b << t.log_b) + lane * 16 + k;
-      if (read_u64<kFresh>(t.keys + slot) == key) {
-        hit = lane * 16 + k;
-        break;
+#pragma unroll
+    for (int q = 0; q < kChunks; ++q) {
+      const int c = lane + q * kGroup;
+      uint32_t mask = hit < 0 ? match16(v[q], d) : 0u;
+      while (mask != 0) {
+        const int k = __ffs(mask) - 1;
+        mask &= mask - 1;
+        if (read_u64<kFresh>(t.keys + (b << t.log_b) + c * 16 + k) == key) {
+          hit = c * 16 + k;
+          break;
+        }
       }
     }
     const uint32_t any = g.ballot(hit >= 0);
@@ -177,18 +189,24 @@ __device__ __forceinline__ void release_slot(const View& t, int64_t slot, uint8_
   atomicXor(state_word(t, slot), static_cast<unsigned int>(kBusyState ^ state) << state_shift(slot));
 }
 
-// Claims an empty slot of bucket b (its state becomes busy): the slot, or -1 when the bucket is full.
+// Claims the lowest empty slot of bucket b (its state becomes busy): the slot, or -1 when the
+// bucket is full. Lowest first: device-memory rows (the low slots of each bucket) fill first.
 template <class Group>
 __device__ int64_t claim_empty(const View& t, const Group& g, int64_t b) {
   const int lane = static_cast<int>(g.thread_rank());
   while (true) {
-    const uint32_t empties = lane * 16 < t.B ? match16(states16<true>(t, b, lane), kEmptyState) : 0u;
-    const uint32_t any = g.ballot(empties != 0);
-    if (any == 0) return -1;
-    const int owner = __ffs(any) - 1;
+    int32_t first = t.B;
+#pragma unroll
+    for (int q = 0; q < kChunks; ++q) {
+      const int c = lane + q * kGroup;
+      const uint32_t empties = c * 16 < t.B ? match16(states16<true>(t, b, c), kEmptyState) : 0u;
+      if (empties != 0) first = min(first, c * 16 + __ffs(empties) - 1);
+    }
+    for (int offset = kGroup / 2; offset > 0; offset /= 2) first = min(first, g.shfl_xor(first, offset));
+    if (first >= t.B) return -1;
     int64_t got = -1;
-    if (lane == owner) {
-      const int64_t slot = (b << t.log_b) + lane * 16 + (__ffs(empties) - 1);
+    if (lane == 0) {
+      const int64_t slot = (b << t.log_b) + first;
       unsigned int* word = state_word(t, slot);
       const int shift = state_shift(slot);
       const unsigned int cur = __ldcg(word);
@@ -197,7 +215,7 @@ __device__ int64_t claim_empty(const View& t, const Group& g, int64_t b) {
         got = slot;
       }
     }
-    got = g.shfl(got, owner);
+    got = g.shfl(got, 0);
     if (got >= 0) return got;
   }
 }
@@ -208,15 +226,19 @@ __device__ void lowest_score(const View& t, const Group& g, int64_t b, int64_t* 
   const int lane = static_cast<int>(g.thread_rank());
   uint64_t best = ~uint64_t{0};
   int64_t best_slot = -1;
-  uint32_t live = lane * 16 < t.B ? live16(states16<true>(t, b, lane)) : 0u;
-  while (live != 0) {
-    const int k = __ffs(live) - 1;
-    live &= live - 1;
-    const int64_t s = (b << t.log_b) + lane * 16 + k;
-    const uint64_t sc = read_u64<true>(t.scores + s);
-    if (best_slot < 0 || sc < best) {
-      best = sc;
-      best_slot = s;
+#pragma unroll
+  for (int q = 0; q < kChunks; ++q) {
+    const int c = lane + q * kGroup;
+    uint32_t live = c * 16 < t.B ? live16(states16<true>(t, b, c)) : 0u;
+    while (live != 0) {
+      const int k = __ffs(live) - 1;
+      live &= live - 1;
+      const int64_t s = (b << t.log_b) + c * 16 + k;
+      const uint64_t sc = read_u64<true>(t.scores + s);
+      if (best_slot < 0 || sc < best || (sc == best && s < best_slot)) {
+        best = sc;
+        best_slot = s;
+      }
     }
   }
   for (int offset = kGroup / 2; offset > 0; offset /= 2) {
@@ -231,24 +253,41 @@ __device__ void lowest_score(const View& t, const Group& g, int64_t b, int64_t* 
   *score = best;
 }
 
-// Copies w floats (group-parallel, 16-byte vectors where aligned); kAdd adds instead.
+// Copies w floats (group-parallel, 16-byte vectors where aligned); kAdd adds instead. Each lane
+// issues up to four loads before its stores, so the reads of a row overlap instead of waiting for
+// one another (the pointers never alias: a table row and a caller's array).
 template <bool kAdd, class Group>
-__device__ void copy_floats(const Group& g, float* dst, const float* src, int32_t w) {
+__device__ void copy_floats(const Group& g, float* __restrict__ dst, const float* __restrict__ src, int32_t w) {
+  constexpr int kBatch = 4;
   const int lane = static_cast<int>(g.thread_rank());
   const bool vec = (w % 4 == 0) && (reinterpret_cast<uintptr_t>(dst) % 16 == 0) && (reinterpret_cast<uintptr_t>(src) % 16 == 0);
   if (vec) {
     float4* d4 = reinterpret_cast<float4*>(dst);
     const float4* s4 = reinterpret_cast<const float4*>(src);
-    for (int32_t c = lane; c < w / 4; c += kGroup) {
-      float4 v = s4[c];
-      if (kAdd) {
-        const float4 o = d4[c];
-        v.x += o.x;
-        v.y += o.y;
-        v.z += o.z;
-        v.w += o.w;
+    const int32_t n4 = w / 4;
+    for (int32_t base = lane; base < n4; base += kBatch * kGroup) {
+      float4 v[kBatch];
+      float4 o[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int32_t c = base + u * kGroup;
+        if (c < n4) {
+          v[u] = s4[c];
+          if (kAdd) o[u] = d4[c];
+        }
       }
-      d4[c] = v;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int32_t c = base + u * kGroup;
+        if (c >= n4) continue;
+        if (kAdd) {
+          v[u].x += o[u].x;
+          v[u].y += o[u].y;
+          v[u].z += o[u].z;
+          v[u].w += o[u].w;
+        }
+        d4[c] = v[u];
+      }
     }
   } else {
     for (int32_t c = lane; c < w; c += kGroup) dst[c] = kAdd ? dst[c] + src[c] : src[c];
