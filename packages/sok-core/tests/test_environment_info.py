@@ -21,6 +21,17 @@ def test_environment_info_lists_both_backends_and_their_builds():
         assert "error" not in builds[name]
 
 
+def test_environment_info_reports_cuda_devices_of_cuda_builds_and_the_tf_gpu_kernels():
+    info = environment_info(with_tensorflow=False)
+    for backend in info["backends"]:
+        lines = [d for d in info["devices"] if d.startswith(f"CUDA ({backend['name']} build)")]
+        if backend["build"].get("cuda"):
+            assert len(lines) == 1 and lines[0].endswith("device(s)"), info["devices"]
+        else:
+            assert lines == []
+    assert info["tf_gpu_kernels"].startswith(("built for CUDA", "not built", "no TensorFlow op library"))
+
+
 def test_print_environment_info_from_a_fresh_interpreter():
     out = subprocess.run(
         [sys.executable, "-c", "import sparse_operation_kit as sok; sok.print_environment_info()"],

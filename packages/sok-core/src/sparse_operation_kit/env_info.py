@@ -8,7 +8,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TextIO
 
-from sparse_operation_kit.plugins.registry import STORAGE_API_VERSION, get_registry
+from sparse_operation_kit.plugins.registry import STORAGE_API_VERSION, get_registry, import_path
 
 #: Distribution names TensorFlow is published under (CPU, GPU and vendor builds).
 TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "intel-tensorflow", "tf-nightly")
@@ -21,6 +21,22 @@ def _dist_version(*names: str) -> str | None:
         except PackageNotFoundError:
             continue
     return None
+
+
+def _cuda_devices(backends: list[dict[str, Any]]) -> list[str]:
+    """The CUDA devices each CUDA build of a backend sees (``cuda_device_count`` of its module)."""
+    found = []
+    for backend in backends:
+        path = backend["build_path"]
+        if not backend["build"].get("cuda") or not isinstance(path, str):
+            continue
+        try:
+            count = import_path(path.rsplit(":", 1)[0] + ":cuda_device_count")()
+        except Exception as error:  # reported, not raised: this feeds bug reports
+            found.append(f"CUDA ({backend['name']} build): unavailable: {type(error).__name__}: {error}")
+            continue
+        found.append(f"CUDA ({backend['name']} build): {count} device(s)")
+    return found
 
 
 def _devices(with_tensorflow: bool) -> list[str]:
@@ -37,6 +53,16 @@ def _devices(with_tensorflow: bool) -> list[str]:
         except Exception as error:  # a broken TF install is a fact worth reporting, not a crash
             devices.append(f"TensorFlow devices unavailable: {type(error).__name__}: {error}")
     return devices
+
+
+def _tf_gpu_kernels() -> str:
+    """Whether sok-core's TensorFlow op library has its GPU kernels (and for which CUDA)."""
+    from sparse_operation_kit import tf_ops
+
+    built = tf_ops.gpu_build()
+    if built is None:
+        return "no TensorFlow op library in this build"
+    return "not built (no CUDA toolkit at build time)" if built == "none" else f"built for CUDA {built}"
 
 
 def environment_info(with_tensorflow: bool = True) -> dict[str, Any]:
@@ -57,6 +83,7 @@ def environment_info(with_tensorflow: bool = True) -> dict[str, Any]:
                 "version": spec.version,
                 "capabilities": spec.capabilities.__dict__,
                 "build": registry.build_info(spec),
+                "build_path": spec.build_info,
             }
         )
     return {
@@ -70,7 +97,8 @@ def environment_info(with_tensorflow: bool = True) -> dict[str, Any]:
         "pluggy": _dist_version("pluggy"),
         "backends": backends,
         "var_types": registry.var_types(),
-        "devices": _devices(with_tensorflow),
+        "devices": _devices(with_tensorflow) + _cuda_devices(backends),
+        "tf_gpu_kernels": _tf_gpu_kernels(),
     }
 
 
@@ -78,7 +106,17 @@ def print_environment_info(file: TextIO | None = None, with_tensorflow: bool = T
     """Print :func:`environment_info` as aligned text."""
     out = file or sys.stdout
     info = environment_info(with_tensorflow)
-    for key in ("python", "platform", "sok-core", "storage_api_version", "numpy", "tensorflow", "horovod", "pluggy"):
+    for key in (
+        "python",
+        "platform",
+        "sok-core",
+        "storage_api_version",
+        "numpy",
+        "tensorflow",
+        "horovod",
+        "pluggy",
+        "tf_gpu_kernels",
+    ):
         print(f"{key:<20} {info[key] if info[key] is not None else 'not installed'}", file=out)
     print(
         f"{'var_types':<20} {', '.join(info['var_types']) or 'none (install sok-core[det] or sok-core[hkv])'}", file=out
