@@ -247,6 +247,76 @@ def test_static_and_dynamic_in_one_checkpoint_with_optimizer(tmp_path):
     assert_state_equal(state(fresh_dyn, fresh_wrapper), state(dyn, wrapper))
 
 
+def static_train_step(var, wrapper, ids) -> None:
+    ids = tf.constant([i % STATIC_ROWS for i in ids], tf.int64)
+    w = tf.reshape(tf.linspace(0.5, 1.5, tf.size(ids)), [-1, 1])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * tf.square(tf.gather(var, ids) - 0.3))
+    wrapper.apply_gradients(zip(tape.gradient(loss, [var]), [var]))
+
+
+def static_state(var, wrapper) -> dict[str, np.ndarray]:
+    out = {"weights": var.numpy()}
+    out.update({name: slot.numpy() for name, slot in wrapper.static_slots(var).items()})
+    return out
+
+
+@pytest.mark.parametrize("mode", [None, "localized:0"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_static_round_trip_with_keras_optimizer_state_continues_training(tmp_path, name, mode):
+    v = sok.Variable(static_values(), dtype=tf.float32, mode=mode, name="static")
+    wrapper = sok.OptimizerWrapper(OPTIMIZERS[name]())
+    for ids in STEP_IDS[:2]:
+        static_train_step(v, wrapper, ids)
+    saved = static_state(v, wrapper)
+    assert set(saved) == {"weights", *wrapper.get_slot_names()}
+    sok.dump(str(tmp_path / "ckpt"), v, wrapper)
+    assert json.loads((tmp_path / "ckpt" / "manifest.json").read_text())["tables"]["static_0"]["slots"] == (
+        wrapper.get_slot_names()
+    )
+    static_train_step(v, wrapper, STEP_IDS[2])  # the run without a checkpoint
+    expected = static_state(v, wrapper)
+
+    fresh = sok.Variable(np.zeros((STATIC_ROWS, DIM)), dtype=tf.float32, mode=mode, name="static")
+    fresh_wrapper = sok.OptimizerWrapper(OPTIMIZERS[name]())
+    fresh_wrapper.optimizer.build([fresh])
+    sok.load(str(tmp_path / "ckpt"), fresh, fresh_wrapper)
+    for key, value in saved.items():
+        np.testing.assert_array_equal(static_state(fresh, fresh_wrapper)[key], value, err_msg=key)
+    assert int(fresh_wrapper.optimizer.iterations.numpy()) == 2
+    static_train_step(fresh, fresh_wrapper, STEP_IDS[2])  # the run that resumed from the checkpoint
+    for key, value in expected.items():
+        np.testing.assert_allclose(static_state(fresh, fresh_wrapper)[key], value, rtol=1e-6, err_msg=key)
+
+
+def test_static_state_into_an_unbuilt_optimizer_is_refused_and_nothing_changes(tmp_path):
+    v = sok.Variable(static_values(), dtype=tf.float32, name="static")
+    wrapper = sok.OptimizerWrapper(K.Adam(learning_rate=0.05))
+    static_train_step(v, wrapper, STEP_IDS[0])
+    sok.dump(str(tmp_path), v, wrapper)
+    fresh = sok.Variable(np.full((STATIC_ROWS, DIM), 7.0), dtype=tf.float32, name="static")
+    with pytest.raises(ValueError, match="no state for it yet.*optimizer.build"):
+        sok.load(str(tmp_path), fresh, sok.OptimizerWrapper(K.Adam(learning_rate=0.05)))
+    np.testing.assert_array_equal(fresh.numpy(), np.full((STATIC_ROWS, DIM), 7.0))
+    sok.load(str(tmp_path), fresh)  # without the optimizer: weights only
+    np.testing.assert_array_equal(fresh.numpy(), v.numpy())
+
+
+def test_static_state_of_a_tf_keras_legacy_optimizer_round_trips(tmp_path):
+    tf_keras = pytest.importorskip("tf_keras")
+    v = sok.Variable(static_values(), dtype=tf.float32, name="static")
+    wrapper = sok.OptimizerWrapper(tf_keras.optimizers.legacy.Adam(learning_rate=0.05))
+    static_train_step(v, wrapper, STEP_IDS[0])
+    saved = static_state(v, wrapper)
+    assert set(saved) == {"weights", "m", "v"}
+    sok.dump(str(tmp_path), v, wrapper)
+    fresh = sok.Variable(np.zeros((STATIC_ROWS, DIM)), dtype=tf.float32, name="static")
+    fresh_wrapper = sok.OptimizerWrapper(tf_keras.optimizers.legacy.Adam(learning_rate=0.05))
+    sok.load(str(tmp_path), fresh, fresh_wrapper)  # legacy slots are made on demand
+    for key, value in saved.items():
+        np.testing.assert_array_equal(static_state(fresh, fresh_wrapper)[key], value, err_msg=key)
+
+
 def test_static_wrong_row_count_is_refused(tmp_path):
     sok.dump(str(tmp_path), sok.Variable(static_values(), dtype=tf.float32, name="static"))
     other = sok.Variable(np.ones((STATIC_ROWS + 1, DIM)), dtype=tf.float32, name="static")

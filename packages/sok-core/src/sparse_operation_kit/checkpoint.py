@@ -63,21 +63,24 @@ def _optimizer(optimizer: Any) -> OptimizerWrapper | None:
     if optimizer is None or isinstance(optimizer, OptimizerWrapper):
         return optimizer
     raise TypeError(
-        f"optimizer must be None or a sok.OptimizerWrapper, got {type(optimizer).__name__}; the state of "
-        f"static tables updated by a Keras optimizer is checkpointed with tf.train.Checkpoint"
+        f"optimizer must be None or a sok.OptimizerWrapper, got {type(optimizer).__name__}; wrap the Keras "
+        f"optimizer (sok.OptimizerWrapper(opt)) to checkpoint its state of static tables too"
     )
 
 
 def _slots(var: Any, optimizer: OptimizerWrapper | None) -> list[str]:
-    """Slot names stored for ``var`` (dynamic variables with this wrapper's state only)."""
-    if optimizer is None or not isinstance(var, DynamicVariable):
+    """Slot names stored for ``var``: a dynamic variable's state in this wrapper's rows, or the
+    wrapped Keras optimizer's state of a static one (none when it has not been trained)."""
+    if optimizer is None:
         return []
+    if not isinstance(var, DynamicVariable):
+        return list(optimizer.static_slots(var))
     if getattr(var, "_sok_optimizer", None) is not optimizer:
         return []
     return optimizer.get_slot_names()
 
 
-def _shard_chunks(var: Any, slots: list[str], rows: int) -> tuple[int, Any]:
+def _shard_chunks(var: Any, slots: list[str], rows: int, optimizer: OptimizerWrapper | None) -> tuple[int, Any]:
     """(number of chunks, iterator of (keys, [weights, slot 1, ...])) over this rank's shard, at
     most ``rows`` rows per chunk, streamed from the table in slot order (bounded memory; loading
     places rows by key, so the order in the files does not matter)."""
@@ -92,11 +95,12 @@ def _shard_chunks(var: Any, slots: list[str], rows: int) -> tuple[int, Any]:
                 yield keys, [np.ascontiguousarray(values[:, i * dim : (i + 1) * dim]) for i in range(1 + len(slots))]
 
         return -(-capacity // rows), dynamic()
-    values = var.numpy().astype(np.float32)
-    local = np.arange(values.shape[0], dtype=np.int64)
+    state = optimizer.static_slots(var) if slots else {}
+    tables = [var.numpy().astype(np.float32)] + [state[s].numpy().astype(np.float32) for s in slots]
+    local = np.arange(tables[0].shape[0], dtype=np.int64)
     keys = local if isinstance(var, LocalizedVariable) else local * var.num_gpus + var.global_gpu_id
-    count = -(-values.shape[0] // rows)
-    return count, ((keys[i : i + rows], [values[i : i + rows]]) for i in range(0, values.shape[0], rows))
+    count = -(-tables[0].shape[0] // rows)
+    return count, ((keys[i : i + rows], [t[i : i + rows] for t in tables]) for i in range(0, tables[0].shape[0], rows))
 
 
 def _key_dtype(var: Any) -> str:
@@ -104,7 +108,8 @@ def _key_dtype(var: Any) -> str:
 
 
 def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | None = None) -> None:
-    """Write the variables (and the wrapper's optimizer state of dynamic ones) to directory ``path``.
+    """Write the variables (and the optimizer state: of dynamic ones in the wrapper's rows, of static
+    ones in the wrapped Keras optimizer) to directory ``path``.
 
     Collective: every rank calls it with the same variables. Replaces an existing checkpoint at
     ``path`` atomically.
@@ -125,6 +130,8 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
         "world_size": n,
         "optimizer": wrapper.name if wrapper else None,
         "step": int(wrapper.iterations.numpy()) if wrapper else None,
+        # The wrapped Keras optimizer's own step (its bias corrections for static tables).
+        "optimizer_step": int(wrapper.optimizer.iterations.numpy()) if wrapper else None,
         "tables": {},
     }
     failed = 0
@@ -177,7 +184,7 @@ def _dump_variable(
     try:
         rows_per_round = max(1, ROUND_BYTES // (4 * dim * (1 + len(slots)) + 8))
         n = comm.num_ranks()
-        count, chunks = _shard_chunks(var, slots, rows_per_round)
+        count, chunks = _shard_chunks(var, slots, rows_per_round, wrapper)
         rounds = count if n == 1 else int(comm.allgather(tf.constant([count], tf.int64)).numpy().max())
         empty = (np.empty(0, key_dtype), [np.empty((0, dim), np.float32) for _ in range(1 + len(slots))])
         total = 0
@@ -320,7 +327,8 @@ def _plan(path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | Non
 
 
 def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | None = None) -> None:
-    """Read variables (and optimizer state) from ``path``, whatever world size and layout wrote it.
+    """Read variables (and optimizer state, with the step counters of the wrapper and of its Keras
+    optimizer) from ``path``, whatever world size and layout wrote it.
 
     Every file is checked before any variable changes; a problem raises CheckpointError naming
     the file and leaves the variables as they were.
@@ -331,9 +339,7 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     if not os.path.isdir(path):
         raise fmt.CheckpointError(f"no checkpoint directory at {path}")
     manifest = fmt.read_manifest(path)
-    slot_names = [
-        wrapper.get_slot_names() if wrapper is not None and isinstance(v, DynamicVariable) else [] for v in variables
-    ]
+    slot_names = [wrapper.get_slot_names() if wrapper is not None else [] for v in variables]
     plans = [_plan(path, v, s, wrapper, manifest) for v, s in zip(variables, slot_names)]
     slot_names = [plan["slots"] for plan in plans]
     for var, slots in zip(variables, slot_names):
@@ -343,6 +349,7 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
                 f"{var.name} already has the state of another sok.OptimizerWrapper ({owner.name}); load "
                 f"with that wrapper, or into a fresh variable"
             )
+    static_state = {id(v): _static_targets(v, slots, wrapper) for v, slots in zip(variables, slot_names)}
     comm = communication.tool()
     rank, n = comm.rank(), comm.num_ranks()
     callback = callback or NoOpCallback()
@@ -353,11 +360,29 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
         if isinstance(var, DynamicVariable):
             _load_dynamic(var, keys, arrays, slots, wrapper, rank, n)
         else:
-            _load_static(var, keys, arrays[0], rank, n)
+            targets = [var] + [static_state[id(var)][s] for s in slots]
+            for target, values in zip(targets, arrays):
+                _load_static(var, target, keys, values, rank, n)
         callback.relative_update(1)
     if wrapper is not None and manifest is not None and manifest.get("step") is not None:
         wrapper.iterations.assign(manifest["step"])
+    if wrapper is not None and manifest is not None and manifest.get("optimizer_step") is not None:
+        wrapper.optimizer.iterations.assign(manifest["optimizer_step"])
     logger.info("SOK load from %s done: %d tables", path, len(variables))
+
+
+def _static_targets(var: Any, slots: list[str], wrapper: OptimizerWrapper | None) -> dict[str, Any]:
+    """The optimizer variables that receive a static table's saved state (checked before loading)."""
+    if isinstance(var, DynamicVariable) or not slots:
+        return {}
+    state = wrapper.static_slots(var, create=True)
+    if set(state) != set(slots):
+        raise ValueError(
+            f"the checkpoint holds {wrapper.name} state {slots} of static table {var.name}, but the wrapped "
+            f"optimizer has no state for it yet; build it first (optimizer.build(model.trainable_variables), "
+            f"or one training step), or load without the optimizer to restore weights only"
+        )
+    return state
 
 
 def _owned(keys: np.ndarray, var: Any, rank: int, n: int) -> np.ndarray:
@@ -388,18 +413,19 @@ def _load_dynamic(
             storage.insert_or_assign(keys, values if every else values[mine], columns=(i * dim, (i + 1) * dim))
 
 
-def _load_static(var: Any, keys: np.ndarray, weights: np.ndarray, rank: int, n: int) -> None:
+def _load_static(var: Any, target: Any, keys: np.ndarray, weights: np.ndarray, rank: int, n: int) -> None:
+    """Assign this rank's rows of a static table (or of its optimizer state ``target``), by key."""
     keys = keys.astype(np.int64)
     if isinstance(var, LocalizedVariable):
         if rank == var.target_gpu:
             value = np.empty(tuple(var.shape), dtype=np.float32)
             value[keys] = weights
-            var.assign(value)
+            target.assign(value)
         return
     mine = np.mod(keys, n) == rank
     value = np.empty(tuple(var.shape), dtype=np.float32)
     value[keys[mine] // n] = weights[mine]
-    var.assign(value)
+    target.assign(value)
 
 
 def incremental_model_dump(sok_vars: Any, time_threshold: Any, sess: Any = None) -> tuple[list, list]:

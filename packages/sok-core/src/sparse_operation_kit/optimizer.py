@@ -318,6 +318,29 @@ def filter_variables(variables: Iterable[Any]) -> tuple[list, list]:
     return sok_vars, other
 
 
+#: Where a Keras 3 or tf_keras optimizer keeps each of the rule's slots for a dense model variable:
+#: the attribute with one optimizer variable per model variable (indexed like its variable list).
+_KERAS_SLOT_LISTS: dict[str, dict[str, str]] = {
+    "SGD": {"momentum": "momentums"},
+    "Adagrad": {"accumulator": "_accumulators"},
+    "Adam": {"m": "_momentums", "v": "_velocities", "vhat": "_velocity_hats"},
+    "Adamax": {"m": "_m", "u": "_u"},
+    "Adadelta": {"accum_grad": "_accumulated_grads", "accum_var": "_accumulated_delta_vars"},
+    "Ftrl": {"accumulator": "_accumulators", "linear": "_linears"},
+    "RMSprop": {"velocity": "_velocities", "momentum": "_momentums", "average_gradient": "_average_gradients"},
+}
+#: The same for tf_keras legacy optimizers: the names their get_slot takes.
+_LEGACY_SLOT_NAMES: dict[str, dict[str, str]] = {
+    "SGD": {"momentum": "momentum"},
+    "Adagrad": {"accumulator": "accumulator"},
+    "Adam": {"m": "m", "v": "v", "vhat": "vhat"},
+    "Adamax": {"m": "m", "u": "v"},
+    "Adadelta": {"accum_grad": "accum_grad", "accum_var": "accum_var"},
+    "Ftrl": {"accumulator": "accumulator", "linear": "linear"},
+    "RMSprop": {"velocity": "rms", "momentum": "momentum", "average_gradient": "mg"},
+}
+
+
 class OptimizerWrapper:
     """Applies a Keras optimizer's update rule to ``sok.DynamicVariable`` rows, lazily.
 
@@ -372,6 +395,36 @@ class OptimizerWrapper:
 
     def get_slot_names(self) -> list[str]:
         return [name for name, _ in self._rule.slots]
+
+    def static_slots(self, var: Any, create: bool = False) -> dict[str, Any]:
+        """The wrapped optimizer's state of a dense (static) variable that it updates, by this
+        wrapper's slot names (so checkpoints name them as for dynamic variables); ``{}`` when the
+        optimizer holds no state for it. ``create``: tf_keras legacy optimizers make the slots now
+        (Keras 3 and tf_keras optimizers are built with all their variables at once: build them first).
+
+        Example::
+
+            state = wrapper.static_slots(table)      # {"m": <tf.Variable>, "v": <tf.Variable>}
+        """
+        names = self.get_slot_names()
+        if not names:
+            return {}
+        optimizer, kind = self._optimizer, self._rule.name
+        if self._settings.legacy:
+            if create:
+                optimizer._create_all_weights([var])
+            try:
+                return {name: optimizer.get_slot(var, _LEGACY_SLOT_NAMES[kind][name]) for name in names}
+            except KeyError:
+                return {}
+        try:
+            if hasattr(optimizer, "_get_variable_index"):  # Keras 3
+                index = optimizer._get_variable_index(var)
+            else:  # tf_keras
+                index = optimizer._index_dict[optimizer._var_key(var)]
+        except (KeyError, ValueError, AttributeError):
+            return {}
+        return {name: getattr(optimizer, _KERAS_SLOT_LISTS[kind][name])[index] for name in names}
 
     def _attach(self, var: DynamicVariable) -> None:
         """Give the variable's rows this optimizer's state columns (once, before the first update)."""
