@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "sok/prefetch.hpp"
 #include "storage_ops.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -124,37 +125,51 @@ class UniqueSumOp : public OpKernel {
     const int64_t n = keys_t.NumElements();
     OP_REQUIRES(ctx, values_t.dims() == 2 && values_t.dim_size(0) == n,
                 errors::InvalidArgument("values must have shape [", n, ", width], got ", values_t.shape().DebugString()));
+    OP_REQUIRES(ctx, n < (int64_t{1} << 31),
+                errors::InvalidArgument("at most 2**31 - 1 keys per call, got ", n, "; split the batch"));
     const int64_t w = values_t.dim_size(1);
     const K* keys = keys_t.flat<K>().data();
     const float* values = values_t.flat<float>().data();
+    // Open addressing over (key, position) entries, the home slot of a key further on
+    // prefetched: the index is larger than the caches for big batches, so each probe would
+    // otherwise wait for memory.
+    struct Entry {
+      K key;
+      int32_t position;  // -1: empty
+    };
     int64_t slots = 16;
     while (slots < 2 * n) slots <<= 1;
-    std::vector<int64_t> index(slots, -1);  // slot -> position among the distinct keys
-    std::vector<int64_t> position(n);        // key i -> position of its distinct key
+    const uint64_t mask = static_cast<uint64_t>(slots - 1);
+    std::vector<Entry> index(slots, Entry{K{}, -1});
+    std::vector<int32_t> position(n);  // key i -> position of its distinct key
     std::vector<K> distinct;
     distinct.reserve(n);
+    auto home = [&](int64_t i) { return sok::hash_key(static_cast<uint64_t>(keys[i])) & mask; };
     for (int64_t i = 0; i < n; ++i) {
+      if (i + sok::kPrefetchDistance < n) sok::prefetch(&index[home(i + sok::kPrefetchDistance)]);
       const K key = keys[i];
-      uint64_t s = sok::hash_key(static_cast<uint64_t>(key)) & (slots - 1);
-      while (index[s] >= 0 && distinct[index[s]] != key) s = (s + 1) & (slots - 1);
-      if (index[s] < 0) {
-        index[s] = static_cast<int64_t>(distinct.size());
+      uint64_t s = home(i);
+      while (index[s].position >= 0 && index[s].key != key) s = (s + 1) & mask;
+      if (index[s].position < 0) {
+        index[s] = Entry{key, static_cast<int32_t>(distinct.size())};
         distinct.push_back(key);
       }
-      position[i] = index[s];
+      position[i] = index[s].position;
     }
     const int64_t u = static_cast<int64_t>(distinct.size());
     Tensor *unique_t = nullptr, *sums_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &unique_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({u, w}), &sums_t));
     std::copy(distinct.begin(), distinct.end(), unique_t->flat<K>().data());
-    float* sums = sums_t->flat<float>().data();
+    float* __restrict__ sums = sums_t->flat<float>().data();
     std::fill(sums, sums + u * w, 0.0f);
-    for (int64_t i = 0; i < n; ++i) {
-      float* dst = sums + position[i] * w;
-      const float* src = values + i * w;
-      for (int64_t c = 0; c < w; ++c) dst[c] += src[c];
-    }
+    for (int64_t i = 0; i < n; ++i) add_row(sums + static_cast<int64_t>(position[i]) * w, values + i * w, w);
+  }
+
+ private:
+  // dst += src over w floats (the pointers never overlap: an output row and an input row).
+  static void add_row(float* __restrict__ dst, const float* __restrict__ src, int64_t w) {
+    for (int64_t c = 0; c < w; ++c) dst[c] += src[c];
   }
 };
 
