@@ -22,7 +22,8 @@ import os
 import shutil
 import tempfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -103,6 +104,16 @@ def _shard_chunks(var: Any, slots: list[str], rows: int, optimizer: OptimizerWra
     return count, ((keys[i : i + rows], [t[i : i + rows] for t in tables]) for i in range(0, tables[0].shape[0], rows))
 
 
+def _read_ahead(chunks: Iterator) -> Iterator:
+    """Yields the items of ``chunks``, computing the next one in a thread (table exports release
+    the GIL) while the caller sends and writes the current one."""
+    with ThreadPoolExecutor(1) as producer:
+        pending = producer.submit(next, chunks, None)
+        while (item := pending.result()) is not None:
+            pending = producer.submit(next, chunks, None)
+            yield item
+
+
 def _key_dtype(var: Any) -> str:
     return var.key_type.name if isinstance(var, DynamicVariable) else "int64"
 
@@ -176,6 +187,7 @@ def _dump_variable(
     ]
     files: list | None = None
     crcs: list[int] = []
+    checksums = ThreadPoolExecutor(1)
     if staging is not None:
         files = [open(os.path.join(staging, name), "wb") for name in names]
         crcs = [zlib.crc32(head) for head in headers]
@@ -185,6 +197,7 @@ def _dump_variable(
         rows_per_round = max(1, ROUND_BYTES // (4 * dim * (1 + len(slots)) + 8))
         n = comm.num_ranks()
         count, chunks = _shard_chunks(var, slots, rows_per_round, wrapper)
+        chunks = _read_ahead(chunks)
         rounds = count if n == 1 else int(comm.allgather(tf.constant([count], tf.int64)).numpy().max())
         empty = (np.empty(0, key_dtype), [np.empty((0, dim), np.float32) for _ in range(1 + len(slots))])
         total = 0
@@ -197,10 +210,12 @@ def _dump_variable(
                 ]
                 pieces = [g.numpy() for g in gathered]
             if files is not None:
-                for j, (f, p) in enumerate(zip(files, pieces)):
-                    raw = np.ascontiguousarray(p).view(np.uint8).reshape(-1)
+                # Each file's checksum is computed by a thread while the next file is written.
+                raws = [np.ascontiguousarray(p).view(np.uint8).reshape(-1) for p in pieces]
+                sums = [checksums.submit(zlib.crc32, raw, crcs[j]) for j, raw in enumerate(raws)]
+                for f, raw in zip(files, raws):
                     f.write(raw)
-                    crcs[j] = zlib.crc32(raw, crcs[j])
+                crcs = [s.result() for s in sums]
             total += pieces[0].shape[0]
         entry: dict[str, Any] = {
             "variable": var.name,
@@ -221,6 +236,7 @@ def _dump_variable(
             entry["crc32"] = {name: f"{c:08x}" for name, c in zip(names, crcs)}
         return entry
     finally:
+        checksums.shutdown(wait=True)
         for f in files or []:
             f.close()
 
