@@ -26,7 +26,7 @@ Example::
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -253,36 +253,65 @@ class Storage:
             return self._init_tuples
         return [i.resolve(self.row_width) for i in initializers]
 
+    def _default_row(self, default: Any, width: int) -> np.ndarray:
+        given = np.asarray(default, dtype=VALUE_DTYPE)
+        if given.shape not in ((), (width,)):
+            raise ValueError(f"default must be a number or a row of {width} values, got shape {given.shape}")
+        return np.ascontiguousarray(np.broadcast_to(given, (width,)))
+
+    # -- where the arrays live: host memory here; CudaStorage overrides these -------------------
+    def _scope(self) -> contextlib.AbstractContextManager:
+        """Entered around every operation (a CudaStorage makes its GPU the current device)."""
+        return contextlib.nullcontext()
+
+    def _empty(self, shape: Any, dtype: Any) -> np.ndarray:
+        """An output array for the table to fill."""
+        return np.empty(shape, dtype=dtype)
+
+    def _call_options(self) -> dict[str, Any]:
+        """Keyword arguments of every table call (a CudaStorage passes its stream)."""
+        return {}
+
+    def _synchronize(self) -> None:
+        """Wait for enqueued work before reading the table's host state (nothing to wait for here)."""
+
+    def _keys_on_host(self, keys: Any) -> bool:
+        """Whether results go back as host arrays (always, here)."""
+        return True
+
+    def _returned(self, host: bool, *arrays: Any) -> tuple:
+        return arrays
+
     # -- operations -----------------------------------------------------------------------------
     def size(self) -> int:
         """Number of keys stored."""
-        return int(self.table.size())
+        with self._scope():
+            return int(self.table.size(**self._call_options()))
 
     def __len__(self) -> int:
         return self.size()
 
     def capacity(self) -> int:
         """Number of slots (the range of :meth:`export_batch` offsets)."""
-        return int(self.table.capacity())
+        with self._scope():
+            self._synchronize()
+            return int(self.table.capacity())
 
     def find(self, keys: Any, columns: Any = None, default: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """Rows of ``keys`` (``default`` row or zeros for missing keys) and a found mask.
 
         Does not insert and does not change scores.
         """
-        k = self._keys(keys)
-        begin, end = self._columns(columns)
-        width = end - begin
-        default_row = None
-        if default is not None:
-            given = np.asarray(default, dtype=VALUE_DTYPE)
-            if given.shape not in ((), (width,)):
-                raise ValueError(f"default must be a number or a row of {width} values, got shape {given.shape}")
-            default_row = np.ascontiguousarray(np.broadcast_to(given, (width,)))
-        values = np.empty((k.size, width), dtype=VALUE_DTYPE)
-        found = np.empty(k.size, dtype=np.bool_)
-        self.table.find(k, begin, end, values, default_row, found)
-        return values, found
+        with self._scope():
+            host = self._keys_on_host(keys)
+            k = self._keys(keys)
+            begin, end = self._columns(columns)
+            width = end - begin
+            default_row = None if default is None else self._default_row(default, width)
+            values = self._empty((k.size, width), VALUE_DTYPE)
+            found = self._empty(k.size, np.bool_)
+            self.table.find(k, begin, end, values, default_row, found, **self._call_options())
+            return self._returned(host, values, found)
 
     def find_or_insert(
         self,
@@ -296,72 +325,92 @@ class Storage:
         Returns ``(values, found)``; ``found`` is True for keys that existed before the call.
         ``initializers`` overrides the storage's for this call.
         """
-        k = self._keys(keys)
-        begin, end = self._columns(columns)
-        values = np.empty((k.size, end - begin), dtype=VALUE_DTYPE)
-        found = np.empty(k.size, dtype=np.bool_)
-        self.table.find_or_insert(k, begin, end, values, found, self._scores(scores, k.size), self._inits(initializers))
-        return values, found
+        with self._scope():
+            host = self._keys_on_host(keys)
+            k = self._keys(keys)
+            begin, end = self._columns(columns)
+            s = self._scores(scores, k.size)
+            values = self._empty((k.size, end - begin), VALUE_DTYPE)
+            found = self._empty(k.size, np.bool_)
+            self.table.find_or_insert(
+                k, begin, end, values, found, s, self._inits(initializers), **self._call_options()
+            )
+            return self._returned(host, values, found)
+
+    def _write(self, write: Callable[..., None], keys: Any, values: Any, columns: Any, scores: Any) -> None:
+        """insert_or_assign / accum_or_assign through the table method ``write``."""
+        with self._scope():
+            k = self._keys(keys)
+            begin, end = self._columns(columns)
+            v = self._values(values, k.size, end - begin)
+            write(k, begin, end, v, self._scores(scores, k.size), self._init_tuples, **self._call_options())
 
     def insert_or_assign(self, keys: Any, values: Any, columns: Any = None, scores: Any = None) -> None:
         """Write ``values`` to the columns of ``keys``, inserting new keys (other columns
         initialised). For duplicate keys the last one wins."""
-        k = self._keys(keys)
-        begin, end = self._columns(columns)
-        v = self._values(values, k.size, end - begin)
-        self.table.insert_or_assign(k, begin, end, v, self._scores(scores, k.size), self._init_tuples)
+        self._write(self.table.insert_or_assign, keys, values, columns, scores)
 
     def accum_or_assign(self, keys: Any, values: Any, columns: Any = None, scores: Any = None) -> None:
         """Add ``values`` to existing keys' columns; insert new keys with ``values``.
         Duplicate keys accumulate."""
-        k = self._keys(keys)
-        begin, end = self._columns(columns)
-        v = self._values(values, k.size, end - begin)
-        self.table.accum_or_assign(k, begin, end, v, self._scores(scores, k.size), self._init_tuples)
+        self._write(self.table.accum_or_assign, keys, values, columns, scores)
 
     def erase(self, keys: Any) -> int:
         """Remove ``keys``; returns how many were present."""
-        return int(self.table.erase(self._keys(keys)))
+        with self._scope():
+            return int(self.table.erase(self._keys(keys), **self._call_options()))
 
     def insert_and_evict(
         self, keys: Any, values: Any, columns: Any = None, scores: Any = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`insert_or_assign` that returns what it displaced: ``(keys, rows, scores)`` of
         evicted rows (whole rows, optimizer state included) and of inputs the policy refused."""
-        k = self._keys(keys)
-        begin, end = self._columns(columns)
-        v = self._values(values, k.size, end - begin)
-        ev_keys = np.empty(k.size, dtype=self.key_dtype)
-        ev_values = np.empty((k.size, self.row_width), dtype=VALUE_DTYPE)
-        ev_scores = np.empty(k.size, dtype=SCORE_DTYPE)
-        count = int(
-            self.table.insert_and_evict(
-                k, begin, end, v, self._scores(scores, k.size), self._init_tuples, ev_keys, ev_values, ev_scores
+        with self._scope():
+            host = self._keys_on_host(keys)
+            k = self._keys(keys)
+            begin, end = self._columns(columns)
+            v = self._values(values, k.size, end - begin)
+            s = self._scores(scores, k.size)
+            ev_keys = self._empty(k.size, self.key_dtype)
+            ev_values = self._empty((k.size, self.row_width), VALUE_DTYPE)
+            ev_scores = self._empty(k.size, SCORE_DTYPE)
+            count = int(
+                self.table.insert_and_evict(
+                    k, begin, end, v, s, self._init_tuples, ev_keys, ev_values, ev_scores, **self._call_options()
+                )
             )
-        )
-        return ev_keys[:count], ev_values[:count], ev_scores[:count]
+            return self._returned(host, ev_keys[:count], ev_values[:count], ev_scores[:count])
 
     def export_batch(
         self, offset: int, limit: int, columns: Any = None, threshold: int | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Live rows in slots ``[offset, offset + limit)``: ``(keys, values, scores)``; with
-        ``threshold``, only rows whose score is at least ``threshold``."""
+        """Live rows in slots ``[offset, offset + limit)``: ``(keys, values, scores)`` (NumPy arrays);
+        with ``threshold``, only rows whose score is at least ``threshold``."""
         offset, limit = int(offset), int(limit)
         if offset < 0 or limit < 0:
             raise ValueError(f"offset and limit must be >= 0, got offset={offset}, limit={limit}")
         if threshold is not None and not 0 <= int(threshold) < 2**64:
             raise ValueError(f"threshold must be in [0, 2**64), got {threshold!r}")
-        begin, end = self._columns(columns)
-        limit = min(limit, max(0, self.capacity() - offset))
-        keys = np.empty(limit, dtype=self.key_dtype)
-        values = np.empty((limit, end - begin), dtype=VALUE_DTYPE)
-        scores = np.empty(limit, dtype=SCORE_DTYPE)
-        count = int(
-            self.table.export_batch(
-                offset, limit, begin, end, keys, values, scores, None if threshold is None else int(threshold)
+        with self._scope():
+            begin, end = self._columns(columns)
+            limit = min(limit, max(0, self.capacity() - offset))
+            keys = self._empty(limit, self.key_dtype)
+            values = self._empty((limit, end - begin), VALUE_DTYPE)
+            scores = self._empty(limit, SCORE_DTYPE)
+            count = int(
+                self.table.export_batch(
+                    offset,
+                    limit,
+                    begin,
+                    end,
+                    keys,
+                    values,
+                    scores,
+                    None if threshold is None else int(threshold),
+                    **self._call_options(),
+                )
             )
-        )
-        return keys[:count], values[:count], scores[:count]
+            return self._returned(True, keys[:count], values[:count], scores[:count])
 
     def export(
         self, columns: Any = None, threshold: int | None = None, callback: Callback | None = None
@@ -391,40 +440,33 @@ class Storage:
     def import_batch(self, keys: Any, values: Any, scores: Any, columns: Any = None) -> None:
         """:meth:`insert_or_assign` that stores ``scores`` as the rows' scores, whatever the policy:
         the inverse of :meth:`export_batch` (restoring a table, copying one into another)."""
-        k = self._keys(keys)
-        begin, end = self._columns(columns)
-        v = self._values(values, k.size, end - begin)
-        s = self._scores(scores, k.size)
-        if s is None:
-            raise ValueError("import_batch needs scores (one per key)")
-        self.table.import_batch(k, begin, end, v, s, self._init_tuples)
+        with self._scope():
+            k = self._keys(keys)
+            begin, end = self._columns(columns)
+            v = self._values(values, k.size, end - begin)
+            s = self._scores(scores, k.size)
+            if s is None:
+                raise ValueError("import_batch needs scores (one per key)")
+            self.table.import_batch(k, begin, end, v, s, self._init_tuples, **self._call_options())
 
     def clear(self) -> None:
         """Remove every key (capacity stays)."""
-        self.table.clear()
+        with self._scope():
+            self.table.clear(**self._call_options())
 
     def set_global_epoch(self, epoch: int) -> None:
-        """The epoch of the epoch_lru / epoch_lfu policies."""
+        """The epoch of the epoch_lru / epoch_lfu policies (host state, read by the calls after this one)."""
         self.table.set_global_epoch(int(epoch))
 
     def describe(self) -> str:
         """The backend's one-line summary of the table's state."""
-        return str(self.table.describe())
+        with self._scope():
+            self._synchronize()
+            return str(self.table.describe())
 
     def __repr__(self) -> str:
         where = "" if self.device == "cpu" else f", device={self.device!r}"
         return f"{type(self).__name__}(var_type={self.var_type!r}{where}, {self.describe()})"
-
-
-def _on_device(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a :class:`CudaStorage` method with the table's GPU as CuPy's current device."""
-
-    @functools.wraps(method)
-    def run(self: CudaStorage, *args: Any, **kwargs: Any) -> Any:
-        with self._cupy.cuda.Device(self.device_id):
-            return method(self, *args, **kwargs)
-
-    return run
 
 
 class CudaStorage(Storage):
@@ -468,12 +510,6 @@ class CudaStorage(Storage):
         super().__init__(table, spec, var_type, initializers, f"cuda:{self.device_id}")
 
     # -- arguments to the device ----------------------------------------------------------------
-    def _stream(self) -> int:
-        return int(self._cupy.cuda.get_current_stream().ptr)
-
-    def _returned(self, host: bool, *arrays: Any) -> Any:
-        return tuple(to_host(a) for a in arrays) if host else arrays
-
     def _keys(self, keys: Any) -> Any:
         if not is_device_array(keys):
             return self._cupy.asarray(super()._keys(keys))
@@ -512,137 +548,25 @@ class CudaStorage(Storage):
             raise ValueError(f"default must be a number or a row of {width} values, got shape {given.shape}")
         return cp.ascontiguousarray(cp.broadcast_to(cp.asarray(given), (width,)))
 
-    # -- operations -----------------------------------------------------------------------------
-    @_on_device
-    def size(self) -> int:
-        return int(self.table.size(stream=self._stream()))
+    # -- where the arrays live ------------------------------------------------------------------
+    def _scope(self) -> contextlib.AbstractContextManager:
+        return self._cupy.cuda.Device(self.device_id)
+
+    def _empty(self, shape: Any, dtype: Any) -> Any:
+        return self._cupy.empty(shape, dtype=dtype)
+
+    def _call_options(self) -> dict[str, Any]:
+        return {"stream": int(self._cupy.cuda.get_current_stream().ptr)}
 
     def _synchronize(self) -> None:
         """Wait for the current stream: calls that read host state (capacity, describe) see its work."""
         self._cupy.cuda.get_current_stream().synchronize()
 
-    @_on_device
-    def capacity(self) -> int:
-        self._synchronize()
-        return int(self.table.capacity())
+    def _keys_on_host(self, keys: Any) -> bool:
+        return not is_device_array(keys)
 
-    @_on_device
-    def find(self, keys: Any, columns: Any = None, default: Any = None) -> tuple[Any, Any]:
-        host = not is_device_array(keys)
-        k = self._keys(keys)
-        begin, end = self._columns(columns)
-        default_row = None if default is None else self._default_row(default, end - begin)
-        values = self._cupy.empty((k.size, end - begin), dtype=VALUE_DTYPE)
-        found = self._cupy.empty(k.size, dtype=np.bool_)
-        self.table.find(k, begin, end, values, default_row, found, stream=self._stream())
-        return self._returned(host, values, found)
-
-    @_on_device
-    def find_or_insert(
-        self,
-        keys: Any,
-        columns: Any = None,
-        scores: Any = None,
-        initializers: Sequence[inits.Initializer] | None = None,
-    ) -> tuple[Any, Any]:
-        host = not is_device_array(keys)
-        k = self._keys(keys)
-        begin, end = self._columns(columns)
-        s = self._scores(scores, k.size)
-        values = self._cupy.empty((k.size, end - begin), dtype=VALUE_DTYPE)
-        found = self._cupy.empty(k.size, dtype=np.bool_)
-        self.table.find_or_insert(k, begin, end, values, found, s, self._inits(initializers), stream=self._stream())
-        return self._returned(host, values, found)
-
-    @_on_device
-    def insert_or_assign(self, keys: Any, values: Any, columns: Any = None, scores: Any = None) -> None:
-        k = self._keys(keys)
-        begin, end = self._columns(columns)
-        v = self._values(values, k.size, end - begin)
-        s = self._scores(scores, k.size)
-        self.table.insert_or_assign(k, begin, end, v, s, self._init_tuples, stream=self._stream())
-
-    @_on_device
-    def accum_or_assign(self, keys: Any, values: Any, columns: Any = None, scores: Any = None) -> None:
-        k = self._keys(keys)
-        begin, end = self._columns(columns)
-        v = self._values(values, k.size, end - begin)
-        s = self._scores(scores, k.size)
-        self.table.accum_or_assign(k, begin, end, v, s, self._init_tuples, stream=self._stream())
-
-    @_on_device
-    def erase(self, keys: Any) -> int:
-        return int(self.table.erase(self._keys(keys), stream=self._stream()))
-
-    @_on_device
-    def insert_and_evict(self, keys: Any, values: Any, columns: Any = None, scores: Any = None) -> tuple[Any, Any, Any]:
-        cp = self._cupy
-        host = not is_device_array(keys)
-        k = self._keys(keys)
-        begin, end = self._columns(columns)
-        v = self._values(values, k.size, end - begin)
-        s = self._scores(scores, k.size)
-        ev_keys = cp.empty(k.size, dtype=self.key_dtype)
-        ev_values = cp.empty((k.size, self.row_width), dtype=VALUE_DTYPE)
-        ev_scores = cp.empty(k.size, dtype=SCORE_DTYPE)
-        count = int(
-            self.table.insert_and_evict(
-                k, begin, end, v, s, self._init_tuples, ev_keys, ev_values, ev_scores, stream=self._stream()
-            )
-        )
-        return self._returned(host, ev_keys[:count], ev_values[:count], ev_scores[:count])
-
-    @_on_device
-    def export_batch(
-        self, offset: int, limit: int, columns: Any = None, threshold: int | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        cp = self._cupy
-        offset, limit = int(offset), int(limit)
-        if offset < 0 or limit < 0:
-            raise ValueError(f"offset and limit must be >= 0, got offset={offset}, limit={limit}")
-        if threshold is not None and not 0 <= int(threshold) < 2**64:
-            raise ValueError(f"threshold must be in [0, 2**64), got {threshold!r}")
-        begin, end = self._columns(columns)
-        limit = min(limit, max(0, self.capacity() - offset))
-        keys = cp.empty(limit, dtype=self.key_dtype)
-        values = cp.empty((limit, end - begin), dtype=VALUE_DTYPE)
-        scores = cp.empty(limit, dtype=SCORE_DTYPE)
-        count = int(
-            self.table.export_batch(
-                offset,
-                limit,
-                begin,
-                end,
-                keys,
-                values,
-                scores,
-                None if threshold is None else int(threshold),
-                stream=self._stream(),
-            )
-        )
-        return self._returned(True, keys[:count], values[:count], scores[:count])
-
-    @_on_device
-    def import_batch(self, keys: Any, values: Any, scores: Any, columns: Any = None) -> None:
-        k = self._keys(keys)
-        begin, end = self._columns(columns)
-        v = self._values(values, k.size, end - begin)
-        s = self._scores(scores, k.size)
-        if s is None:
-            raise ValueError("import_batch needs scores (one per key)")
-        self.table.import_batch(k, begin, end, v, s, self._init_tuples, stream=self._stream())
-
-    @_on_device
-    def clear(self) -> None:
-        self.table.clear(stream=self._stream())
-
-    def set_global_epoch(self, epoch: int) -> None:
-        self.table.set_global_epoch(int(epoch))  # host state, read by the calls enqueued after this one
-
-    @_on_device
-    def describe(self) -> str:
-        self._synchronize()
-        return str(self.table.describe())
+    def _returned(self, host: bool, *arrays: Any) -> tuple:
+        return tuple(to_host(a) for a in arrays) if host else arrays
 
 
 def _initializers(initializer: Any, row_width: int, seed: int) -> list[inits.Initializer]:
