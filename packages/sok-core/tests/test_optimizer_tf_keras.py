@@ -22,6 +22,9 @@ from test_optimizer_wrapper import (  # noqa: E402 (helpers and data of the Kera
     VAR_TYPES,
     D,
     V,
+    check_learning_rate_change_after_tracing_is_followed,
+    check_learning_rate_schedule_is_followed,
+    check_untouched_rows_stay_bit_identical,
     compiled,
     exported,
     make_var,
@@ -128,23 +131,7 @@ LAZY = ["SGD-momentum", "Adam", "RMSprop-momentum", "RMSprop"]
 @pytest.mark.parametrize("flavor", list(FLAVORS))
 @pytest.mark.parametrize("name", LAZY)
 def test_rows_not_touched_stay_bit_identical(name, flavor, var_type):
-    v = make_var(var_type, dimension=D, initializer="zeros")
-    sok.assign(v, tf.range(V, dtype=tf.int64), INITIAL)
-    opt = sok.OptimizerWrapper(OPTIMIZERS[f"{flavor}/{name}"]())
-
-    def step(ids):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(tf.square(tf.nn.embedding_lookup(v, tf.constant(ids, tf.int64))))
-        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
-
-    step([0, 1, 2])  # rows 0-2 get optimizer state
-    after_first = exported(v)[1]
-    for _ in range(3):
-        step([0, 1])  # row 2 has state but is not touched again; rows 3-5 never are
-    _, values = exported(v)
-    np.testing.assert_array_equal(values[2], after_first[2])
-    np.testing.assert_array_equal(values[3:], INITIAL[3:])
-    assert not np.array_equal(values[:2], after_first[:2])
+    check_untouched_rows_stay_bit_identical(OPTIMIZERS[f"{flavor}/{name}"](), var_type)
 
 
 # -- learning rate -----------------------------------------------------------------------------
@@ -155,38 +142,15 @@ def test_rows_not_touched_stay_bit_identical(name, flavor, var_type):
 @pytest.mark.parametrize("flavor", list(FLAVORS))
 def test_tf_keras_learning_rate_schedule_is_followed(flavor, var_type, mode):
     schedule = tf_keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
-    v = make_var(var_type, dimension=2, initializer="1")
-    opt = sok.OptimizerWrapper(FLAVORS[flavor].SGD(learning_rate=schedule))
-    ids = tf.constant([4, 9], tf.int64)
-
-    def step():
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(tf.nn.embedding_lookup(v, ids))
-        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
-
-    step = compiled(step, mode)
-    for _ in range(3):
-        step()
-    # lr 0.1, 0.05, 0.025 on a gradient of 1
-    np.testing.assert_allclose(exported(v)[1], np.full((2, 2), 1.0 - 0.175), rtol=1e-6)
+    check_learning_rate_schedule_is_followed(FLAVORS[flavor].SGD(learning_rate=schedule), var_type, mode)
 
 
 @pytest.mark.parametrize("flavor", list(FLAVORS))
 def test_learning_rate_change_after_tracing_is_followed(flavor):
-    v = make_var("hbm", dimension=2, initializer="1")
-    optimizer = FLAVORS[flavor].SGD(learning_rate=0.5)
-    opt = sok.OptimizerWrapper(optimizer)
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(tf.nn.embedding_lookup(v, tf.constant([3], tf.int64)))
-        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
-
-    step()
-    optimizer.learning_rate = 0.25  # legacy: assigns its hyper variable; tf_keras: its lr variable
-    step()
-    np.testing.assert_allclose(exported(v)[1], [[0.25, 0.25]], rtol=1e-6)
+    # legacy: setting the attribute assigns its hyper variable; tf_keras: its lr variable
+    check_learning_rate_change_after_tracing_is_followed(
+        FLAVORS[flavor].SGD(learning_rate=0.5), lambda sgd, lr: setattr(sgd, "learning_rate", lr), "hbm"
+    )
 
 
 # -- plain variables go to the tf_keras optimizer ----------------------------------------------

@@ -111,12 +111,11 @@ LAZY = {
 }
 
 
-@pytest.mark.parametrize("var_type", VAR_TYPES)
-@pytest.mark.parametrize("name", list(LAZY))
-def test_rows_not_touched_stay_bit_identical(name, var_type):
+def check_untouched_rows_stay_bit_identical(optimizer, var_type: str) -> None:
+    """Rows a step does not touch keep their values and state bit for bit (any Keras flavour)."""
     v = make_var(var_type, dimension=D, initializer="zeros")
     sok.assign(v, tf.range(V, dtype=tf.int64), INITIAL)
-    opt = sok.OptimizerWrapper(LAZY[name]())
+    opt = sok.OptimizerWrapper(optimizer)
 
     def step(ids):
         with tf.GradientTape() as tape:
@@ -126,22 +125,18 @@ def test_rows_not_touched_stay_bit_identical(name, var_type):
     step([0, 1, 2])  # rows 0-2 get optimizer state
     after_first = exported(v)[1]
     for _ in range(3):
-        step([0, 1])  # row 2 has momentum but is not touched again; rows 3-5 never are
+        step([0, 1])  # row 2 has state but is not touched again; rows 3-5 never are
     _, values = exported(v)
     np.testing.assert_array_equal(values[2], after_first[2])
     np.testing.assert_array_equal(values[3:], INITIAL[3:])
     assert not np.array_equal(values[:2], after_first[:2])
 
 
-# -- learning rate -----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("var_type", VAR_TYPES)
-def test_learning_rate_schedule_is_followed(var_type, mode):
-    schedule = K.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+def check_learning_rate_schedule_is_followed(sgd_with_schedule, var_type: str, mode: str) -> None:
+    """``sgd_with_schedule``: an SGD whose learning rate is ExponentialDecay(0.1, decay_steps=1,
+    decay_rate=0.5), of any Keras flavour."""
     v = make_var(var_type, dimension=2, initializer="1")
-    opt = sok.OptimizerWrapper(K.SGD(learning_rate=schedule))
+    opt = sok.OptimizerWrapper(sgd_with_schedule)
     ids = tf.constant([4, 9], tf.int64)
 
     def step():
@@ -156,11 +151,11 @@ def test_learning_rate_schedule_is_followed(var_type, mode):
     np.testing.assert_allclose(exported(v)[1], np.full((2, 2), 1.0 - 0.175), rtol=1e-6)
 
 
-@pytest.mark.parametrize("var_type", VAR_TYPES)
-def test_learning_rate_change_after_tracing_is_followed(var_type):
+def check_learning_rate_change_after_tracing_is_followed(sgd, set_learning_rate, var_type: str) -> None:
+    """``sgd``: an SGD with learning rate 0.5; ``set_learning_rate(sgd, 0.25)`` changes it the way
+    that flavour's users do."""
     v = make_var(var_type, dimension=2, initializer="1")
-    keras = K.SGD(learning_rate=0.5)
-    opt = sok.OptimizerWrapper(keras)
+    opt = sok.OptimizerWrapper(sgd)
 
     @tf.function
     def step():
@@ -169,9 +164,32 @@ def test_learning_rate_change_after_tracing_is_followed(var_type):
         opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
 
     step()
-    keras.learning_rate.assign(0.25)
+    set_learning_rate(sgd, 0.25)
     step()
     np.testing.assert_allclose(exported(v)[1], [[0.25, 0.25]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+@pytest.mark.parametrize("name", list(LAZY))
+def test_rows_not_touched_stay_bit_identical(name, var_type):
+    check_untouched_rows_stay_bit_identical(LAZY[name](), var_type)
+
+
+# -- learning rate -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_learning_rate_schedule_is_followed(var_type, mode):
+    schedule = K.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+    check_learning_rate_schedule_is_followed(K.SGD(learning_rate=schedule), var_type, mode)
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_learning_rate_change_after_tracing_is_followed(var_type):
+    check_learning_rate_change_after_tracing_is_followed(
+        K.SGD(learning_rate=0.5), lambda sgd, lr: sgd.learning_rate.assign(lr), var_type
+    )
 
 
 # -- gradients of duplicates, new keys, plain variables ----------------------------------------
