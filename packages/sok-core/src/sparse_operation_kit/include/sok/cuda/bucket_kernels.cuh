@@ -294,16 +294,17 @@ __device__ void copy_floats(const Group& g, float* __restrict__ dst, const float
   }
 }
 
-// Fills a new row: zeros, then each initializer over its columns (later ones win, as on the CPU).
+// The initial values of columns [begin, end) of key's row, to dst[0 .. end - begin): zeros, then
+// each initializer over its columns (later ones win, as on the CPU).
 template <class Group>
-__device__ void init_row_d(const Group& g, float* row, int32_t W, uint64_t key, const Inits& inits) {
-  for (int32_t c = static_cast<int32_t>(g.thread_rank()); c < W; c += kGroup) {
+__device__ void init_columns_d(const Group& g, float* dst, int32_t begin, int32_t end, uint64_t key, const Inits& inits) {
+  for (int32_t c = begin + static_cast<int32_t>(g.thread_rank()); c < end; c += kGroup) {
     float v = 0.0f;
     for (int32_t i = 0; i < inits.count; ++i) {
       const sok_initializer& init = inits.items[i];
       if (c >= init.col_begin && c < init.col_end) v = sok::init_value(init, key, c);
     }
-    row[c] = v;
+    dst[c - begin] = v;
   }
 }
 
@@ -502,14 +503,7 @@ __global__ void insert_missing_kernel(View t, UpsertArgs a, uint8_t* missing) {
     }
     if (refused) {
       if (a.mode == Mode::kFindOrInsert) {  // the caller still reads the initial values
-        for (int32_t c = lane; c < w; c += kGroup) {
-          float v = 0.0f;
-          for (int32_t k = 0; k < a.inits.count; ++k) {
-            const sok_initializer& init = a.inits.items[k];
-            if (a.cb + c >= init.col_begin && a.cb + c < init.col_end) v = sok::init_value(init, key, a.cb + c);
-          }
-          a.out[i * w + c] = v;
-        }
+        init_columns_d(g, a.out + i * w, a.cb, a.ce, key, a.inits);
         if (lane == 0 && a.found != nullptr) a.found[i] = 0;
       } else if (a.ev_keys != nullptr && a.mode != Mode::kImport) {
         // Reported as evicted, with the row it would have had.
@@ -522,7 +516,7 @@ __global__ void insert_missing_kernel(View t, UpsertArgs a, uint8_t* missing) {
         }
         if (a.ev_values != nullptr) {
           float* dst = a.ev_values + static_cast<int64_t>(idx) * t.W;
-          init_row_d(g, dst, t.W, key, a.inits);
+          init_columns_d(g, dst, 0, t.W, key, a.inits);
           g.sync();
           copy_floats<false>(g, dst + a.cb, in, w);
         }
@@ -532,7 +526,7 @@ __global__ void insert_missing_kernel(View t, UpsertArgs a, uint8_t* missing) {
     float* row = t.row(slot);
     const bool whole = a.cb == 0 && a.ce == t.W;
     if (a.mode == Mode::kFindOrInsert || !whole) {
-      init_row_d(g, row, t.W, key, a.inits);
+      init_columns_d(g, row, 0, t.W, key, a.inits);
       g.sync();
     }
     if (a.mode == Mode::kAccumulate) {

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "sok/backend.hpp"
@@ -72,6 +73,25 @@ class Scratch {
  private:
   cudaStream_t stream_;
   void* ptr_ = nullptr;
+};
+
+// A zeroed device counter for one call; read() waits for the stream and returns its value.
+class DeviceCounter {
+ public:
+  explicit DeviceCounter(cudaStream_t stream) : stream_(stream), memory_(stream, sizeof(unsigned long long)) {
+    check_cuda(cudaMemsetAsync(get(), 0, sizeof(unsigned long long), stream), "cudaMemsetAsync (counter)");
+  }
+  unsigned long long* get() const { return memory_.as<unsigned long long>(); }
+  int64_t read() const {
+    unsigned long long value = 0;
+    check_cuda(cudaMemcpyAsync(&value, get(), sizeof(value), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (counter)");
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (counter)");
+    return static_cast<int64_t>(value);
+  }
+
+ private:
+  cudaStream_t stream_;
+  Scratch memory_;
 };
 
 // Makes the table's device current for the scope.
@@ -202,17 +222,11 @@ class BucketTable final : public sok::Storage {
   int64_t erase(const sok_exec_context& ctx, int64_t n, const void* keys) override {
     Call call(this, ctx);
     if (n == 0) return 0;
-    Scratch counter(call.stream, sizeof(unsigned long long));
-    check_cuda(cudaMemsetAsync(counter.as<void>(), 0, sizeof(unsigned long long), call.stream), "cudaMemsetAsync");
-    erase_kernel<<<group_blocks(n), kBlock, 0, call.stream>>>(view_, n, keys, key_type(),
-                                                                           counter.as<unsigned long long>(), d_size_);
+    DeviceCounter erased(call.stream);
+    erase_kernel<<<group_blocks(n), kBlock, 0, call.stream>>>(view_, n, keys, key_type(), erased.get(), d_size_);
     check_cuda(cudaGetLastError(), "erase kernel");
     snapshot_size(call.stream);
-    unsigned long long erased = 0;
-    check_cuda(cudaMemcpyAsync(&erased, counter.as<void>(), sizeof(erased), cudaMemcpyDeviceToHost, call.stream),
-               "cudaMemcpyAsync");
-    check_cuda(cudaStreamSynchronize(call.stream), "cudaStreamSynchronize (erase)");
-    return static_cast<int64_t>(erased);
+    return erased.read();
   }
 
   int64_t export_batch(const sok_exec_context& ctx, int64_t offset, int64_t limit, sok::Columns cols,
@@ -388,23 +402,17 @@ class BucketTable final : public sok::Storage {
     a.values = values;
     Scratch segments(call.stream, mode == Mode::kAccumulate ? segment_bytes(n) : 0);
     if (mode == Mode::kAccumulate) order_duplicates(call.stream, batch, segments, &a);
-    Scratch counter(call.stream, ev != nullptr ? sizeof(unsigned long long) : 0);
+    std::optional<DeviceCounter> evicted;
     if (ev != nullptr) {
-      check_cuda(cudaMemsetAsync(counter.as<void>(), 0, sizeof(unsigned long long), call.stream), "cudaMemsetAsync");
+      evicted.emplace(call.stream);
       a.ev_keys = ev->keys;
       a.ev_values = ev->values;
       a.ev_scores = ev->scores;
-      a.ev_count = counter.as<unsigned long long>();
+      a.ev_count = evicted->get();
     }
     run_upsert(call.stream, a);
     after_insert(call.stream, n);
-    if (ev != nullptr) {
-      unsigned long long count = 0;
-      check_cuda(cudaMemcpyAsync(&count, counter.as<void>(), sizeof(count), cudaMemcpyDeviceToHost, call.stream),
-                 "cudaMemcpyAsync");
-      check_cuda(cudaStreamSynchronize(call.stream), "cudaStreamSynchronize (insert_and_evict)");
-      ev->count = static_cast<int64_t>(count);
-    }
+    if (ev != nullptr) ev->count = evicted->read();
   }
 
   static size_t segment_bytes(int64_t n) {
@@ -540,16 +548,11 @@ class BucketTable final : public sok::Storage {
   }
 
   int64_t count_missing(cudaStream_t stream, const Batch& batch) {
-    Scratch counter(stream, sizeof(unsigned long long));
-    check_cuda(cudaMemsetAsync(counter.as<void>(), 0, sizeof(unsigned long long), stream), "cudaMemsetAsync");
-    count_missing_kernel<<<group_blocks(batch.n), kBlock, 0, stream>>>(
-        view_, batch.n, batch.keys, key_type(), batch.leader, counter.as<unsigned long long>());
+    DeviceCounter missing(stream);
+    count_missing_kernel<<<group_blocks(batch.n), kBlock, 0, stream>>>(view_, batch.n, batch.keys, key_type(),
+                                                                        batch.leader, missing.get());
     check_cuda(cudaGetLastError(), "count_missing kernel");
-    unsigned long long missing = 0;
-    check_cuda(cudaMemcpyAsync(&missing, counter.as<void>(), sizeof(missing), cudaMemcpyDeviceToHost, stream),
-               "cudaMemcpyAsync");
-    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (count new keys)");
-    return static_cast<int64_t>(missing);
+    return missing.read();
   }
 
   // Device slots per bucket for nb buckets under the device-memory budget.
