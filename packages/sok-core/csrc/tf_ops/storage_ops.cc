@@ -10,6 +10,7 @@
 // in storage_ops_gpu.cc, a separate library (libsok_tf_ops_gpu.so) built when a CUDA toolkit is
 // found and loaded only by a CUDA build of TensorFlow; storage_ops.h holds what both share.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -112,6 +113,63 @@ class ExportOp : public ExportOpBase {
   }
 };
 
+// The distinct keys of keys (n,) in order of first occurrence into *distinct, and for each key the
+// position of its distinct key into *position (n,): one pass over an open-addressing index of
+// (key, position) entries, the home slot of a key further on prefetched (the index is larger than
+// the caches for big batches, so each probe would otherwise wait for memory).
+template <typename K>
+void index_distinct(int64_t n, const K* keys, std::vector<int32_t>* position, std::vector<K>* distinct) {
+  struct Entry {
+    K key;
+    int32_t position;  // -1: empty
+  };
+  int64_t slots = 16;
+  while (slots < 2 * n) slots <<= 1;
+  const uint64_t mask = static_cast<uint64_t>(slots - 1);
+  std::vector<Entry> index(slots, Entry{K{}, -1});
+  position->resize(n);
+  distinct->clear();
+  distinct->reserve(n);
+  auto home = [&](int64_t i) { return sok::hash_key(static_cast<uint64_t>(keys[i])) & mask; };
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + sok::kPrefetchDistance < n) sok::prefetch(&index[home(i + sok::kPrefetchDistance)]);
+    const K key = keys[i];
+    uint64_t s = home(i);
+    while (index[s].position >= 0 && index[s].key != key) s = (s + 1) & mask;
+    if (index[s].position < 0) {
+      index[s] = Entry{key, static_cast<int32_t>(distinct->size())};
+      distinct->push_back(key);
+    }
+    (*position)[i] = index[s].position;
+  }
+}
+
+// sums (u, w) = 0, then row i of values (n, w) added to row position[i] of sums, in batch order.
+inline void sum_rows(int64_t n, const int32_t* position, const float* __restrict__ values, int64_t w, int64_t u,
+                     float* __restrict__ sums) {
+  std::fill(sums, sums + u * w, 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    float* __restrict__ dst = sums + static_cast<int64_t>(position[i]) * w;
+    const float* __restrict__ src = values + i * w;
+    for (int64_t c = 0; c < w; ++c) dst[c] += src[c];
+  }
+}
+
+// Checks that input values_input is (n, width) for the n keys of input keys_input, n below 2**31
+// (positions are int32).
+inline Status check_key_rows(OpKernelContext* ctx, int keys_input, int values_input) {
+  const int64_t n = ctx->input(keys_input).NumElements();
+  const Tensor& values = ctx->input(values_input);
+  if (values.dims() != 2 || values.dim_size(0) != n) {
+    return errors::InvalidArgument("values must have shape [", n, ", width] (one row per key), got ",
+                                   values.shape().DebugString());
+  }
+  if (n >= (int64_t{1} << 31)) {
+    return errors::InvalidArgument("at most 2**31 - 1 keys per call, got ", n, "; split the batch");
+  }
+  return Status();
+}
+
 // unique_keys, sums = the distinct keys (in order of first occurrence) and the sum of the rows of
 // values per distinct key: tf.unique + unsorted_segment_sum in one pass over a hash index.
 // CPU only (it calls no storage): under a CUDA TensorFlow the placer runs it on the CPU.
@@ -120,57 +178,140 @@ class UniqueSumOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& keys_t = ctx->input(0);
-    const Tensor& values_t = ctx->input(1);
-    const int64_t n = keys_t.NumElements();
-    OP_REQUIRES(ctx, values_t.dims() == 2 && values_t.dim_size(0) == n,
-                errors::InvalidArgument("values must have shape [", n, ", width], got ", values_t.shape().DebugString()));
-    OP_REQUIRES(ctx, n < (int64_t{1} << 31),
-                errors::InvalidArgument("at most 2**31 - 1 keys per call, got ", n, "; split the batch"));
-    const int64_t w = values_t.dim_size(1);
-    const K* keys = keys_t.flat<K>().data();
-    const float* values = values_t.flat<float>().data();
-    // Open addressing over (key, position) entries, the home slot of a key further on
-    // prefetched: the index is larger than the caches for big batches, so each probe would
-    // otherwise wait for memory.
-    struct Entry {
-      K key;
-      int32_t position;  // -1: empty
-    };
-    int64_t slots = 16;
-    while (slots < 2 * n) slots <<= 1;
-    const uint64_t mask = static_cast<uint64_t>(slots - 1);
-    std::vector<Entry> index(slots, Entry{K{}, -1});
-    std::vector<int32_t> position(n);  // key i -> position of its distinct key
+    OP_REQUIRES_OK(ctx, check_key_rows(ctx, 0, 1));
+    const Tensor& keys = ctx->input(0);
+    const Tensor& values = ctx->input(1);
+    const int64_t n = keys.NumElements();
+    const int64_t w = values.dim_size(1);
+    std::vector<int32_t> position;
     std::vector<K> distinct;
-    distinct.reserve(n);
-    auto home = [&](int64_t i) { return sok::hash_key(static_cast<uint64_t>(keys[i])) & mask; };
-    for (int64_t i = 0; i < n; ++i) {
-      if (i + sok::kPrefetchDistance < n) sok::prefetch(&index[home(i + sok::kPrefetchDistance)]);
-      const K key = keys[i];
-      uint64_t s = home(i);
-      while (index[s].position >= 0 && index[s].key != key) s = (s + 1) & mask;
-      if (index[s].position < 0) {
-        index[s] = Entry{key, static_cast<int32_t>(distinct.size())};
-        distinct.push_back(key);
-      }
-      position[i] = index[s].position;
-    }
+    index_distinct(n, keys.flat<K>().data(), &position, &distinct);
     const int64_t u = static_cast<int64_t>(distinct.size());
     Tensor *unique_t = nullptr, *sums_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &unique_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({u, w}), &sums_t));
     std::copy(distinct.begin(), distinct.end(), unique_t->flat<K>().data());
-    float* __restrict__ sums = sums_t->flat<float>().data();
-    std::fill(sums, sums + u * w, 0.0f);
-    for (int64_t i = 0; i < n; ++i) add_row(sums + static_cast<int64_t>(position[i]) * w, values + i * w, w);
+    sum_rows(n, position.data(), values.flat<float>().data(), w, u, sums_t->flat<float>().data());
+  }
+};
+
+// The row-wise optimizer rules SokSparseApply runs natively, on one row: w (d,) the embedding,
+// s its state columns (slot k at s + k * d), g (d,) the summed gradient. Each repeats, operation
+// for operation in float32, the formula of the TensorFlow ops sok.OptimizerWrapper builds
+// otherwise (optimizer.py), so both paths give the same bits.
+struct RowRule {
+  enum Kind { kSgd, kMomentum, kAdagrad } kind;
+  int32_t slots;        // state column blocks after the embedding
+  float hyper[2];       // kMomentum: momentum, nesterov (0/1); kAdagrad: epsilon, epsilon after sqrt (0/1)
+
+  // The rule named `name` with hyper-parameters `hyper` (checked).
+  static Status parse(const std::string& name, const std::vector<float>& hyper, RowRule* out) {
+    static const struct {
+      const char* name;
+      Kind kind;
+      int32_t slots;
+      size_t num_hyper;
+    } kRules[] = {{"sgd", kSgd, 0, 0}, {"momentum", kMomentum, 1, 2}, {"adagrad", kAdagrad, 1, 2}};
+    for (const auto& r : kRules) {
+      if (name != r.name) continue;
+      if (hyper.size() != r.num_hyper) {
+        return errors::InvalidArgument("rule '", name, "' takes ", r.num_hyper, " hyper-parameters, got ",
+                                       hyper.size());
+      }
+      *out = RowRule{r.kind, r.slots, {0.0f, 0.0f}};
+      std::copy(hyper.begin(), hyper.end(), out->hyper);
+      return Status();
+    }
+    return errors::InvalidArgument("unknown rule '", name, "'; valid: sgd, momentum, adagrad");
+  }
+
+  void apply(float* __restrict__ w, float* __restrict__ s, const float* __restrict__ g, int64_t d, float lr) const {
+    switch (kind) {
+      case kSgd:  // w - g * lr
+        for (int64_t c = 0; c < d; ++c) w[c] = w[c] - g[c] * lr;
+        break;
+      case kMomentum: {  // m = m * momentum - g * lr; w + (m * momentum - g * lr if nesterov else m)
+        const float momentum = hyper[0];
+        const bool nesterov = hyper[1] != 0.0f;
+        for (int64_t c = 0; c < d; ++c) {
+          const float m = s[c] * momentum - g[c] * lr;
+          s[c] = m;
+          w[c] = w[c] + (nesterov ? m * momentum - g[c] * lr : m);
+        }
+        break;
+      }
+      case kAdagrad: {  // acc + g**2; w - lr * g / (sqrt(acc) + eps if after sqrt else sqrt(acc + eps))
+        const float eps = hyper[0];
+        const bool after_sqrt = hyper[1] != 0.0f;
+        for (int64_t c = 0; c < d; ++c) {
+          const float acc = s[c] + g[c] * g[c];
+          s[c] = acc;
+          const float denominator = after_sqrt ? std::sqrt(acc) + eps : std::sqrt(acc + eps);
+          w[c] = w[c] - lr * g[c] / denominator;
+        }
+        break;
+      }
+    }
+  }
+};
+
+// The lazy optimizer step of sok.OptimizerWrapper in one op: the gradient rows (n, d) of keys (n,)
+// are summed per distinct key, the whole rows [embedding | state] of the distinct keys are read
+// (find_or_insert: a key evicted since its lookup comes back with initial values, as on the
+// TensorFlow-ops path), updated by the rule and written back (insert_or_assign). The table's rows
+// must be d * (1 + slots of the rule) wide. CPU tables only.
+template <typename K>
+class SparseApplyOp : public OpKernel {
+ public:
+  explicit SparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string name;
+    std::vector<float> hyper;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &name));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("hyper", &hyper));
+    OP_REQUIRES_OK(ctx, RowRule::parse(name, hyper, &rule_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    sok_table_ref* ref = nullptr;
+    SOK_OK_OR_RETURN(ctx, table_from(ctx, kTable, &ref));
+    OP_REQUIRES_OK(ctx, check_key_rows(ctx, kKeys, kKeys + 1));
+    const Tensor& keys = ctx->input(kKeys);
+    const Tensor& grads = ctx->input(kKeys + 1);
+    const Tensor& lr = ctx->input(kKeys + 2);
+    OP_REQUIRES(ctx, key_type_of(keys.dtype()) == ref->key_type,
+                errors::InvalidArgument("keys have dtype ", ::tensorflow::DataTypeString(keys.dtype()),
+                                        " but the table's key type is ", sok::key_type_name(ref->key_type)));
+    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(lr.shape()),
+                errors::InvalidArgument("lr must be a scalar, got shape ", lr.shape().DebugString()));
+    const int64_t n = keys.NumElements();
+    const int64_t d = grads.dim_size(1);
+    const int32_t row = ref->row_width;
+    OP_REQUIRES(ctx, d * (1 + rule_.slots) == row,
+                errors::InvalidArgument("gradient rows of ", d, " floats need table rows of ", d * (1 + rule_.slots),
+                                        " floats for this rule, the table's are ", row));
+    std::vector<int32_t> position;
+    std::vector<K> distinct;
+    index_distinct(n, keys.flat<K>().data(), &position, &distinct);
+    const int64_t u = static_cast<int64_t>(distinct.size());
+    std::vector<float> sums(u * d);
+    sum_rows(n, position.data(), grads.flat<float>().data(), d, u, sums.data());
+    std::vector<float> rows(u * row);
+    SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->find_or_insert(ref->storage, &kCpu, u, distinct.data(), 0, row,
+                                                                  rows.data(), nullptr, nullptr, ref->inits,
+                                                                  ref->num_inits),
+                                    "find_or_insert"));
+    const float rate = lr.scalar<float>()();
+    for (int64_t j = 0; j < u; ++j) {
+      float* r = rows.data() + j * row;
+      rule_.apply(r, r + d, sums.data() + j * d, d, rate);
+    }
+    SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->insert_or_assign(ref->storage, &kCpu, u, distinct.data(), 0, row,
+                                                                    rows.data(), nullptr, ref->inits, ref->num_inits),
+                                    "insert_or_assign"));
   }
 
  private:
-  // dst += src over w floats (the pointers never overlap: an output row and an input row).
-  static void add_row(float* __restrict__ dst, const float* __restrict__ src, int64_t w) {
-    for (int64_t c = 0; c < w; ++c) dst[c] += src[c];
-  }
+  RowRule rule_{};
 };
 
 #define SOK_KEY_TYPES "Tkeys: {int32, int64, uint64}"
@@ -198,6 +339,19 @@ REGISTER_OP("SokUniqueSum")
       return Status();
     })
     .Doc("Distinct keys in order of first occurrence and the per-key sums of the value rows.");
+
+REGISTER_OP("SokSparseApply")
+    .Input("handle: resource")
+    .Input("table: int64")
+    .Input("keys: Tkeys")
+    .Input("grads: float")
+    .Input("lr: float")
+    .Attr(SOK_KEY_TYPES)
+    .Attr("rule: {'sgd', 'momentum', 'adagrad'}")
+    .Attr("hyper: list(float) = []")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc("One lazy optimizer step on the rows of keys: per-key sums of grads, the rule, whole rows written back.");
 
 REGISTER_OP("SokLookup")
     .Input("handle: resource")
@@ -325,6 +479,9 @@ REGISTER_KERNEL_BUILDER(Name("SokSize").Device(DEVICE_CPU), SizeOp<CpuExec>);
 REGISTER_KERNEL_BUILDER(Name("SokUniqueSum").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkeys"), UniqueSumOp<int64_t>);
 REGISTER_KERNEL_BUILDER(Name("SokUniqueSum").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkeys"), UniqueSumOp<int32_t>);
 REGISTER_KERNEL_BUILDER(Name("SokUniqueSum").Device(DEVICE_CPU).TypeConstraint<uint64_t>("Tkeys"), UniqueSumOp<uint64_t>);
+REGISTER_KERNEL_BUILDER(Name("SokSparseApply").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkeys"), SparseApplyOp<int64_t>);
+REGISTER_KERNEL_BUILDER(Name("SokSparseApply").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkeys"), SparseApplyOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("SokSparseApply").Device(DEVICE_CPU).TypeConstraint<uint64_t>("Tkeys"), SparseApplyOp<uint64_t>);
 REGISTER_KERNEL_BUILDER(Name("SokExport").Device(DEVICE_CPU), ExportOp);
 
 }  // namespace sok_tf

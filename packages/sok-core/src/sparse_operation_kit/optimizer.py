@@ -150,24 +150,27 @@ class Rule:
         slots: ``(slot name, initial value)`` per state column block, in row order. The same for
             every flavour, so checkpoints move between them.
         update: ``update(w, slots, g, lr, step) -> (w, slots)`` on ``[n, dim]`` tensors.
+        native: ``(rule, hyper-parameters)`` of the same update in the op library's
+            ``SokSparseApply`` (one op per step on CPU tables), or None where only ``update`` has it.
     """
 
     name: str
     slots: tuple[tuple[str, float], ...]
     update: Update
+    native: tuple[str, tuple[float, ...]] | None = None
 
 
 def _sgd(h: Settings) -> Rule:
     momentum, nesterov = h("momentum"), h.flag("nesterov")
     if momentum == 0:
-        return Rule("SGD", (), lambda w, s, g, lr, step: (w - g * lr, s))
+        return Rule("SGD", (), lambda w, s, g, lr, step: (w - g * lr, s), native=("sgd", ()))
 
     def update(w, s, g, lr, step):
         m = s["momentum"] * momentum - g * lr
         w = w + (m * momentum - g * lr if nesterov else m)
         return w, {"momentum": m}
 
-    return Rule("SGD", (("momentum", 0.0),), update)
+    return Rule("SGD", (("momentum", 0.0),), update, native=("momentum", (momentum, float(nesterov))))
 
 
 def _adagrad(h: Settings) -> Rule:
@@ -178,7 +181,8 @@ def _adagrad(h: Settings) -> Rule:
         denominator = tf.sqrt(acc) + eps if eps_after_sqrt else tf.sqrt(acc + eps)
         return w - lr * g / denominator, {"accumulator": acc}
 
-    return Rule("Adagrad", (("accumulator", h("initial_accumulator_value")),), update)
+    native = ("adagrad", (eps, float(eps_after_sqrt)))
+    return Rule("Adagrad", (("accumulator", h("initial_accumulator_value")),), update, native=native)
 
 
 def _adam(h: Settings) -> Rule:
@@ -468,6 +472,10 @@ class OptimizerWrapper:
         keys = tf.reshape(var._keys(grad.indices), [-1])
         values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, dim])
         lib = tf_ops.library()
+        if self._rule.native is not None and var.storage.device == "cpu":
+            rule, hyper = self._rule.native
+            lib.sok_sparse_apply(*var.table_inputs, keys, values, lr, rule=rule, hyper=list(hyper))
+            return
         unique, summed = lib.sok_unique_sum(keys, values)
         rows = lib.sok_find_or_insert(*var.table_inputs, unique, col_begin=0, col_end=width)
         slots = {name: rows[:, (i + 1) * dim : (i + 2) * dim] for i, (name, _) in enumerate(self._rule.slots)}
