@@ -65,6 +65,27 @@ def test_lookup_inserts_each_new_key_once(var_type):
     assert v.size.numpy().tolist() == [3, 3]
 
 
+@pytest.mark.parametrize("key_type", [tf.int64, tf.int32, tf.uint64])
+def test_lookup_of_each_distinct_key_once_equals_one_lookup_per_occurrence(key_type):
+    # det declares distinct_lookups: its lookups pass each distinct key once; results, new rows and
+    # their order must be those of a lookup of every occurrence.
+    from sparse_operation_kit import tf_ops
+
+    def var():
+        v = make_var("hbm", dimension=4, key_type=key_type, initializer=tf.keras.initializers.RandomUniform(seed=7))
+        sok.assign(v, tf.constant([5, 6], key_type), rows(2, 4))
+        return v
+
+    ids = tf.constant([[9, 5, 9], [7, 7, 6], [9, 8, 5]], key_type)
+    distinct, per_occurrence = var(), var()
+    assert distinct.storage.spec.capabilities.distinct_lookups
+    out = tf.nn.embedding_lookup(distinct, ids)
+    expected = tf_ops.library().sok_lookup(*per_occurrence.table_inputs, ids, col_begin=0, col_end=4, distinct=False)
+    np.testing.assert_array_equal(out.numpy(), expected.numpy())
+    for got, want in zip(sok.export(distinct), sok.export(per_occurrence)):  # same slots, same rows
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 @pytest.mark.parametrize("var_type", VAR_TYPES)
 def test_sparse_read_1d_ids_returns_rows_in_input_order(var_type):
     v = make_var(var_type, dimension=4)
@@ -198,32 +219,35 @@ def _depends_on(op, target) -> bool:
     return False
 
 
+#: The storage ops of a training step per optimizer: SGD's update is one op on CPU tables, Adam's
+#: a read and a write around TensorFlow ops.
+UPDATE_OPS = {"SGD": ("SokSparseApply",), "Adam": ("SokFindOrInsert", "SokInsertOrAssign")}
+
+
+@pytest.mark.parametrize("optimizer", sorted(UPDATE_OPS))
 @pytest.mark.parametrize("var_type", VAR_TYPES)
-def test_ops_on_one_table_run_in_program_order_in_tf_function(var_type):
+def test_ops_on_one_table_run_in_program_order_in_tf_function(var_type, optimizer):
     """Regression: a lookup and the update after it have no data edge, so only the variable's resource
     handle orders them; without it TF may run the update first and the lookup sees the new rows."""
     v = make_var(var_type, dimension=3, initializer="13")
     ids = tf.constant([4, 5, 4], tf.int64)
-    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.SGD(learning_rate=1.0))
+    wrapper = sok.OptimizerWrapper(getattr(tf.keras.optimizers, optimizer)(learning_rate=1.0))
 
     def step():
         with tf.GradientTape() as tape:
             emb = tf.nn.embedding_lookup(v, ids)
             loss = tf.reduce_sum(emb)
-        optimizer.apply_gradients([(tape.gradient(loss, v), v)])
+        wrapper.apply_gradients([(tape.gradient(loss, v), v)])
         keys, _ = sok.export(v)
         return emb, v.size, keys
 
     graph = tf.function(step).get_concrete_function().graph
-    ops = {
-        t: [op for op in graph.get_operations() if op.type == t]
-        for t in ("SokLookup", "SokFindOrInsert", "SokInsertOrAssign", "SokExport", "SokSize")
-    }
+    chain_types = ("SokLookup", *UPDATE_OPS[optimizer], "SokExport")
+    ops = {t: [op for op in graph.get_operations() if op.type == t] for t in (*chain_types, "SokSize")}
     assert all(len(found) == 1 for found in ops.values()), {t: len(f) for t, f in ops.items()}
-    chain = [ops[t][0] for t in ("SokLookup", "SokFindOrInsert", "SokInsertOrAssign")]
+    chain = [ops[t][0] for t in chain_types]
     for earlier, later in zip(chain, chain[1:]):
         assert _depends_on(later, earlier), f"{later.type} does not wait for {earlier.type}"
-    assert _depends_on(ops["SokExport"][0], ops["SokInsertOrAssign"][0])
     emb, _, _ = tf.function(step)()
     np.testing.assert_array_equal(emb.numpy(), np.full((3, 3), 13.0, np.float32))
 

@@ -12,7 +12,9 @@ def sok_register_backends(registry):
             name="det",
             var_types=("hbm",),
             factory="sok_backend_det._core:Table",
-            capabilities=Capabilities(eviction=False, export_if=True, host_memory=False, devices=("cpu", "cuda")),
+            capabilities=Capabilities(
+                eviction=False, export_if=True, host_memory=False, devices=("cpu", "cuda"), distinct_lookups=True
+            ),
             package="sok-backend-det",
             version=__version__,
             build_info="sok_backend_det._core:BUILD_INFO",

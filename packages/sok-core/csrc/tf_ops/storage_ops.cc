@@ -195,6 +195,59 @@ class UniqueSumOp : public OpKernel {
   }
 };
 
+// SokLookup on the CPU. With the attribute `distinct` (set for backends whose find_or_insert leaves
+// the same rows and scores whether a key repeats in a batch or not) each distinct key is looked up
+// once, in order of first occurrence (so new keys get the same rows), and its row copied to every
+// occurrence: a power-law batch has several times fewer distinct keys than keys.
+class CpuLookupOp : public LookupOp<CpuExec> {
+ public:
+  explicit CpuLookupOp(OpKernelConstruction* ctx) : LookupOp<CpuExec>(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("distinct", &distinct_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    if (!distinct_) {
+      LookupOp<CpuExec>::Compute(ctx);
+      return;
+    }
+    sok_table_ref* ref = nullptr;
+    SOK_OK_OR_RETURN(ctx, prepare(ctx, kKeys, &ref));
+    const Tensor& keys = ctx->input(kKeys);
+    OP_REQUIRES(ctx, keys.NumElements() < (int64_t{1} << 31),
+                errors::InvalidArgument("at most 2**31 - 1 keys per call, got ", keys.NumElements(), "; split the batch"));
+    Tensor* values = nullptr;
+    OP_REQUIRES_OK(ctx, allocate_rows(ctx, 0, keys, &values));
+    switch (keys.dtype()) {
+      case ::tensorflow::DT_INT64: SOK_OK_OR_RETURN(ctx, lookup_distinct<int64_t>(ref, keys, values)); break;
+      case ::tensorflow::DT_INT32: SOK_OK_OR_RETURN(ctx, lookup_distinct<int32_t>(ref, keys, values)); break;
+      default: SOK_OK_OR_RETURN(ctx, lookup_distinct<uint64_t>(ref, keys, values));
+    }
+  }
+
+ private:
+  template <typename K>
+  Status lookup_distinct(const sok_table_ref* ref, const Tensor& keys, Tensor* values) const {
+    const int64_t n = keys.NumElements();
+    const int64_t w = width();
+    std::vector<int32_t> position;
+    std::vector<K> distinct;
+    index_distinct(n, keys.flat<K>().data(), &position, &distinct);
+    const int64_t u = static_cast<int64_t>(distinct.size());
+    std::vector<float> rows(u * w);
+    TF_RETURN_IF_ERROR(status_of(ref,
+                                 ref->api->find_or_insert(ref->storage, &kCpu, u, distinct.data(), col_begin_, col_end_,
+                                                          rows.data(), nullptr, nullptr, ref->inits, ref->num_inits),
+                                 "lookup (find_or_insert)"));
+    float* out = values->flat<float>().data();
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(out + i * w, rows.data() + static_cast<int64_t>(position[i]) * w, sizeof(float) * w);
+    }
+    return Status();
+  }
+
+  bool distinct_ = false;
+};
+
 // The row-wise optimizer rules SokSparseApply runs natively, on one row: w (d,) the embedding,
 // s its state columns (slot k at s + k * d), g (d,) the summed gradient. Each repeats, operation
 // for operation in float32, the formula of the TensorFlow ops sok.OptimizerWrapper builds
@@ -361,9 +414,11 @@ REGISTER_OP("SokLookup")
     .Attr(SOK_KEY_TYPES)
     .Attr("col_begin: int")
     .Attr("col_end: int")
+    .Attr("distinct: bool = false")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return RowsShape(c, kKeys); })
-    .Doc("Rows [col_begin, col_end) of keys, inserting missing keys with the initializers.");
+    .Doc("Rows [col_begin, col_end) of keys, inserting missing keys with the initializers. distinct: the "
+         "backend's find_or_insert does not depend on repeats, so each distinct key may be looked up once.");
 
 REGISTER_OP("SokFindOrInsert")
     .Input("handle: resource")
@@ -468,7 +523,7 @@ REGISTER_OP("SokExport")
       return Status();
     });
 
-REGISTER_KERNEL_BUILDER(Name("SokLookup").Device(DEVICE_CPU), LookupOp<CpuExec>);
+REGISTER_KERNEL_BUILDER(Name("SokLookup").Device(DEVICE_CPU), CpuLookupOp);
 REGISTER_KERNEL_BUILDER(Name("SokFindOrInsert").Device(DEVICE_CPU), LookupOp<CpuExec>);
 REGISTER_KERNEL_BUILDER(Name("SokLookupAndEvict").Device(DEVICE_CPU), LookupAndEvictOp);
 REGISTER_KERNEL_BUILDER(Name("SokFind").Device(DEVICE_CPU), FindOp<CpuExec>);

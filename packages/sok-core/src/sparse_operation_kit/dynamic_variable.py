@@ -267,7 +267,11 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
             if self.trainable:
                 tape_lib.variable_accessed(self)
             return tf_ops.library().sok_lookup(
-                *self.table_inputs, self._keys(indices), col_begin=0, col_end=self._dimension
+                *self.table_inputs,
+                self._keys(indices),
+                col_begin=0,
+                col_end=self._dimension,
+                distinct=self.storage.spec.capabilities.distinct_lookups,
             )
 
     # -- writes through IndexedSlices (SOK's scatter_* for dynamic variables) ------------------

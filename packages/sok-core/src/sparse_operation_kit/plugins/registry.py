@@ -81,6 +81,8 @@ class Capabilities:
         devices: where tables can live: ``"cpu"``, ``"cuda"``.
         key_dtypes: the key dtypes accepted (NumPy names).
         eviction_policies: the ``evict_strategy`` values accepted (empty without eviction).
+        distinct_lookups: ``find_or_insert`` leaves the same rows and scores whether a key repeats
+            in a batch or not (no per-occurrence counts), so lookups may pass each distinct key once.
     """
 
     eviction: bool = False
@@ -89,6 +91,7 @@ class Capabilities:
     devices: tuple[str, ...] = ("cpu",)
     key_dtypes: tuple[str, ...] = KEY_DTYPES
     eviction_policies: tuple[str, ...] = ()
+    distinct_lookups: bool = False
 
 
 @dataclass(frozen=True)
