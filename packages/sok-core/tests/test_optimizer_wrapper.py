@@ -7,6 +7,8 @@ update and the wrapper's lazy one must agree. Reference §1.9.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -100,6 +102,46 @@ def test_matches_keras_on_a_dense_variable(name, var_type, mode):
     assert np.abs(dense.numpy() - INITIAL).max() > 1e-3  # the oracle did move
     np.testing.assert_allclose(values, dense.numpy(), rtol=1e-5, atol=1e-6)
     assert int(wrapper.iterations.numpy()) == STEPS
+
+
+#: The optimizers whose rule also runs natively (SokSparseApply, one op per step on CPU tables).
+NATIVE = ["SGD", "SGD-momentum", "SGD-nesterov", "Adagrad", "Adagrad-custom"]
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+@pytest.mark.parametrize("name", NATIVE)
+def test_native_rule_equals_the_tensorflow_ops_bit_for_bit(name, var_type):
+    # The ops run eagerly: inside tf.function grappler rewrites x / sqrt(y) into x * rsqrt(y), one ulp
+    # off at times; the native rule computes the formula as written, in tf.function too.
+    def train(native: bool) -> np.ndarray:
+        v = make_var(var_type, dimension=D, initializer="zeros")
+        sok.assign(v, tf.range(V, dtype=tf.int64), INITIAL)
+        wrapper = sok.OptimizerWrapper(OPTIMIZERS[name]())
+        assert wrapper._rule.native is not None
+        if not native:
+            wrapper._rule = dataclasses.replace(wrapper._rule, native=None)
+
+        def step():
+            with tf.GradientTape() as tape:
+                loss = weighted_square_loss(tf.nn.embedding_lookup(v, IDS))
+            wrapper.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+
+        step = tf.function(step) if native else step
+        for _ in range(STEPS):
+            step()
+        return exported(v)[1]
+
+    np.testing.assert_array_equal(train(native=True), train(native=False))
+
+
+def test_native_rule_refuses_rows_of_another_width():
+    from sparse_operation_kit import tf_ops
+
+    v = make_var("hbm", dimension=D)  # rows of D floats: no room for Adagrad's accumulator
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"need table rows of {2 * D} floats"):
+        tf_ops.library().sok_sparse_apply(
+            *v.table_inputs, IDS, tf.ones([9, D]), tf.constant(0.1), rule="adagrad", hyper=[1e-7, 0.0]
+        )
 
 
 # -- lazy updates ------------------------------------------------------------------------------
