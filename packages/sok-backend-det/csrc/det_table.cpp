@@ -12,6 +12,7 @@ namespace {
 
 constexpr int64_t kMinSlots = 64;
 constexpr int64_t kParallelMin = 1 << 14;  // keys per call before bulk loops use threads
+constexpr int64_t kOwnerRows = 64;         // write_rows: rows per block a worker owns
 
 int64_t next_pow2(int64_t v) {
   int64_t p = 1;
@@ -69,6 +70,8 @@ DetTable::DetTable(const sok_storage_config& config, const DetOptions& options)
     for (int64_t c = b; c < e; ++c) {
       std::memset(chunks_[c].get(), 0, sizeof(float) * kChunkRows * row_width());
       std::memset(score_chunks_[c].get(), 0, sizeof(uint64_t) * kChunkRows);
+      std::memset(key_chunks_[c].get(), 0, sizeof(uint64_t) * kChunkRows);
+      std::memset(live_chunks_[c].get(), 0, kChunkRows);
     }
   });
 }
@@ -76,8 +79,12 @@ DetTable::DetTable(const sok_storage_config& config, const DetOptions& options)
 void DetTable::add_chunk() {
   std::unique_ptr<float[]> chunk(new float[kChunkRows * row_width()]);
   std::unique_ptr<uint64_t[]> scores(new uint64_t[kChunkRows]);
+  std::unique_ptr<uint64_t[]> keys(new uint64_t[kChunkRows]);
+  std::unique_ptr<uint8_t[]> live(new uint8_t[kChunkRows]);
   chunks_.push_back(std::move(chunk));
   score_chunks_.push_back(std::move(scores));
+  key_chunks_.push_back(std::move(keys));
+  live_chunks_.push_back(std::move(live));
 }
 
 int64_t DetTable::size(const sok_exec_context&) {
@@ -170,6 +177,8 @@ int64_t DetTable::insert(uint64_t key, bool* created) {
     --erased_;
   }
   slots_[i] = Slot{key, row};
+  row_key(row) = key;
+  row_live(row) = 1;
   ++size_;
   *created = true;
   return row;
@@ -285,15 +294,17 @@ void DetTable::find_or_insert(const sok_exec_context&, int64_t n, const void* ke
 void DetTable::write_rows(int64_t n, const int64_t* rows, sok::Columns cols, const float* values,
                           WriteMode mode, uint64_t score, const uint64_t* scores) {
   const int32_t w = cols.width();
-  // Each worker owns the rows with row % workers == worker and walks the batch in order, so
-  // duplicates are applied in batch order (last write wins, sums in a fixed order) without locks.
+  // Each worker owns the rows of every workers-th block of kOwnerRows rows and walks the batch in
+  // order, so duplicates are applied in batch order (last write wins, sums in a fixed order)
+  // without locks, and rows written in arena order (a fresh table, a load) stream in blocks.
   sok::parallel_workers(n, kParallelMin, [&](int worker, int workers) {
+    auto owner = [workers](int64_t row) { return (row / kOwnerRows) % workers; };
     for (int64_t i = 0; i < n; ++i) {
-      if (i + sok::kPrefetchDistance < n && rows[i + sok::kPrefetchDistance] % workers == worker) {
+      if (i + sok::kPrefetchDistance < n && owner(rows[i + sok::kPrefetchDistance]) == worker) {
         sok::prefetch_write(row_ptr(rows[i + sok::kPrefetchDistance]) + cols.begin);
       }
       int64_t row = rows[i];
-      if (row % workers != worker) continue;
+      if (owner(row) != worker) continue;
       float* dst = row_ptr(row) + cols.begin;
       const float* src = values + i * w;
       if (mode == WriteMode::kAssign) {
@@ -310,8 +321,8 @@ void DetTable::upsert(int64_t n, const void* keys, sok::Columns cols, const floa
                       const sok_initializer* inits, int32_t num_inits, WriteMode mode,
                       const uint64_t* scores) {
   std::unique_lock lock(mutex_);
-  std::vector<int64_t> rows(n);
-  lookup_all(n, keys, rows.data());
+  std::vector<int64_t> rows(n, kEmpty);
+  if (size_ > 0) lookup_all(n, keys, rows.data());  // an empty table (a load) has nothing to find
   std::vector<int64_t> created;
   // A write of whole rows overwrites every column of a new row: no need to initialise it.
   const bool whole_rows = cols.begin == 0 && cols.end == row_width();
@@ -356,6 +367,7 @@ bool DetTable::remove(uint64_t key) {
     Slot& s = slots_[j];
     if (s.row >= 0 && s.key == key) {
       free_rows_.push_back(s.row);
+      row_live(s.row) = 0;
       s.row = kErased;
       --size_;
       ++erased_;
@@ -377,19 +389,21 @@ int64_t DetTable::export_batch(const sok_exec_context&, int64_t offset, int64_t 
                                sok::Columns cols, const uint64_t* threshold, void* keys,
                                float* values, uint64_t* scores) {
   std::shared_lock lock(mutex_);
-  const int64_t begin = std::min<int64_t>(static_cast<int64_t>(slots_.size()), offset);
-  const int64_t end = std::min<int64_t>(static_cast<int64_t>(slots_.size()), offset + limit);
+  // Positions are arena rows (every row index is below the slot count, so [0, capacity) covers
+  // them): the rows are read in memory order, and rows >= next_row_ were never handed out.
+  const int64_t end = std::min(next_row_, offset + limit);
+  const int64_t begin = std::min(offset, end);
   const int32_t w = cols.width();
-  auto selected = [&](const Slot& s) { return s.row >= 0 && (threshold == nullptr || row_score(s.row) >= *threshold); };
-  // Two passes over contiguous parts of the slot range: count per part, then copy each part to its
-  // place in the output (slot order is kept; the row reads are random, so threads help).
+  auto selected = [&](int64_t row) { return row_live(row) && (threshold == nullptr || row_score(row) >= *threshold); };
+  // Two passes over contiguous parts of the row range: count per part, then copy each part to its
+  // place in the output (row order is kept).
   const int parts = (end - begin) >= kParallelMin ? sok::num_workers() : 1;
   const int64_t span = (end - begin + parts - 1) / std::max(1, parts);
   std::vector<int64_t> first(parts + 1, 0);
   sok::parallel_for(parts, 2, [&](int, int64_t pb, int64_t pe) {
     for (int64_t p = pb; p < pe; ++p) {
       int64_t c = 0;
-      for (int64_t j = begin + p * span; j < std::min(end, begin + (p + 1) * span); ++j) c += selected(slots_[j]);
+      for (int64_t r = begin + p * span; r < std::min(end, begin + (p + 1) * span); ++r) c += selected(r);
       first[p + 1] = c;
     }
   });
@@ -398,15 +412,11 @@ int64_t DetTable::export_batch(const sok_exec_context&, int64_t offset, int64_t 
     for (int64_t p = pb; p < pe; ++p) {
       int64_t out = first[p];
       const int64_t stop = std::min(end, begin + (p + 1) * span);
-      for (int64_t j = begin + p * span; j < stop; ++j) {
-        const Slot& s = slots_[j];
-        if (!selected(s)) continue;
-        if (j + sok::kPrefetchDistance < stop && slots_[j + sok::kPrefetchDistance].row >= 0) {
-          sok::prefetch(row_ptr(slots_[j + sok::kPrefetchDistance].row) + cols.begin);
-        }
-        sok::store_key(keys, key_type(), out, s.key);
-        if (values != nullptr) std::memcpy(values + out * w, row_ptr(s.row) + cols.begin, sizeof(float) * w);
-        if (scores != nullptr) scores[out] = row_score(s.row);
+      for (int64_t r = begin + p * span; r < stop; ++r) {
+        if (!selected(r)) continue;
+        sok::store_key(keys, key_type(), out, row_key(r));
+        if (values != nullptr) std::memcpy(values + out * w, row_ptr(r) + cols.begin, sizeof(float) * w);
+        if (scores != nullptr) scores[out] = row_score(r);
         ++out;
       }
     }

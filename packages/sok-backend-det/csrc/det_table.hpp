@@ -4,7 +4,8 @@
 // empty and erased slots, so every 64-bit key value is a valid key (no sentinel keys).
 // Rows: a chunked arena of fixed-width float rows that never moves, so growing the index only
 // rehashes 16-byte slots. Each row carries a score: the time (ns since the Unix epoch) of the last
-// call that wrote or inserted it, used by export_if and incremental dumps.
+// call that wrote or inserted it, used by export_if and incremental dumps; and its key and a live
+// flag, so export_batch walks the arena in row order (sequential reads) instead of the slots.
 //
 // The CUDA implementation (det_table_cuda.cu, in CUDA builds) keeps every row in device memory;
 // create_storage() picks one by the config's device type.
@@ -83,6 +84,9 @@ class DetTable final : public sok::Storage {
   uint64_t& row_score(int64_t row) const {
     return score_chunks_[row >> kChunkBits][row & (kChunkRows - 1)];
   }
+  uint64_t& row_key(int64_t row) const { return key_chunks_[row >> kChunkBits][row & (kChunkRows - 1)]; }
+  // 1 for a row in use, 0 for one on the free list (rows >= next_row_ were never handed out).
+  uint8_t& row_live(int64_t row) const { return live_chunks_[row >> kChunkBits][row & (kChunkRows - 1)]; }
   const Slot* home(uint64_t key) const { return &slots_[sok::hash_key(key) & mask_]; }
 
   // The row of key, or kEmpty. Needs at least a shared lock.
@@ -117,6 +121,8 @@ class DetTable final : public sok::Storage {
   int64_t erased_ = 0;  // erased slots still in probe chains
   std::vector<std::unique_ptr<float[]>> chunks_;
   std::vector<std::unique_ptr<uint64_t[]>> score_chunks_;
+  std::vector<std::unique_ptr<uint64_t[]>> key_chunks_;
+  std::vector<std::unique_ptr<uint8_t[]>> live_chunks_;
   int64_t next_row_ = 0;
   std::vector<int64_t> free_rows_;
   double max_load_factor_;

@@ -64,3 +64,28 @@ def test_capacity_grows_with_the_keys():
     storage.find_or_insert(np.arange(10 * initial))
     assert storage.capacity() >= 10 * initial
     assert storage.capacity() & (storage.capacity() - 1) == 0  # slots: a power of two
+
+
+def test_export_in_row_order_follows_erasures_reused_rows_and_clear():
+    """export walks det's row arena: erased rows drop out, reused rows come back with their new
+    keys, and clear() forgets every row (the oracle: a dict of what was written)."""
+    rng = np.random.default_rng(1)
+    storage = create_storage("hbm", row_width=3, init_capacity=16)
+    expected: dict[int, np.ndarray] = {}
+    for step in range(30):
+        keys = rng.integers(0, 500, size=int(rng.integers(1, 200)))
+        if step == 20:
+            storage.clear()
+            expected.clear()
+        if step % 3 == 2:
+            storage.erase(keys)
+            for k in keys.tolist():
+                expected.pop(k, None)
+        else:
+            values = rng.standard_normal((keys.size, 3)).astype(np.float32)
+            storage.insert_or_assign(keys, values)
+            expected.update(zip(keys.tolist(), values))
+        got_keys, got_values, _ = storage.export()
+        assert sorted(got_keys.tolist()) == sorted(expected)
+        for key, row in zip(got_keys.tolist(), got_values):
+            np.testing.assert_array_equal(row, expected[key])

@@ -46,3 +46,14 @@ def test_row_width_and_options_are_checked():
         create_storage("hbm", row_width=0)
     with pytest.raises(TypeError, match="must be a number, string or bool"):
         create_storage("hbm", row_width=1, init_capacity=[1])
+
+
+def test_export_batch_fills_given_arrays():
+    storage = create_storage("hbm", row_width=2)
+    storage.insert_or_assign(np.arange(5), np.arange(10, dtype=np.float32).reshape(5, 2))
+    out = (np.empty(storage.capacity(), np.int64), np.empty((storage.capacity(), 2), np.float32))
+    keys, values, scores = storage.export_batch(0, storage.capacity(), out=out)
+    assert scores is None and np.shares_memory(keys, out[0]) and np.shares_memory(values, out[1])
+    order = np.argsort(keys)
+    np.testing.assert_array_equal(keys[order], np.arange(5))
+    np.testing.assert_array_equal(values[order], np.arange(10, dtype=np.float32).reshape(5, 2))

@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import tempfile
-import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -83,17 +82,24 @@ def _slots(var: Any, optimizer: OptimizerWrapper | None) -> list[str]:
 
 def _shard_chunks(var: Any, slots: list[str], rows: int, optimizer: OptimizerWrapper | None) -> tuple[int, Any]:
     """(number of chunks, iterator of (keys, [weights, slot 1, ...])) over this rank's shard, at
-    most ``rows`` rows per chunk, streamed from the table in slot order (bounded memory; loading
-    places rows by key, so the order in the files does not matter)."""
+    most ``rows`` rows per chunk, streamed from the table in its export order (bounded memory;
+    loading places rows by key, so the order in the files does not matter).
+
+    A CPU table exports into two sets of buffers taken in turn: a chunk's arrays stay valid until
+    the next but one is made, which :func:`_read_ahead` guarantees (it starts a chunk only when the
+    one before the last has been consumed)."""
     dim = var.dimension
     if isinstance(var, DynamicVariable):
         storage = var.storage
         capacity = storage.capacity()
+        width = dim * (1 + len(slots))
+        buffers = [_ChunkBuffers(rows, storage.key_dtype, dim, len(slots)) for _ in range(2)]
 
         def dynamic():
-            for offset in range(0, capacity, rows):
-                keys, values, _ = storage.export_batch(offset, rows, columns=(0, dim * (1 + len(slots))))
-                yield keys, [np.ascontiguousarray(values[:, i * dim : (i + 1) * dim]) for i in range(1 + len(slots))]
+            for turn, offset in enumerate(range(0, capacity, rows)):
+                out = buffers[turn % 2].out if storage.device == "cpu" else None
+                keys, values, _ = storage.export_batch(offset, rows, columns=(0, width), out=out)
+                yield keys, buffers[turn % 2].split(values)
 
         return -(-capacity // rows), dynamic()
     state = optimizer.static_slots(var) if slots else {}
@@ -102,6 +108,26 @@ def _shard_chunks(var: Any, slots: list[str], rows: int, optimizer: OptimizerWra
     keys = local if isinstance(var, LocalizedVariable) else local * var.num_gpus + var.global_gpu_id
     count = -(-tables[0].shape[0] // rows)
     return count, ((keys[i : i + rows], [t[i : i + rows] for t in tables]) for i in range(0, tables[0].shape[0], rows))
+
+
+class _ChunkBuffers:
+    """Reused arrays for one exported chunk: keys, whole rows, and (with optimizer state) each
+    file's columns, so a dump touches fresh memory once, not once per chunk."""
+
+    def __init__(self, rows: int, key_dtype: np.dtype, dim: int, slots: int) -> None:
+        self.out = (np.empty(rows, key_dtype), np.empty((rows, dim * (1 + slots)), np.float32))
+        self.dim = dim
+        self.columns = [np.empty((rows, dim), np.float32) for _ in range(1 + slots)] if slots else []
+
+    def split(self, values: np.ndarray) -> list[np.ndarray]:
+        """``values [m, dim * (1 + slots)]`` as one contiguous ``[m, dim]`` array per file."""
+        if not self.columns:
+            return [values]
+        m, dim = values.shape[0], self.dim
+        parts = [self.columns[i][:m] for i in range(len(self.columns))]
+        for i, part in enumerate(parts):
+            np.copyto(part, values[:, i * dim : (i + 1) * dim])
+        return parts
 
 
 def _read_ahead(chunks: Iterator) -> Iterator:
@@ -187,10 +213,10 @@ def _dump_variable(
     ]
     files: list | None = None
     crcs: list[int] = []
-    checksums = ThreadPoolExecutor(1)
+    checksums, writeback = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
     if staging is not None:
         files = [open(os.path.join(staging, name), "wb") for name in names]
-        crcs = [zlib.crc32(head) for head in headers]
+        crcs = [fmt.update_crc32(head) for head in headers]
         for f, head in zip(files, headers):
             f.write(head)
     try:
@@ -210,11 +236,14 @@ def _dump_variable(
                 ]
                 pieces = [g.numpy() for g in gathered]
             if files is not None:
-                # Each file's checksum is computed by a thread while the next file is written.
+                # Each file's checksum is computed by a thread while the next file is written, and
+                # the disk starts on each written piece at once (the fsync at the end waits less).
                 raws = [np.ascontiguousarray(p).view(np.uint8).reshape(-1) for p in pieces]
-                sums = [checksums.submit(zlib.crc32, raw, crcs[j]) for j, raw in enumerate(raws)]
+                sums = [checksums.submit(fmt.update_crc32, raw, crcs[j]) for j, raw in enumerate(raws)]
                 for f, raw in zip(files, raws):
+                    start = f.tell()
                     f.write(raw)
+                    writeback.submit(_start_writeback, f.fileno(), start, raw.nbytes)
                 crcs = [s.result() for s in sums]
             total += pieces[0].shape[0]
         entry: dict[str, Any] = {
@@ -237,8 +266,17 @@ def _dump_variable(
         return entry
     finally:
         checksums.shutdown(wait=True)
+        writeback.shutdown(wait=True)
         for f in files or []:
             f.close()
+
+
+def _start_writeback(fd: int, start: int, length: int) -> None:
+    """Have the OS start writing ``[start, start + length)`` of a file to disk now (Linux starts the
+    writeback of dirty pages on ``POSIX_FADV_DONTNEED`` and drops the pages already written, so a
+    big dump neither waits for the page cache to fill nor floods it). A hint: fsync still decides."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
 
 
 def _recover(path: str) -> None:
@@ -279,7 +317,8 @@ def _swap_into_place(staging: str, path: str) -> None:
 
 
 def _plan(path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | None, manifest: dict | None) -> dict:
-    """Check one table's files; return what to read. Raises CheckpointError before anything changes."""
+    """Check one table's headers, sizes, dims and slot files; return what to read. Raises
+    CheckpointError before anything is read (the contents are checked by :func:`_stage`)."""
     table, dim = fmt.table_name(var.name), var.dimension
     key_info = fmt.read_header(os.path.join(path, fmt.key_file(table)))
     weight_info = fmt.read_header(os.path.join(path, fmt.weight_file(table)))
@@ -319,35 +358,53 @@ def _plan(path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | Non
                 f"{info.path} holds {info.elements} {info.dtype} values; expected {rows} x {dim} float32"
             )
         files.append(info)
-    if manifest is not None:
-        expected = manifest.get("tables", {}).get(table, {}).get("crc32", {})
-        for info in files:
-            name = os.path.basename(info.path)
-            if name in expected and fmt.crc32(info.path) != expected[name]:
-                raise fmt.CheckpointError(
-                    f"{info.path} does not match its checksum in the manifest: the file is corrupt"
-                )
-    keys = fmt.payload(key_info)
+    if not isinstance(var, DynamicVariable) and rows != int(var.global_shape[0]):
+        raise fmt.CheckpointError(f"{key_info.path} has {rows} rows but {var.name} has {int(var.global_shape[0])}")
+    crc32 = manifest.get("tables", {}).get(table, {}).get("crc32", {}) if manifest is not None else {}
+    return {"files": files, "rows": rows, "dim": dim, "slots": slots, "crc32": crc32}
+
+
+def _stage(var: Any, plan: dict, rank: int, n: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Read one table's files once, checking each against its checksum as it is read, and keep the
+    rows this rank owns: ``(keys [m], [weights [m, dim], slot 1 [m, dim], ...])``.
+
+    Memory: this rank's share of the table's files (all of them when it owns every row: read
+    straight into place, no copies), held until it is assigned; the assigned bytes are the
+    verified ones. Raises CheckpointError naming the file.
+    """
+    key_info, *value_infos = plan["files"]
+    rows, expected = plan["rows"], plan["crc32"]
+    keys = fmt.read_payload(key_info, rows, expected.get(os.path.basename(key_info.path))).reshape(-1)
     if not isinstance(var, DynamicVariable):
-        global_rows = int(var.global_shape[0])
-        if rows != global_rows:
-            raise fmt.CheckpointError(f"{key_info.path} has {rows} rows but {var.name} has {global_rows}")
-        seen = np.zeros(global_rows, dtype=bool)
-        k = np.asarray(keys, dtype=np.int64)
-        if k.size and (k.min() < 0 or k.max() >= global_rows):
-            raise fmt.CheckpointError(f"{key_info.path} has row ids outside [0, {global_rows})")
-        seen[k] = True
-        if not seen.all():
-            raise fmt.CheckpointError(f"{key_info.path} lacks some rows of {var.name} (or repeats others)")
-    return {"files": files, "rows": rows, "dim": dim, "slots": slots}
+        _check_static_keys(var, keys, key_info.path)
+    mine = _owned(keys, var, rank, n)
+    select = None if mine.all() else mine
+    arrays = [
+        fmt.read_payload(info, rows, expected.get(os.path.basename(info.path)), select).reshape(-1, plan["dim"])
+        for info in value_infos
+    ]
+    return (keys if select is None else keys[mine]), arrays
+
+
+def _check_static_keys(var: Any, keys: np.ndarray, path: str) -> None:
+    """A static table's file must hold each of its row ids exactly once."""
+    global_rows = int(var.global_shape[0])
+    k = keys.astype(np.int64, copy=False)
+    if k.size and (k.min() < 0 or k.max() >= global_rows):
+        raise fmt.CheckpointError(f"{path} has row ids outside [0, {global_rows})")
+    seen = np.zeros(global_rows, dtype=bool)
+    seen[k] = True
+    if not seen.all():
+        raise fmt.CheckpointError(f"{path} lacks some rows of {var.name} (or repeats others)")
 
 
 def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | None = None) -> None:
     """Read variables (and optimizer state, with the step counters of the wrapper and of its Keras
     optimizer) from ``path``, whatever world size and layout wrote it.
 
-    Every file is checked before any variable changes; a problem raises CheckpointError naming
-    the file and leaves the variables as they were.
+    Every file is read once and checked (headers, sizes, checksums) before any variable changes; a
+    problem raises CheckpointError naming the file and leaves the variables as they were. Until
+    then each rank holds the rows it owns in memory (its share of the checkpoint).
     """
     variables, wrapper = _variables(load_vars), _optimizer(optimizer)
     if communication.rank() == 0:
@@ -369,12 +426,14 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     comm = communication.tool()
     rank, n = comm.rank(), comm.num_ranks()
     callback = callback or NoOpCallback()
-    callback.set_size(len(variables))
-    for var, slots, plan in zip(variables, slot_names, plans):
-        keys = np.asarray(fmt.payload(plan["files"][0]))
-        arrays = [fmt.payload(info, plan["rows"], plan["dim"]) for info in plan["files"][1:]]
+    callback.set_size(2 * len(variables))
+    staged = []
+    for var, plan in zip(variables, plans):
+        staged.append(_stage(var, plan, rank, n))
+        callback.relative_update(1)
+    for var, slots, (keys, arrays) in zip(variables, slot_names, staged):
         if isinstance(var, DynamicVariable):
-            _load_dynamic(var, keys, arrays, slots, wrapper, rank, n)
+            _load_dynamic(var, keys, arrays, slots, wrapper)
         else:
             targets = [var] + [static_state[id(var)][s] for s in slots]
             for target, values in zip(targets, arrays):
@@ -402,7 +461,8 @@ def _static_targets(var: Any, slots: list[str], wrapper: OptimizerWrapper | None
 
 
 def _owned(keys: np.ndarray, var: Any, rank: int, n: int) -> np.ndarray:
-    target = var.target_gpu
+    """``bool [len(keys)]``: the rows of ``var`` that this rank holds under the current layout."""
+    target = -1 if isinstance(var, DistributedVariable) else var.target_gpu
     if target >= 0:
         return np.full(keys.shape, rank == target)
     return np.mod(keys.astype(np.int64) if keys.dtype != np.uint64 else keys.view(np.int64), n) == rank
@@ -414,33 +474,25 @@ def _load_dynamic(
     arrays: Sequence[np.ndarray],
     slots: list[str],
     wrapper: OptimizerWrapper | None,
-    rank: int,
-    n: int,
 ) -> None:
-    mine = _owned(keys, var, rank, n)
-    every = bool(mine.all())  # one rank, or the target of a localized table: no copies
-    keys = (keys if every else keys[mine]).astype(var.key_type.as_numpy_dtype, copy=False)
+    """Insert this rank's staged rows (weights, then each slot's columns)."""
+    keys = keys.astype(var.key_type.as_numpy_dtype, copy=False)
     if slots:
         wrapper._attach(var)
     dim = var.dimension
     storage = var.table_ref.storage
     for i, values in enumerate(arrays):
         if keys.size:
-            storage.insert_or_assign(keys, values if every else values[mine], columns=(i * dim, (i + 1) * dim))
+            storage.insert_or_assign(keys, values, columns=(i * dim, (i + 1) * dim))
 
 
 def _load_static(var: Any, target: Any, keys: np.ndarray, weights: np.ndarray, rank: int, n: int) -> None:
-    """Assign this rank's rows of a static table (or of its optimizer state ``target``), by key."""
-    keys = keys.astype(np.int64)
-    if isinstance(var, LocalizedVariable):
-        if rank == var.target_gpu:
-            value = np.empty(tuple(var.shape), dtype=np.float32)
-            value[keys] = weights
-            target.assign(value)
+    """Assign this rank's staged rows of a static table (or of its optimizer state ``target``), by key."""
+    if isinstance(var, LocalizedVariable) and rank != var.target_gpu:
         return
-    mine = np.mod(keys, n) == rank
+    local = keys.astype(np.int64) if isinstance(var, LocalizedVariable) else keys.astype(np.int64) // n
     value = np.empty(tuple(var.shape), dtype=np.float32)
-    value[keys[mine] // n] = weights[mine]
+    value[local] = weights
     target.assign(value)
 
 

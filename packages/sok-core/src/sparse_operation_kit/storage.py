@@ -292,7 +292,7 @@ class Storage:
         return self.size()
 
     def capacity(self) -> int:
-        """Number of slots (the range of :meth:`export_batch` offsets)."""
+        """Number of slots (also the range of :meth:`export_batch` positions)."""
         with self._scope():
             self._synchronize()
             return int(self.table.capacity())
@@ -382,21 +382,38 @@ class Storage:
             return self._returned(host, ev_keys[:count], ev_values[:count], ev_scores[:count])
 
     def export_batch(
-        self, offset: int, limit: int, columns: Any = None, threshold: int | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Live rows in slots ``[offset, offset + limit)``: ``(keys, values, scores)`` (NumPy arrays);
-        with ``threshold``, only rows whose score is at least ``threshold``."""
+        self,
+        offset: int,
+        limit: int,
+        columns: Any = None,
+        threshold: int | None = None,
+        out: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Live rows at positions ``[offset, offset + limit)`` of the backend's export order (slots,
+        or row storage; :meth:`capacity` positions in all): ``(keys, values, scores)`` (NumPy
+        arrays); with ``threshold``, only rows whose score is at least ``threshold``.
+
+        ``out``: NumPy arrays ``(keys [limit], values [limit, columns])`` to fill instead of new
+        ones (a CPU storage; reused chunk after chunk, they save a page fault per 4 KiB); the
+        results are views of them, and scores are not exported (None).
+        """
         offset, limit = int(offset), int(limit)
         if offset < 0 or limit < 0:
             raise ValueError(f"offset and limit must be >= 0, got offset={offset}, limit={limit}")
         if threshold is not None and not 0 <= int(threshold) < 2**64:
             raise ValueError(f"threshold must be in [0, 2**64), got {threshold!r}")
+        if out is not None and self.device != "cpu":
+            raise ValueError(f"out= takes host arrays, for CPU storages; this one lives on {self.device}")
         with self._scope():
             begin, end = self._columns(columns)
             limit = min(limit, max(0, self.capacity() - offset))
-            keys = self._empty(limit, self.key_dtype)
-            values = self._empty((limit, end - begin), VALUE_DTYPE)
-            scores = self._empty(limit, SCORE_DTYPE)
+            if out is None:
+                keys = self._empty(limit, self.key_dtype)
+                values = self._empty((limit, end - begin), VALUE_DTYPE)
+                scores = self._empty(limit, SCORE_DTYPE)
+            else:
+                keys, values = out[0][:limit], out[1][:limit]
+                scores = None
             count = int(
                 self.table.export_batch(
                     offset,
@@ -410,12 +427,12 @@ class Storage:
                     **self._call_options(),
                 )
             )
-            return self._returned(True, keys[:count], values[:count], scores[:count])
+            return self._returned(True, keys[:count], values[:count], None if scores is None else scores[:count])
 
     def export(
         self, columns: Any = None, threshold: int | None = None, callback: Callback | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every live row (with ``threshold``: every row scored at least that), in slot order.
+        """Every live row (with ``threshold``: every row scored at least that), in export order.
 
         ``callback`` (see :mod:`sparse_operation_kit.progress`) is told the slots scanned.
         """

@@ -129,10 +129,11 @@ typedef struct sok_storage_api {
   /* Remove keys; *num_erased (may be NULL) is the number of keys that were present. */
   sok_status (*erase)(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
                       int64_t* num_erased);
-  /* Scan slots [offset, offset + limit) in slot order and write the live rows compactly:
-   * keys (limit,), values (limit, w), scores (limit,) uint64; *count = rows written. Slots are
-   * numbered 0 .. capacity-1; scanning all of them exports every row exactly once if the table
-   * is not modified meanwhile. */
+  /* Scan positions [offset, offset + limit) of the table's export order (its slots, or its row
+   * storage: the backend's choice) and write the live rows compactly: keys (limit,), values
+   * (limit, w), scores (limit,) uint64; *count = rows written. Positions are numbered
+   * 0 .. capacity-1; scanning all of them exports every row exactly once if the table is not
+   * modified meanwhile. */
   sok_status (*export_batch)(sok_storage* s, const sok_exec_context* ctx, int64_t offset,
                              int64_t limit, int32_t col_begin, int32_t col_end, void* keys,
                              float* values, uint64_t* scores, int64_t* count);
