@@ -115,33 +115,31 @@ class ExportOp : public ExportOpBase {
 
 // The distinct keys of keys (n,) in order of first occurrence into *distinct, and for each key the
 // position of its distinct key into *position (n,): one pass over an open-addressing index of
-// (key, position) entries, the home slot of a key further on prefetched (the index is larger than
-// the caches for big batches, so each probe would otherwise wait for memory).
+// positions into *distinct (4 bytes a slot, so that the index of a large batch stays in the
+// caches), the home slot of a key further on prefetched.
 template <typename K>
 void index_distinct(int64_t n, const K* keys, std::vector<int32_t>* position, std::vector<K>* distinct) {
-  struct Entry {
-    K key;
-    int32_t position;  // -1: empty
-  };
   int64_t slots = 16;
   while (slots < 2 * n) slots <<= 1;
   const uint64_t mask = static_cast<uint64_t>(slots - 1);
-  std::vector<Entry> index(slots, Entry{K{}, -1});
+  std::vector<int32_t> index(slots, -1);  // -1: empty
   position->resize(n);
-  distinct->clear();
-  distinct->reserve(n);
+  distinct->resize(n);
+  K* found = distinct->data();
+  int32_t u = 0;
   auto home = [&](int64_t i) { return sok::hash_key(static_cast<uint64_t>(keys[i])) & mask; };
   for (int64_t i = 0; i < n; ++i) {
     if (i + sok::kPrefetchDistance < n) sok::prefetch(&index[home(i + sok::kPrefetchDistance)]);
     const K key = keys[i];
     uint64_t s = home(i);
-    while (index[s].position >= 0 && index[s].key != key) s = (s + 1) & mask;
-    if (index[s].position < 0) {
-      index[s] = Entry{key, static_cast<int32_t>(distinct->size())};
-      distinct->push_back(key);
+    while (index[s] >= 0 && found[index[s]] != key) s = (s + 1) & mask;
+    if (index[s] < 0) {
+      index[s] = u;
+      found[u++] = key;
     }
-    (*position)[i] = index[s].position;
+    (*position)[i] = index[s];
   }
+  distinct->resize(u);
 }
 
 // sums (u, w) = 0, then row i of values (n, w) added to row position[i] of sums, in batch order.
@@ -218,29 +216,32 @@ class CpuLookupOp : public LookupOp<CpuExec> {
     Tensor* values = nullptr;
     OP_REQUIRES_OK(ctx, allocate_rows(ctx, 0, keys, &values));
     switch (keys.dtype()) {
-      case ::tensorflow::DT_INT64: SOK_OK_OR_RETURN(ctx, lookup_distinct<int64_t>(ref, keys, values)); break;
-      case ::tensorflow::DT_INT32: SOK_OK_OR_RETURN(ctx, lookup_distinct<int32_t>(ref, keys, values)); break;
-      default: SOK_OK_OR_RETURN(ctx, lookup_distinct<uint64_t>(ref, keys, values));
+      case ::tensorflow::DT_INT64: SOK_OK_OR_RETURN(ctx, lookup_distinct<int64_t>(ctx, ref, keys, values)); break;
+      case ::tensorflow::DT_INT32: SOK_OK_OR_RETURN(ctx, lookup_distinct<int32_t>(ctx, ref, keys, values)); break;
+      default: SOK_OK_OR_RETURN(ctx, lookup_distinct<uint64_t>(ctx, ref, keys, values));
     }
   }
 
  private:
   template <typename K>
-  Status lookup_distinct(const sok_table_ref* ref, const Tensor& keys, Tensor* values) const {
+  Status lookup_distinct(OpKernelContext* ctx, const sok_table_ref* ref, const Tensor& keys, Tensor* values) const {
     const int64_t n = keys.NumElements();
     const int64_t w = width();
     std::vector<int32_t> position;
     std::vector<K> distinct;
     index_distinct(n, keys.flat<K>().data(), &position, &distinct);
     const int64_t u = static_cast<int64_t>(distinct.size());
-    std::vector<float> rows(u * w);
+    Tensor rows_t;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({u, w}), &rows_t));
+    const float* rows = rows_t.flat<float>().data();
     TF_RETURN_IF_ERROR(status_of(ref,
                                  ref->api->find_or_insert(ref->storage, &kCpu, u, distinct.data(), col_begin_, col_end_,
-                                                          rows.data(), nullptr, nullptr, ref->inits, ref->num_inits),
+                                                          rows_t.flat<float>().data(), nullptr, nullptr, ref->inits,
+                                                          ref->num_inits),
                                  "lookup (find_or_insert)"));
     float* out = values->flat<float>().data();
     for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(out + i * w, rows.data() + static_cast<int64_t>(position[i]) * w, sizeof(float) * w);
+      std::memcpy(out + i * w, rows + static_cast<int64_t>(position[i]) * w, sizeof(float) * w);
     }
     return Status();
   }
@@ -352,20 +353,19 @@ class SparseApplyOp : public OpKernel {
     std::vector<K> distinct;
     index_distinct(n, keys.flat<K>().data(), &position, &distinct);
     const int64_t u = static_cast<int64_t>(distinct.size());
-    std::vector<float> sums(u * d);
-    sum_rows(n, position.data(), grads.flat<float>().data(), d, u, sums.data());
-    std::vector<float> rows(u * row);
-    SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->find_or_insert(ref->storage, &kCpu, u, distinct.data(), 0, row,
-                                                                  rows.data(), nullptr, nullptr, ref->inits,
-                                                                  ref->num_inits),
+    Tensor sums_t, rows_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({u, d}), &sums_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({u, row}), &rows_t));
+    float* sums = sums_t.flat<float>().data();
+    float* rows = rows_t.flat<float>().data();
+    sum_rows(n, position.data(), grads.flat<float>().data(), d, u, sums);
+    SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->find_or_insert(ref->storage, &kCpu, u, distinct.data(), 0, row, rows,
+                                                                  nullptr, nullptr, ref->inits, ref->num_inits),
                                     "find_or_insert"));
     const float rate = lr.scalar<float>()();
-    for (int64_t j = 0; j < u; ++j) {
-      float* r = rows.data() + j * row;
-      rule_.apply(r, r + d, sums.data() + j * d, d, rate);
-    }
+    for (int64_t j = 0; j < u; ++j) rule_.apply(rows + j * row, rows + j * row + d, sums + j * d, d, rate);
     SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->insert_or_assign(ref->storage, &kCpu, u, distinct.data(), 0, row,
-                                                                    rows.data(), nullptr, ref->inits, ref->num_inits),
+                                                                    rows, nullptr, ref->inits, ref->num_inits),
                                     "insert_or_assign"));
   }
 
