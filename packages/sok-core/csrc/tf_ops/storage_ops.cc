@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sok/prefetch.hpp"
@@ -20,6 +21,7 @@
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/util/work_sharder.h"
 
 namespace sok_tf {
 
@@ -142,7 +144,16 @@ void index_distinct(int64_t n, const K* keys, std::vector<int32_t>* position, st
   distinct->resize(u);
 }
 
+// Runs fn(begin, end) over parts of [0, n) on TensorFlow's intra-op threads (the calling one
+// included); a unit costs about cost_per_unit cycles, which decides how many parts are worth it.
+template <class Fn>
+void in_parallel(OpKernelContext* ctx, int64_t n, int64_t cost_per_unit, Fn&& fn) {
+  const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  ::tensorflow::Shard(workers->num_threads, workers->workers, n, cost_per_unit, std::forward<Fn>(fn));
+}
+
 // sums (u, w) = 0, then row i of values (n, w) added to row position[i] of sums, in batch order.
+// (Splitting the distinct keys over threads measured slower: each part scans every position.)
 inline void sum_rows(int64_t n, const int32_t* position, const float* __restrict__ values, int64_t w, int64_t u,
                      float* __restrict__ sums) {
   std::fill(sums, sums + u * w, 0.0f);
@@ -240,9 +251,11 @@ class CpuLookupOp : public LookupOp<CpuExec> {
                                                           ref->num_inits),
                                  "lookup (find_or_insert)"));
     float* out = values->flat<float>().data();
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(out + i * w, rows + static_cast<int64_t>(position[i]) * w, sizeof(float) * w);
-    }
+    in_parallel(ctx, n, 2 * w, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        std::memcpy(out + i * w, rows + static_cast<int64_t>(position[i]) * w, sizeof(float) * w);
+      }
+    });
     return Status();
   }
 
@@ -358,11 +371,11 @@ class SparseApplyOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({u, row}), &rows_t));
     float* sums = sums_t.flat<float>().data();
     float* rows = rows_t.flat<float>().data();
-    sum_rows(n, position.data(), grads.flat<float>().data(), d, u, sums);
     SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->find_or_insert(ref->storage, &kCpu, u, distinct.data(), 0, row, rows,
                                                                   nullptr, nullptr, ref->inits, ref->num_inits),
                                     "find_or_insert"));
     const float rate = lr.scalar<float>()();
+    sum_rows(n, position.data(), grads.flat<float>().data(), d, u, sums);
     for (int64_t j = 0; j < u; ++j) rule_.apply(rows + j * row, rows + j * row + d, sums + j * d, d, rate);
     SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->insert_or_assign(ref->storage, &kCpu, u, distinct.data(), 0, row,
                                                                     rows, nullptr, ref->inits, ref->num_inits),
