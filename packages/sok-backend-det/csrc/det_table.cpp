@@ -279,7 +279,9 @@ void DetTable::find_or_insert(const sok_exec_context&, int64_t n, const void* ke
   const int32_t w = cols.width();
   sok::parallel_for(n, kParallelMin, [&](int, int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      if (i + sok::kPrefetchDistance < e) sok::prefetch(row_ptr(rows[i + sok::kPrefetchDistance]) + cols.begin);
+      if (i + sok::kPrefetchDistance < e) {
+        sok::prefetch_range(row_ptr(rows[i + sok::kPrefetchDistance]) + cols.begin, sizeof(float) * w);
+      }
       std::memcpy(values + i * w, row_ptr(rows[i]) + cols.begin, sizeof(float) * w);
     }
   });
@@ -301,7 +303,7 @@ void DetTable::write_rows(int64_t n, const int64_t* rows, sok::Columns cols, con
     auto owner = [workers](int64_t row) { return (row / kOwnerRows) % workers; };
     for (int64_t i = 0; i < n; ++i) {
       if (i + sok::kPrefetchDistance < n && owner(rows[i + sok::kPrefetchDistance]) == worker) {
-        sok::prefetch_write(row_ptr(rows[i + sok::kPrefetchDistance]) + cols.begin);
+        sok::prefetch_write_range(row_ptr(rows[i + sok::kPrefetchDistance]) + cols.begin, sizeof(float) * w);
       }
       int64_t row = rows[i];
       if (owner(row) != worker) continue;

@@ -19,6 +19,12 @@ inline void prefetch_range(const void* p, size_t bytes) {
   for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
 }
 
+// Prefetches `bytes` bytes at p for writing, one request per 64-byte line.
+inline void prefetch_write_range(void* p, size_t bytes) {
+  char* c = static_cast<char*>(p);
+  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 1, 3);
+}
+
 }  // namespace sok
 
 #endif  // SOK_PREFETCH_HPP_
