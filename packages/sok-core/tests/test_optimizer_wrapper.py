@@ -139,8 +139,9 @@ def test_native_rule_refuses_rows_of_another_width():
 
     v = make_var("hbm", dimension=D)  # rows of D floats: no room for Adagrad's accumulator
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"need table rows of {2 * D} floats"):
+        distinct, positions = tf_ops.library().sok_unique_index(IDS)
         tf_ops.library().sok_sparse_apply(
-            *v.table_inputs, IDS, tf.ones([9, D]), tf.constant(0.1), rule="adagrad", hyper=[1e-7, 0.0]
+            *v.table_inputs, distinct, positions, tf.ones([9, D]), tf.constant(0.1), rule="adagrad", hyper=[1e-7, 0.0]
         )
 
 

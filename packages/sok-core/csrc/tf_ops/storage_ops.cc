@@ -204,6 +204,29 @@ class UniqueSumOp : public OpKernel {
   }
 };
 
+// distinct_keys, positions = the distinct keys (in order of first occurrence) and, per key, the row
+// of its distinct key: tf.unique with int32 positions, over a hash index. Stateless and fed by the
+// batch's keys alone, so TensorFlow can run it while the forward pass runs.
+template <typename K>
+class UniqueIndexOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& keys = ctx->input(0);
+    const int64_t n = keys.NumElements();
+    OP_REQUIRES(ctx, n < (int64_t{1} << 31),
+                errors::InvalidArgument("at most 2**31 - 1 keys per call, got ", n, "; split the batch"));
+    std::vector<int32_t> position;
+    std::vector<K> distinct;
+    index_distinct(n, keys.flat<K>().data(), &position, &distinct);
+    Tensor *distinct_t = nullptr, *positions_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(distinct.size())}), &distinct_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &positions_t));
+    std::copy(distinct.begin(), distinct.end(), distinct_t->flat<K>().data());
+    std::copy(position.begin(), position.end(), positions_t->flat<int32_t>().data());
+  }
+};
+
 // SokLookup on the CPU. With the attribute `distinct` (set for backends whose find_or_insert leaves
 // the same rows and scores whether a key repeats in a batch or not) each distinct key is looked up
 // once, in order of first occurrence (so new keys get the same rows), and its row copied to every
@@ -328,12 +351,12 @@ struct RowRule {
   }
 };
 
-// The lazy optimizer step of sok.OptimizerWrapper in one op: the gradient rows (n, d) of keys (n,)
-// are summed per distinct key, the whole rows [embedding | state] of the distinct keys are read
-// (find_or_insert: a key evicted since its lookup comes back with initial values, as on the
-// TensorFlow-ops path), updated by the rule and written back (insert_or_assign). The table's rows
-// must be d * (1 + slots of the rule) wide. CPU tables only.
-template <typename K>
+// The lazy optimizer step of sok.OptimizerWrapper in one op: the gradient rows (n, d) are summed
+// per distinct key (positions (n,) and distinct keys (u,) from SokUniqueIndex of the gradient's
+// keys), the whole rows [embedding | state] of the distinct keys are read (find_or_insert: a key
+// evicted since its lookup comes back with initial values, as on the TensorFlow-ops path), updated
+// by the rule and written back (insert_or_assign). The table's rows must be d * (1 + slots of the
+// rule) wide. CPU tables only.
 class SparseApplyOp : public OpKernel {
  public:
   explicit SparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -347,25 +370,29 @@ class SparseApplyOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     sok_table_ref* ref = nullptr;
     SOK_OK_OR_RETURN(ctx, table_from(ctx, kTable, &ref));
-    OP_REQUIRES_OK(ctx, check_key_rows(ctx, kKeys, kKeys + 1));
-    const Tensor& keys = ctx->input(kKeys);
-    const Tensor& grads = ctx->input(kKeys + 1);
-    const Tensor& lr = ctx->input(kKeys + 2);
-    OP_REQUIRES(ctx, key_type_of(keys.dtype()) == ref->key_type,
-                errors::InvalidArgument("keys have dtype ", ::tensorflow::DataTypeString(keys.dtype()),
+    const Tensor& distinct = ctx->input(kKeys);
+    const Tensor& positions = ctx->input(kKeys + 1);
+    const Tensor& grads = ctx->input(kKeys + 2);
+    const Tensor& lr = ctx->input(kKeys + 3);
+    OP_REQUIRES_OK(ctx, check_key_rows(ctx, kKeys + 1, kKeys + 2));
+    OP_REQUIRES(ctx, key_type_of(distinct.dtype()) == ref->key_type,
+                errors::InvalidArgument("keys have dtype ", ::tensorflow::DataTypeString(distinct.dtype()),
                                         " but the table's key type is ", sok::key_type_name(ref->key_type)));
     OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(lr.shape()),
                 errors::InvalidArgument("lr must be a scalar, got shape ", lr.shape().DebugString()));
-    const int64_t n = keys.NumElements();
+    const int64_t n = positions.NumElements();
+    const int64_t u = distinct.NumElements();
     const int64_t d = grads.dim_size(1);
     const int32_t row = ref->row_width;
     OP_REQUIRES(ctx, d * (1 + rule_.slots) == row,
                 errors::InvalidArgument("gradient rows of ", d, " floats need table rows of ", d * (1 + rule_.slots),
                                         " floats for this rule, the table's are ", row));
-    std::vector<int32_t> position;
-    std::vector<K> distinct;
-    index_distinct(n, keys.flat<K>().data(), &position, &distinct);
-    const int64_t u = static_cast<int64_t>(distinct.size());
+    const int32_t* position = positions.flat<int32_t>().data();
+    for (int64_t i = 0; i < n; ++i) {
+      OP_REQUIRES(ctx, position[i] >= 0 && position[i] < u,
+                  errors::InvalidArgument("positions[", i, "] = ", position[i], " is not a row of the ", u,
+                                          " distinct keys; valid: 0 .. ", u - 1, " (from SokUniqueIndex)"));
+    }
     Tensor sums_t, rows_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({u, d}), &sums_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({u, row}), &rows_t));
@@ -375,7 +402,7 @@ class SparseApplyOp : public OpKernel {
                                                                   nullptr, nullptr, ref->inits, ref->num_inits),
                                     "find_or_insert"));
     const float rate = lr.scalar<float>()();
-    sum_rows(n, position.data(), grads.flat<float>().data(), d, u, sums);
+    sum_rows(n, position, grads.flat<float>().data(), d, u, sums);
     for (int64_t j = 0; j < u; ++j) rule_.apply(rows + j * row, rows + j * row + d, sums + j * d, d, rate);
     SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->insert_or_assign(ref->storage, &kCpu, u, distinct.data(), 0, row,
                                                                     rows, nullptr, ref->inits, ref->num_inits),
@@ -412,10 +439,23 @@ REGISTER_OP("SokUniqueSum")
     })
     .Doc("Distinct keys in order of first occurrence and the per-key sums of the value rows.");
 
+REGISTER_OP("SokUniqueIndex")
+    .Input("keys: Tkeys")
+    .Output("distinct_keys: Tkeys")
+    .Output("positions: int32")
+    .Attr(SOK_KEY_TYPES)
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Vector(c->NumElements(c->input(0))));
+      return Status();
+    })
+    .Doc("Distinct keys in order of first occurrence and, per key, the position of its distinct key.");
+
 REGISTER_OP("SokSparseApply")
     .Input("handle: resource")
     .Input("table: int64")
-    .Input("keys: Tkeys")
+    .Input("distinct_keys: Tkeys")
+    .Input("positions: int32")
     .Input("grads: float")
     .Input("lr: float")
     .Attr(SOK_KEY_TYPES)
@@ -423,7 +463,8 @@ REGISTER_OP("SokSparseApply")
     .Attr("hyper: list(float) = []")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
-    .Doc("One lazy optimizer step on the rows of keys: per-key sums of grads, the rule, whole rows written back.");
+    .Doc("One lazy optimizer step on the rows of distinct_keys: per-key sums of grads (rows at positions), "
+         "the rule, whole rows written back.");
 
 REGISTER_OP("SokLookup")
     .Input("handle: resource")
@@ -553,9 +594,10 @@ REGISTER_KERNEL_BUILDER(Name("SokSize").Device(DEVICE_CPU), SizeOp<CpuExec>);
 REGISTER_KERNEL_BUILDER(Name("SokUniqueSum").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkeys"), UniqueSumOp<int64_t>);
 REGISTER_KERNEL_BUILDER(Name("SokUniqueSum").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkeys"), UniqueSumOp<int32_t>);
 REGISTER_KERNEL_BUILDER(Name("SokUniqueSum").Device(DEVICE_CPU).TypeConstraint<uint64_t>("Tkeys"), UniqueSumOp<uint64_t>);
-REGISTER_KERNEL_BUILDER(Name("SokSparseApply").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkeys"), SparseApplyOp<int64_t>);
-REGISTER_KERNEL_BUILDER(Name("SokSparseApply").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkeys"), SparseApplyOp<int32_t>);
-REGISTER_KERNEL_BUILDER(Name("SokSparseApply").Device(DEVICE_CPU).TypeConstraint<uint64_t>("Tkeys"), SparseApplyOp<uint64_t>);
+REGISTER_KERNEL_BUILDER(Name("SokSparseApply").Device(DEVICE_CPU), SparseApplyOp);
+REGISTER_KERNEL_BUILDER(Name("SokUniqueIndex").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkeys"), UniqueIndexOp<int64_t>);
+REGISTER_KERNEL_BUILDER(Name("SokUniqueIndex").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkeys"), UniqueIndexOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("SokUniqueIndex").Device(DEVICE_CPU).TypeConstraint<uint64_t>("Tkeys"), UniqueIndexOp<uint64_t>);
 REGISTER_KERNEL_BUILDER(Name("SokExport").Device(DEVICE_CPU), ExportOp);
 
 }  // namespace sok_tf

@@ -474,7 +474,8 @@ class OptimizerWrapper:
         lib = tf_ops.library()
         if self._rule.native is not None and var.storage.device == "cpu":
             rule, hyper = self._rule.native
-            lib.sok_sparse_apply(*var.table_inputs, keys, values, lr, rule=rule, hyper=list(hyper))
+            distinct, positions = lib.sok_unique_index(keys)  # needs only the keys: runs during the forward pass
+            lib.sok_sparse_apply(*var.table_inputs, distinct, positions, values, lr, rule=rule, hyper=list(hyper))
             return
         unique, summed = lib.sok_unique_sum(keys, values)
         rows = lib.sok_find_or_insert(*var.table_inputs, unique, col_begin=0, col_end=width)
