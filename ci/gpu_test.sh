@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GPU tests of the storage backends, on a CUDA host with no network (run as root or not, from anywhere):
 #
-#   ci/gpu_test.sh [--sanitize] [--bench]
+#   ci/gpu_test.sh [--build-only] [--sanitize] [--bench]
 #
 #   build     sok-core, sok-backend-det and sok-backend-hkv, with CUDA for CMAKE_CUDA_ARCHITECTURES
 #             (default 90), into $SOK_GPU_WORK/site (default /tmp/sok-gpu/site) with $PYTHON (default
 #             python3: the one holding CuPy, Torch, pybind11, scikit-build-core, pytest). Not a venv:
 #             a venv made from a venv's python sees only the base interpreter's packages, not CuPy.
-#   tests     pytest over the backends' tests (their CUDA conformance and device-array modules
+#   tests     (not with --build-only) pytest over the backends' tests (their CUDA conformance and device-array modules
 #             included) and sok-core's tests that need no TensorFlow.
 #   sanitize  (--sanitize) compute-sanitizer memcheck and racecheck over the CUDA conformance tests
 #             selected by -k "$SOK_SANITIZE_K" (default find_or_insert), CuPy's memory pool off.
@@ -24,12 +24,14 @@ cd "$ROOT"
 
 SANITIZE=0
 BENCH=0
+TESTS=1
 for arg in "$@"; do
   case "$arg" in
+    --build-only) TESTS=0 ;;
     --sanitize) SANITIZE=1 ;;
     --bench) BENCH=1 ;;
     -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --sanitize, --bench, --help)" >&2; exit 2 ;;
+    *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --build-only, --sanitize, --bench, --help)" >&2; exit 2 ;;
   esac
 done
 
@@ -141,8 +143,10 @@ bench() {
 
 step build "$LOGS/build.log" build
 if [ "$OK" = 1 ]; then
-  step tests "$LOGS/test.log" run_tests
-  tail -n 25 "$LOGS/test.log"
+  if [ "$TESTS" = 1 ]; then
+    step tests "$LOGS/test.log" run_tests
+    tail -n 25 "$LOGS/test.log"
+  fi
   if [ "$SANITIZE" = 1 ]; then step sanitizer "$LOGS/sanitizer.log" sanitize; fi
   if [ "$BENCH" = 1 ]; then
     step bench "$LOGS/bench.log" bench

@@ -24,3 +24,65 @@ class TestHkvConformanceCuda(StorageConformance):
     @pytest.fixture
     def device(self) -> str:
         return DEVICE
+
+
+#: Device memory for 4 KiB of rows: small tables keep some rows on the device and the rest in host
+#: memory, so the suite runs over both and over the moves between them.
+MIXED_HBM_GB = str(4096 / 2**30)
+
+
+class TestHkvConformanceCudaHostRows(StorageConformance):
+    """The suite again with most rows in pinned host memory (``max_hbm_for_vectors`` 4 KiB)."""
+
+    @pytest.fixture
+    def var_type(self) -> str:
+        return "hybrid"
+
+    @pytest.fixture
+    def device(self) -> str:
+        return DEVICE
+
+    @pytest.fixture
+    def storage_options(self) -> dict[str, str]:
+        return {"max_hbm_for_vectors": MIXED_HBM_GB}
+
+
+def test_rows_moving_between_device_and_host_memory_keep_their_values() -> None:
+    """One bucket of 128 slots, 32 of them with device rows. Newer keys take the device slots and
+    move older rows to host memory. Every key keeps its row through the moves, and later writes,
+    finds, erases and exports see the moved rows."""
+    cp = pytest.importorskip("cupy")
+    dim = 4
+    options = {
+        "init_capacity": "128",
+        "max_capacity": "128",
+        "max_bucket_size": "128",
+        "max_hbm_for_vectors": str(32 * dim * 4 / 2**30),
+    }
+    table = _core.Table(key_dtype="int64", row_width=dim, options=options, device=DEVICE)
+    old = cp.arange(32, dtype=cp.int64)
+    new = cp.arange(100, 132, dtype=cp.int64)
+
+    def rows(keys: object) -> object:
+        return cp.repeat(keys.astype(cp.float32)[:, None], dim, axis=1) + cp.arange(dim, dtype=cp.float32)
+
+    table.insert_or_assign(old, 0, dim, rows(old), None, [])
+    table.insert_or_assign(new, 0, dim, rows(new), None, [])
+    both = cp.concatenate([new, old, old])
+    out = cp.empty((both.shape[0], dim), dtype=cp.float32)
+    found = cp.empty(both.shape[0], dtype=cp.bool_)
+    for step in range(24):
+        table.insert_or_assign(old, 0, dim, rows(old) + step, None, [])
+        table.find(both, 0, dim, out, None, found)
+        assert bool(found.all())
+        cp.testing.assert_array_equal(out[:32], rows(new))
+        cp.testing.assert_array_equal(out[32:], rows(both[32:]) + step)
+    assert table.size() == 64
+    assert table.erase(new[:4]) == 4
+    keys = cp.empty(128, dtype=cp.int64)
+    values = cp.empty((128, dim), dtype=cp.float32)
+    count = table.export_batch(0, 128, 0, dim, keys, values, None, None)
+    assert count == 60
+    order = cp.argsort(keys[:count])
+    cp.testing.assert_array_equal(keys[:count][order], cp.concatenate([old, new[4:]]))
+    cp.testing.assert_array_equal(values[:count][order], cp.concatenate([rows(old) + 23, rows(new[4:])]))

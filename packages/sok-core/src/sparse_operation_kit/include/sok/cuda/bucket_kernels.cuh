@@ -16,10 +16,9 @@
 // (hkv) instead replaces the lowest-score slot of the home bucket.
 //
 // Concurrency. Callers deduplicate a batch first, so the keys of one kernel are distinct, and an
-// upsert runs in two kernels: the first updates the keys already present (no slot changes hands,
-// so it needs no locks), the second places the missing ones. A thread claims an empty slot by CAS
-// of its state byte to busy, writes row, key and score, then publishes the digest with a fence and
-// an atomic XOR. In an evicting table it locks a victim the same way (readers and other evictors
+// upsert runs as three kernels (see update_hits_kernel): keys present need no locks. A thread
+// claims an empty slot by CAS of its state byte to busy, writes row, key and score, then publishes
+// the digest with an atomic XOR (after a fence where other threads may read the slot meanwhile). In an evicting table it locks a victim the same way (readers and other evictors
 // skip busy slots) and re-checks the victim's score after locking it.
 #pragma once
 
@@ -189,10 +188,11 @@ __device__ __forceinline__ void release_slot(const View& t, int64_t slot, uint8_
   atomicXor(state_word(t, slot), static_cast<unsigned int>(kBusyState ^ state) << state_shift(slot));
 }
 
-// Claims the lowest empty slot of bucket b (its state becomes busy): the slot, or -1 when the
-// bucket is full. Lowest first: device-memory rows (the low slots of each bucket) fill first.
+// Claims the lowest empty slot of bucket b below slot `limit` (its state becomes busy): the slot,
+// or -1 when there is none. Lowest first: device-memory rows (the low slots of each bucket) fill
+// first.
 template <class Group>
-__device__ int64_t claim_empty(const View& t, const Group& g, int64_t b) {
+__device__ int64_t claim_empty(const View& t, const Group& g, int64_t b, int32_t limit) {
   const int lane = static_cast<int>(g.thread_rank());
   while (true) {
     int32_t first = t.B;
@@ -203,7 +203,7 @@ __device__ int64_t claim_empty(const View& t, const Group& g, int64_t b) {
       if (empties != 0) first = min(first, c * 16 + __ffs(empties) - 1);
     }
     for (int offset = kGroup / 2; offset > 0; offset /= 2) first = min(first, g.shfl_xor(first, offset));
-    if (first >= t.B) return -1;
+    if (first >= limit) return -1;
     int64_t got = -1;
     if (lane == 0) {
       const int64_t slot = (b << t.log_b) + first;
@@ -220,9 +220,10 @@ __device__ int64_t claim_empty(const View& t, const Group& g, int64_t b) {
   }
 }
 
-// The live slot of bucket b with the lowest score (ties: the lowest slot), and that score.
+// The live slot of bucket b below slot `limit` with the lowest score (ties: the lowest slot), and
+// that score; *slot = -1 when there is none.
 template <class Group>
-__device__ void lowest_score(const View& t, const Group& g, int64_t b, int64_t* slot, uint64_t* score) {
+__device__ void lowest_score(const View& t, const Group& g, int64_t b, int32_t limit, int64_t* slot, uint64_t* score) {
   const int lane = static_cast<int>(g.thread_rank());
   uint64_t best = ~uint64_t{0};
   int64_t best_slot = -1;
@@ -230,6 +231,7 @@ __device__ void lowest_score(const View& t, const Group& g, int64_t b, int64_t* 
   for (int q = 0; q < kChunks; ++q) {
     const int c = lane + q * kGroup;
     uint32_t live = c * 16 < t.B ? live16(states16<true>(t, b, c)) : 0u;
+    if (c * 16 + 16 > limit) live &= c * 16 >= limit ? 0u : (1u << (limit - c * 16)) - 1u;
     while (live != 0) {
       const int k = __ffs(live) - 1;
       live &= live - 1;
@@ -255,8 +257,9 @@ __device__ void lowest_score(const View& t, const Group& g, int64_t b, int64_t* 
 
 // Copies w floats (group-parallel, 16-byte vectors where aligned); kAdd adds instead. Each lane
 // issues up to four loads before its stores, so the reads of a row overlap instead of waiting for
-// one another (the pointers never alias: a table row and a caller's array).
-template <bool kAdd, class Group>
+// one another (the pointers never alias: a table row and a caller's array). kFresh
+// reads past L1 (rows other SMs wrote during the running kernel).
+template <bool kAdd, bool kFresh = false, class Group>
 __device__ void copy_floats(const Group& g, float* __restrict__ dst, const float* __restrict__ src, int32_t w) {
   constexpr int kBatch = 4;
   const int lane = static_cast<int>(g.thread_rank());
@@ -272,7 +275,7 @@ __device__ void copy_floats(const Group& g, float* __restrict__ dst, const float
       for (int u = 0; u < kBatch; ++u) {
         const int32_t c = base + u * kGroup;
         if (c < n4) {
-          v[u] = s4[c];
+          v[u] = kFresh ? __ldcg(s4 + c) : s4[c];
           if (kAdd) o[u] = d4[c];
         }
       }
@@ -290,8 +293,58 @@ __device__ void copy_floats(const Group& g, float* __restrict__ dst, const float
       }
     }
   } else {
-    for (int32_t c = lane; c < w; c += kGroup) dst[c] = kAdd ? dst[c] + src[c] : src[c];
+    for (int32_t c = lane; c < w; c += kGroup) dst[c] = (kAdd ? dst[c] : 0.0f) + (kFresh ? __ldcg(src + c) : src[c]);
   }
+}
+
+// Hybrid tables: host_slot of bucket b is held busy for a new key with score new_score. If the
+// bucket's lowest-score device row scores lower, that row moves into host_slot (published) and its
+// device slot, held busy, is returned for the new key; else host_slot. The moved row is locked and
+// its score checked again; rows placed by the running kernel are published after a fence in hybrid
+// tables, so the row, key and score read here are complete.
+template <class Group>
+__device__ int64_t device_slot_for(const View& t, const Group& g, int64_t b, int64_t host_slot, uint64_t new_score) {
+  if (t.hb == 0) return host_slot;
+  int64_t victim;
+  uint64_t low;
+  lowest_score(t, g, b, t.hb, &victim, &low);
+  const int lane = static_cast<int>(g.thread_rank());
+  uint8_t dv = 0;
+  int got = 0;
+  if (lane == 0 && victim >= 0 && low < new_score) {
+    dv = static_cast<uint8_t>(__ldcg(state_word(t, victim)) >> state_shift(victim));
+    if (dv >= 2 && lock_slot(t, victim, dv)) {
+      if (read_u64<true>(t.scores + victim) == low) {
+        got = 1;
+      } else {
+        release_slot(t, victim, dv);
+      }
+    }
+  }
+  if (!g.shfl(got, 0)) return host_slot;
+  dv = g.shfl(dv, 0);
+  copy_floats<false, true>(g, t.row(host_slot), t.row(victim), t.W);
+  if (lane == 0) {
+    t.keys[host_slot] = read_u64<true>(t.keys + victim);
+    t.scores[host_slot] = low;
+  }
+  g.sync();
+  if (lane == 0) release_slot(t, host_slot, dv);
+  return victim;
+}
+
+__device__ __forceinline__ bool in_host(const View& t, int64_t slot) {
+  return static_cast<int32_t>(slot & (t.B - 1)) >= t.hb;
+}
+
+// A slot for a new key with score new_score in bucket b, held busy, or -1 when the bucket is full:
+// a free device slot, else a free host slot (or the device slot device_slot_for frees for it).
+template <class Group>
+__device__ int64_t claim_for_new(const View& t, const Group& g, int64_t b, uint64_t new_score) {
+  const int64_t device_slot = claim_empty(t, g, b, t.hb);
+  if (device_slot >= 0 || t.hb >= t.B) return device_slot;
+  const int64_t host_slot = claim_empty(t, g, b, t.B);
+  return host_slot < 0 ? -1 : device_slot_for(t, g, b, host_slot, new_score);
 }
 
 // The initial values of columns [begin, end) of key's row, to dst[0 .. end - begin): zeros, then
@@ -324,6 +377,9 @@ __device__ __forceinline__ uint64_t next_score(Policy policy, bool has_old, uint
   }
 }
 
+// Hybrid tables (hb < B): a new key takes a device slot of its bucket, moving the bucket's
+// lowest-score device row to the free (or evicted) host slot when its own score is higher
+// (claim_for_new, device_slot_for), so the rows written last stay in device memory.
 struct UpsertArgs {
   int64_t n;
   const void* keys;
@@ -384,12 +440,16 @@ __device__ void spill(const Group& g, const UpsertArgs& a, int32_t W, uint64_t k
   if (a.ev_values != nullptr) copy_floats<false>(g, a.ev_values + static_cast<int64_t>(idx) * W, row, W);
 }
 
-// Upserts run in two kernels, so that no thread ever waits for another and no lock is needed for
-// keys already present. Phase 1 (update_hits_kernel) only touches keys that are in the table: it
-// writes their rows and scores and marks the others missing; no slot changes hands. Phase 2
-// (insert_missing_kernel) places the missing keys (distinct, and still missing): it claims empty
-// slots or, in an evicting table, locks and replaces victims; rows of keys updated in phase 1 are
-// complete by then, so an evicted row is always whole.
+// Upserts. Keys of a call are distinct (callers deduplicate), so no two groups ever look for or
+// place the same key and keys already present need no lock. Three kernels, so that no group ever
+// reads a slot another group of the same kernel is filling: update_hits_kernel writes the keys
+// present (no slot changes hands) and marks the others missing; insert_missing_kernel places them
+// in empty slots (in a pure device table nobody else reads a new slot during that kernel, so its
+// digest is published without a fence; a hybrid table's claim_for_new may move it, so there it is
+// fenced) and, in an evicting table, marks the keys whose home bucket is full
+// (missing = 2); evict_missing_kernel, which returns at once when there are none, takes their
+// bucket's lowest-score slot. Rows of keys updated by the first kernel are complete by then, so an
+// evicted row is always whole; its readers (other evictors) are kept in order by a fence.
 
 // The mode's write of `in` (w columns) to a row that already holds the key.
 template <class Group>
@@ -401,7 +461,104 @@ __device__ void apply_to_existing(const Group& g, const UpsertArgs& a, int64_t i
   }
 }
 
-// Phase 1: one group of kGroup lanes per (leader) key.
+// A key the table does not hold and could not take (an evicting table refused it): find_or_insert
+// still returns the initial values; insert_and_evict reports it as evicted with the row it would
+// have had.
+template <class Group>
+__device__ void refuse(const Group& g, const View& t, const UpsertArgs& a, int64_t i, uint64_t key, uint64_t new_score,
+                       const float* in, int32_t w) {
+  const int lane = static_cast<int>(g.thread_rank());
+  if (a.mode == Mode::kFindOrInsert) {
+    init_columns_d(g, a.out + i * w, a.cb, a.ce, key, a.inits);
+    if (lane == 0 && a.found != nullptr) a.found[i] = 0;
+  } else if (a.ev_keys != nullptr && a.mode != Mode::kImport) {
+    unsigned long long idx = 0;
+    if (lane == 0) idx = atomicAdd(a.ev_count, 1ull);
+    idx = g.shfl(idx, 0);
+    if (lane == 0) {
+      store_key_d(a.ev_keys, a.key_type, static_cast<int64_t>(idx), key);
+      if (a.ev_scores != nullptr) a.ev_scores[idx] = new_score;
+    }
+    if (a.ev_values != nullptr) {
+      float* dst = a.ev_values + static_cast<int64_t>(idx) * t.W;
+      init_columns_d(g, dst, 0, t.W, key, a.inits);
+      g.sync();
+      copy_floats<false>(g, dst + a.cb, in, w);
+    }
+  }
+}
+
+// In an evicting table whose home bucket b is full: locks the slot of the bucket's lowest score
+// (spilling its key, row and score to the evicted outputs) and returns it, or -1 when the policy
+// refuses the newcomer (its score is below every score of the bucket). A slot freed meanwhile is
+// taken instead (*replaced false).
+template <class Group>
+__device__ int64_t take_victim(const Group& g, const View& t, const UpsertArgs& a, int64_t b, uint64_t new_score,
+                               bool* replaced) {
+  const int lane = static_cast<int>(g.thread_rank());
+  while (true) {
+    *replaced = false;
+    const int64_t empty = claim_empty(t, g, b, t.B);
+    if (empty >= 0) return empty;
+    int64_t victim;
+    uint64_t low;
+    lowest_score(t, g, b, t.B, &victim, &low);
+    if (victim < 0) continue;  // every slot busy for a moment: look again
+    if (!a.admit_all && new_score < low) return -1;
+    int ok = 0;
+    if (lane == 0) {
+      const uint8_t vd = static_cast<uint8_t>(__ldcg(state_word(t, victim)) >> state_shift(victim));
+      if (vd >= 2 && lock_slot(t, victim, vd)) {
+        if (read_u64<true>(t.scores + victim) == low) {
+          ok = 1;
+        } else {
+          release_slot(t, victim, vd);  // its score moved: choose again
+        }
+      }
+    }
+    if (!g.shfl(ok, 0)) continue;
+    if (a.ev_keys != nullptr) {
+      spill(g, a, t.W, read_u64<true>(t.keys + victim), t.row(victim), low);
+      g.sync();
+    }
+    *replaced = true;
+    return victim;
+  }
+}
+
+// Writes key i's row, key and score into `slot` (held busy by this group) and publishes its digest.
+template <bool kFence, class Group>
+__device__ void fill_slot(const Group& g, const View& t, const UpsertArgs& a, int64_t i, uint64_t key, uint8_t d,
+                          int64_t slot, uint64_t new_score, const float* in, int32_t w) {
+  const int lane = static_cast<int>(g.thread_rank());
+  float* row = t.row(slot);
+  if (a.mode == Mode::kFindOrInsert || a.cb != 0 || a.ce != t.W) {
+    init_columns_d(g, row, 0, t.W, key, a.inits);
+    g.sync();
+  }
+  if (a.mode == Mode::kAccumulate) {
+    add_duplicates(g, a, i, row + a.cb, w, true);  // the first occurrence's values, then the others
+  } else if (a.mode != Mode::kFindOrInsert) {
+    copy_floats<false>(g, row + a.cb, in, w);
+  } else {
+    copy_floats<false>(g, a.out + i * w, row + a.cb, w);  // the row was initialised above
+  }
+  if (lane == 0) {
+    if (a.found != nullptr) a.found[i] = 0;
+    t.keys[slot] = key;
+    t.scores[slot] = new_score;
+  }
+  // With kFence, the group barrier orders the lanes' row writes before lane 0's fence (fences are
+  // cumulative), and the fence orders them and the key and score before the digest.
+  g.sync();
+  if (lane == 0) {
+    if (kFence) __threadfence();
+    atomicXor(state_word(t, slot), static_cast<unsigned int>(kBusyState ^ d) << state_shift(slot));
+  }
+}
+
+// One group of kGroup lanes per (leader) key: the mode's write and a new score if the key is
+// present, else missing[i] = 1.
 __global__ void update_hits_kernel(View t, UpsertArgs a, uint8_t* missing) {
   auto block = cg::this_thread_block();
   auto g = cg::tiled_partition<kGroup>(block);
@@ -426,13 +583,9 @@ __global__ void update_hits_kernel(View t, UpsertArgs a, uint8_t* missing) {
   }
 }
 
-// Phase 2: places each missing (leader) key. Pass A (kEvict false) claims empty slots only; in an
-// evicting table the keys whose home bucket is full are marked (missing = 2) for pass B, which
-// evicts. Nothing reads a slot's key, score or row during pass A but its own writer (other threads
-// only claim empty slots), so pass A publishes without a fence; pass B's evictors read victims'
-// scores and rows, so there a fence orders them before the digest.
-template <bool kEvict>
-__global__ void insert_missing_kernel(View t, UpsertArgs a, uint8_t* missing) {
+// Places each missing (leader) key in an empty slot: of its home bucket in an evicting table (a
+// full one marks the key for evict_missing_kernel), else of the first bucket of its chain with room.
+__global__ void insert_missing_kernel(View t, UpsertArgs a, uint8_t* missing, unsigned int* any_full) {
   auto block = cg::this_thread_block();
   auto g = cg::tiled_partition<kGroup>(block);
   __shared__ unsigned long long created;
@@ -442,113 +595,78 @@ __global__ void insert_missing_kernel(View t, UpsertArgs a, uint8_t* missing) {
   const int32_t w = a.ce - a.cb;
   const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; i < a.n; i += groups) {
-    if (a.leader[i] != i || missing[i] != (kEvict ? 2 : 1)) continue;
+    if (a.leader[i] != i || missing[i] != 1) continue;
     const uint64_t key = load_key_d(a.keys, a.key_type, i);
     const uint64_t h = sok::hash_key(key);
-    const uint8_t d = digest_of(h);
     const uint64_t caller = a.scores != nullptr ? a.scores[i] : 1;
     const float* in = a.values != nullptr ? a.values + i * w : nullptr;
     const uint64_t new_score = a.mode == Mode::kImport ? caller : next_score(a.policy, false, 0, caller, a.now, a.epoch);
     int64_t b = static_cast<int64_t>(h & static_cast<uint64_t>(t.nb - 1));
     int64_t slot = -1;
-    bool refused = false;
-    bool replaced = false;
-    if (a.evicting && !kEvict) {
-      slot = claim_empty(t, g, b);
+    if (a.evicting) {
+      slot = claim_for_new(t, g, b, new_score);
       if (slot < 0) {
-        if (lane == 0) missing[i] = 2;  // the home bucket is full: pass B evicts
+        if (lane == 0) {
+          missing[i] = 2;
+          *any_full = 1;
+        }
         continue;
       }
-    } else if (a.evicting) {
-      while (slot < 0 && !refused) {
-        slot = claim_empty(t, g, b);
-        if (slot >= 0) break;
-        int64_t victim;
-        uint64_t low;
-        lowest_score(t, g, b, &victim, &low);
-        if (victim < 0) continue;  // every slot busy for a moment: look again
-        if (!a.admit_all && new_score < low) {
-          refused = true;
-          break;
-        }
-        int ok = 0;
-        if (lane == 0) {
-          const uint8_t vd = static_cast<uint8_t>(__ldcg(state_word(t, victim)) >> state_shift(victim));
-          if (vd >= 2 && lock_slot(t, victim, vd)) {
-            if (read_u64<true>(t.scores + victim) == low) {
-              ok = 1;
-            } else {
-              release_slot(t, victim, vd);  // its score moved: choose again
-            }
-          }
-        }
-        if (!g.shfl(ok, 0)) continue;
-        slot = victim;
-        replaced = true;
-        if (a.ev_keys != nullptr) {
-          spill(g, a, t.W, read_u64<true>(t.keys + victim), t.row(victim), low);
-          g.sync();
-        }
-      }
     } else {
-      // Growing table: the first bucket of the chain with room.
       for (int64_t step = 0; step < t.nb && slot < 0; ++step) {
-        slot = claim_empty(t, g, b);
+        slot = claim_for_new(t, g, b, new_score);
         if (slot < 0) {
           if (lane == 0) atomicOr(t.flags + b, kOverflow);
           b = (b + 1) & (t.nb - 1);
         }
       }
-      refused = slot < 0;  // only if the table is full, which the host rules out before the call
-    }
-    if (refused) {
-      if (a.mode == Mode::kFindOrInsert) {  // the caller still reads the initial values
-        init_columns_d(g, a.out + i * w, a.cb, a.ce, key, a.inits);
-        if (lane == 0 && a.found != nullptr) a.found[i] = 0;
-      } else if (a.ev_keys != nullptr && a.mode != Mode::kImport) {
-        // Reported as evicted, with the row it would have had.
-        unsigned long long idx = 0;
-        if (lane == 0) idx = atomicAdd(a.ev_count, 1ull);
-        idx = g.shfl(idx, 0);
-        if (lane == 0) {
-          store_key_d(a.ev_keys, a.key_type, static_cast<int64_t>(idx), key);
-          if (a.ev_scores != nullptr) a.ev_scores[idx] = new_score;
-        }
-        if (a.ev_values != nullptr) {
-          float* dst = a.ev_values + static_cast<int64_t>(idx) * t.W;
-          init_columns_d(g, dst, 0, t.W, key, a.inits);
-          g.sync();
-          copy_floats<false>(g, dst + a.cb, in, w);
-        }
+      if (slot < 0) {  // only if the table is full, which the host rules out before the call
+        refuse(g, t, a, i, key, new_score, in, w);
+        continue;
       }
+    }
+    // Hybrid tables: claim_for_new reads rows this kernel placed, so they are published in order.
+    if (t.hb < t.B) {
+      fill_slot<true>(g, t, a, i, key, digest_of(h), slot, new_score, in, w);
+    } else {
+      fill_slot<false>(g, t, a, i, key, digest_of(h), slot, new_score, in, w);
+    }
+    if (lane == 0) atomicAdd(&created, 1ull);
+  }
+  block.sync();
+  if (block.thread_rank() == 0 && created != 0) atomicAdd(a.size, created);
+}
+
+// An evicting table's keys whose home bucket was full (missing = 2): each takes an empty slot or
+// its bucket's lowest-score slot, or is refused. Returns at once when insert_missing_kernel marked
+// none.
+__global__ void evict_missing_kernel(View t, UpsertArgs a, const uint8_t* missing, const unsigned int* any_full) {
+  if (*any_full == 0) return;
+  auto block = cg::this_thread_block();
+  auto g = cg::tiled_partition<kGroup>(block);
+  __shared__ unsigned long long created;
+  if (block.thread_rank() == 0) created = 0;
+  block.sync();
+  const int lane = static_cast<int>(g.thread_rank());
+  const int32_t w = a.ce - a.cb;
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; i < a.n; i += groups) {
+    if (a.leader[i] != i || missing[i] != 2) continue;
+    const uint64_t key = load_key_d(a.keys, a.key_type, i);
+    const uint64_t h = sok::hash_key(key);
+    const uint64_t caller = a.scores != nullptr ? a.scores[i] : 1;
+    const float* in = a.values != nullptr ? a.values + i * w : nullptr;
+    const uint64_t new_score = a.mode == Mode::kImport ? caller : next_score(a.policy, false, 0, caller, a.now, a.epoch);
+    const int64_t b = static_cast<int64_t>(h & static_cast<uint64_t>(t.nb - 1));
+    bool replaced = false;
+    int64_t slot = take_victim(g, t, a, b, new_score, &replaced);
+    if (slot < 0) {
+      refuse(g, t, a, i, key, new_score, in, w);
       continue;
     }
-    float* row = t.row(slot);
-    const bool whole = a.cb == 0 && a.ce == t.W;
-    if (a.mode == Mode::kFindOrInsert || !whole) {
-      init_columns_d(g, row, 0, t.W, key, a.inits);
-      g.sync();
-    }
-    if (a.mode == Mode::kAccumulate) {
-      add_duplicates(g, a, i, row + a.cb, w, true);  // the first occurrence's values, then the others
-    } else if (a.mode != Mode::kFindOrInsert) {
-      copy_floats<false>(g, row + a.cb, in, w);
-    } else {
-      copy_floats<false>(g, a.out + i * w, row + a.cb, w);  // the row was initialised above
-    }
-    if (lane == 0) {
-      if (a.found != nullptr) a.found[i] = 0;
-      t.keys[slot] = key;
-      t.scores[slot] = new_score;
-      if (!replaced) atomicAdd(&created, 1ull);
-    }
-    // Publish. Pass B: the warp barrier orders the lanes' row writes before lane 0's fence (fences
-    // are cumulative), and the fence orders them and the key and score before the digest.
-    g.sync();
-    if (lane == 0) {
-      if (kEvict) __threadfence();
-      atomicXor(state_word(t, slot), static_cast<unsigned int>(kBusyState ^ d) << state_shift(slot));
-    }
+    if (in_host(t, slot)) slot = device_slot_for(t, g, b, slot, new_score);
+    fill_slot<true>(g, t, a, i, key, digest_of(h), slot, new_score, in, w);
+    if (lane == 0 && !replaced) atomicAdd(&created, 1ull);
   }
   block.sync();
   if (block.thread_rank() == 0 && created != 0) atomicAdd(a.size, created);
@@ -643,7 +761,7 @@ __global__ void rehash_kernel(View from, View to) {
     int64_t b = static_cast<int64_t>(sok::hash_key(key) & static_cast<uint64_t>(to.nb - 1));
     int64_t slot = -1;
     for (int64_t step = 0; step < to.nb && slot < 0; ++step) {
-      slot = claim_empty(to, g, b);
+      slot = claim_empty(to, g, b, to.B);
       if (slot < 0) {
         if (lane == 0) atomicOr(to.flags + b, kOverflow);
         b = (b + 1) & (to.nb - 1);

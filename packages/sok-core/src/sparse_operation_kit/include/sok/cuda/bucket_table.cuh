@@ -474,13 +474,17 @@ class BucketTable final : public sok::Storage {
     return a;
   }
 
-  // Phase 1 updates the keys present, phase 2 places the others (sok/cuda/bucket_kernels.cuh).
+  // Updates the keys present, places the others, and in an evicting table evicts for the keys
+  // whose home bucket was full (sok/cuda/bucket_kernels.cuh).
   void run_upsert(cudaStream_t stream, const UpsertArgs& a) {
-    Scratch missing(stream, a.n);
+    Scratch memory(stream, align(a.n) + sizeof(unsigned int));
+    auto* missing = memory.as<uint8_t>();
+    auto* any_full = memory.as<unsigned int>(align(a.n));
+    check_cuda(cudaMemsetAsync(any_full, 0, sizeof(unsigned int), stream), "cudaMemsetAsync");
     const unsigned int blocks = group_blocks(a.n);
-    update_hits_kernel<<<blocks, kBlock, 0, stream>>>(view_, a, missing.as<uint8_t>());
-    insert_missing_kernel<false><<<blocks, kBlock, 0, stream>>>(view_, a, missing.as<uint8_t>());
-    if (a.evicting) insert_missing_kernel<true><<<blocks, kBlock, 0, stream>>>(view_, a, missing.as<uint8_t>());
+    update_hits_kernel<<<blocks, kBlock, 0, stream>>>(view_, a, missing);
+    insert_missing_kernel<<<blocks, kBlock, 0, stream>>>(view_, a, missing, any_full);
+    if (a.evicting) evict_missing_kernel<<<blocks, kBlock, 0, stream>>>(view_, a, missing, any_full);
     check_cuda(cudaGetLastError(), "upsert kernels");
   }
 
