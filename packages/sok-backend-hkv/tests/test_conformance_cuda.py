@@ -31,16 +31,8 @@ class TestHkvConformanceCuda(StorageConformance):
 MIXED_HBM_GB = str(4096 / 2**30)
 
 
-class TestHkvConformanceCudaHostRows(StorageConformance):
+class TestHkvConformanceCudaHostRows(TestHkvConformanceCuda):
     """The suite again with most rows in pinned host memory (``max_hbm_for_vectors`` 4 KiB)."""
-
-    @pytest.fixture
-    def var_type(self) -> str:
-        return "hybrid"
-
-    @pytest.fixture
-    def device(self) -> str:
-        return DEVICE
 
     @pytest.fixture
     def storage_options(self) -> dict[str, str]:

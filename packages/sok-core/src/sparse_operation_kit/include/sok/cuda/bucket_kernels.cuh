@@ -441,15 +441,14 @@ __device__ void spill(const Group& g, const UpsertArgs& a, int32_t W, uint64_t k
 }
 
 // Upserts. Keys of a call are distinct (callers deduplicate), so no two groups ever look for or
-// place the same key and keys already present need no lock. Three kernels, so that no group ever
-// reads a slot another group of the same kernel is filling: update_hits_kernel writes the keys
-// present (no slot changes hands) and marks the others missing; insert_missing_kernel places them
-// in empty slots (in a pure device table nobody else reads a new slot during that kernel, so its
-// digest is published without a fence; a hybrid table's claim_for_new may move it, so there it is
-// fenced) and, in an evicting table, marks the keys whose home bucket is full
-// (missing = 2); evict_missing_kernel, which returns at once when there are none, takes their
-// bucket's lowest-score slot. Rows of keys updated by the first kernel are complete by then, so an
-// evicted row is always whole; its readers (other evictors) are kept in order by a fence.
+// place the same key and keys already present need no lock. Three kernels: update_hits_kernel
+// writes the keys present (no slot changes hands) and marks the others missing;
+// place_missing_kernel<false> (pass A) places them in empty slots and, in an evicting table, marks
+// the keys whose home bucket is full; place_missing_kernel<true> (pass B) evicts for those. Rows
+// updated by the first kernel are complete before anyone evicts, so an evicted row is always whole.
+// A pure device table's pass A publishes new slots without a fence (nobody reads them during that
+// kernel); pass B, and pass A of a hybrid table (whose device_slot_for moves rows placed in the
+// same kernel), publish after a fence.
 
 // The mode's write of `in` (w columns) to a row that already holds the key.
 template <class Group>
@@ -583,9 +582,13 @@ __global__ void update_hits_kernel(View t, UpsertArgs a, uint8_t* missing) {
   }
 }
 
-// Places each missing (leader) key in an empty slot: of its home bucket in an evicting table (a
-// full one marks the key for evict_missing_kernel), else of the first bucket of its chain with room.
-__global__ void insert_missing_kernel(View t, UpsertArgs a, uint8_t* missing, unsigned int* any_full) {
+// Places the missing (leader) keys. Pass A (kEvict false) takes missing = 1: an empty slot of the
+// home bucket in an evicting table (a full one marks the key missing = 2 for pass B), else of the
+// first bucket of its chain with room. Pass B takes missing = 2, returning at once when pass A
+// marked none: an empty slot or the bucket's lowest-score slot (take_victim), or refuses the key.
+template <bool kEvict>
+__global__ void place_missing_kernel(View t, UpsertArgs a, uint8_t* missing, unsigned int* any_full) {
+  if (kEvict && *any_full == 0) return;
   auto block = cg::this_thread_block();
   auto g = cg::tiled_partition<kGroup>(block);
   __shared__ unsigned long long created;
@@ -595,7 +598,7 @@ __global__ void insert_missing_kernel(View t, UpsertArgs a, uint8_t* missing, un
   const int32_t w = a.ce - a.cb;
   const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; i < a.n; i += groups) {
-    if (a.leader[i] != i || missing[i] != 1) continue;
+    if (a.leader[i] != i || missing[i] != (kEvict ? 2 : 1)) continue;
     const uint64_t key = load_key_d(a.keys, a.key_type, i);
     const uint64_t h = sok::hash_key(key);
     const uint64_t caller = a.scores != nullptr ? a.scores[i] : 1;
@@ -603,7 +606,11 @@ __global__ void insert_missing_kernel(View t, UpsertArgs a, uint8_t* missing, un
     const uint64_t new_score = a.mode == Mode::kImport ? caller : next_score(a.policy, false, 0, caller, a.now, a.epoch);
     int64_t b = static_cast<int64_t>(h & static_cast<uint64_t>(t.nb - 1));
     int64_t slot = -1;
-    if (a.evicting) {
+    bool replaced = false;
+    if (kEvict) {
+      slot = take_victim(g, t, a, b, new_score, &replaced);
+      if (slot >= 0 && in_host(t, slot)) slot = device_slot_for(t, g, b, slot, new_score);
+    } else if (a.evicting) {
       slot = claim_for_new(t, g, b, new_score);
       if (slot < 0) {
         if (lane == 0) {
@@ -620,52 +627,18 @@ __global__ void insert_missing_kernel(View t, UpsertArgs a, uint8_t* missing, un
           b = (b + 1) & (t.nb - 1);
         }
       }
-      if (slot < 0) {  // only if the table is full, which the host rules out before the call
-        refuse(g, t, a, i, key, new_score, in, w);
-        continue;
-      }
     }
-    // Hybrid tables: claim_for_new reads rows this kernel placed, so they are published in order.
-    if (t.hb < t.B) {
+    if (slot < 0) {  // refused by the policy (pass B), or a full growing table (ruled out by the host)
+      refuse(g, t, a, i, key, new_score, in, w);
+      continue;
+    }
+    // Evictors read victims, and in hybrid tables device_slot_for reads rows this kernel placed:
+    // there slots are published in order.
+    if (kEvict || t.hb < t.B) {
       fill_slot<true>(g, t, a, i, key, digest_of(h), slot, new_score, in, w);
     } else {
       fill_slot<false>(g, t, a, i, key, digest_of(h), slot, new_score, in, w);
     }
-    if (lane == 0) atomicAdd(&created, 1ull);
-  }
-  block.sync();
-  if (block.thread_rank() == 0 && created != 0) atomicAdd(a.size, created);
-}
-
-// An evicting table's keys whose home bucket was full (missing = 2): each takes an empty slot or
-// its bucket's lowest-score slot, or is refused. Returns at once when insert_missing_kernel marked
-// none.
-__global__ void evict_missing_kernel(View t, UpsertArgs a, const uint8_t* missing, const unsigned int* any_full) {
-  if (*any_full == 0) return;
-  auto block = cg::this_thread_block();
-  auto g = cg::tiled_partition<kGroup>(block);
-  __shared__ unsigned long long created;
-  if (block.thread_rank() == 0) created = 0;
-  block.sync();
-  const int lane = static_cast<int>(g.thread_rank());
-  const int32_t w = a.ce - a.cb;
-  const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; i < a.n; i += groups) {
-    if (a.leader[i] != i || missing[i] != 2) continue;
-    const uint64_t key = load_key_d(a.keys, a.key_type, i);
-    const uint64_t h = sok::hash_key(key);
-    const uint64_t caller = a.scores != nullptr ? a.scores[i] : 1;
-    const float* in = a.values != nullptr ? a.values + i * w : nullptr;
-    const uint64_t new_score = a.mode == Mode::kImport ? caller : next_score(a.policy, false, 0, caller, a.now, a.epoch);
-    const int64_t b = static_cast<int64_t>(h & static_cast<uint64_t>(t.nb - 1));
-    bool replaced = false;
-    int64_t slot = take_victim(g, t, a, b, new_score, &replaced);
-    if (slot < 0) {
-      refuse(g, t, a, i, key, new_score, in, w);
-      continue;
-    }
-    if (in_host(t, slot)) slot = device_slot_for(t, g, b, slot, new_score);
-    fill_slot<true>(g, t, a, i, key, digest_of(h), slot, new_score, in, w);
     if (lane == 0 && !replaced) atomicAdd(&created, 1ull);
   }
   block.sync();

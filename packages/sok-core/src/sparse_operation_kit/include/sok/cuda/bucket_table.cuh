@@ -483,8 +483,8 @@ class BucketTable final : public sok::Storage {
     check_cuda(cudaMemsetAsync(any_full, 0, sizeof(unsigned int), stream), "cudaMemsetAsync");
     const unsigned int blocks = group_blocks(a.n);
     update_hits_kernel<<<blocks, kBlock, 0, stream>>>(view_, a, missing);
-    insert_missing_kernel<<<blocks, kBlock, 0, stream>>>(view_, a, missing, any_full);
-    if (a.evicting) evict_missing_kernel<<<blocks, kBlock, 0, stream>>>(view_, a, missing, any_full);
+    place_missing_kernel<false><<<blocks, kBlock, 0, stream>>>(view_, a, missing, any_full);
+    if (a.evicting) place_missing_kernel<true><<<blocks, kBlock, 0, stream>>>(view_, a, missing, any_full);
     check_cuda(cudaGetLastError(), "upsert kernels");
   }
 
