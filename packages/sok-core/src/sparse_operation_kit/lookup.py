@@ -34,7 +34,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from sparse_operation_kit import communication
+from sparse_operation_kit import communication, pooled_lookup
 from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 
@@ -138,13 +138,15 @@ def _agreed_checks(
     weights: Sequence[tf.RaggedTensor] | None,
     comm: communication.CommunicationTool,
     hotness: Sequence[int] | None = None,
+    checked_by_op: Sequence[int] = (),
 ) -> list[tf.Operation]:
     """Data checks that fail on every rank together: each rank counts its problems, one allreduce
-    adds them up, and every rank asserts on the sums (so no rank enters the exchange alone)."""
+    adds them up, and every rank asserts on the sums (so no rank enters the exchange alone). The
+    id ranges of the tables in ``checked_by_op`` are left to ``pooled_lookup``'s op (one rank)."""
     problems: list[tuple[tf.Tensor, str]] = []
     for i, (param, kind, ids) in enumerate(zip(params, kinds, ragged)):
         values = tf.cast(ids.values, tf.int64)
-        if kind != "dynamic":
+        if kind != "dynamic" and i not in checked_by_op:
             rows = int(param.global_shape[0])
             problems.append(
                 (
@@ -153,7 +155,7 @@ def _agreed_checks(
                     f"follows); static tables take ids 0 .. rows-1",
                 )
             )
-        elif param.key_type == tf.int32 and ids.dtype == tf.int64:
+        elif kind == "dynamic" and param.key_type == tf.int32 and ids.dtype == tf.int64:
             outside = (values < -(2**31)) | (values >= 2**31)
             problems.append(
                 (
@@ -261,9 +263,59 @@ def lookup_sparse(
                 raise ValueError(f"hotness[{i}] = {limit!r} must be an integer >= 1")
 
     comm = communication.tool()
-    n, rank = comm.num_ranks(), comm.rank()
+    n = comm.num_ranks()
     _validate_placement(params, kinds, n)
-    with tf.control_dependencies(_agreed_checks(params, kinds, ragged, weights, comm, hotness)):
+    fused = _fused_tables(params, kinds, n)
+    checks = _agreed_checks(params, kinds, ragged, weights, comm, hotness, checked_by_op=fused)
+    outputs: list[Any] = [None] * len(params)
+    if fused:
+        with tf.control_dependencies(checks):
+            pooled = pooled_lookup.pooled_lookup(
+                _subset(params, fused), _subset(ragged, fused), _subset(weights, fused), _subset(names, fused), fused
+            )
+        for i, embedding in zip(fused, pooled):
+            outputs[i] = embedding
+    rest = [i for i in range(len(params)) if i not in fused]
+    if rest:
+        pooled = _lookup_with_tf_ops(
+            _subset(params, rest),
+            _subset(kinds, rest),
+            _subset(ragged, rest),
+            _subset(weights, rest),
+            _subset(names, rest),
+            comm,
+            checks,
+        )
+        for i, embedding in zip(rest, pooled):
+            outputs[i] = embedding
+    return outputs[0] if single else outputs
+
+
+def _subset(values: Sequence[Any] | None, indices: Sequence[int]) -> list[Any] | None:
+    """The entries of ``values`` at ``indices`` (None stays None)."""
+    return None if values is None else [values[i] for i in indices]
+
+
+def _fused_tables(params: Sequence[Any], kinds: Sequence[str], n: int) -> list[int]:
+    """The tables ``pooled_lookup`` takes: static ones on the host when there is a single rank."""
+    if n != 1:
+        return []
+    return [i for i, (p, k) in enumerate(zip(params, kinds)) if k != "dynamic" and "GPU" not in p.device.upper()]
+
+
+def _lookup_with_tf_ops(
+    params: list[Any],
+    kinds: list[str],
+    ragged: list[tf.RaggedTensor],
+    weights: list[tf.RaggedTensor] | None,
+    names: list[str],
+    comm: communication.CommunicationTool,
+    checks: list[tf.Operation],
+) -> list[tf.Tensor]:
+    """Pooled lookups through TensorFlow ops (and the exchange when there are several ranks), after
+    ``checks``: steps 2-4 of the module docstring."""
+    n, rank = comm.num_ranks(), comm.rank()
+    with tf.control_dependencies(checks):
         # Everything below, collectives included, waits for the checks.
         keys = [tf.identity(ids.values) for ids in ragged]
         lengths = [tf.cast(tf.identity(ids.row_lengths()), tf.int64) for ids in ragged]
@@ -300,7 +352,7 @@ def lookup_sparse(
             d = denominators[i]
             pooled = tf.math.divide_no_nan(pooled, tf.where(d > 0, d, tf.zeros_like(d))[:, None])
         outputs.append(pooled)
-    return outputs[0] if single else outputs
+    return outputs
 
 
 def _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm, n, rank, dims):

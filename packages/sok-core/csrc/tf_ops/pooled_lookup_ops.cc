@@ -1,0 +1,519 @@
+// Pooled lookups of static tables in one process: sok.lookup_sparse at world size 1, every table of
+// the call in one op instead of ~10 TensorFlow ops per table.
+//
+// SokPooledLookup: embeddings_t[s] = combine(sum_j w_j * params_t[ids_t[j]]) for j in
+//   row_splits_t[s] .. row_splits_t[s + 1] (w_j = 1 when unweighted), summed in id order; "mean"
+//   and "sqrtn" then divide by sum(w) or sqrt(sum(w^2)) (the id count when unweighted), and a sample
+//   whose divisor is not positive gives zeros, as tf.math.divide_no_nan after the guard of lookup.py.
+// SokPooledLookupGrad: the gradient with respect to each table, as the rows of its distinct ids in
+//   first-occurrence order (the order of tf.unique) and those ids: the tf.IndexedSlices that
+//   TensorFlow's unique + gather + segment-sum lookup yields.
+//
+// Both split their work over TensorFlow's intra-op threads: the forward in blocks of samples of
+// similar cost, the gradient by table. Ids outside [0, rows) fail with InvalidArgument naming the
+// sp_ids position, the table and the valid range.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/platform/threadpool.h"
+
+namespace sok_tf {
+namespace {
+
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpInputList;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::OpOutputList;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+namespace errors = ::tensorflow::errors;
+
+// About this many float operations per parallel task of the forward.
+constexpr int64_t kTaskCost = 1 << 17;
+
+enum class Combiner { kSum, kMean, kSqrtn };
+
+// One table of the call: borrowed pointers into the op's inputs.
+struct Table {
+  const float* params;  // (rows, dim)
+  int64_t rows;
+  int64_t dim;
+  const int32_t* ids32;  // (nnz,), one of ids32 / ids64
+  const int64_t* ids64;
+  int64_t nnz;
+  const int64_t* splits;  // (batch + 1,)
+  const float* weights;   // (nnz,) or nullptr
+  Combiner combiner;
+
+  int64_t id(int64_t j) const { return ids64 != nullptr ? ids64[j] : ids32[j]; }
+};
+
+Status parse_combiners(const std::vector<std::string>& names, std::vector<Combiner>* out) {
+  for (size_t t = 0; t < names.size(); ++t) {
+    if (names[t] == "sum") {
+      out->push_back(Combiner::kSum);
+    } else if (names[t] == "mean") {
+      out->push_back(Combiner::kMean);
+    } else if (names[t] == "sqrtn") {
+      out->push_back(Combiner::kSqrtn);
+    } else {
+      return errors::InvalidArgument("combiners[", t, "] = '", names[t], "' is not valid; valid: sum, mean, sqrtn");
+    }
+  }
+  return Status();
+}
+
+// The tables of the inputs ids, row_splits and weights (both ops), with their row counts and widths;
+// params stays unset (the gradient op has none).
+Status gather_tables(OpKernelContext* ctx, const std::vector<Combiner>& combiners, const std::vector<int64_t>& rows,
+                     const std::vector<int64_t>& dims, std::vector<Table>* tables, int64_t* batch) {
+  OpInputList ids, splits, weights;
+  TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
+  TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
+  TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
+  const int n = static_cast<int>(combiners.size());
+  if (ids.size() != n || splits.size() != n || (weights.size() != 0 && weights.size() != n)) {
+    return errors::InvalidArgument("SokPooledLookup: ", n, " tables but ", ids.size(), " ids, ", splits.size(),
+                                   " row_splits and ", weights.size(), " weights (valid: 0 or ", n, ")");
+  }
+  *batch = splits[0].NumElements() - 1;
+  for (int t = 0; t < n; ++t) {
+    Table table{};
+    table.rows = rows[t];
+    table.dim = dims[t];
+    if (ids[t].dims() != 1) return errors::InvalidArgument("ids[", t, "] must be 1-D, got ", ids[t].shape());
+    table.nnz = ids[t].NumElements();
+    if (ids[t].dtype() == ::tensorflow::DT_INT64) {
+      table.ids64 = ids[t].flat<int64_t>().data();
+    } else {
+      table.ids32 = ids[t].flat<int32_t>().data();
+    }
+    const Tensor& s = splits[t];
+    if (s.dims() != 1 || s.NumElements() != *batch + 1) {
+      return errors::InvalidArgument("row_splits[", t, "] must have shape [", *batch + 1, "] (batch + 1), got ",
+                                     s.shape());
+    }
+    table.splits = s.flat<int64_t>().data();
+    if (table.splits[0] != 0 || table.splits[*batch] != table.nnz) {
+      return errors::InvalidArgument("row_splits[", t, "] must run from 0 to ", table.nnz, " (the ids), got ",
+                                     table.splits[0], " .. ", table.splits[*batch]);
+    }
+    for (int64_t b = 0; b < *batch; ++b) {
+      if (table.splits[b + 1] < table.splits[b]) {
+        return errors::InvalidArgument("row_splits[", t, "] decreases at row ", b);
+      }
+    }
+    if (weights.size() != 0) {
+      if (weights[t].NumElements() != table.nnz) {
+        return errors::InvalidArgument("weights[", t, "] has ", weights[t].NumElements(), " values for ", table.nnz,
+                                       " ids");
+      }
+      table.weights = weights[t].flat<float>().data();
+    }
+    table.combiner = combiners[t];
+    tables->push_back(table);
+  }
+  return Status();
+}
+
+// The divisor of sample [begin, end): 1 for "sum"; not positive means the sample gives zeros.
+float divisor(const Table& t, int64_t begin, int64_t end) {
+  if (t.combiner == Combiner::kSum) return 1.0f;
+  float total = 0.0f;
+  if (t.weights == nullptr) {
+    total = static_cast<float>(end - begin);
+  } else {
+    for (int64_t j = begin; j < end; ++j) total += t.combiner == Combiner::kMean ? t.weights[j] : t.weights[j] * t.weights[j];
+  }
+  return t.combiner == Combiner::kSqrtn ? std::sqrt(total) : total;
+}
+
+// Whether every id of [begin, end) is in [0, rows).
+bool ids_in_range(const Table& t, int64_t begin, int64_t end) {
+  bool ok = true;
+  for (int64_t j = begin; j < end; ++j) ok &= static_cast<uint64_t>(t.id(j)) < static_cast<uint64_t>(t.rows);
+  return ok;
+}
+
+// out (dim) = the sum of the rows of ids [begin, end) in tf.sparse.segment_sum's order, so the sums
+// are the same to the bit: the first (n mod 8) ids (8 or 9 when that is 0 or 1) one after another,
+// then each further 8 summed apart and added.
+void sum_rows(const Table& t, int64_t begin, int64_t end, float* __restrict__ out) {
+  const int64_t dim = t.dim;
+  const int64_t num = end - begin;
+  const int64_t rest = num & 7;
+  const int64_t head = num == 1 ? 1 : (rest == 0 ? std::min<int64_t>(num, 8) : (rest == 1 ? 9 : rest));
+  std::fill(out, out + dim, 0.0f);
+  for (int64_t j = begin; j < begin + head; ++j) {
+    const float* __restrict__ row = t.params + t.id(j) * dim;
+    for (int64_t k = 0; k < dim; ++k) out[k] += row[k];
+  }
+  for (int64_t j = begin + head; j < end; j += 8) {
+    const float* r[8];
+    for (int i = 0; i < 8; ++i) r[i] = t.params + t.id(j + i) * dim;
+    for (int64_t k = 0; k < dim; ++k) {
+      out[k] += r[0][k] + r[1][k] + r[2][k] + r[3][k] + r[4][k] + r[5][k] + r[6][k] + r[7][k];
+    }
+  }
+}
+
+// out (dim) = the sum of weight * row of ids [begin, end), one after another (unsorted_segment_sum's
+// order).
+void sum_weighted_rows(const Table& t, int64_t begin, int64_t end, float* __restrict__ out) {
+  const int64_t dim = t.dim;
+  std::fill(out, out + dim, 0.0f);
+  for (int64_t j = begin; j < end; ++j) {
+    const float* __restrict__ row = t.params + t.id(j) * dim;
+    const float w = t.weights[j];
+    for (int64_t k = 0; k < dim; ++k) out[k] += row[k] * w;
+  }
+}
+
+// out (dim) = the combined rows of sample [begin, end); false (out untouched) when an id is outside
+// [0, rows).
+bool pool_sample(const Table& t, int64_t begin, int64_t end, float* __restrict__ out) {
+  const int64_t dim = t.dim;
+  if (!ids_in_range(t, begin, end)) return false;
+  if (t.weights == nullptr) {
+    sum_rows(t, begin, end, out);
+  } else {
+    sum_weighted_rows(t, begin, end, out);
+  }
+  if (t.combiner != Combiner::kSum) {
+    const float d = divisor(t, begin, end);
+    if (d > 0.0f) {
+      for (int64_t k = 0; k < dim; ++k) out[k] /= d;
+    } else {
+      std::fill(out, out + dim, 0.0f);
+    }
+  }
+  return true;
+}
+
+// A block of samples of one table: the forward's unit of parallel work.
+struct Block {
+  int table;
+  int64_t begin;
+  int64_t end;
+};
+
+// Blocks of about kTaskCost float operations each, over every table.
+std::vector<Block> blocks_of(const std::vector<Table>& tables, int64_t batch) {
+  std::vector<Block> blocks;
+  for (int t = 0; t < static_cast<int>(tables.size()); ++t) {
+    const Table& table = tables[t];
+    int64_t begin = 0;
+    while (begin < batch) {
+      int64_t end = begin;
+      int64_t cost = 0;
+      while (end < batch && cost < kTaskCost) {
+        cost += (table.splits[end + 1] - table.splits[end] + 1) * table.dim;
+        ++end;
+      }
+      blocks.push_back({t, begin, end});
+      begin = end;
+    }
+  }
+  return blocks;
+}
+
+// Runs fn(i) for i in [0, n) on TensorFlow's intra-op threads (the calling one included).
+template <class Fn>
+void for_each_parallel(OpKernelContext* ctx, int64_t n, int64_t cost_per_unit, Fn&& fn) {
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  pool->ParallelFor(n, cost_per_unit, [&fn](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fn(i);
+  });
+}
+
+// The error for table t's ids outside [0, rows).
+Status out_of_range(const Table& t, int position, const std::string& name) {
+  int64_t count = 0;
+  int64_t example = 0;
+  for (int64_t j = 0; j < t.nnz; ++j) {
+    if (static_cast<uint64_t>(t.id(j)) >= static_cast<uint64_t>(t.rows)) {
+      if (count++ == 0) example = t.id(j);
+    }
+  }
+  return errors::InvalidArgument("sp_ids[", position, "] has ids outside [0, ", t.rows, ") for table ", name, ": ",
+                                 count, " of them, e.g. ", example, "; static tables take ids 0 .. rows-1");
+}
+
+// Attributes both ops share.
+class PooledOpBase : public OpKernel {
+ public:
+  explicit PooledOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::vector<std::string> names;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiners", &names));
+    OP_REQUIRES_OK(ctx, parse_combiners(names, &combiners_));
+  }
+
+ protected:
+  std::vector<Combiner> combiners_;
+};
+
+class PooledLookupOp : public PooledOpBase {
+ public:
+  explicit PooledLookupOp(OpKernelConstruction* ctx) : PooledOpBase(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("positions", &positions_));
+    OP_REQUIRES(ctx, names_.size() == combiners_.size() && positions_.size() == combiners_.size(),
+                errors::InvalidArgument("SokPooledLookup: ", combiners_.size(), " combiners but ", names_.size(),
+                                        " names and ", positions_.size(), " positions"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList params;
+    OP_REQUIRES_OK(ctx, ctx->input_list("params", &params));
+    OP_REQUIRES(ctx, params.size() == static_cast<int>(combiners_.size()),
+                errors::InvalidArgument("SokPooledLookup: ", params.size(), " params for ", combiners_.size(),
+                                        " combiners"));
+    std::vector<int64_t> rows, dims;
+    for (int t = 0; t < params.size(); ++t) {
+      OP_REQUIRES(ctx, params[t].dims() == 2,
+                  errors::InvalidArgument("params[", t, "] must be [rows, dim], got ", params[t].shape()));
+      rows.push_back(params[t].dim_size(0));
+      dims.push_back(params[t].dim_size(1));
+    }
+    std::vector<Table> tables;
+    int64_t batch = 0;
+    OP_REQUIRES_OK(ctx, gather_tables(ctx, combiners_, rows, dims, &tables, &batch));
+    for (int t = 0; t < params.size(); ++t) tables[t].params = params[t].flat<float>().data();
+    OpOutputList outputs;
+    OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
+    std::vector<float*> out(tables.size());
+    for (size_t t = 0; t < tables.size(); ++t) {
+      Tensor* tensor = nullptr;
+      OP_REQUIRES_OK(ctx, outputs.allocate(t, TensorShape({batch, dims[t]}), &tensor));
+      out[t] = tensor->flat<float>().data();
+    }
+    const std::vector<Block> blocks = blocks_of(tables, batch);
+    std::vector<std::atomic<bool>> bad(tables.size());
+    for_each_parallel(ctx, static_cast<int64_t>(blocks.size()), kTaskCost, [&](int64_t i) {
+      const Block& b = blocks[i];
+      const Table& t = tables[b.table];
+      bool ok = true;
+      for (int64_t s = b.begin; s < b.end; ++s) ok &= pool_sample(t, t.splits[s], t.splits[s + 1], out[b.table] + s * t.dim);
+      if (!ok) bad[b.table].store(true, std::memory_order_relaxed);
+    });
+    for (size_t t = 0; t < tables.size(); ++t) {
+      OP_REQUIRES(ctx, !bad[t].load(), out_of_range(tables[t], positions_[t], names_[t]));
+    }
+  }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<int64_t> positions_;
+};
+
+// The distinct ids of a table in first-occurrence order and each id's index among them.
+struct Distinct {
+  std::vector<int64_t> ids;
+  std::vector<int32_t> position;  // (nnz,)
+};
+
+// Distinct ids through a dense slot array (small tables) or an open-addressing hash (large ones);
+// false (and nothing found) when an id is outside [0, rows).
+bool find_distinct(const Table& t, Distinct* d) {
+  for (int64_t j = 0; j < t.nnz; ++j) {
+    if (static_cast<uint64_t>(t.id(j)) >= static_cast<uint64_t>(t.rows)) return false;
+  }
+  d->position.resize(t.nnz);
+  if (t.rows <= 4 * t.nnz + 1024) {
+    std::vector<int32_t> slot(t.rows, -1);
+    for (int64_t j = 0; j < t.nnz; ++j) {
+      const int64_t id = t.id(j);
+      int32_t& p = slot[id];
+      if (p < 0) {
+        p = static_cast<int32_t>(d->ids.size());
+        d->ids.push_back(id);
+      }
+      d->position[j] = p;
+    }
+    return true;
+  }
+  uint64_t capacity = 16;
+  while (capacity < 2 * static_cast<uint64_t>(t.nnz)) capacity <<= 1;
+  const uint64_t mask = capacity - 1;
+  std::vector<int64_t> keys(capacity, -1);
+  std::vector<int32_t> values(capacity);
+  for (int64_t j = 0; j < t.nnz; ++j) {
+    const int64_t id = t.id(j);
+    uint64_t h = (static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> 20;
+    while (true) {
+      h &= mask;
+      if (keys[h] == id) break;
+      if (keys[h] < 0) {
+        keys[h] = id;
+        values[h] = static_cast<int32_t>(d->ids.size());
+        d->ids.push_back(id);
+        break;
+      }
+      ++h;
+    }
+    d->position[j] = values[h];
+  }
+  return true;
+}
+
+// rows (distinct, dim) = sum over the ids of each distinct id of its sample's gradient, scaled as
+// the forward scaled the row: (grad / divisor) * weight.
+void accumulate(const Table& t, int64_t batch, const float* __restrict__ grad, const Distinct& d,
+                float* __restrict__ rows) {
+  const int64_t dim = t.dim;
+  std::fill(rows, rows + static_cast<int64_t>(d.ids.size()) * dim, 0.0f);
+  std::vector<float> scaled(dim);
+  for (int64_t s = 0; s < batch; ++s) {
+    const int64_t begin = t.splits[s], end = t.splits[s + 1];
+    if (begin == end) continue;
+    const float* g = grad + s * dim;
+    if (t.combiner != Combiner::kSum) {
+      const float div = divisor(t, begin, end);
+      if (!(div > 0.0f)) continue;
+      for (int64_t k = 0; k < dim; ++k) scaled[k] = g[k] / div;
+      g = scaled.data();
+    }
+    for (int64_t j = begin; j < end; ++j) {
+      float* __restrict__ row = rows + static_cast<int64_t>(d.position[j]) * dim;
+      if (t.weights == nullptr) {
+        for (int64_t k = 0; k < dim; ++k) row[k] += g[k];
+      } else {
+        const float w = t.weights[j];
+        for (int64_t k = 0; k < dim; ++k) row[k] += g[k] * w;
+      }
+    }
+  }
+}
+
+class PooledLookupGradOp : public PooledOpBase {
+ public:
+  explicit PooledLookupGradOp(OpKernelConstruction* ctx) : PooledOpBase(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_rows", &rows_));
+    OP_REQUIRES(ctx, rows_.size() == combiners_.size(),
+                errors::InvalidArgument("SokPooledLookupGrad: ", combiners_.size(), " combiners but ", rows_.size(),
+                                        " row counts"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList grads;
+    OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
+    std::vector<int64_t> dims;
+    for (int t = 0; t < grads.size(); ++t) {
+      OP_REQUIRES(ctx, grads[t].dims() == 2,
+                  errors::InvalidArgument("grads[", t, "] must be [batch, dim], got ", grads[t].shape()));
+      dims.push_back(grads[t].dim_size(1));
+    }
+    std::vector<Table> tables;
+    int64_t batch = 0;
+    OP_REQUIRES_OK(ctx, gather_tables(ctx, combiners_, rows_, dims, &tables, &batch));
+    const int64_t n = static_cast<int64_t>(tables.size());
+    for (int64_t t = 0; t < n; ++t) {
+      OP_REQUIRES(ctx, grads[t].dim_size(0) == batch,
+                  errors::InvalidArgument("grads[", t, "] has ", grads[t].dim_size(0), " rows for a batch of ", batch));
+    }
+    std::vector<Distinct> distinct(n);
+    std::vector<std::atomic<bool>> bad(n);
+    for_each_parallel(ctx, n, kTaskCost * 8, [&](int64_t t) { bad[t] = !find_distinct(tables[t], &distinct[t]); });
+    for (int64_t t = 0; t < n; ++t) {
+      OP_REQUIRES(ctx, !bad[t].load(),
+                  errors::InvalidArgument("ids[", t, "] has ids outside [0, ", rows_[t], "), the rows of its table"));
+    }
+    OpOutputList rows, indices;
+    OP_REQUIRES_OK(ctx, ctx->output_list("rows", &rows));
+    OP_REQUIRES_OK(ctx, ctx->output_list("indices", &indices));
+    std::vector<float*> out(n);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t u = static_cast<int64_t>(distinct[t].ids.size());
+      Tensor* tensor = nullptr;
+      OP_REQUIRES_OK(ctx, rows.allocate(t, TensorShape({u, dims[t]}), &tensor));
+      out[t] = tensor->flat<float>().data();
+      OP_REQUIRES_OK(ctx, indices.allocate(t, TensorShape({u}), &tensor));
+      std::copy(distinct[t].ids.begin(), distinct[t].ids.end(), tensor->flat<int64_t>().data());
+    }
+    for_each_parallel(ctx, n, kTaskCost * 8, [&](int64_t t) {
+      accumulate(tables[t], batch, grads[t].flat<float>().data(), distinct[t], out[t]);
+    });
+  }
+
+ private:
+  std::vector<int64_t> rows_;
+};
+
+// Output i has shape [batch, dim of params i]; batch is row_splits[0]'s length - 1.
+Status pooled_lookup_shape(InferenceContext* c) {
+  int n = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
+  ::tensorflow::shape_inference::DimensionHandle batch = c->UnknownDim();
+  ShapeHandle splits;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n), 1, &splits));
+  TF_RETURN_IF_ERROR(c->Subtract(c->Dim(splits, 0), 1, &batch));
+  for (int t = 0; t < n; ++t) {
+    ShapeHandle param;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &param));
+    c->set_output(t, c->Matrix(batch, c->Dim(param, 1)));
+  }
+  return Status();
+}
+
+// rows[i] is [unknown, dim of grads i], indices[i] is [unknown].
+Status pooled_lookup_grad_shape(InferenceContext* c) {
+  int n = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
+  for (int t = 0; t < n; ++t) {
+    ShapeHandle grad;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &grad));
+    c->set_output(t, c->Matrix(c->UnknownDim(), c->Dim(grad, 1)));
+    c->set_output(n + t, c->Vector(c->UnknownDim()));
+  }
+  return Status();
+}
+
+}  // namespace
+
+REGISTER_OP("SokPooledLookup")
+    .Input("params: num_tables * float")
+    .Input("ids: Tids")
+    .Input("row_splits: num_tables * int64")
+    .Input("weights: num_weights * float")
+    .Output("embeddings: num_tables * float")
+    .Attr("num_tables: int >= 1")
+    .Attr("num_weights: int >= 0")
+    .Attr("Tids: list({int32, int64})")
+    .Attr("combiners: list(string)")
+    .Attr("names: list(string)")
+    .Attr("positions: list(int)")
+    .SetShapeFn(pooled_lookup_shape)
+    .Doc("Pooled lookups of several static tables (see pooled_lookup_ops.cc).");
+
+REGISTER_OP("SokPooledLookupGrad")
+    .Input("grads: num_tables * float")
+    .Input("ids: Tids")
+    .Input("row_splits: num_tables * int64")
+    .Input("weights: num_weights * float")
+    .Output("rows: num_tables * float")
+    .Output("indices: num_tables * int64")
+    .Attr("num_tables: int >= 1")
+    .Attr("num_weights: int >= 0")
+    .Attr("Tids: list({int32, int64})")
+    .Attr("combiners: list(string)")
+    .Attr("table_rows: list(int)")
+    .SetShapeFn(pooled_lookup_grad_shape)
+    .Doc("The gradient of SokPooledLookup with respect to its params, per table as (rows, distinct ids).");
+
+REGISTER_KERNEL_BUILDER(Name("SokPooledLookup").Device(DEVICE_CPU), PooledLookupOp);
+REGISTER_KERNEL_BUILDER(Name("SokPooledLookupGrad").Device(DEVICE_CPU), PooledLookupGradOp);
+
+}  // namespace sok_tf

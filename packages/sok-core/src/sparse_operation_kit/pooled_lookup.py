@@ -1,0 +1,100 @@
+"""Static tables of one ``sok.lookup_sparse`` call in one process: one op for the whole call.
+
+At world size 1 nothing is exchanged, and a distributed or localized table's shard is the full
+table, so the pooled lookup of every static table runs in ``SokPooledLookup`` (gather, weights and
+combiner for all tables on TensorFlow's intra-op threads) and its gradient in
+``SokPooledLookupGrad`` (per table, the rows of its distinct ids as a ``tf.IndexedSlices``, in
+``tf.unique``'s order). Results equal those of the per-table TensorFlow ops of ``lookup.py``;
+ids outside a table's rows fail inside the op with ``sp_ids[i] has ids outside [0, rows)``.
+
+Example::
+
+    v = sok.Variable(np.arange(17 * 3).reshape(17, 3), dtype=tf.float32)
+    ids = tf.ragged.constant([[1, 1], [3, 4, 5]], dtype=tf.int64)
+    (emb,) = pooled_lookup([v], [ids], None, ["sum"], [0])  # [[6, 8, 10], [36, 39, 42]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from sparse_operation_kit import tf_ops
+
+__all__ = ["pooled_lookup"]
+
+
+def pooled_lookup(
+    params: Sequence[Any],
+    ids: Sequence[tf.RaggedTensor],
+    weights: Sequence[tf.RaggedTensor] | None,
+    combiners: Sequence[str],
+    positions: Sequence[int],
+) -> list[tf.Tensor]:
+    """``[batch, dim_t]`` pooled rows of each static table (its full rows, world size 1).
+
+    Args:
+        params: ``sok.Variable`` tables (float32, ``[rows, dim]``).
+        ids: one 2-D ``tf.RaggedTensor`` of int32/int64 ids per table, the same batch for all.
+        weights: None, or one float32 ``tf.RaggedTensor`` per table with the row lengths of ``ids``.
+        combiners: ``"sum"``, ``"mean"`` or ``"sqrtn"`` per table (lower case).
+        positions: each table's index in the caller's ``sp_ids`` (for error messages).
+    """
+    return tf_ops.library().sok_pooled_lookup(
+        params=list(params),
+        ids=[x.values for x in ids],
+        row_splits=[tf.cast(x.row_splits, tf.int64) for x in ids],
+        weights=[] if weights is None else [w.values for w in weights],
+        combiners=list(combiners),
+        names=[p.name for p in params],
+        positions=list(positions),
+    )
+
+
+def _weight_gradients(op: tf.Operation, grads: list[tf.Tensor], n: int) -> list[tf.Tensor]:
+    """d loss / d weights of each table: ``(g_s . row_j - [mean] g_s . out_s - [sqrtn] g_s . out_s *
+    w_j / d_s) / d_s`` for id ``j`` of sample ``s`` (``d_s`` the divisor; none when it is not
+    positive, as the output is then zeros)."""
+    result = []
+    for t, combiner in enumerate(c.decode() for c in op.get_attr("combiners")):
+        params, ids, splits, w = op.inputs[t], op.inputs[n + t], op.inputs[2 * n + t], op.inputs[3 * n + t]
+        samples = tf.ragged.row_splits_to_segment_ids(splits)
+        g = grads[t]
+        if combiner == "sum":
+            inverse = tf.ones(tf.shape(splits)[:1] - 1)
+        else:
+            ragged = tf.RaggedTensor.from_row_splits(w, splits, validate=False)
+            d = tf.reduce_sum(ragged, axis=1) if combiner == "mean" else tf.sqrt(tf.reduce_sum(tf.square(ragged), 1))
+            inverse = tf.math.divide_no_nan(tf.ones_like(d), tf.where(d > 0, d, tf.zeros_like(d)))
+        scaled = g * inverse[:, None]  # [batch, dim]
+        direct = tf.reduce_sum(tf.gather(scaled, samples) * tf.gather(params, ids), axis=1)
+        if combiner == "sum":
+            result.append(direct)
+            continue
+        through_divisor = tf.gather(tf.reduce_sum(scaled * op.outputs[t], axis=1), samples)
+        if combiner == "sqrtn":
+            through_divisor *= w * tf.gather(inverse, samples)
+        result.append(direct - through_divisor)
+    return result
+
+
+@tf.RegisterGradient("SokPooledLookup")
+def _pooled_lookup_grad(op: tf.Operation, *grads: tf.Tensor | None) -> list[Any]:
+    """IndexedSlices per table (its distinct ids), no gradient for ids and row splits, and the
+    weights' gradients when the call is weighted."""
+    n = op.get_attr("num_tables")
+    num_weights = op.get_attr("num_weights")
+    grads = [tf.zeros_like(out) if g is None else g for g, out in zip(grads, op.outputs)]
+    rows, indices = tf_ops.library().sok_pooled_lookup_grad(
+        grads=grads,
+        ids=list(op.inputs[n : 2 * n]),
+        row_splits=list(op.inputs[2 * n : 3 * n]),
+        weights=list(op.inputs[3 * n :]),
+        combiners=op.get_attr("combiners"),
+        table_rows=[int(p.shape[0]) for p in op.inputs[:n]],
+    )
+    slices = [tf.IndexedSlices(r, i, tf.shape(p, out_type=tf.int64)) for r, i, p in zip(rows, indices, op.inputs[:n])]
+    weight_grads = _weight_gradients(op, grads, n) if num_weights else []
+    return slices + [None] * (2 * n) + weight_grads
