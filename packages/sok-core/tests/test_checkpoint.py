@@ -193,6 +193,17 @@ def test_empty_dynamic_table_round_trip(tmp_path, var_type):
     assert_state_equal(state(fresh), {"weights": (np.arange(V), INITIAL)})
 
 
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_load_keeps_rows_of_keys_the_checkpoint_lacks(tmp_path, var_type):
+    sok.dump(str(tmp_path), filled_var(var_type))
+    live = make_var(var_type)
+    sok.assign(live, tf.constant([6, 7, 100, 101], tf.int64), np.full((4, DIM), 9.0, np.float32))
+    sok.load(str(tmp_path), live)
+    expected_keys = np.array(list(range(V)) + [100, 101])
+    expected_rows = np.concatenate([INITIAL, np.full((2, DIM), 9.0, np.float32)])
+    assert_state_equal(state(live), {"weights": (expected_keys, expected_rows)})
+
+
 def test_det_to_hkv_to_det(tmp_path):
     det, wrapper = filled_var("hbm"), sok.OptimizerWrapper(K.Adam(learning_rate=0.05))
     for ids in STEP_IDS[:2]:
@@ -483,6 +494,20 @@ def test_corrupt_checkpoint_is_refused_and_variables_untouched(tmp_path, corrupt
     with pytest.raises(fmt.CheckpointError, match=message):
         sok.load(path, variables, wrapper)
     assert_untouched(variables, wrapper, snapshot)
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_corrupt_checkpoint_into_empty_variables_leaves_them_untouched(tmp_path, corruption):
+    path = corrupt_setup(tmp_path, "hbm")[0]
+    damage, message = CORRUPTIONS[corruption]
+    damage(path)
+    fresh, wrapper = [make_var("hbm", name="good"), make_var("hbm", name="bad")], sok.OptimizerWrapper(K.Adagrad())
+    tables = [v.storage for v in fresh]
+    with pytest.raises(fmt.CheckpointError, match=message):
+        sok.load(path, fresh, wrapper)
+    assert [v.storage for v in fresh] == tables and all(t.size() == 0 for t in tables)
+    assert all(getattr(v, "_sok_optimizer", None) is None for v in fresh)
+    assert int(wrapper.iterations.numpy()) == 0
 
 
 @pytest.mark.parametrize("var_type", VAR_TYPES)
