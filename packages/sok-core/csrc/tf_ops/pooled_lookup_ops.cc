@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "sok/prefetch.hpp"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -43,6 +44,10 @@ namespace errors = ::tensorflow::errors;
 
 // About this many float operations per parallel task of the forward.
 constexpr int64_t kTaskCost = 1 << 17;
+// Rows are prefetched this many ids before they are summed (forward) or added to (gradient), when
+// the rows of the table (forward) or of its gradient are more than kCachedBytes.
+constexpr int64_t kAhead = 16;
+constexpr int64_t kCachedBytes = 1 << 20;
 
 enum class Combiner { kSum, kMean, kSqrtn };
 
@@ -203,6 +208,23 @@ bool pool_sample(const Table& t, int64_t begin, int64_t end, float* __restrict__
   return true;
 }
 
+// Pools samples [begin, end) of a table into out (its (batch, dim) output), prefetching the rows of
+// the ids kAhead ids further on; false when an id is outside [0, rows).
+bool pool_block(const Table& t, int64_t begin, int64_t end, float* out) {
+  const int64_t last = t.splits[end];
+  const size_t row_bytes = static_cast<size_t>(t.dim) * sizeof(float);
+  int64_t ahead = t.rows * static_cast<int64_t>(row_bytes) > kCachedBytes ? t.splits[begin] : last;
+  bool ok = true;
+  for (int64_t s = begin; s < end; ++s) {
+    for (const int64_t stop = std::min(last, t.splits[s + 1] + kAhead); ahead < stop; ++ahead) {
+      const int64_t id = t.id(ahead);
+      if (static_cast<uint64_t>(id) < static_cast<uint64_t>(t.rows)) sok::prefetch_range(t.params + id * t.dim, row_bytes);
+    }
+    ok &= pool_sample(t, t.splits[s], t.splits[s + 1], out + s * t.dim);
+  }
+  return ok;
+}
+
 // A block of samples of one table: the forward's unit of parallel work.
 struct Block {
   int table;
@@ -304,10 +326,7 @@ class PooledLookupOp : public PooledOpBase {
     std::vector<std::atomic<bool>> bad(tables.size());
     for_each_parallel(ctx, static_cast<int64_t>(blocks.size()), kTaskCost, [&](int64_t i) {
       const Block& b = blocks[i];
-      const Table& t = tables[b.table];
-      bool ok = true;
-      for (int64_t s = b.begin; s < b.end; ++s) ok &= pool_sample(t, t.splits[s], t.splits[s + 1], out[b.table] + s * t.dim);
-      if (!ok) bad[b.table].store(true, std::memory_order_relaxed);
+      if (!pool_block(tables[b.table], b.begin, b.end, out[b.table])) bad[b.table].store(true, std::memory_order_relaxed);
     });
     for (size_t t = 0; t < tables.size(); ++t) {
       OP_REQUIRES(ctx, !bad[t].load(), out_of_range(tables[t], positions_[t], names_[t]));
@@ -376,6 +395,8 @@ void accumulate(const Table& t, int64_t batch, const float* __restrict__ grad, c
   const int64_t dim = t.dim;
   std::fill(rows, rows + static_cast<int64_t>(d.ids.size()) * dim, 0.0f);
   std::vector<float> scaled(dim);
+  const int64_t prefetch_end =
+      static_cast<int64_t>(d.ids.size()) * dim * static_cast<int64_t>(sizeof(float)) > kCachedBytes ? t.nnz : 0;
   for (int64_t s = 0; s < batch; ++s) {
     const int64_t begin = t.splits[s], end = t.splits[s + 1];
     if (begin == end) continue;
@@ -387,6 +408,7 @@ void accumulate(const Table& t, int64_t batch, const float* __restrict__ grad, c
       g = scaled.data();
     }
     for (int64_t j = begin; j < end; ++j) {
+      if (j + kAhead < prefetch_end) sok::prefetch_write_range(rows + static_cast<int64_t>(d.position[j + kAhead]) * dim, dim * sizeof(float));
       float* __restrict__ row = rows + static_cast<int64_t>(d.position[j]) * dim;
       if (t.weights == nullptr) {
         for (int64_t k = 0; k < dim; ++k) row[k] += g[k];

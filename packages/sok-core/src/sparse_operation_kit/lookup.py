@@ -17,6 +17,10 @@ number of ids per sample. Gradients come from TensorFlow's autodiff through the 
 collectives have gradients): ``tf.IndexedSlices`` per table, local rows for static tables and raw
 keys for dynamic ones, summed over the global batch.
 
+With a single rank nothing is exchanged: the static tables of a call go through one op for all of
+them (``pooled_lookup.py``: gather, weights and combiner on TensorFlow's intra-op threads, the
+same sums to the bit), dynamic tables through the TensorFlow ops above.
+
 Example::
 
     v1 = sok.Variable(np.arange(17 * 3).reshape(17, 3), dtype=tf.float32)
