@@ -12,7 +12,7 @@ namespace {
 
 constexpr int64_t kMinSlots = 64;
 constexpr int64_t kParallelMin = 1 << 14;  // keys per call before bulk loops use threads
-constexpr int64_t kOwnerRows = 64;         // write_rows: rows per block a worker owns
+constexpr int64_t kOwnerRows = 64;         // for_each_row: rows per block a worker owns
 
 int64_t next_pow2(int64_t v) {
   int64_t p = 1;
@@ -293,29 +293,32 @@ void DetTable::find_or_insert(const sok_exec_context&, int64_t n, const void* ke
   });
 }
 
-void DetTable::write_rows(int64_t n, const int64_t* rows, sok::Columns cols, const float* values,
-                          WriteMode mode, uint64_t score, const uint64_t* scores) {
-  const int32_t w = cols.width();
-  // Each worker owns the rows of every workers-th block of kOwnerRows rows and walks the batch in
-  // order, so duplicates are applied in batch order (last write wins, sums in a fixed order)
-  // without locks, and rows written in arena order (a fresh table, a load) stream in blocks.
+template <class Fn>
+void DetTable::for_each_row(int64_t n, const int64_t* rows, sok::Columns cols, Fn&& fn) {
+  const size_t bytes = sizeof(float) * cols.width();
   sok::parallel_workers(n, kParallelMin, [&](int worker, int workers) {
     auto owner = [workers](int64_t row) { return (row / kOwnerRows) % workers; };
     for (int64_t i = 0; i < n; ++i) {
       if (i + sok::kPrefetchDistance < n && owner(rows[i + sok::kPrefetchDistance]) == worker) {
-        sok::prefetch_write_range(row_ptr(rows[i + sok::kPrefetchDistance]) + cols.begin, sizeof(float) * w);
+        sok::prefetch_write_range(row_ptr(rows[i + sok::kPrefetchDistance]) + cols.begin, bytes);
       }
-      int64_t row = rows[i];
-      if (owner(row) != worker) continue;
-      float* dst = row_ptr(row) + cols.begin;
-      const float* src = values + i * w;
-      if (mode == WriteMode::kAssign) {
-        std::memcpy(dst, src, sizeof(float) * w);
-      } else {
-        for (int32_t c = 0; c < w; ++c) dst[c] += src[c];
-      }
-      row_score(row) = scores != nullptr ? scores[i] : score;
+      if (owner(rows[i]) == worker) fn(i, rows[i]);
     }
+  });
+}
+
+void DetTable::write_rows(int64_t n, const int64_t* rows, sok::Columns cols, const float* values,
+                          WriteMode mode, uint64_t score, const uint64_t* scores) {
+  const int32_t w = cols.width();
+  for_each_row(n, rows, cols, [&](int64_t i, int64_t row) {
+    float* dst = row_ptr(row) + cols.begin;
+    const float* src = values + i * w;
+    if (mode == WriteMode::kAssign) {
+      std::memcpy(dst, src, sizeof(float) * w);
+    } else {
+      for (int32_t c = 0; c < w; ++c) dst[c] += src[c];
+    }
+    row_score(row) = scores != nullptr ? scores[i] : score;
   });
 }
 
@@ -334,6 +337,25 @@ void DetTable::upsert(int64_t n, const void* keys, sok::Columns cols, const floa
     for (int64_t i : created) std::memset(row_ptr(rows[i]) + cols.begin, 0, sizeof(float) * cols.width());
   }
   write_rows(n, rows.data(), cols, values, mode, sok::now_ns(), scores);
+}
+
+int64_t DetTable::update_rows(const sok_exec_context&, int64_t n, const void* keys, sok::Columns cols,
+                              const uint64_t*, sok_row_visitor visit, void* user_data, uint8_t* found) {
+  std::unique_lock lock(mutex_);
+  std::vector<int64_t> rows(n);
+  lookup_all(n, keys, rows.data());
+  int64_t missing = 0;
+  for (int64_t i = 0; i < n; ++i) missing += rows[i] == kEmpty;
+  if (found != nullptr) {
+    for (int64_t i = 0; i < n; ++i) found[i] = rows[i] != kEmpty;
+  }
+  if (missing > 0) return missing;
+  const uint64_t now = sok::now_ns();
+  for_each_row(n, rows.data(), cols, [&](int64_t i, int64_t row) {
+    visit(user_data, i, row_ptr(row) + cols.begin);
+    row_score(row) = now;
+  });
+  return 0;
 }
 
 void DetTable::import_batch(const sok_exec_context&, int64_t n, const void* keys, sok::Columns cols,

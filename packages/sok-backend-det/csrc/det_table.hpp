@@ -63,6 +63,10 @@ class DetTable final : public sok::Storage {
   void import_batch(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
                     const float* values, const uint64_t* scores, const sok_initializer* inits,
                     int32_t num_inits) override;
+  // One probe per key (lookup_all), then the visits in place; scores become the time of the call,
+  // as insert_or_assign sets them.
+  int64_t update_rows(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
+                      const uint64_t* scores, sok_row_visitor visit, void* user_data, uint8_t* found) override;
   void clear(const sok_exec_context& ctx) override;
   std::string describe() override;
 
@@ -102,6 +106,12 @@ class DetTable final : public sok::Storage {
   void insert_missing(int64_t n, const void* keys, int64_t* rows, uint8_t* found,
                       const sok_initializer* inits, int32_t num_inits, bool skip_init,
                       std::vector<int64_t>* created_rows);
+  // Runs fn(i, row) for every position i of rows (n,), the row's columns cols prefetched for
+  // writing. Each worker owns the rows of every workers-th block of kOwnerRows rows and walks the
+  // batch in order, so duplicates are handled in batch order (last write wins, sums in a fixed
+  // order) without locks, and rows in arena order (a fresh table, a load) stream in blocks.
+  template <class Fn>
+  void for_each_row(int64_t n, const int64_t* rows, sok::Columns cols, Fn&& fn);
   // Writes values to rows; the score of row i is scores[i], or `score` when scores is null.
   void write_rows(int64_t n, const int64_t* rows, sok::Columns cols, const float* values,
                   WriteMode mode, uint64_t score, const uint64_t* scores);

@@ -5,13 +5,32 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sparse_operation_kit.storage import create_storage
-from sparse_operation_kit.testing import StorageConformance, assert_same_contents, snapshot
+from sparse_operation_kit.testing import (
+    StorageConformance,
+    UpdateRowsConformance,
+    assert_same_contents,
+    snapshot,
+    update_rows,
+)
 
 
 class TestDetConformance(StorageConformance):
     @pytest.fixture
     def var_type(self) -> str:
         return "hbm"
+
+
+class TestDetUpdateRows(UpdateRowsConformance):
+    @pytest.fixture
+    def var_type(self) -> str:
+        return "hbm"
+
+
+def test_update_rows_refuses_caller_scores():
+    storage = create_storage("hbm", row_width=1)
+    storage.insert_or_assign([1], [[1.0]])
+    with pytest.raises(ValueError, match="pass no scores"):
+        update_rows(storage, [1], [[2.0]], scores=[5])
 
 
 def test_max_capacity_exceeded_raises_and_leaves_the_table_unchanged():

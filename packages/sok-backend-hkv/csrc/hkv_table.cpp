@@ -479,6 +479,43 @@ void HkvTable::import_batch(const sok_exec_context&, int64_t n, const void* keys
   write(n, keys, cols, values, scores, inits, num_inits, Write::kImport, false);
 }
 
+int64_t HkvTable::update_rows(const sok_exec_context&, int64_t n, const void* keys, sok::Columns cols,
+                              const uint64_t* scores, sok_row_visitor visit, void* user_data, uint8_t* found) {
+  std::unique_lock lock(mutex_);
+  std::vector<int64_t> slots(n);
+  sok::parallel_for(n, kParallelMin, [&](int, int64_t b, int64_t e) {
+    pipelined(e - b, [b](int64_t j) { return b + j; }, keys, cols, [&](int64_t i, uint64_t key, int64_t hint) {
+      slots[i] = holds(hint, key) ? hint : locate(key, sok::hash_key(key));
+      return true;
+    });
+  });
+  int64_t missing = 0;
+  for (int64_t i = 0; i < n; ++i) missing += slots[i] == kNotFound;
+  if (found != nullptr) {
+    for (int64_t i = 0; i < n; ++i) found[i] = slots[i] != kNotFound;
+  }
+  if (missing > 0) return missing;
+  const uint64_t now = tick();
+  const size_t bytes = sizeof(float) * cols.width();
+  // Worker w visits the slots of the buckets b % workers == w, in batch order: duplicates (one
+  // slot) are visited and rescored in order by one thread.
+  sok::parallel_workers(n, kParallelMin, [&](int worker, int workers) {
+    auto owner = [&](int64_t slot) { return (slot / bucket_size_) % workers; };
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t ahead = i + sok::kPrefetchDistance < n ? slots[i + sok::kPrefetchDistance] : kNotFound;
+      if (ahead != kNotFound && owner(ahead) == worker) {
+        sok::prefetch_write(&entries_[ahead]);
+        sok::prefetch_write_range(row(ahead) + cols.begin, bytes);
+      }
+      const int64_t slot = slots[i];
+      if (owner(slot) != worker) continue;
+      visit(user_data, i, row(slot) + cols.begin);
+      entries_[slot].score = next_score(true, entries_[slot].score, scores != nullptr ? scores[i] : 1, now);
+    }
+  });
+  return 0;
+}
+
 int64_t HkvTable::erase(const sok_exec_context&, int64_t n, const void* keys) {
   std::unique_lock lock(mutex_);
   int64_t erased = 0;

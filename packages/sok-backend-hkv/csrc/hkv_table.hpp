@@ -128,6 +128,10 @@ class HkvTable final : public sok::Storage {
   void import_batch(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
                     const float* values, const uint64_t* scores, const sok_initializer* inits,
                     int32_t num_inits) override;
+  // One probe per key (the slots of all keys first), then the visits in place; scores change as
+  // insert_or_assign changes those of existing keys.
+  int64_t update_rows(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
+                      const uint64_t* scores, sok_row_visitor visit, void* user_data, uint8_t* found) override;
   void clear(const sok_exec_context& ctx) override;
   void set_global_epoch(uint64_t epoch) override;
   std::string describe() override;

@@ -5,13 +5,45 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sparse_operation_kit.storage import create_storage
-from sparse_operation_kit.testing import StorageConformance
+from sparse_operation_kit.testing import StorageConformance, UpdateRowsConformance, update_rows
 
 
 class TestHkvConformance(StorageConformance):
     @pytest.fixture
     def var_type(self) -> str:
         return "hybrid"
+
+
+class TestHkvUpdateRows(UpdateRowsConformance):
+    @pytest.fixture
+    def var_type(self) -> str:
+        return "hybrid"
+
+
+@pytest.mark.parametrize(
+    ("policy", "scores"), [("lfu", None), ("lfu", [3, 4, 5]), ("epoch_lfu", None), ("custom", [9, 1, 7])]
+)
+def test_update_rows_scores_as_insert_or_assign_of_existing_keys(policy, scores):
+    """Twin tables: insert_or_assign on one, update_rows on the other, the same scores after."""
+    keys = np.array([4, 2, 4])
+    twins = [create_storage("hybrid", row_width=2, evict_strategy=policy) for _ in range(2)]
+    for table in twins:
+        if policy == "epoch_lfu":
+            table.set_global_epoch(3)
+        table.insert_or_assign(np.arange(6), np.zeros((6, 2)), scores=np.full(6, 10) if policy == "custom" else None)
+    values = np.ones((3, 2), np.float32)
+    twins[0].insert_or_assign(keys, values, scores=scores)
+    assert update_rows(twins[1], keys, values, scores=scores)[2] == 0
+    (k0, v0, s0), (k1, v1, s1) = (table.export() for table in twins)
+    assert k0.tolist() == k1.tolist() and s0.tolist() == s1.tolist()
+    np.testing.assert_array_equal(v0, v1)
+
+
+def test_update_rows_of_a_custom_policy_needs_scores():
+    storage = create_storage("hybrid", row_width=1, evict_strategy="custom")
+    storage.insert_or_assign([1], [[1.0]], scores=[1])
+    with pytest.raises(ValueError, match="needs a score for every key"):
+        update_rows(storage, [1], [[2.0]])
 
 
 def test_growth_doubles_up_to_max_capacity():

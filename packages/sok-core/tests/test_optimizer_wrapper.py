@@ -7,13 +7,17 @@ update and the wrapper's lazy one must agree. Reference §1.9.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
 import sparse_operation_kit as sok  # noqa: E402
+from sparse_operation_kit import table_ref  # noqa: E402
 
 VAR_TYPES = ["hbm", "hybrid"]
 OPTIONS = {"hbm": {}, "hybrid": {"init_capacity": 1024, "max_capacity": 1 << 16}}
@@ -143,6 +147,87 @@ def test_native_rule_refuses_rows_of_another_width():
         tf_ops.library().sok_sparse_apply(
             *v.table_inputs, distinct, positions, tf.ones([9, D]), tf.constant(0.1), rule="adagrad", hyper=[1e-7, 0.0]
         )
+
+
+# SOK_ERROR_UNSUPPORTED from an update_rows (its arguments: 11 words, unread).
+_UNSUPPORTED_UPDATE_ROWS = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 11)(lambda *args: 3)
+WITHOUT_UPDATE_ROWS = ["old header", "unsupported"]
+
+
+@contextlib.contextmanager
+def without_update_rows(how: str) -> Iterator[None]:
+    """Tables made inside are driven through a copy of their backend's function table without
+    update_rows: one built against the header before it (``"old header"``: its struct_size ends
+    before the field), or one whose update_rows answers SOK_ERROR_UNSUPPORTED (``"unsupported"``,
+    sok::Storage's default)."""
+    original, copies = table_ref.native_pointers, []
+
+    def native_pointers(storage):
+        api, handle = original(storage)
+        size = ctypes.c_uint32.from_address(api + 4).value  # sok_storage_api.struct_size
+        copy = ctypes.create_string_buffer(ctypes.string_at(api, size), size)
+        field = size - ctypes.sizeof(ctypes.c_void_p)  # update_rows: the last field
+        if how == "old header":
+            ctypes.c_uint32.from_buffer(copy, 4).value = field
+        else:
+            unsupported = ctypes.cast(_UNSUPPORTED_UPDATE_ROWS, ctypes.c_void_p).value
+            ctypes.c_void_p.from_buffer(copy, field).value = unsupported
+        copies.append(copy)  # alive while the tables made inside are used
+        return ctypes.addressof(copy), handle
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(table_ref, "native_pointers", native_pointers)
+        yield
+
+
+def train_native(var_type: str, erase_before_update: bool = False, **options) -> tuple[np.ndarray, ...]:
+    """(keys, rows, scores) after STEPS Adagrad steps through SokSparseApply; with
+    erase_before_update, key 3 leaves the table between the last lookup and its update."""
+    v = make_var(var_type, dimension=D, initializer="zeros", **options)
+    sok.assign(v, tf.range(V, dtype=tf.int64), INITIAL)
+    wrapper = sok.OptimizerWrapper(OPTIMIZERS["Adagrad"]())
+    for step in range(STEPS):
+        with tf.GradientTape() as tape:
+            loss = weighted_square_loss(tf.nn.embedding_lookup(v, IDS))
+        grads = tape.gradient(loss, [v])
+        if erase_before_update and step == STEPS - 1:
+            assert v.storage.erase(np.array([3])) == 1
+        wrapper.apply_gradients(zip(grads, [v]))
+    keys, values, scores = v.storage.export(columns=(0, v.storage.row_width))
+    order = np.argsort(keys, kind="stable")
+    return keys[order], values[order], scores[order]
+
+
+@pytest.mark.parametrize("how", WITHOUT_UPDATE_ROWS)
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_native_step_without_update_rows_gives_the_same_rows(var_type, how):
+    in_place = train_native(var_type)
+    with without_update_rows(how):
+        copied = train_native(var_type)
+    np.testing.assert_array_equal(in_place[0], copied[0])
+    np.testing.assert_array_equal(in_place[1], copied[1])
+
+
+@pytest.mark.parametrize("how", WITHOUT_UPDATE_ROWS)
+def test_native_step_without_update_rows_reads_and_writes_copies(how):
+    """The copy path (find_or_insert, insert_or_assign) counts two LFU accesses per update where
+    update_rows counts one, as one insert_or_assign: so the fallback did run."""
+    in_place = train_native("hybrid", evict_strategy="lfu")
+    with without_update_rows(how):
+        copied = train_native("hybrid", evict_strategy="lfu")
+    np.testing.assert_array_equal(copied[2] - in_place[2], np.full(V, STEPS, np.uint64))
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_native_step_reinserts_keys_that_left_since_the_lookup(var_type):
+    """update_rows finds key 3 missing and changes nothing; the op then takes the copy path, which
+    inserts it with initial values and updates it (as the TensorFlow-ops path does)."""
+    in_place = train_native(var_type, erase_before_update=True)
+    with without_update_rows("old header"):
+        copied = train_native(var_type, erase_before_update=True)
+    assert in_place[0].tolist() == list(range(V))
+    np.testing.assert_array_equal(in_place[1], copied[1])
+    assert not np.array_equal(in_place[1], train_native(var_type)[1])  # key 3 restarted
 
 
 # -- lazy updates ------------------------------------------------------------------------------

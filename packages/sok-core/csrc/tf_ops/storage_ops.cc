@@ -351,12 +351,26 @@ struct RowRule {
   }
 };
 
+// The visitor of update_rows that runs a rule on row i: the sums (u, d) of the gradient rows.
+struct RowStep {
+  const RowRule* rule;
+  const float* sums;
+  int64_t d;
+  float lr;
+  static void visit(void* self, int64_t i, float* row) {
+    const auto* s = static_cast<const RowStep*>(self);
+    s->rule->apply(row, row + s->d, s->sums + i * s->d, s->d, s->lr);
+  }
+};
+
 // The lazy optimizer step of sok.OptimizerWrapper in one op: the gradient rows (n, d) are summed
 // per distinct key (positions (n,) and distinct keys (u,) from SokUniqueIndex of the gradient's
-// keys), the whole rows [embedding | state] of the distinct keys are read (find_or_insert: a key
-// evicted since its lookup comes back with initial values, as on the TensorFlow-ops path), updated
-// by the rule and written back (insert_or_assign). The table's rows must be d * (1 + slots of the
-// rule) wide. CPU tables only.
+// keys) and the rule updates the whole rows [embedding | state] of the distinct keys. Where the
+// backend has update_rows and every key is present (the lookup of the step inserted them), the rows
+// are updated in place, one probe per key; otherwise they are read (find_or_insert: a key evicted
+// since its lookup comes back with initial values, as on the TensorFlow-ops path), updated and
+// written back (insert_or_assign). Both give the same rows. The table's rows must be
+// d * (1 + slots of the rule) wide. CPU tables only.
 class SparseApplyOp : public OpKernel {
  public:
   explicit SparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -393,23 +407,51 @@ class SparseApplyOp : public OpKernel {
                   errors::InvalidArgument("positions[", i, "] = ", position[i], " is not a row of the ", u,
                                           " distinct keys; valid: 0 .. ", u - 1, " (from SokUniqueIndex)"));
     }
-    Tensor sums_t, rows_t;
+    Tensor sums_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({u, d}), &sums_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({u, row}), &rows_t));
     float* sums = sums_t.flat<float>().data();
-    float* rows = rows_t.flat<float>().data();
-    SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->find_or_insert(ref->storage, &kCpu, u, distinct.data(), 0, row, rows,
-                                                                  nullptr, nullptr, ref->inits, ref->num_inits),
-                                    "find_or_insert"));
-    const float rate = lr.scalar<float>()();
     sum_rows(n, position, grads.flat<float>().data(), d, u, sums);
-    for (int64_t j = 0; j < u; ++j) rule_.apply(rows + j * row, rows + j * row + d, sums + j * d, d, rate);
-    SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->insert_or_assign(ref->storage, &kCpu, u, distinct.data(), 0, row,
-                                                                    rows, nullptr, ref->inits, ref->num_inits),
-                                    "insert_or_assign"));
+    RowStep step{&rule_, sums, d, lr.scalar<float>()()};
+    bool done = false;
+    SOK_OK_OR_RETURN(ctx, update_in_place(ref, distinct, step, &done));
+    if (!done) SOK_OK_OR_RETURN(ctx, update_by_copy(ctx, ref, distinct, step));
   }
 
  private:
+  // The step through update_rows: *done is false, and nothing changed, when the backend lacks it
+  // or a key is missing.
+  static Status update_in_place(const sok_table_ref* ref, const Tensor& distinct, RowStep& step, bool* done) {
+    *done = false;
+    if (!sok_storage_api_has(ref->api, update_rows)) return Status();
+    int64_t missing = 0;
+    const sok_status st =
+        ref->api->update_rows(ref->storage, &kCpu, distinct.NumElements(), distinct.data(), 0, ref->row_width, nullptr,
+                              &RowStep::visit, &step, nullptr, &missing);
+    if (st == SOK_ERROR_UNSUPPORTED) return Status();
+    TF_RETURN_IF_ERROR(status_of(ref, st, "update_rows"));
+    *done = missing == 0;
+    return Status();
+  }
+
+  // The step on copies of the rows: find_or_insert, the rule, insert_or_assign.
+  static Status update_by_copy(OpKernelContext* ctx, const sok_table_ref* ref, const Tensor& distinct,
+                               RowStep& step) {
+    const int64_t u = distinct.NumElements();
+    const int32_t row = ref->row_width;
+    Tensor rows_t;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({u, row}), &rows_t));
+    float* rows = rows_t.flat<float>().data();
+    TF_RETURN_IF_ERROR(status_of(ref,
+                                 ref->api->find_or_insert(ref->storage, &kCpu, u, distinct.data(), 0, row, rows,
+                                                          nullptr, nullptr, ref->inits, ref->num_inits),
+                                 "find_or_insert"));
+    for (int64_t j = 0; j < u; ++j) RowStep::visit(&step, j, rows + j * row);
+    return status_of(ref,
+                     ref->api->insert_or_assign(ref->storage, &kCpu, u, distinct.data(), 0, row, rows, nullptr,
+                                                ref->inits, ref->num_inits),
+                     "insert_or_assign");
+  }
+
   RowRule rule_{};
 };
 

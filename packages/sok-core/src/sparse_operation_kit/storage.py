@@ -123,6 +123,14 @@ class NativeTable(Table, Protocol):
         """The ``sok_storage*`` of this table as a PyCapsule (valid while the table lives)."""
         ...
 
+    def update_rows(self, keys, col_begin: int, col_end: int, old_values, new_values, found, scores) -> int:
+        """The C ABI's ``update_rows`` with a visitor that swaps rows: when every key is present,
+        columns ``[col_begin, col_end)`` of each go to ``old_values`` ``(n, w)`` and the key's row of
+        ``new_values`` ``(n, w)`` takes their place, scored as by ``insert_or_assign``; else nothing
+        changes. ``found`` ``(n,)`` marks the present keys; returns the number of missing ones.
+        NotImplementedError where the backend lacks ``update_rows``."""
+        ...
+
 
 def _options_as_strings(options: dict[str, Any]) -> dict[str, str]:
     out = {}

@@ -11,6 +11,9 @@ tests and overriding the ``var_type`` fixture (the pattern of fsspec's abstract 
         def var_type(self):
             return "mine"
 
+Backends that implement the C ABI's optional ``update_rows`` subclass
+:class:`UpdateRowsConformance` the same way.
+
 Importing this package needs pytest (``pip install 'sok-core[test]'``); the random-sequence test
 also uses Hypothesis and is skipped without it.
 """
@@ -19,5 +22,15 @@ from __future__ import annotations
 
 from sparse_operation_kit.testing.conformance import EXTREME_KEYS, MakeStorage, StorageConformance
 from sparse_operation_kit.testing.model import DictModel, assert_same_contents, snapshot
+from sparse_operation_kit.testing.update_rows import UpdateRowsConformance, update_rows
 
-__all__ = ["EXTREME_KEYS", "DictModel", "MakeStorage", "StorageConformance", "assert_same_contents", "snapshot"]
+__all__ = [
+    "EXTREME_KEYS",
+    "DictModel",
+    "MakeStorage",
+    "StorageConformance",
+    "UpdateRowsConformance",
+    "assert_same_contents",
+    "snapshot",
+    "update_rows",
+]

@@ -309,6 +309,15 @@ class Storage {
   virtual void import_batch(const sok_exec_context& ctx, int64_t n, const void* keys, Columns cols,
                             const float* values, const uint64_t* scores, const sok_initializer* inits,
                             int32_t num_inits) = 0;
+  // update_rows of the C ABI: visits the rows of keys in place when every key is present, else
+  // changes nothing; fills found (may be null) and returns the number of missing keys. Optional:
+  // the default says the backend lacks it, and callers fall back to find_or_insert and
+  // insert_or_assign.
+  virtual int64_t update_rows(const sok_exec_context&, int64_t, const void*, Columns, const uint64_t*,
+                              sok_row_visitor, void*, uint8_t*) {
+    fail(SOK_ERROR_UNSUPPORTED, "this backend has no update_rows (in-place row updates); use find_or_insert "
+                                "and insert_or_assign");
+  }
   virtual void clear(const sok_exec_context& ctx) = 0;
   virtual void set_global_epoch(uint64_t) {
     fail(SOK_ERROR_UNSUPPORTED, "this backend has no epoch-based eviction policy");
@@ -604,6 +613,19 @@ const sok_storage_api* make_storage_api(const char* name) {
         check_ptr(scores, n, "scores");
         check_inits(s, inits, ni);
         s.import_batch(c, n, keys, check_cols(s, cb, ce), values, scores, inits, ni);
+      });
+    };
+    a.update_rows = [](sok_storage* h, const sok_exec_context* ctx, int64_t n, const void* keys, int32_t cb,
+                       int32_t ce, const uint64_t* scores, sok_row_visitor visit, void* user_data, uint8_t* found,
+                       int64_t* num_missing) {
+      return guarded(h, [&](Storage& s) {
+        const auto& c = check_ctx(s, ctx);
+        check_count(n, "n");
+        check_ptr(keys, n, "keys");
+        if (visit == nullptr) invalid("visit is null; pass the function to call on each row");
+        if (num_missing == nullptr) invalid("num_missing is null; pass where to write the number of missing keys");
+        check_scores(s, scores, n);
+        *num_missing = s.update_rows(c, n, keys, check_cols(s, cb, ce), scores, visit, user_data, found);
       });
     };
     a.clear = [](sok_storage* h, const sok_exec_context* ctx) {

@@ -12,6 +12,7 @@
 #include <pybind11/stl.h>
 
 #include <cstddef>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -223,11 +224,36 @@ class PyTable {
 
   void import_batch(py::object keys, int cb, int ce, py::object values, py::object scores,
                     const std::vector<InitTuple>& inits, intptr_t stream) {
-    if (api_->struct_size < offsetof(sok_storage_api, import_batch) + sizeof(api_->import_batch)) {
+    if (!sok_storage_api_has(api_, import_batch)) {
       throw py::value_error("this backend was built without import_batch; rebuild it against this sok-core");
     }
     if (scores.is_none()) throw py::value_error("import_batch needs scores (one per key)");
     write(api_->import_batch, keys, cb, ce, values, scores, inits, stream);
+  }
+  // update_rows with a visitor that swaps each row's columns [cb, ce) with the key's row of
+  // new_values (n, w), the old ones going to old_values (n, w): rows are visited only when every
+  // key is present (found (n,) tells which are). Returns the number of missing keys.
+  int64_t update_rows(py::object keys, int cb, int ce, py::object old_values, py::object new_values, py::object found,
+                      py::object scores, intptr_t stream) {
+    if (!sok_storage_api_has(api_, update_rows)) {
+      PyErr_SetString(PyExc_NotImplementedError,
+                      "this backend was built without update_rows; rebuild it against this sok-core");
+      throw py::error_already_set();
+    }
+    auto ctx = context(stream);
+    ArrayArg k = keys_arg(keys, "keys", ctx);
+    const int64_t n = k.shape[0];
+    ArrayArg o = floats_arg(old_values, n, ce - cb, "old_values", true, ctx);
+    ArrayArg v = floats_arg(new_values, n, ce - cb, "new_values", false, ctx);
+    ArrayArg f = bytes_arg(found, n, "found", ctx);
+    ArrayArg sc = scores_arg(scores, n, ctx);
+    RowSwap swap{static_cast<const float*>(v.data), static_cast<float*>(o.data), ce - cb};
+    int64_t missing = 0;
+    call([&] {
+      return api_->update_rows(handle_, &ctx, n, k.data, cb, ce, static_cast<const uint64_t*>(sc.data),
+                               &RowSwap::visit, &swap, static_cast<uint8_t*>(f.data), &missing);
+    });
+    return missing;
   }
   void clear(intptr_t stream) {
     auto ctx = context(stream);
@@ -249,6 +275,18 @@ class PyTable {
   py::capsule handle_capsule() { return py::capsule(handle_, SOK_STORAGE_HANDLE_CAPSULE_NAME); }
 
  private:
+  // The visitor of update_rows above: row i goes to out, in's row i takes its place.
+  struct RowSwap {
+    const float* in;
+    float* out;
+    int width;
+    static void visit(void* self, int64_t i, float* row) {
+      const auto* s = static_cast<const RowSwap*>(self);
+      std::memcpy(s->out + i * s->width, row, sizeof(float) * s->width);
+      std::memcpy(row, s->in + i * s->width, sizeof(float) * s->width);
+    }
+  };
+
   using WriteFn = sok_status (*)(sok_storage*, const sok_exec_context*, int64_t, const void*,
                                  int32_t, int32_t, const float*, const uint64_t*,
                                  const sok_initializer*, int32_t);
@@ -608,6 +646,8 @@ inline void bind_table(py::module_& m, const sok_storage_api* api) {
            py::arg("evicted_values"), py::arg("evicted_scores"), py::kw_only(), stream)
       .def("import_batch", &PyTable::import_batch, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"),
            py::arg("values"), py::arg("scores"), py::arg("inits"), py::kw_only(), stream)
+      .def("update_rows", &PyTable::update_rows, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"),
+           py::arg("old_values"), py::arg("new_values"), py::arg("found"), py::arg("scores"), py::kw_only(), stream)
       .def("clear", &PyTable::clear, py::kw_only(), stream)
       .def("set_global_epoch", &PyTable::set_global_epoch, py::arg("epoch"), py::kw_only(), stream)
       .def("describe", &PyTable::describe, py::kw_only(), stream)

@@ -85,6 +85,12 @@ typedef struct sok_storage_config {
 
 typedef struct sok_storage sok_storage; /* opaque, owned by the backend */
 
+/* The callback of update_rows: called for each key of the batch, with i its position in the batch
+ * and row its columns [col_begin, col_end) in the table (w floats, read and written in place). It
+ * must not call back into the storage, and may run on several threads at once (for different
+ * keys; the visits of one key come in batch order). */
+typedef void (*sok_row_visitor)(void* user_data, int64_t i, float* row);
+
 /* Every function returns SOK_OK or an error code. Shapes of array arguments are in comments:
  * n = number of keys, w = col_end - col_begin, W = row_width. Optional outputs may be NULL. */
 typedef struct sok_storage_api {
@@ -161,7 +167,25 @@ typedef struct sok_storage_api {
   sok_status (*import_batch)(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
                              int32_t col_begin, int32_t col_end, const float* values,
                              const uint64_t* scores, const sok_initializer* inits, int32_t num_inits);
+  /* Read-modify-write of existing rows with one probe per key, under the storage's lock: when
+   * every key of keys (n,) is present, calls visit(user_data, i, row) for each key i and updates
+   * its score as insert_or_assign of an existing key does (scores (n,) as there); duplicates are
+   * visited once per occurrence, in batch order. When a key is missing nothing is visited, inserted
+   * or rescored: *num_missing (never NULL) = the missing keys (0 when every row was visited) and
+   * found (n,) uint8 (may be NULL) is 1 for the present ones. Optional: a backend may return
+   * SOK_ERROR_UNSUPPORTED (sok::Storage's default; the CUDA tables do), and one built before this
+   * field has a smaller struct_size (see sok_storage_api_has); callers then use find_or_insert and
+   * insert_or_assign. Host rows only (SOK_DEVICE_CPU). Appended in sok-core 0.1.0 (API version 1). */
+  sok_status (*update_rows)(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
+                            int32_t col_begin, int32_t col_end, const uint64_t* scores,
+                            sok_row_visitor visit, void* user_data, uint8_t* found, int64_t* num_missing);
 } sok_storage_api;
+
+/* Whether `api` (built against any version of this header) has the function field `field`: its
+ * struct_size covers it and it is not NULL. For example sok_storage_api_has(api, update_rows). */
+#define sok_storage_api_has(api, field)                                                \
+  ((api)->struct_size >= offsetof(sok_storage_api, field) + sizeof((api)->field) && \
+   (api)->field != NULL)
 
 #ifdef __cplusplus
 } /* extern "C" */
