@@ -1,5 +1,6 @@
 """The one-rank path of sok.lookup_sparse (pooled_lookup.py): SokPooledLookup and its gradient equal
-the per-table TensorFlow ops of lookup.py to the bit, weight gradients equal TensorFlow's."""
+the per-table TensorFlow ops of lookup.py to the bit, weight gradients equal TensorFlow's; the shards
+of the several-rank path sum the ids they hold (NumPy oracles)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 import sparse_operation_kit as sok  # noqa: E402
-from sparse_operation_kit import communication, lookup  # noqa: E402
+from sparse_operation_kit import communication, lookup, pooled_lookup  # noqa: E402
 
 SHAPES = [(3, 16), (1000, 16), (20000, 128), (7, 1), (300, 3)]  # dense-slot and hashed distinct ids
 
@@ -96,3 +97,37 @@ def test_ids_outside_the_rows_name_the_table() -> None:
     ids = tf.ragged.constant([[0, 5]], dtype=tf.int64)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"sp_ids\[0\] has ids outside \[0, 5\) for table small"):
         sok.lookup_sparse([table], [ids], combiners=["sum"])
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("stride,offset", [(2, 0), (2, 1), (3, 2), (1, -1)])
+def test_shards_pool_the_ids_they_hold(stride: int, offset: int, weighted: bool) -> None:
+    """The several-rank step (lookup.py): a shard sums the rows of the ids it holds, and its
+    gradients are IndexedSlices of its own rows; NumPy oracles on the full table."""
+    rng = np.random.default_rng(3)
+    full = rng.random((50, 4), dtype=np.float32)
+    lengths = rng.integers(0, 12, 64)
+    flat = rng.integers(0, 50, lengths.sum())
+    samples = np.repeat(np.arange(64), lengths)
+    w = rng.uniform(0.1, 2.0, flat.size).astype(np.float32) if weighted else np.ones(flat.size, np.float32)
+    cotangent = rng.random((64, 4), dtype=np.float32)
+    table = tf.Variable(full[offset::stride] if offset >= 0 else full[:0], name="shard")
+    ids = tf.RaggedTensor.from_row_lengths(tf.constant(flat), lengths)
+    values = tf.constant(w)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(values)
+        weights = [tf.RaggedTensor.from_row_lengths(values, lengths)] if weighted else None
+        (out,) = pooled_lookup.pooled_lookup([table], [ids], weights, ["sum"], [0], [(stride, offset)])
+        loss = tf.reduce_sum(out * cotangent)
+    held = (flat % stride == offset) & (offset >= 0)
+    expected = np.zeros((64, 4), np.float32)
+    np.add.at(expected, samples[held], full[flat[held]] * w[held, None])
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6, atol=1e-6)
+    grad = tape.gradient(loss, table)
+    assert isinstance(grad, tf.IndexedSlices)
+    expected_grad = np.zeros(table.shape, np.float32)
+    np.add.at(expected_grad, flat[held] // stride, cotangent[samples[held]] * w[held, None])
+    np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(), expected_grad, rtol=1e-6, atol=1e-6)
+    if weighted:
+        expected_w = np.where(held, np.sum(cotangent[samples] * full[flat], axis=1), 0.0)
+        np.testing.assert_allclose(tape.gradient(loss, values).numpy(), expected_w, rtol=1e-5, atol=1e-6)

@@ -1,13 +1,17 @@
-// Pooled lookups of static tables in one process: sok.lookup_sparse at world size 1, every table of
-// the call in one op instead of ~10 TensorFlow ops per table.
+// Pooled lookups of static tables: every table of a sok.lookup_sparse call in one op instead of ~10
+// TensorFlow ops per table. At world size 1 it pools the local batch with the full tables; with
+// several ranks it pools the global batch into partial sums of the rows this rank holds (lookup.py).
 //
 // SokPooledLookup: embeddings_t[s] = combine(sum_j w_j * params_t[ids_t[j]]) for j in
 //   row_splits_t[s] .. row_splits_t[s + 1] (w_j = 1 when unweighted), summed in id order; "mean"
 //   and "sqrtn" then divide by sum(w) or sqrt(sum(w^2)) (the id count when unweighted), and a sample
 //   whose divisor is not positive gives zeros, as tf.math.divide_no_nan after the guard of lookup.py.
+//   Sharded tables (attrs strides, offsets): table t holds id i at row i / strides[t] when
+//   i mod strides[t] == offsets[t] (offset -1: no id, a localized table of another rank); the sums
+//   take the ids it holds only, the divisors every id of the sample.
 // SokPooledLookupGrad: the gradient with respect to each table, as the rows of its distinct ids in
-//   first-occurrence order (the order of tf.unique) and those ids: the tf.IndexedSlices that
-//   TensorFlow's unique + gather + segment-sum lookup yields.
+//   first-occurrence order (the order of tf.unique) and those ids (rows of the shard): the
+//   tf.IndexedSlices that TensorFlow's unique + gather + segment-sum lookup yields.
 //
 // Both split their work over TensorFlow's intra-op threads: the forward in blocks of samples of
 // similar cost, the gradient by table. Ids outside [0, rows) fail with InvalidArgument naming the
@@ -17,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -48,6 +53,8 @@ constexpr int64_t kTaskCost = 1 << 17;
 // the rows of the table (forward) or of its gradient are more than kCachedBytes.
 constexpr int64_t kAhead = 16;
 constexpr int64_t kCachedBytes = 1 << 20;
+// Table::local of an id that another shard holds.
+constexpr int64_t kNotHeld = std::numeric_limits<int64_t>::min();
 
 enum class Combiner { kSum, kMean, kSqrtn };
 
@@ -62,8 +69,30 @@ struct Table {
   const int64_t* splits;  // (batch + 1,)
   const float* weights;   // (nnz,) or nullptr
   Combiner combiner;
+  int64_t stride;  // the shard holds id i at row i / stride when i mod stride == offset
+  int64_t offset;  // -1: it holds no id
+  int shift;       // log2(stride) when stride is a power of two, else -1
 
   int64_t id(int64_t j) const { return ids64 != nullptr ? ids64[j] : ids32[j]; }
+  // The row of id j in this shard (negative or >= rows for an invalid id), kNotHeld when another
+  // shard holds it; a shift and masks, no division and no branch, for power-of-two strides.
+  int64_t local(int64_t j) const {
+    const int64_t i = id(j);
+    if (stride == 1) return offset == 0 ? std::max<int64_t>(i, -1) : kNotHeld;
+    if (shift >= 0) {
+      const int64_t held = -static_cast<int64_t>((i & (stride - 1)) == offset);  // all ones or 0
+      return ((i >> shift) & held) | (kNotHeld & ~held);
+    }
+    return i % stride == offset ? i / stride : kNotHeld;
+  }
+  // Whether a row from local() is in [0, rows).
+  bool valid(int64_t row) const { return static_cast<uint64_t>(row) < static_cast<uint64_t>(rows); }
+};
+
+// How the tables of an op are sharded: strides and offsets per table (attrs of both ops).
+struct Sharding {
+  std::vector<int64_t> strides;
+  std::vector<int64_t> offsets;
 };
 
 Status parse_combiners(const std::vector<std::string>& names, std::vector<Combiner>* out) {
@@ -81,10 +110,32 @@ Status parse_combiners(const std::vector<std::string>& names, std::vector<Combin
   return Status();
 }
 
+// The strides and offsets attrs: empty (every table whole, world size 1) or one valid pair per table.
+Status parse_sharding(OpKernelConstruction* ctx, size_t num_tables, Sharding* out) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("strides", &out->strides));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("offsets", &out->offsets));
+  if (out->strides.empty() && out->offsets.empty()) {
+    out->strides.assign(num_tables, 1);
+    out->offsets.assign(num_tables, 0);
+  }
+  if (out->strides.size() != num_tables || out->offsets.size() != num_tables) {
+    return errors::InvalidArgument("strides has ", out->strides.size(), " entries and offsets ", out->offsets.size(),
+                                   " for ", num_tables, " tables; valid: both empty or one per table");
+  }
+  for (size_t t = 0; t < num_tables; ++t) {
+    if (out->strides[t] < 1 || out->offsets[t] < -1 || out->offsets[t] >= out->strides[t]) {
+      return errors::InvalidArgument("strides[", t, "] = ", out->strides[t], ", offsets[", t, "] = ", out->offsets[t],
+                                     "; valid: stride >= 1 and -1 <= offset < stride");
+    }
+  }
+  return Status();
+}
+
 // The tables of the inputs ids, row_splits and weights (both ops), with their row counts and widths;
 // params stays unset (the gradient op has none).
-Status gather_tables(OpKernelContext* ctx, const std::vector<Combiner>& combiners, const std::vector<int64_t>& rows,
-                     const std::vector<int64_t>& dims, std::vector<Table>* tables, int64_t* batch) {
+Status gather_tables(OpKernelContext* ctx, const std::vector<Combiner>& combiners, const Sharding& sharding,
+                     const std::vector<int64_t>& rows, const std::vector<int64_t>& dims, std::vector<Table>* tables,
+                     int64_t* batch) {
   OpInputList ids, splits, weights;
   TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
   TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
@@ -129,6 +180,12 @@ Status gather_tables(OpKernelContext* ctx, const std::vector<Combiner>& combiner
       table.weights = weights[t].flat<float>().data();
     }
     table.combiner = combiners[t];
+    table.stride = sharding.strides[t];
+    table.offset = sharding.offsets[t];
+    table.shift = -1;
+    for (int b = 1; b < 63; ++b) {
+      if (table.stride == int64_t{1} << b) table.shift = b;
+    }
     tables->push_back(table);
   }
   return Status();
@@ -146,56 +203,75 @@ float divisor(const Table& t, int64_t begin, int64_t end) {
   return t.combiner == Combiner::kSqrtn ? std::sqrt(total) : total;
 }
 
-// Whether every id of [begin, end) is in [0, rows).
-bool ids_in_range(const Table& t, int64_t begin, int64_t end) {
-  bool ok = true;
-  for (int64_t j = begin; j < end; ++j) ok &= static_cast<uint64_t>(t.id(j)) < static_cast<uint64_t>(t.rows);
-  return ok;
-}
-
-// out (dim) = the sum of the rows of ids [begin, end) in tf.sparse.segment_sum's order, so the sums
-// are the same to the bit: the first (n mod 8) ids (8 or 9 when that is 0 or 1) one after another,
+// out (dim) = the sum of the num rows (dim each) in tf.sparse.segment_sum's order, so the sums are
+// the same to the bit: the first (num mod 8) rows (8 or 9 when that is 0 or 1) one after another,
 // then each further 8 summed apart and added.
-void sum_rows(const Table& t, int64_t begin, int64_t end, float* __restrict__ out) {
-  const int64_t dim = t.dim;
-  const int64_t num = end - begin;
+void sum_rows(const float* const* rows, int64_t num, int64_t dim, float* __restrict__ out) {
   const int64_t rest = num & 7;
   const int64_t head = num == 1 ? 1 : (rest == 0 ? std::min<int64_t>(num, 8) : (rest == 1 ? 9 : rest));
   std::fill(out, out + dim, 0.0f);
-  for (int64_t j = begin; j < begin + head; ++j) {
-    const float* __restrict__ row = t.params + t.id(j) * dim;
+  for (int64_t j = 0; j < head; ++j) {
+    const float* __restrict__ row = rows[j];
     for (int64_t k = 0; k < dim; ++k) out[k] += row[k];
   }
-  for (int64_t j = begin + head; j < end; j += 8) {
-    const float* r[8];
-    for (int i = 0; i < 8; ++i) r[i] = t.params + t.id(j + i) * dim;
+  for (int64_t j = head; j < num; j += 8) {
+    const float* const* r = rows + j;
     for (int64_t k = 0; k < dim; ++k) {
       out[k] += r[0][k] + r[1][k] + r[2][k] + r[3][k] + r[4][k] + r[5][k] + r[6][k] + r[7][k];
     }
   }
 }
 
-// out (dim) = the sum of weight * row of ids [begin, end), one after another (unsorted_segment_sum's
-// order).
-void sum_weighted_rows(const Table& t, int64_t begin, int64_t end, float* __restrict__ out) {
-  const int64_t dim = t.dim;
+// out (dim) = the sum of weights[j] * rows[j] of the num rows (dim each), one after another
+// (unsorted_segment_sum's order).
+void sum_weighted_rows(const float* const* rows, const float* weights, int64_t num, int64_t dim,
+                       float* __restrict__ out) {
   std::fill(out, out + dim, 0.0f);
-  for (int64_t j = begin; j < end; ++j) {
-    const float* __restrict__ row = t.params + t.id(j) * dim;
-    const float w = t.weights[j];
+  for (int64_t j = 0; j < num; ++j) {
+    const float* __restrict__ row = rows[j];
+    const float w = weights[j];
     for (int64_t k = 0; k < dim; ++k) out[k] += row[k] * w;
   }
 }
 
-// out (dim) = the combined rows of sample [begin, end); false (out untouched) when an id is outside
-// [0, rows).
-bool pool_sample(const Table& t, int64_t begin, int64_t end, float* __restrict__ out) {
+// The rows (and weights, when the table has them) of the held ids of a sample. Whether a shard
+// holds an id is random (half of them at two ranks), so collect() does not branch on it.
+struct SampleRows {
+  std::vector<const float*> rows;
+  std::vector<float> weights;
+  int64_t count = 0;
+
+  // Collects sample [begin, end); false when a held id is outside [0, rows).
+  bool collect(const Table& t, int64_t begin, int64_t end) {
+    const size_t num = static_cast<size_t>(end - begin);
+    if (rows.size() < num) {
+      rows.resize(num);
+      weights.resize(num);
+    }
+    count = 0;
+    bool ok = true;
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t row = t.local(j);
+      const int64_t valid = t.valid(row);
+      ok &= static_cast<bool>(valid) | (row == kNotHeld);
+      rows[count] = t.params + (row & -valid) * t.dim;
+      if (t.weights != nullptr) weights[count] = t.weights[j];
+      count += valid;
+    }
+    return ok;
+  }
+};
+
+// out (dim) = the combined held rows of sample [begin, end) (found: scratch space); false (out
+// untouched) when a held id is outside [0, rows).
+bool pool_sample(const Table& t, int64_t begin, int64_t end, SampleRows* found, float* __restrict__ out) {
   const int64_t dim = t.dim;
-  if (!ids_in_range(t, begin, end)) return false;
+  if (!found->collect(t, begin, end)) return false;
+  const int64_t num = found->count;
   if (t.weights == nullptr) {
-    sum_rows(t, begin, end, out);
+    sum_rows(found->rows.data(), num, dim, out);
   } else {
-    sum_weighted_rows(t, begin, end, out);
+    sum_weighted_rows(found->rows.data(), found->weights.data(), num, dim, out);
   }
   if (t.combiner != Combiner::kSum) {
     const float d = divisor(t, begin, end);
@@ -215,12 +291,13 @@ bool pool_block(const Table& t, int64_t begin, int64_t end, float* out) {
   const size_t row_bytes = static_cast<size_t>(t.dim) * sizeof(float);
   int64_t ahead = t.rows * static_cast<int64_t>(row_bytes) > kCachedBytes ? t.splits[begin] : last;
   bool ok = true;
+  SampleRows found;
   for (int64_t s = begin; s < end; ++s) {
     for (const int64_t stop = std::min(last, t.splits[s + 1] + kAhead); ahead < stop; ++ahead) {
-      const int64_t id = t.id(ahead);
-      if (static_cast<uint64_t>(id) < static_cast<uint64_t>(t.rows)) sok::prefetch_range(t.params + id * t.dim, row_bytes);
+      const int64_t row = t.local(ahead);
+      sok::prefetch_range(t.params + (row & -static_cast<int64_t>(t.valid(row))) * t.dim, row_bytes);  // see SampleRows
     }
-    ok &= pool_sample(t, t.splits[s], t.splits[s + 1], out + s * t.dim);
+    ok &= pool_sample(t, t.splits[s], t.splits[s + 1], &found, out + s * t.dim);
   }
   return ok;
 }
@@ -261,17 +338,17 @@ void for_each_parallel(OpKernelContext* ctx, int64_t n, int64_t cost_per_unit, F
   });
 }
 
-// The error for table t's ids outside [0, rows).
+// The error for table t's ids outside [0, rows) (of its shard, when it is sharded).
 Status out_of_range(const Table& t, int position, const std::string& name) {
   int64_t count = 0;
   int64_t example = 0;
   for (int64_t j = 0; j < t.nnz; ++j) {
-    if (static_cast<uint64_t>(t.id(j)) >= static_cast<uint64_t>(t.rows)) {
-      if (count++ == 0) example = t.id(j);
-    }
+    const int64_t row = t.local(j);
+    if (row != kNotHeld && !t.valid(row) && count++ == 0) example = t.id(j);
   }
-  return errors::InvalidArgument("sp_ids[", position, "] has ids outside [0, ", t.rows, ") for table ", name, ": ",
-                                 count, " of them, e.g. ", example, "; static tables take ids 0 .. rows-1");
+  const std::string shard = t.stride == 1 ? "" : " (this rank holds id i at row i / " + std::to_string(t.stride) + ")";
+  return errors::InvalidArgument("sp_ids[", position, "] has ids outside [0, ", t.rows, ")", shard, " for table ", name,
+                                 ": ", count, " of them, e.g. ", example, "; static tables take ids 0 .. rows-1");
 }
 
 // Attributes both ops share.
@@ -281,10 +358,12 @@ class PooledOpBase : public OpKernel {
     std::vector<std::string> names;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("combiners", &names));
     OP_REQUIRES_OK(ctx, parse_combiners(names, &combiners_));
+    OP_REQUIRES_OK(ctx, parse_sharding(ctx, combiners_.size(), &sharding_));
   }
 
  protected:
   std::vector<Combiner> combiners_;
+  Sharding sharding_;
 };
 
 class PooledLookupOp : public PooledOpBase {
@@ -312,7 +391,7 @@ class PooledLookupOp : public PooledOpBase {
     }
     std::vector<Table> tables;
     int64_t batch = 0;
-    OP_REQUIRES_OK(ctx, gather_tables(ctx, combiners_, rows, dims, &tables, &batch));
+    OP_REQUIRES_OK(ctx, gather_tables(ctx, combiners_, sharding_, rows, dims, &tables, &batch));
     for (int t = 0; t < params.size(); ++t) tables[t].params = params[t].flat<float>().data();
     OpOutputList outputs;
     OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
@@ -338,39 +417,60 @@ class PooledLookupOp : public PooledOpBase {
   std::vector<int64_t> positions_;
 };
 
-// The distinct ids of a table in first-occurrence order and each id's index among them.
+// The distinct held rows of a table in first-occurrence order and each id's index among them.
 struct Distinct {
-  std::vector<int64_t> ids;
-  std::vector<int32_t> position;  // (nnz,)
+  std::vector<int64_t> ids;       // rows of the shard
+  std::vector<int64_t> held;      // the indices j of the ids the shard holds, in order
+  std::vector<int32_t> position;  // (held,): each held id's index among ids
 };
 
-// Distinct ids through a dense slot array (small tables) or an open-addressing hash (large ones);
-// false (and nothing found) when an id is outside [0, rows).
-bool find_distinct(const Table& t, Distinct* d) {
+// The held ids of a table: d->held and their rows (without branching on whether the shard holds
+// an id: see SampleRows); false when a held id is outside [0, rows).
+bool find_held(const Table& t, Distinct* d, std::vector<int64_t>* rows) {
+  d->held.resize(t.nnz);
+  rows->resize(t.nnz);
+  int64_t count = 0;
+  bool ok = true;
   for (int64_t j = 0; j < t.nnz; ++j) {
-    if (static_cast<uint64_t>(t.id(j)) >= static_cast<uint64_t>(t.rows)) return false;
+    const int64_t row = t.local(j);
+    const int64_t valid = t.valid(row);
+    ok &= static_cast<bool>(valid) | (row == kNotHeld);
+    d->held[count] = j;
+    (*rows)[count] = row;
+    count += valid;
   }
-  d->position.resize(t.nnz);
-  if (t.rows <= 4 * t.nnz + 1024) {
+  d->held.resize(count);
+  rows->resize(count);
+  return ok;
+}
+
+// Distinct rows through a dense slot array (small tables) or an open-addressing hash (large ones);
+// false (and nothing found) when a held id is outside [0, rows).
+bool find_distinct(const Table& t, Distinct* d) {
+  std::vector<int64_t> local;
+  if (!find_held(t, d, &local)) return false;
+  const int64_t num = static_cast<int64_t>(local.size());
+  d->position.resize(num);
+  if (t.rows <= 4 * num + 1024) {
     std::vector<int32_t> slot(t.rows, -1);
-    for (int64_t j = 0; j < t.nnz; ++j) {
-      const int64_t id = t.id(j);
+    for (int64_t c = 0; c < num; ++c) {
+      const int64_t id = local[c];
       int32_t& p = slot[id];
       if (p < 0) {
         p = static_cast<int32_t>(d->ids.size());
         d->ids.push_back(id);
       }
-      d->position[j] = p;
+      d->position[c] = p;
     }
     return true;
   }
   uint64_t capacity = 16;
-  while (capacity < 2 * static_cast<uint64_t>(t.nnz)) capacity <<= 1;
+  while (capacity < 2 * static_cast<uint64_t>(num)) capacity <<= 1;
   const uint64_t mask = capacity - 1;
   std::vector<int64_t> keys(capacity, -1);
   std::vector<int32_t> values(capacity);
-  for (int64_t j = 0; j < t.nnz; ++j) {
-    const int64_t id = t.id(j);
+  for (int64_t c = 0; c < num; ++c) {
+    const int64_t id = local[c];
     uint64_t h = (static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> 20;
     while (true) {
       h &= mask;
@@ -383,7 +483,7 @@ bool find_distinct(const Table& t, Distinct* d) {
       }
       ++h;
     }
-    d->position[j] = values[h];
+    d->position[c] = values[h];
   }
   return true;
 }
@@ -395,21 +495,30 @@ void accumulate(const Table& t, int64_t batch, const float* __restrict__ grad, c
   const int64_t dim = t.dim;
   std::fill(rows, rows + static_cast<int64_t>(d.ids.size()) * dim, 0.0f);
   std::vector<float> scaled(dim);
+  const int64_t num = static_cast<int64_t>(d.held.size());
   const int64_t prefetch_end =
-      static_cast<int64_t>(d.ids.size()) * dim * static_cast<int64_t>(sizeof(float)) > kCachedBytes ? t.nnz : 0;
+      static_cast<int64_t>(d.ids.size()) * dim * static_cast<int64_t>(sizeof(float)) > kCachedBytes ? num : 0;
+  int64_t c = 0;  // the first held id of sample s
   for (int64_t s = 0; s < batch; ++s) {
     const int64_t begin = t.splits[s], end = t.splits[s + 1];
-    if (begin == end) continue;
+    int64_t stop = c;
+    while (stop < num && d.held[stop] < end) ++stop;
     const float* g = grad + s * dim;
-    if (t.combiner != Combiner::kSum) {
+    if (stop > c && t.combiner != Combiner::kSum) {
       const float div = divisor(t, begin, end);
-      if (!(div > 0.0f)) continue;
+      if (!(div > 0.0f)) {
+        c = stop;
+        continue;
+      }
       for (int64_t k = 0; k < dim; ++k) scaled[k] = g[k] / div;
       g = scaled.data();
     }
-    for (int64_t j = begin; j < end; ++j) {
-      if (j + kAhead < prefetch_end) sok::prefetch_write_range(rows + static_cast<int64_t>(d.position[j + kAhead]) * dim, dim * sizeof(float));
-      float* __restrict__ row = rows + static_cast<int64_t>(d.position[j]) * dim;
+    for (; c < stop; ++c) {
+      if (c + kAhead < prefetch_end) {
+        sok::prefetch_write_range(rows + static_cast<int64_t>(d.position[c + kAhead]) * dim, dim * sizeof(float));
+      }
+      const int64_t j = d.held[c];
+      float* __restrict__ row = rows + static_cast<int64_t>(d.position[c]) * dim;
       if (t.weights == nullptr) {
         for (int64_t k = 0; k < dim; ++k) row[k] += g[k];
       } else {
@@ -440,7 +549,7 @@ class PooledLookupGradOp : public PooledOpBase {
     }
     std::vector<Table> tables;
     int64_t batch = 0;
-    OP_REQUIRES_OK(ctx, gather_tables(ctx, combiners_, rows_, dims, &tables, &batch));
+    OP_REQUIRES_OK(ctx, gather_tables(ctx, combiners_, sharding_, rows_, dims, &tables, &batch));
     const int64_t n = static_cast<int64_t>(tables.size());
     for (int64_t t = 0; t < n; ++t) {
       OP_REQUIRES(ctx, grads[t].dim_size(0) == batch,
@@ -451,7 +560,7 @@ class PooledLookupGradOp : public PooledOpBase {
     for_each_parallel(ctx, n, kTaskCost * 8, [&](int64_t t) { bad[t] = !find_distinct(tables[t], &distinct[t]); });
     for (int64_t t = 0; t < n; ++t) {
       OP_REQUIRES(ctx, !bad[t].load(),
-                  errors::InvalidArgument("ids[", t, "] has ids outside [0, ", rows_[t], "), the rows of its table"));
+                  errors::InvalidArgument("ids[", t, "] has ids outside [0, ", rows_[t], "), the rows of its shard"));
     }
     OpOutputList rows, indices;
     OP_REQUIRES_OK(ctx, ctx->output_list("rows", &rows));
@@ -517,6 +626,8 @@ REGISTER_OP("SokPooledLookup")
     .Attr("combiners: list(string)")
     .Attr("names: list(string)")
     .Attr("positions: list(int)")
+    .Attr("strides: list(int) = []")
+    .Attr("offsets: list(int) = []")
     .SetShapeFn(pooled_lookup_shape)
     .Doc("Pooled lookups of several static tables (see pooled_lookup_ops.cc).");
 
@@ -532,6 +643,8 @@ REGISTER_OP("SokPooledLookupGrad")
     .Attr("Tids: list({int32, int64})")
     .Attr("combiners: list(string)")
     .Attr("table_rows: list(int)")
+    .Attr("strides: list(int) = []")
+    .Attr("offsets: list(int) = []")
     .SetShapeFn(pooled_lookup_grad_shape)
     .Doc("The gradient of SokPooledLookup with respect to its params, per table as (rows, distinct ids).");
 

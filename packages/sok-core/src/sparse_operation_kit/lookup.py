@@ -17,9 +17,11 @@ number of ids per sample. Gradients come from TensorFlow's autodiff through the 
 collectives have gradients): ``tf.IndexedSlices`` per table, local rows for static tables and raw
 keys for dynamic ones, summed over the global batch.
 
-With a single rank nothing is exchanged: the static tables of a call go through one op for all of
-them (``pooled_lookup.py``: gather, weights and combiner on TensorFlow's intra-op threads, the
-same sums to the bit), dynamic tables through the TensorFlow ops above.
+The static tables of a call (on the host) are pooled by one op for all of them
+(``pooled_lookup.py``: gather, weights and combiner on TensorFlow's intra-op threads): with a single
+rank nothing is exchanged and the op pools the local batch (the same sums as TensorFlow's ops to the
+bit); with several it does step 3 for them, partial sums of the global batch from each table's
+shard. Dynamic tables take the TensorFlow ops of step 3.
 
 Example::
 
@@ -269,7 +271,7 @@ def lookup_sparse(
     comm = communication.tool()
     n = comm.num_ranks()
     _validate_placement(params, kinds, n)
-    fused = _fused_tables(params, kinds, n)
+    fused = _fused_tables(params, kinds) if n == 1 else []
     checks = _agreed_checks(params, kinds, ragged, weights, comm, hotness, checked_by_op=fused)
     outputs: list[Any] = [None] * len(params)
     if fused:
@@ -300,11 +302,16 @@ def _subset(values: Sequence[Any] | None, indices: Sequence[int]) -> list[Any] |
     return None if values is None else [values[i] for i in indices]
 
 
-def _fused_tables(params: Sequence[Any], kinds: Sequence[str], n: int) -> list[int]:
-    """The tables ``pooled_lookup`` takes: static ones on the host when there is a single rank."""
-    if n != 1:
-        return []
+def _fused_tables(params: Sequence[Any], kinds: Sequence[str]) -> list[int]:
+    """The tables ``pooled_lookup`` takes: the static ones on the host."""
     return [i for i, (p, k) in enumerate(zip(params, kinds)) if k != "dynamic" and "GPU" not in p.device.upper()]
+
+
+def _shard(param: Any, kind: str, rank: int, n: int) -> tuple[int, int]:
+    """``(stride, offset)`` of ``pooled_lookup``: which ids of a static table this rank holds."""
+    if kind == "distributed":
+        return n, rank
+    return 1, 0 if param.target_gpu == rank else -1
 
 
 def _lookup_with_tf_ops(
@@ -371,39 +378,71 @@ def _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm,
     if weights is not None:
         g_weights = comm.allgather(tf.concat([w.values for w in weights], 0))
     global_batch = tf.reduce_sum(g_batch)
-    sample_offsets = tf.cumsum(g_batch, exclusive=True)
     # Split the gathered lengths by rank ([tables * B_r] each), then by table.
     lengths_by_rank = [tf.reshape(part, [num_tables, -1]) for part in tf.split(g_lengths, g_batch * num_tables, num=n)]
     key_counts = tf.stack([tf.reduce_sum(part, axis=1) for part in lengths_by_rank])  # [n, tables]
+    # Row splits of each table over the global batch (samples in rank order): [tables, global_batch + 1].
+    splits = tf.pad(tf.cumsum(tf.concat(lengths_by_rank, axis=1), axis=1), [[0, 0], [1, 0]])
     key_chunks = tf.split(g_keys, tf.reshape(key_counts, [-1]), num=n * num_tables)
     weight_chunks = None if g_weights is None else tf.split(g_weights, tf.reshape(key_counts, [-1]), num=n * num_tables)
-    partial = []
+
+    def by_table(chunks: list[tf.Tensor], t: int) -> tf.Tensor:
+        return tf.concat([chunks[r * num_tables + t] for r in range(n)], 0)
+
+    table_keys = [by_table(key_chunks, t) for t in range(num_tables)]
+    table_weights = None if weight_chunks is None else [by_table(weight_chunks, t) for t in range(num_tables)]
+    table_splits = tf.unstack(splits, num=num_tables)
+    partial = _pool_static_shards(params, kinds, table_keys, table_splits, table_weights, rank, n)
     for t in range(num_tables):
-        t_keys, t_samples, t_weights = [], [], []
-        for r in range(n):
-            rank_lengths = lengths_by_rank[r][t]
-            t_keys.append(key_chunks[r * num_tables + t])
-            t_samples.append(sample_offsets[r] + tf.repeat(tf.range(g_batch[r]), rank_lengths))
-            if weight_chunks is not None:
-                t_weights.append(weight_chunks[r * num_tables + t])
-        table_keys = tf.concat(t_keys, 0)
-        partial.append(
-            _pool_local(
+        if partial[t] is None:
+            partial[t] = _pool_local(
                 params[t],
                 kinds[t],
-                table_keys,
-                tf.concat(t_samples, 0),
-                tf.concat(t_weights, 0) if t_weights else None,
+                table_keys[t],
+                tf.ragged.row_splits_to_segment_ids(table_splits[t]),
+                None if table_weights is None else table_weights[t],
                 global_batch,
                 rank,
                 n,
             )
-        )
     # One all-to-all for all tables: rank r gets the rows of its samples from every rank.
     send = tf.concat(partial, axis=1)  # [global_batch, sum(dims)]
     received = comm.alltoall(send, splits=tf.cast(g_batch, tf.int32))  # [n * local_batch, sum(dims)], by source rank
     summed = tf.reduce_sum(tf.reshape(received, [n, local_batch, sum(dims)]), axis=0)
     return tf.split(summed, dims, axis=1)
+
+
+def _pool_static_shards(
+    params: list[Any],
+    kinds: list[str],
+    keys: list[tf.Tensor],
+    splits: list[tf.Tensor],
+    weights: list[tf.Tensor] | None,
+    rank: int,
+    n: int,
+) -> list[tf.Tensor | None]:
+    """Step 3 for the static tables on the host, in one ``pooled_lookup``: the partial sums
+    ``[global_batch, dim]`` of the ids this rank holds, from the global batch's ``keys``, row
+    ``splits`` and ``weights`` of each table; None for the other tables."""
+    partial: list[tf.Tensor | None] = [None] * len(params)
+    fused = _fused_tables(params, kinds)
+    if not fused:
+        return partial
+
+    def ragged(values: list[tf.Tensor], t: int) -> tf.RaggedTensor:
+        return tf.RaggedTensor.from_row_splits(values[t], splits[t], validate=False)
+
+    pooled = pooled_lookup.pooled_lookup(
+        _subset(params, fused),
+        [ragged(keys, t) for t in fused],
+        None if weights is None else [ragged(weights, t) for t in fused],
+        ["sum"] * len(fused),
+        fused,
+        [_shard(params[t], kinds[t], rank, n) for t in fused],
+    )
+    for t, sums in zip(fused, pooled):
+        partial[t] = sums
+    return partial
 
 
 def all2all_dense_embedding(param: Any, indices: Any) -> tf.Tensor:

@@ -1,11 +1,14 @@
-"""Static tables of one ``sok.lookup_sparse`` call in one process: one op for the whole call.
+"""Static tables of one ``sok.lookup_sparse`` call: one op for the whole call.
 
-At world size 1 nothing is exchanged, and a distributed or localized table's shard is the full
-table, so the pooled lookup of every static table runs in ``SokPooledLookup`` (gather, weights and
-combiner for all tables on TensorFlow's intra-op threads) and its gradient in
-``SokPooledLookupGrad`` (per table, the rows of its distinct ids as a ``tf.IndexedSlices``, in
-``tf.unique``'s order). Results equal those of the per-table TensorFlow ops of ``lookup.py``;
-ids outside a table's rows fail inside the op with ``sp_ids[i] has ids outside [0, rows)``.
+The pooled lookup of every static table runs in ``SokPooledLookup`` (gather, weights and combiner
+for all tables on TensorFlow's intra-op threads) and its gradient in ``SokPooledLookupGrad`` (per
+table, the rows of its distinct ids as a ``tf.IndexedSlices``, in ``tf.unique``'s order).
+
+At world size 1 nothing is exchanged and a table's shard is the full table: results equal those of
+the per-table TensorFlow ops of ``lookup.py`` to the bit, and ids outside a table's rows fail
+inside the op with ``sp_ids[i] has ids outside [0, rows)``. With several ranks ``lookup.py`` gives
+it the global batch and each table's shard (``shards``): the op sums the rows of the ids this rank
+holds into partial sums, and the gradients are IndexedSlices of the shard's rows.
 
 Example::
 
@@ -32,8 +35,9 @@ def pooled_lookup(
     weights: Sequence[tf.RaggedTensor] | None,
     combiners: Sequence[str],
     positions: Sequence[int],
+    shards: Sequence[tuple[int, int]] | None = None,
 ) -> list[tf.Tensor]:
-    """``[batch, dim_t]`` pooled rows of each static table (its full rows, world size 1).
+    """``[batch, dim_t]`` pooled rows of each static table.
 
     Args:
         params: ``sok.Variable`` tables (float32, ``[rows, dim]``).
@@ -41,7 +45,12 @@ def pooled_lookup(
         weights: None, or one float32 ``tf.RaggedTensor`` per table with the row lengths of ``ids``.
         combiners: ``"sum"``, ``"mean"`` or ``"sqrtn"`` per table (lower case).
         positions: each table's index in the caller's ``sp_ids`` (for error messages).
+        shards: None (each table whole, world size 1) or ``(stride, offset)`` per table: the table
+            holds id ``i`` at row ``i // stride`` when ``i % stride == offset``; offset -1 for a
+            table that holds no id (a localized table of another rank). Only the held ids are
+            summed, the divisors of ``mean`` and ``sqrtn`` count every id.
     """
+    strides, offsets = ([], []) if shards is None else ([s for s, _ in shards], [o for _, o in shards])
     return tf_ops.library().sok_pooled_lookup(
         params=list(params),
         ids=[x.values for x in ids],
@@ -50,16 +59,33 @@ def pooled_lookup(
         combiners=list(combiners),
         names=[p.name for p in params],
         positions=list(positions),
+        strides=strides,
+        offsets=offsets,
     )
+
+
+def _held_products(op: tf.Operation, t: int, n: int, scaled: tf.Tensor, samples: tf.Tensor) -> tf.Tensor:
+    """``scaled_s . row_j`` for each id ``j`` (sample ``s``) of table ``t`` that its shard holds, 0
+    for the others."""
+    params, ids = op.inputs[t], tf.cast(op.inputs[n + t], tf.int64)
+    strides, offsets = op.get_attr("strides"), op.get_attr("offsets")
+    if not strides:
+        return tf.reduce_sum(tf.gather(scaled, samples) * tf.gather(params, ids), axis=1)
+    stride, offset = strides[t], offsets[t]
+    held = tf.reshape(tf.where(tf.math.floormod(ids, stride) == offset), [-1])
+    products = tf.reduce_sum(
+        tf.gather(scaled, tf.gather(samples, held)) * tf.gather(params, tf.gather(ids, held) // stride), axis=1
+    )
+    return tf.scatter_nd(held[:, None], products, tf.shape(ids, out_type=tf.int64))
 
 
 def _weight_gradients(op: tf.Operation, grads: list[tf.Tensor], n: int) -> list[tf.Tensor]:
     """d loss / d weights of each table: ``(g_s . row_j - [mean] g_s . out_s - [sqrtn] g_s . out_s *
     w_j / d_s) / d_s`` for id ``j`` of sample ``s`` (``d_s`` the divisor; none when it is not
-    positive, as the output is then zeros)."""
+    positive, as the output is then zeros; ``row_j`` zeros for the ids of other shards)."""
     result = []
     for t, combiner in enumerate(c.decode() for c in op.get_attr("combiners")):
-        params, ids, splits, w = op.inputs[t], op.inputs[n + t], op.inputs[2 * n + t], op.inputs[3 * n + t]
+        splits, w = op.inputs[2 * n + t], op.inputs[3 * n + t]
         samples = tf.ragged.row_splits_to_segment_ids(splits)
         g = grads[t]
         if combiner == "sum":
@@ -69,7 +95,7 @@ def _weight_gradients(op: tf.Operation, grads: list[tf.Tensor], n: int) -> list[
             d = tf.reduce_sum(ragged, axis=1) if combiner == "mean" else tf.sqrt(tf.reduce_sum(tf.square(ragged), 1))
             inverse = tf.math.divide_no_nan(tf.ones_like(d), tf.where(d > 0, d, tf.zeros_like(d)))
         scaled = g * inverse[:, None]  # [batch, dim]
-        direct = tf.reduce_sum(tf.gather(scaled, samples) * tf.gather(params, ids), axis=1)
+        direct = _held_products(op, t, n, scaled, samples)
         if combiner == "sum":
             result.append(direct)
             continue
@@ -94,6 +120,8 @@ def _pooled_lookup_grad(op: tf.Operation, *grads: tf.Tensor | None) -> list[Any]
         weights=list(op.inputs[3 * n :]),
         combiners=op.get_attr("combiners"),
         table_rows=[int(p.shape[0]) for p in op.inputs[:n]],
+        strides=op.get_attr("strides"),
+        offsets=op.get_attr("offsets"),
     )
     slices = [tf.IndexedSlices(r, i, tf.shape(p, out_type=tf.int64)) for r, i, p in zip(rows, indices, op.inputs[:n])]
     weight_grads = _weight_gradients(op, grads, n) if num_weights else []
