@@ -37,7 +37,9 @@ except ImportError:
     from zlib import crc32 as _crc32
 
 #: Bytes read per system call (and checksummed per step) by :func:`read_payload` and :func:`crc32`.
-READ_CHUNK = 1 << 24
+#: Cold reads of 16 MiB per call ran ~30% slower than one ``np.fromfile`` of a 2 GiB file on the
+#: development VM; 64-256 MiB per call came within a few percent of it.
+READ_CHUNK = 1 << 27
 
 #: Version of manifest.json (the binary files are NVIDIA SOK's, unversioned).
 FORMAT_VERSION = 1
