@@ -6,7 +6,9 @@
 // digest of the live key), the 64-bit key in `keys` and the 64-bit score in `scores`. Every 64-bit
 // key value is valid: emptiness lives in the state byte, never in the key. A slot's row of W floats
 // lives in device memory for slots j < hb of each bucket and in mapped pinned host memory for the
-// others; new keys take the lowest empty slot, so device slots fill first.
+// others. A new key takes the lowest empty device slot; in a hybrid table whose bucket has none,
+// it takes a device slot all the same when it outscores the bucket's lowest device row, which moves
+// to the free (or evicted) host slot (claim_for_new, device_slot_for).
 //
 // Probing. A key hashes (splitmix64, as on the CPU) to a home bucket; a group of kGroup lanes scans
 // the bucket's B state bytes at once (16-byte chunks, one 128-byte line for B = 128), then compares
@@ -16,10 +18,11 @@
 // (hkv) instead replaces the lowest-score slot of the home bucket.
 //
 // Concurrency. Callers deduplicate a batch first, so the keys of one kernel are distinct, and an
-// upsert runs as three kernels (see update_hits_kernel): keys present need no locks. A thread
-// claims an empty slot by CAS of its state byte to busy, writes row, key and score, then publishes
-// the digest with an atomic XOR (after a fence where other threads may read the slot meanwhile). In an evicting table it locks a victim the same way (readers and other evictors
-// skip busy slots) and re-checks the victim's score after locking it.
+// upsert runs as three kernels (see "Upserts" below): keys present need no locks. A thread claims
+// an empty slot by CAS of its state byte to busy, writes row, key and score, then publishes the
+// digest with an atomic XOR (after a fence where other threads may read the slot meanwhile). A
+// victim to evict or a device row to move is locked the same way (readers and other evictors skip
+// busy slots) and its score checked again after locking it.
 #pragma once
 
 #include <cooperative_groups.h>
