@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import struct
 import time
 
@@ -25,6 +26,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 import sparse_operation_kit as sok  # noqa: E402
+from sparse_operation_kit import checkpoint as ckpt  # noqa: E402
 from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
 from sparse_operation_kit.checkpoint import inspect as ckpt_inspect  # noqa: E402
 from sparse_operation_kit.cli import main as cli_main  # noqa: E402
@@ -618,6 +620,196 @@ def test_dump_interrupted_between_renames_keeps_previous_checkpoint(tmp_path, mo
     # The crash came after the old checkpoint was set aside: the next reader puts a complete one back.
     ckpt_inspect(path)
     assert_previous_checkpoint_intact(path, before_files, before_state, before_siblings)
+
+
+# -- empty dynamic tables, filled while the files are read --------------------------------------------
+STREAM_ROWS = 50
+# READ_CHUNK forced small and not a whole number of rows: 3 weight rows (6 keys) per chunk, so a
+# file of STREAM_ROWS rows comes in 17 chunks, the last one partial.
+SMALL_CHUNK = 3 * DIM * 4 + 5
+CHUNK_SIZES = [3] * (STREAM_ROWS // 3) + [STREAM_ROWS % 3]
+
+
+def streaming_checkpoint(tmp_path, var_type, names=("emb",)):
+    """A checkpoint of tables of STREAM_ROWS trained rows with Adam state (two slot files), and the
+    state of each table it holds."""
+    rng = np.random.default_rng(3)
+    wrapper, sources = sok.OptimizerWrapper(K.Adam(learning_rate=0.05)), []
+    for name in names:
+        v = make_var(var_type, name)
+        keys = rng.choice(1 << 40, STREAM_ROWS, replace=False).astype(np.int64)
+        sok.assign(v, tf.constant(keys), rng.standard_normal((STREAM_ROWS, DIM)).astype(np.float32))
+        train_step(v, wrapper, keys[::2])
+        sources.append(v)
+    path = str(tmp_path / "ckpt")
+    sok.dump(path, sources, wrapper)
+    return path, [state(v, wrapper) for v in sources]
+
+
+def empty_var(var_type, name="emb", attached=False):
+    """A fresh variable and, with ``attached``, a fresh Adam wrapper that already owns it (its rows
+    have the slot columns, as after a first training step)."""
+    v = make_var(var_type, name)
+    wrapper = sok.OptimizerWrapper(K.Adam(learning_rate=0.05)) if attached else None
+    if attached:
+        wrapper._attach(v)
+    return v, wrapper
+
+
+def spy_streams(monkeypatch) -> list[tuple[str, list[int]]]:
+    """Record each file streamed by sok.load and the sizes of the chunks it handed over."""
+    calls, real = [], fmt.stream_payload
+
+    def spy(info, rows, consume, *args, **kwargs):
+        sizes: list[int] = []
+        calls.append((os.path.basename(info.path), sizes))
+
+        def counting(first, block):
+            assert first == sum(sizes)  # in file order, no row skipped
+            sizes.append(block.shape[0])
+            consume(first, block)
+
+        real(info, rows, counting, *args, **kwargs)
+
+    monkeypatch.setattr(fmt, "stream_payload", spy)
+    return calls
+
+
+def weights_only(saved: dict) -> dict:
+    return {"weights": saved["weights"]}
+
+
+@pytest.mark.parametrize("attached", [False, True], ids=["weights-only", "attached"])
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_fill_while_reading_loads_what_the_staged_path_loads(tmp_path, monkeypatch, var_type, attached):
+    path, (saved,) = streaming_checkpoint(tmp_path, var_type)
+    monkeypatch.setattr(fmt, "READ_CHUNK", SMALL_CHUNK)
+    calls = spy_streams(monkeypatch)
+    fresh, wrapper = empty_var(var_type, attached=attached)
+    sok.load(path, fresh, wrapper)
+    slot_files = ["emb_0-Adam-m", "emb_0-Adam-v"] if attached else []
+    assert calls == [(name, CHUNK_SIZES) for name in ["emb_0-weight", *slot_files]]
+    got = state(fresh, wrapper)
+
+    staged, staged_wrapper = empty_var(var_type, attached=attached)
+    monkeypatch.setattr(ckpt, "_fills_while_reading", lambda *args: False)
+    sok.load(path, staged, staged_wrapper)
+    assert len(calls) == 1 + len(slot_files)  # no more streams: the staged path
+    assert_state_equal(got, state(staged, staged_wrapper))
+    assert_state_equal(got, saved if attached else weights_only(saved))
+    if attached:
+        assert int(wrapper.iterations.numpy()) == 1  # the step recorded in the manifest
+
+
+def truncate_while_read(monkeypatch, path: str) -> None:
+    """Cut a whole row off the file ``path`` after its header was checked, just before it is streamed."""
+    real = fmt.stream_payload
+
+    def cut(info, *args, **kwargs):
+        if info.path == path:
+            truncate(info.path, 4 * DIM)
+        return real(info, *args, **kwargs)
+
+    monkeypatch.setattr(fmt, "stream_payload", cut)
+
+
+FILL_CORRUPTIONS = {
+    # name: (damage(checkpoint path, monkeypatch), regex the error must match, needs slot files)
+    "flipped-weight-byte": (
+        lambda p, m: flip_byte(f"{p}/emb_0-weight", 296 + 4 * DIM * STREAM_ROWS // 2 + 1),
+        r"emb_0-weight.*checksum",
+        False,
+    ),
+    "flipped-slot-byte": (
+        lambda p, m: flip_byte(f"{p}/emb_0-Adam-v", 296 + 4 * DIM * STREAM_ROWS // 2 + 1),
+        r"emb_0-Adam-v.*checksum",
+        True,
+    ),
+    "truncated-weight-while-read": (
+        lambda p, m: truncate_while_read(m, f"{p}/emb_0-weight"),
+        r"emb_0-weight.*truncated",
+        False,
+    ),
+    "truncated-slot-while-read": (
+        lambda p, m: truncate_while_read(m, f"{p}/emb_0-Adam-m"),
+        r"emb_0-Adam-m.*truncated",
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+@pytest.mark.parametrize("corruption", list(FILL_CORRUPTIONS))
+def test_corrupt_file_while_filling_leaves_the_table_empty_and_usable(tmp_path, monkeypatch, corruption, var_type):
+    path, (saved,) = streaming_checkpoint(tmp_path, var_type)
+    good = str(tmp_path / "good")
+    shutil.copytree(path, good)
+    monkeypatch.setattr(fmt, "READ_CHUNK", SMALL_CHUNK)
+    damage, message, attached = FILL_CORRUPTIONS[corruption]
+    damage(path, monkeypatch)
+    fresh, wrapper = empty_var(var_type, attached=attached)
+    table = fresh.storage
+    with pytest.raises(fmt.CheckpointError, match=message):
+        sok.load(path, fresh, wrapper)
+    assert fresh.storage is table and table.size() == 0
+    if attached:
+        assert int(wrapper.iterations.numpy()) == 0
+    sok.load(good, fresh, wrapper)  # and a good checkpoint loads into it
+    assert_state_equal(state(fresh, wrapper), saved if attached else weights_only(saved))
+
+
+@pytest.mark.parametrize("error", [Killed, KeyboardInterrupt])
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_insert_error_while_filling_propagates_and_leaves_the_table_empty(tmp_path, monkeypatch, var_type, error):
+    path, (saved,) = streaming_checkpoint(tmp_path, var_type)
+    monkeypatch.setattr(fmt, "READ_CHUNK", SMALL_CHUNK)
+    fresh, _ = empty_var(var_type)
+    real = fresh.storage.insert_or_assign
+    count = {"n": 0}
+
+    def failing(*args, **kwargs):
+        count["n"] += 1
+        if count["n"] > 4:
+            raise error("simulated failure")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fresh.storage, "insert_or_assign", failing)
+    with pytest.raises(error):
+        sok.load(path, fresh)
+    assert count["n"] == 5  # no chunk was inserted after the failure
+    assert fresh.storage.size() == 0
+    monkeypatch.undo()
+    sok.load(path, fresh)
+    assert_state_equal(state(fresh), weights_only(saved))
+
+
+@pytest.mark.parametrize("second", ["empty", "holding-rows"])
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_corrupt_second_table_clears_the_first_table_filled_while_reading(tmp_path, monkeypatch, var_type, second):
+    path, _ = streaming_checkpoint(tmp_path, var_type, names=("first", "second"))
+    monkeypatch.setattr(fmt, "READ_CHUNK", SMALL_CHUNK)
+    flip_byte(f"{path}/second_0-weight", 296 + 4 * DIM * STREAM_ROWS // 2 + 1)
+    calls = spy_streams(monkeypatch)
+    first = make_var(var_type, "first")
+    other = filled_var(var_type, "second") if second == "holding-rows" else make_var(var_type, "second")
+    before = state(other)
+    with pytest.raises(fmt.CheckpointError, match=r"second_0-weight.*checksum"):
+        sok.load(path, [first, other])
+    assert calls[0] == ("first_0-weight", CHUNK_SIZES)  # the first table was filled, then cleared
+    assert first.storage.size() == 0
+    assert_state_equal(state(other), before)  # empty (cleared too), or its rows untouched
+
+
+def test_tables_that_hold_rows_or_need_optimizer_columns_are_staged(tmp_path, monkeypatch):
+    path, _ = streaming_checkpoint(tmp_path, "hbm")
+    calls = spy_streams(monkeypatch)
+    sok.load(path, filled_var("hbm"))  # holds rows
+    sok.load(path, make_var("hbm"), sok.OptimizerWrapper(K.Adam(learning_rate=0.05)))  # to be widened
+    assert calls == []
+    sok.load(path, make_var("hbm"), sok.OptimizerWrapper(K.Adam(learning_rate=0.05)))
+    assert calls == []
+    sok.load(path, make_var("hbm"))  # empty, weights only: filled while reading
+    assert [name for name, _ in calls] == ["emb_0-weight"]
 
 
 # -- incremental_model_dump (§1.11) ---------------------------------------------------------------

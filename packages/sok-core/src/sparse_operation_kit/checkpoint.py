@@ -3,10 +3,13 @@
 Files follow NVIDIA SOK's layout (``checkpoint_format``). ``dump`` is collective: every rank sends
 its shard to rank 0 in rounds of at most 64 MiB, and rank 0 writes a new directory beside ``path``
 and swaps it in only when every file is written and synced, so a crash leaves the previous
-checkpoint intact. ``load`` checks every file (headers, sizes, dims, slot files, the manifest's
-checksums) on every rank before it assigns anything, then gives each rank the rows it owns under
-the *current* world size and layout: any world size to any other, distributed and localized,
-det to hkv and back.
+checkpoint intact. ``load`` gives each rank the rows it owns under the *current* world size and
+layout (any world size to any other, distributed and localized, det to hkv and back), all or
+nothing: it checks every file (headers, sizes, dims, slot files, the manifest's checksums) on every
+rank before any variable keeps a row. Most tables are read into memory and assigned once every
+file is verified; a dynamic table that is empty when the load starts (and needs no new optimizer
+columns) is filled while its files are read, which hides the inserts behind the reads, and is
+emptied again if any file of the checkpoint turns out bad.
 
 Example::
 
@@ -372,15 +375,15 @@ def _stage(var: Any, plan: dict, rank: int, n: int) -> tuple[np.ndarray, list[np
     straight into place, no copies), held until it is assigned; the assigned bytes are the
     verified ones. Raises CheckpointError naming the file.
 
-    Why the rows are inserted after every file is read, not into a staging table of the same
-    backend while the files are read (and swapped in once verified): measured on a 2 GiB det table
-    (4 Mi rows x 128, cold cache, 2 shared cores at load average 3-4), loading into an empty
-    variable took 4.1-10.3 s and 3.9-4.9 s of CPU through a staging table (growing, or pre-sized
-    to the checkpoint's rows) against 4.7-6.2 s and 2.7-3.2 s of CPU inserting afterwards: a fresh
-    table pays a page fault per 4 KiB of its rows (and rehashes as it grows) and inserts in many
-    batches into a non-empty table, while the variable's own table has its initial capacity
-    already touched and takes every row in one call. The read leaves the CPU little to hide work
-    in on such a machine.
+    This is the path of static tables and of dynamic tables that hold rows (or are widened for
+    optimizer columns) when the load starts: their rows are assigned only after every file of the
+    checkpoint is verified, so a bad file leaves them as they were. A dynamic table that is empty
+    when the load starts takes :func:`_fill_while_reading` instead: its own table is the staging
+    area (emptied again on failure). A separate staging table of the same backend, filled while
+    reading and swapped in once verified, measured slower on a 2 GiB det table (4 Mi rows x 128,
+    cold cache, 2 shared cores): 4.1-10.3 s and 3.9-4.9 s of CPU against 4.7-6.2 s and 2.7-3.2 s
+    inserting afterwards, because a fresh table pays a page fault per 4 KiB of its rows and
+    rehashes as it grows, while the variable's own table has its initial capacity already touched.
     """
     key_info, *value_infos = plan["files"]
     rows, expected = plan["rows"], plan["crc32"]
@@ -394,6 +397,51 @@ def _stage(var: Any, plan: dict, rank: int, n: int) -> tuple[np.ndarray, list[np
         for info in value_infos
     ]
     return (keys if select is None else keys[mine]), arrays
+
+
+def _clear(filled: list[DynamicVariable]) -> None:
+    """Empty again the tables a failed load filled while reading (they were empty before)."""
+    for var in filled:
+        try:
+            var.storage.clear()
+        except Exception:  # clear the others, then the load's own error propagates
+            logger.exception("sok.load failed and could not clear %s again", var.name)
+
+
+def _fills_while_reading(var: Any, slots: list[str], wrapper: OptimizerWrapper | None) -> bool:
+    """Whether ``var`` is filled while its files are read (:func:`_fill_while_reading`): a dynamic
+    table that is empty on this rank and already has the columns of every file to load."""
+    if not isinstance(var, DynamicVariable) or var.storage.size() != 0:
+        return False
+    return not slots or getattr(var, "_sok_optimizer", None) is wrapper
+
+
+def _fill_while_reading(var: DynamicVariable, plan: dict, rank: int, n: int) -> None:
+    """Insert the rows this rank owns into ``var``'s (empty) table while its files are read.
+
+    The key file is read and verified first; then the weight file and each slot file are streamed
+    (:func:`checkpoint_format.stream_payload`): a worker thread inserts each chunk's rows into the
+    file's columns (``storage.insert_or_assign`` releases the GIL) while the next chunk is read and
+    checksummed. Memory: the keys and two chunks per file. The inserted rows are verified only
+    when their file's last chunk is: :func:`load` clears the table when anything fails.
+
+    Raises:
+        CheckpointError: a file is truncated or does not match its checksum; it names the file.
+    """
+    key_info, *value_infos = plan["files"]
+    rows, dim, expected = plan["rows"], plan["dim"], plan["crc32"]
+    keys = fmt.read_payload(key_info, rows, expected.get(os.path.basename(key_info.path))).reshape(-1)
+    mine = _owned(keys, var, rank, n)
+    select = None if mine.all() else mine
+    keys = (keys if select is None else keys[mine]).astype(var.key_type.as_numpy_dtype, copy=False)
+    storage = var.storage
+    for i, info in enumerate(value_infos):
+        columns = (i * dim, (i + 1) * dim)
+
+        def insert(first: int, block: np.ndarray, columns: tuple[int, int] = columns) -> None:
+            storage.insert_or_assign(keys[first : first + block.shape[0]], block, columns=columns)
+
+        fmt.stream_payload(info, rows, insert, expected.get(os.path.basename(info.path)), select)
 
 
 def _check_static_keys(var: Any, keys: np.ndarray, path: str) -> None:
@@ -412,9 +460,33 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     """Read variables (and optimizer state, with the step counters of the wrapper and of its Keras
     optimizer) from ``path``, whatever world size and layout wrote it.
 
-    Every file is read once and checked (headers, sizes, checksums) before any variable changes; a
-    problem raises CheckpointError naming the file and leaves the variables as they were. Until
-    then each rank holds the rows it owns in memory (its share of the checkpoint).
+    All or nothing: every file is read once and checked (headers, sizes, checksums); a problem
+    raises CheckpointError naming the file and leaves the variables as they were. Each rank keeps
+    the rows it owns under the current world size and layout.
+
+    Two ways in, chosen per table when the load starts:
+
+    * a DynamicVariable whose table is empty on this rank and needs no new optimizer columns (no
+      optimizer state to load, or the variable is already attached to ``optimizer``) is filled
+      while its files are read: the key file is read and verified first, then each chunk of the
+      weight and slot files is inserted by a worker thread while the next chunk is read. If
+      anything fails before every file of every table is verified (a bad file of any table, an
+      insert's error, KeyboardInterrupt), such tables are cleared again (they were empty) and the
+      exception is re-raised;
+    * every other table (static ones, dynamic ones that hold rows or are widened for ``optimizer``)
+      is read into memory, this rank's share of the checkpoint, and assigned only once every file
+      of every table is verified.
+
+    Args:
+        path: the checkpoint directory (ours or NVIDIA SOK's).
+        load_vars: a variable or a list of them (``sok.Variable``, ``sok.DynamicVariable``).
+        optimizer: a ``sok.OptimizerWrapper`` whose state to load, or None (weights only).
+        callback: progress (two steps per table: read, assign).
+
+    Raises:
+        CheckpointError: a file is missing, truncated, corrupt or does not match its variable.
+        ValueError: a variable holds another wrapper's state, or a static table's optimizer state
+            has nowhere to go yet.
     """
     variables, wrapper = _variables(load_vars), _optimizer(optimizer)
     if communication.rank() == 0:
@@ -437,17 +509,31 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     rank, n = comm.rank(), comm.num_ranks()
     callback = callback or NoOpCallback()
     callback.set_size(2 * len(variables))
-    staged = []
-    for var, plan in zip(variables, plans):
-        staged.append(_stage(var, plan, rank, n))
-        callback.relative_update(1)
-    for var, slots, (keys, arrays) in zip(variables, slot_names, staged):
-        if isinstance(var, DynamicVariable):
-            _load_dynamic(var, keys, arrays, slots, wrapper)
-        else:
-            targets = [var] + [static_state[id(var)][s] for s in slots]
-            for target, values in zip(targets, arrays):
-                _load_static(var, target, keys, values, rank, n)
+    streamed = [_fills_while_reading(v, slots, wrapper) for v, slots in zip(variables, slot_names)]
+    staged: list[tuple[np.ndarray, list[np.ndarray]] | None] = []
+    filled: list[DynamicVariable] = []
+    try:
+        for var, plan, stream in zip(variables, plans, streamed):
+            if stream:
+                filled.append(var)
+                _fill_while_reading(var, plan, rank, n)
+                staged.append(None)
+            else:
+                staged.append(_stage(var, plan, rank, n))
+            callback.relative_update(1)
+    except BaseException:
+        _clear(filled)
+        raise
+    # Every file of every table is verified: assign the staged rows.
+    for var, slots, item in zip(variables, slot_names, staged):
+        if item is not None:
+            keys, arrays = item
+            if isinstance(var, DynamicVariable):
+                _load_dynamic(var, keys, arrays, slots, wrapper)
+            else:
+                targets = [var] + [static_state[id(var)][s] for s in slots]
+                for target, values in zip(targets, arrays):
+                    _load_static(var, target, keys, values, rank, n)
         callback.relative_update(1)
     if wrapper is not None and manifest is not None and manifest.get("step") is not None:
         wrapper.iterations.assign(manifest["step"])

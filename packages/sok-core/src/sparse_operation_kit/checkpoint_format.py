@@ -25,9 +25,10 @@ import json
 import os
 import string
 import struct
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -36,7 +37,8 @@ try:  # ISA-L: the same CRC-32 as zlib's, about 6x faster (the optional extra so
 except ImportError:
     from zlib import crc32 as _crc32
 
-#: Bytes read per system call (and checksummed per step) by :func:`read_payload` and :func:`crc32`.
+#: Bytes read per system call (and checksummed per step) by :func:`read_payload`,
+#: :func:`stream_payload` (rounded down to whole rows, at least one) and :func:`crc32`.
 #: Cold reads of 16 MiB per call ran ~30% slower than one ``np.fromfile`` of a 2 GiB file on the
 #: development VM; 64-256 MiB per call came within a few percent of it.
 READ_CHUNK = 1 << 27
@@ -154,21 +156,132 @@ def read_payload(
     width = info.elements // rows if rows else 0
     kept = rows if select is None else int(np.count_nonzero(select))
     out = np.empty((kept, width), info.dtype)
+    _read_rows(info, rows, expected_crc, select, out=out)
+    return out
+
+
+def stream_payload(
+    info: FileInfo,
+    rows: int,
+    consume: Callable[[int, np.ndarray], None],
+    expected_crc: str | None = None,
+    select: np.ndarray | None = None,
+) -> None:
+    """Read a file's rows once, chunk by chunk, and hand each chunk to ``consume`` while the next
+    one is read; the file is checked as :func:`read_payload` checks it, but only at the end.
+
+    Chunks are whole rows, about :data:`READ_CHUNK` bytes (at least one row), read into two reused
+    buffers. The checksum thread chains each chunk's CRC-32 and a worker thread calls ``consume``
+    on it (so ``consume`` should release the GIL, as the storage calls do, to overlap the reads); a
+    buffer is read into again only when its CRC-32 and its ``consume`` call have finished, and the
+    calls come in file order.
+
+    ``consume`` sees rows that are not yet verified: a caller that keeps them must undo what it did
+    when this raises.
+
+    Args:
+        info: the file (its header already checked by :func:`read_header`).
+        rows: rows of the file (its keys); 0 for an empty file (``consume`` is not called).
+        consume: ``consume(first_row, block)``: ``block [r, width]`` holds the kept rows
+            ``first_row .. first_row + r - 1`` (indices among the kept rows: the file's rows
+            without ``select``). Valid only during the call (its buffer is reused).
+        expected_crc: the manifest's checksum of the file, or None.
+        select: ``bool [rows]``: hand over only these rows (chunks without any are skipped);
+            None hands over every row.
+
+    Raises:
+        CheckpointError: as :func:`read_payload`, after every call of ``consume`` has returned.
+        Exception: the first exception of ``consume`` (KeyboardInterrupt too), as it was raised;
+            ``consume`` is not called again after it.
+
+    Example::
+
+        # keys [N] read before; insert the weight file's rows while the file is read.
+        stream_payload(info, N, lambda first, block: storage.insert_or_assign(keys[first : first + len(block)], block))
+    """
+    _read_rows(info, rows, expected_crc, select, consume=consume)
+
+
+def _read_rows(
+    info: FileInfo,
+    rows: int,
+    expected_crc: str | None,
+    select: np.ndarray | None,
+    out: np.ndarray | None = None,
+    consume: Callable[[int, np.ndarray], None] | None = None,
+) -> None:
+    """The reading loop of :func:`read_payload` (``out``: the kept rows go there) and
+    :func:`stream_payload` (``consume``). Every row of the file is read once, in whole-row chunks:
+    straight into ``out`` when every row is kept, otherwise into two reused buffers. The checksum
+    thread chains the CRC-32 of each chunk while the next one is read, and a worker thread copies
+    the selected rows (into ``out``, or into a reused buffer) and calls ``consume``."""
+    width = info.elements // rows if rows else 0
+    step = max(1, READ_CHUNK // max(1, width * np.dtype(info.dtype).itemsize))
+    direct = out is not None and select is None
+    buffers = [] if direct else [np.empty((min(step, rows), width), info.dtype) for _ in range(2)]
+    picked: list[np.ndarray] = []
+    if select is not None and out is None:
+        picked = [np.empty((min(step, int(np.count_nonzero(select))), width), info.dtype) for _ in range(2)]
+    pending: list[list[Future]] = [[], []]  # per buffer: its CRC-32 and its work, both to finish before reuse
     with open(info.path, "rb", buffering=0) as f, ThreadPoolExecutor(1) as checksums:
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        crc = checksums.submit(update_crc32, _read_exactly(f, memoryview(bytearray(HEADER_BYTES)), info.path))
-        if select is None:
-            crc = _read_into(f, out.reshape(-1).view(np.uint8), info.path, checksums, crc)
-        else:
-            crc = _read_selected(f, out, select, info, checksums, crc)
-        value = f"{crc.result():08x}"
+        worker = ThreadPoolExecutor(1)
+        try:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            crc = checksums.submit(update_crc32, _read_exactly(f, memoryview(bytearray(HEADER_BYTES)), info.path))
+            kept, work = 0, None
+            for turn, start in enumerate(range(0, rows, step)):
+                stop, slot = min(rows, start + step), turn % 2
+                for future in pending[slot]:
+                    future.result()  # raises the exception of a consume call
+                target = out[start:stop] if direct else buffers[slot][: stop - start]
+                raw = _read_exactly(f, memoryview(target.reshape(-1).view(np.uint8)), info.path)
+                crc = checksums.submit(_chain_crc, raw, crc)
+                pending[slot] = [crc]
+                if select is not None:
+                    chosen = select[start:stop]
+                    count = int(np.count_nonzero(chosen))
+                    if count:
+                        into = out[kept : kept + count] if out is not None else picked[slot][:count]
+                        work = worker.submit(_after, work, _pick, chosen, target, into, consume, kept)
+                        pending[slot].append(work)
+                    kept += count
+                elif consume is not None:
+                    work = worker.submit(_after, work, consume, start, target)
+                    pending[slot].append(work)
+            for future in pending[0] + pending[1]:
+                future.result()
+            value = f"{crc.result():08x}"
+        except BaseException:
+            worker.shutdown(wait=True, cancel_futures=True)  # no consume call runs after this returns
+            raise
+        worker.shutdown(wait=True)
     if expected_crc is not None and value != expected_crc:
         raise CheckpointError(
             f"{info.path} does not match its checksum in the manifest (CRC-32 {value}, expected "
             f"{expected_crc}): the file is corrupt"
         )
-    return out
+
+
+def _after(previous: Future | None, fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)`` unless the work before it (done: one worker, in order) failed; then fail the same
+    way, so no consume call follows a failed one."""
+    if previous is not None:
+        previous.result()
+    fn(*args)
+
+
+def _pick(
+    chosen: np.ndarray,
+    block: np.ndarray,
+    into: np.ndarray,
+    consume: Callable[[int, np.ndarray], None] | None,
+    first: int,
+) -> None:
+    """Copy the ``chosen`` rows of ``block`` to ``into`` and hand them to ``consume``."""
+    np.compress(chosen, block, axis=0, out=into)
+    if consume is not None:
+        consume(first, into)
 
 
 def _read_exactly(f: BinaryIO, target: memoryview, path: str) -> memoryview:
@@ -182,39 +295,6 @@ def _read_exactly(f: BinaryIO, target: memoryview, path: str) -> memoryview:
             )
         done += count
     return target
-
-
-def _read_into(f: BinaryIO, target: np.ndarray, path: str, checksums: ThreadPoolExecutor, crc: Future) -> Future:
-    """Read ``target.size`` bytes into ``target`` chunk by chunk; each chunk's CRC-32 is chained onto
-    ``crc`` in the checksum thread while the next is read. Returns the future of the running CRC."""
-    view = memoryview(target)
-    for start in range(0, len(view), READ_CHUNK):
-        chunk = _read_exactly(f, view[start : start + READ_CHUNK], path)
-        crc = checksums.submit(_chain_crc, chunk, crc)
-    return crc
-
-
-def _read_selected(
-    f: BinaryIO, out: np.ndarray, select: np.ndarray, info: FileInfo, checksums: ThreadPoolExecutor, crc: Future
-) -> Future:
-    """Read the file's rows chunk by chunk into two reused buffers (one is read while the other is
-    checksummed) and copy the selected rows to ``out``."""
-    rows, width = select.shape[0], out.shape[1]
-    step = max(1, READ_CHUNK // max(1, width * out.itemsize))
-    buffers = [np.empty((min(step, rows), width), info.dtype) for _ in range(2)]
-    pending: list[Future | None] = [None, None]
-    kept = 0
-    for turn, start in enumerate(range(0, rows, step)):
-        stop = min(rows, start + step)
-        buffer = buffers[turn % 2][: stop - start]
-        if pending[turn % 2] is not None:
-            pending[turn % 2].result()  # its last checksum is done: the buffer can be refilled
-        _read_exactly(f, memoryview(buffer.reshape(-1).view(np.uint8)), info.path)
-        crc = pending[turn % 2] = checksums.submit(_chain_crc, memoryview(buffer.reshape(-1).view(np.uint8)), crc)
-        count = int(np.count_nonzero(select[start:stop]))
-        np.compress(select[start:stop], buffer, axis=0, out=out[kept : kept + count])
-        kept += count
-    return crc
 
 
 def _chain_crc(data: memoryview, previous: Future) -> int:

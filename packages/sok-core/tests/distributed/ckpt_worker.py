@@ -11,7 +11,9 @@
 ``load CKPT EXPECTED OUT DUMP2``
     Loads CKPT into fresh tables (localized ones on the last rank) and a fresh wrapper, checks that
     each rank holds exactly the rows it owns under this world size with the values of EXPECTED,
-    dumps them again to DUMP2, and writes OUT/result-<rank>.json (``{"errors": [...]}``).
+    dumps them again to DUMP2, loads the dynamic tables again into empty tables that are filled
+    while the files are read (weights only, and attached to a wrapper beforehand), checks those
+    too, and writes OUT/result-<rank>.json (``{"errors": [...]}``).
 
 Every rank exits 0 when its checks pass and 1 otherwise.
 """
@@ -28,6 +30,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import sparse_operation_kit as sok  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
 
 DIM = 4
 STATIC_ROWS = 11  # not a multiple of 2 or 3: shards of unequal size
@@ -161,15 +164,41 @@ def load(ckpt: str, expected_path: str, out: str, dump2: str) -> list[str]:
         errors.append(f"rank {rank}: optimizer.iterations is {int(wrapper.optimizer.iterations.numpy())}, expected 1")
     if int(wrapper.iterations.numpy()) != 1:
         errors.append(f"rank {rank}: wrapper.iterations is {int(wrapper.iterations.numpy())}, expected 1")
-    for name, var in dynamics.items():
-        keys, rows, accumulator = local_state(var, wrapper)
+
+    def check_dynamic(what: str, name: str, var, wrapper) -> None:
+        """This rank's rows of a dynamic table (and its accumulator, with ``wrapper``), by key."""
+        if wrapper is None:
+            keys, rows = (t.numpy() for t in sok.export(var))
+            by_key = np.argsort(keys)
+            keys, rows = keys[by_key], rows[by_key]
+        else:
+            keys, rows, accumulator = local_state(var, wrapper)
         all_keys = expected[f"{name}/keys"]
         mine = owned(all_keys, DYNAMIC[name][1], rank, n)
         order = np.argsort(all_keys[mine])
-        check(f"{name} keys", keys, all_keys[mine][order])
-        check(f"{name} weights", rows, expected[f"{name}/weights"][mine][order])
-        check(f"{name} accumulator", accumulator, expected[f"{name}/accumulator"][mine][order])
+        check(f"{what} {name} keys", keys, all_keys[mine][order])
+        check(f"{what} {name} weights", rows, expected[f"{name}/weights"][mine][order])
+        if wrapper is not None:
+            check(f"{what} {name} accumulator", accumulator, expected[f"{name}/accumulator"][mine][order])
+
+    for name, var in dynamics.items():  # staged (the fresh wrapper widens them)
+        check_dynamic("staged", name, var, wrapper)
     sok.dump(dump2, [statics["dist"], statics["local"], *dynamics.values()], wrapper)
+
+    # The same dynamic tables filled while the files are read (empty, with the columns of every
+    # file they load), in chunks of 3 rows (6 keys) so each rank keeps a part of most chunks:
+    # weights only, and with a wrapper that already owns them (as after a first training step).
+    fmt.READ_CHUNK = 3 * DIM * 4 + 5
+    plain = dynamic_tables(n)
+    sok.load(ckpt, list(plain.values()))
+    owner = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(learning_rate=0.1))
+    attached = dynamic_tables(n)
+    for var in attached.values():
+        owner._attach(var)
+    sok.load(ckpt, list(attached.values()), owner)
+    for name in DYNAMIC:
+        check_dynamic("filled while reading", name, plain[name], None)
+        check_dynamic("filled while reading", name, attached[name], owner)
     return errors
 
 
