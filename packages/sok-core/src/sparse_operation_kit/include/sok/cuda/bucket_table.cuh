@@ -483,9 +483,29 @@ class BucketTable final : public sok::Storage {
     check_cuda(cudaMemsetAsync(any_full, 0, sizeof(unsigned int), stream), "cudaMemsetAsync");
     const unsigned int blocks = group_blocks(a.n);
     update_hits_kernel<<<blocks, kBlock, 0, stream>>>(view_, a, missing);
-    place_missing_kernel<false><<<blocks, kBlock, 0, stream>>>(view_, a, missing, any_full);
-    if (a.evicting) place_missing_kernel<true><<<blocks, kBlock, 0, stream>>>(view_, a, missing, any_full);
+    const bool hybrid = view_.hb < view_.B;
+    const bool constant = std::all_of(a.inits.items, a.inits.items + a.inits.count,
+                                      [](const sok_initializer& i) { return i.kind == SOK_INIT_CONSTANT; });
+    if (hybrid && constant) {
+      place_missing<true, true>(blocks, stream, a, missing, any_full);
+    } else if (hybrid) {
+      place_missing<true, false>(blocks, stream, a, missing, any_full);
+    } else if (constant) {
+      place_missing<false, true>(blocks, stream, a, missing, any_full);
+    } else {
+      place_missing<false, false>(blocks, stream, a, missing, any_full);
+    }
     check_cuda(cudaGetLastError(), "upsert kernels");
+  }
+
+  // Pass A, then in an evicting table pass B, of the placing kernel compiled for this table.
+  template <bool kHybrid, bool kConstInits>
+  void place_missing(unsigned int blocks, cudaStream_t stream, const UpsertArgs& a, uint8_t* missing,
+                     unsigned int* any_full) {
+    place_missing_kernel<false, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, missing, any_full);
+    if (a.evicting) {
+      place_missing_kernel<true, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, missing, any_full);
+    }
   }
 
   // LRU clock: ns since the Unix epoch, strictly increasing per table (as on the CPU).
@@ -576,8 +596,7 @@ class BucketTable final : public sok::Storage {
     v.W = row_width();
     try {
       check_cuda(cudaMalloc(&v.digests, slots), "cudaMalloc (states)");
-      check_cuda(cudaMalloc(&v.keys, sizeof(uint64_t) * slots), "cudaMalloc (keys)");
-      check_cuda(cudaMalloc(&v.scores, sizeof(uint64_t) * slots), "cudaMalloc (scores)");
+      check_cuda(cudaMalloc(&v.records, 2 * sizeof(uint64_t) * slots), "cudaMalloc (keys and scores)");
       check_cuda(cudaMalloc(&v.flags, sizeof(uint32_t) * v.nb), "cudaMalloc (flags)");
       const int64_t dev_rows = v.nb * v.hb;
       const int64_t host_rows = v.nb * (v.B - v.hb);
@@ -591,7 +610,7 @@ class BucketTable final : public sok::Storage {
         v.vhost = static_cast<float*>(mapped);
       }
       check_cuda(cudaMemset(v.digests, 0, slots), "cudaMemset");
-      check_cuda(cudaMemset(v.scores, 0, sizeof(uint64_t) * slots), "cudaMemset");
+      check_cuda(cudaMemset(v.records, 0, 2 * sizeof(uint64_t) * slots), "cudaMemset");
       check_cuda(cudaMemset(v.flags, 0, sizeof(uint32_t) * v.nb), "cudaMemset");
       // The memsets ran on the legacy stream; callers may use non-blocking streams.
       check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (allocation)");
@@ -604,8 +623,7 @@ class BucketTable final : public sok::Storage {
 
   static void release(View& v) {
     cudaFree(v.digests);
-    cudaFree(v.keys);
-    cudaFree(v.scores);
+    cudaFree(v.records);
     cudaFree(v.flags);
     cudaFree(v.vdev);
     if (v.vhost != nullptr) {
