@@ -66,24 +66,47 @@ def test_lookup_inserts_each_new_key_once(var_type):
 
 
 @pytest.mark.parametrize("key_type", [tf.int64, tf.int32, tf.uint64])
-def test_lookup_of_each_distinct_key_once_equals_one_lookup_per_occurrence(key_type):
-    # det declares distinct_lookups: its lookups pass each distinct key once; results, new rows and
-    # their order must be those of a lookup of every occurrence.
+@pytest.mark.parametrize(
+    "var_type, options", [("hbm", {}), ("hybrid", {}), ("hybrid", {"evict_strategy": "epoch_lru"})]
+)
+def test_lookup_of_each_distinct_key_once_equals_one_lookup_per_occurrence(key_type, var_type, options):
+    # det, and hkv under LRU policies, look each distinct key up once; results, new rows, their
+    # order and scores must be those of a lookup of every occurrence.
     from sparse_operation_kit import tf_ops
 
     def var():
-        v = make_var("hbm", dimension=4, key_type=key_type, initializer=tf.keras.initializers.RandomUniform(seed=7))
+        v = make_var(
+            var_type,
+            dimension=4,
+            key_type=key_type,
+            initializer=tf.keras.initializers.RandomUniform(seed=7),
+            **options,
+        )
         sok.assign(v, tf.constant([5, 6], key_type), rows(2, 4))
         return v
 
     ids = tf.constant([[9, 5, 9], [7, 7, 6], [9, 8, 5]], key_type)
     distinct, per_occurrence = var(), var()
-    assert distinct.storage.spec.capabilities.distinct_lookups
+    assert distinct.storage.distinct_lookups
     out = tf.nn.embedding_lookup(distinct, ids)
     expected = tf_ops.library().sok_lookup(*per_occurrence.table_inputs, ids, col_begin=0, col_end=4, distinct=False)
     np.testing.assert_array_equal(out.numpy(), expected.numpy())
     for got, want in zip(sok.export(distinct), sok.export(per_occurrence)):  # same slots, same rows
         np.testing.assert_array_equal(got.numpy(), want.numpy())
+    # Same scores up to the clock: one tick per call on both sides.
+    _, _, got_scores = distinct.storage.export()
+    _, _, want_scores = per_occurrence.storage.export()
+    assert (np.argsort(got_scores, kind="stable") == np.argsort(want_scores, kind="stable")).all()
+
+
+@pytest.mark.parametrize("strategy", ["lfu", "epoch_lfu", "custom"])
+def test_lfu_and_custom_hybrid_lookups_count_every_occurrence(strategy):
+    v = make_var("hybrid", dimension=4, evict_strategy=strategy)
+    assert not v.storage.distinct_lookups
+    if strategy == "lfu":  # each occurrence adds one to the frequency
+        tf.nn.embedding_lookup(v, tf.constant([3, 3, 3, 4], tf.int64))
+        keys, _, scores = v.storage.export()
+        assert dict(zip(keys.tolist(), scores.tolist())) == {3: 3, 4: 1}
 
 
 @pytest.mark.parametrize("var_type", VAR_TYPES)

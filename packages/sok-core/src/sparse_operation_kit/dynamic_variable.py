@@ -271,7 +271,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
                 self._keys(indices),
                 col_begin=0,
                 col_end=self._dimension,
-                distinct=self.storage.spec.capabilities.distinct_lookups,
+                distinct=self.storage.distinct_lookups,
             )
 
     # -- writes through IndexedSlices (SOK's scatter_* for dynamic variables) ------------------

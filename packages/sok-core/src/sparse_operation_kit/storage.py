@@ -191,6 +191,8 @@ class Storage:
         var_type: the var_type it was created for.
         initializers: how new rows are filled (zeros when empty).
         device: where the table lives: ``"cpu"`` here, ``"cuda:N"`` for a :class:`CudaStorage`.
+        distinct_lookups: lookups may pass each distinct key once (the backend's
+            ``Capabilities.lookups_distinct`` for this table's options).
     """
 
     def __init__(
@@ -200,11 +202,13 @@ class Storage:
         var_type: str,
         initializers: Sequence[inits.Initializer] = (),
         device: str = "cpu",
+        distinct_lookups: bool = False,
     ) -> None:
         self.table = table
         self.spec = spec
         self.var_type = var_type
         self.device = device
+        self.distinct_lookups = distinct_lookups
         self.row_width = int(table.row_width)
         self.key_dtype = np.dtype(table.key_dtype)
         self.initializers = tuple(initializers)
@@ -521,6 +525,7 @@ class CudaStorage(Storage):
         var_type: the var_type it was created for.
         initializers: how new rows are filled (zeros when empty).
         device: ``"cuda:N"``.
+        distinct_lookups: as for :class:`Storage`.
     """
 
     def __init__(
@@ -530,12 +535,13 @@ class CudaStorage(Storage):
         var_type: str,
         initializers: Sequence[inits.Initializer] = (),
         device: str = "cuda:0",
+        distinct_lookups: bool = False,
     ) -> None:
         kind, self.device_id = parse_device(device)
         if kind != "cuda":
             raise ValueError(f"a CudaStorage lives on a GPU, not on {device!r}")
         self._cupy = cupy_module()
-        super().__init__(table, spec, var_type, initializers, f"cuda:{self.device_id}")
+        super().__init__(table, spec, var_type, initializers, f"cuda:{self.device_id}", distinct_lookups)
 
     # -- arguments to the device ----------------------------------------------------------------
     def _keys(self, keys: Any) -> Any:
@@ -657,13 +663,15 @@ def create_storage(
         )
     init_list = _initializers(initializer, int(row_width), seed)
     make = factory or registry.factory(var_type)
+    texts = _options_as_strings(options)
+    distinct = spec.capabilities.lookups_distinct(texts)
     if kind == "cpu":  # no device argument: three-argument factories keep working
-        table = make(dtype.name, int(row_width), _options_as_strings(options))
+        table = make(dtype.name, int(row_width), texts)
         logger.debug("created %s storage: %s", var_type, table.describe())
-        return Storage(table, spec, var_type, init_list)
+        return Storage(table, spec, var_type, init_list, distinct_lookups=distinct)
     device = f"cuda:{device_id}"
-    table = _make_gpu_table(make, spec, var_type, dtype.name, int(row_width), _options_as_strings(options), device)
-    storage = CudaStorage(table, spec, var_type, init_list, device)
+    table = _make_gpu_table(make, spec, var_type, dtype.name, int(row_width), texts, device)
+    storage = CudaStorage(table, spec, var_type, init_list, device, distinct_lookups=distinct)
     if logger.isEnabledFor(logging.DEBUG):  # describe() waits for the GPU
         logger.debug("created %s storage on %s: %s", var_type, device, storage.describe())
     return storage

@@ -18,7 +18,7 @@ import ctypes
 import importlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +82,9 @@ class Capabilities:
         key_dtypes: the key dtypes accepted (NumPy names).
         eviction_policies: the ``evict_strategy`` values accepted (empty without eviction).
         distinct_lookups: ``find_or_insert`` leaves the same rows and scores whether a key repeats
-            in a batch or not (no per-occurrence counts), so lookups may pass each distinct key once.
+            in a batch or not (no per-occurrence counts), so lookups may pass each distinct key once;
+            or a function of a storage's backend options (strings) that says so for that storage
+            (hkv: under LRU policies, not LFU ones). See :meth:`lookups_distinct`.
     """
 
     eviction: bool = False
@@ -91,7 +93,19 @@ class Capabilities:
     devices: tuple[str, ...] = ("cpu",)
     key_dtypes: tuple[str, ...] = KEY_DTYPES
     eviction_policies: tuple[str, ...] = ()
-    distinct_lookups: bool = False
+    distinct_lookups: bool | Callable[[Mapping[str, str]], bool] = False
+
+    def lookups_distinct(self, options: Mapping[str, str]) -> bool:
+        """``distinct_lookups`` of a storage made with these backend options.
+
+        Example::
+
+            >>> Capabilities(distinct_lookups=lambda o: o.get("evict_strategy", "lru") == "lru").lookups_distinct({})
+            True
+        """
+        if callable(self.distinct_lookups):
+            return bool(self.distinct_lookups(options))
+        return self.distinct_lookups
 
 
 @dataclass(frozen=True)
