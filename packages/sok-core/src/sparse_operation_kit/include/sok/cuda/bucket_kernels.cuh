@@ -577,7 +577,9 @@ __device__ void fill_slot(const Group& g, const View& t, const UpsertArgs& a, in
 }
 
 // One group of kGroup lanes per (leader) key: the mode's write and a new score if the key is
-// present, else missing[i] = 1.
+// present, else missing[i] = 1. Without leaders (a.leader null: find_or_insert under LRU-like
+// policies) every occurrence is looked up: repeated hits copy the same row out and store the same
+// score.
 __global__ void __launch_bounds__(kBlock, kHitsMinBlocks) update_hits_kernel(View t, UpsertArgs a, uint8_t* missing) {
   auto block = cg::this_thread_block();
   auto g = cg::tiled_partition<kGroup>(block);
@@ -585,7 +587,7 @@ __global__ void __launch_bounds__(kBlock, kHitsMinBlocks) update_hits_kernel(Vie
   const int32_t w = a.ce - a.cb;
   const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; i < a.n; i += groups) {
-    if (a.leader[i] != i) continue;
+    if (a.leader != nullptr && a.leader[i] != i) continue;
     const uint64_t key = load_key_d(a.keys, a.key_type, i);
     const uint64_t h = sok::hash_key(key);
     const int64_t slot = locate<false>(t, g, key, h, digest_of(h));
@@ -807,13 +809,17 @@ __global__ void export_advance_kernel(const int32_t* flags, const int32_t* ranks
   if (limit > 0) *base += static_cast<unsigned long long>(ranks[limit - 1] + flags[limit - 1]);
 }
 
-// Deduplication, pass 1: every key claims (or joins) a slot of an open-addressing index of
-// `slots` entries (owner = the first batch index to claim it); last = the highest batch index per
-// distinct key.
+// Deduplication, pass 1: every key (with `only`, every key i with only[i] != 0; the others get
+// slot_of -1) claims (or joins) a slot of an open-addressing index of `slots` entries (owner = the
+// first batch index to claim it); last = the highest batch index per distinct key.
 __global__ void dedup_insert_kernel(int64_t n, const void* keys, int32_t key_type, int64_t slots, int32_t* owner,
-                                    int32_t* last, int32_t* slot_of) {
+                                    int32_t* last, int32_t* slot_of, const uint8_t* only) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (only != nullptr && only[i] == 0) {
+      slot_of[i] = -1;
+      continue;
+    }
     const uint64_t key = load_key_d(keys, key_type, i);
     int64_t s = static_cast<int64_t>(sok::hash_key(key) & static_cast<uint64_t>(slots - 1));
     while (true) {
@@ -830,11 +836,12 @@ __global__ void dedup_insert_kernel(int64_t n, const void* keys, int32_t key_typ
   }
 }
 
-// Pass 2: leader[i] = the last batch index of key i (it acts for all its duplicates).
+// Pass 2: leader[i] = the last batch index of key i (it acts for all its duplicates); i for a key
+// left out of pass 1.
 __global__ void dedup_leader_kernel(int64_t n, const int32_t* last, const int32_t* slot_of, int32_t* leader) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    leader[i] = last[slot_of[i]];
+    leader[i] = slot_of[i] < 0 ? static_cast<int32_t>(i) : last[slot_of[i]];
   }
 }
 
