@@ -187,11 +187,7 @@ int64_t DetTable::insert(uint64_t key, bool* created) {
 void DetTable::insert_missing(int64_t n, const void* keys, int64_t* rows, uint8_t* found,
                               const sok_initializer* inits, int32_t num_inits, bool skip_init,
                               std::vector<int64_t>* created_rows) {
-  int64_t misses = 0;
-  for (int64_t i = 0; i < n; ++i) misses += rows[i] == kEmpty;
-  if (found != nullptr) {
-    for (int64_t i = 0; i < n; ++i) found[i] = rows[i] != kEmpty;
-  }
+  const int64_t misses = sok::mark_found(n, rows, kEmpty, found);
   if (misses == 0) return;
   // `misses` bounds the new keys from above (duplicates count several times); the exact count
   // needs a sort, so it is only computed when the bound would break max_capacity.
@@ -344,11 +340,7 @@ int64_t DetTable::update_rows(const sok_exec_context&, int64_t n, const void* ke
   std::unique_lock lock(mutex_);
   std::vector<int64_t> rows(n);
   lookup_all(n, keys, rows.data());
-  int64_t missing = 0;
-  for (int64_t i = 0; i < n; ++i) missing += rows[i] == kEmpty;
-  if (found != nullptr) {
-    for (int64_t i = 0; i < n; ++i) found[i] = rows[i] != kEmpty;
-  }
+  const int64_t missing = sok::mark_found(n, rows.data(), kEmpty, found);
   if (missing > 0) return missing;
   const uint64_t now = sok::now_ns();
   for_each_row(n, rows.data(), cols, [&](int64_t i, int64_t row) {

@@ -489,11 +489,7 @@ int64_t HkvTable::update_rows(const sok_exec_context&, int64_t n, const void* ke
       return true;
     });
   });
-  int64_t missing = 0;
-  for (int64_t i = 0; i < n; ++i) missing += slots[i] == kNotFound;
-  if (found != nullptr) {
-    for (int64_t i = 0; i < n; ++i) found[i] = slots[i] != kNotFound;
-  }
+  const int64_t missing = sok::mark_found(n, slots.data(), kNotFound, found);
   if (missing > 0) return missing;
   const uint64_t now = tick();
   const size_t bytes = sizeof(float) * cols.width();

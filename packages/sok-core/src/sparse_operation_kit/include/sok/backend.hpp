@@ -86,8 +86,8 @@ SOK_HD inline uint64_t hash_key(uint64_t key) { return mix64(key); }
 
 // The random stream of initializers: a pure function of (seed, key, column, draw), defined once
 // here and mirrored by sparse_operation_kit/initializers.py (the NumPy reference). CUDA builds
-// compile it with --fmad=false so that device results equal the host's bit for bit.
-// The part of a row's stream that depends on (seed, key) only.
+// compile it with --fmad=false so that device results equal the host's bit for bit. stream_base
+// is the part of a row's stream that depends on (seed, key) only.
 SOK_HD inline uint64_t stream_base(uint64_t seed, uint64_t key) { return mix64(key ^ mix64(seed)); }
 
 SOK_HD inline double uniform01_at(uint64_t base, int32_t col, uint32_t draw) {
@@ -97,6 +97,11 @@ SOK_HD inline double uniform01_at(uint64_t base, int32_t col, uint32_t draw) {
 
 SOK_HD inline double uniform01(uint64_t seed, uint64_t key, int32_t col, uint32_t draw) {
   return uniform01_at(stream_base(seed, key), col, draw);
+}
+
+// A uniform initializer's value at column col of the row whose stream_base is base.
+SOK_HD inline float uniform_value(const sok_initializer& init, uint64_t base, int32_t col) {
+  return static_cast<float>(init.a + (init.b - init.a) * uniform01_at(base, col, 0));
 }
 
 SOK_HD inline double normal01(uint64_t seed, uint64_t key, int32_t col, uint32_t attempt) {
@@ -110,8 +115,7 @@ constexpr uint32_t kTruncatedNormalAttempts = 64;
 SOK_HD inline float init_value(const sok_initializer& init, uint64_t key, int32_t col) {
   switch (init.kind) {
     case SOK_INIT_CONSTANT: return static_cast<float>(init.a);
-    case SOK_INIT_UNIFORM:
-      return static_cast<float>(init.a + (init.b - init.a) * uniform01(init.seed, key, col, 0));
+    case SOK_INIT_UNIFORM: return uniform_value(init, stream_base(init.seed, key), col);
     case SOK_INIT_NORMAL:
       return static_cast<float>(init.a + init.b * normal01(init.seed, key, col, 0));
     case SOK_INIT_TRUNCATED_NORMAL: {
@@ -136,12 +140,10 @@ inline void init_row(float* row, int32_t width, uint64_t key, const sok_initiali
     if (init.kind == SOK_INIT_CONSTANT) {
       std::fill(row + init.col_begin, row + init.col_end, static_cast<float>(init.a));
     } else if (init.kind == SOK_INIT_UNIFORM) {
-      // init_value's uniform draw with the row's part of the stream computed once: "random", the
-      // default, fills new rows 3x faster than one init_value per column (the same bits).
+      // The row's part of the stream computed once: "random", the default, fills new rows 3x
+      // faster than one init_value per column (the same bits).
       const uint64_t base = stream_base(init.seed, key);
-      for (int32_t c = init.col_begin; c < init.col_end; ++c) {
-        row[c] = static_cast<float>(init.a + (init.b - init.a) * uniform01_at(base, c, 0));
-      }
+      for (int32_t c = init.col_begin; c < init.col_end; ++c) row[c] = uniform_value(init, base, c);
     } else {
       for (int32_t c = init.col_begin; c < init.col_end; ++c) row[c] = init_value(init, key, c);
     }
@@ -165,6 +167,17 @@ inline uint64_t now_ns() {
 }
 
 // Threads used by bulk operations: the hardware threads, at most 16.
+// How many of places (n,) equal `absent` (a probe's "not found"); found (n,), unless null, gets 1
+// for the others and 0 for those.
+inline int64_t mark_found(int64_t n, const int64_t* places, int64_t absent, uint8_t* found) {
+  int64_t missing = 0;
+  for (int64_t i = 0; i < n; ++i) missing += places[i] == absent;
+  if (found != nullptr) {
+    for (int64_t i = 0; i < n; ++i) found[i] = places[i] != absent;
+  }
+  return missing;
+}
+
 inline int num_workers() {
   static const int n = static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
   return n;
