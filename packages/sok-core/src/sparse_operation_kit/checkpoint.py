@@ -385,18 +385,28 @@ def _stage(var: Any, plan: dict, rank: int, n: int) -> tuple[np.ndarray, list[np
     inserting afterwards, because a fresh table pays a page fault per 4 KiB of its rows and
     rehashes as it grows, while the variable's own table has its initial capacity already touched.
     """
-    key_info, *value_infos = plan["files"]
-    rows, expected = plan["rows"], plan["crc32"]
-    keys = fmt.read_payload(key_info, rows, expected.get(os.path.basename(key_info.path))).reshape(-1)
+    keys, select = _owned_keys(var, plan, rank, n)
+    arrays = [
+        fmt.read_payload(info, plan["rows"], _expected_crc(plan, info), select).reshape(-1, plan["dim"])
+        for info in plan["files"][1:]
+    ]
+    return keys, arrays
+
+
+def _expected_crc(plan: dict, info: fmt.FileInfo) -> str | None:
+    """The manifest's checksum of a planned file, or None (no manifest)."""
+    return plan["crc32"].get(os.path.basename(info.path))
+
+
+def _owned_keys(var: Any, plan: dict, rank: int, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Read and check a table's key file: ``(the keys this rank owns, select)``, select being the
+    ``bool [rows]`` mask of them among the file's rows, or None when it owns them all."""
+    key_info = plan["files"][0]
+    keys = fmt.read_payload(key_info, plan["rows"], _expected_crc(plan, key_info)).reshape(-1)
     if not isinstance(var, DynamicVariable):
         _check_static_keys(var, keys, key_info.path)
     mine = _owned(keys, var, rank, n)
-    select = None if mine.all() else mine
-    arrays = [
-        fmt.read_payload(info, rows, expected.get(os.path.basename(info.path)), select).reshape(-1, plan["dim"])
-        for info in value_infos
-    ]
-    return (keys if select is None else keys[mine]), arrays
+    return (keys, None) if mine.all() else (keys[mine], mine)
 
 
 def _clear(filled: list[DynamicVariable]) -> None:
@@ -428,20 +438,16 @@ def _fill_while_reading(var: DynamicVariable, plan: dict, rank: int, n: int) -> 
     Raises:
         CheckpointError: a file is truncated or does not match its checksum; it names the file.
     """
-    key_info, *value_infos = plan["files"]
-    rows, dim, expected = plan["rows"], plan["dim"], plan["crc32"]
-    keys = fmt.read_payload(key_info, rows, expected.get(os.path.basename(key_info.path))).reshape(-1)
-    mine = _owned(keys, var, rank, n)
-    select = None if mine.all() else mine
-    keys = (keys if select is None else keys[mine]).astype(var.key_type.as_numpy_dtype, copy=False)
-    storage = var.storage
-    for i, info in enumerate(value_infos):
+    keys, select = _owned_keys(var, plan, rank, n)
+    keys = keys.astype(var.key_type.as_numpy_dtype, copy=False)
+    storage, dim = var.storage, plan["dim"]
+    for i, info in enumerate(plan["files"][1:]):
         columns = (i * dim, (i + 1) * dim)
 
         def insert(first: int, block: np.ndarray, columns: tuple[int, int] = columns) -> None:
             storage.insert_or_assign(keys[first : first + block.shape[0]], block, columns=columns)
 
-        fmt.stream_payload(info, rows, insert, expected.get(os.path.basename(info.path)), select)
+        fmt.stream_payload(info, plan["rows"], insert, _expected_crc(plan, info), select)
 
 
 def _check_static_keys(var: Any, keys: np.ndarray, path: str) -> None:
