@@ -7,11 +7,11 @@
 // the score a hit updates sits in the sector that the key comparison just read, and a new slot's
 // key and score go out in one store (separate arrays cost a random read-modify-write of an 8-byte
 // score per hit). Every 64-bit key value is valid: emptiness lives in the state byte, never in the
-// key. A slot's row of W floats
-// lives in device memory for slots j < hb of each bucket and in mapped pinned host memory for the
-// others. A new key takes the lowest empty device slot; in a hybrid table whose bucket has none,
-// it takes a device slot all the same when it outscores the bucket's lowest device row, which moves
-// to the free (or evicted) host slot (claim_for_new, device_slot_for).
+// key. A slot's row of W floats lives in device memory for slots j < hb of each bucket and in mapped
+// pinned host memory for the others. A new key takes the lowest empty device slot; in a hybrid
+// table whose bucket has none, it takes a device slot all the same when it outscores the bucket's
+// lowest device row, which moves to the free (or evicted) host slot (claim_for_new,
+// device_slot_for).
 //
 // Probing. A key hashes (splitmix64, as on the CPU) to a home bucket; a group of kGroup lanes scans
 // the bucket's B state bytes at once (16-byte chunks, one 128-byte line for B = 128), then compares
@@ -20,12 +20,13 @@
 // until a rehash or clear) tells lookups to follow the chain. A table at its size limit that evicts
 // (hkv) instead replaces the lowest-score slot of the home bucket.
 //
-// Concurrency. Callers deduplicate a batch first, so the keys of one kernel are distinct, and an
-// upsert runs as three kernels (see "Upserts" below): keys present need no locks. A thread claims
-// an empty slot by CAS of its state byte to busy, writes row, key and score, then publishes the
-// digest with an atomic XOR (after a fence where other threads may read the slot meanwhile). A
-// victim to evict or a device row to move is locked the same way (readers and other evictors skip
-// busy slots) and its score checked again after locking it.
+// Concurrency. Callers deduplicate a batch first, so the keys of one kernel are distinct (except
+// the hit pass of an LRU find_or_insert, whose repeated hits only read rows and store equal
+// scores), and an upsert runs as three kernels (see "Upserts" below): keys present need no locks.
+// A thread claims an empty slot by CAS of its state byte to busy, writes row, key and score, then
+// publishes the digest with an atomic XOR (after a fence where other threads may read the slot
+// meanwhile). A victim to evict or a device row to move is locked the same way (readers and other
+// evictors skip busy slots) and its score checked again after locking it.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -461,8 +462,9 @@ __device__ void spill(const Group& g, const UpsertArgs& a, int32_t W, uint64_t k
   if (a.ev_values != nullptr) copy_floats<false>(g, a.ev_values + static_cast<int64_t>(idx) * W, row, W);
 }
 
-// Upserts. Keys of a call are distinct (callers deduplicate), so no two groups ever look for or
-// place the same key and keys already present need no lock. Three kernels: update_hits_kernel
+// Upserts. The keys placed by a call are distinct (callers deduplicate; an LRU find_or_insert
+// deduplicates only the keys its hit pass did not find), so no two groups ever place the same key
+// and keys already present need no lock. Three kernels: update_hits_kernel
 // writes the keys present (no slot changes hands) and marks the others missing;
 // place_missing_kernel<false> (pass A) places them in empty slots and, in an evicting table, marks
 // the keys whose home bucket is full; place_missing_kernel<true> (pass B) evicts for those. Rows
