@@ -89,7 +89,7 @@ def test_lookup_of_each_distinct_key_once_equals_one_lookup_per_occurrence(key_t
     distinct, per_occurrence = var(), var()
     assert distinct.storage.distinct_lookups
     out = tf.nn.embedding_lookup(distinct, ids)
-    expected = tf_ops.library().sok_lookup(*per_occurrence.table_inputs, ids, col_begin=0, col_end=4, distinct=False)
+    expected = tf_ops.library().sok_lookup(*per_occurrence.table_inputs, ids, col_begin=0, col_end=4)
     np.testing.assert_array_equal(out.numpy(), expected.numpy())
     for got, want in zip(sok.export(distinct), sok.export(per_occurrence)):  # same slots, same rows
         np.testing.assert_array_equal(got.numpy(), want.numpy())
@@ -107,6 +107,45 @@ def test_lfu_and_custom_hybrid_lookups_count_every_occurrence(strategy):
         tf.nn.embedding_lookup(v, tf.constant([3, 3, 3, 4], tf.int64))
         keys, _, scores = v.storage.export()
         assert dict(zip(keys.tolist(), scores.tolist())) == {3: 3, 4: 1}
+
+
+def test_lookup_distinct_op_rejects_positions_that_do_not_fit_its_keys():
+    from sparse_operation_kit import tf_ops
+
+    lib, v = tf_ops.library(), make_var("hbm", dimension=2)
+    keys, distinct = tf.constant([7, 8, 7], tf.int64), tf.constant([7, 8], tf.int64)
+    bad = {
+        "is not a row of the 2 distinct keys": (distinct, tf.constant([0, 2, 0], tf.int32)),
+        "one per key": (distinct, tf.constant([0, 1], tf.int32)),
+        "distinct_keys must be a vector": (tf.constant([[7, 8]], tf.int64), tf.constant([0, 1, 0], tf.int32)),
+    }
+    for message, (d, p) in bad.items():
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            lib.sok_lookup_distinct(*v.table_inputs, keys, d, p, col_begin=0, col_end=2)
+    assert int(v.size[0]) == 0  # nothing inserted by a refused call
+
+
+def test_distinct_index_of_finds_the_lookups_keys_only_for_its_own_gradient():
+    from sparse_operation_kit.dynamic_variable import distinct_index_of
+
+    v = make_var("hbm", dimension=2)
+    found = {}
+
+    @tf.function
+    def grads(ids):
+        with tf.GradientTape() as tape:
+            once = tf.reduce_sum(tf.nn.embedding_lookup(v, ids))
+        g = tape.gradient(once, v)
+        with tf.GradientTape() as tape:  # read twice: the tape concatenates the two gradients
+            twice = tf.reduce_sum(tf.nn.embedding_lookup(v, ids)) + tf.reduce_sum(tf.nn.embedding_lookup(v, ids))
+        g2 = tape.gradient(twice, v)
+        found["once"], found["twice"] = distinct_index_of(g.indices), distinct_index_of(g2.indices)
+        return g.indices
+
+    grads(tf.constant([[3, 4], [4, 4]], tf.int64))
+    assert [t.op.type for t in found["once"]] == ["SokUniqueIndex", "SokUniqueIndex"]
+    assert found["twice"] is None
+    assert distinct_index_of(tf.constant([3, 4], tf.int64)) is None  # eager: no producing op
 
 
 @pytest.mark.parametrize("var_type", VAR_TYPES)
@@ -265,7 +304,7 @@ def test_ops_on_one_table_run_in_program_order_in_tf_function(var_type, optimize
         return emb, v.size, keys
 
     graph = tf.function(step).get_concrete_function().graph
-    chain_types = ("SokLookup", *UPDATE_OPS[optimizer], "SokExport")
+    chain_types = ("SokLookupDistinct", *UPDATE_OPS[optimizer], "SokExport")  # det and LRU hkv: distinct
     ops = {t: [op for op in graph.get_operations() if op.type == t] for t in (*chain_types, "SokSize")}
     assert all(len(found) == 1 for found in ops.values()), {t: len(f) for t, f in ops.items()}
     chain = [ops[t][0] for t in chain_types]

@@ -138,6 +138,23 @@ def test_native_rule_equals_the_tensorflow_ops_bit_for_bit(name, var_type):
     np.testing.assert_array_equal(train(native=True), train(native=False))
 
 
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_native_step_reuses_the_distinct_keys_of_its_lookup(var_type):
+    # One SokUniqueIndex per step: the optimizer takes the lookup's distinct keys and positions.
+    v = make_var(var_type, dimension=D)
+    wrapper = sok.OptimizerWrapper(K.Adagrad(learning_rate=0.1))
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = weighted_square_loss(tf.nn.embedding_lookup(v, ids))
+        wrapper.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+
+    step(IDS)
+    op_types = [op.type for op in step.get_concrete_function(IDS).graph.get_operations()]
+    assert op_types.count("SokUniqueIndex") == 1 and "SokSparseApply" in op_types
+
+
 def test_native_rule_refuses_rows_of_another_width():
     from sparse_operation_kit import tf_ops
 
@@ -505,5 +522,5 @@ def test_traced_training_step_has_no_python_ops(var_type):
     op_types = {node.op for node in graph_def.node}
     for function in graph_def.library.function:
         op_types |= {node.op for node in function.node_def}
-    assert {"SokLookup", "SokFindOrInsert", "SokInsertOrAssign"} <= op_types
+    assert {"SokLookupDistinct", "SokFindOrInsert", "SokInsertOrAssign"} <= op_types
     assert not op_types & PYTHON_OPS

@@ -23,7 +23,7 @@ from sparse_operation_kit import tf_ops  # noqa: E402
 # Ops without a GPU kernel: they call no storage, and the placer runs them on the CPU; or, as
 # SokSparseApply (sok.OptimizerWrapper's one-op step) and SokPooledLookup (lookup_sparse's static
 # tables on the host; GPU tables take TensorFlow's ops), they serve CPU tables only.
-CPU_ONLY_OPS = {"SokUniqueSum", "SokUniqueIndex", "SokSparseApply", "SokPooledLookup", "SokPooledLookupGrad"}
+CPU_ONLY_OPS = {"SokUniqueSum", "SokUniqueIndex", "SokLookupDistinct", "SokSparseApply", "SokPooledLookup", "SokPooledLookupGrad"}
 
 
 def _gpu_library() -> Path:

@@ -266,13 +266,13 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         with tf.name_scope(name or "SokLookup"):
             if self.trainable:
                 tape_lib.variable_accessed(self)
-            return tf_ops.library().sok_lookup(
-                *self.table_inputs,
-                self._keys(indices),
-                col_begin=0,
-                col_end=self._dimension,
-                distinct=self.storage.distinct_lookups,
-            )
+            lib, keys = tf_ops.library(), self._keys(indices)
+            if self.storage.distinct_lookups and self.storage.device == "cpu":
+                distinct, positions = lib.sok_unique_index(tf.reshape(keys, [-1]))
+                return lib.sok_lookup_distinct(
+                    *self.table_inputs, keys, distinct, positions, col_begin=0, col_end=self._dimension
+                )
+            return lib.sok_lookup(*self.table_inputs, keys, col_begin=0, col_end=self._dimension)
 
     # -- writes through IndexedSlices (SOK's scatter_* for dynamic variables) ------------------
     def _write(self, sparse_delta: Any, accumulate: bool, negate: bool = False) -> None:
@@ -380,6 +380,31 @@ def _sok_lookup_grad(op: tf.Operation, grad: tf.Tensor) -> list:
     width = op.get_attr("col_end") - op.get_attr("col_begin")
     values = tf.reshape(grad, [-1, width])
     return [indexed_slices_lib.IndexedSlices(values, keys), None, None]
+
+
+@tf.RegisterGradient("SokLookupDistinct")
+def _sok_lookup_distinct_grad(op: tf.Operation, grad: tf.Tensor) -> list:
+    return _sok_lookup_grad(op, grad) + [None, None]
+
+
+def distinct_index_of(indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor] | None:
+    """``(distinct_keys, positions)`` of the flattened ``indices`` of a lookup gradient, when the
+    lookup already computed them (a ``SokLookupDistinct`` in the same graph), else None.
+
+    The gradient's indices are a reshape of the lookup's keys input; the lookup's distinct keys and
+    positions are a function of those keys alone, so any ``SokLookupDistinct`` reading the same keys
+    tensor (e.g. the same ids looked up in two tables) gives the right ones. Eager tensors have no
+    producing op: None there.
+    """
+    if tf.executing_eagerly() or not hasattr(indices, "op") or indices.op.type != "Reshape":
+        return None
+    keys = indices.op.inputs[0]
+    if keys.graph is not tf.compat.v1.get_default_graph():
+        return None
+    for consumer in keys.consumers():
+        if consumer.type == "SokLookupDistinct" and consumer.inputs[2].name == keys.name:
+            return consumer.inputs[3], consumer.inputs[4]
+    return None
 
 
 @tf.RegisterGradient("SokLookupAndEvict")

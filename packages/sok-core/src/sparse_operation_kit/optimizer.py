@@ -35,7 +35,7 @@ from tensorflow.python.framework import indexed_slices as indexed_slices_lib
 
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit import tf_ops
-from sparse_operation_kit.dynamic_variable import DynamicVariable
+from sparse_operation_kit.dynamic_variable import DynamicVariable, distinct_index_of
 from sparse_operation_kit.storage import create_storage
 
 logger = logging.getLogger(__name__)
@@ -474,7 +474,8 @@ class OptimizerWrapper:
         lib = tf_ops.library()
         if self._rule.native is not None and var.storage.device == "cpu":
             rule, hyper = self._rule.native
-            distinct, positions = lib.sok_unique_index(keys)  # needs only the keys: runs during the forward pass
+            index = distinct_index_of(grad.indices)  # the lookup's, or computed here during the forward pass
+            distinct, positions = index if index is not None else lib.sok_unique_index(keys)
             lib.sok_sparse_apply(*var.table_inputs, distinct, positions, values, lr, rule=rule, hyper=list(hyper))
             return
         unique, summed = lib.sok_unique_sum(keys, values)
