@@ -21,9 +21,17 @@ tf = pytest.importorskip("tensorflow")
 from sparse_operation_kit import tf_ops  # noqa: E402
 
 # Ops without a GPU kernel: they call no storage, and the placer runs them on the CPU; or, as
-# SokSparseApply (sok.OptimizerWrapper's one-op step) and SokPooledLookup (lookup_sparse's static
-# tables on the host; GPU tables take TensorFlow's ops), they serve CPU tables only.
-CPU_ONLY_OPS = {"SokUniqueSum", "SokUniqueIndex", "SokLookupDistinct", "SokSparseApply", "SokPooledLookup", "SokPooledLookupGrad"}
+# SokLookupDistinct (the lookup of CPU tables), SokSparseApply (sok.OptimizerWrapper's one-op step)
+# and SokPooledLookup (lookup_sparse's static tables on the host; GPU tables take TensorFlow's ops),
+# they serve CPU tables only.
+CPU_ONLY_OPS = {
+    "SokUniqueSum",
+    "SokUniqueIndex",
+    "SokLookupDistinct",
+    "SokSparseApply",
+    "SokPooledLookup",
+    "SokPooledLookupGrad",
+}
 
 
 def _gpu_library() -> Path:
