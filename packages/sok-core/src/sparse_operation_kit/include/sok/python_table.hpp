@@ -357,10 +357,10 @@ class PyTable {
   // -- array arguments ---------------------------------------------------------------------------
   ArrayArg array_arg(py::object obj, const char* what, const sok_exec_context& ctx) const {
     const bool is_numpy = py::isinstance<py::array>(obj);
-    const bool has_cai = py::hasattr(obj, "__cuda_array_interface__");
     if (device_type_ == SOK_DEVICE_CPU) {
       if (!is_numpy) {
-        throw py::value_error(std::string(what) + (has_cai || py::hasattr(obj, "__dlpack__")
+        const bool device_array = py::hasattr(obj, "__cuda_array_interface__") || py::hasattr(obj, "__dlpack__");
+        throw py::value_error(std::string(what) + (device_array
                                                        ? " is a device array but the table is on the CPU; pass a NumPy array"
                                                        : " must be a NumPy array, got " +
                                                              std::string(py::str(py::type::of(obj).attr("__name__")))));
@@ -382,14 +382,15 @@ class PyTable {
       throw py::value_error(std::string(what) + " is a host (NumPy) array but the table is on " + device() +
                             "; pass a device array (CuPy, Torch, ...) on that GPU");
     }
-    if (has_cai) return cai_arg(obj, what, ctx);
+    // The interface is read once: CuPy builds a new dict on every access (microseconds a call).
+    py::object cai = py::getattr(obj, "__cuda_array_interface__", py::none());
+    if (!cai.is_none()) return cai_arg(obj, cai, what, ctx);
     if (py::hasattr(obj, "__dlpack__")) return dlpack_arg(obj, what, ctx);
     throw py::value_error(std::string(what) + " must be a device array with __cuda_array_interface__ or __dlpack__ "
                           "(CuPy, Torch, ...), got " + std::string(py::str(py::type::of(obj).attr("__name__"))));
   }
 
-  ArrayArg cai_arg(py::object obj, const char* what, const sok_exec_context& ctx) const {
-    py::dict cai = obj.attr("__cuda_array_interface__");
+  ArrayArg cai_arg(py::object obj, py::dict cai, const char* what, const sok_exec_context& ctx) const {
     ArrayArg r;
     r.owner = obj;
     py::tuple shape = cai["shape"];
