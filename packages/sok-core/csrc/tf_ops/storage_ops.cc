@@ -511,16 +511,20 @@ REGISTER_OP("SokSparseApply")
     .Doc("One lazy optimizer step on the rows of distinct_keys: per-key sums of grads (rows at positions), "
          "the rule, whole rows written back.");
 
+// The output, attributes and shape of the ops that return rows [col_begin, col_end) of their keys.
+#define SOK_ROWS_OF_KEYS                                                   \
+  .Output("values: float")                                                 \
+  .Attr(SOK_KEY_TYPES)                                                     \
+  .Attr("col_begin: int")                                                  \
+  .Attr("col_end: int")                                                    \
+  .SetIsStateful()                                                         \
+  .SetShapeFn([](InferenceContext* c) { return RowsShape(c, kKeys); })
+
 REGISTER_OP("SokLookup")
     .Input("handle: resource")
     .Input("table: int64")
     .Input("keys: Tkeys")
-    .Output("values: float")
-    .Attr(SOK_KEY_TYPES)
-    .Attr("col_begin: int")
-    .Attr("col_end: int")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) { return RowsShape(c, kKeys); })
+    SOK_ROWS_OF_KEYS
     .Doc("Rows [col_begin, col_end) of keys, inserting missing keys with the initializers.");
 
 REGISTER_OP("SokLookupDistinct")
@@ -529,12 +533,7 @@ REGISTER_OP("SokLookupDistinct")
     .Input("keys: Tkeys")
     .Input("distinct_keys: Tkeys")
     .Input("positions: int32")
-    .Output("values: float")
-    .Attr(SOK_KEY_TYPES)
-    .Attr("col_begin: int")
-    .Attr("col_end: int")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) { return RowsShape(c, kKeys); })
+    SOK_ROWS_OF_KEYS
     .Doc("SokLookup for backends whose find_or_insert does not depend on repeats: each of distinct_keys "
          "(SokUniqueIndex of the flattened keys) is looked up once and copied to its positions.");
 
@@ -542,12 +541,7 @@ REGISTER_OP("SokFindOrInsert")
     .Input("handle: resource")
     .Input("table: int64")
     .Input("keys: Tkeys")
-    .Output("values: float")
-    .Attr(SOK_KEY_TYPES)
-    .Attr("col_begin: int")
-    .Attr("col_end: int")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) { return RowsShape(c, kKeys); })
+    SOK_ROWS_OF_KEYS
     .Doc("Rows [col_begin, col_end) of keys, inserting missing keys (no gradient).");
 
 REGISTER_OP("SokLookupAndEvict")
