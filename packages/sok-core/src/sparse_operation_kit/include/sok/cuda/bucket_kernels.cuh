@@ -57,7 +57,6 @@ constexpr int kMaxInits = 8;        // initializers per call (embedding + optimi
 constexpr int kHitsMinBlocks = 4;
 constexpr uint8_t kEmptyState = 0;
 constexpr uint8_t kBusyState = 1;
-constexpr uint32_t kOverflow = 1;   // bucket flag: some key homed here lives further on
 
 enum class Mode : int { kFindOrInsert = 0, kAssign = 1, kAccumulate = 2, kImport = 3 };
 // Score policies, numbered as HierarchicalKV's (and sok_hkv::Policy).
@@ -68,11 +67,14 @@ struct Inits {
   sok_initializer items[kMaxInits];
 };
 
+// 32-bit words of the overflow bitmap of nb buckets.
+constexpr int64_t flag_words(int64_t nb) { return (nb + 31) / 32; }
+
 // The table's arrays as kernels see them.
 struct View {
   uint8_t* digests;   // nb * B state bytes
   uint64_t* records;  // nb * B (key, score) pairs: a slot's key and score share one 32-byte sector
-  uint32_t* flags;    // nb
+  uint32_t* flags;    // overflow bits: bit b % 32 of word b / 32 for bucket b (flag_words(nb) words)
   float* vdev;        // nb * hb rows of W floats (device)
   float* vhost;       // nb * (B - hb) rows (mapped pinned host memory, device address)
   int64_t nb;         // a power of two
@@ -87,6 +89,16 @@ struct View {
   __device__ void set_record(int64_t slot, uint64_t key, uint64_t score) const {
     *reinterpret_cast<ulonglong2*>(records + 2 * slot) = make_ulonglong2(key, score);
   }
+
+  // Whether some key homed in bucket b lives further on (the bit is sticky until a rehash or clear).
+  // One bit a bucket keeps the bitmap in L2 (1 MiB for 8 Mi buckets), so the miss path of a lookup
+  // reads it without a DRAM access.
+  template <bool kFresh>
+  __device__ bool overflows(int64_t b) const {
+    const uint32_t word = kFresh ? __ldcg(flags + (b >> 5)) : flags[b >> 5];
+    return (word >> (b & 31)) & 1u;
+  }
+  __device__ void mark_overflow(int64_t b) const { atomicOr(flags + (b >> 5), 1u << (b & 31)); }
 
   __device__ float* row(int64_t slot) const {
     const int64_t b = slot >> log_b;
@@ -153,6 +165,7 @@ __device__ int64_t locate(const View& t, const Group& g, uint64_t key, uint64_t 
     uint4 v[kChunks];
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) v[q] = states16<kFresh>(t, b, lane + q * kGroup);
+    const bool overflow = t.overflows<kFresh>(b);  // loaded with the states: a miss waits for one access
     int32_t hit = -1;
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) {
@@ -169,8 +182,7 @@ __device__ int64_t locate(const View& t, const Group& g, uint64_t key, uint64_t 
     }
     const uint32_t any = g.ballot(hit >= 0);
     if (any != 0) return (b << t.log_b) + g.shfl(hit, __ffs(any) - 1);
-    const uint32_t flag = kFresh ? __ldcg(t.flags + b) : t.flags[b];
-    if ((flag & kOverflow) == 0) return -1;
+    if (!overflow) return -1;
     b = (b + 1) & (t.nb - 1);
   }
   return -1;
@@ -318,6 +330,18 @@ __device__ void copy_floats(const Group& g, float* __restrict__ dst, const float
     }
   } else {
     for (int32_t c = lane; c < w; c += kGroup) dst[c] = (kAdd ? dst[c] : 0.0f) + (kFresh ? __ldcg(src + c) : src[c]);
+  }
+}
+
+// Zeroes w floats (group-parallel, 16-byte stores where aligned: whole sectors per instruction).
+template <class Group>
+__device__ void zero_floats(const Group& g, float* dst, int32_t w) {
+  const int lane = static_cast<int>(g.thread_rank());
+  if (w % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    for (int32_t c = lane; c < w / 4; c += kGroup) d4[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  } else {
+    for (int32_t c = lane; c < w; c += kGroup) dst[c] = 0.0f;
   }
 }
 
@@ -651,7 +675,7 @@ __global__ void place_missing_kernel(View t, UpsertArgs a, uint8_t* missing, uns
       for (int64_t step = 0; step < t.nb && slot < 0; ++step) {
         slot = claim_for_new<kHybrid>(t, g, b, new_score);
         if (slot < 0) {
-          if (lane == 0) atomicOr(t.flags + b, kOverflow);
+          if (lane == 0) t.mark_overflow(b);
           b = (b + 1) & (t.nb - 1);
         }
       }
@@ -699,7 +723,7 @@ __global__ void find_kernel(View t, FindArgs a) {
     } else if (a.default_row != nullptr) {
       copy_floats<false>(g, dst, a.default_row, w);
     } else {
-      for (int32_t c = static_cast<int32_t>(g.thread_rank()); c < w; c += kGroup) dst[c] = 0.0f;
+      zero_floats(g, dst, w);
     }
     if (a.found != nullptr && g.thread_rank() == 0) a.found[i] = slot >= 0 ? 1 : 0;
   }
@@ -764,7 +788,7 @@ __global__ void rehash_kernel(View from, View to) {
     for (int64_t step = 0; step < to.nb && slot < 0; ++step) {
       slot = claim_empty(to, g, b, to.B);
       if (slot < 0) {
-        if (lane == 0) atomicOr(to.flags + b, kOverflow);
+        if (lane == 0) to.mark_overflow(b);
         b = (b + 1) & (to.nb - 1);
       }
     }

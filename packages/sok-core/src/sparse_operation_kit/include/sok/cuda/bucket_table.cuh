@@ -274,7 +274,7 @@ class BucketTable final : public sok::Storage {
     Call call(this, ctx);
     const int64_t slots = capacity_slots();
     check_cuda(cudaMemsetAsync(view_.digests, 0, slots, call.stream), "cudaMemsetAsync");
-    check_cuda(cudaMemsetAsync(view_.flags, 0, sizeof(uint32_t) * view_.nb, call.stream), "cudaMemsetAsync");
+    check_cuda(cudaMemsetAsync(view_.flags, 0, sizeof(uint32_t) * flag_words(view_.nb), call.stream), "cudaMemsetAsync");
     check_cuda(cudaMemsetAsync(d_size_, 0, sizeof(unsigned long long), call.stream), "cudaMemsetAsync");
     snapshot_size(call.stream);
     bound_ = 0;
@@ -653,7 +653,7 @@ class BucketTable final : public sok::Storage {
     try {
       check_cuda(cudaMalloc(&v.digests, slots), "cudaMalloc (states)");
       check_cuda(cudaMalloc(&v.records, 2 * sizeof(uint64_t) * slots), "cudaMalloc (keys and scores)");
-      check_cuda(cudaMalloc(&v.flags, sizeof(uint32_t) * v.nb), "cudaMalloc (flags)");
+      check_cuda(cudaMalloc(&v.flags, sizeof(uint32_t) * flag_words(v.nb)), "cudaMalloc (flags)");
       const int64_t dev_rows = v.nb * v.hb;
       const int64_t host_rows = v.nb * (v.B - v.hb);
       if (dev_rows > 0) check_cuda(cudaMalloc(&v.vdev, sizeof(float) * dev_rows * v.W), "cudaMalloc (device rows)");
@@ -667,7 +667,7 @@ class BucketTable final : public sok::Storage {
       }
       check_cuda(cudaMemset(v.digests, 0, slots), "cudaMemset");
       check_cuda(cudaMemset(v.records, 0, 2 * sizeof(uint64_t) * slots), "cudaMemset");
-      check_cuda(cudaMemset(v.flags, 0, sizeof(uint32_t) * v.nb), "cudaMemset");
+      check_cuda(cudaMemset(v.flags, 0, sizeof(uint32_t) * flag_words(v.nb)), "cudaMemset");
       // The memsets ran on the legacy stream; callers may use non-blocking streams.
       check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (allocation)");
     } catch (...) {
