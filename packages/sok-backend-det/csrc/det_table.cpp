@@ -252,9 +252,9 @@ void DetTable::find(const sok_exec_context&, int64_t n, const void* keys, sok::C
       if (i + kRing < e) stage(i + kRing);
       float* out = values + i * w;
       if (row >= 0) {
-        std::memcpy(out, row_ptr(row) + cols.begin, bytes);
+        sok::copy_row(out, row_ptr(row) + cols.begin, w);
       } else if (default_row != nullptr) {
-        std::memcpy(out, default_row, bytes);
+        sok::copy_row(out, default_row, w);
       } else {
         std::memset(out, 0, bytes);
       }
@@ -278,7 +278,7 @@ void DetTable::find_or_insert(const sok_exec_context&, int64_t n, const void* ke
       if (i + sok::kPrefetchDistance < e) {
         sok::prefetch_range(row_ptr(rows[i + sok::kPrefetchDistance]) + cols.begin, sizeof(float) * w);
       }
-      std::memcpy(values + i * w, row_ptr(rows[i]) + cols.begin, sizeof(float) * w);
+      sok::copy_row(values + i * w, row_ptr(rows[i]) + cols.begin, w);
     }
   });
   // Scores: every row gets the same time, so concurrent stores of duplicates agree; still, give
@@ -310,7 +310,7 @@ void DetTable::write_rows(int64_t n, const int64_t* rows, sok::Columns cols, con
     float* dst = row_ptr(row) + cols.begin;
     const float* src = values + i * w;
     if (mode == WriteMode::kAssign) {
-      std::memcpy(dst, src, sizeof(float) * w);
+      sok::copy_row(dst, src, w);
     } else {
       for (int32_t c = 0; c < w; ++c) dst[c] += src[c];
     }

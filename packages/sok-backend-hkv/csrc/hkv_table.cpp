@@ -361,9 +361,9 @@ void HkvTable::find(const sok_exec_context&, int64_t n, const void* keys, sok::C
       const int64_t slot = holds(hint, key) ? hint : locate(key, sok::hash_key(key));
       float* out = values + i * w;
       if (slot != kNotFound) {
-        std::memcpy(out, values_.data() + slot * row_width() + cols.begin, bytes);
+        sok::copy_row(out, values_.data() + slot * row_width() + cols.begin, w);
       } else if (default_row != nullptr) {
-        std::memcpy(out, default_row, bytes);
+        sok::copy_row(out, default_row, w);
       } else {
         std::memset(out, 0, bytes);
       }
@@ -397,7 +397,7 @@ void HkvTable::find_or_insert(const sok_exec_context&, int64_t n, const void* ke
       entries_[slot].score = next_score(!created, entries_[slot].score, caller, now);
       src = row(slot);
     }
-    std::memcpy(values + i * w, src + cols.begin, sizeof(float) * w);
+    sok::copy_row(values + i * w, src + cols.begin, w);
     // A later duplicate of a key this call created hits it, but it did not exist before the call
     // (duplicates share a bucket, so they meet in the same lane, in batch order).
     if (found != nullptr) found[i] = slot != kNotFound && !created && !lane->created.contains(key);
@@ -428,7 +428,7 @@ std::vector<HkvTable::Lane> HkvTable::write(int64_t n, const void* keys, sok::Co
     // A new row gets its initial values, except where this write covers the whole row anyway.
     if (created && (cols.begin > 0 || cols.end < row_width())) sok::init_row(dst, row_width(), key, inits, num_inits);
     if (created || mode != Write::kAccumulate) {
-      std::memcpy(dst + cols.begin, src, sizeof(float) * w);
+      sok::copy_row(dst + cols.begin, src, w);
     } else {
       for (int32_t c = 0; c < w; ++c) dst[cols.begin + c] += src[c];
     }

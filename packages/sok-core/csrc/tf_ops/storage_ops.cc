@@ -285,9 +285,7 @@ class LookupDistinctOp : public RowOp {
     const int32_t* position = positions.flat<int32_t>().data();
     float* out = values->flat<float>().data();
     in_parallel(ctx, n, 2 * w, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        std::memcpy(out + i * w, rows + static_cast<int64_t>(position[i]) * w, sizeof(float) * w);
-      }
+      for (int64_t i = b; i < e; ++i) sok::copy_row(out + i * w, rows + static_cast<int64_t>(position[i]) * w, w);
     });
   }
 };

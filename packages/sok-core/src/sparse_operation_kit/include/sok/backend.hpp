@@ -166,7 +166,6 @@ inline uint64_t now_ns() {
                                    .count());
 }
 
-// Threads used by bulk operations: the hardware threads, at most 16.
 // How many of places (n,) equal `absent` (a probe's "not found"); found (n,), unless null, gets 1
 // for the others and 0 for those.
 inline int64_t mark_found(int64_t n, const int64_t* places, int64_t absent, uint8_t* found) {
@@ -178,6 +177,14 @@ inline int64_t mark_found(int64_t n, const int64_t* places, int64_t absent, uint
   return missing;
 }
 
+// Copies a row of w floats. An inline loop, not memcpy: rows are short (tens of floats), and a
+// call per row to glibc's memmove cost twice the copy itself in the lookups of a training step
+// (perf: 20% of its samples in memmove, 7% with the loop).
+inline void copy_row(float* __restrict__ dst, const float* __restrict__ src, int64_t w) {
+  for (int64_t c = 0; c < w; ++c) dst[c] = src[c];
+}
+
+// Threads used by bulk operations: the hardware threads, at most 16.
 inline int num_workers() {
   static const int n = static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
   return n;
