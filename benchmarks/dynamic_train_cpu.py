@@ -12,9 +12,12 @@ layer). The same ids, labels and model in all three:
 * ``MutableHashTable``: two ``tf.lookup.experimental.MutableHashTable`` (rows, accumulators) with
   the same Adagrad formula written in TensorFlow ops (lookup, insert missing, update, insert).
 
-Every step runs inside one ``tf.function``. The figure is steps/s over ``--steps`` steps after
-``--warmup`` steps (best of ``--repeat`` runs); ratios are against the dense step and the
-MutableHashTable step of the same run. Goals: sok >= 0.67x dense and >= 3x MutableHashTable.
+Every step runs inside one ``tf.function``. A round runs every kind once, with fresh tables, for
+``--steps`` timed steps after ``--warmup`` steps; ``--repeat`` rounds. The steps/s figure is the
+best round of a kind; a ratio is the median over the rounds of the two kinds' rates in the same
+round: a shared 2-core VM drifts in speed by 30-40% over minutes (a sok round lasts under half a
+second), and rounds pair measurements taken seconds apart. Goals: sok >= 0.67x dense and >= 3x
+MutableHashTable.
 
 Usage::
 
@@ -28,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -153,7 +157,7 @@ def main() -> None:
     parser.add_argument("--vocabulary", type=int, default=1 << 20)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -173,22 +177,35 @@ def main() -> None:
         "dense tf.Variable": (lambda: dense_step(args.dim, args.vocabulary), dense_inputs),
         "MutableHashTable": (lambda: hash_table_step(args.dim, args.vocabulary), sok_inputs),
     }
-    best = {name: 0.0 for name in kinds}
+    rates: dict[str, list[float]] = {name: [] for name in kinds}
     with tqdm(total=args.repeat * len(kinds), desc="runs", unit="run") as bar:
         for _ in range(args.repeat):
-            for name, (make, inputs) in kinds.items():  # fresh tables per run; runs interleave kinds
-                best[name] = max(best[name], measure(name, make(), inputs, args.warmup, bar))
-    dense, table = best["dense tf.Variable"], best["MutableHashTable"]
-    print(f"\n{'kind':<20} {'steps/s':>9} {'k samples/s':>12} {'vs dense':>9} {'vs MutHT':>9}")
+            for name, (make, inputs) in kinds.items():  # a round: every kind once, fresh tables
+                rates[name].append(measure(name, make(), inputs, args.warmup, bar))
+    best = {name: max(r) for name, r in rates.items()}
+
+    def paired(name: str, base: str) -> list[float]:
+        return [a / b for a, b in zip(rates[name], rates[base])]
+
+    ratio = {
+        (name, base): statistics.median(paired(name, base))
+        for name in kinds
+        for base in ("dense tf.Variable", "MutableHashTable")
+    }
+    print("\nsteps/s: the best round; ratios: the median over rounds of the rates in the same round")
+    print(f"{'kind':<20} {'steps/s':>9} {'k samples/s':>12} {'vs dense':>9} {'vs MutHT':>9}")
     for name, rate in best.items():
-        print(f"{name:<20} {rate:9.1f} {rate * args.batch / 1e3:12.1f} {rate / dense:8.2f}x {rate / table:8.2f}x")
+        vs_dense, vs_table = ratio[(name, "dense tf.Variable")], ratio[(name, "MutableHashTable")]
+        print(f"{name:<20} {rate:9.1f} {rate * args.batch / 1e3:12.1f} {vs_dense:8.2f}x {vs_table:8.2f}x")
     for name in ("sok hbm", "sok hybrid"):
-        ok_dense, ok_table = best[name] >= 0.67 * dense, best[name] >= 3 * table
-        print(f"{'PASS' if ok_dense else 'FAIL'}  {name} >= 0.67x dense step          {best[name] / dense:.2f}x")
-        print(f"{'PASS' if ok_table else 'FAIL'}  {name} >= 3x MutableHashTable step   {best[name] / table:.2f}x")
+        vs_dense, vs_table = ratio[(name, "dense tf.Variable")], ratio[(name, "MutableHashTable")]
+        rounds = ", ".join(f"{r:.2f}" for r in paired(name, "MutableHashTable"))
+        print(f"{'PASS' if vs_dense >= 0.67 else 'FAIL'}  {name} >= 0.67x dense step          {vs_dense:.2f}x")
+        verdict = "PASS" if vs_table >= 3 else "FAIL"
+        print(f"{verdict}  {name} >= 3x MutableHashTable step   {vs_table:.2f}x (rounds: {rounds})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "steps_per_s": best}, f, indent=2)
+            json.dump({"args": vars(args), "steps_per_s": rates, "best": best}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,10 @@
 
 #include "sok/storage_api.h"
 
+#if defined(__SSE2__) && !defined(__CUDACC__)
+#include <emmintrin.h>
+#endif
+
 // Functions shared by host code and CUDA kernels (the initializers' random stream).
 #if defined(__CUDACC__)
 #define SOK_HD __host__ __device__
@@ -177,11 +181,16 @@ inline int64_t mark_found(int64_t n, const int64_t* places, int64_t absent, uint
   return missing;
 }
 
-// Copies a row of w floats. An inline loop, not memcpy: rows are short (tens of floats), and a
-// call per row to glibc's memmove cost twice the copy itself in the lookups of a training step
-// (perf: 20% of its samples in memmove, 7% with the loop).
-inline void copy_row(float* __restrict__ dst, const float* __restrict__ src, int64_t w) {
-  for (int64_t c = 0; c < w; ++c) dst[c] = src[c];
+// Copies a row of w floats (the arrays do not overlap) inline, 16 bytes a step: rows are short
+// (tens of floats), and a call per row to glibc's memmove cost twice the copy itself in the lookups
+// of a training step (perf: 20% of its samples in memmove, 7% inline). Written with SSE2 loads and
+// stores because GCC turns a plain copy loop back into a memcpy call.
+inline void copy_row(float* dst, const float* src, int64_t w) {
+  int64_t c = 0;
+#if defined(__SSE2__) && !defined(__CUDACC__)
+  for (; c + 4 <= w; c += 4) _mm_storeu_ps(dst + c, _mm_loadu_ps(src + c));
+#endif
+  for (; c < w; ++c) dst[c] = src[c];
 }
 
 // Threads used by bulk operations: the hardware threads, at most 16.
