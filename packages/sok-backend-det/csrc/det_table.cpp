@@ -431,7 +431,7 @@ int64_t DetTable::export_batch(const sok_exec_context&, int64_t offset, int64_t 
       for (int64_t r = begin + p * span; r < stop; ++r) {
         if (!selected(r)) continue;
         sok::store_key(keys, key_type(), out, row_key(r));
-        if (values != nullptr) std::memcpy(values + out * w, row_ptr(r) + cols.begin, sizeof(float) * w);
+        if (values != nullptr) sok::copy_row(values + out * w, row_ptr(r) + cols.begin, w);
         if (scores != nullptr) scores[out] = row_score(r);
         ++out;
       }

@@ -137,7 +137,7 @@ void HkvTable::allocate(int64_t capacity) {
     const int64_t j = b * bucket_size_ + fill[b]++;
     digests[j] = digests_[s];
     entries[j] = entries_[s];
-    std::memcpy(values.data() + j * row_width(), row(s), sizeof(float) * row_width());
+    sok::copy_row(values.data() + j * row_width(), row(s), row_width());
   }
   digests_.swap(digests);
   entries_.swap(entries);
@@ -420,7 +420,7 @@ std::vector<HkvTable::Lane> HkvTable::write(int64_t n, const void* keys, sok::Co
     if (slot == kMustGrow) return false;
     if (slot == kNotFound) {  // refused: report it as evicted, with the row it would have had
       sok::init_row(lane->scratch.data(), row_width(), key, inits, num_inits);
-      std::memcpy(lane->scratch.data() + cols.begin, src, sizeof(float) * w);
+      sok::copy_row(lane->scratch.data() + cols.begin, src, w);
       spill_row(lane, key, lane->scratch.data(), new_score);
       return true;
     }
@@ -464,7 +464,7 @@ int64_t HkvTable::insert_and_evict(const sok_exec_context&, int64_t n, const voi
     for (size_t j = 0; j < lane.spilled_keys.size(); ++j, ++count) {
       sok::store_key(evicted_keys, key_type(), count, lane.spilled_keys[j]);
       if (evicted_values != nullptr) {
-        std::memcpy(evicted_values + count * row_width(), lane.spilled_rows.data() + j * row_width(), sizeof(float) * row_width());
+        sok::copy_row(evicted_values + count * row_width(), lane.spilled_rows.data() + j * row_width(), row_width());
       }
       if (evicted_scores != nullptr) evicted_scores[count] = lane.spilled_scores[j];
     }
@@ -540,7 +540,7 @@ int64_t HkvTable::export_batch(const sok_exec_context&, int64_t offset, int64_t 
     if (digests_[s] == 0) continue;
     if (threshold != nullptr && entries_[s].score < *threshold) continue;
     sok::store_key(keys, key_type(), count, entries_[s].key);
-    if (values != nullptr) std::memcpy(values + count * w, values_.data() + s * row_width() + cols.begin, sizeof(float) * w);
+    if (values != nullptr) sok::copy_row(values + count * w, values_.data() + s * row_width() + cols.begin, w);
     if (scores != nullptr) scores[count] = entries_[s].score;
     ++count;
   }

@@ -74,7 +74,7 @@ class LookupAndEvictOp : public RowOp {
     std::memcpy(ek->data(), evicted_keys.data(), evicted * key_bytes);
     float* ev_out = ev->flat<float>().data();
     for (int64_t j = 0; j < evicted; ++j) {
-      std::memcpy(ev_out + j * w, evicted_rows.data() + j * row + col_begin_, sizeof(float) * w);
+      sok::copy_row(ev_out + j * w, evicted_rows.data() + j * row + col_begin_, w);
     }
   }
 };

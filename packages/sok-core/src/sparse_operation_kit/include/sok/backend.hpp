@@ -182,9 +182,9 @@ inline int64_t mark_found(int64_t n, const int64_t* places, int64_t absent, uint
 }
 
 // Copies a row of w floats (the arrays do not overlap) inline, 16 bytes a step: rows are short
-// (tens of floats), and a call per row to glibc's memmove cost twice the copy itself in the lookups
-// of a training step (perf: 20% of its samples in memmove, 7% inline). Written with SSE2 loads and
-// stores because GCC turns a plain copy loop back into a memcpy call.
+// (tens of floats), and a memmove call per row cost more than the copy itself (perf of a dynamic
+// training step: memmove 20% of the samples, 4% once the row copies were inline). Written with
+// SSE2 loads and stores because GCC turns a plain copy loop back into a memcpy call.
 inline void copy_row(float* dst, const float* src, int64_t w) {
   int64_t c = 0;
 #if defined(__SSE2__) && !defined(__CUDACC__)
