@@ -19,8 +19,10 @@ Method, per (configuration, table, load factor λ, operation), as HKV's ``merlin
   each after a 1 ms GPU spin so that the host's launch cost stays out: ``find`` and
   ``export_batch`` repeat the measured batch on one state; each call of an inserting operation
   gets a clear + refill first, so every call sees the same 60/40 state;
-* **operations**: find, find_or_insert, insert_or_assign, accum_or_assign, insert_and_evict, and
-  export_batch over the slots HKV scans (1 Mi / λ x 0.995 from slot 0; throughput = 1 Mi / time).
+* **operations**: find (the tables' ``find_hits``: as HKV's find, the rows of missing keys are not
+  written), find_default (``find``: a missing key's row becomes zeros; no HKV figure),
+  find_or_insert, insert_or_assign, accum_or_assign, insert_and_evict, and export_batch over the
+  slots HKV scans (1 Mi / λ x 0.995 from slot 0; throughput = 1 Mi / time).
 
 Configurations: pure device memory at dims 8, 32, 64, 128 (det and hkv), and hybrid at dim 64 (hkv
 with ``max_hbm_for_vectors`` = half of the row bytes, the other half in pinned host memory). hkv:
@@ -80,7 +82,15 @@ VALUE_MODULUS = 65521
 ACCUM_DELTA = 0.5
 DEVICE = "cuda:0"
 
-OPS = ("find", "find_or_insert", "insert_or_assign", "accum_or_assign", "insert_and_evict", "export_batch")
+OPS = (
+    "find",
+    "find_default",
+    "find_or_insert",
+    "insert_or_assign",
+    "accum_or_assign",
+    "insert_and_evict",
+    "export_batch",
+)
 INSERTING_OPS = ("find_or_insert", "insert_or_assign", "accum_or_assign", "insert_and_evict")
 TABLES = {"det": "sok_backend_det", "hkv": "sok_backend_hkv"}
 MODES = {"device": "pure device memory", "hybrid": "hybrid, half the rows in host memory"}
@@ -175,6 +185,7 @@ def key_paths(op: str, dim: int) -> tuple[tuple[Access, ...], tuple[Access, ...]
     upsert = (("stream", 8 + v), ("read", 32), ("write", 32), ("write", v))  # key + value in; key sector r/w; value
     paths = {
         "find": (find_hit, (("stream", 9), ("read", 32))),
+        "find_default": (find_hit, (("stream", 9 + v), ("read", 32))),  # a miss writes its zero row
         "insert_or_assign": (upsert, upsert),
         "insert_and_evict": (upsert, upsert),
         "find_or_insert": (find_hit, (("stream", 9 + v), ("read", 32), ("write", 32), ("write", v))),
@@ -442,6 +453,7 @@ class TableBench:
         self.next_key = 0
         self.calls: dict[str, Callable[[Any, int], int | None]] = {
             "find": self._find,
+            "find_default": self._find_default,
             "find_or_insert": self._find_or_insert,
             "insert_or_assign": self._insert_or_assign,
             "accum_or_assign": self._accum_or_assign,
@@ -517,6 +529,10 @@ class TableBench:
 
     def _find(self, keys: Any, slots: int) -> None:
         out, found, *_ = self._sliced("keys", keys.shape[0])
+        self.table.find_hits(keys, 0, self.dim, out, found)
+
+    def _find_default(self, keys: Any, slots: int) -> None:
+        out, found, *_ = self._sliced("keys", keys.shape[0])
         self.table.find(keys, 0, self.dim, out, None, found)
 
     def _find_or_insert(self, keys: Any, slots: int) -> None:
@@ -555,7 +571,7 @@ class TableBench:
                 raise WrongResult("exported rows differ from the stored values")
             return f"exported {count} from {slots} slots"
         size_after = self.table.size()
-        if op in ("find", "find_or_insert"):
+        if op in ("find", "find_default", "find_or_insert"):
             expected_new = N_NEW if op == "find_or_insert" else 0
             if exact and size_after - state.size != expected_new:
                 raise WrongResult(f"size {state.size} -> {size_after} for {expected_new} new keys")
@@ -592,8 +608,8 @@ class TableBench:
             raise WrongResult(f"{hits} of {N_HIT} stored keys found")
         if not bool(cp.all(rows[found] == row_values(cp, keys[found])[:, None])):
             raise WrongResult("found rows differ from the stored values")
-        if op == "find_or_insert" and not bool(cp.all(rows[~found] == 0)):
-            raise WrongResult("rows of new keys are not zeros (no initializers given)")
+        if op in ("find_default", "find_or_insert") and not bool(cp.all(rows[~found] == 0)):
+            raise WrongResult("rows of missing or new keys are not zeros (no default row or initializers given)")
         return f"hits {hits}/{N_HIT}"
 
 
@@ -916,8 +932,9 @@ def pooled_report(rows: list[PooledRow], torch_note: str) -> str:
 FOOTNOTES = f"""\
 host: perf_counter around one call + device synchronize, best of {HOST_RUNS} runs, each after clear + refill + \
 {WARMUP_CALLS} one-key warm-up calls (HKV's method; HKV clears only before its first run).
-ev: CUDA events around each call (after a 1 ms GPU spin that hides the launch), the mean; find and export_batch \
+ev: CUDA events around each call (after a 1 ms GPU spin that hides the launch), the mean; finds and export_batch \
 repeat one batch, every inserting call gets a clear + refill first (so each sees 60% hits / 40% new keys).
+find = find_hits (rows of missing keys not written, as HKV's find); find_default = find (missing rows become zeros).
 HKV 2^30: HKV ae24eec's own benchmark on this project's H100 SXM (reference/hashtables.md §2.6, 2026-11-22), \
 not this run; HKV cannot run here. It used 128 Mi slots at dims 8 and 32 and hybrid, 64 Mi at 64 and 128. \
 vs HKV = host 2^30/s over it (det's insert_and_evict never evicts; HKV's export wrote keys and rows, no scores, \

@@ -232,6 +232,16 @@ void DetTable::insert_missing(int64_t n, const void* keys, int64_t* rows, uint8_
 
 void DetTable::find(const sok_exec_context&, int64_t n, const void* keys, sok::Columns cols,
                     float* values, const float* default_row, uint8_t* found) {
+  find_rows(n, keys, cols, values, sok::MissingRow{default_row, true}, found);
+}
+
+void DetTable::find_hits(const sok_exec_context&, int64_t n, const void* keys, sok::Columns cols, float* values,
+                         uint8_t* found) {
+  find_rows(n, keys, cols, values, sok::MissingRow{nullptr, false}, found);
+}
+
+void DetTable::find_rows(int64_t n, const void* keys, sok::Columns cols, float* values, sok::MissingRow missing,
+                         uint8_t* found) const {
   std::shared_lock lock(mutex_);
   const int32_t kt = key_type();
   const int32_t w = cols.width();
@@ -253,10 +263,8 @@ void DetTable::find(const sok_exec_context&, int64_t n, const void* keys, sok::C
       float* out = values + i * w;
       if (row >= 0) {
         sok::copy_row(out, row_ptr(row) + cols.begin, w);
-      } else if (default_row != nullptr) {
-        sok::copy_row(out, default_row, w);
       } else {
-        std::memset(out, 0, bytes);
+        missing.fill(out, w);
       }
       if (found != nullptr) found[i] = row >= 0;
     }

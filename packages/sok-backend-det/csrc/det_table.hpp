@@ -43,6 +43,8 @@ class DetTable final : public sok::Storage {
   int64_t capacity() override;
   void find(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
             float* values, const float* default_row, uint8_t* found) override;
+  void find_hits(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols, float* values,
+                 uint8_t* found) override;
   void find_or_insert(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
                       float* values, uint8_t* found, const uint64_t* scores,
                       const sok_initializer* inits, int32_t num_inits) override;
@@ -93,6 +95,9 @@ class DetTable final : public sok::Storage {
   uint8_t& row_live(int64_t row) const { return live_chunks_[row >> kChunkBits][row & (kChunkRows - 1)]; }
   const Slot* home(uint64_t key) const { return &slots_[sok::hash_key(key) & mask_]; }
 
+  // find and find_hits: rows of present keys to values, `missing` for the others.
+  void find_rows(int64_t n, const void* keys, sok::Columns cols, float* values, sok::MissingRow missing,
+                 uint8_t* found) const;
   // The row of key, or kEmpty. Needs at least a shared lock.
   int64_t lookup(uint64_t key) const;
   // Rows of keys[0, n) (kEmpty for misses), in parallel with prefetching.

@@ -353,19 +353,26 @@ int64_t HkvTable::capacity() {
 
 void HkvTable::find(const sok_exec_context&, int64_t n, const void* keys, sok::Columns cols,
                     float* values, const float* default_row, uint8_t* found) {
+  find_rows(n, keys, cols, values, sok::MissingRow{default_row, true}, found);
+}
+
+void HkvTable::find_hits(const sok_exec_context&, int64_t n, const void* keys, sok::Columns cols, float* values,
+                         uint8_t* found) {
+  find_rows(n, keys, cols, values, sok::MissingRow{nullptr, false}, found);
+}
+
+void HkvTable::find_rows(int64_t n, const void* keys, sok::Columns cols, float* values, sok::MissingRow missing,
+                         uint8_t* found) const {
   std::shared_lock lock(mutex_);
   const int32_t w = cols.width();
-  const size_t bytes = sizeof(float) * w;
   sok::parallel_for(n, kParallelMin, [&](int, int64_t b, int64_t e) {
     pipelined(e - b, [b](int64_t j) { return b + j; }, keys, cols, [&](int64_t i, uint64_t key, int64_t hint) {
       const int64_t slot = holds(hint, key) ? hint : locate(key, sok::hash_key(key));
       float* out = values + i * w;
       if (slot != kNotFound) {
         sok::copy_row(out, values_.data() + slot * row_width() + cols.begin, w);
-      } else if (default_row != nullptr) {
-        sok::copy_row(out, default_row, w);
       } else {
-        std::memset(out, 0, bytes);
+        missing.fill(out, w);
       }
       if (found != nullptr) found[i] = slot != kNotFound;
       return true;

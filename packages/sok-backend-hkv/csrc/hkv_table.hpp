@@ -108,6 +108,8 @@ class HkvTable final : public sok::Storage {
   int64_t capacity() override;
   void find(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
             float* values, const float* default_row, uint8_t* found) override;
+  void find_hits(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols, float* values,
+                 uint8_t* found) override;
   void find_or_insert(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
                       float* values, uint8_t* found, const uint64_t* scores,
                       const sok_initializer* inits, int32_t num_inits) override;
@@ -154,6 +156,9 @@ class HkvTable final : public sok::Storage {
   static constexpr int64_t kNotFound = -1;
   static constexpr int64_t kMustGrow = -2;
 
+  // find and find_hits: rows of present keys to values, `missing` for the others.
+  void find_rows(int64_t n, const void* keys, sok::Columns cols, float* values, sok::MissingRow missing,
+                 uint8_t* found) const;
   float* row(int64_t slot) { return values_.data() + slot * row_width(); }
   int64_t bucket_of(uint64_t hash) const { return static_cast<int64_t>(hash & (num_buckets_ - 1)); }
   static uint8_t digest_of(uint64_t hash) { return static_cast<uint8_t>(1 + (hash >> 56) % 255); }

@@ -279,6 +279,65 @@ class StorageConformance:
         np.testing.assert_array_equal(before[0], after[0])
         np.testing.assert_array_equal(before[2], after[2])
 
+    # -- find_hits ------------------------------------------------------------------------------
+    def test_find_hits_writes_present_rows_and_leaves_missing_ones(self, storage: Storage) -> None:
+        storage.insert_or_assign(_keys([7, 9]), _rows_for([7, 9], 4))
+        out = np.full((4, 4), -1.5, np.float32)
+        found = storage.find_hits(_keys([1, 7, 2, 9]), out)
+        np.testing.assert_array_equal(found, [False, True, False, True])
+        np.testing.assert_array_equal(out, [[-1.5] * 4, _rows_for([7], 4)[0], [-1.5] * 4, _rows_for([9], 4)[0]])
+        assert found.dtype == np.bool_
+
+    def test_find_hits_agrees_with_find_on_every_key(self, storage: Storage) -> None:
+        keys = _keys(np.arange(0, 600, 3))
+        storage.insert_or_assign(keys, _rows_for(keys, 4))
+        query = _keys(np.r_[np.arange(0, 300), keys[::-1], keys[:5]])  # misses, hits, duplicates
+        out = np.full((query.size, 4), 7.25, np.float32)
+        found = storage.find_hits(query, out)
+        values, expected_found = storage.find(query)
+        np.testing.assert_array_equal(found, expected_found)
+        np.testing.assert_array_equal(out[found], values[found])
+        assert (out[~found] == 7.25).all()
+
+    def test_find_hits_takes_the_column_range(self, storage: Storage) -> None:
+        storage.insert_or_assign(_keys([5]), _rows_for([5], 4))
+        out = np.zeros((2, 2), np.float32) + 3.0
+        found = storage.find_hits(_keys([5, 6]), out, columns=(1, 3))
+        np.testing.assert_array_equal(out, [_rows_for([5], 4)[0, 1:3], [3.0, 3.0]])
+        np.testing.assert_array_equal(found, [True, False])
+
+    def test_find_hits_does_not_insert_or_change_scores(self, storage: Storage) -> None:
+        keys = _keys([1, 2, 3])
+        storage.insert_or_assign(keys, _rows_for(keys, 4))
+        before = storage.export()
+        _sleep_past_clock()
+        storage.find_hits(_keys([1, 2, 3, 4]), np.zeros((4, 4), np.float32))
+        after = storage.export()
+        assert storage.size() == 3
+        np.testing.assert_array_equal(before[0], after[0])
+        np.testing.assert_array_equal(before[2], after[2])
+
+    def test_find_hits_of_an_empty_batch(self, storage: Storage) -> None:
+        found = storage.find_hits(_keys([]), np.zeros((0, 4), np.float32))
+        assert found.shape == (0,)
+
+    @pytest.mark.parametrize(
+        ("out", "error", "message"),
+        [
+            (np.zeros((2, 3), np.float32), ValueError, r"shape \(2, 4\)"),
+            (np.zeros((2, 4), np.float64), TypeError, "float32"),
+            (np.zeros((4, 4), np.float32)[::2], ValueError, "C-contiguous"),
+            ([[0.0] * 4] * 2, TypeError, "NumPy"),
+        ],
+        ids=["shape", "dtype", "strided", "list"],
+    )
+    def test_find_hits_refuses_an_out_it_cannot_write_in_place(
+        self, storage: Storage, out: Any, error: type, message: str
+    ) -> None:
+        storage.insert_or_assign(_keys([1]), _rows_for([1], 4))
+        with pytest.raises(error, match=message):
+            storage.find_hits(_keys([1, 2]), out)
+
     # -- find_or_insert -------------------------------------------------------------------------
     def test_find_or_insert_fills_new_rows_with_constant(self, make_storage: MakeStorage) -> None:
         storage = make_storage(row_width=3, initializer=2.5)

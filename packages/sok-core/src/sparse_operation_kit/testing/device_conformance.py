@@ -275,6 +275,14 @@ class DeviceArrayConformance:
         np.testing.assert_array_equal(values.get(), [[8.0, 9.0], [8.0, 9.0]])
         assert not found.get().any()
 
+    def test_find_hits_leaves_missing_rows_of_a_device_array(self, cp: Any, table: Any) -> None:
+        table.insert_or_assign(cp.asarray([4], dtype=cp.int64), 0, WIDTH, cp.asarray(_rows_for([4])), None, [])
+        values = cp.full((3, WIDTH), -2.0, dtype=cp.float32)
+        found = cp.empty(3, dtype=cp.bool_)
+        table.find_hits(cp.asarray([1, 4, 2], dtype=cp.int64), 0, WIDTH, values, found)
+        np.testing.assert_array_equal(values.get(), [[-2.0] * WIDTH, _rows_for([4])[0], [-2.0] * WIDTH])
+        np.testing.assert_array_equal(found.get(), [False, True, False])
+
     def test_clear_describe_and_capacity_take_a_stream(self, cp: Any, table: Any) -> None:
         with cp.cuda.Stream(non_blocking=True) as stream:
             table.find_or_insert(
@@ -391,6 +399,16 @@ class DeviceArrayConformance:
         assert values.dtype == np.float32 and found.dtype == np.bool_
         np.testing.assert_array_equal(values.get(), inits.init_rows(keys, [_RANDOM], WIDTH))
         assert not found.get().any()
+
+    def test_storage_find_hits_writes_a_cupy_out_in_place(self, cp: Any, storage: Storage) -> None:
+        storage.insert_or_assign([6], _rows_for([6]))
+        out = cp.full((2, WIDTH), 0.5, dtype=cp.float32)
+        found = storage.find_hits(cp.asarray([6, 8], dtype=cp.int64), out)
+        assert isinstance(found, cp.ndarray)
+        np.testing.assert_array_equal(out.get(), [_rows_for([6])[0], [0.5] * WIDTH])
+        np.testing.assert_array_equal(found.get(), [True, False])
+        with pytest.raises(TypeError, match="CuPy array on cuda:0"):
+            storage.find_hits([6], DLPackOnly(cp.zeros((1, WIDTH), dtype=cp.float32)))
 
     def test_storage_host_keys_give_host_results(self, storage: Storage) -> None:
         keys = [3, 1, 2**50, -4]

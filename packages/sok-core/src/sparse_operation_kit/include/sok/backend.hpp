@@ -193,6 +193,22 @@ inline void copy_row(float* dst, const float* src, int64_t w) {
   for (; c < w; ++c) dst[c] = src[c];
 }
 
+// What a CPU find writes for a missing key's row: the default row, zeros when there is none, or
+// nothing at all (find_hits).
+struct MissingRow {
+  const float* default_row;
+  bool write;
+
+  void fill(float* out, int64_t w) const {
+    if (!write) return;
+    if (default_row != nullptr) {
+      copy_row(out, default_row, w);
+    } else {
+      std::memset(out, 0, sizeof(float) * static_cast<size_t>(w));
+    }
+  }
+};
+
 // Threads used by bulk operations: the hardware threads, at most 16.
 inline int num_workers() {
   static const int n = static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
@@ -360,6 +376,11 @@ class Storage {
                               sok_row_visitor, void*, uint8_t*) {
     fail(SOK_ERROR_UNSUPPORTED, "this backend has no update_rows (in-place row updates); use find_or_insert "
                                 "and insert_or_assign");
+  }
+  // find_hits of the C ABI: find that leaves the rows of missing keys unwritten. Optional: the
+  // default says the backend lacks it, and callers use find.
+  virtual void find_hits(const sok_exec_context&, int64_t, const void*, Columns, float*, uint8_t*) {
+    fail(SOK_ERROR_UNSUPPORTED, "this backend has no find_hits (a find that leaves missing rows unwritten); use find");
   }
   virtual void clear(const sok_exec_context& ctx) = 0;
   virtual void set_global_epoch(uint64_t) {
@@ -669,6 +690,16 @@ const sok_storage_api* make_storage_api(const char* name) {
         if (num_missing == nullptr) invalid("num_missing is null; pass where to write the number of missing keys");
         check_scores(s, scores, n);
         *num_missing = s.update_rows(c, n, keys, check_cols(s, cb, ce), scores, visit, user_data, found);
+      });
+    };
+    a.find_hits = [](sok_storage* h, const sok_exec_context* ctx, int64_t n, const void* keys, int32_t cb, int32_t ce,
+                     float* values, uint8_t* found) {
+      return guarded(h, [&](Storage& s) {
+        const auto& c = check_ctx(s, ctx);
+        check_count(n, "n");
+        check_ptr(keys, n, "keys");
+        check_ptr(values, n, "values");
+        s.find_hits(c, n, keys, check_cols(s, cb, ce), values, found);
       });
     };
     a.clear = [](sok_storage* h, const sok_exec_context* ctx) {

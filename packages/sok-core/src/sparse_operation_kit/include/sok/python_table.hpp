@@ -143,6 +143,24 @@ class PyTable {
     });
   }
 
+  // find that leaves the rows of missing keys in values unwritten (the C ABI's find_hits).
+  void find_hits(py::object keys, int cb, int ce, py::object values, py::object found, intptr_t stream) {
+    if (!sok_storage_api_has(api_, find_hits)) {
+      PyErr_SetString(PyExc_NotImplementedError,
+                      "this backend was built without find_hits; rebuild it against this sok-core or use find");
+      throw py::error_already_set();
+    }
+    auto ctx = context(stream);
+    ArrayArg k = keys_arg(keys, "keys", ctx);
+    const int64_t n = k.shape[0];
+    ArrayArg v = floats_arg(values, n, ce - cb, "values", true, ctx);
+    ArrayArg f = bytes_arg(found, n, "found", ctx);
+    call([&] {
+      return api_->find_hits(handle_, &ctx, n, k.data, cb, ce, static_cast<float*>(v.data),
+                             static_cast<uint8_t*>(f.data));
+    });
+  }
+
   void find_or_insert(py::object keys, int cb, int ce, py::object values, py::object found, py::object scores,
                       const std::vector<InitTuple>& inits, intptr_t stream) {
     auto ctx = context(stream);
@@ -632,6 +650,8 @@ inline void bind_table(py::module_& m, const sok_storage_api* api) {
       .def("capacity", &PyTable::capacity, py::kw_only(), stream)
       .def("find", &PyTable::find, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"), py::arg("values"),
            py::arg("default_row"), py::arg("found"), py::kw_only(), stream)
+      .def("find_hits", &PyTable::find_hits, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"),
+           py::arg("values"), py::arg("found"), py::kw_only(), stream)
       .def("find_or_insert", &PyTable::find_or_insert, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"),
            py::arg("values"), py::arg("found"), py::arg("scores"), py::arg("inits"), py::kw_only(), stream)
       .def("insert_or_assign", &PyTable::insert_or_assign, py::arg("keys"), py::arg("col_begin"),

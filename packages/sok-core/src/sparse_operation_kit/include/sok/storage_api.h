@@ -179,6 +179,13 @@ typedef struct sok_storage_api {
   sok_status (*update_rows)(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
                             int32_t col_begin, int32_t col_end, const uint64_t* scores,
                             sok_row_visitor visit, void* user_data, uint8_t* found, int64_t* num_missing);
+  /* find that writes only the rows of present keys: values (n, w) of missing keys keep what the
+   * caller put there (HierarchicalKV's find), which spares the writes of a miss. found (n,) as in
+   * find. Scores are not changed. Optional: a backend built before this field has a smaller
+   * struct_size (see sok_storage_api_has); callers then use find. Appended in sok-core 0.1.0
+   * (API version 1). */
+  sok_status (*find_hits)(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
+                          int32_t col_begin, int32_t col_end, float* values, uint8_t* found);
 } sok_storage_api;
 
 /* Whether `api` (built against any version of this header) has the function field `field`: its

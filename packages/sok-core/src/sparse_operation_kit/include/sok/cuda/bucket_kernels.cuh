@@ -704,8 +704,9 @@ struct FindArgs {
   int32_t cb;
   int32_t ce;
   float* out;
-  const float* default_row;
+  const float* default_row;  // a missing key's row; zeros when null
   uint8_t* found;
+  bool write_missing;        // false: a missing key's row is not written (find_hits)
 };
 
 __global__ void find_kernel(View t, FindArgs a) {
@@ -720,9 +721,9 @@ __global__ void find_kernel(View t, FindArgs a) {
     float* dst = a.out + i * w;
     if (slot >= 0) {
       copy_floats<false>(g, dst, t.row(slot) + a.cb, w);
-    } else if (a.default_row != nullptr) {
+    } else if (a.write_missing && a.default_row != nullptr) {
       copy_floats<false>(g, dst, a.default_row, w);
-    } else {
+    } else if (a.write_missing) {
       zero_floats(g, dst, w);
     }
     if (a.found != nullptr && g.thread_rank() == 0) a.found[i] = slot >= 0 ? 1 : 0;

@@ -168,11 +168,12 @@ class BucketTable final : public sok::Storage {
 
   void find(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols, float* values,
             const float* default_row, uint8_t* found) override {
-    Call call(this, ctx);
-    if (n == 0) return;
-    FindArgs a{n, keys, key_type(), cols.begin, cols.end, values, default_row, found};
-    find_kernel<<<group_blocks(n), kBlock, 0, call.stream>>>(view_, a);
-    check_cuda(cudaGetLastError(), "find kernel");
+    find_rows(ctx, FindArgs{n, keys, key_type(), cols.begin, cols.end, values, default_row, found, true});
+  }
+
+  void find_hits(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols, float* values,
+                 uint8_t* found) override {
+    find_rows(ctx, FindArgs{n, keys, key_type(), cols.begin, cols.end, values, nullptr, found, false});
   }
 
   void find_or_insert(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols, float* values,
@@ -387,6 +388,13 @@ class BucketTable final : public sok::Storage {
     Scratch memory;
     int32_t* leader = nullptr;
   };
+
+  void find_rows(const sok_exec_context& ctx, const FindArgs& a) {
+    Call call(this, ctx);
+    if (a.n == 0) return;
+    find_kernel<<<group_blocks(a.n), kBlock, 0, call.stream>>>(view_, a);
+    check_cuda(cudaGetLastError(), "find kernel");
+  }
 
   static size_t align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
   // Blocks for a kernel with one group per item: enough to fill the GPU, the rest by grid stride
