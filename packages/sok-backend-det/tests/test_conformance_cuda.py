@@ -24,3 +24,13 @@ class TestDetConformanceCuda(StorageConformance):
     @pytest.fixture
     def device(self) -> str:
         return DEVICE
+
+
+class TestDetConformanceCudaWideBuckets(TestDetConformanceCuda):
+    """The suite again with max_load_factor 0.9: buckets of 128 slots, each split into four home
+    windows of 32 (lookups read the key's window first, the whole bucket where the window spilled),
+    through growth and rehashing."""
+
+    @pytest.fixture
+    def storage_options(self) -> dict[str, str]:
+        return {"max_load_factor": "0.9"}

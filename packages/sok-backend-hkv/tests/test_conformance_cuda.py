@@ -78,3 +78,36 @@ def test_rows_moving_between_device_and_host_memory_keep_their_values() -> None:
     order = cp.argsort(keys[:count])
     cp.testing.assert_array_equal(keys[:count][order], cp.concatenate([old, new[4:]]))
     cp.testing.assert_array_equal(values[:count][order], cp.concatenate([rows(old) + 23, rows(new[4:])]))
+
+
+def test_keys_outside_their_home_window_are_found() -> None:
+    """One pure-device bucket of 128 slots filled to the last slot: its four 32-slot home windows
+    overflow, so keys land outside their window (the window's spill bit makes lookups read the whole
+    bucket). Every key is found with its row, through erases and refills of the freed slots."""
+    cp = pytest.importorskip("cupy")
+    options = {"init_capacity": "128", "max_capacity": "128", "max_bucket_size": "128"}
+    table = _core.Table(key_dtype="int64", row_width=2, options=options, device=DEVICE)
+
+    def rows(keys: object) -> object:
+        return cp.stack([keys.astype(cp.float32), -keys.astype(cp.float32)], axis=1)
+
+    def check(present: object, absent: object) -> None:
+        both = cp.concatenate([present, absent])
+        out = cp.full((both.shape[0], 2), 0.5, dtype=cp.float32)
+        found = cp.empty(both.shape[0], dtype=cp.bool_)
+        table.find_hits(both, 0, 2, out, found)
+        cp.testing.assert_array_equal(found, cp.arange(both.shape[0]) < present.shape[0])
+        cp.testing.assert_array_equal(out[: present.shape[0]], rows(present))
+        assert bool((out[present.shape[0] :] == 0.5).all())
+
+    keys = cp.arange(1, 129, dtype=cp.int64) * 7919
+    for start in range(0, 128, 16):  # one batch after another, as windows fill up
+        table.insert_or_assign(keys[start : start + 16], 0, 2, rows(keys[start : start + 16]), None, [])
+    assert table.size() == 128
+    check(keys, cp.arange(1, 5, dtype=cp.int64))
+    assert table.erase(keys[::2]) == 64
+    check(keys[1::2], keys[::2])
+    refill = keys[::2] + 1
+    table.insert_or_assign(refill, 0, 2, rows(refill), None, [])
+    assert table.size() == 128
+    check(cp.concatenate([keys[1::2], refill]), keys[::2])

@@ -38,6 +38,11 @@ macro(sok_configure_backend target)
       endif()
       find_package(CUDAToolkit REQUIRED)
       target_sources(${target} PRIVATE ${_sok_cuda_sources})
+      # Ninja records no header dependencies from nvcc's depfiles here (`ninja -t deps`: 0 for the
+      # .cu objects), so an edit of a sok/ header would leave the CUDA objects stale: name them.
+      file(GLOB_RECURSE _sok_headers CONFIGURE_DEPENDS "${SOK_INCLUDE_DIR}/sok/*.h" "${SOK_INCLUDE_DIR}/sok/*.hpp"
+           "${SOK_INCLUDE_DIR}/sok/*.cuh")
+      set_source_files_properties(${_sok_cuda_sources} PROPERTIES OBJECT_DEPENDS "${_sok_headers}")
       # The target was made before CUDA was enabled: give it the architectures now.
       set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
                             CUDA_STANDARD 17 CUDA_RUNTIME_LIBRARY Static)

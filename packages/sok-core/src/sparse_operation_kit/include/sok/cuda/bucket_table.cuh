@@ -276,6 +276,7 @@ class BucketTable final : public sok::Storage {
     const int64_t slots = capacity_slots();
     check_cuda(cudaMemsetAsync(view_.digests, 0, slots, call.stream), "cudaMemsetAsync");
     check_cuda(cudaMemsetAsync(view_.flags, 0, sizeof(uint32_t) * flag_words(view_.nb), call.stream), "cudaMemsetAsync");
+    check_cuda(cudaMemsetAsync(view_.spills, 0, spill_bytes(view_.nb), call.stream), "cudaMemsetAsync");
     check_cuda(cudaMemsetAsync(d_size_, 0, sizeof(unsigned long long), call.stream), "cudaMemsetAsync");
     snapshot_size(call.stream);
     bound_ = 0;
@@ -658,10 +659,12 @@ class BucketTable final : public sok::Storage {
     v.nb = slots / v.B;
     v.hb = device_slots(v.nb);
     v.W = row_width();
+    v.windows = v.hb == v.B ? std::max(1, v.B / kWindow) : 1;  // hybrid buckets fill device slots first
     try {
       check_cuda(cudaMalloc(&v.digests, slots), "cudaMalloc (states)");
       check_cuda(cudaMalloc(&v.records, 2 * sizeof(uint64_t) * slots), "cudaMalloc (keys and scores)");
       check_cuda(cudaMalloc(&v.flags, sizeof(uint32_t) * flag_words(v.nb)), "cudaMalloc (flags)");
+      check_cuda(cudaMalloc(&v.spills, spill_bytes(v.nb)), "cudaMalloc (spill bits)");
       const int64_t dev_rows = v.nb * v.hb;
       const int64_t host_rows = v.nb * (v.B - v.hb);
       if (dev_rows > 0) check_cuda(cudaMalloc(&v.vdev, sizeof(float) * dev_rows * v.W), "cudaMalloc (device rows)");
@@ -676,6 +679,7 @@ class BucketTable final : public sok::Storage {
       check_cuda(cudaMemset(v.digests, 0, slots), "cudaMemset");
       check_cuda(cudaMemset(v.records, 0, 2 * sizeof(uint64_t) * slots), "cudaMemset");
       check_cuda(cudaMemset(v.flags, 0, sizeof(uint32_t) * flag_words(v.nb)), "cudaMemset");
+      check_cuda(cudaMemset(v.spills, 0, spill_bytes(v.nb)), "cudaMemset");
       // The memsets ran on the legacy stream; callers may use non-blocking streams.
       check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (allocation)");
     } catch (...) {
@@ -689,6 +693,7 @@ class BucketTable final : public sok::Storage {
     cudaFree(v.digests);
     cudaFree(v.records);
     cudaFree(v.flags);
+    cudaFree(v.spills);
     cudaFree(v.vdev);
     if (v.vhost != nullptr) {
       void* host = nullptr;
