@@ -393,7 +393,11 @@ class BucketTable final : public sok::Storage {
   void find_rows(const sok_exec_context& ctx, const FindArgs& a) {
     Call call(this, ctx);
     if (a.n == 0) return;
-    find_kernel<<<group_blocks(a.n), kBlock, 0, call.stream>>>(view_, a);
+    if (view_.windows > 1) {
+      find_kernel<true><<<group_blocks(a.n), kBlock, 0, call.stream>>>(view_, a);
+    } else {
+      find_kernel<false><<<group_blocks(a.n), kBlock, 0, call.stream>>>(view_, a);
+    }
     check_cuda(cudaGetLastError(), "find kernel");
   }
 
