@@ -83,7 +83,8 @@ def test_rows_moving_between_device_and_host_memory_keep_their_values() -> None:
 def test_keys_outside_their_home_window_are_found() -> None:
     """One pure-device bucket of 128 slots filled to the last slot: its four 32-slot home windows
     overflow, so keys land outside their window (the window's spill bit makes lookups read the whole
-    bucket). Every key is found with its row, through erases and refills of the freed slots."""
+    bucket). Every key is found with its row, through erases and refills of the freed slots: finds
+    of the full bucket scan it whole, those at half load read the home window first."""
     cp = pytest.importorskip("cupy")
     options = {"init_capacity": "128", "max_capacity": "128", "max_bucket_size": "128"}
     table = _core.Table(key_dtype="int64", row_width=2, options=options, device=DEVICE)
