@@ -183,7 +183,7 @@ def without_update_rows(how: str) -> Iterator[None]:
         api, handle = original(storage)
         size = ctypes.c_uint32.from_address(api + 4).value  # sok_storage_api.struct_size
         copy = ctypes.create_string_buffer(ctypes.string_at(api, size), size)
-        field = size - ctypes.sizeof(ctypes.c_void_p)  # update_rows: the last field
+        field = size - 2 * ctypes.sizeof(ctypes.c_void_p)  # the last two fields: update_rows, find_hits
         if how == "old header":
             ctypes.c_uint32.from_buffer(copy, 4).value = field
         else:
