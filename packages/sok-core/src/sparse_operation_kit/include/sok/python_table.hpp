@@ -145,11 +145,7 @@ class PyTable {
 
   // find that leaves the rows of missing keys in values unwritten (the C ABI's find_hits).
   void find_hits(py::object keys, int cb, int ce, py::object values, py::object found, intptr_t stream) {
-    if (!sok_storage_api_has(api_, find_hits)) {
-      PyErr_SetString(PyExc_NotImplementedError,
-                      "this backend was built without find_hits; rebuild it against this sok-core or use find");
-      throw py::error_already_set();
-    }
+    require(sok_storage_api_has(api_, find_hits), "find_hits", " or use find");
     auto ctx = context(stream);
     ArrayArg k = keys_arg(keys, "keys", ctx);
     const int64_t n = k.shape[0];
@@ -253,11 +249,7 @@ class PyTable {
   // key is present (found (n,) tells which are). Returns the number of missing keys.
   int64_t update_rows(py::object keys, int cb, int ce, py::object old_values, py::object new_values, py::object found,
                       py::object scores, intptr_t stream) {
-    if (!sok_storage_api_has(api_, update_rows)) {
-      PyErr_SetString(PyExc_NotImplementedError,
-                      "this backend was built without update_rows; rebuild it against this sok-core");
-      throw py::error_already_set();
-    }
+    require(sok_storage_api_has(api_, update_rows), "update_rows", "");
     auto ctx = context(stream);
     ArrayArg k = keys_arg(keys, "keys", ctx);
     const int64_t n = k.shape[0];
@@ -363,6 +355,16 @@ class PyTable {
     if (!ok) throw py::value_error("device '" + device + "' is not valid; valid: 'cpu', 'cuda' or 'cuda:N'");
     device_type_ = SOK_DEVICE_CUDA;
     device_id_ = id;
+  }
+
+  // NotImplementedError unless the backend's API table has the optional function `name` (appended
+  // after the backend was built).
+  static void require(bool present, const char* name, const char* alternative) {
+    if (present) return;
+    const std::string msg = std::string("this backend was built without ") + name +
+                            "; rebuild it against this sok-core" + alternative;
+    PyErr_SetString(PyExc_NotImplementedError, msg.c_str());
+    throw py::error_already_set();
   }
 
   sok_exec_context context(intptr_t stream) const {

@@ -181,6 +181,20 @@ __device__ __forceinline__ uint64_t read_u64(const uint64_t* p) {
   return kFresh ? __ldcg(reinterpret_cast<const unsigned long long*>(p)) : *p;
 }
 
+// The slot of bucket b (0 .. B-1) in chunk c, whose 16 state bytes are `states`, that holds key:
+// its digest d matches and so does the full key; -1 where none does.
+template <bool kFresh>
+__device__ __forceinline__ int32_t match_in_chunk(const View& t, int64_t b, int c, uint4 states, uint8_t d,
+                                                  uint64_t key) {
+  uint32_t mask = match16(states, d);
+  while (mask != 0) {
+    const int k = __ffs(mask) - 1;
+    mask &= mask - 1;
+    if (read_u64<kFresh>(t.key_at((b << t.log_b) + c * 16 + k)) == key) return c * 16 + k;
+  }
+  return -1;
+}
+
 // The slot holding key, or -1; the same on every lane of the group. Lane l scans chunks l,
 // l + kGroup, ... (all its loads are issued before any is used). kWindowed (tables with home
 // windows only) reads the key's home window first and the whole bucket only where it spilled. Only
@@ -199,16 +213,7 @@ __device__ int64_t locate(const View& t, const Group& g, uint64_t key, uint64_t 
       const uint4 hv = lane < 2 ? states16<kFresh>(t, b, c) : make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u);
       const bool spill = t.spilled<kFresh>(b, w);
       const bool overflow = t.overflows<kFresh>(b);
-      int32_t hit = -1;
-      uint32_t mask = match16(hv, d);
-      while (mask != 0) {
-        const int k = __ffs(mask) - 1;
-        mask &= mask - 1;
-        if (read_u64<kFresh>(t.key_at((b << t.log_b) + c * 16 + k)) == key) {
-          hit = c * 16 + k;
-          break;
-        }
-      }
+      const int32_t hit = match_in_chunk<kFresh>(t, b, c, hv, d, key);
       const uint32_t any = g.ballot(hit >= 0);
       if (any != 0) return (b << t.log_b) + g.shfl(hit, __ffs(any) - 1);
       if (!spill) {
@@ -224,16 +229,7 @@ __device__ int64_t locate(const View& t, const Group& g, uint64_t key, uint64_t 
     int32_t hit = -1;
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) {
-      const int c = lane + q * kGroup;
-      uint32_t mask = hit < 0 ? match16(v[q], d) : 0u;
-      while (mask != 0) {
-        const int k = __ffs(mask) - 1;
-        mask &= mask - 1;
-        if (read_u64<kFresh>(t.key_at((b << t.log_b) + c * 16 + k)) == key) {
-          hit = c * 16 + k;
-          break;
-        }
-      }
+      if (hit < 0) hit = match_in_chunk<kFresh>(t, b, lane + q * kGroup, v[q], d, key);
     }
     const uint32_t any = g.ballot(hit >= 0);
     if (any != 0) return (b << t.log_b) + g.shfl(hit, __ffs(any) - 1);
