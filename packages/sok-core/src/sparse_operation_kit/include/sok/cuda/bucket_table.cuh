@@ -398,8 +398,12 @@ class BucketTable final : public sok::Storage {
   void find_rows(const sok_exec_context& ctx, const FindArgs& a) {
     Call call(this, ctx);
     if (a.n == 0) return;
-    refresh_bound();
-    if (view_.windows > 1 && bound_ * 8 <= capacity_slots() * 7) {
+    bool windowed = view_.windows > 1;
+    if (windowed) {
+      refresh_bound();
+      windowed = bound_ * 8 <= capacity_slots() * 7;
+    }
+    if (windowed) {
       find_kernel<true><<<group_blocks(a.n), kBlock, 0, call.stream>>>(view_, a);
     } else {
       find_kernel<false><<<group_blocks(a.n), kBlock, 0, call.stream>>>(view_, a);
