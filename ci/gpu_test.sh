@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU tests of the storage backends, on a CUDA host with no network (run as root or not, from anywhere):
 #
-#   ci/gpu_test.sh [--build-only] [--sanitize] [--bench]
+#   ci/gpu_test.sh [--build-only] [--sanitize] [--bench] [--profile]
 #
 #   build     sok-core, sok-backend-det and sok-backend-hkv, with CUDA for CMAKE_CUDA_ARCHITECTURES
 #             (default 90), into $SOK_GPU_WORK/site (default /tmp/sok-gpu/site) with $PYTHON (default
@@ -12,8 +12,9 @@
 #   sanitize  (--sanitize) compute-sanitizer memcheck and racecheck over the CUDA conformance tests
 #             selected by -k "$SOK_SANITIZE_K" (default find_or_insert), CuPy's memory pool off.
 #   bench     (--bench) python benchmarks/storage_gpu.py.
+#   profile   (--profile) python benchmarks/profile_gpu.py: kernel time per operation (CUPTI).
 #
-# Logs: build.log, test.log, sanitizer.log, bench.log in $OUT when set, else in $SOK_GPU_WORK/logs.
+# Logs: build.log, test.log, sanitizer.log, bench.log, profile.log in $OUT when set, else in $SOK_GPU_WORK/logs.
 # Every step runs (tests only after a good build); a summary ends the output; the exit status is
 # non-zero when any step failed. Idempotent: the site is rebuilt each run, the CMake build trees
 # under $SOK_GPU_WORK/build are kept, so a second run recompiles only what changed.
@@ -24,14 +25,16 @@ cd "$ROOT"
 
 SANITIZE=0
 BENCH=0
+PROFILE=0
 TESTS=1
 for arg in "$@"; do
   case "$arg" in
     --build-only) TESTS=0 ;;
     --sanitize) SANITIZE=1 ;;
     --bench) BENCH=1 ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --build-only, --sanitize, --bench, --help)" >&2; exit 2 ;;
+    --profile) PROFILE=1 ;;
+    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --build-only, --sanitize, --bench, --profile, --help)" >&2; exit 2 ;;
   esac
 done
 
@@ -141,6 +144,10 @@ bench() {
   "$PYTHON" benchmarks/storage_gpu.py
 }
 
+profile() {
+  "$PYTHON" benchmarks/profile_gpu.py
+}
+
 step build "$LOGS/build.log" build
 if [ "$OK" = 1 ]; then
   if [ "$TESTS" = 1 ]; then
@@ -151,6 +158,10 @@ if [ "$OK" = 1 ]; then
   if [ "$BENCH" = 1 ]; then
     step bench "$LOGS/bench.log" bench
     cat "$LOGS/bench.log"
+  fi
+  if [ "$PROFILE" = 1 ]; then
+    step profile "$LOGS/profile.log" profile
+    cat "$LOGS/profile.log"
   fi
 else
   RESULTS+=("SKIP  tests, sanitizer, bench (the build failed)")
