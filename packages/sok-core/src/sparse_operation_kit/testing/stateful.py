@@ -80,6 +80,14 @@ def model_state_machine(
             np.testing.assert_array_equal(found, expected_found)
             np.testing.assert_array_equal(values, expected_values)
 
+        @rule(keys=keys_strategy, columns=_COLUMNS, fill=st.integers(-8, 8))
+        def find_hits(self, keys: np.ndarray, columns: tuple[int, int] | None, fill: int) -> None:
+            out = np.full((keys.size, _width(columns)), fill, dtype=np.float32)
+            found = self.storage.find_hits(keys, out, columns)
+            expected_values, expected_found = self.model.find(keys, columns)
+            np.testing.assert_array_equal(found, expected_found)
+            np.testing.assert_array_equal(out, np.where(expected_found[:, None], expected_values, np.float32(fill)))
+
         @rule(keys=keys_strategy, columns=_COLUMNS)
         def find_or_insert(self, keys: np.ndarray, columns: tuple[int, int] | None) -> None:
             values, found = self.storage.find_or_insert(keys, columns)
