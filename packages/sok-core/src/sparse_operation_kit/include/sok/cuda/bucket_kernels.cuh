@@ -79,6 +79,8 @@ constexpr int64_t flag_words(int64_t nb) { return (nb + 31) / 32; }
 constexpr int64_t spill_bytes(int64_t nb) { return (nb + 3) & ~int64_t{3}; }
 
 constexpr int32_t kWindow = 32;  // slots of a home window: one 32-byte sector of state bytes
+constexpr int kWindowChunks = kWindow / 16;  // 16-byte chunks of state bytes in a window
+static_assert(kGroup >= kWindowChunks, "a window's chunks are read by one lane each");
 
 // The table's arrays as kernels see them.
 struct View {
@@ -93,7 +95,7 @@ struct View {
   int32_t log_b;
   int32_t hb;
   int32_t W;
-  int32_t windows;    // home windows per bucket: B / kWindow in pure device tables, else 1
+  int32_t windows;    // home windows per bucket (a power of two): B / kWindow in pure device tables, else 1
 
   __device__ uint64_t* key_at(int64_t slot) const { return records + 2 * slot; }
   __device__ uint64_t* score_at(int64_t slot) const { return records + 2 * slot + 1; }
@@ -112,8 +114,9 @@ struct View {
   }
   __device__ void mark_overflow(int64_t b) const { atomicOr(flags + (b >> 5), 1u << (b & 31)); }
 
-  // The home window of a key of hash h (hash bits that pick neither the bucket nor the digest).
-  __device__ int32_t home_window(uint64_t h) const { return static_cast<int32_t>((h >> 40) % windows); }
+  // The home window of a key of hash h (hash bits that pick neither the bucket nor the digest); 0
+  // in tables without windows.
+  __device__ int32_t home_window(uint64_t h) const { return static_cast<int32_t>((h >> 40) & (windows - 1)); }
   template <bool kFresh>
   __device__ bool spilled(int64_t b, int32_t w) const {
     const uint8_t bits = kFresh ? __ldcg(spills + b) : spills[b];
@@ -208,9 +211,9 @@ __device__ int64_t locate(const View& t, const Group& g, uint64_t key, uint64_t 
   for (int64_t step = 0; step < t.nb; ++step) {
     if constexpr (kWindowed) {
       const int32_t w = t.home_window(h);
-      // The home window's two chunks (lanes 0 and 1), its spill bit and the overflow bit at once.
-      const int c = 2 * w + lane;
-      const uint4 hv = lane < 2 ? states16<kFresh>(t, b, c) : make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u);
+      // The home window's chunks (one per lane), its spill bit and the overflow bit at once.
+      const int c = kWindowChunks * w + lane;
+      const uint4 hv = lane < kWindowChunks ? states16<kFresh>(t, b, c) : make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u);
       const bool spill = t.spilled<kFresh>(b, w);
       const bool overflow = t.overflows<kFresh>(b);
       const int32_t hit = match_in_chunk<kFresh>(t, b, c, hv, d, key);
@@ -285,7 +288,7 @@ __device__ int64_t claim_empty(const View& t, const Group& g, int64_t b, int32_t
       const uint32_t empties = c * 16 < t.B ? match16(states16<true>(t, b, c), kEmptyState) : 0u;
       if (empties != 0) {
         first = min(first, c * 16 + __ffs(empties) - 1);
-        if (c / 2 == w) first_home = min(first_home, c * 16 + __ffs(empties) - 1);
+        if (c / kWindowChunks == w) first_home = min(first_home, c * 16 + __ffs(empties) - 1);
       }
     }
     for (int offset = kGroup / 2; offset > 0; offset /= 2) {
@@ -749,7 +752,7 @@ __global__ void place_missing_kernel(View t, UpsertArgs a, uint8_t* missing, uns
     const float* in = a.values != nullptr ? a.values + i * w : nullptr;
     const uint64_t new_score = a.mode == Mode::kImport ? caller : next_score(a.policy, false, 0, caller, a.now, a.epoch);
     int64_t b = static_cast<int64_t>(h & static_cast<uint64_t>(t.nb - 1));
-    const int32_t window = t.windows > 1 ? t.home_window(h) : 0;
+    const int32_t window = t.home_window(h);
     int64_t slot = -1;
     bool replaced = false;
     if (kEvict) {
@@ -880,7 +883,7 @@ __global__ void rehash_kernel(View from, View to) {
     const uint64_t key = *from.key_at(s);
     const uint64_t h = sok::hash_key(key);
     int64_t b = static_cast<int64_t>(h & static_cast<uint64_t>(to.nb - 1));
-    const int32_t window = to.windows > 1 ? to.home_window(h) : 0;
+    const int32_t window = to.home_window(h);
     int64_t slot = -1;
     for (int64_t step = 0; step < to.nb && slot < 0; ++step) {
       slot = claim_empty(to, g, b, to.B, window);
