@@ -26,7 +26,7 @@ import importlib
 import sys
 from typing import Any, NoReturn
 
-from storage_gpu import MI, N_HIT, N_NEW, TABLES, table_options
+from storage_gpu import INSERTING_OPS, MI, N_HIT, N_NEW, TABLES, table_options
 
 OPS = ("find_hits", "find", "find_or_insert", "insert_or_assign")
 
@@ -90,7 +90,7 @@ def profile(cp: Any, profiler: Any, core: Any, kind: str, dim: int, args: argpar
             for _ in range(args.calls):
                 call()
                 cp.cuda.runtime.deviceSynchronize()
-                if op.startswith("find_or") or op.startswith("insert"):
+                if op in INSERTING_OPS:
                     table.erase(new)
                     cp.cuda.runtime.deviceSynchronize()
         print(f"== {kind} dim {dim} {op}: mean GPU time per call, {args.calls} calls", flush=True)
