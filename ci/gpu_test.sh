@@ -12,7 +12,8 @@
 #   sanitize  (--sanitize) compute-sanitizer memcheck and racecheck over the CUDA conformance tests
 #             selected by -k "$SOK_SANITIZE_K" (default find_or_insert), CuPy's memory pool off.
 #   bench     (--bench) python benchmarks/storage_gpu.py.
-#   profile   (--profile) python benchmarks/profile_gpu.py: kernel time per operation (CUPTI).
+#   profile   (--profile) python benchmarks/profile_gpu.py $SOK_PROFILE_ARGS: kernel time per operation
+#             (CUPTI); several runs when SOK_PROFILE_ARGS holds several argument lists separated by ';'.
 #
 # Logs: build.log, test.log, sanitizer.log, bench.log, profile.log in $OUT when set, else in $SOK_GPU_WORK/logs.
 # Every step runs (tests only after a good build); a summary ends the output; the exit status is
@@ -145,7 +146,13 @@ bench() {
 }
 
 profile() {
-  "$PYTHON" benchmarks/profile_gpu.py
+  local runs one
+  IFS=';' read -ra runs <<<"${SOK_PROFILE_ARGS:-}"
+  [ "${#runs[@]}" -gt 0 ] || runs=("")
+  for one in "${runs[@]}"; do
+    # shellcheck disable=SC2086  # each list is split into its arguments
+    "$PYTHON" benchmarks/profile_gpu.py $one
+  done
 }
 
 step build "$LOGS/build.log" build
