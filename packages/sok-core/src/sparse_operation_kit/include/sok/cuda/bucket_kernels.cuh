@@ -248,6 +248,9 @@ __device__ int64_t locate(const View& t, const Group& g, uint64_t key, uint64_t 
   return -1;
 }
 
+// Word k (0 .. 3) of a chunk of 16 state bytes.
+__device__ __forceinline__ uint32_t word_of(uint4 v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
+
 // The 32-bit word holding a state byte, and the byte's shift in it.
 __device__ __forceinline__ unsigned int* state_word(const View& t, int64_t slot) {
   return reinterpret_cast<unsigned int*>(t.digests + (slot & ~int64_t{3}));
@@ -286,12 +289,15 @@ template <class Group>
 __device__ int64_t claim_empty(const View& t, const Group& g, int64_t b, int32_t limit, int32_t w = 0) {
   const int lane = static_cast<int>(g.thread_rank());
   while (true) {
+    uint4 v[kChunks];
+#pragma unroll
+    for (int q = 0; q < kChunks; ++q) v[q] = states16<true>(t, b, lane + q * kGroup);
     int32_t first = t.B;
     int32_t first_home = t.B;
 #pragma unroll
     for (int q = 0; q < kChunks; ++q) {
       const int c = lane + q * kGroup;
-      const uint32_t empties = c * 16 < t.B ? match16(states16<true>(t, b, c), kEmptyState) : 0u;
+      const uint32_t empties = match16(v[q], kEmptyState);
       if (empties != 0) {
         first = min(first, c * 16 + __ffs(empties) - 1);
         if (c / kWindowChunks == w) first_home = min(first_home, c * 16 + __ffs(empties) - 1);
@@ -303,14 +309,20 @@ __device__ int64_t claim_empty(const View& t, const Group& g, int64_t b, int32_t
     }
     if (t.windows > 1 && first_home < limit) first = first_home;
     if (first >= limit) return -1;
+    // The CAS expects the 32-bit word of state bytes as this scan read it (from the lane that loaded
+    // its chunk), not as a second read would: one round trip less per new key. A word changed since
+    // fails the CAS, and the bucket is read again.
+    const int chunk = first / 16;
+    uint32_t seen = 0;
+#pragma unroll
+    for (int q = 0; q < kChunks; ++q) {
+      if (chunk == lane + q * kGroup) seen = word_of(v[q], (first % 16) / 4);
+    }
+    seen = g.shfl(seen, chunk % kGroup);
     int64_t got = -1;
     if (lane == 0) {
       const int64_t slot = (b << t.log_b) + first;
-      unsigned int* word = state_word(t, slot);
-      const int shift = state_shift(slot);
-      const unsigned int cur = __ldcg(word);
-      if (static_cast<uint8_t>(cur >> shift) == kEmptyState &&
-          atomicCAS(word, cur, cur | (static_cast<unsigned int>(kBusyState) << shift)) == cur) {
+      if (atomicCAS(state_word(t, slot), seen, seen | (static_cast<unsigned int>(kBusyState) << state_shift(slot))) == seen) {
         got = slot;
       }
     }
@@ -732,16 +744,67 @@ __global__ void __launch_bounds__(kBlock, kHitsMinBlocks) update_hits_kernel(Vie
   }
 }
 
-// Places the missing (leader) keys. Pass A (kEvict false) takes missing = 1: an empty slot of the
-// home bucket in an evicting table (a full one marks the key missing = 2 for pass B), else of the
-// first bucket of its chain with room. Pass B takes missing = 2, returning at once when pass A
-// marked none: an empty slot or the bucket's lowest-score slot (take_victim), or refuses the key.
+// Lists the keys that pass A of the placing kernel places: the leaders (every key where there are
+// no leaders) that update_hits_kernel marked missing, their batch index in todo[0 .. *count) and
+// their key in todo_keys (the placing kernel reads both at once), in batch order within
+// a block (one atomic per block: with one per warp the kernel took 14 us for 1 Mi keys on the
+// H100). A dense list keeps every group of the placing kernel busy: scanning the whole batch, a
+// warp ran its placing path for ~3 keys of 8 (40% new keys) and paid a round trip for the others;
+// at load 1.0 (hkv, dim 8, 1 Mi keys) the evicting pass went from 960 to 430 us.
+__global__ void __launch_bounds__(kBlock) list_missing_kernel(int64_t n, const void* keys, int32_t key_type,
+                                                              const int32_t* leader, const uint8_t* missing,
+                                                              int32_t* todo, uint64_t* todo_keys, unsigned int* count) {
+  constexpr int kWarps = kBlock / 32;
+  __shared__ unsigned int warp_base[kWarps];
+  __shared__ unsigned int block_base;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
+  const bool take = i < n && (leader == nullptr || leader[i] == i) && missing[i] == 1;
+  const unsigned int ballot = __ballot_sync(0xFFFFFFFFu, take);
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  if (lane == 0) warp_base[warp] = __popc(ballot);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int total = 0;
+    for (int k = 0; k < kWarps; ++k) {
+      const unsigned int c = warp_base[k];
+      warp_base[k] = total;
+      total += c;
+    }
+    block_base = total != 0 ? atomicAdd(count, total) : 0;
+  }
+  __syncthreads();
+  if (take) {
+    const unsigned int at = block_base + warp_base[warp] + __popc(ballot & ((1u << lane) - 1u));
+    todo[at] = static_cast<int32_t>(i);
+    todo_keys[at] = load_key_d(keys, key_type, i);
+  }
+}
+
+// The placing kernel's work lists (device memory, batch indices and their keys): pass A places
+// todo[0 .. counts[0]); in an evicting table it lists the keys whose home bucket is full in
+// full[0 .. counts[1]) for pass B.
+struct PlaceLists {
+  const int32_t* todo;
+  const uint64_t* todo_keys;
+  int32_t* full;
+  uint64_t* full_keys;
+  unsigned int* counts;
+};
+
+// Places the listed missing (leader) keys. Pass A (kEvict false) takes the todo list: an empty slot
+// of the home bucket in an evicting table (a full one lists the key for pass B), else of the first
+// bucket of its chain with room. Pass B takes the full list, returning at once when it is empty:
+// an empty slot or the bucket's lowest-score slot (take_victim), or refuses the key.
 // kHybrid (hb < B) compiles the moves of device rows to host slots in; kConstInits (constant
 // initializers only) leaves the random generators out: without both, 80 registers instead of 108
 // (sm_90), 3 resident blocks per SM instead of 2.
 template <bool kEvict, bool kHybrid, bool kConstInits>
-__global__ void place_missing_kernel(View t, UpsertArgs a, uint8_t* missing, unsigned int* any_full) {
-  if (kEvict && *any_full == 0) return;
+__global__ void place_missing_kernel(View t, UpsertArgs a, PlaceLists lists) {
+  const unsigned int listed = lists.counts[kEvict ? 1 : 0];
+  if (listed == 0) return;
+  const int32_t* list = kEvict ? lists.full : lists.todo;
+  const uint64_t* list_keys = kEvict ? lists.full_keys : lists.todo_keys;
   auto block = cg::this_thread_block();
   auto g = cg::tiled_partition<kGroup>(block);
   __shared__ unsigned long long created;
@@ -750,9 +813,10 @@ __global__ void place_missing_kernel(View t, UpsertArgs a, uint8_t* missing, uns
   const int lane = static_cast<int>(g.thread_rank());
   const int32_t w = a.ce - a.cb;
   const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; i < a.n; i += groups) {
-    if (a.leader[i] != i || missing[i] != (kEvict ? 2 : 1)) continue;
-    const uint64_t key = load_key_d(a.keys, a.key_type, i);
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; j < listed;
+       j += groups) {
+    const int64_t i = list[j];
+    const uint64_t key = list_keys[j];
     const uint64_t h = sok::hash_key(key);
     const uint64_t caller = a.scores != nullptr ? a.scores[i] : 1;
     const float* in = a.values != nullptr ? a.values + i * w : nullptr;
@@ -768,8 +832,9 @@ __global__ void place_missing_kernel(View t, UpsertArgs a, uint8_t* missing, uns
       slot = claim_for_new<kHybrid>(t, g, b, new_score, window);
       if (slot < 0) {
         if (lane == 0) {
-          missing[i] = 2;
-          *any_full = 1;
+          const unsigned int at = atomicAdd(lists.counts + 1, 1u);
+          lists.full[at] = static_cast<int32_t>(i);
+          lists.full_keys[at] = key;
         }
         continue;
       }
@@ -954,13 +1019,10 @@ __global__ void dedup_insert_kernel(int64_t n, const void* keys, int32_t key_typ
     }
     const uint64_t key = load_key_d(keys, key_type, i);
     int64_t s = static_cast<int64_t>(sok::hash_key(key) & static_cast<uint64_t>(slots - 1));
+    // CAS first: a free index slot costs one round trip, not a read and then the CAS.
     while (true) {
-      int32_t o = owner[s];
-      if (o < 0) {
-        o = atomicCAS(owner + s, -1, static_cast<int32_t>(i));
-        if (o < 0) break;
-      }
-      if (load_key_d(keys, key_type, o) == key) break;
+      const int32_t o = atomicCAS(owner + s, -1, static_cast<int32_t>(i));
+      if (o < 0 || load_key_d(keys, key_type, o) == key) break;
       s = (s + 1) & (slots - 1);
     }
     atomicMax(last + s, static_cast<int32_t>(i));

@@ -513,13 +513,38 @@ class BucketTable final : public sok::Storage {
   // Updates the keys present, places the others, and in an evicting table evicts for the keys
   // whose home bucket was full (sok/cuda/bucket_kernels.cuh).
   void run_upsert(cudaStream_t stream, const UpsertArgs& a) {
-    Scratch memory(stream, align(a.n) + sizeof(unsigned int));
-    auto* missing = memory.as<uint8_t>();
-    auto* any_full = memory.as<unsigned int>(align(a.n));
-    check_cuda(cudaMemsetAsync(any_full, 0, sizeof(unsigned int), stream), "cudaMemsetAsync");
-    update_hits_kernel<<<group_blocks(a.n), kBlock, 0, stream>>>(view_, a, missing);
-    place(stream, a, missing, any_full);
+    Upsert upsert(stream, a.n);
+    update_hits_kernel<<<group_blocks(a.n), kBlock, 0, stream>>>(view_, a, upsert.missing);
+    place(stream, a, upsert);
   }
+
+  // Scratch of one upsert of n keys: update_hits_kernel's missing flags and the placing kernel's
+  // lists (PlaceLists), with their two counts zeroed.
+  struct Upsert {
+    Upsert(cudaStream_t stream, int64_t n)
+        : memory(stream, align(n) + 2 * align(sizeof(int32_t) * n) + 2 * align(sizeof(uint64_t) * n) + 256) {
+      size_t at = 0;
+      missing = memory.as<uint8_t>(at);
+      at += align(n);
+      todo = memory.as<int32_t>(at);
+      at += align(sizeof(int32_t) * n);
+      todo_keys = memory.as<uint64_t>(at);
+      at += align(sizeof(uint64_t) * n);
+      lists.full = memory.as<int32_t>(at);
+      at += align(sizeof(int32_t) * n);
+      lists.full_keys = memory.as<uint64_t>(at);
+      at += align(sizeof(uint64_t) * n);
+      lists.counts = memory.as<unsigned int>(at);
+      lists.todo = todo;
+      lists.todo_keys = todo_keys;
+      check_cuda(cudaMemsetAsync(lists.counts, 0, 2 * sizeof(unsigned int), stream), "cudaMemsetAsync");
+    }
+    Scratch memory;
+    uint8_t* missing = nullptr;
+    int32_t* todo = nullptr;  // lists.todo and lists.todo_keys, written by list_missing_kernel
+    uint64_t* todo_keys = nullptr;
+    PlaceLists lists{};
+  };
 
   // find_or_insert may look every occurrence up before deduplicating when a repeated hit changes
   // nothing (LRU-like policies: every hit of a call gets the same score; hits write no row) and
@@ -534,50 +559,46 @@ class BucketTable final : public sok::Storage {
 
   void find_or_insert_hits_first(cudaStream_t stream, int64_t n, const void* keys, sok::Columns cols, float* values,
                                  uint8_t* found, const sok_initializer* inits, int32_t num_inits) {
-    Scratch memory(stream, align(n) + sizeof(unsigned int));
-    auto* missing = memory.as<uint8_t>();
-    auto* any_full = memory.as<unsigned int>(align(n));
-    check_cuda(cudaMemsetAsync(any_full, 0, sizeof(unsigned int), stream), "cudaMemsetAsync");
+    Upsert upsert(stream, n);
     UpsertArgs a = base_args(n, keys, cols, Mode::kFindOrInsert, inits, num_inits);
     a.out = values;
     a.found = found;
-    update_hits_kernel<<<group_blocks(n), kBlock, 0, stream>>>(view_, a, missing);  // a.leader null: every key
-    Batch batch(this, stream, n, keys, nullptr, missing);
+    update_hits_kernel<<<group_blocks(n), kBlock, 0, stream>>>(view_, a, upsert.missing);  // a.leader null: every key
+    Batch batch(this, stream, n, keys, nullptr, upsert.missing);
     a.leader = batch.leader;
-    place(stream, a, missing, any_full);
+    place(stream, a, upsert);
     copy_from_leaders_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, cols.width(), batch.leader, values,
                                                                            found);
     check_cuda(cudaGetLastError(), "find_or_insert duplicates");
     after_insert(stream, n);
   }
 
-  // Places the keys marked missing (pass A, and pass B in an evicting table) with the placing
-  // kernel compiled for this table and these initializers.
-  void place(cudaStream_t stream, const UpsertArgs& a, uint8_t* missing, unsigned int* any_full) {
+  // Lists the missing leaders, then places them (pass A, and pass B in an evicting table) with the
+  // placing kernel compiled for this table and these initializers.
+  void place(cudaStream_t stream, const UpsertArgs& a, const Upsert& upsert) {
+    list_missing_kernel<<<blocks_for(a.n, kBlock), kBlock, 0, stream>>>(
+        a.n, a.keys, a.key_type, a.leader, upsert.missing, upsert.todo, upsert.todo_keys, upsert.lists.counts);
     const unsigned int blocks = group_blocks(a.n);
     const bool hybrid = view_.hb < view_.B;
     const bool constant = std::all_of(a.inits.items, a.inits.items + a.inits.count,
                                       [](const sok_initializer& i) { return i.kind == SOK_INIT_CONSTANT; });
     if (hybrid && constant) {
-      place_missing<true, true>(blocks, stream, a, missing, any_full);
+      place_missing<true, true>(blocks, stream, a, upsert.lists);
     } else if (hybrid) {
-      place_missing<true, false>(blocks, stream, a, missing, any_full);
+      place_missing<true, false>(blocks, stream, a, upsert.lists);
     } else if (constant) {
-      place_missing<false, true>(blocks, stream, a, missing, any_full);
+      place_missing<false, true>(blocks, stream, a, upsert.lists);
     } else {
-      place_missing<false, false>(blocks, stream, a, missing, any_full);
+      place_missing<false, false>(blocks, stream, a, upsert.lists);
     }
     check_cuda(cudaGetLastError(), "upsert kernels");
   }
 
   // Pass A, then in an evicting table pass B, of the placing kernel compiled for this table.
   template <bool kHybrid, bool kConstInits>
-  void place_missing(unsigned int blocks, cudaStream_t stream, const UpsertArgs& a, uint8_t* missing,
-                     unsigned int* any_full) {
-    place_missing_kernel<false, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, missing, any_full);
-    if (a.evicting) {
-      place_missing_kernel<true, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, missing, any_full);
-    }
+  void place_missing(unsigned int blocks, cudaStream_t stream, const UpsertArgs& a, const PlaceLists& lists) {
+    place_missing_kernel<false, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists);
+    if (a.evicting) place_missing_kernel<true, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists);
   }
 
   // LRU clock: ns since the Unix epoch, strictly increasing per table (as on the CPU).
