@@ -513,28 +513,31 @@ class BucketTable final : public sok::Storage {
   // Updates the keys present, places the others, and in an evicting table evicts for the keys
   // whose home bucket was full (sok/cuda/bucket_kernels.cuh).
   void run_upsert(cudaStream_t stream, const UpsertArgs& a) {
-    Upsert upsert(stream, a.n);
+    Upsert upsert(stream, a.n, a.evicting);
     update_hits_kernel<<<group_blocks(a.n), kBlock, 0, stream>>>(view_, a, upsert.missing);
     place(stream, a, upsert);
   }
 
   // Scratch of one upsert of n keys: update_hits_kernel's missing flags and the placing kernel's
-  // lists (PlaceLists), with their two counts zeroed.
+  // lists (PlaceLists; the list for pass B only in an evicting table), with their two counts zeroed.
   struct Upsert {
-    Upsert(cudaStream_t stream, int64_t n)
-        : memory(stream, align(n) + 2 * align(sizeof(int32_t) * n) + 2 * align(sizeof(uint64_t) * n) + 256) {
+    Upsert(cudaStream_t stream, int64_t n, bool evicting)
+        : memory(stream, align(n) + (evicting ? 2 : 1) * (align(sizeof(int32_t) * n) + align(sizeof(uint64_t) * n)) +
+                             align(2 * sizeof(unsigned int))) {
       size_t at = 0;
       missing = memory.as<uint8_t>(at);
       at += align(n);
+      lists.counts = memory.as<unsigned int>(at);
+      at += align(2 * sizeof(unsigned int));
       todo = memory.as<int32_t>(at);
       at += align(sizeof(int32_t) * n);
       todo_keys = memory.as<uint64_t>(at);
       at += align(sizeof(uint64_t) * n);
-      lists.full = memory.as<int32_t>(at);
-      at += align(sizeof(int32_t) * n);
-      lists.full_keys = memory.as<uint64_t>(at);
-      at += align(sizeof(uint64_t) * n);
-      lists.counts = memory.as<unsigned int>(at);
+      if (evicting) {
+        lists.full = memory.as<int32_t>(at);
+        at += align(sizeof(int32_t) * n);
+        lists.full_keys = memory.as<uint64_t>(at);
+      }
       lists.todo = todo;
       lists.todo_keys = todo_keys;
       check_cuda(cudaMemsetAsync(lists.counts, 0, 2 * sizeof(unsigned int), stream), "cudaMemsetAsync");
@@ -559,8 +562,8 @@ class BucketTable final : public sok::Storage {
 
   void find_or_insert_hits_first(cudaStream_t stream, int64_t n, const void* keys, sok::Columns cols, float* values,
                                  uint8_t* found, const sok_initializer* inits, int32_t num_inits) {
-    Upsert upsert(stream, n);
     UpsertArgs a = base_args(n, keys, cols, Mode::kFindOrInsert, inits, num_inits);
+    Upsert upsert(stream, n, a.evicting);
     a.out = values;
     a.found = found;
     update_hits_kernel<<<group_blocks(n), kBlock, 0, stream>>>(view_, a, upsert.missing);  // a.leader null: every key
