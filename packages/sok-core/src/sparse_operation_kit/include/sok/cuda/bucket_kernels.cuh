@@ -598,14 +598,14 @@ __device__ void spill(const Group& g, const UpsertArgs& a, int32_t W, uint64_t k
 
 // Upserts. The keys placed by a call are distinct (callers deduplicate; an LRU find_or_insert
 // deduplicates only the keys its hit pass did not find), so no two groups ever place the same key
-// and keys already present need no lock. Three kernels: update_hits_kernel
-// writes the keys present (no slot changes hands) and marks the others missing;
-// place_missing_kernel<false> (pass A) places them in empty slots and, in an evicting table, marks
-// the keys whose home bucket is full; place_missing_kernel<true> (pass B) evicts for those. Rows
-// updated by the first kernel are complete before anyone evicts, so an evicted row is always whole.
-// A pure device table's pass A publishes new slots without a fence (nobody reads them during that
-// kernel); pass B, and pass A of a hybrid table (whose device_slot_for moves rows placed in the
-// same kernel), publish after a fence.
+// and keys already present need no lock. The kernels: update_hits_kernel writes the keys present
+// (no slot changes hands) and marks the others missing; list_missing_kernel lists the missing
+// leaders; place_missing_kernel<false> (pass A) places them in empty slots and, in an evicting
+// table, lists the keys whose home bucket is full; place_missing_kernel<true> (pass B) evicts for
+// those. Rows updated by the first kernel are complete before anyone evicts, so an evicted row is
+// always whole. A pure device table's pass A publishes new slots without a fence (nobody reads them
+// during that kernel); pass B, and pass A of a hybrid table (whose device_slot_for moves rows placed
+// in the same kernel), publish after a fence.
 
 // The mode's write of `in` (w columns) to a row that already holds the key.
 template <class Group>
@@ -797,8 +797,9 @@ struct PlaceLists {
 // bucket of its chain with room. Pass B takes the full list, returning at once when it is empty:
 // an empty slot or the bucket's lowest-score slot (take_victim), or refuses the key.
 // kHybrid (hb < B) compiles the moves of device rows to host slots in; kConstInits (constant
-// initializers only) leaves the random generators out: without both, 80 registers instead of 108
-// (sm_90), 3 resident blocks per SM instead of 2.
+// initializers only) leaves the random generators out: without both, 75 registers instead of 104
+// (sm_90, ptxas -v), 3 resident blocks per SM instead of 2. Capping pass A at 64 registers (4
+// blocks) spilled and made it slower (H100, find_or_insert at dim 128: 350-367 -> 401 us).
 template <bool kEvict, bool kHybrid, bool kConstInits>
 __global__ void place_missing_kernel(View t, UpsertArgs a, PlaceLists lists) {
   const unsigned int listed = lists.counts[kEvict ? 1 : 0];
