@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <map>
 #include <new>
 #include <stdexcept>
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "sok/storage_api.h"
+#include "sok/worker_pool.hpp"
 
 #if defined(__SSE2__) && !defined(__CUDACC__)
 #include <emmintrin.h>
@@ -216,32 +219,31 @@ inline int num_workers() {
 }
 
 // Runs fn(worker, begin, end) over [0, n) split in contiguous parts, in parallel when n is at
-// least `min_parallel`. Exceptions in workers are rethrown in the caller.
+// least `min_parallel`: on the threads of the WorkerPool, or on threads made for this call while the
+// pool is busy (another caller, or a parallel_for inside a parallel_for). Exceptions in workers are
+// rethrown in the caller.
 template <class Fn>
 void parallel_for(int64_t n, int64_t min_parallel, Fn&& fn) {
-  int workers = num_workers();
+  const int workers = num_workers();
   if (n < min_parallel || workers == 1) {
     fn(0, int64_t{0}, n);
     return;
   }
-  std::vector<std::thread> threads;
   std::vector<std::exception_ptr> errors(workers);
-  int64_t chunk = (n + workers - 1) / workers;
-  for (int w = 1; w < workers; ++w) {
-    threads.emplace_back([&, w] {
-      try {
-        fn(w, std::min(n, w * chunk), std::min(n, (w + 1) * chunk));
-      } catch (...) {
-        errors[w] = std::current_exception();
-      }
-    });
+  const int64_t chunk = (n + workers - 1) / workers;
+  const std::function<void(int)> job = [&](int w) {
+    try {
+      fn(w, std::min(n, w * chunk), std::min(n, (w + 1) * chunk));
+    } catch (...) {
+      errors[w] = std::current_exception();
+    }
+  };
+  if (!WorkerPool::instance(workers - 1).try_run(workers, job)) {
+    std::vector<std::thread> threads;
+    for (int w = 1; w < workers; ++w) threads.emplace_back(job, w);
+    job(0);
+    for (auto& t : threads) t.join();
   }
-  try {
-    fn(0, int64_t{0}, std::min(n, chunk));
-  } catch (...) {
-    errors[0] = std::current_exception();
-  }
-  for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
 }
