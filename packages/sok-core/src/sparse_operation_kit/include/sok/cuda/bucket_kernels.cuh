@@ -785,8 +785,8 @@ __global__ void __launch_bounds__(kBlock) list_missing_kernel(int64_t n, const v
 // todo[0 .. counts[0]); in an evicting table it lists the keys whose home bucket is full in
 // full[0 .. counts[1]) for pass B.
 struct PlaceLists {
-  const int32_t* todo;
-  const uint64_t* todo_keys;
+  int32_t* todo;  // written by list_missing_kernel
+  uint64_t* todo_keys;
   int32_t* full;
   uint64_t* full_keys;
   unsigned int* counts;

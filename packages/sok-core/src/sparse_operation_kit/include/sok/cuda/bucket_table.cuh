@@ -529,23 +529,19 @@ class BucketTable final : public sok::Storage {
       at += align(n);
       lists.counts = memory.as<unsigned int>(at);
       at += align(2 * sizeof(unsigned int));
-      todo = memory.as<int32_t>(at);
+      lists.todo = memory.as<int32_t>(at);
       at += align(sizeof(int32_t) * n);
-      todo_keys = memory.as<uint64_t>(at);
+      lists.todo_keys = memory.as<uint64_t>(at);
       at += align(sizeof(uint64_t) * n);
       if (evicting) {
         lists.full = memory.as<int32_t>(at);
         at += align(sizeof(int32_t) * n);
         lists.full_keys = memory.as<uint64_t>(at);
       }
-      lists.todo = todo;
-      lists.todo_keys = todo_keys;
       check_cuda(cudaMemsetAsync(lists.counts, 0, 2 * sizeof(unsigned int), stream), "cudaMemsetAsync");
     }
     Scratch memory;
     uint8_t* missing = nullptr;
-    int32_t* todo = nullptr;  // lists.todo and lists.todo_keys, written by list_missing_kernel
-    uint64_t* todo_keys = nullptr;
     PlaceLists lists{};
   };
 
@@ -580,7 +576,8 @@ class BucketTable final : public sok::Storage {
   // placing kernel compiled for this table and these initializers.
   void place(cudaStream_t stream, const UpsertArgs& a, const Upsert& upsert) {
     list_missing_kernel<<<blocks_for(a.n, kBlock), kBlock, 0, stream>>>(
-        a.n, a.keys, a.key_type, a.leader, upsert.missing, upsert.todo, upsert.todo_keys, upsert.lists.counts);
+        a.n, a.keys, a.key_type, a.leader, upsert.missing, upsert.lists.todo, upsert.lists.todo_keys,
+        upsert.lists.counts);
     const unsigned int blocks = group_blocks(a.n);
     const bool hybrid = view_.hb < view_.B;
     const bool constant = std::all_of(a.inits.items, a.inits.items + a.inits.count,
