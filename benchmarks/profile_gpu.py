@@ -13,9 +13,15 @@ Needs CuPy, a CUDA Torch and CUDA builds of sok-backend-det / sok-backend-hkv (e
 otherwise). Used to find the kernel worth working on (for example the placing kernel of
 find_or_insert at dim 128, 481 us of an 880 us call, before it wrote new rows in one pass).
 
+With ``--overhead`` it instead times the fixed cost of a call on the host: the median wall time of
+a one-key call plus a device synchronize (HKV's timer, as ``storage_gpu.py`` uses it) of each
+operation against an empty CuPy kernel plus a synchronize, and the parts of a call that happen in
+Python (reading ``__cuda_array_interface__``).
+
 Usage::
 
     python3 benchmarks/profile_gpu.py                        # dims 8 and 128, det and hkv
+    python3 benchmarks/profile_gpu.py --overhead             # host cost of a one-key call
     python3 benchmarks/profile_gpu.py --dims 64 --tables hkv --ops find_or_insert --calls 5
     python3 benchmarks/profile_gpu.py --tables hkv --load 1.0  # eviction on every insert
 """
@@ -24,7 +30,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from storage_gpu import INSERTING_OPS, MI, N_HIT, N_NEW, TABLES, table_options
@@ -40,6 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--capacity-mi", type=int, default=32, help="slots of each table in Mi (default: 32)")
     parser.add_argument("--calls", type=int, default=3, help="profiled calls per operation (default: 3)")
     parser.add_argument("--load", type=float, default=0.5, help="keys / slots before each call (default: 0.5)")
+    parser.add_argument("--overhead", action="store_true", help="time one-key calls on the host instead")
     args = parser.parse_args(argv)
     if args.capacity_mi < 2 or args.calls < 1 or not 0.0 < args.load <= 1.0:
         parser.error(
@@ -115,9 +125,63 @@ def profile(cp: Any, profiler: Any, core: Any, kind: str, dim: int, args: argpar
                 print(f"  {time_us / args.calls:9.1f} us  x{count // args.calls:<2} {key[:100]}")
 
 
+OVERHEAD_CALLS = 300
+_EMPTY_SOURCE = 'extern "C" __global__ void profile_gpu_empty() {}'
+
+
+def median_us(cp: Any, call: Callable[[], Any], sync: bool = True) -> float:
+    """Median wall time in microseconds of ``call`` (plus a device synchronize when ``sync``)."""
+    samples = []
+    for _ in range(OVERHEAD_CALLS):
+        cp.cuda.runtime.deviceSynchronize()
+        start = time.perf_counter()
+        call()
+        if sync:
+            cp.cuda.runtime.deviceSynchronize()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e6
+
+
+def overhead(cp: Any, cores: dict[str, Any], dim: int) -> None:
+    """Host cost of one-key calls of each table against an empty kernel and its parts in Python."""
+    empty = cp.RawKernel(_EMPTY_SOURCE, "profile_gpu_empty")
+    keys = cp.arange(1, dtype=cp.uint64)
+    out = cp.empty((1, dim), cp.float32)
+    base = median_us(cp, lambda: empty((1,), (1,), ()))
+    print(f"== host time of a one-key call + device synchronize, median of {OVERHEAD_CALLS}, dim {dim}")
+    print(f"  {base:7.1f} us  empty CuPy kernel (the floor)")
+    print(f"  {median_us(cp, lambda: None):7.1f} us  synchronize alone")
+    cai = median_us(cp, lambda: (keys.__cuda_array_interface__, out.__cuda_array_interface__), sync=False)
+    print(f"  {cai:7.1f} us  two __cuda_array_interface__ reads (no synchronize)")
+    for kind, core in cores.items():
+        table_overhead(cp, core, kind, dim, base)
+
+
+def table_overhead(cp: Any, core: Any, kind: str, dim: int, base: float) -> None:
+    """One-key calls of each operation of one table, against the floor ``base``."""
+    table = core.Table("uint64", dim, table_options(kind, "device", dim, 2 * MI), device="cuda:0")
+    keys = cp.arange(1, dtype=cp.uint64)
+    out = cp.zeros((1, dim), cp.float32)
+    found = cp.empty(1, cp.bool_)
+    table.insert_or_assign(keys, 0, dim, out, None, [])
+    calls = {
+        "find_hits": lambda: table.find_hits(keys, 0, dim, out, found),
+        "find": lambda: table.find(keys, 0, dim, out, None, found),
+        "find_or_insert": lambda: table.find_or_insert(keys, 0, dim, out, found, None, []),
+        "insert_or_assign": lambda: table.insert_or_assign(keys, 0, dim, out, None, []),
+        "size": lambda: table.size(),
+    }
+    for op, call in calls.items():
+        spent = median_us(cp, call)
+        print(f"  {spent:7.1f} us  {kind} {op} (+{spent - base:.1f} us over the floor)", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cp, profiler, cores = modules(args.tables)
+    if args.overhead:
+        overhead(cp, cores, args.dims[0])
+        return 0
     for dim in args.dims:
         for kind, core in cores.items():
             profile(cp, profiler, core, kind, dim, args)  # the table is freed on return

@@ -151,18 +151,21 @@ __device__ __forceinline__ void store_key_d(void* keys, int32_t key_type, int64_
   }
 }
 
-// Bit k of the result is set where byte k of the 16 bytes equals `byte`.
+// Bit k (0 .. 3) of the result is set where byte k of x is zero. Exact: (x & 0x7F) + 0x7F never
+// carries out of its byte, so a byte's top bit ends up clear only where the byte is zero; the
+// multiply gathers the four top bits (7, 15, 23, 31) into bits 28 .. 31 without carries (the other
+// partial products land on distinct lower bits).
+__device__ __forceinline__ uint32_t zero_bytes4(uint32_t x) {
+  const uint32_t top = ~(((x & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | x) & 0x80808080u;
+  return (top * 0x00204081u) >> 28;
+}
+
+// Bit k of the result is set where byte k of the 16 bytes equals `byte`. About 7 instructions a
+// word: __vcmpeq4 is emulated on sm_90 and its per-byte bit extraction took 14.
 __device__ __forceinline__ uint32_t match16(uint4 v, uint8_t byte) {
   const uint32_t pattern = 0x01010101u * byte;
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  uint32_t mask = 0;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const uint32_t eq = __vcmpeq4(w[q], pattern);  // 0xFF per equal byte
-#pragma unroll
-    for (int k = 0; k < 4; ++k) mask |= ((eq >> (8 * k + 7)) & 1u) << (4 * q + k);
-  }
-  return mask;
+  return zero_bytes4(v.x ^ pattern) | (zero_bytes4(v.y ^ pattern) << 4) | (zero_bytes4(v.z ^ pattern) << 8) |
+         (zero_bytes4(v.w ^ pattern) << 12);
 }
 
 // State bytes 2..255 (live) where bit k is set.
