@@ -20,3 +20,15 @@ class TestHkvDeviceArrays(DeviceArrayConformance):
     @pytest.fixture
     def var_type(self) -> str:
         return "hybrid"
+
+    @pytest.fixture
+    def wide_table_options(self) -> list[dict[str, str]]:
+        """A pure device table, and a hybrid one of 128 buckets of 128 slots with about 0.5 MB of
+        rows in device memory (8 slots a bucket at 128 floats), the rest in pinned host memory."""
+        hybrid = {
+            "init_capacity": "16384",
+            "max_capacity": "16384",
+            "max_bucket_size": "128",
+            "max_hbm_for_vectors": "0.0005",
+        }
+        return [{}, hybrid]

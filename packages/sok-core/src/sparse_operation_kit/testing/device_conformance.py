@@ -137,6 +137,65 @@ class DeviceArrayConformance:
         assert table.size() == keys.size
         _assert_contents(cp, table, keys, expected)
 
+    @pytest.fixture
+    def wide_table_options(self) -> list[dict[str, str]]:
+        """Options of the tables that test_wide_rows_and_column_ranges runs on (a backend with
+        rows in host memory adds a table that keeps some there)."""
+        return [{}]
+
+    @pytest.mark.parametrize(
+        ("width", "cb", "ce"),
+        [(64, 0, 64), (128, 0, 128), (96, 0, 96), (128, 4, 100), (128, 1, 65), (130, 0, 130), (128, 64, 128)],
+        ids=["64", "128", "96", "128-cols-4-100", "128-cols-1-65", "130", "128-cols-64-128"],
+    )
+    def test_wide_rows_and_column_ranges(
+        self, cp: Any, table_class: Any, wide_table_options: list[dict[str, str]], width: int, cb: int, ce: int
+    ) -> None:
+        """Rows of 64 to 130 floats and column ranges, aligned to 16 bytes or not (the CUDA kernels
+        copy aligned rows four floats a lane, others one), through find, find_hits, find_or_insert
+        and insert_or_assign, against a NumPy model of the rows."""
+        rng = np.random.default_rng(width * 1000 + cb)
+        w = ce - cb
+        for options in wide_table_options:
+            table = table_class("int64", width, options, device=DEVICE)
+            stored = rng.choice(1 << 40, size=3000, replace=False).astype(np.int64)
+            model = {int(k): row for k, row in zip(stored.tolist(), _rows_for(stored, width), strict=True)}
+            table.insert_or_assign(cp.asarray(stored), 0, width, cp.asarray(_rows_for(stored, width)), None, [])
+            fresh = (np.int64(1) << 41) + np.arange(1000, dtype=np.int64)
+            query = rng.permutation(np.concatenate([stored[:2000], fresh]))
+            hit = np.isin(query, stored)
+            expected = np.array(
+                [model[k][cb:ce] if h else np.zeros(w, np.float32) for k, h in zip(query.tolist(), hit)]
+            )
+            values = cp.full((query.size, w), -1.0, dtype=cp.float32)
+            found = cp.empty(query.size, dtype=cp.bool_)
+            table.find(cp.asarray(query), cb, ce, values, None, found)
+            np.testing.assert_array_equal(values.get(), expected, err_msg=f"find, options {options}")
+            np.testing.assert_array_equal(found.get(), hit)
+            values.fill(-1.0)
+            table.find_hits(cp.asarray(query), cb, ce, values, found)
+            np.testing.assert_array_equal(values.get()[hit], expected[hit], err_msg=f"find_hits, options {options}")
+            assert (values.get()[~hit] == -1.0).all()
+            # insert_or_assign of the requested columns: updates and new keys (new rows' other columns 0)
+            assigned = rng.standard_normal((query.size, w)).astype(np.float32)
+            table.insert_or_assign(cp.asarray(query), cb, ce, cp.asarray(assigned), None, [])
+            for k, row in zip(query.tolist(), assigned, strict=True):
+                model.setdefault(k, np.zeros(width, np.float32))[cb:ce] = row
+            # find_or_insert: every key above present, plus new ones (rows of the initializer 0.5)
+            more = (np.int64(1) << 42) + np.arange(500, dtype=np.int64)
+            query = rng.permutation(np.concatenate([query, more]))
+            init = inits.constant(0.5).resolve(width)
+            values = cp.empty((query.size, w), dtype=cp.float32)
+            found = cp.empty(query.size, dtype=cp.bool_)
+            table.find_or_insert(cp.asarray(query), cb, ce, values, found, None, [init])
+            for k in more.tolist():
+                model[k] = np.full(width, 0.5, np.float32)
+            expected = np.array([model[k][cb:ce] for k in query.tolist()])
+            np.testing.assert_array_equal(values.get(), expected, err_msg=f"find_or_insert, options {options}")
+            np.testing.assert_array_equal(found.get(), ~np.isin(query, more))
+            keys = np.array(sorted(model), dtype=np.int64)
+            _assert_contents(cp, table, keys, np.array([model[k] for k in keys.tolist()]))
+
     def test_torch_tensors_in_and_out(self, cp: Any, torch: Any, table: Any) -> None:
         keys = np.array([11, 12, 13, 14], dtype=np.int64)
         stream = torch.cuda.current_stream().cuda_stream

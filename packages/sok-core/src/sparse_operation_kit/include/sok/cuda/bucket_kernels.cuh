@@ -1010,11 +1010,18 @@ __global__ void export_advance_kernel(const int32_t* flags, const int32_t* ranks
   if (limit > 0) *base += static_cast<unsigned long long>(ranks[limit - 1] + flags[limit - 1]);
 }
 
+// Deduplication index entries: (owner << 32) | last, where owner is the first batch index to claim
+// the entry and last the highest batch index of its key; all ones while empty (never a claimed
+// value: batch indices are below 2**31 - 1).
+constexpr unsigned long long kEmptyEntry = ~0ull;
+
 // Deduplication, pass 1: every key (with `only`, every key i with only[i] != 0; the others get
-// slot_of -1) claims (or joins) a slot of an open-addressing index of `slots` entries (owner = the
-// first batch index to claim it); last = the highest batch index per distinct key.
-__global__ void dedup_insert_kernel(int64_t n, const void* keys, int32_t key_type, int64_t slots, int32_t* owner,
-                                    int32_t* last, int32_t* slot_of, const uint8_t* only) {
+// slot_of -1) claims an entry of an open-addressing index of `slots` entries with (i, i), or, where
+// an occurrence of its key owns one, raises its last half with atomicMax (the owner half is the
+// same, so the 64-bit maximum is that of the last halves). A key met once costs one atomic, not a
+// claim and then a maximum (H100, 1 Mi distinct keys: 54 -> 48 us; 419,431 missing of 1 Mi: 19.4 -> 16.8 us).
+__global__ void dedup_insert_kernel(int64_t n, const void* keys, int32_t key_type, int64_t slots,
+                                    unsigned long long* entries, int32_t* slot_of, const uint8_t* only) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     if (only != nullptr && only[i] == 0) {
@@ -1023,23 +1030,29 @@ __global__ void dedup_insert_kernel(int64_t n, const void* keys, int32_t key_typ
     }
     const uint64_t key = load_key_d(keys, key_type, i);
     int64_t s = static_cast<int64_t>(sok::hash_key(key) & static_cast<uint64_t>(slots - 1));
-    // CAS first: a free index slot costs one round trip, not a read and then the CAS.
+    const unsigned long long index = static_cast<unsigned long long>(i);
+    // CAS first: a free entry costs one round trip, not a read and then the CAS.
     while (true) {
-      const int32_t o = atomicCAS(owner + s, -1, static_cast<int32_t>(i));
-      if (o < 0 || load_key_d(keys, key_type, o) == key) break;
+      const unsigned long long e = atomicCAS(entries + s, kEmptyEntry, (index << 32) | index);
+      if (e == kEmptyEntry) break;
+      const unsigned long long owner = e >> 32;
+      if (load_key_d(keys, key_type, static_cast<int64_t>(owner)) == key) {
+        atomicMax(entries + s, (owner << 32) | index);
+        break;
+      }
       s = (s + 1) & (slots - 1);
     }
-    atomicMax(last + s, static_cast<int32_t>(i));
     slot_of[i] = static_cast<int32_t>(s);
   }
 }
 
 // Pass 2: leader[i] = the last batch index of key i (it acts for all its duplicates); i for a key
 // left out of pass 1.
-__global__ void dedup_leader_kernel(int64_t n, const int32_t* last, const int32_t* slot_of, int32_t* leader) {
+__global__ void dedup_leader_kernel(int64_t n, const unsigned long long* entries, const int32_t* slot_of,
+                                    int32_t* leader) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    leader[i] = slot_of[i] < 0 ? static_cast<int32_t>(i) : last[slot_of[i]];
+    leader[i] = slot_of[i] < 0 ? static_cast<int32_t>(i) : static_cast<int32_t>(entries[slot_of[i]] & 0xFFFFFFFFull);
   }
 }
 

@@ -358,17 +358,16 @@ class BucketTable final : public sok::Storage {
         sok::invalid("a batch holds at most 2**31 - 2 keys, got " + std::to_string(n) + "; split it");
       }
       const int64_t slots = index_slots(n);
-      auto* owner = memory.as<int32_t>();
-      auto* last = owner + slots;
-      auto* slot_of = last + slots;
+      auto* entries = memory.as<unsigned long long>();
+      auto* slot_of = reinterpret_cast<int32_t*>(entries + slots);
       leader = slot_of + n;
-      check_cuda(cudaMemsetAsync(owner, 0xFF, sizeof(int32_t) * 2 * slots, stream), "cudaMemsetAsync");
-      dedup_insert_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, keys, t->key_type(), slots, owner, last,
+      check_cuda(cudaMemsetAsync(entries, 0xFF, sizeof(unsigned long long) * slots, stream), "cudaMemsetAsync");
+      dedup_insert_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, keys, t->key_type(), slots, entries,
                                                                         slot_of, only);
-      dedup_leader_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, last, slot_of, leader);
+      dedup_leader_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, entries, slot_of, leader);
       check_cuda(cudaGetLastError(), "deduplication kernels");
       if (t->lfu_like()) {
-        auto* sums = memory.as<unsigned long long>(align(sizeof(int32_t) * (2 * slots + 2 * n)));
+        auto* sums = memory.as<unsigned long long>(index_bytes(n));
         check_cuda(cudaMemsetAsync(sums, 0, sizeof(unsigned long long) * n, stream), "cudaMemsetAsync");
         sum_increments_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, leader, scores, sums);
         check_cuda(cudaGetLastError(), "score increments");
@@ -380,9 +379,11 @@ class BucketTable final : public sok::Storage {
       while (s < 2 * n) s <<= 1;
       return s;
     }
-    static size_t bytes_for(int64_t n, bool lfu) {
-      return align(sizeof(int32_t) * (2 * index_slots(n) + 2 * n)) + (lfu ? sizeof(unsigned long long) * n : 0);
+    // The index entries, slot_of and leader.
+    static size_t index_bytes(int64_t n) {
+      return align(sizeof(unsigned long long) * index_slots(n) + sizeof(int32_t) * 2 * n);
     }
+    static size_t bytes_for(int64_t n, bool lfu) { return index_bytes(n) + (lfu ? sizeof(unsigned long long) * n : 0); }
     int64_t n;
     const void* keys;
     const uint64_t* scores;
