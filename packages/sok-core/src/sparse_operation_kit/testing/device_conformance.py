@@ -145,15 +145,26 @@ class DeviceArrayConformance:
 
     @pytest.mark.parametrize(
         ("width", "cb", "ce"),
-        [(64, 0, 64), (128, 0, 128), (96, 0, 96), (128, 4, 100), (128, 1, 65), (130, 0, 130), (128, 64, 128)],
-        ids=["64", "128", "96", "128-cols-4-100", "128-cols-1-65", "130", "128-cols-64-128"],
+        [
+            (64, 0, 64),
+            (128, 0, 128),
+            (96, 0, 96),
+            (128, 4, 100),
+            (128, 1, 65),
+            (130, 0, 130),
+            (128, 64, 128),
+            (600, 0, 600),
+            (600, 3, 517),
+        ],
+        ids=["64", "128", "96", "128-cols-4-100", "128-cols-1-65", "130", "128-cols-64-128", "600", "600-cols-3-517"],
     )
     def test_wide_rows_and_column_ranges(
         self, cp: Any, table_class: Any, wide_table_options: list[dict[str, str]], width: int, cb: int, ce: int
     ) -> None:
-        """Rows of 64 to 130 floats and column ranges, aligned to 16 bytes or not (the CUDA kernels
-        copy aligned rows four floats a lane, others one), through find, find_hits, find_or_insert
-        and insert_or_assign, against a NumPy model of the rows."""
+        """Rows of 64 to 600 floats and column ranges, aligned to 16 bytes or not (the CUDA kernels
+        copy aligned rows four floats a lane, others one; rows of up to 512 floats take a constant
+        initial row from shared memory), through find, find_hits, find_or_insert and
+        insert_or_assign, against a NumPy model of the rows."""
         rng = np.random.default_rng(width * 1000 + cb)
         w = ce - cb
         for options in wide_table_options:

@@ -492,14 +492,28 @@ __device__ __forceinline__ float init_column(uint64_t key, int32_t c, const Init
   return v;
 }
 
+// Initial rows kept in shared memory by the placing kernels when every initializer is a constant:
+// rows of up to this many floats (wider ones are computed column by column).
+constexpr int32_t kConstantRowFloats = 512;
+
 // The initial values of columns [begin, end) of key's row, to dst[0 .. end - begin). With `copy`
 // (not null), columns [copy_begin, copy_end) within [begin, end) also go to
 // copy[0 .. copy_end - copy_begin): find_or_insert returns a new row without reading it back.
-// Four columns a lane-step with 16-byte stores where the columns and pointers are aligned (H100,
-// find_or_insert of 1 Mi keys with 40% new at dim 128: the placing kernel 481 -> 345 us).
+// `constant_row` (not null: every initializer is a constant) holds the whole initial row, the same
+// for every key: both are copied from it (H100, find_or_insert of 1 Mi keys with 40% new: the
+// placing kernel 368 -> 268 us at dim 128, 203 -> 181 us at dim 64; ncu had counted 53 sectors
+// written to L2 per new key where 34 carry data, the row's lanes storing apart). Else four columns
+// a lane-step with 16-byte stores where the columns and pointers are aligned (481 -> 345 us against
+// one at a time).
 template <bool kConstant, class Group>
 __device__ void init_columns_d(const Group& g, float* dst, int32_t begin, int32_t end, uint64_t key, const Inits& inits,
-                               float* copy = nullptr, int32_t copy_begin = 0, int32_t copy_end = 0) {
+                               const float* constant_row, float* copy = nullptr, int32_t copy_begin = 0,
+                               int32_t copy_end = 0) {
+  if (constant_row != nullptr) {
+    copy_floats<false>(g, dst, constant_row + begin, end - begin);
+    if (copy != nullptr) copy_floats<false>(g, copy, constant_row + copy_begin, copy_end - copy_begin);
+    return;
+  }
   const int lane = static_cast<int>(g.thread_rank());
   const bool vec = begin % 4 == 0 && end % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
                    (copy == nullptr ||
@@ -625,10 +639,10 @@ __device__ void apply_to_existing(const Group& g, const UpsertArgs& a, int64_t i
 // have had.
 template <bool kConstInits, class Group>
 __device__ void refuse(const Group& g, const View& t, const UpsertArgs& a, int64_t i, uint64_t key, uint64_t new_score,
-                       const float* in, int32_t w) {
+                       const float* in, int32_t w, const float* constant_row) {
   const int lane = static_cast<int>(g.thread_rank());
   if (a.mode == Mode::kFindOrInsert) {
-    init_columns_d<kConstInits>(g, a.out + i * w, a.cb, a.ce, key, a.inits);
+    init_columns_d<kConstInits>(g, a.out + i * w, a.cb, a.ce, key, a.inits, constant_row);
     if (lane == 0 && a.found != nullptr) a.found[i] = 0;
   } else if (a.ev_keys != nullptr && a.mode != Mode::kImport) {
     unsigned long long idx = 0;
@@ -640,7 +654,7 @@ __device__ void refuse(const Group& g, const View& t, const UpsertArgs& a, int64
     }
     if (a.ev_values != nullptr) {
       float* dst = a.ev_values + static_cast<int64_t>(idx) * t.W;
-      init_columns_d<kConstInits>(g, dst, 0, t.W, key, a.inits);
+      init_columns_d<kConstInits>(g, dst, 0, t.W, key, a.inits, constant_row);
       g.sync();
       copy_floats<false>(g, dst + a.cb, in, w);
     }
@@ -689,14 +703,14 @@ __device__ int64_t take_victim(const Group& g, const View& t, const UpsertArgs& 
 // Writes key i's row, key and score into `slot` (held busy by this group) and publishes its digest.
 template <bool kFence, bool kConstInits, class Group>
 __device__ void fill_slot(const Group& g, const View& t, const UpsertArgs& a, int64_t i, uint64_t key, uint8_t d,
-                          int64_t slot, uint64_t new_score, const float* in, int32_t w) {
+                          int64_t slot, uint64_t new_score, const float* in, int32_t w, const float* constant_row) {
   const int lane = static_cast<int>(g.thread_rank());
   float* row = t.row(slot);
   if (a.mode == Mode::kFindOrInsert) {
-    init_columns_d<kConstInits>(g, row, 0, t.W, key, a.inits, a.out + i * w, a.cb, a.ce);
+    init_columns_d<kConstInits>(g, row, 0, t.W, key, a.inits, constant_row, a.out + i * w, a.cb, a.ce);
   } else {
     if (a.cb != 0 || a.ce != t.W) {
-      init_columns_d<kConstInits>(g, row, 0, t.W, key, a.inits);
+      init_columns_d<kConstInits>(g, row, 0, t.W, key, a.inits, constant_row);
       g.sync();
     }
     if (a.mode == Mode::kAccumulate) {
@@ -800,9 +814,10 @@ struct PlaceLists {
 // bucket of its chain with room. Pass B takes the full list, returning at once when it is empty:
 // an empty slot or the bucket's lowest-score slot (take_victim), or refuses the key.
 // kHybrid (hb < B) compiles the moves of device rows to host slots in; kConstInits (constant
-// initializers only) leaves the random generators out: without both, 75 registers instead of 104
-// (sm_90, ptxas -v), 3 resident blocks per SM instead of 2. Capping pass A at 64 registers (4
-// blocks) spilled and made it slower (H100, find_or_insert at dim 128: 350-367 -> 401 us).
+// initializers only) leaves the random generators out and builds the initial row once per block
+// in shared memory: without both, 80 registers instead of 104 (sm_90, ptxas -v), 3 resident blocks
+// per SM instead of 2. Capping pass A at 64 registers (4 blocks) spilled and made it slower (H100,
+// find_or_insert at dim 128, before the shared row: 350-367 -> 401 us).
 template <bool kEvict, bool kHybrid, bool kConstInits>
 __global__ void place_missing_kernel(View t, UpsertArgs a, PlaceLists lists) {
   const unsigned int listed = lists.counts[kEvict ? 1 : 0];
@@ -813,6 +828,17 @@ __global__ void place_missing_kernel(View t, UpsertArgs a, PlaceLists lists) {
   auto g = cg::tiled_partition<kGroup>(block);
   __shared__ unsigned long long created;
   if (block.thread_rank() == 0) created = 0;
+  const float* constant_row = nullptr;  // the initial row of every key, where it is one constant row
+  if constexpr (kConstInits) {
+    __shared__ float4 constant_row4[kConstantRowFloats / 4];
+    if (t.W <= kConstantRowFloats) {
+      float* row = reinterpret_cast<float*>(constant_row4);
+      for (int32_t c = static_cast<int32_t>(block.thread_rank()); c < t.W; c += kBlock) {
+        row[c] = init_column<true>(0, c, a.inits);
+      }
+      constant_row = row;
+    }
+  }
   block.sync();
   const int lane = static_cast<int>(g.thread_rank());
   const int32_t w = a.ce - a.cb;
@@ -852,15 +878,15 @@ __global__ void place_missing_kernel(View t, UpsertArgs a, PlaceLists lists) {
       }
     }
     if (slot < 0) {  // refused by the policy (pass B), or a full growing table (ruled out by the host)
-      refuse<kConstInits>(g, t, a, i, key, new_score, in, w);
+      refuse<kConstInits>(g, t, a, i, key, new_score, in, w, constant_row);
       continue;
     }
     // Evictors read victims, and in hybrid tables device_slot_for reads rows this kernel placed:
     // there slots are published in order.
     if (kEvict || kHybrid) {
-      fill_slot<true, kConstInits>(g, t, a, i, key, digest_of(h), slot, new_score, in, w);
+      fill_slot<true, kConstInits>(g, t, a, i, key, digest_of(h), slot, new_score, in, w, constant_row);
     } else {
-      fill_slot<false, kConstInits>(g, t, a, i, key, digest_of(h), slot, new_score, in, w);
+      fill_slot<false, kConstInits>(g, t, a, i, key, digest_of(h), slot, new_score, in, w, constant_row);
     }
     if (lane == 0 && !replaced) atomicAdd(&created, 1ull);
   }
