@@ -209,10 +209,11 @@ __device__ __forceinline__ int32_t match_in_chunk(const View& t, int64_t b, int 
 
 // The slot holding key, or -1; the same on every lane of the group. Lane l scans chunks l,
 // l + kGroup, ... (all its loads are issued before any is used). kWindowed (tables with home
-// windows only) reads the key's home window first and the whole bucket only where it spilled. Only
-// find uses it: compiled into the upsert kernels, whose register budget is tight, the extra path
-// made their row copies slower (H100, insert_or_assign of 1 Mi keys at dim 128: 0.70 -> 1.02 ms),
-// and their full scans stay correct, since a full scan finds a key wherever it lives.
+// windows only) reads the key's home window first and the whole bucket only where it spilled: find
+// and update_hits_kernel use it (hkv's update kernel, 1 Mi keys, H100: 158 -> 139 us at dim 8, 236
+// -> 215 us at dim 64, 355 -> 334 us at dim 128; an earlier try, before the kernel's register cap
+// and the digest-match rework, had slowed its row copies: 0.70 -> 1.02 ms at dim 128). The
+// placing kernels scan whole buckets, which finds a key wherever it lives.
 template <bool kFresh, bool kWindowed = false, class Group>
 __device__ int64_t locate(const View& t, const Group& g, uint64_t key, uint64_t h, uint8_t d) {
   const int lane = static_cast<int>(g.thread_rank());
@@ -736,6 +737,7 @@ __device__ void fill_slot(const Group& g, const View& t, const UpsertArgs& a, in
 // present, else missing[i] = 1. Without leaders (a.leader null: find_or_insert under LRU-like
 // policies) every occurrence is looked up: repeated hits copy the same row out and store the same
 // score.
+template <bool kWindowed>
 __global__ void __launch_bounds__(kBlock, kHitsMinBlocks) update_hits_kernel(View t, UpsertArgs a, uint8_t* missing) {
   auto block = cg::this_thread_block();
   auto g = cg::tiled_partition<kGroup>(block);
@@ -746,7 +748,7 @@ __global__ void __launch_bounds__(kBlock, kHitsMinBlocks) update_hits_kernel(Vie
     if (a.leader != nullptr && a.leader[i] != i) continue;
     const uint64_t key = load_key_d(a.keys, a.key_type, i);
     const uint64_t h = sok::hash_key(key);
-    const int64_t slot = locate<false>(t, g, key, h, digest_of(h));
+    const int64_t slot = locate<false, kWindowed>(t, g, key, h, digest_of(h));
     if (lane == 0) missing[i] = slot < 0 ? 1 : 0;
     if (slot < 0) continue;
     float* row = t.row(slot);

@@ -391,20 +391,30 @@ class BucketTable final : public sok::Storage {
     int32_t* leader = nullptr;
   };
 
+  // The keys present (update_hits_kernel), reading home windows first where find does.
+  void update_hits(cudaStream_t stream, const UpsertArgs& a, uint8_t* missing) {
+    if (windowed_lookups()) {
+      update_hits_kernel<true><<<group_blocks(a.n), kBlock, 0, stream>>>(view_, a, missing);
+    } else {
+      update_hits_kernel<false><<<group_blocks(a.n), kBlock, 0, stream>>>(view_, a, missing);
+    }
+  }
+
   // Home windows pay while buckets have room: on the H100 (1 Mi keys, hkv, 128-slot buckets) find
   // went from 1.46x to 1.85x HKV at load 0.5 (dim 8) and from 1.45x to 1.53x at 0.75, but fell from
   // 1.47x to 1.25x at 1.0, where most windows have spilled and the window read is one round trip
   // more before the bucket's. So tables fuller than 7/8 (the host's bound of the key count) scan
   // whole buckets; either kernel finds every key.
+  bool windowed_lookups() {
+    if (view_.windows == 1) return false;
+    refresh_bound();
+    return bound_ * 8 <= capacity_slots() * 7;
+  }
+
   void find_rows(const sok_exec_context& ctx, const FindArgs& a) {
     Call call(this, ctx);
     if (a.n == 0) return;
-    bool windowed = view_.windows > 1;
-    if (windowed) {
-      refresh_bound();
-      windowed = bound_ * 8 <= capacity_slots() * 7;
-    }
-    if (windowed) {
+    if (windowed_lookups()) {
       find_kernel<true><<<group_blocks(a.n), kBlock, 0, call.stream>>>(view_, a);
     } else {
       find_kernel<false><<<group_blocks(a.n), kBlock, 0, call.stream>>>(view_, a);
@@ -515,7 +525,7 @@ class BucketTable final : public sok::Storage {
   // whose home bucket was full (sok/cuda/bucket_kernels.cuh).
   void run_upsert(cudaStream_t stream, const UpsertArgs& a) {
     Upsert upsert(stream, a.n, a.evicting);
-    update_hits_kernel<<<group_blocks(a.n), kBlock, 0, stream>>>(view_, a, upsert.missing);
+    update_hits(stream, a, upsert.missing);
     place(stream, a, upsert);
   }
 
@@ -563,7 +573,7 @@ class BucketTable final : public sok::Storage {
     Upsert upsert(stream, n, a.evicting);
     a.out = values;
     a.found = found;
-    update_hits_kernel<<<group_blocks(n), kBlock, 0, stream>>>(view_, a, upsert.missing);  // a.leader null: every key
+    update_hits(stream, a, upsert.missing);  // a.leader null: every key
     Batch batch(this, stream, n, keys, nullptr, upsert.missing);
     a.leader = batch.leader;
     place(stream, a, upsert);
