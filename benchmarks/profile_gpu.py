@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Kernel time of the GPU storage operations: where one 1 Mi-key call of det / hkv spends its time.
 
-``storage_gpu.py`` times whole calls; this script splits them. Per table and dim it fills a table of
-``--capacity-mi`` Mi slots to ``--load`` (default 0.5) with the continuous keys 0, 1, 2, ... (as
-``storage_gpu.py`` does, with its table options), builds its batch (the first 629,145 keys of the
-last fill batch and 419,431 new keys from 2**64 - 1 down), and runs each operation ``--calls`` times,
-each call under its own ``torch.profiler`` session (CUPTI), refilling the table before each inserting
-call so that every call sees the same state. It prints the mean GPU time per call of every kernel,
+``storage_gpu.py`` times whole calls; this script splits them. Per table and dim it makes a table of
+``--capacity-mi`` Mi slots with ``storage_gpu.py``'s options and drives it with ``storage_gpu.py``'s
+``TableBench``: the same fill to ``--load`` (default 0.5; continuous keys 0, 1, 2, ..., top-ups
+where eviction lost keys) and the same batch (the first 629,145 keys of the last fill batch and
+419,431 new keys from 2**64 - 1 down). It runs each operation ``--calls`` times, each call under its
+own ``torch.profiler`` session (CUPTI), refilling the table before each inserting call so that every
+call sees the same state. It prints the mean GPU time per call of every kernel,
 memset and copy. Not a benchmark: there is no baseline and no ratio.
 
 Needs CuPy, a CUDA Torch and CUDA builds of sok-backend-det / sok-backend-hkv (exit status 2
@@ -36,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from storage_gpu import INSERTING_OPS, MI, N_HIT, N_NEW, TABLES, table_options
+from storage_gpu import INSERTING_OPS, MI, TABLES, TableBench, free_device_memory, table_options
 
 OPS = ("find_hits", "find", "find_or_insert", "insert_or_assign")
 
@@ -79,41 +80,33 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
+# profile_gpu's operation -> storage_gpu's (TableBench.calls): find_hits is what storage_gpu times as find.
+BENCH_OPS = {
+    "find_hits": "find",
+    "find": "find_default",
+    "find_or_insert": "find_or_insert",
+    "insert_or_assign": "insert_or_assign",
+}
+
+
 def profile(cp: Any, profiler: Any, core: Any, kind: str, dim: int, args: argparse.Namespace) -> None:
+    """storage_gpu's state and batch (TableBench: fill to --load with top-ups, 60/40 keys), then each
+    operation under its own profiler session per call, refilled before each inserting call."""
     capacity = args.capacity_mi * MI
     table = core.Table("uint64", dim, table_options(kind, "device", dim, capacity), device="cuda:0")
-    values = cp.zeros((MI, dim), cp.float32)
-    target = int(capacity * args.load)
-
-    def fill() -> Any:
-        """Clear, then keys 0 .. target - 1 in 1 Mi calls; returns the last call's keys."""
-        table.clear()
-        for start in range(0, target, MI):
-            keys = cp.arange(start, min(start + MI, target), dtype=cp.uint64)
-            table.insert_or_assign(keys, 0, dim, values[: keys.shape[0]], None, [])
-        return keys
-
-    last = fill()
-    hits = last[: min(N_HIT, last.shape[0])]
-    batch = cp.concatenate([hits, cp.uint64(2**64 - 1) - cp.arange(N_NEW, dtype=cp.uint64)])
-    out = cp.empty((batch.shape[0], dim), cp.float32)
-    found = cp.empty(batch.shape[0], cp.bool_)
-    calls = {
-        "find_hits": lambda: table.find_hits(batch, 0, dim, out, found),
-        "find": lambda: table.find(batch, 0, dim, out, None, found),
-        "find_or_insert": lambda: table.find_or_insert(batch, 0, dim, out, found, None, []),
-        "insert_or_assign": lambda: table.insert_or_assign(batch, 0, dim, values[: batch.shape[0]], None, []),
-    }
+    bench = TableBench(cp, kind, table, dim, capacity)
+    bench.fill(args.load)
+    batch = bench.batch()
     for op in args.ops:
-        call = calls[op]
-        call()  # warm-up
+        bench_op = BENCH_OPS[op]
+        bench.run(bench_op, batch, 0)  # warm-up
         totals: dict[str, list[float]] = {}  # kernel name -> [GPU us, launches] over every call
         for _ in range(args.calls):
-            if op in INSERTING_OPS:
-                fill()
+            if bench_op in INSERTING_OPS:
+                bench.fill(args.load)
             cp.cuda.runtime.deviceSynchronize()
             with profiler.profile(activities=[profiler.ProfilerActivity.CUDA]) as prof:
-                call()
+                bench.run(bench_op, batch, 0)
                 cp.cuda.runtime.deviceSynchronize()
             for event in prof.key_averages():
                 total = totals.setdefault(event.key, [0.0, 0])
@@ -184,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for dim in args.dims:
         for kind, core in cores.items():
-            profile(cp, profiler, core, kind, dim, args)  # the table is freed on return
-            cp.get_default_memory_pool().free_all_blocks()
+            profile(cp, profiler, core, kind, dim, args)
+            free_device_memory(cp)  # TableBench's bound methods hold it in a cycle: collect the table now
     return 0
 
 
