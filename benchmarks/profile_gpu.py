@@ -39,7 +39,14 @@ from typing import Any, NoReturn
 
 from storage_gpu import INSERTING_OPS, MI, TABLES, TableBench, free_device_memory, table_options
 
-OPS = ("find_hits", "find", "find_or_insert", "insert_or_assign")
+# profile_gpu's operation -> storage_gpu's (TableBench.calls): find_hits is what storage_gpu times as find.
+BENCH_OPS = {
+    "find_hits": "find",
+    "find": "find_default",
+    "find_or_insert": "find_or_insert",
+    "insert_or_assign": "insert_or_assign",
+}
+OPS = tuple(BENCH_OPS)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -78,15 +85,6 @@ def modules(tables: list[str]) -> tuple[Any, Any, dict[str, Any]]:
 def fail(message: str) -> NoReturn:
     print(f"profile_gpu: {message}", file=sys.stderr)
     sys.exit(2)
-
-
-# profile_gpu's operation -> storage_gpu's (TableBench.calls): find_hits is what storage_gpu times as find.
-BENCH_OPS = {
-    "find_hits": "find",
-    "find": "find_default",
-    "find_or_insert": "find_or_insert",
-    "insert_or_assign": "insert_or_assign",
-}
 
 
 def profile(cp: Any, profiler: Any, core: Any, kind: str, dim: int, args: argparse.Namespace) -> None:
