@@ -736,7 +736,8 @@ __device__ void fill_slot(const Group& g, const View& t, const UpsertArgs& a, in
 // One group of kGroup lanes per (leader) key: the mode's write and a new score if the key is
 // present, else missing[i] = 1. Without leaders (a.leader null: find_or_insert under LRU-like
 // policies) every occurrence is looked up: repeated hits copy the same row out and store the same
-// score.
+// score. kWindowed: keys are looked up home window first (locate), under find's rule
+// (BucketTable::windowed_lookups).
 template <bool kWindowed>
 __global__ void __launch_bounds__(kBlock, kHitsMinBlocks) update_hits_kernel(View t, UpsertArgs a, uint8_t* missing) {
   auto block = cg::this_thread_block();
