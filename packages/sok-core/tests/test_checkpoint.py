@@ -27,6 +27,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 import sparse_operation_kit as sok  # noqa: E402
 from sparse_operation_kit import checkpoint as ckpt  # noqa: E402
+from sparse_operation_kit import checkpoint_dir as ckdir  # noqa: E402
 from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
 from sparse_operation_kit.checkpoint import inspect as ckpt_inspect  # noqa: E402
 from sparse_operation_kit.cli import main as cli_main  # noqa: E402
@@ -591,18 +592,30 @@ def assert_previous_checkpoint_intact(path, before_files, before_state, before_s
     assert int(fresh_wrapper.iterations.numpy()) == 1
 
 
-@pytest.mark.parametrize(
-    "where",
-    ["write_manifest", "fsync", "first-rename"],
-)
+def failing_once(real, call_number: int):
+    count = {"n": 0}
+
+    def fake(*args, **kwargs):
+        count["n"] += 1
+        if count["n"] == call_number:
+            raise Killed("simulated failure")
+        return real(*args, **kwargs)
+
+    return fake
+
+
+@pytest.mark.parametrize("where", ["write_manifest", "fsync", "exchange", "second-rename"])
 def test_interrupted_dump_keeps_previous_checkpoint(tmp_path, monkeypatch, where):
     path, v, wrapper, before_files, before_state, before_siblings = interrupted_dump_setup(tmp_path)
     if where == "write_manifest":
         monkeypatch.setattr(fmt, "write_manifest", failing_after(fmt.write_manifest, 0))
     elif where == "fsync":
         monkeypatch.setattr(os, "fsync", failing_after(os.fsync, 1))  # the second file of the table
-    else:
-        monkeypatch.setattr(os, "rename", failing_after(os.rename, 0))
+    elif where == "exchange":
+        monkeypatch.setattr(ckdir, "_exchange", failing_after(ckdir._exchange, 0))
+    else:  # a file system without the exchange: two renames, the second fails and the first is undone
+        monkeypatch.setattr(ckdir, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(os, "rename", failing_once(os.rename, 2))
     with pytest.raises(Killed):
         sok.dump(path, v, wrapper)
     monkeypatch.undo()
@@ -611,15 +624,29 @@ def test_interrupted_dump_keeps_previous_checkpoint(tmp_path, monkeypatch, where
     assert files(path) != before_files
 
 
-def test_dump_interrupted_between_renames_keeps_previous_checkpoint(tmp_path, monkeypatch):
+def test_dump_interrupted_between_renames_never_resurrects_and_next_dump_cleans_up(tmp_path, monkeypatch):
+    """Where the file system cannot exchange two directories, the swap takes two renames; a SIGKILL
+    between them (simulated: every later rename fails and the process cleans nothing up) leaves no
+    checkpoint at the path. Nothing puts one back by itself (the user may have deleted it on purpose):
+    load names the leftovers, and the next dump deletes them."""
     path, v, wrapper, before_files, before_state, before_siblings = interrupted_dump_setup(tmp_path)
+    monkeypatch.setattr(ckdir, "_exchange", lambda a, b: False)
     monkeypatch.setattr(os, "rename", failing_after(os.rename, 1))
+    monkeypatch.setattr(ckdir.Staging, "close", lambda self: os.close(self._lock))  # a dead process's lock is gone
     with pytest.raises(Killed):
         sok.dump(path, v, wrapper)
     monkeypatch.undo()
-    # The crash came after the old checkpoint was set aside: the next reader puts a complete one back.
-    ckpt_inspect(path)
-    assert_previous_checkpoint_intact(path, before_files, before_state, before_siblings)
+    assert not os.path.exists(path)
+    left = ckdir.leftovers(path)
+    assert len(left) == 2 and all(ckdir.is_complete(p) for p in left)  # the old and the new checkpoint
+    with pytest.raises(fmt.CheckpointError, match=r"no checkpoint directory.*interrupted dumps.*rename it"):
+        sok.load(path, make_var("hybrid"), sok.OptimizerWrapper(K.Adagrad(learning_rate=0.1)))
+    with pytest.raises(fmt.CheckpointError, match="no checkpoint directory"):
+        ckpt_inspect(path)
+    assert not os.path.exists(path) and ckdir.leftovers(path) == left  # nothing moved
+    sok.dump(path, v, wrapper)
+    assert ckdir.leftovers(path) == [] and siblings(path) == before_siblings
+    assert files(path) != before_files
 
 
 # -- empty dynamic tables, filled while the files are read --------------------------------------------

@@ -22,8 +22,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -31,8 +29,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from sparse_operation_kit import checkpoint_dir as ckdir
 from sparse_operation_kit import checkpoint_format as fmt
 from sparse_operation_kit import communication
+from sparse_operation_kit.agreement import Agreement
 from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.optimizer import OptimizerWrapper
@@ -151,21 +151,30 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
     """Write the variables (and the optimizer state: of dynamic ones in the wrapper's rows, of static
     ones in the wrapped Keras optimizer) to directory ``path``.
 
-    Collective: every rank calls it with the same variables. Replaces an existing checkpoint at
-    ``path`` atomically.
+    Collective: every rank calls it with the same variables. ``path`` must be new, an empty
+    directory or a previous SOK checkpoint, which is replaced atomically (``checkpoint_dir``); a
+    directory holding anything else, or a file, is refused and left as it is. A failure on any rank
+    (a full disk, a table that cannot be exported) stops the dump on every rank, with an error on
+    each, and leaves ``path`` as it was.
+
+    Raises:
+        CheckpointError: ``path`` holds files that are not SOK's, or is a file.
+        RankFailure: another rank failed (its message is included).
     """
     variables, wrapper = _variables(dump_vars), _optimizer(optimizer)
     comm = communication.tool()
     rank, n = comm.rank(), comm.num_ranks()
     callback = callback or NoOpCallback()
+    agreement = Agreement(comm, f"sok.dump to {path}")
+    staging: ckdir.Staging | None = None
+
+    def prepare() -> ckdir.Staging:
+        ckdir.check_replaceable(path)
+        ckdir.remove_leftovers(path)
+        return ckdir.Staging(path)
+
     if rank == 0:
-        _recover(path)
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    staging = (
-        tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(path))}.sok-tmp-", dir=parent)
-        if rank == 0
-        else None
-    )
+        staging = agreement.run(prepare)
     manifest: dict[str, Any] = {
         "world_size": n,
         "optimizer": wrapper.name if wrapper else None,
@@ -174,30 +183,22 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
         "optimizer_step": int(wrapper.optimizer.iterations.numpy()) if wrapper else None,
         "tables": {},
     }
-    failed = 0
     try:
+        agreement.check()
         callback.set_size(len(variables))
         for var in variables:
             slots = _slots(var, wrapper)
-            entry = _dump_variable(staging, var, slots, wrapper, comm)
+            entry = _dump_variable(staging.directory if staging else None, var, slots, wrapper, comm, agreement)
             if rank == 0:
                 manifest["tables"][fmt.table_name(var.name)] = entry
             callback.relative_update(1)
-        if rank == 0:
-            fmt.write_manifest(staging, manifest)
-            _swap_into_place(staging, path)
-    except Exception:
-        failed = 1
         if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-        if n == 1:
-            raise
-        logger.exception("sok.dump failed on rank %d", rank)
-    if n > 1 and int(comm.allreduce_sum(tf.constant(failed, tf.int64)).numpy()) > 0:
-        raise RuntimeError(
-            f"sok.dump to {path} failed on at least one rank (see its log); the previous checkpoint "
-            f"at that path, if any, is unchanged"
-        )
+            agreement.run(fmt.write_manifest, staging.directory, manifest)
+            agreement.run(staging.swap_into_place)
+        agreement.check()
+    finally:
+        if staging is not None:
+            staging.close()
     logger.info("SOK dump to %s done: %d tables", path, len(variables))
 
 
@@ -207,47 +208,65 @@ def _dump_variable(
     slots: list[str],
     wrapper: OptimizerWrapper | None,
     comm: communication.CommunicationTool,
+    agreement: Agreement,
 ) -> dict:
+    """Gather ``var``'s shards round by round and (on rank 0, ``staging`` set) write its files. The
+    ranks agree on failures before each round's exchange, so none is left waiting."""
     table, dim = fmt.table_name(var.name), var.dimension
     key_dtype = _key_dtype(var)
     names = [fmt.key_file(table), fmt.weight_file(table)] + [fmt.state_file(table, wrapper.name, s) for s in slots]
     headers = [fmt.header(fmt.FILE_KEY, key_dtype), fmt.header(fmt.FILE_WEIGHT, "float32")] + [
         fmt.header(fmt.FILE_STATE, "float32", s) for s in slots
     ]
-    files: list | None = None
-    crcs: list[int] = []
+    files: list = []
+    crcs: list[int] = [fmt.update_crc32(head) for head in headers]
     checksums, writeback = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
-    if staging is not None:
-        files = [open(os.path.join(staging, name), "wb") for name in names]
-        crcs = [fmt.update_crc32(head) for head in headers]
-        for f, head in zip(files, headers):
-            f.write(head)
+
+    def open_files() -> None:
+        for name, head in zip(names, headers):
+            files.append(open(os.path.join(staging, name), "wb"))
+            files[-1].write(head)
+
+    def write(pieces: list[np.ndarray]) -> None:
+        # Each file's checksum is computed by a thread while the next file is written, and the
+        # disk starts on each written piece at once (the fsync at the end waits less).
+        raws = [np.ascontiguousarray(p).view(np.uint8).reshape(-1) for p in pieces]
+        sums = [checksums.submit(fmt.update_crc32, raw, crcs[j]) for j, raw in enumerate(raws)]
+        for f, raw in zip(files, raws):
+            start = f.tell()
+            f.write(raw)
+            writeback.submit(_start_writeback, f.fileno(), start, raw.nbytes)
+        crcs[:] = [s.result() for s in sums]
+
+    def sync() -> None:
+        for f in files:
+            f.flush()
+            os.fsync(f.fileno())
+
     try:
+        if staging is not None:
+            agreement.run(open_files)
         rows_per_round = max(1, ROUND_BYTES // (4 * dim * (1 + len(slots)) + 8))
         n = comm.num_ranks()
-        count, chunks = _shard_chunks(var, slots, rows_per_round, wrapper)
+        shard = agreement.run(_shard_chunks, var, slots, rows_per_round, wrapper)
+        agreement.check()
+        count, chunks = shard
         chunks = _read_ahead(chunks)
         rounds = count if n == 1 else int(comm.allgather(tf.constant([count], tf.int64)).numpy().max())
         empty = (np.empty(0, key_dtype), [np.empty((0, dim), np.float32) for _ in range(1 + len(slots))])
         total = 0
         for _ in range(rounds):
-            keys, arrays = next(chunks, empty)  # a rank with fewer chunks sends empty ones
+            item = agreement.run(next, chunks, empty)  # a rank with fewer chunks sends empty ones
+            agreement.check()
+            keys, arrays = item
             pieces = [keys] + arrays
             if n > 1:
                 gathered = [comm.allgather(tf.constant(pieces[0]))] + [
                     comm.allgather(tf.constant(p.reshape(-1, dim))) for p in pieces[1:]
                 ]
                 pieces = [g.numpy() for g in gathered]
-            if files is not None:
-                # Each file's checksum is computed by a thread while the next file is written, and
-                # the disk starts on each written piece at once (the fsync at the end waits less).
-                raws = [np.ascontiguousarray(p).view(np.uint8).reshape(-1) for p in pieces]
-                sums = [checksums.submit(fmt.update_crc32, raw, crcs[j]) for j, raw in enumerate(raws)]
-                for f, raw in zip(files, raws):
-                    start = f.tell()
-                    f.write(raw)
-                    writeback.submit(_start_writeback, f.fileno(), start, raw.nbytes)
-                crcs = [s.result() for s in sums]
+            if staging is not None:
+                agreement.run(write, pieces)
             total += pieces[0].shape[0]
         entry: dict[str, Any] = {
             "variable": var.name,
@@ -261,16 +280,15 @@ def _dump_variable(
             if isinstance(var, DynamicVariable)
             else (f"localized:{var.target_gpu}" if isinstance(var, LocalizedVariable) else "distributed"),
         }
-        if files is not None:
-            for f in files:
-                f.flush()
-                os.fsync(f.fileno())
+        if staging is not None:
+            agreement.run(sync)
             entry["crc32"] = {name: f"{c:08x}" for name, c in zip(names, crcs)}
+        agreement.check()
         return entry
     finally:
         checksums.shutdown(wait=True)
         writeback.shutdown(wait=True)
-        for f in files or []:
+        for f in files:
             f.close()
 
 
@@ -282,68 +300,65 @@ def _start_writeback(fd: int, start: int, length: int) -> None:
         os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
 
 
-def _recover(path: str) -> None:
-    """Finish a swap that a crash interrupted between its two renames (``path`` missing, the old
-    checkpoint set aside): the new one if it is complete (its manifest is written last), else the
-    old one goes back to ``path``."""
-    path = os.path.abspath(path)
-    if os.path.exists(path):
-        return
-    parent, base = os.path.dirname(path), os.path.basename(path)
-    prefix = f".{base}.sok-tmp-"
-    for old in sorted(n for n in os.listdir(parent) if n.startswith(prefix) and n.endswith(".old")):
-        staging = os.path.join(parent, old[: -len(".old")])
-        if os.path.exists(os.path.join(staging, fmt.MANIFEST)):
-            os.rename(staging, path)
-            shutil.rmtree(os.path.join(parent, old), ignore_errors=True)
-        else:
-            os.rename(os.path.join(parent, old), path)
-        logger.warning("recovered the checkpoint at %s after an interrupted sok.dump", path)
-        return
-
-
-def _swap_into_place(staging: str, path: str) -> None:
-    """Replace ``path`` by ``staging`` so that one of the two complete checkpoints is always there."""
-    path = os.path.abspath(path)
-    if os.path.exists(path):
-        old = f"{staging}.old"
-        os.rename(path, old)
-        os.rename(staging, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(staging, path)
-    dir_fd = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _plan(path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | None, manifest: dict | None) -> dict:
-    """Check one table's headers, sizes, dims and slot files; return what to read. Raises
-    CheckpointError before anything is read (the contents are checked by :func:`_stage`)."""
-    table, dim = fmt.table_name(var.name), var.dimension
+def _table_files(path: str, table: str) -> tuple[fmt.FileInfo, fmt.FileInfo, int]:
+    """Check a table's key and weight files against each other: ``(key info, weight info, rows)``.
+    Raises CheckpointError naming the file."""
     key_info = fmt.read_header(os.path.join(path, fmt.key_file(table)))
     weight_info = fmt.read_header(os.path.join(path, fmt.weight_file(table)))
     if key_info.file_type != fmt.FILE_KEY or weight_info.file_type != fmt.FILE_WEIGHT:
         raise fmt.CheckpointError(f"{key_info.path} / {weight_info.path} have the wrong file types")
-    if key_info.dtype not in ("int32", "int64", "uint32", "uint64") or weight_info.dtype != "float32":
+    if key_info.dtype not in fmt.KEY_FILE_DTYPES or weight_info.dtype != "float32":
         raise fmt.CheckpointError(
             f"{table}: keys are {key_info.dtype} and weights {weight_info.dtype}; expected integer "
-            f"keys and float32 weights"
+            f"keys ({', '.join(fmt.KEY_FILE_DTYPES)}) and float32 weights"
         )
     rows = key_info.elements
     if rows == 0 and weight_info.elements != 0 or rows and weight_info.elements % rows:
         raise fmt.CheckpointError(
             f"{weight_info.path} holds {weight_info.elements} floats, not a whole number of rows "
-            f"for {rows} keys: the file is truncated or from another table"
+            f"for the {rows} keys of {key_info.path}: the file is truncated or from another table"
         )
+    return key_info, weight_info, rows
+
+
+def _check_against_manifest(path: str, table: str, manifest: dict | None, infos: list[fmt.FileInfo], dim: int) -> None:
+    """The manifest's entry of ``table`` must describe its files (rows, dim, key dtype, one checksum
+    per file). Raises CheckpointError naming the manifest and what differs."""
+    if manifest is None:
+        return
+    where = os.path.join(path, fmt.MANIFEST)
+    entry = manifest["tables"].get(table)
+    if entry is None:
+        raise fmt.CheckpointError(
+            f"{where} does not list table {table!r}, whose files are in {path} (listed: "
+            f"{sorted(manifest['tables'])}); the files do not belong to this checkpoint"
+        )
+    key_info = infos[0]
+    found = {"rows": key_info.elements, "dim": dim if key_info.elements else entry["dim"], "key_dtype": key_info.dtype}
+    for field, value in found.items():
+        if entry[field] != value:
+            raise fmt.CheckpointError(
+                f"{where} says table {table!r} has {field} {entry[field]!r} but its files have {value!r}: "
+                f"the checkpoint is inconsistent"
+            )
+    crc32 = entry.get("crc32", {})
+    for info in infos:
+        if os.path.basename(info.path) not in crc32:
+            raise fmt.CheckpointError(f"{where} has no checksum for {info.path}: the checkpoint is inconsistent")
+
+
+def _plan(path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | None, manifest: dict | None) -> dict:
+    """Check one table's headers, sizes, dims and slot files, and the manifest's entry of it; return
+    what to read. Raises CheckpointError before anything is read (the contents are checked by
+    :func:`_stage`)."""
+    table, dim = fmt.table_name(var.name), var.dimension
+    key_info, weight_info, rows = _table_files(path, table)
     if rows and weight_info.elements // rows != dim:
         raise fmt.CheckpointError(
             f"{weight_info.path} has rows of width {weight_info.elements // rows} but {var.name} has dimension {dim}"
         )
     files = [key_info, weight_info]
-    if manifest is not None and not manifest.get("tables", {}).get(table, {}).get("slots", True):
+    if manifest is not None and table in manifest["tables"] and not manifest["tables"][table]["slots"]:
         slots = []  # our manifest says this table had no optimizer state (it was never trained)
     for slot in slots:
         candidates = [fmt.state_file(table, wrapper.name, slot)] + [
@@ -363,7 +378,8 @@ def _plan(path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | Non
         files.append(info)
     if not isinstance(var, DynamicVariable) and rows != int(var.global_shape[0]):
         raise fmt.CheckpointError(f"{key_info.path} has {rows} rows but {var.name} has {int(var.global_shape[0])}")
-    crc32 = manifest.get("tables", {}).get(table, {}).get("crc32", {}) if manifest is not None else {}
+    _check_against_manifest(path, table, manifest, files, dim)
+    crc32 = manifest["tables"][table].get("crc32", {}) if manifest is not None else {}
     return {"files": files, "rows": rows, "dim": dim, "slots": slots, "crc32": crc32}
 
 
@@ -403,7 +419,9 @@ def _owned_keys(var: Any, plan: dict, rank: int, n: int) -> tuple[np.ndarray, np
     ``bool [rows]`` mask of them among the file's rows, or None when it owns them all."""
     key_info = plan["files"][0]
     keys = fmt.read_payload(key_info, plan["rows"], _expected_crc(plan, key_info)).reshape(-1)
-    if not isinstance(var, DynamicVariable):
+    if isinstance(var, DynamicVariable):
+        _check_key_range(var, keys, key_info.path)
+    else:
         _check_static_keys(var, keys, key_info.path)
     mine = _owned(keys, var, rank, n)
     return (keys, None) if mine.all() else (keys[mine], mine)
@@ -450,6 +468,28 @@ def _fill_while_reading(var: DynamicVariable, plan: dict, rank: int, n: int) -> 
         fmt.stream_payload(info, plan["rows"], insert, _expected_crc(plan, info), select)
 
 
+def _check_key_range(var: DynamicVariable, keys: np.ndarray, path: str) -> None:
+    """Every key of the file must fit ``var``'s key type (no key may fold into another)."""
+    target = var.key_type.as_numpy_dtype
+    if not keys.size or np.can_cast(keys.dtype, target, casting="safe"):
+        return
+    info = np.iinfo(target)
+    if keys.dtype.kind == "u":  # unsigned keys: only too large ones do not fit (info.max >= 0)
+        outside = keys > np.uint64(info.max)
+    else:  # signed keys: too small ones; too large ones where the target's range is narrower
+        outside = keys < info.min
+        if info.max <= np.iinfo(np.int64).max:
+            outside |= keys > info.max
+    if outside.any():
+        first = keys[np.argmax(outside)].item()
+        fits = "uint64" if keys.dtype == np.uint64 else "int64"
+        raise fmt.CheckpointError(
+            f"{path} holds key {first} (and {int(outside.sum()) - 1} more) that does not fit the "
+            f"{var.key_type.name} keys of {var.name} (valid: {info.min} .. {info.max}); nothing was loaded. "
+            f"Load into a DynamicVariable with key_type=tf.{fits}"
+        )
+
+
 def _check_static_keys(var: Any, keys: np.ndarray, path: str) -> None:
     """A static table's file must hold each of its row ids exactly once."""
     global_rows = int(var.global_shape[0])
@@ -489,36 +529,28 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
         optimizer: a ``sok.OptimizerWrapper`` whose state to load, or None (weights only).
         callback: progress (two steps per table: read, assign).
 
+    Collective with several ranks: each rank reads what it needs, and the ranks agree that every one
+    of them verified its files before any assigns a row, so a problem found on one rank stops the
+    load on all of them (RankFailure, or CheckpointError when it was one, on the others).
+
     Raises:
-        CheckpointError: a file is missing, truncated, corrupt or does not match its variable.
+        CheckpointError: ``path`` is missing or is a dump's staging directory; the manifest is
+            corrupt (any field: it is validated whole before anything is read); a file is missing,
+            truncated, corrupt or does not match its variable or the manifest; a key does not fit
+            the variable's key type.
         ValueError: a variable holds another wrapper's state, or a static table's optimizer state
             has nowhere to go yet.
     """
     variables, wrapper = _variables(load_vars), _optimizer(optimizer)
-    if communication.rank() == 0:
-        _recover(path)
-    if not os.path.isdir(path):
-        raise fmt.CheckpointError(f"no checkpoint directory at {path}")
-    manifest = fmt.read_manifest(path)
-    slot_names = [wrapper.get_slot_names() if wrapper is not None else [] for v in variables]
-    plans = [_plan(path, v, s, wrapper, manifest) for v, s in zip(variables, slot_names)]
-    slot_names = [plan["slots"] for plan in plans]
-    for var, slots in zip(variables, slot_names):
-        owner = getattr(var, "_sok_optimizer", None)
-        if slots and owner is not None and owner is not wrapper:
-            raise ValueError(
-                f"{var.name} already has the state of another sok.OptimizerWrapper ({owner.name}); load "
-                f"with that wrapper, or into a fresh variable"
-            )
-    static_state = {id(v): _static_targets(v, slots, wrapper) for v, slots in zip(variables, slot_names)}
     comm = communication.tool()
     rank, n = comm.rank(), comm.num_ranks()
     callback = callback or NoOpCallback()
     callback.set_size(2 * len(variables))
-    streamed = [_fills_while_reading(v, slots, wrapper) for v, slots in zip(variables, slot_names)]
-    staged: list[tuple[np.ndarray, list[np.ndarray]] | None] = []
+    agreement = Agreement(comm, f"sok.load from {path}")
     filled: list[DynamicVariable] = []
+    staged: list[tuple[np.ndarray, list[np.ndarray]] | None] = []
     try:
+        manifest, plans, slot_names, static_state, streamed = _prepare_load(path, variables, wrapper)
         for var, plan, stream in zip(variables, plans, streamed):
             if stream:
                 filled.append(var)
@@ -527,7 +559,14 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
             else:
                 staged.append(_stage(var, plan, rank, n))
             callback.relative_update(1)
-    except BaseException:
+    except BaseException as error:
+        _clear(filled)
+        if not isinstance(error, Exception):
+            raise
+        agreement.fail(error)  # raises it with one rank
+    try:
+        agreement.check()  # every rank verified every file it read, or every rank stops here
+    except Exception:
         _clear(filled)
         raise
     # Every file of every table is verified: assign the staged rows.
@@ -546,6 +585,61 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     if wrapper is not None and manifest is not None and manifest.get("optimizer_step") is not None:
         wrapper.optimizer.iterations.assign(manifest["optimizer_step"])
     logger.info("SOK load from %s done: %d tables", path, len(variables))
+
+
+def _prepare_load(path: str, variables: list, wrapper: OptimizerWrapper | None) -> tuple:
+    """What :func:`load` checks before reading any row: the directory, the manifest, each table's
+    files (:func:`_plan`) and where each table's rows go. Returns ``(manifest, plans, slot names,
+    static optimizer targets, streamed flags)``; raises CheckpointError / ValueError."""
+    manifest = _open_checkpoint(path)
+    slot_names = [wrapper.get_slot_names() if wrapper is not None else [] for _ in variables]
+    plans = [_plan(path, v, s, wrapper, manifest) for v, s in zip(variables, slot_names)]
+    slot_names = [plan["slots"] for plan in plans]
+    for var, slots in zip(variables, slot_names):
+        owner = getattr(var, "_sok_optimizer", None)
+        if slots and owner is not None and owner is not wrapper:
+            raise ValueError(
+                f"{var.name} already has the state of another sok.OptimizerWrapper ({owner.name}); load "
+                f"with that wrapper, or into a fresh variable"
+            )
+    static_state = {id(v): _static_targets(v, slots, wrapper) for v, slots in zip(variables, slot_names)}
+    streamed = [_fills_while_reading(v, slots, wrapper) for v, slots in zip(variables, slot_names)]
+    return manifest, plans, slot_names, static_state, streamed
+
+
+def _open_checkpoint(path: str) -> dict | None:
+    """Check that ``path`` is a checkpoint to read (not a dump's staging directory) and return its
+    validated manifest (None: NVIDIA SOK's layout, whose files carry no checksums).
+
+    Raises:
+        CheckpointError: ``path`` is missing (naming what interrupted dumps left beside it, which
+            are never put back by themselves), is a staging directory, or its manifest is corrupt.
+    """
+    if ckdir.is_staging(path):
+        complete = ckdir.is_complete(path)
+        raise fmt.CheckpointError(
+            f"{path} is the staging directory of a sok.dump that did not finish "
+            f"({'its files are all written' if complete else 'it is incomplete'}); "
+            f"{'rename it to a name of your own to load it' if complete else 'it cannot be loaded'}"
+        )
+    if not os.path.isdir(path):
+        left = ckdir.leftovers(path)
+        hint = ""
+        if left:
+            whole = [p for p in left if ckdir.is_complete(p)]
+            hint = f"; interrupted dumps of it left {', '.join(left)}"
+            if whole:
+                hint += f" ({', '.join(whole)} holds a complete checkpoint: rename it to {path} to load it)"
+        raise fmt.CheckpointError(f"no checkpoint directory at {path}{hint}")
+    manifest = fmt.read_manifest(path)
+    if manifest is None:
+        logger.warning(
+            "%s has no %s (NVIDIA SOK's layout): its files' headers, sizes and row counts are checked, but "
+            "no checksums are available to detect corrupt contents",
+            path,
+            fmt.MANIFEST,
+        )
+    return manifest
 
 
 def _static_targets(var: Any, slots: list[str], wrapper: OptimizerWrapper | None) -> dict[str, Any]:
@@ -639,36 +733,55 @@ def incremental_model_dump(sok_vars: Any, time_threshold: Any, sess: Any = None)
 
 
 def inspect(path: str, verify: bool = True) -> dict:
-    """What a checkpoint directory holds, per table: rows, dim, dtypes, optimizer slots; with
-    ``verify``, the manifest's checksums are checked (CheckpointError on a mismatch)."""
-    _recover(path)
-    if not os.path.isdir(path):
-        raise fmt.CheckpointError(f"no checkpoint directory at {path}")
-    manifest = fmt.read_manifest(path)
+    """What a checkpoint directory holds, per table: rows, dim, dtypes, optimizer slots. Checks what
+    a load checks before reading rows (the manifest whole, each table's files against each other and
+    against the manifest); with ``verify``, also the manifest's checksums.
+
+    Returns:
+        ``{"path", "manifest" (None: NVIDIA SOK's layout), "tables": {table: {rows, dim, key_dtype,
+        state_files}}, "checksums": "verified" | "not checked" | "not available"}``.
+
+    Raises:
+        CheckpointError: as :func:`load`'s checks, or the directory holds no table.
+    """
+    manifest = _open_checkpoint(path)
     tables: dict[str, dict] = {}
     for name in sorted(os.listdir(path)):
-        if name.endswith("-key"):
-            table = name[: -len("-key")]
-            key_info = fmt.read_header(os.path.join(path, name))
-            weight_info = fmt.read_header(os.path.join(path, fmt.weight_file(table)))
-            rows = key_info.elements
-            states = sorted(
-                n for n in os.listdir(path) if n.startswith(f"{table}-") and n not in (name, fmt.weight_file(table))
-            )
-            tables[table] = {
-                "rows": rows,
-                "dim": weight_info.elements // rows if rows else None,
-                "key_dtype": key_info.dtype,
-                "state_files": states,
-            }
+        if not name.endswith("-key"):
+            continue
+        table = name[: -len("-key")]
+        key_info, weight_info, rows = _table_files(path, table)
+        dim = weight_info.elements // rows if rows else None
+        states = sorted(
+            n for n in os.listdir(path) if n.startswith(f"{table}-") and n not in (name, fmt.weight_file(table))
+        )
+        infos = [key_info, weight_info]
+        for state in states:
+            info = fmt.read_header(os.path.join(path, state))
+            if info.elements != weight_info.elements or info.dtype != "float32":
+                raise fmt.CheckpointError(
+                    f"{info.path} holds {info.elements} {info.dtype} values; expected {rows} x {dim} float32 "
+                    f"as {weight_info.path}"
+                )
+            infos.append(info)
+        _check_against_manifest(path, table, manifest, infos, dim or 0)
+        tables[table] = {"rows": rows, "dim": dim, "key_dtype": key_info.dtype, "state_files": states}
+    if not tables:
+        raise fmt.CheckpointError(f"{path} holds no checkpoint table (no <table>-key file): it is not a checkpoint")
+    if manifest is not None and set(manifest["tables"]) - set(tables):
+        raise fmt.CheckpointError(
+            f"{os.path.join(path, fmt.MANIFEST)} lists tables whose files are missing: "
+            f"{sorted(set(manifest['tables']) - set(tables))}"
+        )
+    checksums = "not available" if manifest is None else "verified" if verify else "not checked"
     if verify and manifest is not None:
-        for entry in manifest.get("tables", {}).values():
+        for entry in manifest["tables"].values():
             for name, digest in entry.get("crc32", {}).items():
                 if fmt.crc32(os.path.join(path, name)) != digest:
                     raise fmt.CheckpointError(
                         f"{os.path.join(path, name)} does not match its checksum: the file is corrupt"
                     )
-    return {"path": path, "manifest": manifest, "tables": tables}
+    return {"path": path, "manifest": manifest, "tables": tables, "checksums": checksums}
 
 
 def convert_to_hps(path: str, output: str, callback: Callback | None = None) -> list[str]:

@@ -333,17 +333,91 @@ def write_manifest(directory: str, manifest: dict) -> None:
 
 
 def read_manifest(directory: str) -> dict | None:
+    """The checked manifest of a checkpoint directory, or None when it has none (NVIDIA SOK's layout).
+
+    Raises:
+        CheckpointError: the manifest is not UTF-8 JSON, has another format version, or a field of
+            the wrong type or value (:func:`validate_manifest`); it names the file and the field.
+    """
     path = os.path.join(directory, MANIFEST)
     if not os.path.exists(path):
         return None  # NVIDIA SOK writes none
     try:
-        with open(path) as f:
-            manifest = json.load(f)
-    except (OSError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path} is not valid JSON: {error}") from error
+        with open(path, "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path} is not a valid manifest (UTF-8 JSON): {error}") from error
+    if not isinstance(manifest, dict):
+        kind = type(manifest).__name__
+        raise CheckpointError(f"{path} is not a valid manifest: it holds a JSON {kind}, not an object")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"{path} has format version {manifest.get('format_version')!r}; this sok-core reads "
             f"version {FORMAT_VERSION}: upgrade sok-core"
         )
+    validate_manifest(manifest, path)
     return manifest
+
+
+#: Optional fields of a manifest (beside ``format_version`` and ``tables``): name -> (types, least
+#: integer value, what is valid).
+_MANIFEST_FIELDS: dict[str, tuple[tuple[type, ...], int, str]] = {
+    "world_size": ((int,), 1, "an integer >= 1"),
+    "optimizer": ((str, type(None)), 0, "a string or null"),
+    "step": ((int, type(None)), 0, "an integer >= 0 or null"),
+    "optimizer_step": ((int, type(None)), 0, "an integer >= 0 or null"),
+}
+#: Key dtypes a key file may hold.
+KEY_FILE_DTYPES = ("int32", "int64", "uint32", "uint64")
+#: Fields of each table entry: name -> (types, least integer value, what is valid).
+_TABLE_FIELDS: dict[str, tuple[tuple[type, ...], int, str]] = {
+    "variable": ((str,), 0, "a string"),
+    "dim": ((int,), 1, "an integer >= 1"),
+    "rows": ((int,), 0, "an integer >= 0"),
+    "key_dtype": ((str,), 0, f"one of {', '.join(KEY_FILE_DTYPES)}"),
+    "dtype": ((str,), 0, '"float32"'),
+    "slots": ((list,), 0, "a list of slot names"),
+    "kind": ((str,), 0, '"dynamic" or "static"'),
+    "mode": ((str, type(None)), 0, "a string or null"),
+    "crc32": ((dict,), 0, "an object of file name -> 8 hex digits"),
+}
+
+
+def validate_manifest(manifest: dict, path: str) -> None:
+    """Check every field of a parsed manifest (types and values) so that a load can trust it before
+    anything changes. Raises CheckpointError naming ``path`` and the field (e.g. ``tables.emb_0.dim``)."""
+
+    def bad(field: str, value: Any, what: str) -> CheckpointError:
+        return CheckpointError(f"{path}: field {field} is {value!r}; expected {what}. The manifest is corrupt")
+
+    def check(field: str, value: Any, spec: tuple[tuple[type, ...], int, str]) -> None:
+        types, least, what = spec
+        if isinstance(value, bool) or not isinstance(value, types) or (isinstance(value, int) and value < least):
+            raise bad(field, value, what)
+
+    for field, spec in _MANIFEST_FIELDS.items():
+        if field in manifest:
+            check(field, manifest[field], spec)
+    tables = manifest.get("tables")
+    if not isinstance(tables, dict):
+        raise bad("tables", tables, "an object of table name -> entry")
+    for table, entry in tables.items():
+        if not isinstance(entry, dict):
+            raise bad(f"tables.{table}", entry, "an object")
+        for field, spec in _TABLE_FIELDS.items():
+            if field in entry:
+                check(f"tables.{table}.{field}", entry[field], spec)
+        for field in ("dim", "rows", "key_dtype", "slots"):
+            if field not in entry:
+                raise CheckpointError(f"{path}: table {table} lacks the field {field!r}. The manifest is corrupt")
+        if entry["key_dtype"] not in KEY_FILE_DTYPES:
+            raise bad(f"tables.{table}.key_dtype", entry["key_dtype"], _TABLE_FIELDS["key_dtype"][2])
+        if entry.get("dtype", "float32") != "float32":
+            raise bad(f"tables.{table}.dtype", entry["dtype"], _TABLE_FIELDS["dtype"][2])
+        if entry.get("kind", "dynamic") not in ("dynamic", "static"):
+            raise bad(f"tables.{table}.kind", entry["kind"], _TABLE_FIELDS["kind"][2])
+        if not all(isinstance(s, str) and s for s in entry["slots"]):
+            raise bad(f"tables.{table}.slots", entry["slots"], _TABLE_FIELDS["slots"][2])
+        for name, digest in entry.get("crc32", {}).items():
+            if not isinstance(digest, str) or len(digest) != 8 or any(c not in string.hexdigits for c in digest):
+                raise bad(f"tables.{table}.crc32.{name}", digest, "8 hex digits")
