@@ -33,7 +33,8 @@ from tensorflow.python.ops import resource_variable_ops
 
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit import tf_ops
-from sparse_operation_kit.storage import Storage, create_storage
+from sparse_operation_kit.dtypes import KEY_DTYPES
+from sparse_operation_kit.storage import MAX_ROW_WIDTH, Storage, create_storage
 from sparse_operation_kit.table_ref import TableRef
 
 __all__ = ["DynamicVariable", "export", "assign", "sparse_read_and_evict"]
@@ -41,14 +42,27 @@ __all__ = ["DynamicVariable", "export", "assign", "sparse_read_and_evict"]
 #: var_type when none is given (the seed API's documented default).
 DEFAULT_VAR_TYPE = "hbm"
 
-_KEY_TYPES = {tf.int64: "int64", tf.int32: "int32", tf.uint64: "uint64"}
+#: The key dtypes of a DynamicVariable (those of every storage, ``dtypes.KEY_DTYPES``) → their names.
+_KEY_TYPES = {tf.as_dtype(name): name for name in KEY_DTYPES}
+_VALID_KEY_TYPES = ", ".join(f"tf.{name}" for name in KEY_DTYPES)
 _MODE = re.compile(r"^(distributed|localized:(\d+))$")
 
 
+def _as_dtype(value: Any) -> tf.DType | None:
+    """``tf.as_dtype(value)``, or None where TensorFlow knows no such dtype."""
+    try:
+        return tf.as_dtype(value)
+    except TypeError:
+        return None
+
+
 def _key_dtype(key_type: Any) -> tf.DType:
-    dtype = tf.int64 if key_type is None else tf.as_dtype(key_type)
+    dtype = tf.int64 if key_type is None else _as_dtype(key_type)
     if dtype not in _KEY_TYPES:
-        raise ValueError(f"key_type {key_type!r} is not supported; valid: tf.int64, tf.int32, tf.uint64")
+        raise ValueError(
+            f"key_type {key_type!r} is not supported; valid: {_VALID_KEY_TYPES}; keys are integers: keep "
+            f"key_type=tf.int64 (the default) and cast the ids to int64 (tf.cast(ids, tf.int64))"
+        )
     return dtype
 
 
@@ -107,7 +121,9 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
     """An embedding table of unbounded key space, stored in a hash table.
 
     Args:
-        dimension: embedding width (>= 1).
+        dimension: embedding width, 1 .. 2**31 - 1 (``storage.MAX_ROW_WIDTH``); the rows of a
+            variable an optimizer updates also hold its state, so ``dimension * (1 + slots)`` must
+            fit too.
         initializer: how new rows are filled: ``"random"`` (U[-0.05, 0.05), the default, on every
             backend), ``"normal"``, ``"uniform"``, ``"zeros"``, ``"ones"``, a number (or one as a
             string, e.g. ``"13"``), or a Keras initializer. Random rows are a function of the key
@@ -116,11 +132,18 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         name: variable name.
         constraint: not supported for dynamic variables (must be None).
         trainable: whether GradientTape watches it.
-        key_type: ``tf.int64`` (default), ``tf.int32`` or ``tf.uint64``.
+        key_type: ``tf.int64`` (default), ``tf.int32`` or ``tf.uint64`` (``dtypes.KEY_DTYPES``);
+            ids of a lookup must have this dtype (int32 ids are cast for int64 keys).
         dtype: ``tf.float32`` (the only one).
         mode: None or ``"distributed"`` (one shard per rank) or ``"localized:N"`` (rank N).
         **kwargs: backend options (``init_capacity``, ``max_capacity``, ``max_hbm_for_vectors``,
             ``evict_strategy``, ...), validated by the backend.
+
+    Raises:
+        ValueError: an argument is not valid (the message names it, the value and the valid ones).
+        UnknownVarTypeError: no installed backend serves ``var_type``.
+        MemoryError: the table could not be allocated (the message gives its capacity and bytes).
+        TypeError: (lookups) ids whose dtype is not the key type.
 
     Example::
 
@@ -142,10 +165,17 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         mode: str | None = None,
         **kwargs: Any,
     ) -> None:
-        if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)) or dimension < 1:
-            raise ValueError(f"dimension must be an integer >= 1, got {dimension!r}")
-        if dtype is not None and tf.as_dtype(dtype) != tf.float32:
-            raise ValueError(f"dtype {dtype!r} is not supported; valid: tf.float32")
+        if (
+            isinstance(dimension, bool)
+            or not isinstance(dimension, (int, np.integer))
+            or not 1 <= dimension <= MAX_ROW_WIDTH
+        ):
+            raise ValueError(
+                f"dimension must be an integer in 1 .. {MAX_ROW_WIDTH} (2**31 - 1, the widest row a storage "
+                f"takes), got {dimension!r}; pass the embedding width as an int"
+            )
+        if dtype is not None and _as_dtype(dtype) != tf.float32:
+            raise ValueError(f"dtype {dtype!r} is not supported; valid: tf.float32 (or leave dtype=None)")
         if constraint is not None:
             raise ValueError("constraint is not supported for a DynamicVariable; pass constraint=None")
         if mode is not None and not (isinstance(mode, str) and _MODE.match(mode)):
@@ -161,13 +191,19 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         self._initializer = inits.Initializer(
             initializer.kind, initializer.a, initializer.b, initializer.seed, (0, self._dimension)
         )
-        storage = create_storage(
-            self._var_type,
-            row_width=self._dimension,
-            key_dtype=_KEY_TYPES[self._key_dtype],
-            initializer=self._initializer,
-            **kwargs,
-        )
+        try:
+            storage = create_storage(
+                self._var_type,
+                row_width=self._dimension,
+                key_dtype=_KEY_TYPES[self._key_dtype],
+                initializer=self._initializer,
+                **kwargs,
+            )
+        except MemoryError as error:
+            raise MemoryError(
+                f"could not create DynamicVariable {name or 'sok_dynamic_Variable'!r} of dimension "
+                f"{self._dimension:,}: {error}"
+            ) from error
         tf_ops.library()  # fail now, with the fix, if the op library is missing or stale
         self._table = TableRef(storage)
         with tf_ops_lib.init_scope():
@@ -255,9 +291,21 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
             return ids
         if ids.dtype == tf.int32 and self._key_dtype == tf.int64:
             return tf.cast(ids, tf.int64)
+        key_type = self._key_dtype.name
+        if ids.dtype in _KEY_TYPES:
+            raise TypeError(
+                f"ids (indices) of {self.name} have dtype {ids.dtype.name} but its key_type is {key_type}; cast "
+                f"them (tf.cast(ids, tf.{key_type})), or create the variable with key_type=tf.{ids.dtype.name}"
+            )
+        fix = f"cast them to integer keys: tf.cast(ids, tf.{key_type})"
+        if ids.dtype == tf.string:
+            fix = (
+                f"map them to integer keys: tf.strings.to_number(ids, tf.{key_type}) for numbers written as "
+                f"text, or tf.strings.to_hash_bucket_fast(ids, 2**63 - 1) to hash them"
+            )
         raise TypeError(
-            f"indices have dtype {ids.dtype.name} but the variable's key_type is {self._key_dtype.name}; "
-            f"cast them, or create the variable with key_type={ids.dtype.name}"
+            f"ids (indices) of {self.name} have dtype {ids.dtype.name}, which is not a key type; valid key "
+            f"types: {_VALID_KEY_TYPES} (this variable's key_type is {key_type}); {fix}"
         )
 
     def sparse_read(self, indices: Any, name: str | None = None) -> tf.Tensor:

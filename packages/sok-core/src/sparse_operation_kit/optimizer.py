@@ -30,13 +30,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import indexed_slices as indexed_slices_lib
 
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit import tf_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable, distinct_index_of
-from sparse_operation_kit.storage import create_storage
+from sparse_operation_kit.storage import MAX_ROW_WIDTH, create_storage
 
 logger = logging.getLogger(__name__)
 
@@ -302,8 +303,10 @@ def _rule_for(settings: Settings) -> Rule:
     for klass in type(settings.optimizer).__mro__:
         if klass.__name__ in RULES:
             return RULES[klass.__name__](settings)
+    optimizer = settings.optimizer
+    what = type(optimizer).__name__ if hasattr(optimizer, "apply_gradients") else f"{optimizer!r} (not an optimizer)"
     raise ValueError(
-        f"optimizer {type(settings.optimizer).__name__} is not supported by sok.OptimizerWrapper; valid: "
+        f"optimizer {what} is not supported by sok.OptimizerWrapper; pass an optimizer object, valid: "
         f"{', '.join(sorted(RULES))} of Keras 3 (tf.keras.optimizers.*), tf_keras (tf_keras.optimizers.*) "
         f"or tf_keras legacy (tf_keras.optimizers.legacy.*)"
     )
@@ -356,15 +359,34 @@ class OptimizerWrapper:
             Its learning rate (or schedule, and legacy ``decay``) is read at each step, its other
             hyper-parameters when the wrapper is made; the step counter is the wrapper's own
             (:attr:`iterations`).
+        check_finite: check every gradient of an :meth:`apply_gradients` call for NaN and Inf
+            before any of them is applied (dynamic and dense variables alike); a non-finite one
+            raises ``tf.errors.InvalidArgumentError`` naming its variable, eagerly and inside
+            ``tf.function``, and no variable, optimizer state or step counter changes in that
+            call. Off by default: as with plain Keras, non-finite gradients then reach the tables.
+            The check reads every gradient value once more (one ``tf.debugging.check_numerics``
+            per gradient).
 
     Raises:
         ValueError: the optimizer is not one of those.
         UnsupportedOptionError: (a ``ValueError``) it has an option the row-wise rule cannot
             honour: ``clipnorm``, ``clipvalue``, ``global_clipnorm``, ``weight_decay``, ``use_ema``,
             ``loss_scale_factor``, ``gradient_accumulation_steps``, ``gradient_transformers``.
+
+    Example (stop at the first non-finite gradient, with the tables as they were)::
+
+        opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.01), check_finite=True)
+        try:
+            opt.apply_gradients(zip(grads, variables))
+        except tf.errors.InvalidArgumentError as error:
+            # "... the gradient of sok_dynamic_Variable:0 is not finite ... : Tensor had NaN values"
+            ...
     """
 
-    def __init__(self, optimizer: Any) -> None:
+    def __init__(self, optimizer: Any, check_finite: bool = False) -> None:
+        if not isinstance(check_finite, (bool, np.bool_)):
+            raise TypeError(f"check_finite must be True or False, got {check_finite!r}")
+        self._check_finite = bool(check_finite)
         self._optimizer = optimizer
         self._settings = Settings(optimizer)
         self._rule = _rule_for(self._settings)
@@ -382,6 +404,11 @@ class OptimizerWrapper:
     def optimizer(self) -> Any:
         """The wrapped Keras optimizer."""
         return self._optimizer
+
+    @property
+    def check_finite(self) -> bool:
+        """Whether :meth:`apply_gradients` refuses NaN and Inf gradients (see the class docstring)."""
+        return self._check_finite
 
     @property
     def iterations(self) -> tf.Variable:
@@ -442,6 +469,13 @@ class OptimizerWrapper:
             )
         dim, old = var.dimension, var.table_ref.storage
         width = dim * (1 + len(self._rule.slots))
+        if width > MAX_ROW_WIDTH:
+            raise ValueError(
+                f"{var.name} (dimension {dim:,}) is too wide for {self.name}: its rows would hold the embedding "
+                f"and {len(self._rule.slots)} state slot(s), {width:,} floats, beyond the {MAX_ROW_WIDTH:,} a "
+                f"storage row takes; use a dimension of at most {MAX_ROW_WIDTH // (1 + len(self._rule.slots)):,} "
+                f"with this optimizer"
+            )
         initializers = [var.embedding_initializer] + [
             inits.constant(value, columns=((i + 1) * dim, (i + 2) * dim))
             for i, (_, value) in enumerate(self._rule.slots)
@@ -462,11 +496,59 @@ class OptimizerWrapper:
         var._sok_optimizer = self
         self._variables[id(var)] = var
 
-    def _apply_dynamic(self, grad: Any, var: DynamicVariable, lr: Tensor, step: Tensor) -> None:
+    @staticmethod
+    def _checked_gradient(grad: Any, var: DynamicVariable) -> indexed_slices_lib.IndexedSlices:
+        """``grad`` with its width checked against the variable's dimension: a ValueError where the
+        shapes are known now, an ``InvalidArgumentError`` (with the same message) where they are
+        known only when the step runs."""
         if not isinstance(grad, indexed_slices_lib.IndexedSlices):
             raise TypeError(
                 f"the gradient of {var.name} must be tf.IndexedSlices (from a lookup), got {type(grad).__name__}"
             )
+        values, indices = tf.convert_to_tensor(grad.values), tf.convert_to_tensor(grad.indices)
+        grad = indexed_slices_lib.IndexedSlices(values, indices, grad.dense_shape)
+        dim, shape = var.dimension, values.shape
+        message = (
+            f"the gradient of {var.name} has values of shape {shape} but the variable has dimension {dim}: "
+            f"expected one row of width {dim} per id (shape [n, {dim}]); pass the gradient of a lookup of "
+            f"this variable"
+        )
+        if shape.rank is not None and (shape.rank == 0 or shape[-1] not in (None, dim)):
+            raise ValueError(message)
+        rows, ids = shape[:-1].num_elements() if shape.rank else None, indices.shape.num_elements()
+        if rows is not None and ids is not None and rows != ids:
+            raise ValueError(
+                f"the gradient of {var.name} has {rows} rows (values of shape {shape}) but {ids} ids "
+                f"(indices of shape {indices.shape}); expected one row of width {dim} per id"
+            )
+        if shape.rank is not None and shape[-1] is not None:
+            return grad
+        check = tf.debugging.assert_equal(tf.shape(values)[-1], dim, message=message)
+        with tf.control_dependencies([check]):
+            values = tf.identity(values)
+        return indexed_slices_lib.IndexedSlices(values, indices, grad.dense_shape)
+
+    def _finite_checks(self, pairs: list[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any]], list[Tensor]]:
+        """Each gradient through ``tf.debugging.check_numerics`` (its message names the variable),
+        and the checks, which every update of the call waits for."""
+        checked, checks = [], []
+        for grad, var in pairs:
+            sparse = isinstance(grad, indexed_slices_lib.IndexedSlices)
+            values = tf.convert_to_tensor(grad.values if sparse else grad)
+            if values.dtype.is_floating:
+                values = tf.debugging.check_numerics(
+                    values,
+                    f"sok.OptimizerWrapper(check_finite=True): the gradient of {var.name} is not finite; "
+                    f"no variable was updated by this apply_gradients call (find its source with "
+                    f"tf.debugging.enable_check_numerics(); lower the learning rate, clip the gradients "
+                    f"or scale the loss)",
+                )
+                checks.append(values)
+            grad = indexed_slices_lib.IndexedSlices(values, grad.indices, grad.dense_shape) if sparse else values
+            checked.append((grad, var))
+        return checked, checks
+
+    def _apply_dynamic(self, grad: Any, var: DynamicVariable, lr: Tensor, step: Tensor) -> None:
         dim = var.dimension
         width = dim * (1 + len(self._rule.slots))
         keys = tf.reshape(var._keys(grad.indices), [-1])
@@ -486,23 +568,33 @@ class OptimizerWrapper:
         lib.sok_insert_or_assign(*var.table_inputs, unique, new_rows, col_begin=0, col_end=width)
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], *args: Any, **kwargs: Any) -> None:
-        """Update dynamic variables row-wise; pass every other pair to the wrapped optimizer."""
+        """Update dynamic variables row-wise; pass every other pair to the wrapped optimizer.
+
+        Every gradient of a dynamic variable is checked (type, width) before anything is updated;
+        with ``check_finite``, every gradient is also checked for NaN and Inf first."""
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        dynamic_ids = [id(v) for _, v in pairs if isinstance(v, DynamicVariable)]
+        if len(set(dynamic_ids)) != len(dynamic_ids):
+            raise ValueError("a variable appears twice in one apply_gradients call; sum its gradients first")
+        pairs = [(self._checked_gradient(g, v), v) if isinstance(v, DynamicVariable) else (g, v) for g, v in pairs]
+        checks: list[Tensor] = []
+        if self._check_finite:
+            pairs, checks = self._finite_checks(pairs)
         dynamic = [(g, v) for g, v in pairs if isinstance(v, DynamicVariable)]
         others = [(g, v) for g, v in pairs if not isinstance(v, DynamicVariable)]
-        if len({id(v) for _, v in dynamic}) != len(dynamic):
-            raise ValueError("a variable appears twice in one apply_gradients call; sum its gradients first")
-        if others:
-            self._optimizer.apply_gradients(others, *args, **kwargs)
-        if not dynamic:
-            return
-        for _, v in dynamic:
-            self._attach(v)
-        lr = self._settings.learning_rate(self._iterations)
-        step = tf.cast(self._iterations + 1, tf.float32)
-        for g, v in dynamic:
-            self._apply_dynamic(g, v, lr, step)
-        self._iterations.assign_add(1)
+        # Eagerly the checks above have run (or raised); in a graph every update waits for them all.
+        with tf.control_dependencies(checks):
+            if others:
+                self._optimizer.apply_gradients(others, *args, **kwargs)
+            if not dynamic:
+                return
+            for _, v in dynamic:
+                self._attach(v)
+            lr = self._settings.learning_rate(self._iterations)
+            step = tf.cast(self._iterations + 1, tf.float32)
+            for g, v in dynamic:
+                self._apply_dynamic(g, v, lr, step)
+            self._iterations.assign_add(1)
 
     def get_slot(self, var: DynamicVariable, slot_name: str) -> tuple[Tensor, Tensor]:
         """``(keys, values)`` of one optimizer slot of the variable's local shard."""

@@ -50,10 +50,14 @@ from sparse_operation_kit.progress import Callback, NoOpCallback
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CudaStorage", "NativeTable", "Storage", "Table", "create_storage"]
+__all__ = ["MAX_ROW_WIDTH", "CudaStorage", "NativeTable", "Storage", "Table", "create_storage"]
 
 #: Slots scanned per export_batch call by :meth:`Storage.export`.
 EXPORT_CHUNK = 1 << 18
+
+#: The widest row a storage takes, in floats: ``sok_storage_config.row_width`` and the column
+#: bounds of every call are ``int32_t`` in the C ABI (``sok/storage_api.h``).
+MAX_ROW_WIDTH = 2**31 - 1
 
 InitTuple = tuple[int, int, int, float, float, int]
 
@@ -709,7 +713,7 @@ def create_storage(
 
     Args:
         var_type: ``"hbm"`` (det), ``"hybrid"`` (hkv) or a plugin's name.
-        row_width: floats per row (embedding width plus optimizer state), >= 1.
+        row_width: floats per row (embedding width plus optimizer state), 1 .. :data:`MAX_ROW_WIDTH`.
         key_dtype: ``"int64"``, ``"uint64"`` or ``"int32"`` (or a NumPy/TF dtype).
         initializer: how new rows are filled: a string (``"random"`` = U[-0.05, 0.05),
             ``"normal"``, ``"zeros"``, ``"ones"``, ``"13"``), a number, or Initializer objects.
@@ -719,6 +723,11 @@ def create_storage(
             needs a backend built with CUDA and CuPy; its storage is a :class:`CudaStorage`.
         **options: backend options (``init_capacity``, ``max_capacity``, ``evict_strategy``, ...),
             validated by the backend.
+
+    Raises:
+        ValueError: an argument or backend option is not valid (the message names it).
+        MemoryError: the table could not be allocated; the message gives its capacity and the
+            bytes it needed.
 
     Example::
 
@@ -730,6 +739,11 @@ def create_storage(
     spec = registry.spec(var_type)
     if isinstance(row_width, bool) or not isinstance(row_width, (int, np.integer)) or row_width < 1:
         raise ValueError(f"row_width must be an integer >= 1, got {row_width!r}")
+    if row_width > MAX_ROW_WIDTH:
+        raise ValueError(
+            f"row_width {row_width!r} is too wide; valid: 1 .. {MAX_ROW_WIDTH} (2**31 - 1: the storage C ABI "
+            f"holds a row width in an int32); pass a smaller row_width"
+        )
     dtype = normalize_key_dtype(key_dtype)
     if dtype.name not in spec.capabilities.key_dtypes:
         raise ValueError(
@@ -741,15 +755,65 @@ def create_storage(
     texts = _options_as_strings(options)
     distinct = spec.capabilities.lookups_distinct(texts)
     if kind == "cpu":  # no device argument: three-argument factories keep working
-        table = make(dtype.name, int(row_width), texts)
+        try:
+            table = make(dtype.name, int(row_width), texts)
+        except MemoryError as error:
+            raise _out_of_memory(error, make, spec, var_type, dtype.name, int(row_width), texts) from error
         logger.debug("created %s storage: %s", var_type, table.describe())
         return Storage(table, spec, var_type, init_list, distinct_lookups=distinct)
     device = f"cuda:{device_id}"
-    table = _make_gpu_table(make, spec, var_type, dtype.name, int(row_width), texts, device)
+    try:
+        table = _make_gpu_table(make, spec, var_type, dtype.name, int(row_width), texts, device)
+    except MemoryError as error:
+        raise _out_of_memory(error, make, spec, var_type, dtype.name, int(row_width), texts, device) from error
     storage = CudaStorage(table, spec, var_type, init_list, device, distinct_lookups=distinct)
     if logger.isEnabledFor(logging.DEBUG):  # describe() waits for the GPU
         logger.debug("created %s storage on %s: %s", var_type, device, storage.describe())
     return storage
+
+
+def _bytes_text(n: int) -> str:
+    """``n`` bytes as ``"68,719,476,736 bytes (64.0 GiB)"``."""
+    size, unit = float(n), "bytes"
+    for next_unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, next_unit
+    return f"{n:,} bytes" + ("" if unit == "bytes" else f" ({size:.1f} {unit})")
+
+
+def _out_of_memory(
+    error: MemoryError,
+    make: Callable[..., Any],
+    spec: BackendSpec,
+    var_type: str,
+    key_dtype: str,
+    row_width: int,
+    options: dict[str, str],
+    device: str = "cpu",
+) -> MemoryError:
+    """The MemoryError of a table that could not be allocated, with its size and what to change.
+
+    The capacity is what the backend gives a table of these options (read from a one-float-wide
+    table made with them on the CPU), else the ``init_capacity`` option as given."""
+    capacity: int | None = None
+    try:
+        capacity = int(make(key_dtype, 1, options).capacity())
+    except Exception:  # noqa: BLE001 (only for the message: the options as given are named instead)
+        logger.debug("could not read the capacity of a %s table with options %r", var_type, options, exc_info=True)
+    row_bytes = row_width * np.dtype(VALUE_DTYPE).itemsize
+    rows = f"rows of {row_width:,} floats ({row_bytes:,} bytes)"
+    if capacity is not None:
+        size = f"capacity {capacity:,} x {rows} = about {_bytes_text(capacity * row_bytes)}"
+    else:
+        given = options.get("init_capacity")
+        size = f"init_capacity={given}" if given is not None else f"the {spec.name} backend's default init_capacity"
+        size += f" x {rows}"
+    where = "" if device == "cpu" else f" on {device}"
+    return MemoryError(
+        f"out of memory allocating a var_type {var_type!r} table ({spec.name} backend){where}: {size} "
+        f"(backend: {error}); pass a smaller init_capacity (a backend option) or a smaller dimension / row_width"
+    )
 
 
 def _takes_no_device(make: Callable[..., Any]) -> bool:

@@ -329,7 +329,9 @@ class PyTable {
     std::string msg = message ? message : "unknown error";
     switch (st) {
       case SOK_ERROR_INVALID_ARGUMENT: throw py::value_error(msg);
-      case SOK_ERROR_OUT_OF_MEMORY: throw std::bad_alloc();
+      case SOK_ERROR_OUT_OF_MEMORY:  // a MemoryError with the backend's message, not a bare std::bad_alloc
+        PyErr_SetString(PyExc_MemoryError, msg.c_str());
+        throw py::error_already_set();
       case SOK_ERROR_UNSUPPORTED:
         PyErr_SetString(PyExc_NotImplementedError, msg.c_str());
         throw py::error_already_set();
