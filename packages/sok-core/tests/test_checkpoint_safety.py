@@ -124,6 +124,26 @@ def test_dump_replaces_an_empty_directory_or_a_previous_checkpoint(tmp_path, pre
     assert sorted(os.listdir(tmp_path)) == ["ck"]
 
 
+def test_dump_through_a_symbolic_link_replaces_its_target_and_keeps_the_link(tmp_path):
+    target = tmp_path / "real"
+    sok.dump(str(target), [filled("old_table")])
+    link = tmp_path / "latest"
+    link.symlink_to(target, target_is_directory=True)
+    var = filled()
+    sok.dump(str(link), [var])
+    assert link.is_symlink() and sorted(os.listdir(target)) == ["emb_0-key", "emb_0-weight", fmt.MANIFEST]
+    assert sorted(os.listdir(tmp_path)) == ["latest", "real"]
+
+
+def test_dump_makes_missing_parent_directories(tmp_path):
+    var = filled()
+    path = tmp_path / "runs" / "exp1" / "ck"
+    sok.dump(str(path), [var])
+    fresh = make_var()
+    sok.load(str(path), [fresh])
+    assert contents(fresh) == contents(var)
+
+
 # -- leftovers and staging directories -------------------------------------------------------------
 def killed_dump(tmp_path, monkeypatch, var) -> str:
     """A dump killed after its table files were written, before its manifest: returns the staging

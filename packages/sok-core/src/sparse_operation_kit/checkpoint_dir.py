@@ -8,7 +8,8 @@ Rules:
   other content (a file of the user's, a sub-directory), or ``path`` being a regular file, is refused
   with :class:`~sparse_operation_kit.checkpoint_format.CheckpointError` naming what is there; dump
   never deletes or hides a file it did not write.
-* A dump writes into a staging directory beside ``path`` (``.<name>.sok-tmp-<random>``, holding the
+* A dump writes into a staging directory beside ``path`` (beside its target when it is a symbolic
+  link; missing parent directories are made) (``.<name>.sok-tmp-<random>``, holding the
   marker file :data:`STAGING_MARK` until it is complete), created with the permissions the umask
   gives (not mkdtemp's 0700), and locked (``flock``) while its dump runs.
 * The finished staging directory takes ``path``'s place with one atomic exchange
@@ -78,8 +79,9 @@ def is_complete(path: str) -> bool:
 
 
 def leftovers(path: str) -> list[str]:
-    """Staging directories and set-aside checkpoints that dumps of ``path`` left beside it."""
-    path = os.path.abspath(path)
+    """Staging directories and set-aside checkpoints that dumps of ``path`` left beside it (beside
+    its target when ``path`` is a symbolic link)."""
+    path = os.path.realpath(path)
     parent, prefix = os.path.dirname(path), _staging_prefix(path)
     try:
         names = os.listdir(parent)
@@ -174,8 +176,9 @@ class Staging:
     and the marker file, locked until closed; removed on close unless swapped into place."""
 
     def __init__(self, path: str) -> None:
-        self.path = os.path.abspath(path)
+        self.path = os.path.realpath(path)  # a symbolic link's target is replaced, not the link
         parent = os.path.dirname(self.path)
+        os.makedirs(parent, exist_ok=True)
         self.directory = tempfile.mkdtemp(prefix=_staging_prefix(self.path), dir=parent)
         os.chmod(self.directory, 0o777 & ~_umask())
         self._lock = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
