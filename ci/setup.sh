@@ -61,13 +61,17 @@ if ! "$PY" -c "import tf_keras" 2>/dev/null; then
 fi
 
 step 4 "Horovod $HOROVOD_VERSION (TensorFlow + Gloo, built from the patched sdist)"
+# Our patches of the sdist (below); a new patch set gets a new number, so no older wheel is reused.
+HVD_PATCHES="p2"
 HVD_STAMP="$VENV/.sok-horovod-built"
-if [[ -f "$HVD_STAMP" ]] && "$PY" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('horovod') else 1)"; then
+HVD_BUILT="horovod $HOROVOD_VERSION ($HVD_PATCHES)"
+if [[ -f "$HVD_STAMP" ]] && [[ "$(cat "$HVD_STAMP")" == "$HVD_BUILT"* ]] \
+  && "$PY" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('horovod') else 1)"; then
   echo "found $(cat "$HVD_STAMP")"
 else
   TF_TAG=$("$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
   PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-  WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-tf$TF_TAG-$PY_TAG"
+  WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-$HVD_PATCHES-tf$TF_TAG-$PY_TAG"
   if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
     SRC="$CACHE/src"
     rm -rf "$SRC" && mkdir -p "$SRC" "$WHEEL_DIR"
@@ -76,6 +80,11 @@ else
     tar -xzf "$SRC"/horovod-$HOROVOD_VERSION.tar.gz -C "$SRC"
     # XLA headers moved in TF 2.21; the XLA ops are optional, drop them from the build.
     sed -i '/xla_mpi_ops.cc/d' "$SRC/horovod-$HOROVOD_VERSION/horovod/tensorflow/CMakeLists.txt"
+    # The Gloo controller reserves its rank list instead of sizing it, so the stall inspector checks
+    # no rank and HOROVOD_STALL_SHUTDOWN_TIME_SECONDS never ends a job whose rank skipped a collective.
+    GLOO_CONTROLLER="$SRC/horovod-$HOROVOD_VERSION/horovod/common/gloo/gloo_controller.cc"
+    sed -i 's/global_ranks_.reserve(size_);/global_ranks_.resize(size_);/' "$GLOO_CONTROLLER"
+    grep -q 'global_ranks_.resize(size_);' "$GLOO_CONTROLLER"  # fail here if the patch no longer applies
     echo "building the Horovod wheel (about 2-4 minutes on 2 cores)"
     HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
       HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 CMAKE_POLICY_VERSION_MINIMUM=3.5 \
@@ -85,9 +94,11 @@ else
   else
     echo "using the cached wheel in $WHEEL_DIR"
   fi
-  pip_q "$WHEEL_DIR"/horovod-*.whl  # with its Python dependencies (psutil, cloudpickle, ...)
+  # Forced: a wheel of the same version with other patches must replace the installed one.
+  pip_q --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
+  pip_q "$WHEEL_DIR"/horovod-*.whl  # its Python dependencies (psutil, cloudpickle, ...)
   "$PY" -c "import horovod.tensorflow" # fail here, not in the tests, if the build is broken
-  echo "horovod $HOROVOD_VERSION for TensorFlow $TF_TAG" >"$HVD_STAMP"
+  echo "$HVD_BUILT for TensorFlow $TF_TAG" >"$HVD_STAMP"
 fi
 
 step 5 "packages: ${PACKAGES[*]}"

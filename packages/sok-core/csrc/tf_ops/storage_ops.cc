@@ -33,6 +33,10 @@ constexpr sok_exec_context kCpu{SOK_DEVICE_CPU, 0, nullptr};
 // The execution context of the CPU kernels: host pointers, no stream.
 struct CpuExec {
   static sok_exec_context of(OpKernelContext*) { return kCpu; }
+  static Status zero(OpKernelContext*, void* data, size_t bytes) {
+    std::memset(data, 0, bytes);
+    return Status();
+  }
 };
 
 // values = rows of keys; missing keys are inserted with insert_and_evict, and the rows that made room
@@ -535,6 +539,27 @@ REGISTER_OP("SokLookupDistinct")
     .Doc("SokLookup for backends whose find_or_insert does not depend on repeats: each of distinct_keys "
          "(SokUniqueIndex of the flattened keys) is looked up once and copied to its positions.");
 
+REGISTER_OP("SokTryLookup")
+    .Input("handle: resource")
+    .Input("table: int64")
+    .Input("keys: Tkeys")
+    .Output("values: float")
+    .Output("status_code: int32")
+    .Output("status_message: string")
+    .Attr(SOK_KEY_TYPES)
+    .Attr("col_begin: int")
+    .Attr("col_end: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(RowsShape(c, kKeys));
+      c->set_output(1, c->Scalar());
+      c->set_output(2, c->Scalar());
+      return Status();
+    })
+    .Doc("SokLookup that does not fail when the table does: status_code is the TensorFlow error code (0: ok) and "
+         "status_message its message; values are zeros after a failure. For the multi-rank lookup_sparse, where "
+         "every rank must join the exchange before any raises.");
+
 REGISTER_OP("SokFindOrInsert")
     .Input("handle: resource")
     .Input("table: int64")
@@ -636,6 +661,7 @@ REGISTER_OP("SokExport")
 REGISTER_KERNEL_BUILDER(Name("SokLookup").Device(DEVICE_CPU), LookupOp<CpuExec>);
 REGISTER_KERNEL_BUILDER(Name("SokLookupDistinct").Device(DEVICE_CPU), LookupDistinctOp);
 REGISTER_KERNEL_BUILDER(Name("SokFindOrInsert").Device(DEVICE_CPU), LookupOp<CpuExec>);
+REGISTER_KERNEL_BUILDER(Name("SokTryLookup").Device(DEVICE_CPU), LookupOp<CpuExec, true>);
 REGISTER_KERNEL_BUILDER(Name("SokLookupAndEvict").Device(DEVICE_CPU), LookupAndEvictOp);
 REGISTER_KERNEL_BUILDER(Name("SokFind").Device(DEVICE_CPU), FindOp<CpuExec>);
 REGISTER_KERNEL_BUILDER(Name("SokInsertOrAssign").Device(DEVICE_CPU), WriteOp<CpuExec, false>);

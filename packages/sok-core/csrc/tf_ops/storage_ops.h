@@ -180,21 +180,44 @@ inline int64_t init_missing_rows(const sok_table_ref* ref, int64_t n, const void
 // Keys, values and found live where Exec says; the table reference and scalar outputs on the host.
 
 // values = rows of keys, inserting missing keys.
-template <class Exec>
+//
+// kReport (SokTryLookup): the op never fails for what the table says; it returns the status
+// instead, as outputs 1 (int32 scalar: the TensorFlow error code, 0 when the lookup worked) and 2
+// (string scalar: the message), both in host memory, with values all zeros after a failure. The
+// multi-rank lookup_sparse uses it so that a rank whose lookup fails still joins the exchange and
+// every rank can raise together. `Exec::zero(ctx, data, bytes)` clears memory where values live.
+template <class Exec, bool kReport = false>
 class LookupOp : public RowOp {
  public:
   using RowOp::RowOp;
   void Compute(OpKernelContext* ctx) override {
-    sok_table_ref* ref = nullptr;
-    SOK_OK_OR_RETURN(ctx, prepare(ctx, kKeys, &ref));
     const Tensor& keys = ctx->input(kKeys);
     Tensor* values = nullptr;
     OP_REQUIRES_OK(ctx, allocate_rows(ctx, 0, keys, &values));
+    Status status = lookup(ctx, keys, values);
+    if (!kReport) {
+      SOK_OK_OR_RETURN(ctx, status);
+      return;
+    }
+    if (!status.ok() && values->NumElements() > 0) {
+      SOK_OK_OR_RETURN(ctx, Exec::zero(ctx, values->data(), sizeof(float) * values->NumElements()));
+    }
+    Tensor *code = nullptr, *message = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &code));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({}), &message));
+    code->scalar<int32_t>()() = static_cast<int32_t>(status.code());
+    message->scalar<::tensorflow::tstring>()() = std::string(status.message());
+  }
+
+ private:
+  Status lookup(OpKernelContext* ctx, const Tensor& keys, Tensor* values) {
+    sok_table_ref* ref = nullptr;
+    TF_RETURN_IF_ERROR(prepare(ctx, kKeys, &ref));
     const sok_exec_context exec = Exec::of(ctx);
     sok_status st = ref->api->find_or_insert(ref->storage, &exec, keys.NumElements(), keys.data(), col_begin_,
                                              col_end_, values->flat<float>().data(), nullptr, nullptr, ref->inits,
                                              ref->num_inits);
-    SOK_OK_OR_RETURN(ctx, status_of(ref, st, "lookup (find_or_insert)"));
+    return status_of(ref, st, "lookup (find_or_insert)");
   }
 };
 

@@ -5,9 +5,9 @@
 // The ops are registered by libsok_tf_ops.so (storage_ops.cc), which must be loaded first; this
 // library only adds kernels. It is built when a CUDA toolkit is found and loaded only by a CUDA
 // build of TensorFlow (sparse_operation_kit/tf_ops.py). Memory: the handle, the table reference,
-// SokExport's threshold and the scalar outputs (SokSize's size, SokErase's count) in host memory;
-// keys, values and found in device memory. SokUniqueSum has no GPU kernel (it calls no storage):
-// the placer runs it on the CPU.
+// SokExport's threshold and the scalar outputs (SokSize's size, SokErase's count, SokTryLookup's
+// status code and message) in host memory; keys, values and found in device memory. SokUniqueSum
+// has no GPU kernel (it calls no storage): the placer runs it on the CPU.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -32,6 +32,8 @@ struct GpuExec {
     return sok_exec_context{SOK_DEVICE_CUDA, device_id,
                             static_cast<void*>(ctx->eigen_device<Eigen::GpuDevice>().stream())};
   }
+  // Zeros bytes of device memory at data (ordered on the op's stream).
+  static Status zero(OpKernelContext* ctx, void* data, size_t bytes);
 };
 
 Status cuda_status(cudaError_t e, const char* call, const char* file, int line) {
@@ -62,6 +64,13 @@ class DeviceGuard {
 };
 
 cudaStream_t stream_of(const sok_exec_context& exec) { return static_cast<cudaStream_t>(exec.stream); }
+
+Status GpuExec::zero(OpKernelContext* ctx, void* data, size_t bytes) {
+  const sok_exec_context exec = of(ctx);
+  DeviceGuard guard;
+  TF_RETURN_IF_ERROR(guard.enter(exec.device_id));
+  return SOK_CUDA(cudaMemsetAsync(data, 0, bytes, stream_of(exec)));
+}
 
 // values = rows of keys; missing keys are inserted with insert_and_evict, and the rows that made
 // room come back as evicted_keys / evicted_values (embedding columns). As the CPU kernel, with the
@@ -217,6 +226,9 @@ class ExportGpuOp : public ExportOpBase {
 #define SOK_GPU_KERNELS(X)                                                                               \
   X(SokLookup, .HostMemory("handle").HostMemory("table"), LookupOp<GpuExec>)                            \
   X(SokFindOrInsert, .HostMemory("handle").HostMemory("table"), LookupOp<GpuExec>)                      \
+  X(SokTryLookup,                                                                                       \
+    .HostMemory("handle").HostMemory("table").HostMemory("status_code").HostMemory("status_message"),     \
+    LookupOp<GpuExec, true>)                                                                             \
   X(SokLookupAndEvict, .HostMemory("handle").HostMemory("table"), LookupAndEvictGpuOp)                  \
   X(SokFind, .HostMemory("handle").HostMemory("table"), FindOp<GpuExec>)                                \
   X(SokInsertOrAssign, .HostMemory("handle").HostMemory("table"), WriteOp<GpuExec, false>)              \

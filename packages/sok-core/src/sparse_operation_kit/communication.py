@@ -4,6 +4,14 @@
 Horovod is running with several ranks, where a collective call says that ``sok.init()`` is missing
 (a rank that silently worked alone would return wrong results).
 
+No rank waits forever in a SOK collective when Horovod's stall inspector may shut Horovod down:
+with ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` set (read by ``hvd.init()``, so set it before; it must be
+larger than ``HOROVOD_STALL_CHECK_TIME_SECONDS``, default 60), a collective that some rank does not
+join within that time ends Horovod on every rank, and an eager SOK collective then raises
+:class:`CollectiveError` naming the SOK call. ``sok.init()`` logs a warning when several ranks run
+without that setting. (Horovod 0.28.1 with a Gloo controller never shuts down for a stall unless
+its ``gloo_controller.cc`` is patched: ``global_ranks_.reserve(size_)`` must be ``resize``.)
+
 Example::
 
     import horovod.tensorflow as hvd
@@ -15,17 +23,81 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
+import re
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["init", "rank", "num_ranks", "tool", "CommunicationTool", "HorovodTool", "SingleProcess"]
+__all__ = [
+    "init",
+    "rank",
+    "num_ranks",
+    "tool",
+    "CommunicationTool",
+    "HorovodTool",
+    "SingleProcess",
+    "CollectiveError",
+    "STALL_SHUTDOWN_SETTING",
+]
 
 COMM_TOOLS = ("horovod", "single")
 
+#: Horovod's settings (environment variables, read by ``hvd.init()``) that bound a collective's wait.
+STALL_SHUTDOWN_SETTING = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
+STALL_CHECK_SETTING = "HOROVOD_STALL_CHECK_TIME_SECONDS"
+_STALL_CHECK_DEFAULT_S = 60  # Horovod's default warning time
+# The start of Horovod's SHUT_DOWN_ERROR (horovod/common/common.h).
+_HOROVOD_SHUT_DOWN = "Horovod has been shut down"
+_OP_NAME = re.compile(r"[^A-Za-z0-9_.\-/]")
+
+
+class CollectiveError(RuntimeError):
+    """A SOK collective did not complete because Horovod shut down: a rank did not join it within
+    ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (Horovod's stall inspector), or a rank failed or exited.
+
+    Attributes:
+        call: the SOK call the collective belongs to (e.g. ``"sok.lookup_sparse: allgather of ids"``).
+        rank: the rank that raised.
+    """
+
+    def __init__(self, message: str, call: str, rank: int) -> None:
+        super().__init__(message)
+        self.call = call
+        self.rank = rank
+
+
+def _setting_seconds(name: str) -> int | None:
+    """The integer value of Horovod's setting ``name`` (as Horovod parses it), or None when unset."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    match = re.match(r"\s*[-+]?\d+", value)
+    return int(match.group()) if match else 0
+
+
+def stall_shutdown_seconds() -> int | None:
+    """Seconds after which Horovod's stall inspector shuts Horovod down when a rank does not join a
+    collective, or None when it never does (unset or 0, or not above the stall check time: then
+    Horovod only warns)."""
+    shutdown = _setting_seconds(STALL_SHUTDOWN_SETTING)
+    check = _setting_seconds(STALL_CHECK_SETTING)
+    check = _STALL_CHECK_DEFAULT_S if check is None else check
+    if not shutdown or shutdown <= 0 or shutdown < check:
+        return None
+    return shutdown
+
 
 class CommunicationTool:
-    """The collectives SOK needs, on TensorFlow tensors."""
+    """The collectives SOK needs, on TensorFlow tensors.
+
+    Every collective takes an optional ``name``: the SOK call it belongs to (e.g.
+    ``"sok.dump: allgather of sizes"``). Eagerly, an error of the collective names it; inside
+    ``tf.function`` it names the op (characters other than letters, digits and ``_.-/`` become
+    ``_``; TensorFlow makes it unique in the graph, as Horovod needs among collectives in flight),
+    so give one that is the same on every rank.
+    """
 
     name = "base"
 
@@ -35,16 +107,16 @@ class CommunicationTool:
     def num_ranks(self) -> int:
         raise NotImplementedError
 
-    def allgather(self, tensor: Any) -> Any:
+    def allgather(self, tensor: Any, name: str | None = None) -> Any:
         raise NotImplementedError
 
-    def alltoall(self, tensor: Any, splits: Any) -> Any:
+    def alltoall(self, tensor: Any, splits: Any, name: str | None = None) -> Any:
         raise NotImplementedError
 
-    def allreduce_sum(self, tensor: Any) -> Any:
+    def allreduce_sum(self, tensor: Any, name: str | None = None) -> Any:
         raise NotImplementedError
 
-    def broadcast(self, tensor: Any, root: int) -> Any:
+    def broadcast(self, tensor: Any, root: int, name: str | None = None) -> Any:
         raise NotImplementedError
 
 
@@ -59,16 +131,16 @@ class SingleProcess(CommunicationTool):
     def num_ranks(self) -> int:
         return 1
 
-    def allgather(self, tensor: Any) -> Any:
+    def allgather(self, tensor: Any, name: str | None = None) -> Any:
         return tensor
 
-    def alltoall(self, tensor: Any, splits: Any) -> Any:
+    def alltoall(self, tensor: Any, splits: Any, name: str | None = None) -> Any:
         return tensor
 
-    def allreduce_sum(self, tensor: Any) -> Any:
+    def allreduce_sum(self, tensor: Any, name: str | None = None) -> Any:
         return tensor
 
-    def broadcast(self, tensor: Any, root: int) -> Any:
+    def broadcast(self, tensor: Any, root: int, name: str | None = None) -> Any:
         return tensor
 
 
@@ -95,18 +167,65 @@ class HorovodTool(CommunicationTool):
     def num_ranks(self) -> int:
         return self._hvd.size()
 
-    def allgather(self, tensor: Any) -> Any:
-        return self._hvd.allgather(tensor)
+    def _run(self, what: str, name: str | None, collective: Callable[[str | None], Any]) -> Any:
+        """``collective(op_name)``; eagerly, Horovod's shutdown during it becomes a CollectiveError
+        naming the SOK call.
 
-    def alltoall(self, tensor: Any, splits: Any) -> Any:
-        received = self._hvd.alltoall(tensor, splits=splits)
-        return received[0] if isinstance(received, tuple) else received
+        Inside tf.function the name becomes the op's name, which TensorFlow makes unique in the
+        graph; Horovod matches the collectives of the ranks by it, so it must not depend on the
+        rank's arguments (Horovod's default, from the input tensor's name, does: a rank that passes
+        other tables would wait forever). Eagerly Horovod names every collective after its kind and
+        matches them in call order."""
+        import tensorflow as tf
 
-    def allreduce_sum(self, tensor: Any) -> Any:
-        return self._hvd.allreduce(tensor, op=self._hvd.Sum)
+        op_name = None if name is None else _OP_NAME.sub("_", name)
+        if not tf.executing_eagerly():
+            return collective(op_name)
+        try:
+            return collective(op_name)
+        except tf.errors.OpError as error:
+            if _HOROVOD_SHUT_DOWN not in str(error):
+                raise
+            raise self._shut_down_error(what, name, error) from error
 
-    def broadcast(self, tensor: Any, root: int) -> Any:
-        return self._hvd.broadcast(tensor, root)
+    def _shut_down_error(self, what: str, name: str | None, error: Exception) -> CollectiveError:
+        call = name or "a SOK call"
+        seconds = stall_shutdown_seconds()
+        if seconds is None:
+            cause = (
+                f"another rank failed or exited ({STALL_SHUTDOWN_SETTING} is not in effect here, so it was not "
+                f"Horovod's stall inspector)"
+            )
+        else:
+            cause = (
+                f"a rank did not join it within {STALL_SHUTDOWN_SETTING}={seconds} s (Horovod's stall inspector; "
+                f"its warning on rank 0 lists the missing ranks under 'Missing ranks'), or another rank failed or "
+                f"exited"
+            )
+        return CollectiveError(
+            f"the SOK collective {call!r} ({what}) did not complete on rank {self.rank()} of {self.num_ranks()}: "
+            f"Horovod shut down because {cause}. Every rank must make the same SOK calls in the same order (a "
+            f"rank that skips a call, or raises before it, leaves the others waiting). Horovod cannot be used again in "
+            f"this process: restart the job. Horovod said: {str(error).splitlines()[0] if str(error) else error!r}",
+            call,
+            self.rank(),
+        )
+
+    def allgather(self, tensor: Any, name: str | None = None) -> Any:
+        return self._run("allgather", name, lambda op: self._hvd.allgather(tensor, name=op))
+
+    def alltoall(self, tensor: Any, splits: Any, name: str | None = None) -> Any:
+        def collective(op: str | None) -> Any:
+            received = self._hvd.alltoall(tensor, splits=splits, name=op)
+            return received[0] if isinstance(received, tuple) else received
+
+        return self._run("all-to-all", name, collective)
+
+    def allreduce_sum(self, tensor: Any, name: str | None = None) -> Any:
+        return self._run("allreduce", name, lambda op: self._hvd.allreduce(tensor, op=self._hvd.Sum, name=op))
+
+    def broadcast(self, tensor: Any, root: int, name: str | None = None) -> Any:
+        return self._run("broadcast", name, lambda op: self._hvd.broadcast(tensor, root, name=op))
 
 
 _tool: CommunicationTool | None = None
@@ -128,6 +247,20 @@ def init(comm_tool: str = "horovod", use_legacy_optimizer: bool = True) -> None:
         raise ValueError(f"comm_tool {comm_tool!r} is not supported; valid: {', '.join(COMM_TOOLS)}")
     _tool = HorovodTool() if comm_tool == "horovod" else SingleProcess()
     logger.info("SOK initialized: communication tool %s, rank %d of %d", _tool.name, _tool.rank(), _tool.num_ranks())
+    if _tool.num_ranks() > 1 and stall_shutdown_seconds() is None:
+        logger.warning(
+            "%d ranks run without a bound on how long a collective waits for a rank that never joins it: set "
+            "%s (e.g. 600; above %s, default %d) in the environment of every rank before hvd.init(), so that "
+            "a rank that skips or fails a SOK call ends the job with an error instead of a hang (got %s=%r, %s=%r)",
+            _tool.num_ranks(),
+            STALL_SHUTDOWN_SETTING,
+            STALL_CHECK_SETTING,
+            _STALL_CHECK_DEFAULT_S,
+            STALL_SHUTDOWN_SETTING,
+            os.environ.get(STALL_SHUTDOWN_SETTING),
+            STALL_CHECK_SETTING,
+            os.environ.get(STALL_CHECK_SETTING),
+        )
 
 
 def tool() -> CommunicationTool:

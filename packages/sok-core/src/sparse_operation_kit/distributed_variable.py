@@ -6,6 +6,11 @@
 The shard is an ordinary resource variable (plain Keras optimizers update it); ``sok.lookup_sparse``
 does the distributed lookup.
 
+With several ranks, creating a variable is a collective call: the ranks allgather a fingerprint of
+it (rows, dim, mode, dtype, and a digest of an explicit ``initial_value``) and every rank raises when
+they differ, before any rank uses a shard that does not match the others'. Random ``initializer``
+values are not compared: each rank keeps only its own rows of them.
+
 Example (2 ranks)::
 
     v = sok.Variable(np.arange(4 * 3).reshape(4, 3), dtype=tf.float32)
@@ -14,10 +19,12 @@ Example (2 ranks)::
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
@@ -47,6 +54,92 @@ def _global_value(initial_value: Any, shape: Any, initializer: Any, dtype: Any) 
     if isinstance(initializer, str):
         initializer = tf.keras.initializers.get(initializer)
     return tf.convert_to_tensor(initializer(shape=shape, dtype=dtype or tf.float32))
+
+
+#: The fields of a variable's fingerprint, in the order of the allgathered record.
+_FIELDS = ("created", "rows", "dim", "mode", "dtype", "initial_value given", "initial_value digest")
+
+
+def _digest(value: tf.Tensor) -> int:
+    """A signed 64-bit digest of an eager tensor's dtype, shape and bytes (0 when not eager)."""
+    if not hasattr(value, "numpy"):
+        return 0
+    data = np.ascontiguousarray(value.numpy())
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"{data.dtype.str}{data.shape}".encode())
+    h.update(data.tobytes())
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def _describe(field: str, value: int) -> str:
+    if field == "mode":
+        return "distributed" if value < 0 else f"localized:{value}"
+    if field == "dtype":
+        return tf.as_dtype(int(value)).name if value > 0 else "?"
+    if field in ("created", "initial_value given"):
+        return "yes" if value else "no"
+    if field == "initial_value digest":
+        return f"{value & (2**64 - 1):016x}"
+    return str(value)
+
+
+def _global_value_agreed(
+    name: str, target: int, initial_value: Any, shape: Any, initializer: Any, dtype: Any
+) -> tf.Tensor:
+    """The full table (``_global_value``), after the ranks agreed that they create the same one.
+
+    With one rank, just the value. With several, one allgather of each rank's fingerprint (also when
+    this rank's value failed, so that no rank waits for it); every rank raises when they differ.
+    """
+    comm = communication.tool()
+    n = comm.num_ranks()
+    if n == 1:
+        return _global_value(initial_value, shape, initializer, dtype)
+    value, failure = None, None
+    try:
+        value = _global_value(initial_value, shape, initializer, dtype)
+    except (ValueError, TypeError, tf.errors.OpError) as error:
+        failure = error
+    record = [0, 0, 0, target, 0, 0, 0]
+    if value is not None:
+        explicit = initial_value is not None
+        digest = _digest(value) if explicit else 0
+        record = [
+            1,
+            int(value.shape[0]),
+            int(value.shape[1]),
+            target,
+            value.dtype.as_datatype_enum,
+            int(explicit),
+            digest,
+        ]
+    with tf.init_scope():
+        gathered = comm.allgather(
+            tf.constant(record, tf.int64), name=f"sok.Variable({name}): allgather of its fingerprint"
+        )
+        table = np.asarray(gathered).reshape(n, len(_FIELDS))
+    if failure is not None:
+        raise failure
+    failed = [r for r in range(n) if not table[r, 0]]
+    if failed:
+        raise ValueError(
+            f"sok.Variable {name!r} could not be created on rank(s) {failed} (see their errors), so it is not "
+            f"created on any rank; every rank must create the same variables in the same order"
+        )
+    differences = []
+    for j, field in enumerate(_FIELDS[1:], start=1):
+        if field == "initial_value digest" and not table[:, 5].all():
+            continue  # random initializers: each rank keeps only its own rows
+        if len(set(table[:, j].tolist())) > 1:
+            per_rank = ", ".join(f"rank {r}: {_describe(field, int(table[r, j]))}" for r in range(n))
+            differences.append(f"{field} differs ({per_rank})")
+    if differences:
+        raise ValueError(
+            f"sok.Variable {name!r} differs between the ranks: {'; '.join(differences)}. Every rank must create "
+            f"it with the same shape, mode, dtype and initial_value (broadcast a random initial_value from one "
+            f"rank first, e.g. hvd.broadcast(value, 0), or pass shape= and initializer= instead)"
+        )
+    return value
 
 
 class _StaticVariable(resource_variable_ops.ResourceVariable):
@@ -114,7 +207,8 @@ class DistributedVariable(_StaticVariable):
         **kwargs: Any,
     ) -> None:
         n, g = communication.num_ranks(), communication.rank()
-        value = _global_value(initial_value, shape, initializer, dtype)
+        name = name or f"sok_static_Variable_{next(_counter)}"
+        value = _global_value_agreed(name, -1, initial_value, shape, initializer, dtype)
         self._create(
             tf.gather(value, tf.range(g, int(value.shape[0]), n, dtype=tf.int64)),
             value.shape,
@@ -150,7 +244,8 @@ class LocalizedVariable(_StaticVariable):
                 f"mode 'localized:{target}' names rank {target}, but there are only {n} rank(s); "
                 f"valid: localized:0 .. localized:{n - 1}"
             )
-        value = _global_value(initial_value, shape, initializer, dtype)
+        name = name or f"sok_static_Variable_{next(_counter)}"
+        value = _global_value_agreed(name, target, initial_value, shape, initializer, dtype)
         self._create(value if g == target else value[:0], value.shape, target, dtype, name, trainable, kwargs)
 
     def key_map(self, indices: Any) -> Any:
@@ -160,7 +255,8 @@ class LocalizedVariable(_StaticVariable):
 def Variable(*args: Any, mode: str | None = None, **kwargs: Any) -> DistributedVariable | LocalizedVariable:  # noqa: N802
     """A static model-parallel table: ``sok.Variable(initial_value, dtype=..., mode=None | "distributed" |
     "localized:N")``, or ``shape=[rows, dim]`` with ``initializer``. Every rank must pass the same
-    initial value (broadcast it first if it is random)."""
+    initial value (broadcast it first if it is random): with several ranks, every rank raises a
+    ValueError naming what differs (shape, mode, dtype or initial_value)."""
     if mode is None or mode == "distributed":
         return DistributedVariable(*args, **kwargs)
     match = _LOCALIZED.match(mode) if isinstance(mode, str) else None

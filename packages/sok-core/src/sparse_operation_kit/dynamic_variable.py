@@ -452,7 +452,38 @@ def distinct_index_of(indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor] | None:
     for consumer in keys.consumers():
         if consumer.type == "SokLookupDistinct" and consumer.inputs[2].name == keys.name:
             return consumer.inputs[3], consumer.inputs[4]
+    if keys.op.type == "Unique" and keys.value_index == 0 and any(c.type == "SokTryLookup" for c in keys.consumers()):
+        # The multi-rank lookup_sparse reads the distinct keys of tf.unique: they are their own index.
+        return keys, tf.range(tf.size(keys), dtype=tf.int32)
     return None
+
+
+@tf.RegisterGradient("SokTryLookup")
+def _sok_try_lookup_grad(op: tf.Operation, grad: tf.Tensor, *unused: tf.Tensor) -> list:
+    return _sok_lookup_grad(op, grad)
+
+
+def try_sparse_read(var: DynamicVariable, indices: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """``var.sparse_read(indices)`` that does not raise when the table fails (e.g. a full ``"hbm"``
+    table): ``(rows, status_code, status_message)``, where ``status_code`` is the TensorFlow error
+    code (an int32 scalar, 0 when the lookup worked; rows are zeros otherwise) and ``status_message``
+    the backend's message. Differentiable as ``sparse_read``.
+
+    The multi-rank ``sok.lookup_sparse`` reads with it, so that a rank whose lookup fails still
+    joins the exchange and every rank raises together.
+
+    Example::
+
+        rows, code, message = try_sparse_read(v, tf.constant([1, 2], tf.int64))
+    """
+    var = _check_dynamic(var, "try_sparse_read")
+    with tf.name_scope("SokTryLookup"):
+        if var.trainable:
+            tape_lib.variable_accessed(var)
+        rows, code, message = tf_ops.library().sok_try_lookup(
+            *var.table_inputs, var._keys(indices), col_begin=0, col_end=var.dimension
+        )
+        return rows, code, message
 
 
 @tf.RegisterGradient("SokLookupAndEvict")

@@ -2,15 +2,19 @@
 
 The exchange (one call, any mix of static distributed, static localized and dynamic tables):
 
-1. every rank checks its arguments, and the ranks agree (one allreduce) that all ids are valid
-   before anything else moves, so a bad id fails on every rank with the same message;
+1. every rank checks its arguments, and the ranks agree (one allgather of a fingerprint of the
+   call and of each rank's count of bad ids) that they make the same call with valid ids before
+   anything else moves, so a bad id, or a rank that passes other tables, fails on every rank;
 2. the ids, row lengths and weights of all tables are allgathered (three collectives for the whole
    call): each rank sees the global batch's ids, a few bytes per id;
 3. each rank looks up the ids it owns (row ``i`` of a distributed table on rank ``i % n``, the whole
    of a localized table on its rank, dynamic keys by ``key mod n``) and pools them per global sample
    into partial sums (weighted, no division yet);
 4. one all-to-all sends each rank the partial sums of its own samples, for all tables at once;
-   the rank adds them up and applies the combiner (``sum``, ``mean``, ``sqrtn``).
+   the rank adds them up and applies the combiner (``sum``, ``mean``, ``sqrtn``). When dynamic
+   tables take part, each rank also sends every other rank one row holding the status of its
+   lookups of step 3 (a full ``"hbm"`` table, say): a rank whose lookup fails still joins the
+   exchange, and every rank then raises an error that names the table and the failing ranks.
 
 Pooled partial sums travel instead of rows, so the floats exchanged per step do not grow with the
 number of ids per sample. Gradients come from TensorFlow's autodiff through the same ops (Horovod's
@@ -35,6 +39,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,7 +47,7 @@ import tensorflow as tf
 
 from sparse_operation_kit import communication, pooled_lookup
 from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable
-from sparse_operation_kit.dynamic_variable import DynamicVariable
+from sparse_operation_kit.dynamic_variable import DynamicVariable, try_sparse_read
 
 __all__ = ["lookup_sparse", "all2all_dense_embedding", "COMBINERS"]
 
@@ -61,12 +66,68 @@ def _ragged(ids: Any, index: int, what: str) -> tf.RaggedTensor:
     if isinstance(ids, tf.SparseTensor):
         if ids.shape.rank not in (None, 2):
             raise ValueError(f"{what}[{index}] must be a 2-D SparseTensor, got rank {ids.shape.rank}")
-        return tf.RaggedTensor.from_sparse(ids)
+        return tf.RaggedTensor.from_sparse(_checked_rows(ids, f"{what}[{index}]"))
     if isinstance(ids, tf.RaggedTensor):
         if ids.ragged_rank != 1 or ids.shape.rank != 2:
             raise ValueError(f"{what}[{index}] must be a 2-D RaggedTensor (ragged_rank 1), got shape {ids.shape}")
         return ids
     raise TypeError(f"{what}[{index}] must be a tf.SparseTensor or tf.RaggedTensor, got {type(ids).__name__}")
+
+
+def _checked_rows(sparse: tf.SparseTensor, what: str) -> tf.SparseTensor:
+    """``sparse`` after checking that its row indices (the samples) are in [0, dense_shape[0]):
+    eagerly a ValueError; inside tf.function an assert that gates the values."""
+    rows, nrows = sparse.indices[:, 0], sparse.dense_shape[0]
+    fix = f"the row index of each id is its sample: 0 .. dense_shape[0] - 1; fix how {what} is built"
+    if isinstance(rows, tf.Tensor) and hasattr(rows, "numpy") and tf.executing_eagerly():
+        values, limit = rows.numpy(), int(nrows)
+        bad = ((values < 0) | (values >= limit)).nonzero()[0]
+        if bad.size:
+            raise ValueError(
+                f"{what} has row index {int(values[bad[0]])!r} at indices[{int(bad[0])}] ({bad.size} such), outside "
+                f"[0, {limit}) (dense_shape[0] = {limit}); {fix}"
+            )
+        return sparse
+    inside = tf.reduce_all((rows >= 0) & (rows < nrows))
+    check = tf.debugging.Assert(
+        inside,
+        [
+            f"{what} has row indices outside [0, dense_shape[0]); {fix}. dense_shape[0] and the smallest and largest "
+            f"row index follow:",
+            nrows,
+            tf.reduce_min(rows),
+            tf.reduce_max(rows),
+        ],
+    )
+    with tf.control_dependencies([check]):
+        return tf.SparseTensor(tf.identity(sparse.indices), sparse.values, sparse.dense_shape)
+
+
+#: The id dtypes sok.lookup_sparse takes (and, for a dynamic table of uint64 keys, uint64).
+ID_DTYPES = ("int32", "int64")
+
+
+def _check_id_dtype(ids: tf.RaggedTensor, index: int, param: Any, kind: str) -> None:
+    valid = ID_DTYPES + (("uint64",) if kind == "dynamic" and param.key_type == tf.uint64 else ())
+    dtype = ids.dtype
+    if dtype.name in valid:
+        return
+    if dtype.is_integer:
+        fix = "cast them: tf.cast(ids, tf.int64)"
+    elif dtype == tf.string:
+        fix = (
+            "ids are row numbers (or keys of a dynamic table), not strings: map the strings to int64 first "
+            "(tf.keras.layers.StringLookup, or tf.strings.to_hash_bucket_fast for a sok.DynamicVariable)"
+        )
+    else:
+        fix = (
+            "ids are row numbers (or keys of a dynamic table), not floats or bools: make them int64 where they "
+            "are built (tf.cast(ids, tf.int64) when they hold whole numbers)"
+        )
+    raise TypeError(
+        f"sp_ids[{index}] (for params[{index}], {param.name}) has dtype {dtype.name}; ids must be "
+        f"{' or '.join(valid)}; {fix}"
+    )
 
 
 def _table_kind(param: Any, index: int) -> str:
@@ -115,26 +176,62 @@ def _pool_local(
     num_samples: tf.Tensor,
     rank: int,
     n: int,
-) -> tf.Tensor:
-    """Partial sums [num_samples, dim] of the ids this rank owns. ``samples`` is sorted.
+) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor] | None]:
+    """Partial sums [num_samples, dim] of the ids this rank owns (``samples`` is sorted), and with
+    several ranks, for a dynamic table, the ``(code, message)`` of its lookup (else None): there a
+    failed lookup does not raise (its rows are zeros), so that the rank still joins the exchange.
 
     Each distinct id is read once (a dynamic table inserts it once; the gradient has one row per
     distinct id), then a sorted segment sum pools the rows per sample.
     """
+    status = None
     if n > 1:
         mine = tf.equal(_owner(keys, kind, param, n), rank)
         keys, samples = tf.boolean_mask(keys, mine), tf.boolean_mask(samples, mine)
         if weights is not None:
             weights = tf.boolean_mask(weights, mine)
     unique, position = tf.unique(keys, out_idx=tf.int64)
-    if kind == "dynamic":
+    if kind == "dynamic" and n > 1:
+        rows, code, message = try_sparse_read(param, _as_table_keys(unique, param))
+        status = (code, message)
+    elif kind == "dynamic":
         rows = param.sparse_read(_as_table_keys(unique, param))
     else:
         local = tf.cast(unique, tf.int64) // n if kind == "distributed" else tf.cast(unique, tf.int64)
         rows = tf.gather(param, local)
     if weights is None:
-        return tf.sparse.segment_sum(rows, position, samples, num_segments=num_samples)
-    return tf.math.unsorted_segment_sum(tf.gather(rows, position) * weights[:, None], samples, num_samples)
+        return tf.sparse.segment_sum(rows, position, samples, num_segments=num_samples), status
+    return tf.math.unsorted_segment_sum(tf.gather(rows, position) * weights[:, None], samples, num_samples), status
+
+
+def _call_description(
+    params: Sequence[Any],
+    kinds: Sequence[str],
+    combiners: Sequence[str],
+    weighted: bool,
+    hotness: Sequence[int] | None,
+) -> str:
+    """What every rank's call must agree on: the tables (names, kinds, shapes), the combiners, and
+    whether sp_weights and hotness are given; they decide which collectives the call makes."""
+    tables = []
+    for i, (param, kind) in enumerate(zip(params, kinds)):
+        if kind == "dynamic":
+            shape = f"dim {param.dimension}, key_type {param.key_type.name}, mode {param.mode}"
+        else:
+            shape = f"shape {list(param.global_shape.as_list())}" + (
+                f", localized:{param.target_gpu}" if kind == "localized" else ""
+            )
+        combiner = combiners[i] if i < len(combiners) else "?"
+        tables.append(f"params[{i}] = {param.name} ({kind}, {shape}, combiner {combiner})")
+    return (
+        f"{len(tables)} table(s): {'; '.join(tables)}; sp_weights {'given' if weighted else 'None'}; "
+        f"hotness {None if hotness is None else list(hotness)}"
+    )
+
+
+def _fingerprint(description: str) -> int:
+    """A signed 64-bit digest of ``description``, the same in every process (unlike ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(description.encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def _agreed_checks(
@@ -145,10 +242,15 @@ def _agreed_checks(
     comm: communication.CommunicationTool,
     hotness: Sequence[int] | None = None,
     checked_by_op: Sequence[int] = (),
-) -> list[tf.Operation]:
-    """Data checks that fail on every rank together: each rank counts its problems, one allreduce
-    adds them up, and every rank asserts on the sums (so no rank enters the exchange alone). The
-    id ranges of the tables in ``checked_by_op`` are left to ``pooled_lookup``'s op (one rank)."""
+    combiners: Sequence[str] = (),
+) -> list[tf.Operation | tf.Tensor]:
+    """Checks that fail on every rank together, in one collective: each rank sends
+    ``[fingerprint of its call, number of counts, its count of each problem]`` (one allgather, which
+    tolerates records of different lengths); every rank first asserts that all records carry its
+    own fingerprint (the same tables, combiners and options in the same order, so that the ranks
+    make the same collectives), then asserts on the counts summed over the ranks (so no rank enters
+    the exchange alone). The id ranges of the tables in ``checked_by_op`` are left to
+    ``pooled_lookup``'s op (one rank)."""
     problems: list[tuple[tf.Tensor, str]] = []
     for i, (param, kind, ids) in enumerate(zip(params, kinds, ragged)):
         values = tf.cast(ids.values, tf.int64)
@@ -161,7 +263,8 @@ def _agreed_checks(
                     f"follows); static tables take ids 0 .. rows-1",
                 )
             )
-        elif kind == "dynamic" and param.key_type == tf.int32 and ids.dtype == tf.int64:
+        elif kind == "dynamic" and param.key_type == tf.int32:
+            # Counted (0 for int32 ids) whatever the ids' dtype, so the records of all ranks have one length.
             outside = (values < -(2**31)) | (values >= 2**31)
             problems.append(
                 (
@@ -189,15 +292,72 @@ def _agreed_checks(
                     f"ranks follows)",
                 )
             )
-    if not problems:
-        return []
-    counts = tf.stack([count for count, _ in problems])
-    if comm.num_ranks() > 1:
-        counts = comm.allreduce_sum(counts)
-    return [
+    n = comm.num_ranks()
+    if n == 1:
+        if not problems:
+            return []
+        counts = tf.stack([count for count, _ in problems])
+    else:
+        description = _call_description(params, kinds, combiners, weights is not None, hotness)
+        fingerprint = _fingerprint(description)
+        record = tf.concat(
+            [tf.constant([fingerprint, len(problems)], tf.int64)] + [tf.reshape(c, [1]) for c, _ in problems], 0
+        )
+        gathered = comm.allgather(record, name="sok.lookup_sparse: allgather of the call's fingerprint and checks")
+        agreement = _assert_same_call(gathered, fingerprint, len(problems), n, comm.rank(), description)
+        if not problems:
+            return [agreement]
+        # Every record has this rank's layout once the ranks agree: [fingerprint, count, counts...] per
+        # rank. A data dependency on the agreement (a control dependency on a tf.cond's output does
+        # not wait for the ops inside its branches once TensorFlow lowers it).
+        gathered = gathered * tf.cast(agreement, tf.int64)
+        counts = tf.reduce_sum(_as_records(gathered, n, 2 + len(problems))[:, 2:], axis=0)
+    return ([agreement] if n > 1 else []) + [
         tf.debugging.assert_equal(counts[j], tf.constant(0, tf.int64), message=message)
         for j, (_, message) in enumerate(problems)
     ]
+
+
+def _assert_same_call(
+    gathered: tf.Tensor, fingerprint: int, length: int, n: int, rank: int, description: str
+) -> tf.Tensor:
+    """Asserts that the ``n`` records of ``gathered`` (``[fingerprint, length, length counts]`` each,
+    rank after rank) all carry this rank's fingerprint; the message names the ranks that differ."""
+    width = 2 + length
+    same_size = tf.equal(tf.size(gathered, out_type=tf.int64), n * width)
+    table = _as_records(gathered, n, width)
+    agree = same_size & tf.reduce_all(tf.equal(table[:, 0], fingerprint)) & tf.reduce_all(tf.equal(table[:, 1], length))
+
+    def fail() -> tf.Tensor:
+        # Walk the records (their lengths may differ): rank r's starts after those of ranks < r.
+        start = tf.constant(0, tf.int64)
+        differs = []
+        for _ in range(n):
+            differs.append(tf.not_equal(gathered[start], fingerprint))
+            start = start + 2 + gathered[start + 1]
+        ranks = tf.strings.reduce_join(tf.strings.as_string(tf.where(tf.stack(differs))[:, 0]), separator=", ")
+        message = tf.strings.join(
+            [
+                f"sok.lookup_sparse: the ranks called it with different arguments. Rank {rank} called it with "
+                f"{description}. Every rank must pass the same tables (names, kinds, shapes), combiners, and "
+                f"sp_weights / hotness (given or not) in the same order; only the ids, weights and batch size may "
+                f"differ. The ranks whose call differs from rank {rank}'s (each rank's error shows its own call): [",
+                ranks,
+                "]",
+            ]
+        )
+        check = _raise_unless(agree, message)
+        with tf.control_dependencies([check]):
+            return tf.identity(agree)
+
+    return tf.cond(agree, lambda: tf.identity(agree), fail)
+
+
+def _as_records(gathered: tf.Tensor, n: int, width: int) -> tf.Tensor:
+    """``gathered`` as ``[n, width]`` records, cut or padded with zeros to ``n * width`` values first:
+    a shape that never fails, whatever the ranks sent (TensorFlow may run a tf.cond branch ahead)."""
+    values = tf.concat([gathered, tf.zeros([n * width], gathered.dtype)], 0)[: n * width]
+    return tf.reshape(values, [n, width])
 
 
 def _validate_placement(params: Sequence[Any], kinds: Sequence[str], n: int) -> None:
@@ -248,8 +408,7 @@ def lookup_sparse(
     kinds = [_table_kind(p, i) for i, p in enumerate(params)]
     ragged = [_ragged(ids, i, "sp_ids") for i, ids in enumerate(ids_list)]
     for i, ids in enumerate(ragged):
-        if not ids.dtype.is_integer:
-            raise TypeError(f"sp_ids[{i}] has dtype {ids.dtype.name}; ids must be int32 or int64")
+        _check_id_dtype(ids, i, params[i], kinds[i])
     weights = None
     if weights_list is not None:
         weights = [_ragged(w, i, "sp_weights") for i, w in enumerate(weights_list)]
@@ -272,7 +431,7 @@ def lookup_sparse(
     n = comm.num_ranks()
     _validate_placement(params, kinds, n)
     fused = _fused_tables(params, kinds) if n == 1 else []
-    checks = _agreed_checks(params, kinds, ragged, weights, comm, hotness, checked_by_op=fused)
+    checks = _agreed_checks(params, kinds, ragged, weights, comm, hotness, checked_by_op=fused, combiners=names)
     outputs: list[Any] = [None] * len(params)
     if fused:
         with tf.control_dependencies(checks):
@@ -351,10 +510,12 @@ def _lookup_with_tf_ops(
     if n == 1:
         samples = [ids.value_rowids() for ids in ragged]
         partial = [
-            _pool_local(p, k, keys[i], samples[i], None if weights is None else weights[i].values, local_batch, 0, 1)
+            _pool_local(p, k, keys[i], samples[i], None if weights is None else weights[i].values, local_batch, 0, 1)[0]
             for i, (p, k) in enumerate(zip(params, kinds))
         ]
     else:
+        # The first check is the ranks' agreement on the call (a bool tensor): the exchange's inputs
+        # depend on it through data, so no collective starts on a rank before it holds.
         partial = _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm, n, rank, dims)
 
     outputs = []
@@ -371,12 +532,15 @@ def _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm,
     num_tables = len(params)
     all_keys = tf.concat([tf.bitcast(k, tf.int64) if k.dtype == tf.uint64 else tf.cast(k, tf.int64) for k in keys], 0)
     all_lengths = tf.concat(lengths, 0)  # [tables * local_batch]
-    g_keys = comm.allgather(all_keys)
-    g_lengths = comm.allgather(all_lengths)
-    g_batch = comm.allgather(tf.reshape(local_batch, [1]))  # [n]
+    g_keys = comm.allgather(all_keys, name="sok.lookup_sparse: allgather of the ids")
+    g_lengths = comm.allgather(all_lengths, name="sok.lookup_sparse: allgather of the row lengths")
+    g_batch = comm.allgather(tf.reshape(local_batch, [1]), name="sok.lookup_sparse: allgather of the batch sizes")
     g_weights = None
     if weights is not None:
-        g_weights = comm.allgather(tf.concat([w.values for w in weights], 0))
+        g_weights = comm.allgather(
+            tf.concat([w.values for w in weights], 0),
+            name="sok.lookup_sparse: allgather of the weights",
+        )
     global_batch = tf.reduce_sum(g_batch)
     # Split the gathered lengths by rank ([tables * B_r] each), then by table.
     lengths_by_rank = [tf.reshape(part, [num_tables, -1]) for part in tf.split(g_lengths, g_batch * num_tables, num=n)]
@@ -393,9 +557,10 @@ def _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm,
     table_weights = None if weight_chunks is None else [by_table(weight_chunks, t) for t in range(num_tables)]
     table_splits = tf.unstack(splits, num=num_tables)
     partial = _pool_static_shards(params, kinds, table_keys, table_splits, table_weights, rank, n)
+    statuses: list[tuple[tf.Tensor, tf.Tensor] | None] = [None] * num_tables
     for t in range(num_tables):
         if partial[t] is None:
-            partial[t] = _pool_local(
+            partial[t], statuses[t] = _pool_local(
                 params[t],
                 kinds[t],
                 table_keys[t],
@@ -407,9 +572,80 @@ def _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm,
             )
     # One all-to-all for all tables: rank r gets the rows of its samples from every rank.
     send = tf.concat(partial, axis=1)  # [global_batch, sum(dims)]
-    received = comm.alltoall(send, splits=tf.cast(g_batch, tf.int32))  # [n * local_batch, sum(dims)], by source rank
-    summed = tf.reduce_sum(tf.reshape(received, [n, local_batch, sum(dims)]), axis=0)
+    if not any(status is not None for status in statuses):
+        received = comm.alltoall(send, splits=tf.cast(g_batch, tf.int32), name=_ALLTOALL)  # [n * local_batch, D]
+        summed = tf.reduce_sum(tf.reshape(received, [n, local_batch, sum(dims)]), axis=0)
+        return tf.split(summed, dims, axis=1)
+    # With dynamic tables, each destination's rows end with one row of this rank's lookup statuses.
+    row = _status_row(statuses, dims)  # [1, sum(dims)]
+    chunks = tf.split(send, g_batch, num=n)
+    send = tf.concat([part for chunk in chunks for part in (chunk, row)], axis=0)  # [global_batch + n, D]
+    received = comm.alltoall(send, splits=tf.cast(g_batch + 1, tf.int32), name=_ALLTOALL)
+    received = tf.reshape(received, [n, local_batch + 1, sum(dims)])  # by source rank
+    checks = [c for c in _assert_lookups_worked(params, dims, statuses, received[:, -1, :], rank) if c is not None]
+    with tf.control_dependencies(checks):
+        summed = tf.identity(tf.reduce_sum(received[:, :-1, :], axis=0))
     return tf.split(summed, dims, axis=1)
+
+
+_ALLTOALL = "sok.lookup_sparse: all-to-all of the pooled rows"
+
+
+def _status_row(statuses: list[tuple[tf.Tensor, tf.Tensor] | None], dims: list[int]) -> tf.Tensor:
+    """``[1, sum(dims)]``: zeros, but the first column of each dynamic table's block holds the
+    TensorFlow error code of this rank's lookup of it (0: it worked)."""
+    blocks = []
+    for status, dim in zip(statuses, dims):
+        if status is None:
+            blocks.append(tf.zeros([dim], tf.float32))
+        else:
+            code = tf.reshape(tf.cast(status[0], tf.float32), [1])
+            blocks.append(tf.concat([code, tf.zeros([dim - 1], tf.float32)], 0))
+    return tf.reshape(tf.concat(blocks, 0), [1, sum(dims)])
+
+
+def _assert_lookups_worked(
+    params: list[Any],
+    dims: list[int],
+    statuses: list[tuple[tf.Tensor, tf.Tensor] | None],
+    status_rows: tf.Tensor,
+    rank: int,
+) -> list[tf.Operation]:
+    """Asserts, on every rank, that every rank's lookup of each dynamic table worked: ``status_rows``
+    ``[n, sum(dims)]`` holds the status row of each rank (``_status_row``). The error names the table
+    and the failing ranks; on a failing rank it also gives the backend's message."""
+    checks = []
+    offset = 0
+    for t, (status, dim) in enumerate(zip(statuses, dims)):
+        if status is not None:
+            codes = tf.cast(status_rows[:, offset], tf.int32)  # [n]
+            failed = tf.strings.reduce_join(
+                tf.strings.as_string(tf.where(tf.not_equal(codes, 0))[:, 0]), separator=", "
+            )
+            local = tf.where(tf.equal(status[0], 0), tf.constant("none (its lookup worked)"), status[1])
+            message = tf.strings.join(
+                [
+                    f"sok.lookup_sparse: the lookup of table {params[t].name} (params[{t}], var_type "
+                    f"{params[t].backend_type}) failed on rank(s) [",
+                    failed,
+                    f"], so the call fails on every rank; later calls work again. Fix the cause (e.g. a larger "
+                    f"max_capacity, or a var_type with eviction). The error on rank {rank}: ",
+                    local,
+                ]
+            )
+            checks.append(_raise_unless(tf.reduce_all(tf.equal(codes, 0)), message))
+        offset += dim
+    return checks
+
+
+def _raise_unless(condition: tf.Tensor, message: tf.Tensor) -> tf.Operation | None:
+    """An InvalidArgumentError with the string tensor ``message`` unless ``condition``: raised now
+    when eager, else the assert op to gate on."""
+    if tf.executing_eagerly():
+        if not bool(condition):
+            raise tf.errors.InvalidArgumentError(None, None, message.numpy().decode(errors="replace"))
+        return None
+    return tf.debugging.Assert(condition, [message])
 
 
 def _pool_static_shards(
