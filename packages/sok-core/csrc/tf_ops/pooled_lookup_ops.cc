@@ -5,7 +5,8 @@
 // SokPooledLookup: embeddings_t[s] = combine(sum_j w_j * params_t[ids_t[j]]) for j in
 //   row_splits_t[s] .. row_splits_t[s + 1] (w_j = 1 when unweighted), summed in id order; "mean"
 //   and "sqrtn" then divide by sum(w) or sqrt(sum(w^2)) (the id count when unweighted), and a sample
-//   whose divisor is not positive gives zeros, as tf.math.divide_no_nan after the guard of lookup.py.
+//   whose divisor is 0 gives zeros, as tf.math.divide_no_nan in tf.nn.embedding_lookup_sparse (a
+//   negative sum of weights divides).
 //   Sharded tables (attrs strides, offsets): table t holds id i at row i / strides[t] when
 //   i mod strides[t] == offsets[t] (offset -1: no id, a localized table of another rank); the sums
 //   take the ids it holds only, the divisors every id of the sample.
@@ -191,7 +192,8 @@ Status gather_tables(OpKernelContext* ctx, const std::vector<Combiner>& combiner
   return Status();
 }
 
-// The divisor of sample [begin, end): 1 for "sum"; not positive means the sample gives zeros.
+// The divisor of sample [begin, end): 1 for "sum"; 0 means the sample gives zeros (it may be
+// negative for "mean" with weights: then it divides, as in tf.nn.embedding_lookup_sparse).
 float divisor(const Table& t, int64_t begin, int64_t end) {
   if (t.combiner == Combiner::kSum) return 1.0f;
   float total = 0.0f;
@@ -275,7 +277,7 @@ bool pool_sample(const Table& t, int64_t begin, int64_t end, SampleRows* found, 
   }
   if (t.combiner != Combiner::kSum) {
     const float d = divisor(t, begin, end);
-    if (d > 0.0f) {
+    if (d != 0.0f) {
       for (int64_t k = 0; k < dim; ++k) out[k] /= d;
     } else {
       std::fill(out, out + dim, 0.0f);
@@ -506,7 +508,7 @@ void accumulate(const Table& t, int64_t batch, const float* __restrict__ grad, c
     const float* g = grad + s * dim;
     if (stop > c && t.combiner != Combiner::kSum) {
       const float div = divisor(t, begin, end);
-      if (!(div > 0.0f)) {
+      if (div == 0.0f) {
         c = stop;
         continue;
       }

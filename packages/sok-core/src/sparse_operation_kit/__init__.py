@@ -43,6 +43,7 @@ _LAZY = {
     "export": "sparse_operation_kit.dynamic_variable",
     "assign": "sparse_operation_kit.dynamic_variable",
     "sparse_read_and_evict": "sparse_operation_kit.dynamic_variable",
+    "DynamicSlot": "sparse_operation_kit.slot_view",
     "OptimizerWrapper": "sparse_operation_kit.optimizer",
     "SGD": "sparse_operation_kit.optimizer",
     "filter_variables": "sparse_operation_kit.optimizer",
@@ -54,6 +55,7 @@ _LAZY = {
     "lookup_sparse": "sparse_operation_kit.lookup",
     "all2all_dense_embedding": "sparse_operation_kit.lookup",
     "init": "sparse_operation_kit.communication",
+    "set_comm_tool": "sparse_operation_kit.communication",
     "rank": "sparse_operation_kit.communication",
     "num_ranks": "sparse_operation_kit.communication",
     "experiment": "sparse_operation_kit.experiment",
@@ -63,7 +65,20 @@ _LAZY = {
 }
 
 
+def _tf_version() -> list[int]:
+    """TensorFlow's version as NVIDIA SOK's ``sok.tf_version`` gives it: ``[2, 21, 0]`` (a pre-release
+    suffix such as ``rc0`` is dropped)."""
+    import re
+
+    import tensorflow as tf
+
+    return [int(re.match(r"\d+", part).group()) for part in tf.__version__.split(".")[:3]]
+
+
 def __getattr__(name: str):
+    if name == "tf_version":  # computed on first use: it imports TensorFlow
+        globals()[name] = _tf_version()
+        return globals()[name]
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'sparse_operation_kit' has no attribute {name!r}")
@@ -76,7 +91,7 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+    return sorted({*globals(), *_LAZY, "tf_version"})
 
 
-__all__ = ["__version__", "get_include", "get_cmake_dir", "print_environment_info", *_LAZY]
+__all__ = ["__version__", "get_include", "get_cmake_dir", "print_environment_info", "tf_version", *_LAZY]

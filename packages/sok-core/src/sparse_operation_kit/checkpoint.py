@@ -13,7 +13,7 @@ emptied again if any file of the checkpoint turns out bad.
 
 Example::
 
-    sok.dump("ckpt", [v1, v2], optimizer)     # optimizer: a sok.OptimizerWrapper, or None
+    sok.dump("ckpt", [v1, v2], optimizer)     # optimizer: a sok.OptimizerWrapper, its Keras optimizer, or None
     sok.load("ckpt", [v1, v2], optimizer)
 """
 
@@ -35,7 +35,7 @@ from sparse_operation_kit import communication
 from sparse_operation_kit.agreement import Agreement
 from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable
 from sparse_operation_kit.dynamic_variable import DynamicVariable
-from sparse_operation_kit.optimizer import OptimizerWrapper
+from sparse_operation_kit.optimizer import OptimizerWrapper, is_keras_optimizer, wrappers_of
 from sparse_operation_kit.progress import Callback, NoOpCallback
 
 logger = logging.getLogger(__name__)
@@ -60,15 +60,44 @@ def _variables(variables: Any) -> list:
     return items
 
 
-def _optimizer(optimizer: Any) -> OptimizerWrapper | None:
+def _optimizer(optimizer: Any, variables: list) -> OptimizerWrapper | None:
+    """The wrapper whose state to dump or load: ``optimizer`` itself when it is one; for a Keras
+    optimizer (as NVIDIA SOK takes it), the ``sok.OptimizerWrapper`` that wraps it and updates the
+    dynamic ones among ``variables`` (or the only one that wraps it), else a
+    :meth:`~OptimizerWrapper.for_static_state` one (its state of static tables only)."""
     if isinstance(optimizer, (list, tuple)) and len(optimizer) == 1:
         optimizer = optimizer[0]
     if optimizer is None or isinstance(optimizer, OptimizerWrapper):
         return optimizer
-    raise TypeError(
-        f"optimizer must be None or a sok.OptimizerWrapper, got {type(optimizer).__name__}; wrap the Keras "
-        f"optimizer (sok.OptimizerWrapper(opt)) to checkpoint its state of static tables too"
-    )
+    if not is_keras_optimizer(optimizer):
+        raise TypeError(
+            f"optimizer must be None, a sok.OptimizerWrapper or a Keras optimizer (Keras 3, tf_keras or tf_keras "
+            f"legacy), got {type(optimizer).__name__} {optimizer!r}"
+        )
+    owners: dict[int, OptimizerWrapper] = {}
+    for var in variables:
+        owner = getattr(var, "_sok_optimizer", None)
+        if isinstance(var, DynamicVariable) and owner is not None and owner.optimizer is optimizer:
+            owners[id(owner)] = owner
+    if len(owners) > 1:
+        raise ValueError(
+            f"the dynamic variables are updated by {len(owners)} different sok.OptimizerWrappers of "
+            f"{type(optimizer).__name__}; dump / load each wrapper's variables with that wrapper"
+        )
+    if owners:
+        return next(iter(owners.values()))
+    wrappers = wrappers_of(optimizer)
+    if len(wrappers) == 1:
+        return wrappers[0]
+    if len(wrappers) > 1 and any(isinstance(v, DynamicVariable) for v in variables):
+        raise ValueError(
+            f"{len(wrappers)} sok.OptimizerWrappers wrap this {type(optimizer).__name__}, and none of them has "
+            f"updated these dynamic variables yet; pass the wrapper whose state to load"
+        )
+    try:
+        return OptimizerWrapper.for_static_state(optimizer)
+    except ValueError as error:
+        raise ValueError(f"sok.dump / sok.load cannot name the state of this optimizer: {error}") from error
 
 
 def _slots(var: Any, optimizer: OptimizerWrapper | None) -> list[str]:
@@ -157,11 +186,25 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
     (a full disk, a table that cannot be exported) stops the dump on every rank, with an error on
     each, and leaves ``path`` as it was.
 
+    Args:
+        path: the checkpoint directory.
+        dump_vars: a variable or a list of them (``sok.Variable``, ``sok.DynamicVariable``).
+        optimizer: None (weights only); a ``sok.OptimizerWrapper``; or a Keras optimizer (tf_keras
+            legacy, tf_keras or Keras 3; a one-element list too), as NVIDIA SOK takes it: its state of
+            static tables is saved, and that of dynamic tables which a ``sok.OptimizerWrapper`` of
+            this very optimizer updates (that wrapper's state, and its step in the manifest). A
+            Keras optimizer that no wrapper wraps saves its state of static tables only (the
+            manifest's ``step`` is then None; ``optimizer_step`` is the Keras optimizer's).
+        callback: progress (one step per table).
+
     Raises:
         CheckpointError: ``path`` holds files that are not SOK's, or is a file.
         RankFailure: another rank failed (its message is included).
+        TypeError: ``optimizer`` is none of those.
+        ValueError: the dynamic variables are updated by several wrappers of the Keras optimizer.
     """
-    variables, wrapper = _variables(dump_vars), _optimizer(optimizer)
+    variables = _variables(dump_vars)
+    wrapper = _optimizer(optimizer, variables)
     comm = communication.tool()
     rank, n = comm.rank(), comm.num_ranks()
     callback = callback or NoOpCallback()
@@ -178,7 +221,9 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
     manifest: dict[str, Any] = {
         "world_size": n,
         "optimizer": wrapper.name if wrapper else None,
-        "step": int(wrapper.iterations.numpy()) if wrapper else None,
+        # The wrapper's step (dynamic tables); None without one (no optimizer, or a Keras optimizer
+        # that no wrapper wraps).
+        "step": int(wrapper.iterations.numpy()) if wrapper and not wrapper.static_only else None,
         # The wrapped Keras optimizer's own step (its bias corrections for static tables).
         "optimizer_step": int(wrapper.optimizer.iterations.numpy()) if wrapper else None,
         "tables": {},
@@ -526,7 +571,8 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     Args:
         path: the checkpoint directory (ours or NVIDIA SOK's).
         load_vars: a variable or a list of them (``sok.Variable``, ``sok.DynamicVariable``).
-        optimizer: a ``sok.OptimizerWrapper`` whose state to load, or None (weights only).
+        optimizer: a ``sok.OptimizerWrapper`` whose state to load, the Keras optimizer it wraps (as
+            NVIDIA SOK takes it; see :func:`dump`), or None (weights only).
         callback: progress (two steps per table: read, assign).
 
     Collective with several ranks: each rank reads what it needs, and the ranks agree that every one
@@ -541,7 +587,8 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
         ValueError: a variable holds another wrapper's state, or a static table's optimizer state
             has nowhere to go yet.
     """
-    variables, wrapper = _variables(load_vars), _optimizer(optimizer)
+    variables = _variables(load_vars)
+    wrapper = _optimizer(optimizer, variables)
     comm = communication.tool()
     rank, n = comm.rank(), comm.num_ranks()
     callback = callback or NoOpCallback()
@@ -580,7 +627,7 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
                 for target, values in zip(targets, arrays):
                     _load_static(var, target, keys, values, rank, n)
         callback.relative_update(1)
-    if wrapper is not None and manifest is not None and manifest.get("step") is not None:
+    if wrapper is not None and not wrapper.static_only and manifest is not None and manifest.get("step") is not None:
         wrapper.iterations.assign(manifest["step"])
     if wrapper is not None and manifest is not None and manifest.get("optimizer_step") is not None:
         wrapper.optimizer.iterations.assign(manifest["optimizer_step"])
@@ -597,6 +644,12 @@ def _prepare_load(path: str, variables: list, wrapper: OptimizerWrapper | None) 
     slot_names = [plan["slots"] for plan in plans]
     for var, slots in zip(variables, slot_names):
         owner = getattr(var, "_sok_optimizer", None)
+        if slots and isinstance(var, DynamicVariable) and wrapper.static_only:
+            raise ValueError(
+                f"the checkpoint holds {wrapper.name} state of the dynamic variable {var.name}, which lives in a "
+                f"sok.OptimizerWrapper, and none wraps {type(wrapper.optimizer).__name__}; create it first "
+                f"(sok.OptimizerWrapper(optimizer)) and pass it or the optimizer, or load without the optimizer"
+            )
         if slots and owner is not None and owner is not wrapper:
             raise ValueError(
                 f"{var.name} already has the state of another sok.OptimizerWrapper ({owner.name}); load "

@@ -39,6 +39,7 @@ __all__ = [
     "HorovodTool",
     "SingleProcess",
     "CollectiveError",
+    "set_comm_tool",
     "STALL_SHUTDOWN_SETTING",
 ]
 
@@ -235,8 +236,44 @@ def init(comm_tool: str = "horovod", use_legacy_optimizer: bool = True) -> None:
     """Choose how SOK's processes communicate; once per process.
 
     Args:
-        comm_tool: ``"horovod"`` (initialises Horovod if needed) or ``"single"`` (one process).
-        use_legacy_optimizer: accepted for compatibility; Keras is never modified.
+        comm_tool: ``"horovod"`` (initialises Horovod if needed) or ``"single"`` (one process); any
+            other value is warned about and replaced (:func:`set_comm_tool`), as the original goes on.
+        use_legacy_optimizer: as NVIDIA SOK, under Keras 2 (tf_keras, ``TF_USE_LEGACY_KERAS=1``)
+            ``tf.keras.optimizers`` and ``tf.optimizers`` become their ``legacy`` modules, whose
+            optimizers are not bound to the first variables they update (scripts written for SOK
+            reuse one optimizer for SOK tables and for a TensorFlow reference). Pass False to keep
+            the new optimizers. Under Keras 3 nothing changes (it has no such module).
+
+    Example::
+
+        hvd.init()
+        sok.init()
+    """
+    set_comm_tool(comm_tool)
+    if use_legacy_optimizer:
+        _use_legacy_keras_optimizers()
+
+
+def _use_legacy_keras_optimizers() -> None:
+    """Under Keras 2, point ``tf.keras.optimizers`` / ``tf.optimizers`` at their legacy modules."""
+    import tensorflow as tf
+
+    legacy = getattr(tf.keras.optimizers, "legacy", None)
+    if legacy is None or getattr(getattr(legacy, "Optimizer", None), "__name__", "") != "OptimizerV2":
+        return  # Keras 3, or already switched
+    tf.keras.optimizers = legacy
+    tf.optimizers = tf.optimizers.legacy
+    logger.info(
+        "sok.init: tf.keras.optimizers is now tf.keras.optimizers.legacy (Keras 2, as NVIDIA SOK does; "
+        "sok.init(use_legacy_optimizer=False) keeps the new optimizers)"
+    )
+
+
+def set_comm_tool(comm_tool: str = "horovod") -> None:
+    """Install the communication tool; once per process (``sok.init`` calls it).
+
+    An unknown ``comm_tool`` is not an error (NVIDIA SOK goes on): it is warned about, naming the
+    valid ones, and Horovod is used when it is initialised, else a single process.
     """
     global _tool
     if _tool is not None:
@@ -244,7 +281,11 @@ def init(comm_tool: str = "horovod", use_legacy_optimizer: bool = True) -> None:
             f"sok.init() was already called (communication tool {_tool.name!r}); call it once per process"
         )
     if comm_tool not in COMM_TOOLS:
-        raise ValueError(f"comm_tool {comm_tool!r} is not supported; valid: {', '.join(COMM_TOOLS)}")
+        fallback = "horovod" if _horovod_initialized() else "single"
+        logger.warning(
+            "comm_tool %r is not supported (valid: %s); using %r", comm_tool, ", ".join(COMM_TOOLS), fallback
+        )
+        comm_tool = fallback
     _tool = HorovodTool() if comm_tool == "horovod" else SingleProcess()
     logger.info("SOK initialized: communication tool %s, rank %d of %d", _tool.name, _tool.rank(), _tool.num_ranks())
     if _tool.num_ranks() > 1 and stall_shutdown_seconds() is None:
@@ -261,6 +302,14 @@ def init(comm_tool: str = "horovod", use_legacy_optimizer: bool = True) -> None:
             STALL_CHECK_SETTING,
             os.environ.get(STALL_CHECK_SETTING),
         )
+
+
+def _horovod_initialized() -> bool:
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError:
+        return False
+    return hvd.is_initialized()
 
 
 def tool() -> CommunicationTool:

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import re
 import secrets
 from typing import Any
@@ -34,6 +35,7 @@ from tensorflow.python.ops import resource_variable_ops
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit import tf_ops
 from sparse_operation_kit.dtypes import KEY_DTYPES
+from sparse_operation_kit.slot_view import DynamicSlot
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, Storage, create_storage
 from sparse_operation_kit.table_ref import TableRef
 
@@ -46,6 +48,8 @@ DEFAULT_VAR_TYPE = "hbm"
 _KEY_TYPES = {tf.as_dtype(name): name for name in KEY_DTYPES}
 _VALID_KEY_TYPES = ", ".join(f"tf.{name}" for name in KEY_DTYPES)
 _MODE = re.compile(r"^(distributed|localized:(\d+))$")
+#: Numbers the names of unnamed DynamicVariables: sok_dynamic_Variable_0, _1, ...
+_unnamed = itertools.count()
 
 
 def _as_dtype(value: Any) -> tf.DType | None:
@@ -64,6 +68,21 @@ def _key_dtype(key_type: Any) -> tf.DType:
             f"key_type=tf.int64 (the default) and cast the ids to int64 (tf.cast(ids, tf.int64))"
         )
     return dtype
+
+
+def _filter_ratio(value: Any) -> float:
+    """The ``filter_ratio`` option: a number in [0, 1]."""
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (int, float, np.integer, np.floating))
+        or not 0.0 <= float(value) <= 1.0
+    ):
+        raise ValueError(
+            f"filter_ratio {value!r} is not valid; valid: a number in [0, 1], the probability that "
+            f"sok.lookup_sparse(..., use_low_frequency_filter=True) admits an occurrence of a new key "
+            f"(1.0, the default, admits every key; 0 admits none)"
+        )
+    return float(value)
 
 
 def _seed() -> int:
@@ -129,7 +148,8 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
             string, e.g. ``"13"``), or a Keras initializer. Random rows are a function of the key
             and the seed: reproducible under ``tf.random.set_seed``.
         var_type: ``"hbm"`` (det, default), ``"hybrid"`` (hkv) or a plugin's var_type.
-        name: variable name.
+        name: variable name; default ``sok_dynamic_Variable_<n>``, n counting the unnamed dynamic
+            variables of the process from 0 (static ones are numbered apart).
         constraint: not supported for dynamic variables (must be None).
         trainable: whether GradientTape watches it.
         key_type: ``tf.int64`` (default), ``tf.int32`` or ``tf.uint64`` (``dtypes.KEY_DTYPES``);
@@ -137,7 +157,10 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         dtype: ``tf.float32`` (the only one).
         mode: None or ``"distributed"`` (one shard per rank) or ``"localized:N"`` (rank N).
         **kwargs: backend options (``init_capacity``, ``max_capacity``, ``max_hbm_for_vectors``,
-            ``evict_strategy``, ...), validated by the backend.
+            ``evict_strategy``, ...), validated by the backend; and ``filter_ratio`` (a number in
+            [0, 1], default 1.0; every backend), the probability that
+            ``sok.lookup_sparse(..., use_low_frequency_filter=True)`` admits an occurrence of a key
+            the table does not hold yet (SOK's low-frequency filter).
 
     Raises:
         ValueError: an argument is not valid (the message names it, the value and the valid ones).
@@ -180,10 +203,13 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
             raise ValueError("constraint is not supported for a DynamicVariable; pass constraint=None")
         if mode is not None and not (isinstance(mode, str) and _MODE.match(mode)):
             raise ValueError(f"mode {mode!r} is not valid; valid: None, 'distributed' or 'localized:N' (N a rank)")
+        if not name:  # NVIDIA SOK's names, numbered apart from static variables' (sok.dump tells them apart)
+            name = f"sok_dynamic_Variable_{next(_unnamed)}"
         self._dimension = int(dimension)
         self._key_dtype = _key_dtype(key_type)
         self._var_type = DEFAULT_VAR_TYPE if var_type is None else var_type
         self._mode = mode
+        self._filter_ratio = _filter_ratio(kwargs.pop("filter_ratio", 1.0))  # sok-core's, not the backend's
         self._config = dict(kwargs)
         initializer, self._initializer_str = resolve_initializer(initializer)
         # The embedding's initializer covers columns [0, dimension); optimizer state columns
@@ -201,8 +227,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
             )
         except MemoryError as error:
             raise MemoryError(
-                f"could not create DynamicVariable {name or 'sok_dynamic_Variable'!r} of dimension "
-                f"{self._dimension:,}: {error}"
+                f"could not create DynamicVariable {name!r} of dimension {self._dimension:,}: {error}"
             ) from error
         tf_ops.library()  # fail now, with the fix, if the op library is missing or stale
         self._table = TableRef(storage)
@@ -210,7 +235,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
             self._table_address = tf.constant(self._table.address, dtype=tf.int64)
         super().__init__(
             trainable=trainable,
-            name=name or "sok_dynamic_Variable",
+            name=name,
             shape=tf.TensorShape([None, self._dimension]),
             dtype=tf.float32,
         )
@@ -235,6 +260,11 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
     @property
     def mode(self) -> str | None:
         return self._mode
+
+    @property
+    def filter_ratio(self) -> float:
+        """The low-frequency filter's probability of admitting an occurrence of a new key."""
+        return self._filter_ratio
 
     @property
     def target_gpu(self) -> int:
@@ -523,31 +553,57 @@ def _check_dynamic(var: Any, what: str) -> DynamicVariable:
     return var
 
 
-def export(var: DynamicVariable) -> tuple[tf.Tensor, tf.Tensor]:
+def _rows_of(var: Any, what: str) -> tuple[DynamicVariable, DynamicSlot | None]:
+    """``(the dynamic variable, the slot view or None)`` that ``sok.export`` / ``sok.assign`` work on."""
+    if isinstance(var, DynamicSlot):
+        return var.variable, var
+    if not isinstance(var, DynamicVariable):
+        raise TypeError(
+            f"{what} takes a sok.DynamicVariable or one of its optimizer slots (optimizer.get_slot(var, name)), "
+            f"got {type(var).__name__}"
+        )
+    return var, None
+
+
+def export(var: DynamicVariable | DynamicSlot) -> tuple[tf.Tensor, tf.Tensor]:
     """The keys and embedding rows of the variable's local shard: ``(keys [N], values [N, dim])``.
+
+    ``var`` may also be an optimizer slot of a dynamic variable (a :class:`DynamicSlot`, what the
+    wrapped Keras optimizer's ``get_slot(var, name)`` returns): then ``values`` is that slot's state
+    of each row.
 
     Example::
 
         keys, values = sok.export(v)
+        keys, accumulators = sok.export(optimizer.get_slot(v, "accumulator"))
     """
-    var = _check_dynamic(var, "sok.export")
+    var, slot = _rows_of(var, "sok.export")
+    if slot is not None:
+        return slot.export()
     keys, values, _ = tf_ops.library().sok_export(
         *var.table_inputs, tf.constant(0, tf.uint64), Tkeys=var.key_type, col_begin=0, col_end=var.dimension
     )
     return keys, values
 
 
-def assign(var: DynamicVariable, indices: Any, values: Any) -> DynamicVariable:
-    """Insert or overwrite rows of the variable's local shard; returns the variable.
+def assign(var: DynamicVariable | DynamicSlot, indices: Any, values: Any) -> DynamicVariable | DynamicSlot:
+    """Insert or overwrite rows of the variable's local shard; returns ``var``.
+
+    ``var`` may also be an optimizer slot of a dynamic variable (a :class:`DynamicSlot`): then only
+    that slot's columns of the rows are written (a new key's embedding gets the initializer's row).
 
     Example::
 
         sok.assign(v, tf.constant([1, 2], tf.int64), tf.ones([2, v.dimension]))
     """
-    var = _check_dynamic(var, "sok.assign")
+    target = var
+    var, slot = _rows_of(var, "sok.assign")
     keys = tf.reshape(var._keys(indices), [-1])
     values = tf.convert_to_tensor(values, tf.float32)
     if values.shape.rank is not None and (values.shape.rank != 2 or values.shape[-1] not in (None, var.dimension)):
         raise ValueError(f"values must have shape [N, {var.dimension}], got {values.shape}")
-    var.scatter_update(indexed_slices_lib.IndexedSlices(values, keys))
-    return var
+    if slot is not None:
+        slot.assign(keys, values)
+    else:
+        var.scatter_update(indexed_slices_lib.IndexedSlices(values, keys))
+    return target

@@ -9,9 +9,13 @@ The exchange (one call, any mix of static distributed, static localized and dyna
    call): each rank sees the global batch's ids, a few bytes per id;
 3. each rank looks up the ids it owns (row ``i`` of a distributed table on rank ``i % n``, the whole
    of a localized table on its rank, dynamic keys by ``key mod n``) and pools them per global sample
-   into partial sums (weighted, no division yet);
+   into partial sums (weighted, no division yet); with ``use_low_frequency_filter=True`` the owner
+   of a dynamic table first drops the occurrences of new keys it does not admit (§1.12 of SOK:
+   each occurrence of a key missing from the table is kept with probability ``filter_ratio``);
 4. one all-to-all sends each rank the partial sums of its own samples, for all tables at once;
-   the rank adds them up and applies the combiner (``sum``, ``mean``, ``sqrtn``). When dynamic
+   the rank adds them up and applies the combiner (``sum``, ``mean``, ``sqrtn``; the divisor of
+   ``mean`` is the sample's sum of weights, which may be negative: only a sum of 0 gives zeros, as
+   in ``tf.nn.embedding_lookup_sparse``). When dynamic
    tables take part, each rank also sends every other rank one row holding the status of its
    lookups of step 3 (a full ``"hbm"`` table, say): a rank whose lookup fails still joins the
    exchange, and every rank then raises an error that names the table and the failing ranks.
@@ -43,9 +47,10 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit import communication, pooled_lookup
+from sparse_operation_kit import communication, pooled_lookup, tf_ops
 from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable
 from sparse_operation_kit.dynamic_variable import DynamicVariable, try_sparse_read
 
@@ -167,6 +172,23 @@ def _as_table_keys(keys: tf.Tensor, param: DynamicVariable) -> tf.Tensor:
     return tf.cast(keys, param.key_type)
 
 
+def _admitted(param: DynamicVariable, keys: tf.Tensor) -> tf.Tensor | None:
+    """SOK's low-frequency filter: a bool mask of the occurrences of ``keys`` to look up, or None
+    (all of them) when the table's ``filter_ratio`` is 1. An occurrence of a key the table holds is
+    kept; one of a key it does not hold is kept with probability ``filter_ratio``, independently
+    per occurrence (``tf.random.uniform``: reproducible under ``tf.random.set_seed``). The table is
+    read without inserting anything."""
+    ratio = param.filter_ratio
+    if ratio >= 1.0:
+        return None
+    unique, position = tf.unique(keys, out_idx=tf.int64)
+    _, found = tf_ops.library().sok_find(*param.table_inputs, _as_table_keys(unique, param), col_begin=0, col_end=1)
+    held = tf.gather(found, position)
+    if ratio <= 0.0:
+        return held
+    return held | (tf.random.uniform(tf.shape(keys), dtype=tf.float32) < ratio)
+
+
 def _pool_local(
     param: Any,
     kind: str,
@@ -176,20 +198,30 @@ def _pool_local(
     num_samples: tf.Tensor,
     rank: int,
     n: int,
+    low_frequency_filter: bool = False,
 ) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor] | None]:
     """Partial sums [num_samples, dim] of the ids this rank owns (``samples`` is sorted), and with
     several ranks, for a dynamic table, the ``(code, message)`` of its lookup (else None): there a
     failed lookup does not raise (its rows are zeros), so that the rank still joins the exchange.
 
     Each distinct id is read once (a dynamic table inserts it once; the gradient has one row per
-    distinct id), then a sorted segment sum pools the rows per sample.
+    distinct id), then a sorted segment sum pools the rows per sample. With
+    ``low_frequency_filter``, the occurrences of a dynamic table's keys that ``_admitted`` drops
+    are left out before the read: not inserted, not summed, no gradient.
     """
     status = None
+    keep = []
     if n > 1:
-        mine = tf.equal(_owner(keys, kind, param, n), rank)
-        keys, samples = tf.boolean_mask(keys, mine), tf.boolean_mask(samples, mine)
+        keep.append(lambda k: tf.equal(_owner(k, kind, param, n), rank))
+    if kind == "dynamic" and low_frequency_filter:
+        keep.append(lambda k: _admitted(param, k))
+    for mask_of in keep:  # the filter sees only the keys this rank owns
+        mask = mask_of(keys)
+        if mask is None:
+            continue
+        keys, samples = tf.boolean_mask(keys, mask), tf.boolean_mask(samples, mask)
         if weights is not None:
-            weights = tf.boolean_mask(weights, mine)
+            weights = tf.boolean_mask(weights, mask)
     unique, position = tf.unique(keys, out_idx=tf.int64)
     if kind == "dynamic" and n > 1:
         rows, code, message = try_sparse_read(param, _as_table_keys(unique, param))
@@ -370,7 +402,13 @@ def _validate_placement(params: Sequence[Any], kinds: Sequence[str], n: int) -> 
 
 
 def lookup_sparse(
-    params: Any, sp_ids: Any, sp_weights: Any = None, combiners: Any = None, hotness: Sequence[int] | None = None
+    params: Any,
+    sp_ids: Any,
+    sp_weights: Any = None,
+    combiners: Any = None,
+    use_low_frequency_filter: bool = False,
+    *,
+    hotness: Sequence[int] | None = None,
 ) -> Any:
     """Pooled lookups of several tables in one collective call.
 
@@ -381,6 +419,16 @@ def lookup_sparse(
             ``[local_batch, None]``. Empty rows give zeros.
         sp_weights: None, or one float32 tensor of the same layout per table.
         combiners: None (all ``"mean"``) or one of ``"sum"``, ``"mean"``, ``"sqrtn"`` per table.
+            ``"mean"`` divides by the sample's number of ids (weighted: by its sum of weights, which
+            may be negative), ``"sqrtn"`` by the square root of the number (of the sum of squared
+            weights); a divisor of 0 (an empty sample, weights summing to 0) gives zeros, as in
+            ``tf.nn.embedding_lookup_sparse``.
+        use_low_frequency_filter: SOK's low-frequency filter, for the ``sok.DynamicVariable``
+            tables of the call (any var_type; static tables are not filtered): each occurrence of a
+            key the table does not hold yet is looked up with probability ``filter_ratio`` (an
+            option of the variable, 1.0 by default: no effect), else dropped: not inserted, adding
+            nothing to its sample, no gradient. ``"mean"`` and ``"sqrtn"`` still divide by the
+            whole sample (all its ids or weights). Random under ``tf.random.set_seed``'s seed.
 
     Returns:
         A list of ``[local_batch, dim_i]`` float32 tensors (a single tensor when ``sp_ids`` is not
@@ -391,6 +439,7 @@ def lookup_sparse(
     ``sparse_operation_kit.experiment`` argument, checked on every rank together.
     """
     single = not isinstance(sp_ids, (list, tuple))
+    low_frequency_filter = _flag(use_low_frequency_filter, "use_low_frequency_filter")
     params, ids_list = _as_list(params), _as_list(sp_ids)
     if not params:
         raise ValueError("params is empty; give at least one table")
@@ -450,10 +499,18 @@ def lookup_sparse(
             _subset(names, rest),
             comm,
             checks,
+            low_frequency_filter,
         )
         for i, embedding in zip(rest, pooled):
             outputs[i] = embedding
     return outputs[0] if single else outputs
+
+
+def _flag(value: Any, name: str) -> bool:
+    """``value`` as a bool: True, False (NumPy's too) or the ints 1 and 0."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
 def _subset(values: Sequence[Any] | None, indices: Sequence[int]) -> list[Any] | None:
@@ -481,6 +538,7 @@ def _lookup_with_tf_ops(
     names: list[str],
     comm: communication.CommunicationTool,
     checks: list[tf.Operation],
+    low_frequency_filter: bool = False,
 ) -> list[tf.Tensor]:
     """Pooled lookups through TensorFlow ops (and the exchange when there are several ranks), after
     ``checks``: steps 2-4 of the module docstring."""
@@ -493,7 +551,7 @@ def _lookup_with_tf_ops(
             weights = [tf.RaggedTensor.from_row_lengths(tf.identity(w.values), w.row_lengths()) for w in weights]
     local_batch = tf.shape(lengths[0], out_type=tf.int64)[0]
 
-    # Pooling denominators, from the local batch (before any exchange).
+    # Pooling denominators, from the local batch (before any exchange and any filter).
     denominators = []
     for i, name in enumerate(names):
         w = None if weights is None else weights[i]
@@ -510,24 +568,37 @@ def _lookup_with_tf_ops(
     if n == 1:
         samples = [ids.value_rowids() for ids in ragged]
         partial = [
-            _pool_local(p, k, keys[i], samples[i], None if weights is None else weights[i].values, local_batch, 0, 1)[0]
+            _pool_local(
+                p,
+                k,
+                keys[i],
+                samples[i],
+                None if weights is None else weights[i].values,
+                local_batch,
+                0,
+                1,
+                low_frequency_filter,
+            )[0]
             for i, (p, k) in enumerate(zip(params, kinds))
         ]
     else:
         # The first check is the ranks' agreement on the call (a bool tensor): the exchange's inputs
         # depend on it through data, so no collective starts on a rank before it holds.
-        partial = _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm, n, rank, dims)
+        partial = _exchange_and_pool(
+            params, kinds, keys, lengths, weights, local_batch, comm, n, rank, dims, low_frequency_filter
+        )
 
     outputs = []
     for i, pooled in enumerate(partial):
         if denominators[i] is not None:
-            d = denominators[i]
-            pooled = tf.math.divide_no_nan(pooled, tf.where(d > 0, d, tf.zeros_like(d))[:, None])
+            # tf.nn.embedding_lookup_sparse's division: zeros only where the divisor is 0 (a sum of
+            # weights may be negative).
+            pooled = tf.math.divide_no_nan(pooled, denominators[i][:, None])
         outputs.append(pooled)
     return outputs
 
 
-def _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm, n, rank, dims):
+def _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm, n, rank, dims, low_frequency_filter):
     """Steps 2-4 of the module docstring for several ranks: partial sums of the local samples."""
     num_tables = len(params)
     all_keys = tf.concat([tf.bitcast(k, tf.int64) if k.dtype == tf.uint64 else tf.cast(k, tf.int64) for k in keys], 0)
@@ -569,6 +640,7 @@ def _exchange_and_pool(params, kinds, keys, lengths, weights, local_batch, comm,
                 global_batch,
                 rank,
                 n,
+                low_frequency_filter,
             )
     # One all-to-all for all tables: rank r gets the rows of its samples from every rank.
     send = tf.concat(partial, axis=1)  # [global_batch, sum(dims)]

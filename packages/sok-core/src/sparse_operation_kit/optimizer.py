@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import enum
 import importlib
+import itertools
 import logging
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -37,11 +39,21 @@ from tensorflow.python.framework import indexed_slices as indexed_slices_lib
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit import tf_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable, distinct_index_of
+from sparse_operation_kit.slot_view import DynamicSlot
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, create_storage
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Flavor", "OptimizerWrapper", "SGD", "UnsupportedOptionError", "filter_variables"]
+__all__ = [
+    "DynamicSlot",
+    "Flavor",
+    "OptimizerWrapper",
+    "SGD",
+    "UnsupportedOptionError",
+    "filter_variables",
+    "is_keras_optimizer",
+    "wrappers_of",
+]
 
 Tensor = tf.Tensor
 Update = Callable[[Tensor, dict, Tensor, Tensor, Tensor], tuple[Tensor, dict]]
@@ -347,6 +359,30 @@ _LEGACY_SLOT_NAMES: dict[str, dict[str, str]] = {
     "RMSprop": {"velocity": "rms", "momentum": "momentum", "average_gradient": "mg"},
 }
 
+#: Every live OptimizerWrapper, so that sok.dump / sok.load given a Keras optimizer find its wrapper.
+_WRAPPERS: weakref.WeakSet[OptimizerWrapper] = weakref.WeakSet()
+
+
+def wrappers_of(optimizer: Any) -> list[OptimizerWrapper]:
+    """The live ``sok.OptimizerWrapper`` objects that wrap ``optimizer`` (a Keras optimizer), oldest first."""
+    return sorted((w for w in _WRAPPERS if w.optimizer is optimizer), key=lambda w: w._serial)
+
+
+def is_keras_optimizer(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is a Keras optimizer object of any :class:`Flavor` (by its classes' modules)."""
+    modules = [klass.__module__ for klass in type(optimizer).__mro__]
+    keras = any(m.split(".")[0] in ("keras", "tf_keras") for m in modules)
+    return keras and hasattr(optimizer, "apply_gradients")
+
+
+def _var_key(var: Any) -> Any:
+    """The key of ``var`` in a tf_keras legacy optimizer's ``_slots`` (its ``_var_key``)."""
+    return var._shared_name if getattr(var, "_in_graph_mode", False) else var._unique_id
+
+
+#: Orders wrappers by creation (wrappers_of).
+_serials = itertools.count()
+
 
 class OptimizerWrapper:
     """Applies a Keras optimizer's update rule to ``sok.DynamicVariable`` rows, lazily.
@@ -372,6 +408,17 @@ class OptimizerWrapper:
         UnsupportedOptionError: (a ``ValueError``) it has an option the row-wise rule cannot
             honour: ``clipnorm``, ``clipvalue``, ``global_clipnorm``, ``weight_decay``, ``use_ema``,
             ``loss_scale_factor``, ``gradient_accumulation_steps``, ``gradient_transformers``.
+
+    Optimizer state of dynamic variables: it lives in the variable's rows, beside the embedding.
+    Each slot is reachable as a :class:`~sparse_operation_kit.slot_view.DynamicSlot` (a view of
+    its columns that ``sok.export`` and ``sok.assign`` accept) from :meth:`slot_view`, and, for a
+    tf_keras legacy optimizer, as NVIDIA SOK exposes it: the wrapped optimizer's
+    ``get_slot(var, name)`` and ``_slots[var._unique_id][name]`` give the view, under the legacy
+    optimizer's slot names (``get_slot_names()``; they are added when the wrapper is made). Those
+    views are not optimizer variables: the optimizer's ``variables()`` / ``weights`` do not list
+    them, and ``tf.train.Checkpoint`` cannot save them (as the dynamic variable itself: use
+    ``sok.dump``). :meth:`get_slot` of the wrapper returns ``(keys, values)`` instead, a copy of
+    the slot of the local shard.
 
     Example (stop at the first non-finite gradient, with the tables as they were)::
 
@@ -399,6 +446,40 @@ class OptimizerWrapper:
                 )
         self._iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="sok_optimizer_iterations")
         self._variables: dict[int, DynamicVariable] = {}
+        self._slot_views: dict[Any, dict[str, DynamicSlot]] = {}
+        self._static_only = False
+        self._serial = next(_serials)
+        if self._settings.legacy:  # NVIDIA SOK's wrapper makes the optimizer list its slot names at once
+            names = optimizer._slot_names
+            names.extend(name for name in self._exposed_slot_names() if name not in names)
+        _WRAPPERS.add(self)
+
+    @classmethod
+    def for_static_state(cls, optimizer: Any) -> OptimizerWrapper:
+        """A wrapper that only names and finds ``optimizer``'s state of static (dense) tables, for
+        ``sok.dump`` / ``sok.load`` given a Keras optimizer that no ``OptimizerWrapper`` wraps: it
+        updates nothing, has no step counter (:attr:`iterations` is None), is not found by
+        :func:`wrappers_of`, and takes no dynamic variable's state.
+
+        Raises:
+            ValueError: the optimizer is not one the wrapper supports (:class:`OptimizerWrapper`).
+        """
+        wrapper = cls.__new__(cls)
+        wrapper._check_finite = False
+        wrapper._optimizer = optimizer
+        wrapper._settings = Settings(optimizer)
+        wrapper._rule = _rule_for(wrapper._settings)
+        wrapper._iterations = None
+        wrapper._variables = {}
+        wrapper._slot_views = {}
+        wrapper._static_only = True
+        wrapper._serial = next(_serials)
+        return wrapper
+
+    @property
+    def static_only(self) -> bool:
+        """True for a :meth:`for_static_state` wrapper (it holds no dynamic variable's state)."""
+        return self._static_only
 
     @property
     def optimizer(self) -> Any:
@@ -411,8 +492,8 @@ class OptimizerWrapper:
         return self._check_finite
 
     @property
-    def iterations(self) -> tf.Variable:
-        """Steps applied to dynamic variables so far."""
+    def iterations(self) -> tf.Variable | None:
+        """Steps applied to dynamic variables so far (None for a :meth:`for_static_state` wrapper)."""
         return self._iterations
 
     @property
@@ -425,7 +506,16 @@ class OptimizerWrapper:
         return self._rule.name
 
     def get_slot_names(self) -> list[str]:
+        """This wrapper's slot names, the same for every flavour (checkpoints use them): ``["m", "u"]``
+        for Adamax, whose tf_keras legacy optimizer names them ``["m", "v"]``."""
         return [name for name, _ in self._rule.slots]
+
+    def _exposed_slot_names(self) -> list[str]:
+        """The slot names the wrapped optimizer uses: tf_keras legacy ones for a legacy optimizer
+        (``_LEGACY_SLOT_NAMES``), else this wrapper's."""
+        if self._settings.legacy:
+            return [_LEGACY_SLOT_NAMES[self._rule.name][name] for name, _ in self._rule.slots]
+        return self.get_slot_names()
 
     def static_slots(self, var: Any, create: bool = False) -> dict[str, Any]:
         """The wrapped optimizer's state of a dense (static) variable that it updates, by this
@@ -458,9 +548,17 @@ class OptimizerWrapper:
         return {name: getattr(optimizer, _KERAS_SLOT_LISTS[kind][name])[index] for name in names}
 
     def _attach(self, var: DynamicVariable) -> None:
-        """Give the variable's rows this optimizer's state columns (once, before the first update)."""
+        """Give the variable's rows this optimizer's state columns (once, before the first update),
+        and expose each slot as a :class:`DynamicSlot` (:meth:`_register_slots`)."""
         if id(var) in self._variables:
             return
+        if self._static_only:
+            raise ValueError(
+                f"{var.name} is a sok.DynamicVariable, and no sok.OptimizerWrapper wraps "
+                f"{type(self._optimizer).__name__} {self._optimizer!r}: its state of dynamic variables lives in "
+                f"the wrapper; create the wrapper first (sok.OptimizerWrapper(optimizer)) and pass it or the "
+                f"optimizer"
+            )
         owner = getattr(var, "_sok_optimizer", None)
         if owner is not None and owner is not self:
             raise ValueError(
@@ -495,6 +593,22 @@ class OptimizerWrapper:
             var.table_ref.swap(wide, initializers)
         var._sok_optimizer = self
         self._variables[id(var)] = var
+        self._register_slots(var)
+
+    def _register_slots(self, var: DynamicVariable) -> None:
+        """One :class:`DynamicSlot` per slot of ``var``, in :attr:`_slots` under the wrapped
+        optimizer's slot names; for a tf_keras legacy optimizer also in its own ``_slots`` (keyed
+        as it keys its variables' slots), so that its ``get_slot(var, name)`` returns them. An
+        optimizer without slots gets an empty entry, as NVIDIA SOK gives it."""
+        dim = var.dimension
+        views = {
+            exposed: DynamicSlot(var, exposed, ((i + 1) * dim, (i + 2) * dim))
+            for i, exposed in enumerate(self._exposed_slot_names())
+        }
+        key = _var_key(var)
+        self._slot_views[key] = views
+        if self._settings.legacy:
+            self._optimizer._slots.setdefault(key, {}).update(views)
 
     @staticmethod
     def _checked_gradient(grad: Any, var: DynamicVariable) -> indexed_slices_lib.IndexedSlices:
@@ -596,22 +710,54 @@ class OptimizerWrapper:
                 self._apply_dynamic(g, v, lr, step)
             self._iterations.assign_add(1)
 
+    def slot_view(self, var: DynamicVariable, slot_name: str) -> DynamicSlot:
+        """One optimizer slot of a dynamic variable this wrapper updates, as a :class:`DynamicSlot`
+        that ``sok.export`` / ``sok.assign`` read and write (NVIDIA SOK's slot variable).
+
+        Args:
+            var: a ``sok.DynamicVariable`` this wrapper has updated (or loaded state into).
+            slot_name: one of :meth:`get_slot_names`, or the wrapped optimizer's name of it (for a
+                tf_keras legacy optimizer, e.g. Adamax's ``"v"`` for ``"u"``).
+
+        Example::
+
+            keys, m = sok.export(wrapper.slot_view(v, "m"))
+        """
+        names, exposed = self.get_slot_names(), self._exposed_slot_names()
+        if slot_name not in names and slot_name not in exposed:
+            raise ValueError(f"{self.name} has no slot {slot_name!r}; valid: {sorted(set(names) | set(exposed))}")
+        if id(var) not in self._variables:
+            raise ValueError(f"{var.name} has no {self.name} state yet: apply a gradient to it first")
+        if slot_name not in exposed:
+            slot_name = exposed[names.index(slot_name)]
+        return self._slot_views[_var_key(var)][slot_name]
+
+    @property
+    def _slots(self) -> dict:
+        """NVIDIA SOK's ``wrapper._slots``: the wrapped tf_keras legacy optimizer's ``_slots`` (its
+        dense variables' slots and the :class:`DynamicSlot` views of dynamic ones), or for the other
+        flavours the views alone, ``{var._unique_id: {slot name: DynamicSlot}}``."""
+        return self._optimizer._slots if self._settings.legacy else self._slot_views
+
+    def _create_slots(self, variables: Iterable[Any]) -> None:
+        """NVIDIA SOK's ``wrapper._create_slots(vars)``: give each variable its optimizer state now
+        (dynamic ones their state columns; with a tf_keras legacy optimizer, dense ones its slots)."""
+        for var in variables:
+            if isinstance(var, DynamicVariable):
+                self._attach(var)
+            elif self._settings.legacy:
+                self.static_slots(var, create=True)
+
     def get_slot(self, var: DynamicVariable, slot_name: str) -> tuple[Tensor, Tensor]:
-        """``(keys, values)`` of one optimizer slot of the variable's local shard."""
+        """``(keys, values)`` of one optimizer slot of the variable's local shard: a copy.
+
+        Unlike NVIDIA SOK's ``wrapper.get_slot``, which returns the slot variable, this returns its
+        contents; :meth:`slot_view` (and the wrapped tf_keras legacy optimizer's ``get_slot``)
+        returns the slot itself, for ``sok.export`` / ``sok.assign``."""
         names = self.get_slot_names()
         if slot_name not in names:
             raise ValueError(f"{self.name} has no slot {slot_name!r}; valid: {names}")
-        if id(var) not in self._variables:
-            raise ValueError(f"{var.name} has no {self.name} state yet: apply a gradient to it first")
-        i = names.index(slot_name) + 1
-        keys, values, _ = tf_ops.library().sok_export(
-            *var.table_inputs,
-            tf.constant(0, tf.uint64),
-            Tkeys=var.key_type,
-            col_begin=i * var.dimension,
-            col_end=(i + 1) * var.dimension,
-        )
-        return keys, values
+        return self.slot_view(var, slot_name).export()
 
 
 def SGD(lr: float) -> OptimizerWrapper:  # noqa: N802 (SOK's name)

@@ -48,7 +48,9 @@ def pooled_lookup(
         shards: None (each table whole, world size 1) or ``(stride, offset)`` per table: the table
             holds id ``i`` at row ``i // stride`` when ``i % stride == offset``; offset -1 for a
             table that holds no id (a localized table of another rank). Only the held ids are
-            summed, the divisors of ``mean`` and ``sqrtn`` count every id.
+            summed, the divisors of ``mean`` and ``sqrtn`` count every id. A divisor of 0 gives
+            zeros; a negative one (weights summing to less than 0) divides, as
+            ``tf.nn.embedding_lookup_sparse`` does.
     """
     strides, offsets = ([], []) if shards is None else ([s for s, _ in shards], [o for _, o in shards])
     return tf_ops.library().sok_pooled_lookup(
@@ -81,8 +83,9 @@ def _held_products(op: tf.Operation, t: int, n: int, scaled: tf.Tensor, samples:
 
 def _weight_gradients(op: tf.Operation, grads: list[tf.Tensor], n: int) -> list[tf.Tensor]:
     """d loss / d weights of each table: ``(g_s . row_j - [mean] g_s . out_s - [sqrtn] g_s . out_s *
-    w_j / d_s) / d_s`` for id ``j`` of sample ``s`` (``d_s`` the divisor; none when it is not
-    positive, as the output is then zeros; ``row_j`` zeros for the ids of other shards)."""
+    w_j / d_s) / d_s`` for id ``j`` of sample ``s`` (``d_s`` the divisor; none when it is 0, as the
+    output is then zeros, as the gradient of tf.math.divide_no_nan; ``row_j`` zeros for the ids of
+    other shards)."""
     result = []
     for t, combiner in enumerate(c.decode() for c in op.get_attr("combiners")):
         splits, w = op.inputs[2 * n + t], op.inputs[3 * n + t]
@@ -93,7 +96,7 @@ def _weight_gradients(op: tf.Operation, grads: list[tf.Tensor], n: int) -> list[
         else:
             ragged = tf.RaggedTensor.from_row_splits(w, splits, validate=False)
             d = tf.reduce_sum(ragged, axis=1) if combiner == "mean" else tf.sqrt(tf.reduce_sum(tf.square(ragged), 1))
-            inverse = tf.math.divide_no_nan(tf.ones_like(d), tf.where(d > 0, d, tf.zeros_like(d)))
+            inverse = tf.math.divide_no_nan(tf.ones_like(d), d)
         scaled = g * inverse[:, None]  # [batch, dim]
         direct = _held_products(op, t, n, scaled, samples)
         if combiner == "sum":

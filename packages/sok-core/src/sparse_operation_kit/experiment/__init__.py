@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparse_operation_kit.communication import init, num_ranks, rank
+from sparse_operation_kit import tf_version
+from sparse_operation_kit.checkpoint import dump, load
+from sparse_operation_kit.communication import init, num_ranks, rank, set_comm_tool
 from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable, Variable
 from sparse_operation_kit.dynamic_variable import DynamicVariable, assign, export, sparse_read_and_evict
 from sparse_operation_kit.lookup import all2all_dense_embedding
@@ -29,13 +31,17 @@ __all__ = [
     "Variable",
     "all2all_dense_embedding",
     "assign",
+    "dump",
     "export",
     "filter_variables",
     "init",
+    "load",
     "lookup_sparse",
     "num_ranks",
     "rank",
+    "set_comm_tool",
     "sparse_read_and_evict",
+    "tf_version",
 ]
 
 

@@ -1,0 +1,184 @@
+#!/usr/bin/env python
+"""Run NVIDIA's own SOK 2.x function tests (github.com/NVIDIA-Merlin/HugeCTR) against this project.
+
+The scripts are NVIDIA's code: they are read from a HugeCTR git repository you have (a clone, or the
+git directory of a mirror) at a pinned commit, written to a temporary directory and run there
+unchanged, never copied into this project. Each runs in a fresh working directory (they write
+``./weight``), under tf_keras (``TF_USE_LEGACY_KERAS=1``: the Keras 2 they were written for), on the
+CPU, as ``python SCRIPT`` (np 1) and ``horovodrun -np 2 --gloo python SCRIPT`` (np 2), with Horovod's
+stall shutdown set so that no run hangs. PASS means exit status 0 (the scripts assert their own
+results against TensorFlow). One shim (``NUMPY_SHIM``): ``np.in1d``, which NumPy 2.4 removed, is
+restored as ``np.isin`` in the scripts' processes.
+
+In scope: the TF2 function tests of HugeCTR at ``--commit`` (``test/function_test/tf2``), those of the
+older ``sparse_operation_kit.experiment`` namespace at ``--experiment-commit`` (the last commit that
+had them) and the incremental-dump example. The TF1 scripts (``tf.compat.v1`` sessions) are out of
+scope: this project supports TensorFlow 2 only.
+
+Usage::
+
+    python ci/upstream_sok_tests.py --hugectr /path/to/HugeCTR            # every script, np 1 and 2
+    python ci/upstream_sok_tests.py --hugectr ... --only sp_weight --np 2  # a subset
+    python ci/upstream_sok_tests.py --hugectr ... --markdown results.md    # the table for the README
+
+Exit status: 0 when every run passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+#: HugeCTR's newest commit (2025-09-15) and the last one with the experiment namespace's tests.
+COMMIT = "2f2016fa897916717d7193c4c1b5f4f5701bff4b"
+EXPERIMENT_COMMIT = "fb582afd0"
+TESTS = "sparse_operation_kit/sparse_operation_kit/test/function_test/tf2"
+EXPERIMENT_TESTS = "sparse_operation_kit/sparse_operation_kit/experiment/test/function_test/tf2"
+EXAMPLE = "sparse_operation_kit/example/sok_incremental_dump/incremental_dump_test.py"
+#: Seconds a collective may wait for a rank that never joins before Horovod ends the run.
+STALL_SHUTDOWN_S = "120"
+#: Scripts NVIDIA runs in one process only (its run_function_test*.sh): not run at np > 1.
+SINGLE_PROCESS = ("/variable/", "sparse_read_evict.py", "sok_incremental_dump/")
+#: Scripts that cannot run on the development machines, and why.
+CANNOT_RUN = {
+    "dump_load_distribute_static_big_table.py": (
+        "builds a 40,960,000 x 128 float64 table (39 GiB) in every process; the CPU machines have 24 GiB"
+    ),
+}
+#: Put on the scripts' path as sitecustomize.py: NumPy 2.4 (TensorFlow 2.21's) removed ``np.in1d``, a
+#: deprecated alias of ``np.isin`` that sparse_read_evict.py's own checks call. The script is unchanged.
+NUMPY_SHIM = """import numpy
+if not hasattr(numpy, "in1d"):
+    numpy.in1d = numpy.isin
+"""
+
+
+@dataclass
+class Run:
+    script: str  # path in HugeCTR
+    commit: str
+    np: int
+    status: str = "not run"  # PASS, FAIL, TIMEOUT, SKIP (CANNOT_RUN: tail says why)
+    seconds: float = 0.0
+    tail: str = ""
+
+
+def git(repo: str, *args: str) -> str:
+    git_dir = repo if os.path.isdir(os.path.join(repo, "objects")) else os.path.join(repo, ".git")
+    return subprocess.run(["git", "--git-dir", git_dir, *args], check=True, capture_output=True, text=True).stdout
+
+
+def scripts(repo: str, commit: str, experiment_commit: str) -> list[tuple[str, str]]:
+    """(path, commit) of every in-scope script, in a stable order."""
+    found = []
+    for prefix, at in ((TESTS, commit), (EXPERIMENT_TESTS, experiment_commit)):
+        names = git(repo, "ls-tree", "-r", "--name-only", at, "--", prefix).split()
+        found += [(n, at) for n in sorted(names) if n.endswith(".py")]
+    found.append((EXAMPLE, commit))
+    return found
+
+
+def run_one(repo: str, run: Run, timeout: float, python: str, horovodrun: str) -> None:
+    reason = CANNOT_RUN.get(Path(run.script).name)
+    if reason:
+        run.status, run.tail = "SKIP", reason
+        return
+    with tempfile.TemporaryDirectory(prefix="sok-upstream-") as work:
+        script = Path(work) / Path(run.script).name
+        script.write_text(git(repo, "show", f"{run.commit}:{run.script}"))
+        shim = Path(work) / "shim"
+        shim.mkdir()
+        (shim / "sitecustomize.py").write_text(NUMPY_SHIM)
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")])),
+            TF_USE_LEGACY_KERAS="1",
+            TF_CPP_MIN_LOG_LEVEL="2",
+            CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            HOROVOD_STALL_CHECK_TIME_SECONDS="60",
+            HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=STALL_SHUTDOWN_S,
+        )
+        command = [python, str(script)]
+        if run.np > 1:
+            command = [horovodrun, "-np", str(run.np), "-H", f"localhost:{run.np}", "--gloo", *command]
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            command,
+            cwd=work,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            run.status = "PASS" if proc.returncode == 0 else "FAIL"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            run.status = "TIMEOUT"
+        run.seconds = time.perf_counter() - start
+        if run.status != "PASS":
+            lines = [line for line in output.splitlines() if "oneDNN" not in line and "absl::InitializeLog" not in line]
+            run.tail = "\n".join(lines[-25:])
+
+
+def markdown(runs: list[Run]) -> str:
+    rows = ["| script | commit | np | result | seconds |", "|---|---|---|---|---|"]
+    for run in runs:
+        short = run.script.replace("sparse_operation_kit/sparse_operation_kit/", "")
+        result = f"{run.status}: {run.tail}" if run.status == "SKIP" else run.status
+        rows.append(f"| `{short}` | {run.commit[:9]} | {run.np} | {result} | {run.seconds:.0f} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hugectr", required=True, help="a HugeCTR git repository (clone or bare mirror)")
+    parser.add_argument("--commit", default=COMMIT, help=f"commit of the current tests (default {COMMIT[:9]})")
+    parser.add_argument("--experiment-commit", default=EXPERIMENT_COMMIT, help="commit of the experiment tests")
+    parser.add_argument("--np", type=int, nargs="+", default=[1, 2], help="ranks per run (default 1 2)")
+    parser.add_argument("--only", nargs="+", default=[], help="run the scripts whose path contains any of these")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per run (default 900)")
+    parser.add_argument("--json", help="write every run (with the end of the output of failures) here")
+    parser.add_argument("--markdown", help="write the results table here")
+    args = parser.parse_args(argv)
+    bin_dir = Path(sys.executable).parent
+    horovodrun = shutil.which("horovodrun", path=str(bin_dir)) or "horovodrun"
+    runs = [
+        Run(path, commit, np_)
+        for path, commit in scripts(args.hugectr, args.commit, args.experiment_commit)
+        if not args.only or any(part in path for part in args.only)
+        for np_ in args.np
+        if np_ == 1 or not any(part in path for part in SINGLE_PROCESS)
+    ]
+    for i, run in enumerate(runs, 1):
+        run_one(args.hugectr, run, args.timeout, sys.executable, horovodrun)
+        print(
+            f"[{i}/{len(runs)}] {run.status:7} np {run.np} {run.seconds:6.0f} s  {run.commit[:9]} {run.script}",
+            flush=True,
+        )
+        if run.tail:
+            print("    " + run.tail.replace("\n", "\n    "), flush=True)
+    passed = sum(r.status == "PASS" for r in runs)
+    skipped = sum(r.status == "SKIP" for r in runs)
+    print(f"\n{passed} of {len(runs)} runs passed, {skipped} skipped (CANNOT_RUN)")
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in runs], indent=2))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(runs))
+    return 0 if passed + skipped == len(runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
