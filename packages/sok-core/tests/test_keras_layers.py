@@ -123,3 +123,18 @@ def test_all2all_dense_embedding_checks_the_input_shape():
         layer(tf.constant([[1, 2]], tf.int64))
     dynamic = sok.All2AllDenseEmbedding(8, 4, slot_num=3, nnz_per_slot=2, dynamic_input=True)
     assert dynamic(tf.constant([5, 6, 7], tf.int64)).shape == (3, 4)
+
+
+@pytest.mark.parametrize("ratio", [0.25, 1.0])
+def test_config_round_trip_keeps_the_variable_options(ratio):
+    options = {"init_capacity": 1024, "max_capacity": 4096}
+    if ratio != 1.0:
+        options["filter_ratio"] = ratio
+    layer = sok.DynamicEmbedding(4, var_type="hybrid", initializer="2", backend_options=options)
+    config = layer.get_config()
+    rebuilt = sok.DynamicEmbedding.from_config({**config, "name": "rebuilt"})
+    assert rebuilt.embedding_variable.filter_ratio == ratio
+    assert rebuilt.embedding_variable.config_dict == layer.embedding_variable.config_dict
+    assert ("filter_ratio" in config["backend_options"]) == (ratio != 1.0)
+    ids = tf.constant([[1, 2]], tf.int64)
+    np.testing.assert_array_equal(rebuilt(ids).numpy(), layer(ids).numpy())

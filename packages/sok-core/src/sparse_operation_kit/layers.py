@@ -62,7 +62,8 @@ class DynamicEmbedding(_OwnsSokVariable):
         key_type: ``tf.int64`` (default), ``tf.int32`` or ``tf.uint64``.
         combiner: None (output ``ids.shape + [dimension]``) or ``"sum"`` / ``"mean"`` over the last
             axis of the ids (output ``ids.shape[:-1] + [dimension]``).
-        backend_options: backend options of the variable (``init_capacity``, ``max_capacity``, ...).
+        backend_options: backend options of the variable (``init_capacity``, ``max_capacity``, ...),
+            and ``filter_ratio`` (see ``sok.DynamicVariable``).
         **kwargs: Keras layer arguments (``name``, ``trainable``).
     """
 
@@ -119,10 +120,17 @@ class DynamicEmbedding(_OwnsSokVariable):
                 "initializer": self._variable.initializer_str,
                 "combiner": self.combiner,
                 "key_type": self._variable.key_type.name,
-                "backend_options": self._variable.config_dict,
+                "backend_options": self._variable_options(),
             }
         )
         return config
+
+    def _variable_options(self) -> dict[str, Any]:
+        """The variable's keyword options: its backend's, and ``filter_ratio`` (a SOK option) when set."""
+        options = self._variable.config_dict
+        if self._variable.filter_ratio != 1.0:
+            options["filter_ratio"] = self._variable.filter_ratio
+        return options
 
 
 class All2AllDenseEmbedding(_OwnsSokVariable):
