@@ -134,17 +134,30 @@ def run_one(repo: str, run: Run, timeout: float, python: str, horovodrun: str) -
 
 
 def markdown(runs: list[Run]) -> str:
-    rows = ["| script | commit | np | result | seconds |", "|---|---|---|---|---|"]
+    """One row per script and commit, one column per rank count."""
+    nps = sorted({run.np for run in runs})
+    rows = [f"| script | commit | {' | '.join(f'np {n}' for n in nps)} |", "|---|---|" + "---|" * len(nps)]
+    table: dict[tuple[str, str], dict[int, Run]] = {}
     for run in runs:
-        short = run.script.replace("sparse_operation_kit/sparse_operation_kit/", "")
-        result = f"{run.status}: {run.tail}" if run.status == "SKIP" else run.status
-        rows.append(f"| `{short}` | {run.commit[:9]} | {run.np} | {result} | {run.seconds:.0f} |")
+        table.setdefault((run.script, run.commit), {})[run.np] = run
+    for (script, commit), by_np in table.items():
+        short = script.replace("sparse_operation_kit/sparse_operation_kit/", "")
+        cells = []
+        for n in nps:
+            run = by_np.get(n)
+            if run is None:
+                cells.append("(one process only)")
+            elif run.status == "SKIP":
+                cells.append(f"SKIP: {run.tail}")
+            else:
+                cells.append(f"{run.status} ({run.seconds:.0f} s)")
+        rows.append(f"| `{short}` | {commit[:9]} | {' | '.join(cells)} |")
     return "\n".join(rows) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hugectr", required=True, help="a HugeCTR git repository (clone or bare mirror)")
+    parser.add_argument("--hugectr", help="a HugeCTR git repository (clone or bare mirror)")
     parser.add_argument("--commit", default=COMMIT, help=f"commit of the current tests (default {COMMIT[:9]})")
     parser.add_argument("--experiment-commit", default=EXPERIMENT_COMMIT, help="commit of the experiment tests")
     parser.add_argument("--np", type=int, nargs="+", default=[1, 2], help="ranks per run (default 1 2)")
@@ -152,7 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run (default 900)")
     parser.add_argument("--json", help="write every run (with the end of the output of failures) here")
     parser.add_argument("--markdown", help="write the results table here")
+    parser.add_argument(
+        "--table-from", nargs="+", metavar="JSON", help="print the table of earlier --json files; run nothing"
+    )
     args = parser.parse_args(argv)
+    if args.table_from:
+        print(markdown([Run(**r) for path in args.table_from for r in json.loads(Path(path).read_text())]), end="")
+        return 0
+    if not args.hugectr:
+        parser.error("--hugectr is required (a HugeCTR clone or git directory)")
     bin_dir = Path(sys.executable).parent
     horovodrun = shutil.which("horovodrun", path=str(bin_dir)) or "horovodrun"
     runs = [
