@@ -46,8 +46,10 @@ EXPERIMENT_TESTS = "sparse_operation_kit/sparse_operation_kit/experiment/test/fu
 EXAMPLE = "sparse_operation_kit/example/sok_incremental_dump/incremental_dump_test.py"
 #: Seconds a collective may wait for a rank that never joins before Horovod ends the run.
 STALL_SHUTDOWN_S = "120"
-#: Scripts NVIDIA runs in one process only (its run_function_test*.sh): not run at np > 1.
-SINGLE_PROCESS = ("/variable/", "sparse_read_evict.py", "sok_incremental_dump/")
+#: Scripts for one process only, not run at np > 1: those NVIDIA's run_function_test*.sh start in one
+#: process, and lookup_sparse_distributed_dynamic_with_sample_key_zero_test.py, which no runner of
+#: NVIDIA's starts and which indexes its local output with positions in the global batch.
+SINGLE_PROCESS = ("/variable/", "sparse_read_evict.py", "sok_incremental_dump/", "with_sample_key_zero_test.py")
 #: Scripts that cannot run on the development machines, and why.
 CANNOT_RUN = {
     "dump_load_distribute_static_big_table.py": (
@@ -170,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.table_from:
-        print(markdown([Run(**r) for path in args.table_from for r in json.loads(Path(path).read_text())]), end="")
+        saved = [Run(**r) for path in args.table_from for r in json.loads(Path(path).read_text())]
+        print(markdown([r for r in saved if r.np == 1 or not any(p in r.script for p in SINGLE_PROCESS)]), end="")
         return 0
     if not args.hugectr:
         parser.error("--hugectr is required (a HugeCTR clone or git directory)")
