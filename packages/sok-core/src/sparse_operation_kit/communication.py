@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -40,6 +41,7 @@ __all__ = [
     "SingleProcess",
     "CollectiveError",
     "set_comm_tool",
+    "fingerprint",
     "STALL_SHUTDOWN_SETTING",
 ]
 
@@ -52,6 +54,20 @@ _STALL_CHECK_DEFAULT_S = 60  # Horovod's default warning time
 # The start of Horovod's SHUT_DOWN_ERROR (horovod/common/common.h).
 _HOROVOD_SHUT_DOWN = "Horovod has been shut down"
 _OP_NAME = re.compile(r"[^A-Za-z0-9_.\-/]")
+
+
+def fingerprint(*parts: bytes) -> int:
+    """A signed 64-bit digest of ``parts`` (BLAKE2b), the same in every process (unlike ``hash``): what
+    the ranks exchange to check that they agree on a call or a value.
+
+    Example::
+
+        fingerprint(b"2 tables: ...") == fingerprint(b"2 tables: ...")   # on every rank
+    """
+    digest = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        digest.update(part)
+    return int.from_bytes(digest.digest(), "little", signed=True)
 
 
 class CollectiveError(RuntimeError):
@@ -316,16 +332,14 @@ def tool() -> CommunicationTool:
     """The communication tool of this process (a single process when sok.init was not called)."""
     if _tool is not None:
         return _tool
-    try:
+    if _horovod_initialized():
         import horovod.tensorflow as hvd
 
-        if hvd.is_initialized() and hvd.size() > 1:
+        if hvd.size() > 1:
             raise RuntimeError(
                 f"Horovod runs {hvd.size()} processes but sok.init() was not called; call sok.init() after "
                 f"hvd.init() on every rank"
             )
-    except ImportError:
-        pass
     return SingleProcess()
 
 

@@ -19,7 +19,6 @@ Example (2 ranks)::
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import re
 from typing import Any
@@ -65,10 +64,7 @@ def _digest(value: tf.Tensor) -> int:
     if not hasattr(value, "numpy"):
         return 0
     data = np.ascontiguousarray(value.numpy())
-    h = hashlib.blake2b(digest_size=8)
-    h.update(f"{data.dtype.str}{data.shape}".encode())
-    h.update(data.tobytes())
-    return int.from_bytes(h.digest(), "little", signed=True)
+    return communication.fingerprint(f"{data.dtype.str}{data.shape}".encode(), data.tobytes())
 
 
 def _describe(field: str, value: int) -> str:
@@ -128,7 +124,7 @@ def _global_value_agreed(
         )
     differences = []
     for j, field in enumerate(_FIELDS[1:], start=1):
-        if field == "initial_value digest" and not table[:, 5].all():
+        if field == "initial_value digest" and not table[:, _FIELDS.index("initial_value given")].all():
             continue  # random initializers: each rank keeps only its own rows
         if len(set(table[:, j].tolist())) > 1:
             per_rank = ", ".join(f"rank {r}: {_describe(field, int(table[r, j]))}" for r in range(n))

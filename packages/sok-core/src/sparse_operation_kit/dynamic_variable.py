@@ -553,16 +553,17 @@ def _check_dynamic(var: Any, what: str) -> DynamicVariable:
     return var
 
 
-def _rows_of(var: Any, what: str) -> tuple[DynamicVariable, DynamicSlot | None]:
-    """``(the dynamic variable, the slot view or None)`` that ``sok.export`` / ``sok.assign`` work on."""
+def _rows_of(var: Any, what: str) -> tuple[DynamicVariable, tuple[int, int]]:
+    """The dynamic variable whose rows ``var`` reads and their column range: the embedding columns
+    of a variable, the slot's columns of a :class:`DynamicSlot`."""
     if isinstance(var, DynamicSlot):
-        return var.variable, var
+        return var.variable, var.columns
     if not isinstance(var, DynamicVariable):
         raise TypeError(
             f"{what} takes a sok.DynamicVariable or one of its optimizer slots (optimizer.get_slot(var, name)), "
             f"got {type(var).__name__}"
         )
-    return var, None
+    return var, (0, var.dimension)
 
 
 def export(var: DynamicVariable | DynamicSlot) -> tuple[tf.Tensor, tf.Tensor]:
@@ -577,11 +578,9 @@ def export(var: DynamicVariable | DynamicSlot) -> tuple[tf.Tensor, tf.Tensor]:
         keys, values = sok.export(v)
         keys, accumulators = sok.export(optimizer.get_slot(v, "accumulator"))
     """
-    var, slot = _rows_of(var, "sok.export")
-    if slot is not None:
-        return slot.export()
+    rows, (begin, end) = _rows_of(var, "sok.export")
     keys, values, _ = tf_ops.library().sok_export(
-        *var.table_inputs, tf.constant(0, tf.uint64), Tkeys=var.key_type, col_begin=0, col_end=var.dimension
+        *rows.table_inputs, tf.constant(0, tf.uint64), Tkeys=rows.key_type, col_begin=begin, col_end=end
     )
     return keys, values
 
@@ -596,14 +595,12 @@ def assign(var: DynamicVariable | DynamicSlot, indices: Any, values: Any) -> Dyn
 
         sok.assign(v, tf.constant([1, 2], tf.int64), tf.ones([2, v.dimension]))
     """
-    target = var
-    var, slot = _rows_of(var, "sok.assign")
-    keys = tf.reshape(var._keys(indices), [-1])
+    rows, (begin, end) = _rows_of(var, "sok.assign")
+    keys = tf.reshape(rows._keys(indices), [-1])
     values = tf.convert_to_tensor(values, tf.float32)
-    if values.shape.rank is not None and (values.shape.rank != 2 or values.shape[-1] not in (None, var.dimension)):
-        raise ValueError(f"values must have shape [N, {var.dimension}], got {values.shape}")
-    if slot is not None:
-        slot.assign(keys, values)
-    else:
-        var.scatter_update(indexed_slices_lib.IndexedSlices(values, keys))
-    return target
+    if values.shape.rank is not None and (values.shape.rank != 2 or values.shape[-1] not in (None, rows.dimension)):
+        raise ValueError(f"values must have shape [N, {rows.dimension}], got {values.shape}")
+    tf_ops.library().sok_insert_or_assign(
+        *rows.table_inputs, keys, tf.reshape(values, [-1, rows.dimension]), col_begin=begin, col_end=end
+    )
+    return var

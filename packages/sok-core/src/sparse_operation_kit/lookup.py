@@ -43,7 +43,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -253,17 +252,11 @@ def _call_description(
             shape = f"shape {list(param.global_shape.as_list())}" + (
                 f", localized:{param.target_gpu}" if kind == "localized" else ""
             )
-        combiner = combiners[i] if i < len(combiners) else "?"
-        tables.append(f"params[{i}] = {param.name} ({kind}, {shape}, combiner {combiner})")
+        tables.append(f"params[{i}] = {param.name} ({kind}, {shape}, combiner {combiners[i]})")
     return (
         f"{len(tables)} table(s): {'; '.join(tables)}; sp_weights {'given' if weighted else 'None'}; "
         f"hotness {None if hotness is None else list(hotness)}"
     )
-
-
-def _fingerprint(description: str) -> int:
-    """A signed 64-bit digest of ``description``, the same in every process (unlike ``hash``)."""
-    return int.from_bytes(hashlib.blake2b(description.encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def _agreed_checks(
@@ -272,9 +265,10 @@ def _agreed_checks(
     ragged: Sequence[tf.RaggedTensor],
     weights: Sequence[tf.RaggedTensor] | None,
     comm: communication.CommunicationTool,
-    hotness: Sequence[int] | None = None,
-    checked_by_op: Sequence[int] = (),
-    combiners: Sequence[str] = (),
+    hotness: Sequence[int] | None,
+    *,
+    checked_by_op: Sequence[int],
+    combiners: Sequence[str],
 ) -> list[tf.Operation | tf.Tensor]:
     """Checks that fail on every rank together, in one collective: each rank sends
     ``[fingerprint of its call, number of counts, its count of each problem]`` (one allgather, which
@@ -331,7 +325,7 @@ def _agreed_checks(
         counts = tf.stack([count for count, _ in problems])
     else:
         description = _call_description(params, kinds, combiners, weights is not None, hotness)
-        fingerprint = _fingerprint(description)
+        fingerprint = communication.fingerprint(description.encode())
         record = tf.concat(
             [tf.constant([fingerprint, len(problems)], tf.int64)] + [tf.reshape(c, [1]) for c, _ in problems], 0
         )
@@ -582,8 +576,6 @@ def _lookup_with_tf_ops(
             for i, (p, k) in enumerate(zip(params, kinds))
         ]
     else:
-        # The first check is the ranks' agreement on the call (a bool tensor): the exchange's inputs
-        # depend on it through data, so no collective starts on a rank before it holds.
         partial = _exchange_and_pool(
             params, kinds, keys, lengths, weights, local_batch, comm, n, rank, dims, low_frequency_filter
         )

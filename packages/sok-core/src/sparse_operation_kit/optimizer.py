@@ -38,7 +38,7 @@ from tensorflow.python.framework import indexed_slices as indexed_slices_lib
 
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit import tf_ops
-from sparse_operation_kit.dynamic_variable import DynamicVariable, distinct_index_of
+from sparse_operation_kit.dynamic_variable import DynamicVariable, distinct_index_of, export
 from sparse_operation_kit.slot_view import DynamicSlot
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, create_storage
 
@@ -757,7 +757,7 @@ class OptimizerWrapper:
         names = self.get_slot_names()
         if slot_name not in names:
             raise ValueError(f"{self.name} has no slot {slot_name!r}; valid: {names}")
-        return self.slot_view(var, slot_name).export()
+        return export(self.slot_view(var, slot_name))
 
 
 def SGD(lr: float) -> OptimizerWrapper:  # noqa: N802 (SOK's name)

@@ -25,8 +25,6 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 from tensorflow.python.trackable import base as trackable
 
-from sparse_operation_kit import tf_ops
-
 if TYPE_CHECKING:
     from sparse_operation_kit.dynamic_variable import DynamicVariable
 
@@ -123,25 +121,6 @@ class DynamicSlot(trackable.Trackable):
     @property
     def table_inputs(self) -> tuple[tf.Tensor, tf.Tensor]:
         return self._variable.table_inputs
-
-    def export(self) -> tuple[tf.Tensor, tf.Tensor]:
-        """``(keys [N], values [N, dimension])``: the slot of every row of the local shard."""
-        var = self._variable
-        keys, values, _ = tf_ops.library().sok_export(
-            *var.table_inputs,
-            tf.constant(0, tf.uint64),
-            Tkeys=var.key_type,
-            col_begin=self._columns[0],
-            col_end=self._columns[1],
-        )
-        return keys, values
-
-    def assign(self, keys: tf.Tensor, values: tf.Tensor) -> None:
-        """Overwrite the slot of ``keys`` (``[N]`` and ``[N, dimension]``, already checked); a key
-        not in the table is inserted, its embedding filled by the variable's initializer."""
-        tf_ops.library().sok_insert_or_assign(
-            *self._variable.table_inputs, keys, values, col_begin=self._columns[0], col_end=self._columns[1]
-        )
 
     def _serialize_to_tensors(self) -> Any:
         raise NotImplementedError(
