@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU tests of the storage backends, on a CUDA host with no network (run as root or not, from anywhere):
 #
-#   ci/gpu_test.sh [--build-only] [--sanitize] [--bench] [--profile]
+#   ci/gpu_test.sh [--build-only] [--tf] [--sanitize] [--bench] [--profile]
 #
 #   build     sok-core, sok-backend-det and sok-backend-hkv, with CUDA for CMAKE_CUDA_ARCHITECTURES
 #             (default 90), into $SOK_GPU_WORK/site (default /tmp/sok-gpu/site) with $PYTHON (default
@@ -9,8 +9,14 @@
 #             a venv made from a venv's python sees only the base interpreter's packages, not CuPy.
 #   tests     (not with --build-only) pytest over the backends' tests (their CUDA conformance and device-array modules
 #             included) and sok-core's tests that need no TensorFlow.
+#   tf        (--tf, needs a CUDA TensorFlow importable by $PYTHON: ../shared/tools/tf-gpu) the seed
+#             examples and sok-core's TensorFlow tests on the GPU (every DynamicVariable of them lives
+#             there: optimizer and lookup_sparse oracles, checkpoints, the graph checks) with its
+#             GPU-kernel tests (test_*_gpu.py); multi-process tests skip (no Horovod there).
 #   sanitize  (--sanitize) compute-sanitizer memcheck and racecheck over the CUDA conformance tests
-#             selected by -k "$SOK_SANITIZE_K" (default find_or_insert), CuPy's memory pool off.
+#             selected by -k "$SOK_SANITIZE_K" (default find_or_insert), CuPy's memory pool off; with
+#             --tf also memcheck over sok-core's GPU-kernel tests (TF_GPU_ALLOCATOR=cuda_malloc_async,
+#             so each tensor is an allocation the sanitizer tracks).
 #   bench     (--bench) python benchmarks/storage_gpu.py.
 #   profile   (--profile) python benchmarks/profile_gpu.py $SOK_PROFILE_ARGS: kernel time per operation
 #             (CUPTI); several runs when SOK_PROFILE_ARGS holds several argument lists separated by ';'.
@@ -25,17 +31,19 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 SANITIZE=0
+TF_TESTS=0
 BENCH=0
 PROFILE=0
 TESTS=1
 for arg in "$@"; do
   case "$arg" in
     --build-only) TESTS=0 ;;
+    --tf) TF_TESTS=1 ;;
     --sanitize) SANITIZE=1 ;;
     --bench) BENCH=1 ;;
     --profile) PROFILE=1 ;;
     -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --build-only, --sanitize, --bench, --profile, --help)" >&2; exit 2 ;;
+    *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --build-only, --tf, --sanitize, --bench, --profile, --help)" >&2; exit 2 ;;
   esac
 done
 
@@ -102,6 +110,7 @@ build() {
       --disable-pip-version-check -v --target "$SITE" \
       -C "build-dir=$BUILD/$pkg" -C build.verbose=true -C logging.level=INFO \
       -C "cmake.define.CMAKE_CUDA_ARCHITECTURES=$CMAKE_CUDA_ARCHITECTURES" \
+      -C "cmake.define.Python_EXECUTABLE=$(command -v "$PYTHON")" \
       "./packages/$pkg"
   done
   "$PYTHON" - <<'EOF'
@@ -122,9 +131,34 @@ run_tests() {
     packages/sok-core/tests/test_registry.py packages/sok-core/tests/test_initializers.py
 }
 
+# The TensorFlow-level tests, on the GPU.
+tf_tests() {
+  "$PYTHON" - <<'EOF'
+import tensorflow as tf
+from sparse_operation_kit import tf_ops
+
+tf_ops.library()
+gpus = tf.config.list_logical_devices("GPU")
+print("TensorFlow", tf.__version__, "CUDA build:", tf.test.is_built_with_cuda(), "GPUs:", gpus)
+assert tf.test.is_built_with_cuda() and gpus, "no CUDA TensorFlow with a GPU here"
+assert tf_ops.gpu_build() not in (None, "none"), f"sok-core has no GPU kernels (gpu_build: {tf_ops.gpu_build()})"
+EOF
+  local example
+  for example in examples/*.py; do
+    echo "== $example"
+    "$PYTHON" "$example"
+  done
+  "$PYTHON" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=600 -m "not multiprocess" packages/sok-core/tests
+}
+
 sanitize() {
   local sanitizer tool rc=0
   sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+  if [ "$TF_TESTS" = 1 ]; then
+    echo "== compute-sanitizer --tool memcheck, sok-core's GPU-kernel tests"
+    TF_GPU_ALLOCATOR=cuda_malloc_async "$sanitizer" --tool memcheck --error-exitcode 99 --print-limit 50 \
+      "$PYTHON" -m pytest -q -p no:cacheprovider --maxfail=1 packages/sok-core/tests/test_*_gpu.py || rc=$?
+  fi
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool, pytest -k '$SAN_K'"
     # CuPy's pool off: every array its own cudaMalloc, so memcheck sees overruns between arrays.
@@ -160,6 +194,10 @@ if [ "$OK" = 1 ]; then
   if [ "$TESTS" = 1 ]; then
     step tests "$LOGS/test.log" run_tests
     tail -n 25 "$LOGS/test.log"
+  fi
+  if [ "$TF_TESTS" = 1 ]; then
+    step tf "$LOGS/tf.log" tf_tests
+    tail -n 25 "$LOGS/tf.log"
   fi
   if [ "$SANITIZE" = 1 ]; then step sanitizer "$LOGS/sanitizer.log" sanitize; fi
   if [ "$BENCH" = 1 ]; then

@@ -20,15 +20,9 @@ tf = pytest.importorskip("tensorflow")
 
 from sparse_operation_kit import tf_ops  # noqa: E402
 
-# Ops without a GPU kernel: they call no storage, and the placer runs them on the CPU; or, as
-# SokLookupDistinct (the lookup of CPU tables), SokSparseApply (sok.OptimizerWrapper's one-op step)
-# and SokPooledLookup (lookup_sparse's static tables on the host; GPU tables take TensorFlow's ops),
-# they serve CPU tables only.
+# Ops without a GPU kernel: as SokPooledLookup (lookup_sparse's static tables on the host; GPU
+# tables take TensorFlow's ops), they serve CPU tables only.
 CPU_ONLY_OPS = {
-    "SokUniqueSum",
-    "SokUniqueIndex",
-    "SokLookupDistinct",
-    "SokSparseApply",
     "SokPooledLookup",
     "SokPooledLookupGrad",
 }
@@ -58,10 +52,10 @@ def test_gpu_library_is_built_when_a_cuda_toolkit_was_found():
 
 def test_gpu_library_has_a_kernel_for_every_storage_op():
     path = _gpu_library()
-    # The kernel table is a string in the library, made from the same list as its registrations.
-    match = re.search(rb"sok_tf_ops_gpu kernels: ([A-Za-z,]*)\x00", path.read_bytes())
-    assert match, f"{path} holds no kernel table"
-    kernels = {name.decode() for name in match.group(1).split(b",") if name}
+    # Each *_gpu.cc holds a kernel table, a string made from the same list as its registrations.
+    tables = re.findall(rb"sok_tf_ops_gpu kernels: ([A-Za-z,]*)\x00", path.read_bytes())
+    assert tables, f"{path} holds no kernel table"
+    kernels = {name.decode() for table in tables for name in table.split(b",") if name}
     ops = {name for name in dir(tf_ops.library()) if re.fullmatch("Sok[A-Za-z]+", name)}
     assert kernels == ops - CPU_ONLY_OPS
 

@@ -53,6 +53,26 @@ def test_set_comm_tool_installs_a_tool_once(no_init):
         sok.set_comm_tool("single")
 
 
+def test_init_without_horovod_runs_one_process_and_says_so(no_init, monkeypatch, caplog):
+    """The seed's plain sok.init() on one GPU with no Horovod installed (issue 17)."""
+    monkeypatch.setattr(communication, "_horovod_installed", lambda: False)
+    for name in communication._WORLD_SIZE_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    with caplog.at_level(logging.INFO, logger="sparse_operation_kit.communication"):
+        sok.init()
+    assert "Horovod is not installed: SOK runs as one process" in caplog.text
+    assert communication.tool().name == "single" and (sok.rank(), sok.num_ranks()) == (0, 1)
+
+
+@pytest.mark.parametrize("setting", ["HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"])
+def test_init_without_horovod_in_a_launched_job_raises(no_init, monkeypatch, setting):
+    monkeypatch.setattr(communication, "_horovod_installed", lambda: False)
+    monkeypatch.setenv(setting, "4")
+    with pytest.raises(ImportError, match="one of 4 started by a launcher .* Horovod is not installed"):
+        sok.init()
+    assert communication._tool is None
+
+
 def run_python(code: str, **env: str) -> str:
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **env)
     done = subprocess.run(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -162,7 +162,7 @@ class _ChunkBuffers:
         return parts
 
 
-def _read_ahead(chunks: Iterator) -> Iterator:
+def _read_ahead(chunks: Iterator) -> Generator:
     """Yields the items of ``chunks``, computing the next one in a thread (table exports release
     the GIL) while the caller sends and writes the current one."""
     with ThreadPoolExecutor(1) as producer:
@@ -266,6 +266,7 @@ def _dump_variable(
     files: list = []
     crcs: list[int] = [fmt.update_crc32(head) for head in headers]
     checksums, writeback = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
+    chunks: Iterator | None = None
 
     def open_files() -> None:
         for name, head in zip(names, headers):
@@ -331,6 +332,8 @@ def _dump_variable(
         agreement.check()
         return entry
     finally:
+        if isinstance(chunks, Generator):
+            chunks.close()  # stops its read-ahead thread now, not whenever the generator is collected
         checksums.shutdown(wait=True)
         writeback.shutdown(wait=True)
         for f in files:

@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import re
@@ -252,8 +253,10 @@ def init(comm_tool: str = "horovod", use_legacy_optimizer: bool = True) -> None:
     """Choose how SOK's processes communicate; once per process.
 
     Args:
-        comm_tool: ``"horovod"`` (initialises Horovod if needed) or ``"single"`` (one process); any
-            other value is warned about and replaced (:func:`set_comm_tool`), as the original goes on.
+        comm_tool: ``"horovod"`` (initialises Horovod if needed; where Horovod is not installed and
+            no launcher started several processes, one process, as on a single GPU) or ``"single"``
+            (one process); any other value is warned about and replaced (:func:`set_comm_tool`), as
+            the original goes on.
         use_legacy_optimizer: as NVIDIA SOK, under Keras 2 (tf_keras, ``TF_USE_LEGACY_KERAS=1``)
             ``tf.keras.optimizers`` and ``tf.optimizers`` become their ``legacy`` modules, whose
             optimizers are not bound to the first variables they update (scripts written for SOK
@@ -302,6 +305,16 @@ def set_comm_tool(comm_tool: str = "horovod") -> None:
             "comm_tool %r is not supported (valid: %s); using %r", comm_tool, ", ".join(COMM_TOOLS), fallback
         )
         comm_tool = fallback
+    if comm_tool == "horovod" and not _horovod_installed():
+        launched = _launcher_world_size()
+        if launched > 1:
+            raise ImportError(
+                f"this process is one of {launched} started by a launcher (its environment says so) but Horovod is "
+                f"not installed, so SOK cannot reach the others: install Horovod built with TensorFlow support "
+                f"(see the README; ci/setup.sh builds it)"
+            )
+        logger.info("Horovod is not installed: SOK runs as one process (comm_tool='single')")
+        comm_tool = "single"
     _tool = HorovodTool() if comm_tool == "horovod" else SingleProcess()
     logger.info("SOK initialized: communication tool %s, rank %d of %d", _tool.name, _tool.rank(), _tool.num_ranks())
     if _tool.num_ranks() > 1 and stall_shutdown_seconds() is None:
@@ -318,6 +331,20 @@ def set_comm_tool(comm_tool: str = "horovod") -> None:
             STALL_CHECK_SETTING,
             os.environ.get(STALL_CHECK_SETTING),
         )
+
+
+def _horovod_installed() -> bool:
+    return importlib.util.find_spec("horovod") is not None
+
+
+#: Environment variables in which launchers (horovodrun, mpirun, srun) give the number of processes.
+_WORLD_SIZE_SETTINGS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "WORLD_SIZE")
+
+
+def _launcher_world_size() -> int:
+    """The largest process count a launcher put in the environment (1 when none did)."""
+    sizes = [os.environ.get(name, "") for name in _WORLD_SIZE_SETTINGS]
+    return max([int(size) for size in sizes if size.isdigit()], default=1)
 
 
 def _horovod_initialized() -> bool:

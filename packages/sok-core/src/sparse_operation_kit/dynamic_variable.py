@@ -33,7 +33,7 @@ from tensorflow.python.framework import random_seed
 from tensorflow.python.ops import resource_variable_ops
 
 from sparse_operation_kit import initializers as inits
-from sparse_operation_kit import tf_ops
+from sparse_operation_kit import placement, tf_ops
 from sparse_operation_kit.dtypes import KEY_DTYPES
 from sparse_operation_kit.slot_view import DynamicSlot
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, Storage, create_storage
@@ -217,28 +217,32 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         self._initializer = inits.Initializer(
             initializer.kind, initializer.a, initializer.b, initializer.seed, (0, self._dimension)
         )
+        tf_ops.library()  # fail now, with the fix, if the op library is missing or stale
+        self._placement = placement.of_scope(self._var_type)
         try:
             storage = create_storage(
                 self._var_type,
                 row_width=self._dimension,
                 key_dtype=_KEY_TYPES[self._key_dtype],
                 initializer=self._initializer,
+                device=self._placement.storage,
                 **kwargs,
             )
         except MemoryError as error:
             raise MemoryError(
-                f"could not create DynamicVariable {name!r} of dimension {self._dimension:,}: {error}"
+                f"could not create DynamicVariable {name!r} of dimension {self._dimension:,} on "
+                f"{self._placement.storage}: {error}"
             ) from error
-        tf_ops.library()  # fail now, with the fix, if the op library is missing or stale
         self._table = TableRef(storage)
         with tf_ops_lib.init_scope():
             self._table_address = tf.constant(self._table.address, dtype=tf.int64)
-        super().__init__(
-            trainable=trainable,
-            name=name,
-            shape=tf.TensorShape([None, self._dimension]),
-            dtype=tf.float32,
-        )
+        with tf.device(self._placement.tf_device):  # the handle, and so every op on the table
+            super().__init__(
+                trainable=trainable,
+                name=name,
+                shape=tf.TensorShape([None, self._dimension]),
+                dtype=tf.float32,
+            )
 
     # -- properties of SOK's DynamicVariable ----------------------------------------------------
     @property
@@ -311,7 +315,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
     def __repr__(self) -> str:
         return (
             f"<sok.DynamicVariable '{self.name}' shape=(None, {self._dimension}) dtype=float32 "
-            f"var_type={self._var_type!r}>"
+            f"var_type={self._var_type!r} device={self._placement.storage!r}>"
         )
 
     # -- reads ----------------------------------------------------------------------------------

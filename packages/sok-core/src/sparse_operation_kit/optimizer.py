@@ -584,6 +584,7 @@ class OptimizerWrapper:
                 row_width=width,
                 key_dtype=old.key_dtype.name,
                 initializer=initializers,
+                device=old.device,
                 **var.config_dict,
             )
             keys, values, scores = old.export(columns=(0, dim))

@@ -31,6 +31,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import sparse_operation_kit as sok  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from harness import print_stacks_before_timeout  # noqa: E402
 from sparse_operation_kit import communication  # noqa: E402
 
 TIMEOUT_S = 90
@@ -372,6 +373,7 @@ def run_check(name: str, rank: int, n: int) -> bool:
 
 
 def main(args: list[str]) -> int:
+    print_stacks_before_timeout()
     hvd.init()
     sok.init()
     rank, n = hvd.rank(), hvd.size()

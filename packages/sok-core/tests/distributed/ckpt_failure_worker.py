@@ -24,6 +24,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import sparse_operation_kit as sok  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from harness import print_stacks_before_timeout  # noqa: E402
 from sparse_operation_kit import checkpoint as ckpt  # noqa: E402
 from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
 from sparse_operation_kit.agreement import RankFailure  # noqa: E402
@@ -184,6 +185,7 @@ SCENARIOS = {
 
 
 def main(base: str) -> int:
+    print_stacks_before_timeout()
     hvd.init()
     sok.init()
     failures = 0

@@ -30,6 +30,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import sparse_operation_kit as sok  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from harness import print_stacks_before_timeout  # noqa: E402
 from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
 
 DIM = 4
@@ -203,6 +204,7 @@ def load(ckpt: str, expected_path: str, out: str, dump2: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    print_stacks_before_timeout()
     hvd.init()
     sok.init()
     phase = argv[1]

@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import re
 import signal
@@ -23,6 +24,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[4]
 LINE = re.compile(r"CHECK (\S+) rank=(\d+) (PASS|FAIL)(.*)$")
+#: Seconds before a launch's timeout at which each rank prints the stacks of its threads.
+STACKS_BEFORE_TIMEOUT = 20
+STACKS_AFTER = "SOK_TEST_STACKS_AFTER_S"
 
 
 def horovodrun() -> Path:
@@ -35,7 +39,9 @@ def horovodrun() -> Path:
 
 def launch(worker: Path, np_: int, *args: str, env: dict | None = None, timeout: int = 300) -> tuple[int, str]:
     """Run ``worker`` on ``np_`` Gloo ranks (CPU); ``(exit status, stdout and stderr)``."""
-    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **(env or {}))
+    stacks_after = str(max(1, timeout - STACKS_BEFORE_TIMEOUT))
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **{STACKS_AFTER: stacks_after})
+    full_env.update(env or {})
     command = [str(horovodrun()), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, str(worker)]
     command += list(args)
     proc = subprocess.Popen(
@@ -54,6 +60,14 @@ def launch(worker: Path, np_: int, *args: str, env: dict | None = None, timeout:
         output, _ = proc.communicate()
         pytest.fail(f"{' '.join(command)} did not finish in {timeout} s (a rank hangs); output tail:\n{output[-6000:]}")
     return proc.returncode, output
+
+
+def print_stacks_before_timeout() -> None:
+    """In a worker: print every thread's Python stack to stderr shortly before :func:`launch` kills
+    the job, so that a hang's output tail says where each rank waits."""
+    seconds = os.environ.get(STACKS_AFTER)
+    if seconds:
+        faulthandler.dump_traceback_later(int(seconds), exit=False)
 
 
 def results(output: str) -> dict[str, dict[int, tuple[str, str]]]:

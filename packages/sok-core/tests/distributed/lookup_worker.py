@@ -28,6 +28,7 @@ import sparse_operation_kit as sok  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lookup_checks  # noqa: E402
+from harness import print_stacks_before_timeout  # noqa: E402
 
 #: Seconds a check may take before the watchdog calls it a hang (checks in LAST: shorter, they are
 #: the ones expected to hang when they fail).
@@ -71,6 +72,7 @@ def run_check(name: str, comm: lookup_checks.Comm) -> bool:
 
 
 def main(selected: list[str]) -> int:
+    print_stacks_before_timeout()
     hvd.init()
     comm = lookup_checks.Comm.horovod()
     names = [n for n in lookup_checks.CHECKS if not selected or n in selected]

@@ -1,0 +1,124 @@
+"""Where a ``sok.DynamicVariable``'s table lives: the device TensorFlow gives its handle.
+
+Under a CUDA TensorFlow with a visible GPU the default is the GPU (TensorFlow's own default for
+variables), and ``tf.device(...)`` chooses: ``"/GPU:1"`` puts the table on that GPU, ``"/CPU:0"``
+keeps it in host memory. A GPU table is the backend's CUDA table (det: rows in HBM; hkv: HBM plus
+host memory per ``max_hbm_for_vectors``) and every op on it runs on that GPU.
+
+A table stays on the CPU, with a warning that says why and how to fix it, when a GPU was asked for
+but cannot hold it: sok-core has no GPU kernels, the backend was built without CUDA, or CuPy (which
+the storage's Python methods use on a GPU) is missing.
+
+Example::
+
+    >>> with tf.device("/CPU:0"):
+    ...     placement.of_scope("hbm")
+    Placement(storage='cpu', tf_device='/device:CPU:0')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from sparse_operation_kit import tf_ops
+from sparse_operation_kit.device_arrays import CUPY_INSTALL_HINT
+from sparse_operation_kit.plugins.registry import get_registry
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Placement", "of_scope"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """A table's home: ``storage`` is the storage device (``"cpu"`` or ``"cuda:N"``, N the CUDA
+    ordinal) and ``tf_device`` the TensorFlow device of its handle and ops."""
+
+    storage: str
+    tf_device: str
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.storage != "cpu"
+
+
+CPU = Placement("cpu", "/device:CPU:0")
+
+
+def _scope_device() -> tf.DeviceSpec:
+    """The device of the innermost ``tf.device`` scope (empty fields where none is set)."""
+    if tf.executing_eagerly():
+        name = context.context().device_name or ""
+    else:  # inside a graph (tf.function): the device an op created here would get
+        name = tf.constant(0, name="sok_device_probe").device
+    return tf.DeviceSpec.from_string(name)
+
+
+@functools.cache
+def _gpu_ordinals() -> tuple[int, ...]:
+    """The CUDA ordinal of each logical TensorFlow GPU (``/GPU:i`` → ordinal ``[i]``)."""
+    visible = tf.config.get_visible_devices("GPU")
+    return tuple(int(d.name.rsplit(":", 1)[1]) for d in visible)
+
+
+def _why_not_gpu(var_type: str) -> str | None:
+    """Why a table of ``var_type`` cannot live on a GPU here (None: it can)."""
+    if not tf.test.is_built_with_cuda():
+        return "TensorFlow is built without CUDA"
+    if not _gpu_ordinals():
+        return "TensorFlow sees no GPU"
+    if tf_ops.gpu_build() in (None, "none"):
+        return (
+            "sok-core was built without its GPU kernels (no CUDA toolkit was found); put nvcc on PATH and "
+            "rebuild sok-core: pip install --no-build-isolation --force-reinstall --no-deps sok-core"
+        )
+    registry = get_registry()
+    spec = registry.spec(var_type)
+    if "cuda" not in spec.capabilities.devices or not registry.build_info(spec).get("cuda"):
+        return (
+            f"backend {spec.name!r} (var_type {var_type!r}) was built without CUDA; rebuild "
+            f"{spec.package or spec.name} with the CUDA toolkit's nvcc on PATH"
+        )
+    try:
+        import cupy  # noqa: F401 - the storage's Python methods use it on a GPU
+    except ImportError:
+        return f"CuPy is not installed ({CUPY_INSTALL_HINT})"
+    return None
+
+
+def of_scope(var_type: str) -> Placement:
+    """Where a new table of ``var_type`` goes under the current ``tf.device`` scope.
+
+    ``/CPU:*`` → the CPU; ``/GPU:i`` → GPU i; no device → GPU 0 where TensorFlow has one, else
+    the CPU. A GPU that cannot hold the table (see the module docstring) gives the CPU, with a
+    warning when a GPU was asked for or TensorFlow has one.
+    """
+    spec = _scope_device()
+    kind = (spec.device_type or "").upper()
+    if kind == "CPU":
+        return CPU
+    if kind not in ("", "GPU"):
+        raise ValueError(
+            f"a sok.DynamicVariable cannot live on {kind} (device scope {spec.to_string()!r}); valid: "
+            f"tf.device('/GPU:i') or tf.device('/CPU:0')"
+        )
+    if not kind and not tf.test.is_built_with_cuda():
+        return CPU
+    reason = _why_not_gpu(var_type)
+    if reason is not None:
+        if kind or _gpu_ordinals():
+            logger.warning("the table of this sok.DynamicVariable stays on the CPU: %s", reason)
+        return CPU
+    index = spec.device_index or 0
+    ordinals = _gpu_ordinals()
+    if index >= len(ordinals):
+        raise ValueError(
+            f"tf.device('/GPU:{index}') names no GPU: TensorFlow sees {len(ordinals)} "
+            f"(valid: /GPU:0 .. /GPU:{len(ordinals) - 1}, or /CPU:0)"
+        )
+    return Placement(f"cuda:{ordinals[index]}", f"/device:GPU:{index}")
