@@ -285,6 +285,12 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         return self._table.storage
 
     @property
+    def table_device(self) -> str:
+        """The TensorFlow device of the table, of its handle and of every op on it
+        (``"/device:GPU:0"``, ``"/device:CPU:0"``); ``storage.device`` names it as the storage does."""
+        return self._placement.tf_device
+
+    @property
     def table_ref(self) -> TableRef:
         """The reference the ops use; the optimizer widens rows through it."""
         return self._table
@@ -345,11 +351,11 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
     def sparse_read(self, indices: Any, name: str | None = None) -> tf.Tensor:
         """Rows of ``indices`` (any shape; result shape ``indices.shape + [dimension]``), inserting
         unseen keys with the initializer. Differentiable: the gradient is IndexedSlices over keys."""
-        with tf.name_scope(name or "SokLookup"):
+        with tf.name_scope(name or "SokLookup"), tf.device(self.table_device):
             if self.trainable:
                 tape_lib.variable_accessed(self)
             lib, keys = tf_ops.library(), self._keys(indices)
-            if self.storage.distinct_lookups and self.storage.device == "cpu":
+            if self.storage.distinct_lookups:
                 distinct, positions = lib.sok_unique_index(tf.reshape(keys, [-1]))
                 return lib.sok_lookup_distinct(
                     *self.table_inputs, keys, distinct, positions, col_begin=0, col_end=self._dimension

@@ -65,6 +65,20 @@ def _tf_gpu_kernels() -> str:
     return "not built (no CUDA toolkit at build time)" if built == "none" else f"built for CUDA {built}"
 
 
+def _table_homes(var_types: list[str]) -> dict[str, str]:
+    """Where a new DynamicVariable's table of each var_type goes by default (needs TensorFlow)."""
+    homes = {}
+    for var_type in var_types:
+        try:
+            from sparse_operation_kit import placement, tf_ops
+
+            tf_ops.library()
+            homes[var_type] = placement.default_home(var_type)
+        except Exception as error:  # reported, not raised: this feeds bug reports
+            homes[var_type] = f"unknown: {type(error).__name__}: {error}"
+    return homes
+
+
 def environment_info(with_tensorflow: bool = True) -> dict[str, Any]:
     """Facts as a dict: versions, backends (with build facts) and devices.
 
@@ -99,6 +113,7 @@ def environment_info(with_tensorflow: bool = True) -> dict[str, Any]:
         "var_types": registry.var_types(),
         "devices": _devices(with_tensorflow) + _cuda_devices(backends),
         "tf_gpu_kernels": _tf_gpu_kernels(),
+        "table_homes": _table_homes(registry.var_types()) if with_tensorflow else {},
     }
 
 
@@ -138,3 +153,5 @@ def print_environment_info(file: TextIO | None = None, with_tensorflow: bool = T
         )
     for device in info["devices"]:
         print(f"{'device':<20} {device}", file=out)
+    for var_type, home in info["table_homes"].items():
+        print(f"{'tables ' + var_type:<20} {home} by default (tf.device chooses)", file=out)

@@ -664,12 +664,16 @@ class OptimizerWrapper:
         return checked, checks
 
     def _apply_dynamic(self, grad: Any, var: DynamicVariable, lr: Tensor, step: Tensor) -> None:
+        with tf.device(var.table_device):  # every op of the update where the table is
+            self._apply_dynamic_on_its_device(grad, var, lr, step)
+
+    def _apply_dynamic_on_its_device(self, grad: Any, var: DynamicVariable, lr: Tensor, step: Tensor) -> None:
         dim = var.dimension
         width = dim * (1 + len(self._rule.slots))
         keys = tf.reshape(var._keys(grad.indices), [-1])
         values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, dim])
         lib = tf_ops.library()
-        if self._rule.native is not None and var.storage.device == "cpu":
+        if self._rule.native is not None:
             rule, hyper = self._rule.native
             index = distinct_index_of(grad.indices)  # the lookup's, or computed here during the forward pass
             distinct, positions = index if index is not None else lib.sok_unique_index(keys)

@@ -31,7 +31,7 @@ from sparse_operation_kit.plugins.registry import get_registry
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Placement", "of_scope"]
+__all__ = ["Placement", "default_home", "of_scope"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,3 +122,10 @@ def of_scope(var_type: str) -> Placement:
             f"(valid: /GPU:0 .. /GPU:{len(ordinals) - 1}, or /CPU:0)"
         )
     return Placement(f"cuda:{ordinals[index]}", f"/device:GPU:{index}")
+
+
+def default_home(var_type: str) -> str:
+    """Where a table of ``var_type`` goes outside any ``tf.device`` scope, for ``sok info``:
+    ``"cuda:N"``, or ``"cpu (why not a GPU)"``."""
+    reason = _why_not_gpu(var_type)
+    return f"cpu ({reason})" if reason else f"cuda:{_gpu_ordinals()[0]}"
