@@ -2,7 +2,7 @@
 
 No machine here has a CUDA build of TensorFlow, so its kernels never run in these tests. They check
 that it was built when the build found a CUDA toolkit (``lib/gpu_build.txt``), that it has a kernel
-for every storage op, that it depends on no other SOK library, and how the loader treats it.
+for every op, that it depends on no other SOK library, and how the loader treats it.
 """
 
 from __future__ import annotations
@@ -20,12 +20,8 @@ tf = pytest.importorskip("tensorflow")
 
 from sparse_operation_kit import tf_ops  # noqa: E402
 
-# Ops without a GPU kernel: as SokPooledLookup (lookup_sparse's static tables on the host; GPU
-# tables take TensorFlow's ops), they serve CPU tables only.
-CPU_ONLY_OPS = {
-    "SokPooledLookup",
-    "SokPooledLookupGrad",
-}
+# Ops without a GPU kernel (the placer would run them on the CPU): none, every op has one.
+CPU_ONLY_OPS: set[str] = set()
 
 
 def _gpu_library() -> Path:

@@ -190,7 +190,7 @@ inline Status check_key_rows(OpKernelContext* ctx, int keys_input, int values_in
 
 // unique_keys, sums = the distinct keys (in order of first occurrence) and the sum of the rows of
 // values per distinct key: tf.unique + unsorted_segment_sum in one pass over a hash index.
-// CPU only (it calls no storage): under a CUDA TensorFlow the placer runs it on the CPU.
+// The GPU kernel (training_ops_gpu.cc) gives the same bits.
 template <typename K>
 class UniqueSumOp : public OpKernel {
  public:
@@ -379,7 +379,8 @@ struct RowStep {
 // are updated in place, one probe per key; otherwise they are read (find_or_insert: a key evicted
 // since its lookup comes back with initial values, as on the TensorFlow-ops path), updated and
 // written back (insert_or_assign). Both give the same rows. The table's rows must be
-// d * (1 + slots of the rule) wide. CPU tables only.
+// d * (1 + slots of the rule) wide. The GPU kernel (training_ops_gpu.cc): find_or_insert, one
+// kernel that sums and applies the rule, insert_or_assign; the same bits.
 class SparseApplyOp : public OpKernel {
  public:
   explicit SparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {

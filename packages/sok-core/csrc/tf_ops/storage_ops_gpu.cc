@@ -1,76 +1,28 @@
-// DEVICE_GPU kernels of SOK's TensorFlow ops (libsok_tf_ops_gpu.so): the same calls as the CPU
+// DEVICE_GPU kernels of SOK's storage ops (libsok_tf_ops_gpu.so): the same calls as the CPU
 // kernels, with TF's device pointers and TF's CUDA stream in a sok_exec_context{SOK_DEVICE_CUDA}.
-// The backend does the device work; this file is host code and needs no nvcc.
+// The backend does the device work; this file is host code and needs no nvcc. The training ops
+// (unique, distinct lookups, the fused optimizer step) are in training_ops_gpu.cc, the pooled
+// lookups in pooled_lookup_ops_gpu.cc.
 //
 // The ops are registered by libsok_tf_ops.so (storage_ops.cc), which must be loaded first; this
 // library only adds kernels. It is built when a CUDA toolkit is found and loaded only by a CUDA
 // build of TensorFlow (sparse_operation_kit/tf_ops.py). Memory: the handle, the table reference,
 // SokExport's threshold and the scalar outputs (SokSize's size, SokErase's count, SokTryLookup's
-// status code and message) in host memory; keys, values and found in device memory. SokUniqueSum
-// has no GPU kernel (it calls no storage): the placer runs it on the CPU.
+// status code and message) in host memory; keys, values and found in device memory.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "gpu_exec.h"
 #include "storage_ops.h"
 #include "tensorflow/core/framework/op_kernel.h"
-#include "unsupported/Eigen/CXX11/Tensor"
 
 namespace sok_tf {
 namespace {
 
 using ::tensorflow::DEVICE_GPU;
-
-// The execution context of the GPU kernels: the CUDA device of this TF device and its compute
-// stream, on which TF orders the op's inputs, outputs and temporaries.
-struct GpuExec {
-  static sok_exec_context of(OpKernelContext* ctx) {
-    const auto* info = ctx->device()->tensorflow_accelerator_device_info();
-    const int device_id = info != nullptr && info->gpu_id >= 0 ? info->gpu_id : 0;
-    return sok_exec_context{SOK_DEVICE_CUDA, device_id,
-                            static_cast<void*>(ctx->eigen_device<Eigen::GpuDevice>().stream())};
-  }
-  // Zeros bytes of device memory at data (ordered on the op's stream).
-  static Status zero(OpKernelContext* ctx, void* data, size_t bytes);
-};
-
-Status cuda_status(cudaError_t e, const char* call, const char* file, int line) {
-  if (e == cudaSuccess) return Status();
-  return errors::Internal(file, ":", line, ": ", call, " failed: ", cudaGetErrorName(e), " (",
-                          cudaGetErrorString(e), ")");
-}
-#define SOK_CUDA(call) cuda_status((call), #call, __FILE__, __LINE__)
-
-// Makes exec's device current for this thread (our own CUDA calls) and restores the previous one.
-class DeviceGuard {
- public:
-  Status enter(int device_id) {
-    TF_RETURN_IF_ERROR(SOK_CUDA(cudaGetDevice(&previous_)));
-    if (previous_ != device_id) {
-      TF_RETURN_IF_ERROR(SOK_CUDA(cudaSetDevice(device_id)));
-      restore_ = true;
-    }
-    return Status();
-  }
-  ~DeviceGuard() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
-
-cudaStream_t stream_of(const sok_exec_context& exec) { return static_cast<cudaStream_t>(exec.stream); }
-
-Status GpuExec::zero(OpKernelContext* ctx, void* data, size_t bytes) {
-  const sok_exec_context exec = of(ctx);
-  DeviceGuard guard;
-  TF_RETURN_IF_ERROR(guard.enter(exec.device_id));
-  return SOK_CUDA(cudaMemsetAsync(data, 0, bytes, stream_of(exec)));
-}
 
 // values = rows of keys; missing keys are inserted with insert_and_evict, and the rows that made
 // room come back as evicted_keys / evicted_values (embedding columns). As the CPU kernel, with the

@@ -25,11 +25,13 @@ number of ids per sample. Gradients come from TensorFlow's autodiff through the 
 collectives have gradients): ``tf.IndexedSlices`` per table, local rows for static tables and raw
 keys for dynamic ones, summed over the global batch.
 
-The static tables of a call (on the host) are pooled by one op for all of them
-(``pooled_lookup.py``: gather, weights and combiner on TensorFlow's intra-op threads): with a single
-rank nothing is exchanged and the op pools the local batch (the same sums as TensorFlow's ops to the
-bit); with several it does step 3 for them, partial sums of the global batch from each table's
-shard. Dynamic tables take the TensorFlow ops of step 3.
+The static tables of a call are pooled by one op for all of them (``pooled_lookup.py``: gather,
+weights and combiner on TensorFlow's intra-op threads, or in one sequence of CUDA kernels when the
+tables are on a GPU and sok-core's GPU kernels are loaded; ``_fused_tables`` picks the tables, all
+on one device): with a single rank nothing is exchanged and the op pools the local batch (the same
+sums as TensorFlow's ops to the bit); with several it does step 3 for them, partial sums of the
+global batch from each table's shard. The other tables (dynamic ones, static ones on another device)
+take the TensorFlow ops of step 3.
 
 Example::
 
@@ -43,6 +45,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -513,8 +516,36 @@ def _subset(values: Sequence[Any] | None, indices: Sequence[int]) -> list[Any] |
 
 
 def _fused_tables(params: Sequence[Any], kinds: Sequence[str]) -> list[int]:
-    """The tables ``pooled_lookup`` takes: the static ones on the host."""
-    return [i for i, (p, k) in enumerate(zip(params, kinds)) if k != "dynamic" and "GPU" not in p.device.upper()]
+    """The tables ``pooled_lookup`` takes, all on one device: the static ones on the host when there
+    are any; else, when ``SokPooledLookup`` has GPU kernels, the static ones on the GPU of the first."""
+    static = [i for i, k in enumerate(kinds) if k != "dynamic"]
+    host = [i for i in static if not _on_gpu(params[i])]
+    if host or not static or not _pooled_lookup_has_gpu_kernels():
+        return host
+    gpu = _gpu_index(params[static[0]])
+    return [i for i in static if _gpu_index(params[i]) == gpu]
+
+
+def _on_gpu(param: Any) -> bool:
+    return tf.DeviceSpec.from_string(param.device).device_type == "GPU"
+
+
+def _gpu_index(param: Any) -> int | None:
+    """The index of the GPU of ``param`` (of this process), however its device is spelled."""
+    return tf.DeviceSpec.from_string(param.device).device_index
+
+
+@functools.cache
+def _pooled_lookup_has_gpu_kernels() -> bool:
+    """Whether ``SokPooledLookup`` and its gradient have DEVICE_GPU kernels (sok-core's GPU kernels
+    are loaded: a CUDA TensorFlow and a sok-core built with a CUDA toolkit)."""
+    from tensorflow.python.framework import kernels  # TensorFlow's registry of op kernels
+
+    tf_ops.library()  # loads the GPU kernels too, under a CUDA TensorFlow
+    return all(
+        any(kernel.device_type == "GPU" for kernel in kernels.get_registered_kernels_for_op(op).kernel)
+        for op in ("SokPooledLookup", "SokPooledLookupGrad")
+    )
 
 
 def _shard(param: Any, kind: str, rank: int, n: int) -> tuple[int, int]:
@@ -721,7 +752,7 @@ def _pool_static_shards(
     rank: int,
     n: int,
 ) -> list[tf.Tensor | None]:
-    """Step 3 for the static tables on the host, in one ``pooled_lookup``: the partial sums
+    """Step 3 for the static tables of ``_fused_tables``, in one ``pooled_lookup``: the partial sums
     ``[global_batch, dim]`` of the ids this rank holds, from the global batch's ``keys``, row
     ``splits`` and ``weights`` of each table; None for the other tables."""
     partial: list[tf.Tensor | None] = [None] * len(params)

@@ -1,8 +1,10 @@
 """Static tables of one ``sok.lookup_sparse`` call: one op for the whole call.
 
 The pooled lookup of every static table runs in ``SokPooledLookup`` (gather, weights and combiner
-for all tables on TensorFlow's intra-op threads) and its gradient in ``SokPooledLookupGrad`` (per
-table, the rows of its distinct ids as a ``tf.IndexedSlices``, in ``tf.unique``'s order).
+for all tables on TensorFlow's intra-op threads, or, for tables on a GPU, in one sequence of CUDA
+kernels with the same results to the bit) and its gradient in ``SokPooledLookupGrad`` (per table,
+the rows of its distinct ids as a ``tf.IndexedSlices``, in ``tf.unique``'s order). Both run on the
+device of the tables (all on one).
 
 At world size 1 nothing is exchanged and a table's shard is the full table: results equal those of
 the per-table TensorFlow ops of ``lookup.py`` to the bit, and ids outside a table's rows fail
@@ -19,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,7 +43,7 @@ def pooled_lookup(
     """``[batch, dim_t]`` pooled rows of each static table.
 
     Args:
-        params: ``sok.Variable`` tables (float32, ``[rows, dim]``).
+        params: ``sok.Variable`` tables (float32, ``[rows, dim]``), all on one device.
         ids: one 2-D ``tf.RaggedTensor`` of int32/int64 ids per table, the same batch for all.
         weights: None, or one float32 ``tf.RaggedTensor`` per table with the row lengths of ``ids``.
         combiners: ``"sum"``, ``"mean"`` or ``"sqrtn"`` per table (lower case).
@@ -53,17 +56,24 @@ def pooled_lookup(
             ``tf.nn.embedding_lookup_sparse`` does.
     """
     strides, offsets = ([], []) if shards is None else ([s for s, _ in shards], [o for _, o in shards])
-    return tf_ops.library().sok_pooled_lookup(
-        params=list(params),
-        ids=[x.values for x in ids],
-        row_splits=[tf.cast(x.row_splits, tf.int64) for x in ids],
-        weights=[] if weights is None else [w.values for w in weights],
-        combiners=list(combiners),
-        names=[p.name for p in params],
-        positions=list(positions),
-        strides=strides,
-        offsets=offsets,
-    )
+    with _on_device(params[0].device):
+        return tf_ops.library().sok_pooled_lookup(
+            params=list(params),
+            ids=[x.values for x in ids],
+            row_splits=[tf.cast(x.row_splits, tf.int64) for x in ids],
+            weights=[] if weights is None else [w.values for w in weights],
+            combiners=list(combiners),
+            names=[p.name for p in params],
+            positions=list(positions),
+            strides=strides,
+            offsets=offsets,
+        )
+
+
+def _on_device(device: str) -> contextlib.AbstractContextManager[Any]:
+    """``tf.device(device)`` (none for an empty name): the op runs where its tables are, not on the
+    placer's choice (a GPU for tables on the host, now that the op has GPU kernels)."""
+    return tf.device(device) if device else contextlib.nullcontext()
 
 
 def _held_products(op: tf.Operation, t: int, n: int, scaled: tf.Tensor, samples: tf.Tensor) -> tf.Tensor:
@@ -116,16 +126,17 @@ def _pooled_lookup_grad(op: tf.Operation, *grads: tf.Tensor | None) -> list[Any]
     n = op.get_attr("num_tables")
     num_weights = op.get_attr("num_weights")
     grads = [tf.zeros_like(out) if g is None else g for g, out in zip(grads, op.outputs)]
-    rows, indices = tf_ops.library().sok_pooled_lookup_grad(
-        grads=grads,
-        ids=list(op.inputs[n : 2 * n]),
-        row_splits=list(op.inputs[2 * n : 3 * n]),
-        weights=list(op.inputs[3 * n :]),
-        combiners=op.get_attr("combiners"),
-        table_rows=[int(p.shape[0]) for p in op.inputs[:n]],
-        strides=op.get_attr("strides"),
-        offsets=op.get_attr("offsets"),
-    )
+    with _on_device(op.outputs[0].device):  # where the forward ran
+        rows, indices = tf_ops.library().sok_pooled_lookup_grad(
+            grads=grads,
+            ids=list(op.inputs[n : 2 * n]),
+            row_splits=list(op.inputs[2 * n : 3 * n]),
+            weights=list(op.inputs[3 * n :]),
+            combiners=op.get_attr("combiners"),
+            table_rows=[int(p.shape[0]) for p in op.inputs[:n]],
+            strides=op.get_attr("strides"),
+            offsets=op.get_attr("offsets"),
+        )
     slices = [tf.IndexedSlices(r, i, tf.shape(p, out_type=tf.int64)) for r, i, p in zip(rows, indices, op.inputs[:n])]
     weight_grads = _weight_gradients(op, grads, n) if num_weights else []
     return slices + [None] * (2 * n) + weight_grads

@@ -1,0 +1,627 @@
+// CUDA kernels of SokPooledLookup and SokPooledLookupGrad: see pooled_lookup_kernels.h.
+//
+// Every kernel covers all tables of a call in one launch: the host gives each table a range of
+// blocks (first_block, in its descriptor) and a block finds its table by binary search. A sample
+// (forward) or a distinct id (gradient) gets `lanes` threads (a power of two up to a block, from its
+// table's dim), each summing the columns lane, lane + lanes, ... alone, in the CPU kernel's order.
+// The loops load kUnroll ids' rows before they add them, so the adds stay in order while the loads
+// overlap.
+#include "pooled_lookup_kernels.h"
+
+#include <algorithm>
+#include <climits>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+#include <vector>
+
+namespace sok_gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 8;
+// local_row of an id that another shard holds (Table::local of pooled_lookup_ops.cc).
+constexpr int64_t kNotHeld = INT64_MIN;
+constexpr size_t kAlign = 256;
+
+// The kernels that split their blocks by table.
+enum Kind { kValidate, kPool, kDivisor, kAccumulate, kKinds };
+
+// A table as the kernels see it: the op's table and its place in the launches.
+struct TableDev {
+  PooledTable t;
+  int64_t first_block[kKinds];  // each kind's first block of this table
+  int64_t id_base;              // the position of ids[0] among all tables' ids (gradient)
+  int64_t div_base;             // its samples' divisors in the gradient's divisor array
+  int64_t u_base;               // the index of its first distinct id among all tables' (gradient)
+  int64_t distinct;             // its distinct ids (pooled_grad_accumulate)
+  int32_t shift;                // log2(stride) when stride is a power of two, else -1
+  int32_t lanes;                // threads per sample or distinct id
+};
+
+#define SOK_CUDA_RETURN(expr)              \
+  do {                                     \
+    const cudaError_t sok_error_ = (expr); \
+    if (sok_error_ != cudaSuccess) {       \
+      return sok_error_;                   \
+    }                                      \
+  } while (0)
+
+int bit_width(uint64_t x) {
+  int bits = 0;
+  for (; x != 0; x >>= 1) ++bits;
+  return bits;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// The tables' descriptors, without their blocks: ids and divisors laid out table after table.
+std::vector<TableDev> describe(const PooledTable* tables, int num_tables, int64_t batch) {
+  std::vector<TableDev> out(num_tables);
+  int64_t id_base = 0;
+  int64_t div_base = 0;
+  for (int t = 0; t < num_tables; ++t) {
+    TableDev& d = out[t];
+    d = TableDev{};
+    d.t = tables[t];
+    d.id_base = id_base;
+    id_base += d.t.nnz;
+    d.div_base = d.t.combiner == kPooledSum ? -1 : div_base;
+    if (d.t.combiner != kPooledSum) div_base += batch;
+    d.shift = -1;
+    for (int b = 1; b < 63; ++b) {
+      if (d.t.stride == int64_t{1} << b) d.shift = b;
+    }
+    d.lanes = 1;
+    while (d.lanes < d.t.dim && d.lanes < kThreads) d.lanes <<= 1;
+  }
+  return out;
+}
+
+// Sets first_block[kind] from blocks(table) and returns the blocks of all tables.
+template <class Blocks>
+int64_t plan(std::vector<TableDev>* tables, Kind kind, Blocks blocks) {
+  int64_t total = 0;
+  for (TableDev& d : *tables) {
+    d.first_block[kind] = total;
+    total += blocks(d);
+  }
+  return total;
+}
+
+int64_t validate_blocks(const TableDev& d, int64_t batch) { return ceil_div(batch + 1 + d.t.nnz, kThreads); }
+
+// Launches kernel on blocks blocks (none when 0).
+template <class Kernel, class... Args>
+cudaError_t launch(Kernel kernel, int64_t blocks, cudaStream_t stream, Args... args) {
+  if (blocks <= 0) return cudaSuccess;
+  if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args...);
+  return cudaGetLastError();
+}
+
+// Copies the descriptors to the device (a pageable copy: the host vector may go once it returns).
+cudaError_t upload(const std::vector<TableDev>& tables, void* device, cudaStream_t stream) {
+  if (tables.empty()) return cudaSuccess;
+  return cudaMemcpyAsync(device, tables.data(), tables.size() * sizeof(TableDev), cudaMemcpyHostToDevice, stream);
+}
+
+// ---- device helpers ----------------------------------------------------------------------------
+
+// The table of this block for kernels of kind `kind`.
+__device__ int table_of(const TableDev* tables, int num_tables, Kind kind) {
+  const int64_t block = blockIdx.x;
+  int lo = 0;
+  int hi = num_tables - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (tables[mid].first_block[kind] <= block) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+__device__ int64_t id_at(const PooledTable& t, int64_t j) {
+  return t.ids_int64 ? static_cast<const int64_t*>(t.ids)[j] : static_cast<const int32_t*>(t.ids)[j];
+}
+
+// The row of id i in the shard (negative or >= rows for an invalid id), kNotHeld when another
+// shard holds it: Table::local of pooled_lookup_ops.cc, case by case.
+__device__ int64_t local_row(const TableDev& d, int64_t i) {
+  const int64_t stride = d.t.stride;
+  if (stride == 1) return d.t.offset == 0 ? (i < -1 ? int64_t{-1} : i) : kNotHeld;
+  if (d.shift >= 0) return (i & (stride - 1)) == d.t.offset ? (i >> d.shift) : kNotHeld;
+  return i % stride == d.t.offset ? i / stride : kNotHeld;
+}
+
+__device__ bool valid_row(int64_t row, int64_t rows) {
+  return static_cast<uint64_t>(row) < static_cast<uint64_t>(rows);
+}
+
+// Sample s's ids [begin, end), clamped to [0, nnz) so that bad row_splits read nothing outside.
+__device__ void sample_range(const PooledTable& t, int64_t s, int64_t* begin, int64_t* end) {
+  int64_t b = t.splits[s];
+  int64_t e = t.splits[s + 1];
+  b = b < 0 ? 0 : (b > t.nnz ? t.nnz : b);
+  e = e < b ? b : (e > t.nnz ? t.nnz : e);
+  *begin = b;
+  *end = e;
+}
+
+// The divisor of sample [begin, end): divisor() of pooled_lookup_ops.cc.
+__device__ float divisor(const PooledTable& t, int64_t begin, int64_t end) {
+  if (t.combiner == kPooledSum) return 1.0f;
+  float total = 0.0f;
+  if (t.weights == nullptr) {
+    total = __ll2float_rn(end - begin);
+  } else {
+    for (int64_t j = begin; j < end; ++j) {
+      const float w = t.weights[j];
+      total = __fadd_rn(total, t.combiner == kPooledMean ? w : __fmul_rn(w, w));
+    }
+  }
+  return t.combiner == kPooledSqrtn ? __fsqrt_rn(total) : total;
+}
+
+// Column k of the sum of the held rows of [begin, end) (num of them) in sum_rows' order: the first
+// `head` one after another, then each further 8 summed apart and added.
+__device__ float sum_rows(const TableDev& d, int64_t begin, int64_t end, int64_t head, int64_t k) {
+  const PooledTable& t = d.t;
+  float out = 0.0f;
+  float group = 0.0f;
+  int64_t count = 0;
+  for (int64_t j0 = begin; j0 < end; j0 += kUnroll) {
+    float x[kUnroll];
+    bool held[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      held[u] = false;
+      x[u] = 0.0f;
+      if (j0 + u < end) {
+        const int64_t row = local_row(d, id_at(t, j0 + u));
+        held[u] = valid_row(row, t.rows);
+        if (held[u]) x[u] = t.params[row * t.dim + k];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (!held[u]) continue;
+      if (count < head) {
+        out = __fadd_rn(out, x[u]);
+      } else {
+        const int64_t m = (count - head) & 7;
+        group = m == 0 ? x[u] : __fadd_rn(group, x[u]);
+        if (m == 7) out = __fadd_rn(out, group);
+      }
+      ++count;
+    }
+  }
+  return out;
+}
+
+// Column k of the sum of row * w of the held ids of [begin, end), one after another.
+__device__ float sum_weighted_rows(const TableDev& d, int64_t begin, int64_t end, int64_t k) {
+  const PooledTable& t = d.t;
+  float out = 0.0f;
+  for (int64_t j0 = begin; j0 < end; j0 += kUnroll) {
+    float x[kUnroll];
+    float w[kUnroll];
+    bool held[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      held[u] = false;
+      x[u] = 0.0f;
+      w[u] = 0.0f;
+      if (j0 + u < end) {
+        const int64_t row = local_row(d, id_at(t, j0 + u));
+        held[u] = valid_row(row, t.rows);
+        if (held[u]) {
+          x[u] = t.params[row * t.dim + k];
+          w[u] = t.weights[j0 + u];
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (held[u]) out = __fadd_rn(out, __fmul_rn(x[u], w[u]));
+    }
+  }
+  return out;
+}
+
+// ---- kernels -----------------------------------------------------------------------------------
+
+__global__ void init_checks_kernel(PooledCheck* checks, int num_tables) {
+  const int t = blockIdx.x * kThreads + threadIdx.x;
+  if (t >= num_tables) return;
+  checks[t] = PooledCheck{0, 0, kPooledNone, 0, kPooledNone, 0};
+}
+
+// Where the gradient's sort keys go (keys == nullptr: the forward, none).
+struct KeysOut {
+  uint64_t* keys;        // (ids,): table << row_bits | row, row_mask for an id the shard does not hold
+  uint32_t* positions;   // (ids,): the position among all tables' ids
+  uint32_t* samples;     // (ids,): the sample of each id
+  int row_bits;
+  uint64_t row_mask;
+};
+
+// Items [0, batch] check row_splits entry b, items batch + 1 + j check id j (and write its key).
+__global__ void validate_kernel(const TableDev* tables, int num_tables, int64_t batch, PooledCheck* checks,
+                                KeysOut out) {
+  const int t = table_of(tables, num_tables, kValidate);
+  const TableDev d = tables[t];
+  const int64_t item = (static_cast<int64_t>(blockIdx.x) - d.first_block[kValidate]) * kThreads + threadIdx.x;
+  const int64_t* splits = d.t.splits;
+  if (item <= batch) {
+    if (splits == nullptr) return;
+    if (item == 0) checks[t].first_split = splits[0];
+    if (item == batch) checks[t].last_split = splits[batch];
+    if (item < batch && splits[item + 1] < splits[item]) {
+      atomicMin(reinterpret_cast<unsigned long long*>(&checks[t].first_decrease),
+                static_cast<unsigned long long>(item));
+    }
+    return;
+  }
+  const int64_t j = item - batch - 1;
+  if (j >= d.t.nnz) return;
+  const int64_t row = local_row(d, id_at(d.t, j));
+  const bool valid = valid_row(row, d.t.rows);
+  if (!valid && row != kNotHeld) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(&checks[t].bad_ids), 1ull);
+    atomicMin(reinterpret_cast<unsigned long long*>(&checks[t].first_bad), static_cast<unsigned long long>(j));
+  }
+  if (out.keys == nullptr) return;
+  const int64_t p = d.id_base + j;
+  out.keys[p] = (static_cast<uint64_t>(t) << out.row_bits) | (valid ? static_cast<uint64_t>(row) : out.row_mask);
+  out.positions[p] = static_cast<uint32_t>(p);
+  // The sample of id j: the last s < batch with splits[s] <= j (valid row_splits; else any s).
+  int64_t lo = 0;
+  int64_t hi = batch - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) >> 1;
+    if (splits[mid] <= j) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  out.samples[p] = static_cast<uint32_t>(lo < 0 ? 0 : lo);
+}
+
+// out (batch, dim) of each table: one sample per `lanes` threads.
+__global__ void pool_kernel(const TableDev* tables, int num_tables, int64_t batch) {
+  const TableDev d = tables[table_of(tables, num_tables, kPool)];
+  const PooledTable& t = d.t;
+  const int lanes = d.lanes;
+  const int lane = threadIdx.x & (lanes - 1);
+  const int64_t s =
+      (static_cast<int64_t>(blockIdx.x) - d.first_block[kPool]) * (kThreads / lanes) + threadIdx.x / lanes;
+  if (s >= batch) return;
+  int64_t begin = 0;
+  int64_t end = 0;
+  sample_range(t, s, &begin, &end);
+  const float div = divisor(t, begin, end);
+  float* out = t.out + s * t.dim;
+  int64_t head = 0;
+  if (t.weights == nullptr) {
+    int64_t num = 0;
+    for (int64_t j = begin; j < end; ++j) num += valid_row(local_row(d, id_at(t, j)), t.rows) ? 1 : 0;
+    const int64_t rest = num & 7;
+    head = num == 1 ? 1 : (rest == 0 ? (num < 8 ? num : 8) : (rest == 1 ? 9 : rest));
+  }
+  for (int64_t k = lane; k < t.dim; k += lanes) {
+    float sum = t.weights == nullptr ? sum_rows(d, begin, end, head, k) : sum_weighted_rows(d, begin, end, k);
+    if (t.combiner != kPooledSum) sum = div != 0.0f ? __fdiv_rn(sum, div) : 0.0f;
+    out[k] = sum;
+  }
+}
+
+// div[div_base + s] = the divisor of sample s of each "mean" / "sqrtn" table.
+__global__ void divisor_kernel(const TableDev* tables, int num_tables, int64_t batch, float* div) {
+  const TableDev d = tables[table_of(tables, num_tables, kDivisor)];
+  const int64_t s = (static_cast<int64_t>(blockIdx.x) - d.first_block[kDivisor]) * kThreads + threadIdx.x;
+  if (s >= batch) return;
+  int64_t begin = 0;
+  int64_t end = 0;
+  sample_range(d.t, s, &begin, &end);
+  div[d.div_base + s] = divisor(d.t, begin, end);
+}
+
+// Marks the first occurrence of each held key (sorted: the head of its run, whose position is the
+// smallest, the sort being stable) at its position, with the head's index in the sorted keys.
+__global__ void firsts_kernel(const uint64_t* keys, const uint32_t* positions, int64_t num, uint64_t row_mask,
+                              uint32_t* first, uint32_t* head_of_first) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= num) return;
+  const uint64_t key = keys[i];
+  if ((key & row_mask) == row_mask || (i > 0 && keys[i - 1] == key)) return;
+  const uint32_t p = positions[i];
+  first[p] = 1;
+  head_of_first[p] = static_cast<uint32_t>(i);
+}
+
+// checks[t].distinct = the first occurrences among table t's positions.
+__global__ void count_kernel(const TableDev* tables, int num_tables, const uint32_t* first, const uint32_t* order,
+                             PooledCheck* checks) {
+  const int t = blockIdx.x * kThreads + threadIdx.x;
+  if (t >= num_tables || tables[t].t.nnz == 0) return;
+  const int64_t base = tables[t].id_base;
+  const int64_t last = base + tables[t].t.nnz - 1;
+  checks[t].distinct = static_cast<uint64_t>(order[last]) + first[last] - order[base];
+}
+
+// head_sorted[r] = the sorted index of the head of the distinct id of rank r (first-occurrence order).
+__global__ void heads_kernel(int64_t num, const uint32_t* first, const uint32_t* order, const uint32_t* head_of_first,
+                             uint32_t* head_sorted) {
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (p >= num || first[p] == 0) return;
+  head_sorted[order[p]] = head_of_first[p];
+}
+
+// Where pooled_grad_distinct left the distinct ids.
+struct Distinct {
+  const uint64_t* keys;         // (ids,) sorted
+  const uint32_t* positions;    // (ids,) in the order of keys
+  const uint32_t* samples;      // (ids,) by position
+  const uint32_t* head_sorted;  // (distinct,) in first-occurrence order
+  const float* div;             // divisors
+  uint64_t row_mask;
+  int64_t num;
+};
+
+// out (distinct, dim) and out_ids (distinct,) of each table: one distinct id per `lanes` threads.
+__global__ void accumulate_kernel(const TableDev* tables, int num_tables, Distinct in) {
+  const TableDev d = tables[table_of(tables, num_tables, kAccumulate)];
+  const PooledTable& t = d.t;
+  const int lanes = d.lanes;
+  const int lane = threadIdx.x & (lanes - 1);
+  const int64_t index =
+      (static_cast<int64_t>(blockIdx.x) - d.first_block[kAccumulate]) * (kThreads / lanes) + threadIdx.x / lanes;
+  if (index >= d.distinct) return;
+  const int64_t head = in.head_sorted[d.u_base + index];
+  const uint64_t key = in.keys[head];
+  if (lane == 0) t.out_ids[index] = static_cast<int64_t>(key & in.row_mask);
+  for (int64_t k = lane; k < t.dim; k += lanes) {
+    float sum = 0.0f;
+    bool more = true;
+    for (int64_t i0 = head; more; i0 += kUnroll) {
+      float g[kUnroll];
+      bool add[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = i0 + u;
+        const bool same = i < in.num && in.keys[i] == key;
+        add[u] = false;
+        g[u] = 0.0f;
+        if (same) {
+          const uint32_t p = in.positions[i];
+          const int64_t s = in.samples[p];
+          float x = t.grads[s * t.dim + k];
+          bool use = true;
+          if (t.combiner != kPooledSum) {
+            const float div = in.div[d.div_base + s];
+            use = div != 0.0f;  // a sample whose divisor is 0 gives zeros: no gradient
+            x = __fdiv_rn(x, div);
+          }
+          if (t.weights != nullptr) x = __fmul_rn(x, t.weights[p - d.id_base]);
+          add[u] = use;
+          g[u] = x;
+        }
+        if (u == kUnroll - 1) more = same;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (add[u]) sum = __fadd_rn(sum, g[u]);
+      }
+    }
+    t.out[index * t.dim + k] = sum;
+  }
+}
+
+// ---- the gradient's workspace --------------------------------------------------------------------
+
+// Byte offsets of the gradient's buffers in its workspace, and the sizes they follow from.
+struct GradLayout {
+  int64_t num_ids = 0;  // all tables' ids
+  int64_t num_div = 0;  // divisors: batch per "mean" / "sqrtn" table
+  int row_bits = 0;     // bits of a row in a sort key (the table index above them)
+  int key_bits = 1;
+  size_t tables = 0, keys_in = 0, keys_out = 0, positions_in = 0, positions_out = 0, samples = 0, first = 0,
+         order = 0, div = 0, temp = 0;
+  size_t temp_bytes = 0;
+  size_t total = 0;
+  uint64_t row_mask() const { return row_bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << row_bits) - 1; }
+};
+
+cudaError_t grad_layout(const PooledTable* tables, int num_tables, int64_t batch, GradLayout* layout) {
+  GradLayout& l = *layout;
+  l = GradLayout{};
+  int64_t max_rows = 0;
+  for (int t = 0; t < num_tables; ++t) {
+    l.num_ids += tables[t].nnz;
+    max_rows = std::max(max_rows, tables[t].rows);
+    if (tables[t].combiner != kPooledSum) l.num_div += batch;
+  }
+  // row_mask (all ones) is above every row of every table: the key of an id the shard does not hold.
+  l.row_bits = bit_width(static_cast<uint64_t>(max_rows));
+  l.key_bits = std::max(1, l.row_bits + bit_width(static_cast<uint64_t>(num_tables - 1)));
+  const size_t n = static_cast<size_t>(l.num_ids);
+  size_t offset = 0;
+  auto take = [&offset](size_t bytes) {
+    const size_t at = offset;
+    offset += aligned(bytes);
+    return at;
+  };
+  l.tables = take(num_tables * sizeof(TableDev));
+  l.keys_in = take(n * sizeof(uint64_t));  // then head_sorted
+  l.keys_out = take(n * sizeof(uint64_t));
+  l.positions_in = take(n * sizeof(uint32_t));  // then head_of_first
+  l.positions_out = take(n * sizeof(uint32_t));
+  l.samples = take(n * sizeof(uint32_t));
+  l.first = take(n * sizeof(uint32_t));
+  l.order = take(n * sizeof(uint32_t));
+  l.div = take(static_cast<size_t>(l.num_div) * sizeof(float));
+  if (l.num_ids > 0) {
+    const int num = static_cast<int>(l.num_ids);
+    size_t sort_bytes = 0;
+    size_t scan_bytes = 0;
+    SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const uint64_t*>(nullptr),
+                                                    static_cast<uint64_t*>(nullptr),
+                                                    static_cast<const uint32_t*>(nullptr),
+                                                    static_cast<uint32_t*>(nullptr), num, 0, l.key_bits));
+    SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<const uint32_t*>(nullptr),
+                                                  static_cast<uint32_t*>(nullptr), num));
+    l.temp_bytes = std::max(sort_bytes, scan_bytes);
+  }
+  l.temp = take(l.temp_bytes);
+  l.total = offset;
+  return cudaSuccess;
+}
+
+template <class T>
+T* at(void* workspace, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(workspace) + offset);
+}
+
+}  // namespace
+
+size_t pooled_forward_workspace_bytes(int num_tables) {
+  return aligned(static_cast<size_t>(std::max(num_tables, 0)) * sizeof(TableDev));
+}
+
+cudaError_t pooled_validate(const PooledTable* tables, int num_tables, int64_t batch, void* workspace,
+                            PooledCheck* checks, cudaStream_t stream) {
+  if (num_tables <= 0) return cudaSuccess;
+  std::vector<TableDev> d = describe(tables, num_tables, batch);
+  const int64_t blocks = plan(&d, kValidate, [batch](const TableDev& x) { return validate_blocks(x, batch); });
+  auto* dev = static_cast<TableDev*>(workspace);
+  SOK_CUDA_RETURN(upload(d, dev, stream));
+  SOK_CUDA_RETURN(launch(init_checks_kernel, ceil_div(num_tables, kThreads), stream, checks, num_tables));
+  return launch(validate_kernel, blocks, stream, static_cast<const TableDev*>(dev), num_tables, batch, checks,
+                KeysOut{nullptr, nullptr, nullptr, 0, 0});
+}
+
+cudaError_t pooled_forward(const PooledTable* tables, int num_tables, int64_t batch, void* workspace,
+                           PooledCheck* checks, cudaStream_t stream) {
+  if (num_tables <= 0) return cudaSuccess;
+  std::vector<TableDev> d = describe(tables, num_tables, batch);
+  const int64_t validate = plan(&d, kValidate, [batch](const TableDev& x) { return validate_blocks(x, batch); });
+  const int64_t pool = plan(&d, kPool, [batch](const TableDev& x) {
+    return x.t.dim > 0 ? ceil_div(batch, kThreads / x.lanes) : int64_t{0};
+  });
+  auto* dev = static_cast<TableDev*>(workspace);
+  SOK_CUDA_RETURN(upload(d, dev, stream));
+  SOK_CUDA_RETURN(launch(init_checks_kernel, ceil_div(num_tables, kThreads), stream, checks, num_tables));
+  SOK_CUDA_RETURN(launch(validate_kernel, validate, stream, static_cast<const TableDev*>(dev), num_tables, batch,
+                         checks, KeysOut{nullptr, nullptr, nullptr, 0, 0}));
+  return launch(pool_kernel, pool, stream, static_cast<const TableDev*>(dev), num_tables, batch);
+}
+
+const char* pooled_grad_unsupported(const PooledTable* tables, int num_tables, int64_t batch) {
+  int64_t num_ids = 0;
+  int64_t max_rows = 0;
+  for (int t = 0; t < num_tables; ++t) {
+    num_ids += tables[t].nnz;
+    max_rows = std::max(max_rows, tables[t].rows);
+  }
+  if (num_ids > INT_MAX) return "more than 2^31 - 1 ids in all tables of one call";
+  if (batch > INT_MAX) return "a batch of more than 2^31 - 1 samples";
+  if (bit_width(static_cast<uint64_t>(max_rows)) + bit_width(static_cast<uint64_t>(std::max(num_tables, 1) - 1)) > 64) {
+    return "more table rows and tables than a 64-bit sort key holds (bits of the most rows + bits of the table count "
+           "> 64)";
+  }
+  return nullptr;
+}
+
+cudaError_t pooled_grad_workspace_bytes(const PooledTable* tables, int num_tables, int64_t batch, size_t* bytes) {
+  if (pooled_grad_unsupported(tables, num_tables, batch) != nullptr) return cudaErrorInvalidValue;
+  GradLayout layout;
+  SOK_CUDA_RETURN(grad_layout(tables, num_tables, batch, &layout));
+  *bytes = layout.total;
+  return cudaSuccess;
+}
+
+cudaError_t pooled_grad_distinct(const PooledTable* tables, int num_tables, int64_t batch, void* workspace,
+                                 size_t workspace_bytes, PooledCheck* checks, cudaStream_t stream) {
+  if (num_tables <= 0) return cudaSuccess;
+  if (pooled_grad_unsupported(tables, num_tables, batch) != nullptr) return cudaErrorInvalidValue;
+  GradLayout l;
+  SOK_CUDA_RETURN(grad_layout(tables, num_tables, batch, &l));
+  if (workspace_bytes < l.total) return cudaErrorInvalidValue;
+  std::vector<TableDev> d = describe(tables, num_tables, batch);
+  const int64_t validate = plan(&d, kValidate, [batch](const TableDev& x) { return validate_blocks(x, batch); });
+  const int64_t divisors = plan(&d, kDivisor, [batch](const TableDev& x) {
+    return x.t.combiner != kPooledSum ? ceil_div(batch, kThreads) : int64_t{0};
+  });
+  auto* dev = at<TableDev>(workspace, l.tables);
+  auto* keys_in = at<uint64_t>(workspace, l.keys_in);
+  auto* keys_out = at<uint64_t>(workspace, l.keys_out);
+  auto* positions_in = at<uint32_t>(workspace, l.positions_in);
+  auto* positions_out = at<uint32_t>(workspace, l.positions_out);
+  auto* samples = at<uint32_t>(workspace, l.samples);
+  auto* first = at<uint32_t>(workspace, l.first);
+  auto* order = at<uint32_t>(workspace, l.order);
+  // Dead after the sort: their room takes the heads.
+  auto* head_of_first = positions_in;
+  auto* head_sorted = reinterpret_cast<uint32_t*>(keys_in);
+  SOK_CUDA_RETURN(upload(d, dev, stream));
+  SOK_CUDA_RETURN(launch(init_checks_kernel, ceil_div(num_tables, kThreads), stream, checks, num_tables));
+  SOK_CUDA_RETURN(launch(validate_kernel, validate, stream, static_cast<const TableDev*>(dev), num_tables, batch,
+                         checks, KeysOut{keys_in, positions_in, samples, l.row_bits, l.row_mask()}));
+  SOK_CUDA_RETURN(launch(divisor_kernel, divisors, stream, static_cast<const TableDev*>(dev), num_tables, batch,
+                         at<float>(workspace, l.div)));
+  if (l.num_ids == 0) return cudaSuccess;
+  const int num = static_cast<int>(l.num_ids);
+  const int64_t blocks = ceil_div(l.num_ids, kThreads);
+  size_t temp_bytes = l.temp_bytes;
+  SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(at<void>(workspace, l.temp), temp_bytes,
+                                                  static_cast<const uint64_t*>(keys_in), keys_out,
+                                                  static_cast<const uint32_t*>(positions_in), positions_out, num, 0,
+                                                  l.key_bits, stream));
+  SOK_CUDA_RETURN(cudaMemsetAsync(first, 0, static_cast<size_t>(num) * sizeof(uint32_t), stream));
+  SOK_CUDA_RETURN(launch(firsts_kernel, blocks, stream, static_cast<const uint64_t*>(keys_out),
+                         static_cast<const uint32_t*>(positions_out), l.num_ids, l.row_mask(), first, head_of_first));
+  temp_bytes = l.temp_bytes;
+  SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(at<void>(workspace, l.temp), temp_bytes,
+                                                static_cast<const uint32_t*>(first), order, num, stream));
+  SOK_CUDA_RETURN(launch(count_kernel, ceil_div(num_tables, kThreads), stream, static_cast<const TableDev*>(dev),
+                         num_tables, static_cast<const uint32_t*>(first), static_cast<const uint32_t*>(order),
+                         checks));
+  return launch(heads_kernel, blocks, stream, l.num_ids, static_cast<const uint32_t*>(first),
+                static_cast<const uint32_t*>(order), static_cast<const uint32_t*>(head_of_first), head_sorted);
+}
+
+cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* distinct, int num_tables,
+                                   int64_t batch, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (num_tables <= 0) return cudaSuccess;
+  if (pooled_grad_unsupported(tables, num_tables, batch) != nullptr) return cudaErrorInvalidValue;
+  GradLayout l;
+  SOK_CUDA_RETURN(grad_layout(tables, num_tables, batch, &l));
+  if (workspace_bytes < l.total) return cudaErrorInvalidValue;
+  std::vector<TableDev> d = describe(tables, num_tables, batch);
+  int64_t u_base = 0;
+  for (int t = 0; t < num_tables; ++t) {
+    d[t].distinct = static_cast<int64_t>(distinct[t]);
+    d[t].u_base = u_base;
+    u_base += d[t].distinct;
+  }
+  const int64_t blocks =
+      plan(&d, kAccumulate, [](const TableDev& x) { return ceil_div(x.distinct, kThreads / x.lanes); });
+  auto* dev = at<TableDev>(workspace, l.tables);
+  SOK_CUDA_RETURN(upload(d, dev, stream));
+  const Distinct in{at<uint64_t>(workspace, l.keys_out),
+                    at<uint32_t>(workspace, l.positions_out),
+                    at<uint32_t>(workspace, l.samples),
+                    at<uint32_t>(workspace, l.keys_in),
+                    at<float>(workspace, l.div),
+                    l.row_mask(),
+                    l.num_ids};
+  return launch(accumulate_kernel, blocks, stream, static_cast<const TableDev*>(dev), num_tables, in);
+}
+
+}  // namespace sok_gpu

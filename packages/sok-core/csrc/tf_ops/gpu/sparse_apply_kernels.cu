@@ -1,0 +1,225 @@
+// SokLookupDistinct's and SokSparseApply's device work (sparse_apply_kernels.h says what).
+//
+// The step builds, per distinct key, the list of its gradient rows in batch order (a CSR): a stable
+// radix sort of (position, batch index) pairs, and for row r the range [begin[r], begin[r + 1]) of
+// the sorted pairs with position r (a binary search per row). One kernel then sums and applies the
+// rule, a thread per (row, column). Every float operation is an explicit IEEE round-to-nearest
+// intrinsic, so nvcc never contracts a multiply and an add into an FMA: the results are those of
+// RowRule::apply on the CPU, operation for operation.
+#include <cub/device/device_radix_sort.cuh>
+
+#include "common.cuh"
+#include "sparse_apply_kernels.h"
+
+namespace sok_gpu {
+namespace {
+
+using detail::blocks_for;
+using detail::kThreads;
+using detail::thread_index;
+using detail::thread_stride;
+
+// *flag = max over bad i of (n - i): the smallest bad index, and 0 when there is none.
+__global__ void bad_position_kernel(const int32_t* __restrict__ positions, int32_t n, int64_t u,
+                                    int32_t* __restrict__ flag) {
+  for (int64_t i = thread_index(); i < n; i += thread_stride()) {
+    const int32_t p = positions[i];
+    if (p < 0 || p >= u) atomicMax(flag, static_cast<int32_t>(n - i));
+  }
+}
+
+__global__ void gather_kernel(const float* __restrict__ rows, const int32_t* __restrict__ positions, int32_t n,
+                              int64_t w, float* __restrict__ out) {
+  const int64_t total = static_cast<int64_t>(n) * w;
+  for (int64_t t = thread_index(); t < total; t += thread_stride()) {
+    const int64_t i = t / w;
+    const int64_t c = t - i * w;
+    out[t] = rows[static_cast<int64_t>(positions[i]) * w + c];
+  }
+}
+
+__global__ void iota_kernel(int32_t n, int32_t* __restrict__ out) {
+  for (int64_t j = thread_index(); j < n; j += thread_stride()) out[j] = static_cast<int32_t>(j);
+}
+
+// begin[r] = the first j with sorted[j] >= r, for r in [0, u]: begin[u] = n.
+__global__ void row_begin_kernel(const uint32_t* __restrict__ sorted, int32_t n, int32_t u,
+                                 int32_t* __restrict__ begin) {
+  for (int64_t r = thread_index(); r <= u; r += thread_stride()) {
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+      const int32_t mid = lo + (hi - lo) / 2;
+      if (sorted[mid] < static_cast<uint32_t>(r)) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    begin[r] = lo;
+  }
+}
+
+// The rule on column c of one row (d embedding columns, then the state's): g the summed gradient
+// (RowRule::apply).
+template <int32_t kKind>
+__device__ inline void apply_rule(float* __restrict__ row, int64_t d, int64_t c, float g, float lr, float h0,
+                                  float h1) {
+  float& w = row[c];
+  if (kKind == kRuleSgd) {  // w - g * lr
+    w = __fsub_rn(w, __fmul_rn(g, lr));
+  } else if (kKind == kRuleMomentum) {  // m = m * momentum - g * lr; w + (m * momentum - g * lr if nesterov else m)
+    float& s = row[d + c];
+    const float m = __fsub_rn(__fmul_rn(s, h0), __fmul_rn(g, lr));
+    s = m;
+    w = h1 != 0.0f ? __fadd_rn(w, __fsub_rn(__fmul_rn(m, h0), __fmul_rn(g, lr))) : __fadd_rn(w, m);
+  } else {  // acc + g**2; w - lr * g / (sqrt(acc) + eps if after sqrt else sqrt(acc + eps))
+    float& s = row[d + c];
+    const float acc = __fadd_rn(s, __fmul_rn(g, g));
+    s = acc;
+    const float denominator = h1 != 0.0f ? __fadd_rn(__fsqrt_rn(acc), h0) : __fsqrt_rn(__fadd_rn(acc, h0));
+    w = __fsub_rn(w, __fdiv_rn(__fmul_rn(lr, g), denominator));
+  }
+}
+
+// Row r, column c: g = the gradient rows of r in batch order, then the rule on rows (u, W).
+template <int32_t kKind>
+__global__ void apply_kernel(int32_t u, int32_t d, int32_t row_width, const float* __restrict__ grads,
+                             const int32_t* __restrict__ occurrence, const int32_t* __restrict__ begin, float lr,
+                             float h0, float h1, float* __restrict__ rows) {
+  const int64_t total = static_cast<int64_t>(u) * d;
+  for (int64_t t = thread_index(); t < total; t += thread_stride()) {
+    const int64_t r = t / d;
+    const int64_t c = t - r * d;
+    const float g = detail::sum_in_order(grads, occurrence, begin[r], begin[r + 1], d, c);
+    apply_rule<kKind>(rows + r * row_width, d, c, g, lr, h0, h1);
+  }
+}
+
+struct Workspace {
+  int32_t* iota;
+  uint32_t* sorted_positions;
+  int32_t* occurrence;
+  int32_t* begin;
+  void* cub;
+  size_t cub_bytes;
+  size_t total;
+};
+
+// The bits that hold 0 .. u - 1 (at least one).
+int position_bits(int32_t u) {
+  int bits = 1;
+  while (bits < 31 && (int64_t{1} << bits) < u) ++bits;
+  return bits;
+}
+
+cudaError_t carve(int32_t n, int32_t u, void* base, Workspace* ws) {
+  size_t sort_bytes = 0;
+  const cudaError_t e = cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, position_bits(u));
+  if (e != cudaSuccess) return e;
+  detail::Carver c(base);
+  ws->iota = c.take<int32_t>(n);
+  ws->sorted_positions = c.take<uint32_t>(n);
+  ws->occurrence = c.take<int32_t>(n);
+  ws->begin = c.take<int32_t>(static_cast<int64_t>(u) + 1);
+  ws->cub_bytes = std::max(sort_bytes, size_t{1});
+  ws->cub = c.take_bytes(ws->cub_bytes);
+  ws->total = c.total();
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t find_bad_position(const int32_t* positions, int32_t n, int64_t u, int32_t* flag, int64_t* bad_index,
+                              int32_t* bad_value, cudaStream_t stream) {
+  if (bad_index == nullptr || bad_value == nullptr || n < 0) return cudaErrorInvalidValue;
+  *bad_index = -1;
+  *bad_value = 0;
+  if (n == 0) return cudaSuccess;
+  if (positions == nullptr || flag == nullptr) return cudaErrorInvalidValue;
+  cudaError_t e = cudaMemsetAsync(flag, 0, sizeof(int32_t), stream);
+  if (e != cudaSuccess) return e;
+  bad_position_kernel<<<blocks_for(n), kThreads, 0, stream>>>(positions, n, u, flag);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  int32_t found = 0;
+  if ((e = cudaMemcpyAsync(&found, flag, sizeof(int32_t), cudaMemcpyDeviceToHost, stream)) != cudaSuccess) return e;
+  if ((e = cudaStreamSynchronize(stream)) != cudaSuccess) return e;
+  if (found == 0) return cudaSuccess;
+  const int32_t i = n - found;
+  int32_t value = 0;
+  e = cudaMemcpyAsync(&value, positions + i, sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
+  if (e != cudaSuccess) return e;
+  if ((e = cudaStreamSynchronize(stream)) != cudaSuccess) return e;
+  *bad_index = i;
+  *bad_value = value;
+  return cudaSuccess;
+}
+
+cudaError_t gather_rows(const float* rows, const int32_t* positions, int32_t n, int64_t w, float* out,
+                        cudaStream_t stream) {
+  if (n < 0 || w < 0) return cudaErrorInvalidValue;
+  const int64_t total = static_cast<int64_t>(n) * w;
+  if (total == 0) return cudaSuccess;
+  if (rows == nullptr || positions == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  gather_kernel<<<blocks_for(total), kThreads, 0, stream>>>(rows, positions, n, w, out);
+  return cudaGetLastError();
+}
+
+cudaError_t sparse_apply_workspace_bytes(int32_t n, int32_t u, size_t* bytes) {
+  if (n < 0 || u < 0 || bytes == nullptr) return cudaErrorInvalidValue;
+  Workspace ws{};
+  const cudaError_t e = carve(n, u, nullptr, &ws);
+  *bytes = ws.total;
+  return e;
+}
+
+cudaError_t sparse_apply_rows(const int32_t* positions, const float* grads, int32_t n, int32_t u, int32_t d,
+                              int32_t row_width, SparseRule rule, float lr, float* rows, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream) {
+  const int32_t slots = rule.kind == kRuleSgd ? 0 : 1;
+  if (n < 0 || u < 0 || d < 0 || rule.kind < kRuleSgd || rule.kind > kRuleAdagrad ||
+      static_cast<int64_t>(d) * (1 + slots) != row_width) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t total = static_cast<int64_t>(u) * d;
+  if (total == 0) return cudaSuccess;
+  if (rows == nullptr || workspace == nullptr || (n > 0 && (positions == nullptr || grads == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  Workspace ws{};
+  cudaError_t e = carve(n, u, workspace, &ws);
+  if (e != cudaSuccess) return e;
+  if (ws.total > workspace_bytes) return cudaErrorInvalidValue;
+  if (n > 0) {
+    iota_kernel<<<blocks_for(n), kThreads, 0, stream>>>(n, ws.iota);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    // Valid positions are in [0, u): as unsigned, their low position_bits(u) bits order them.
+    size_t bytes = ws.cub_bytes;
+    e = cub::DeviceRadixSort::SortPairs(ws.cub, bytes, reinterpret_cast<const uint32_t*>(positions),
+                                        ws.sorted_positions, ws.iota, ws.occurrence, n, 0, position_bits(u), stream);
+    if (e != cudaSuccess) return e;
+  }
+  row_begin_kernel<<<blocks_for(static_cast<int64_t>(u) + 1), kThreads, 0, stream>>>(ws.sorted_positions, n, u,
+                                                                                     ws.begin);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  const unsigned int blocks = blocks_for(total);
+  const float h0 = rule.hyper[0], h1 = rule.hyper[1];
+  switch (rule.kind) {
+    case kRuleSgd:
+      apply_kernel<kRuleSgd>
+          <<<blocks, kThreads, 0, stream>>>(u, d, row_width, grads, ws.occurrence, ws.begin, lr, h0, h1, rows);
+      break;
+    case kRuleMomentum:
+      apply_kernel<kRuleMomentum>
+          <<<blocks, kThreads, 0, stream>>>(u, d, row_width, grads, ws.occurrence, ws.begin, lr, h0, h1, rows);
+      break;
+    default:
+      apply_kernel<kRuleAdagrad>
+          <<<blocks, kThreads, 0, stream>>>(u, d, row_width, grads, ws.occurrence, ws.begin, lr, h0, h1, rows);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace sok_gpu

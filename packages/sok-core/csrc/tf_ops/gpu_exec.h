@@ -1,0 +1,71 @@
+// What the DEVICE_GPU kernels of libsok_tf_ops_gpu.so (every *_gpu.cc) share: the sok_exec_context
+// of a GPU op (TF's CUDA device and compute stream), CUDA errors as TF statuses, and a guard that
+// makes the op's device current for our own CUDA calls.
+//
+// Host code, compiled by g++ with TensorFlow's flags (GOOGLE_CUDA, EIGEN_USE_GPU). Everything is
+// inline: the library exports only its kernel tables.
+#ifndef SOK_TF_OPS_GPU_EXEC_H_
+#define SOK_TF_OPS_GPU_EXEC_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "sok/storage_api.h"
+#include "storage_ops.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "unsupported/Eigen/CXX11/Tensor"
+
+namespace sok_tf {
+
+inline Status cuda_status(cudaError_t e, const char* call, const char* file, int line) {
+  if (e == cudaSuccess) return Status();
+  return errors::Internal(file, ":", line, ": ", call, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e),
+                          ")");
+}
+// A CUDA call (or a launcher returning cudaError_t) as a Status naming the call, file and line.
+#define SOK_CUDA(call) ::sok_tf::cuda_status((call), #call, __FILE__, __LINE__)
+
+// Makes exec's device current for this thread (our own CUDA calls) and restores the previous one.
+class DeviceGuard {
+ public:
+  Status enter(int device_id) {
+    TF_RETURN_IF_ERROR(SOK_CUDA(cudaGetDevice(&previous_)));
+    if (previous_ != device_id) {
+      TF_RETURN_IF_ERROR(SOK_CUDA(cudaSetDevice(device_id)));
+      restore_ = true;
+    }
+    return Status();
+  }
+  ~DeviceGuard() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+inline cudaStream_t stream_of(const sok_exec_context& exec) { return static_cast<cudaStream_t>(exec.stream); }
+
+// The execution context of the GPU kernels: the CUDA device of this TF device and its compute
+// stream, on which TF orders the op's inputs, outputs and temporaries.
+struct GpuExec {
+  static sok_exec_context of(OpKernelContext* ctx) {
+    const auto* info = ctx->device()->tensorflow_accelerator_device_info();
+    const int device_id = info != nullptr && info->gpu_id >= 0 ? info->gpu_id : 0;
+    return sok_exec_context{SOK_DEVICE_CUDA, device_id,
+                            static_cast<void*>(ctx->eigen_device<Eigen::GpuDevice>().stream())};
+  }
+  // Zeros bytes of device memory at data (ordered on the op's stream).
+  static Status zero(OpKernelContext* ctx, void* data, size_t bytes) {
+    const sok_exec_context exec = of(ctx);
+    DeviceGuard guard;
+    TF_RETURN_IF_ERROR(guard.enter(exec.device_id));
+    return SOK_CUDA(cudaMemsetAsync(data, 0, bytes, stream_of(exec)));
+  }
+};
+
+}  // namespace sok_tf
+
+#endif  // SOK_TF_OPS_GPU_EXEC_H_

@@ -1,0 +1,389 @@
+// DEVICE_GPU kernels of SokPooledLookup and SokPooledLookupGrad: the CPU kernels' results to the bit
+// (pooled_lookup_ops.cc defines the semantics), from SOK's CUDA kernels (gpu/pooled_lookup_kernels.h)
+// on TensorFlow's compute stream. Every input and output is in device memory.
+//
+// The ops are registered by libsok_tf_ops.so, loaded first; this file only adds kernels. Each op
+// reads one small array back to the host, after one cudaStreamSynchronize: the checks of each
+// table's row_splits and ids and, for the gradient, its count of distinct ids (the size of its
+// outputs). An offending id is copied only on the error path. The errors are the CPU kernels',
+// with the same texts and in the same order: the shape checks of a table run on the host, its
+// row_splits values on the device, and a host error after tables whose row_splits are not yet
+// checked waits for their check first.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpu/pooled_lookup_kernels.h"
+#include "gpu_exec.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "unsupported/Eigen/CXX11/Tensor"
+
+namespace sok_tf {
+namespace {
+
+using ::sok_gpu::PooledCheck;
+using ::sok_gpu::PooledTable;
+using ::tensorflow::DEVICE_GPU;
+using ::tensorflow::OpInputList;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::OpOutputList;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+namespace errors = ::tensorflow::errors;
+
+// Device memory of `bytes` bytes (at least one, so that data() is never null).
+Status allocate_bytes(OpKernelContext* ctx, size_t bytes, Tensor* out) {
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT8,
+                                        TensorShape({static_cast<int64_t>(bytes > 0 ? bytes : 1)}), out));
+  return Status();
+}
+
+// (The std::vector calls of this file are the ones that libstdc++ inlines: no out-of-line template
+// instance of a standard type gets exported from the library, which exports its kernel tables only.)
+Status parse_combiners(const std::vector<std::string>& names, std::vector<int32_t>* out) {
+  std::vector<int32_t> combiners(names.size(), sok_gpu::kPooledSum);
+  for (size_t t = 0; t < names.size(); ++t) {
+    if (names[t] == "mean") {
+      combiners[t] = sok_gpu::kPooledMean;
+    } else if (names[t] == "sqrtn") {
+      combiners[t] = sok_gpu::kPooledSqrtn;
+    } else if (names[t] != "sum") {
+      return errors::InvalidArgument("combiners[", t, "] = '", names[t], "' is not valid; valid: sum, mean, sqrtn");
+    }
+  }
+  *out = std::move(combiners);
+  return Status();
+}
+
+// The strides and offsets attrs (parse_sharding of pooled_lookup_ops.cc).
+Status parse_sharding(OpKernelConstruction* ctx, size_t num_tables, std::vector<int64_t>* strides,
+                      std::vector<int64_t>* offsets) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("strides", strides));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("offsets", offsets));
+  if (strides->empty() && offsets->empty()) {
+    *strides = std::vector<int64_t>(num_tables, 1);
+    *offsets = std::vector<int64_t>(num_tables, 0);
+  }
+  if (strides->size() != num_tables || offsets->size() != num_tables) {
+    return errors::InvalidArgument("strides has ", strides->size(), " entries and offsets ", offsets->size(), " for ",
+                                   num_tables, " tables; valid: both empty or one per table");
+  }
+  for (size_t t = 0; t < num_tables; ++t) {
+    if ((*strides)[t] < 1 || (*offsets)[t] < -1 || (*offsets)[t] >= (*strides)[t]) {
+      return errors::InvalidArgument("strides[", t, "] = ", (*strides)[t], ", offsets[", t, "] = ", (*offsets)[t],
+                                     "; valid: stride >= 1 and -1 <= offset < stride");
+    }
+  }
+  return Status();
+}
+
+// The tables of an op, from the checks of gather_tables (pooled_lookup_ops.cc) that need no device
+// data. `error` is the first of them that failed and `before` the number of tables whose row_splits
+// values gather_tables checks before it: their errors come first.
+struct Gathered {
+  std::vector<PooledTable> tables;
+  int64_t batch = 0;
+  Status error;
+  int before = 0;
+};
+
+// Sets g->error (before: the tables whose row_splits come first) unless an earlier error is set.
+void defer(Gathered* g, int before, Status error) {
+  if (!g->error.ok()) return;
+  g->error = std::move(error);
+  g->before = before;
+}
+
+// Fills g from the inputs ids, row_splits and weights (params and grads stay unset); a returned error
+// precedes every device check (the list lengths).
+Status gather(OpKernelContext* ctx, const std::vector<int32_t>& combiners, const std::vector<int64_t>& strides,
+              const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows, const std::vector<int64_t>& dims,
+              Gathered* g) {
+  OpInputList ids, splits, weights;
+  TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
+  TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
+  TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
+  const int n = static_cast<int>(combiners.size());
+  if (ids.size() != n || splits.size() != n || (weights.size() != 0 && weights.size() != n)) {
+    return errors::InvalidArgument("SokPooledLookup: ", n, " tables but ", ids.size(), " ids, ", splits.size(),
+                                   " row_splits and ", weights.size(), " weights (valid: 0 or ", n, ")");
+  }
+  g->batch = splits[0].NumElements() - 1;
+  if (g->batch < 0) {
+    // The CPU kernel would read row_splits[0][0] of an empty tensor.
+    defer(g, 0, errors::InvalidArgument("row_splits[0] must have shape [batch + 1] with batch >= 0, got ",
+                                        splits[0].shape()));
+  }
+  for (int t = 0; t < n && g->error.ok(); ++t) {
+    PooledTable table{};
+    table.rows = rows[t];
+    table.dim = dims[t];
+    table.combiner = combiners[t];
+    table.stride = strides[t];
+    table.offset = offsets[t];
+    if (ids[t].dims() != 1) {
+      defer(g, t, errors::InvalidArgument("ids[", t, "] must be 1-D, got ", ids[t].shape()));
+      break;
+    }
+    table.nnz = ids[t].NumElements();
+    table.ids = ids[t].data();
+    table.ids_int64 = ids[t].dtype() == ::tensorflow::DT_INT64 ? 1 : 0;
+    const Tensor& s = splits[t];
+    if (s.dims() != 1 || s.NumElements() != g->batch + 1) {
+      defer(g, t, errors::InvalidArgument("row_splits[", t, "] must have shape [", g->batch + 1,
+                                          "] (batch + 1), got ", s.shape()));
+      break;
+    }
+    table.splits = s.flat<int64_t>().data();
+    if (weights.size() != 0) {
+      if (weights[t].NumElements() != table.nnz) {
+        g->tables.push_back(table);  // its row_splits values come first
+        defer(g, t + 1, errors::InvalidArgument("weights[", t, "] has ", weights[t].NumElements(), " values for ",
+                                                table.nnz, " ids"));
+        break;
+      }
+      table.weights = weights[t].flat<float>().data();
+    }
+    g->tables.push_back(table);
+  }
+  return Status();
+}
+
+// Copies the first `count` checks to the host (waits for the stream).
+Status read_checks(cudaStream_t stream, const Tensor& device, size_t count, std::vector<PooledCheck>* host) {
+  host->resize(count);
+  if (count == 0) return Status();
+  TF_RETURN_IF_ERROR(SOK_CUDA(
+      cudaMemcpyAsync(host->data(), device.data(), count * sizeof(PooledCheck), cudaMemcpyDeviceToHost, stream)));
+  return SOK_CUDA(cudaStreamSynchronize(stream));
+}
+
+// The error of the first table whose row_splits the device found wrong (gather_tables' texts).
+Status splits_error(const std::vector<PooledTable>& tables, const std::vector<PooledCheck>& checks) {
+  for (size_t t = 0; t < checks.size(); ++t) {
+    const PooledCheck& c = checks[t];
+    if (c.first_split != 0 || c.last_split != tables[t].nnz) {
+      return errors::InvalidArgument("row_splits[", t, "] must run from 0 to ", tables[t].nnz, " (the ids), got ",
+                                     c.first_split, " .. ", c.last_split);
+    }
+    if (c.first_decrease != sok_gpu::kPooledNone) {
+      return errors::InvalidArgument("row_splits[", t, "] decreases at row ", static_cast<int64_t>(c.first_decrease));
+    }
+  }
+  return Status();
+}
+
+// g.error, or the row_splits error of one of the g.before tables that gather_tables checks first.
+Status deferred_error(OpKernelContext* ctx, cudaStream_t stream, const Gathered& g) {
+  const int count = g.before;
+  if (count > 0) {
+    Tensor workspace, checks;
+    TF_RETURN_IF_ERROR(allocate_bytes(ctx, sok_gpu::pooled_forward_workspace_bytes(count), &workspace));
+    TF_RETURN_IF_ERROR(allocate_bytes(ctx, count * sizeof(PooledCheck), &checks));
+    TF_RETURN_IF_ERROR(SOK_CUDA(sok_gpu::pooled_validate(g.tables.data(), count, g.batch, workspace.data(),
+                                                         static_cast<PooledCheck*>(checks.data()), stream)));
+    std::vector<PooledCheck> host;
+    TF_RETURN_IF_ERROR(read_checks(stream, checks, count, &host));
+    TF_RETURN_IF_ERROR(splits_error(g.tables, host));
+  }
+  return g.error;
+}
+
+// Id j of a table, copied from the device (error path only).
+Status id_at(const PooledTable& t, uint64_t j, cudaStream_t stream, int64_t* id) {
+  int32_t id32 = 0;
+  const size_t size = t.ids_int64 ? sizeof(int64_t) : sizeof(int32_t);
+  void* to = t.ids_int64 ? static_cast<void*>(id) : static_cast<void*>(&id32);
+  const char* from = static_cast<const char*>(t.ids) + j * size;
+  TF_RETURN_IF_ERROR(SOK_CUDA(cudaMemcpyAsync(to, from, size, cudaMemcpyDeviceToHost, stream)));
+  TF_RETURN_IF_ERROR(SOK_CUDA(cudaStreamSynchronize(stream)));
+  if (!t.ids_int64) *id = id32;
+  return Status();
+}
+
+// Attributes both ops share.
+class PooledGpuOpBase : public OpKernel {
+ public:
+  explicit PooledGpuOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::vector<std::string> names;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiners", &names));
+    OP_REQUIRES_OK(ctx, parse_combiners(names, &combiners_));
+    OP_REQUIRES_OK(ctx, parse_sharding(ctx, combiners_.size(), &strides_, &offsets_));
+  }
+
+ protected:
+  std::vector<int32_t> combiners_;
+  std::vector<int64_t> strides_;
+  std::vector<int64_t> offsets_;
+};
+
+class PooledLookupGpuOp : public PooledGpuOpBase {
+ public:
+  explicit PooledLookupGpuOp(OpKernelConstruction* ctx) : PooledGpuOpBase(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("positions", &positions_));
+    OP_REQUIRES(ctx, names_.size() == combiners_.size() && positions_.size() == combiners_.size(),
+                errors::InvalidArgument("SokPooledLookup: ", combiners_.size(), " combiners but ", names_.size(),
+                                        " names and ", positions_.size(), " positions"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList params;
+    OP_REQUIRES_OK(ctx, ctx->input_list("params", &params));
+    OP_REQUIRES(ctx, params.size() == static_cast<int>(combiners_.size()),
+                errors::InvalidArgument("SokPooledLookup: ", params.size(), " params for ", combiners_.size(),
+                                        " combiners"));
+    std::vector<int64_t> rows(params.size(), 0), dims(params.size(), 0);
+    for (int t = 0; t < params.size(); ++t) {
+      OP_REQUIRES(ctx, params[t].dims() == 2,
+                  errors::InvalidArgument("params[", t, "] must be [rows, dim], got ", params[t].shape()));
+      rows[t] = params[t].dim_size(0);
+      dims[t] = params[t].dim_size(1);
+    }
+    Gathered g;
+    OP_REQUIRES_OK(ctx, gather(ctx, combiners_, strides_, offsets_, rows, dims, &g));
+    DeviceGuard guard;
+    const sok_exec_context exec = GpuExec::of(ctx);
+    OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
+    const cudaStream_t stream = stream_of(exec);
+    OP_REQUIRES_OK(ctx, deferred_error(ctx, stream, g));
+    const int n = static_cast<int>(g.tables.size());
+    OpOutputList outputs;
+    OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
+    for (int t = 0; t < n; ++t) {
+      Tensor* tensor = nullptr;
+      OP_REQUIRES_OK(ctx, outputs.allocate(t, TensorShape({g.batch, dims[t]}), &tensor));
+      g.tables[t].params = params[t].flat<float>().data();
+      g.tables[t].out = tensor->flat<float>().data();
+    }
+    Tensor workspace, checks;
+    OP_REQUIRES_OK(ctx, allocate_bytes(ctx, sok_gpu::pooled_forward_workspace_bytes(n), &workspace));
+    OP_REQUIRES_OK(ctx, allocate_bytes(ctx, n * sizeof(PooledCheck), &checks));
+    OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::pooled_forward(g.tables.data(), n, g.batch, workspace.data(),
+                                                         static_cast<PooledCheck*>(checks.data()), stream)));
+    std::vector<PooledCheck> host;
+    OP_REQUIRES_OK(ctx, read_checks(stream, checks, n, &host));
+    OP_REQUIRES_OK(ctx, splits_error(g.tables, host));
+    for (int t = 0; t < n; ++t) {
+      if (host[t].bad_ids > 0) {
+        OP_REQUIRES_OK(ctx, out_of_range(g.tables[t], host[t], static_cast<int>(positions_[t]), names_[t], stream));
+      }
+    }
+  }
+
+ private:
+  // out_of_range of pooled_lookup_ops.cc, from the device's count and first offending position.
+  static Status out_of_range(const PooledTable& t, const PooledCheck& c, int position, const std::string& name,
+                             cudaStream_t stream) {
+    int64_t example = 0;
+    TF_RETURN_IF_ERROR(id_at(t, c.first_bad, stream, &example));
+    const std::string shard =
+        t.stride == 1 ? "" : ::tensorflow::strings::StrCat(" (this rank holds id i at row i / ", t.stride, ")");
+    return errors::InvalidArgument("sp_ids[", position, "] has ids outside [0, ", t.rows, ")", shard, " for table ",
+                                   name, ": ", static_cast<int64_t>(c.bad_ids), " of them, e.g. ", example,
+                                   "; static tables take ids 0 .. rows-1");
+  }
+
+  std::vector<std::string> names_;
+  std::vector<int64_t> positions_;
+};
+
+class PooledLookupGradGpuOp : public PooledGpuOpBase {
+ public:
+  explicit PooledLookupGradGpuOp(OpKernelConstruction* ctx) : PooledGpuOpBase(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_rows", &rows_));
+    OP_REQUIRES(ctx, rows_.size() == combiners_.size(),
+                errors::InvalidArgument("SokPooledLookupGrad: ", combiners_.size(), " combiners but ", rows_.size(),
+                                        " row counts"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList grads;
+    OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
+    std::vector<int64_t> dims(grads.size(), 0);
+    for (int t = 0; t < grads.size(); ++t) {
+      OP_REQUIRES(ctx, grads[t].dims() == 2,
+                  errors::InvalidArgument("grads[", t, "] must be [batch, dim], got ", grads[t].shape()));
+      dims[t] = grads[t].dim_size(1);
+    }
+    Gathered g;
+    OP_REQUIRES_OK(ctx, gather(ctx, combiners_, strides_, offsets_, rows_, dims, &g));
+    const int n = static_cast<int>(combiners_.size());
+    for (int t = 0; t < n && g.error.ok(); ++t) {
+      if (grads[t].dim_size(0) != g.batch) {
+        defer(&g, n, errors::InvalidArgument("grads[", t, "] has ", grads[t].dim_size(0), " rows for a batch of ",
+                                             g.batch));
+      }
+      g.tables[t].grads = grads[t].flat<float>().data();
+    }
+    if (g.error.ok()) {
+      if (const char* why = sok_gpu::pooled_grad_unsupported(g.tables.data(), n, g.batch)) {
+        int64_t ids = 0;
+        for (const PooledTable& t : g.tables) ids += t.nnz;
+        defer(&g, n, errors::InvalidArgument("SokPooledLookupGrad's GPU kernel cannot take ", why, " (", n,
+                                             " tables, ", ids, " ids, a batch of ", g.batch,
+                                             "); split the call into smaller ones"));
+      }
+    }
+    DeviceGuard guard;
+    const sok_exec_context exec = GpuExec::of(ctx);
+    OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
+    const cudaStream_t stream = stream_of(exec);
+    OP_REQUIRES_OK(ctx, deferred_error(ctx, stream, g));
+    size_t bytes = 0;
+    OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::pooled_grad_workspace_bytes(g.tables.data(), n, g.batch, &bytes)));
+    Tensor workspace, checks;
+    OP_REQUIRES_OK(ctx, allocate_bytes(ctx, bytes, &workspace));
+    OP_REQUIRES_OK(ctx, allocate_bytes(ctx, n * sizeof(PooledCheck), &checks));
+    OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::pooled_grad_distinct(g.tables.data(), n, g.batch, workspace.data(), bytes,
+                                                               static_cast<PooledCheck*>(checks.data()), stream)));
+    std::vector<PooledCheck> host;
+    OP_REQUIRES_OK(ctx, read_checks(stream, checks, n, &host));
+    OP_REQUIRES_OK(ctx, splits_error(g.tables, host));
+    for (int t = 0; t < n; ++t) {
+      OP_REQUIRES(ctx, host[t].bad_ids == 0,
+                  errors::InvalidArgument("ids[", t, "] has ids outside [0, ", rows_[t], "), the rows of its shard"));
+    }
+    OpOutputList rows, indices;
+    OP_REQUIRES_OK(ctx, ctx->output_list("rows", &rows));
+    OP_REQUIRES_OK(ctx, ctx->output_list("indices", &indices));
+    std::vector<uint64_t> distinct(n, 0);
+    for (int t = 0; t < n; ++t) {
+      distinct[t] = host[t].distinct;
+      const int64_t u = static_cast<int64_t>(distinct[t]);
+      Tensor* tensor = nullptr;
+      OP_REQUIRES_OK(ctx, rows.allocate(t, TensorShape({u, dims[t]}), &tensor));
+      g.tables[t].out = tensor->flat<float>().data();
+      OP_REQUIRES_OK(ctx, indices.allocate(t, TensorShape({u}), &tensor));
+      g.tables[t].out_ids = tensor->flat<int64_t>().data();
+    }
+    OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::pooled_grad_accumulate(g.tables.data(), distinct.data(), n, g.batch,
+                                                                 workspace.data(), bytes, stream)));
+  }
+
+ private:
+  std::vector<int64_t> rows_;
+};
+
+// One list drives the registrations and the kernel table below (read by the build test).
+#define SOK_POOLED_GPU_KERNELS(X)              \
+  X(SokPooledLookup, PooledLookupGpuOp)        \
+  X(SokPooledLookupGrad, PooledLookupGradGpuOp)
+
+#define SOK_REGISTER_POOLED_GPU_KERNEL(op, kernel) \
+  REGISTER_KERNEL_BUILDER(Name(#op).Device(DEVICE_GPU), kernel);
+SOK_POOLED_GPU_KERNELS(SOK_REGISTER_POOLED_GPU_KERNEL)
+
+}  // namespace
+}  // namespace sok_tf
+
+// The ops this file registers DEVICE_GPU kernels for (see storage_ops_gpu.cc's table).
+#define SOK_POOLED_GPU_KERNEL_NAME(op, kernel) #op ","
+extern "C" __attribute__((visibility("default"))) const char sok_tf_ops_gpu_kernels_pooled[] =
+    "sok_tf_ops_gpu kernels: " SOK_POOLED_GPU_KERNELS(SOK_POOLED_GPU_KERNEL_NAME);
