@@ -135,7 +135,11 @@ def test_native_rule_equals_the_tensorflow_ops_bit_for_bit(name, var_type):
             step()
         return exported(v)[1]
 
-    np.testing.assert_array_equal(train(native=True), train(native=False))
+    native, ops = train(native=True), train(native=False)
+    if make_var(var_type).storage.device == "cpu":
+        np.testing.assert_array_equal(native, ops)
+    else:  # TensorFlow's GPU kernels of sqrt and division are not correctly rounded; the native rule is
+        np.testing.assert_array_max_ulp(native, ops, maxulp=2)
 
 
 @pytest.mark.parametrize("var_type", VAR_TYPES)
@@ -228,10 +232,12 @@ def test_native_step_without_update_rows_gives_the_same_rows(var_type, how):
 @pytest.mark.parametrize("how", WITHOUT_UPDATE_ROWS)
 def test_native_step_without_update_rows_reads_and_writes_copies(how):
     """The copy path (find_or_insert, insert_or_assign) counts two LFU accesses per update where
-    update_rows counts one, as one insert_or_assign: so the fallback did run."""
-    in_place = train_native("hybrid", evict_strategy="lfu")
-    with without_update_rows(how):
-        copied = train_native("hybrid", evict_strategy="lfu")
+    update_rows counts one, as one insert_or_assign: so the fallback did run. Host tables: update_rows
+    is for host rows (a GPU table always takes the copy path)."""
+    with tf.device("/CPU:0"):
+        in_place = train_native("hybrid", evict_strategy="lfu")
+        with without_update_rows(how):
+            copied = train_native("hybrid", evict_strategy="lfu")
     np.testing.assert_array_equal(copied[2] - in_place[2], np.full(V, STEPS, np.uint64))
 
 

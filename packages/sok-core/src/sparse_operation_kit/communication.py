@@ -263,12 +263,18 @@ def init(comm_tool: str = "horovod", use_legacy_optimizer: bool = True) -> None:
             reuse one optimizer for SOK tables and for a TensorFlow reference). Pass False to keep
             the new optimizers. Under Keras 3 nothing changes (it has no such module).
 
+    Under a CUDA TensorFlow it also turns on memory growth on every GPU
+    (:func:`placement.share_gpu_memory`): SOK's GPU tables allocate beside TensorFlow.
+
     Example::
 
         hvd.init()
         sok.init()
     """
     set_comm_tool(comm_tool)
+    from sparse_operation_kit import placement
+
+    placement.share_gpu_memory()
     if use_legacy_optimizer:
         _use_legacy_keras_optimizers()
 

@@ -233,9 +233,18 @@ def _pool_local(
     else:
         local = tf.cast(unique, tf.int64) // n if kind == "distributed" else tf.cast(unique, tf.int64)
         rows = tf.gather(param, local)
-    if weights is None:
+    if weights is None and not _on_gpu(param):
         return tf.sparse.segment_sum(rows, position, samples, num_segments=num_samples), status
-    return tf.math.unsorted_segment_sum(tf.gather(rows, position) * weights[:, None], samples, num_samples), status
+    # TensorFlow's GPU kernel of sparse.segment_sum refuses some valid edge batches ("segment ids must
+    # be >= 0"); the sum of gathered rows is the same sum.
+    gathered = tf.gather(rows, position) if weights is None else tf.gather(rows, position) * weights[:, None]
+    return tf.math.unsorted_segment_sum(gathered, samples, num_samples), status
+
+
+def _on_gpu(param: Any) -> bool:
+    """Whether a table (and so its pooling) lives on a GPU."""
+    device = param.table_device if isinstance(param, DynamicVariable) else param.device
+    return "GPU" in (device or "").upper()
 
 
 def _call_description(

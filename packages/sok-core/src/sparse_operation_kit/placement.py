@@ -31,7 +31,7 @@ from sparse_operation_kit.plugins.registry import get_registry
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Placement", "default_home", "of_scope"]
+__all__ = ["Placement", "default_home", "of_scope", "share_gpu_memory"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,3 +129,24 @@ def default_home(var_type: str) -> str:
     ``"cuda:N"``, or ``"cpu (why not a GPU)"``."""
     reason = _why_not_gpu(var_type)
     return f"cpu ({reason})" if reason else f"cuda:{_gpu_ordinals()[0]}"
+
+
+def share_gpu_memory() -> None:
+    """Let TensorFlow take GPU memory as it needs it instead of all of it at start-up (memory
+    growth, as ``TF_FORCE_GPU_ALLOW_GROWTH=true``): SOK's GPU tables allocate their memory beside
+    TensorFlow's allocator. ``sok.init`` calls it; it is too late once TensorFlow has set up its
+    GPUs, and then a warning says how to do it.
+    """
+    if not tf.test.is_built_with_cuda():
+        return
+    for gpu in tf.config.list_physical_devices("GPU"):
+        try:
+            if not tf.config.experimental.get_memory_growth(gpu):
+                tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:
+            logger.warning(
+                "TensorFlow has already set up %s and may hold most of its memory, which SOK's GPU tables need "
+                "too: call sok.init() before anything runs on the GPU, or set TF_FORCE_GPU_ALLOW_GROWTH=true",
+                gpu.name,
+            )
+            return
