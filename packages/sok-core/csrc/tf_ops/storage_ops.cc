@@ -267,13 +267,7 @@ class LookupDistinctOp : public RowOp {
     const Tensor& positions = ctx->input(kKeys + 2);
     const int64_t n = keys.NumElements();
     const int64_t u = distinct.NumElements();
-    OP_REQUIRES(ctx, distinct.dtype() == keys.dtype() && distinct.dims() == 1,
-                errors::InvalidArgument("distinct_keys must be a vector of the keys' dtype, got ",
-                                        ::tensorflow::DataTypeString(distinct.dtype()), " of shape ",
-                                        distinct.shape().DebugString()));
-    OP_REQUIRES(ctx, positions.dims() == 1 && positions.NumElements() == n,
-                errors::InvalidArgument("positions must have shape [", n, "] (one per key), got ",
-                                        positions.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, check_distinct_lookup_inputs(ctx));
     OP_REQUIRES_OK(ctx, check_positions(positions, u));
     Tensor* values = nullptr;
     OP_REQUIRES_OK(ctx, allocate_rows(ctx, 0, keys, &values));
@@ -380,7 +374,9 @@ struct RowStep {
 // since its lookup comes back with initial values, as on the TensorFlow-ops path), updated and
 // written back (insert_or_assign). Both give the same rows. The table's rows must be
 // d * (1 + slots of the rule) wide. The GPU kernel (training_ops_gpu.cc): find_or_insert, one
-// kernel that sums and applies the rule, insert_or_assign; the same bits.
+// kernel that sums and applies the rule, insert_or_assign; the same bits, except for keys with more
+// than 32 gradient rows: those are summed in a fixed parallel order (deterministic, equal to this
+// kernel's within float rounding).
 class SparseApplyOp : public OpKernel {
  public:
   explicit SparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {

@@ -116,6 +116,24 @@ class RowOp : public OpKernel {
   int32_t col_end_ = 0;
 };
 
+// SokLookupDistinct's inputs kKeys (any shape, n elements), kKeys + 1 (distinct keys, u) and kKeys + 2
+// (positions, n), checked alike on every device (the position values: by each kernel).
+inline Status check_distinct_lookup_inputs(OpKernelContext* ctx) {
+  const Tensor& keys = ctx->input(kKeys);
+  const Tensor& distinct = ctx->input(kKeys + 1);
+  const Tensor& positions = ctx->input(kKeys + 2);
+  if (distinct.dtype() != keys.dtype() || distinct.dims() != 1) {
+    return errors::InvalidArgument("distinct_keys must be a vector of the keys' dtype, got ",
+                                   ::tensorflow::DataTypeString(distinct.dtype()), " of shape ",
+                                   distinct.shape().DebugString());
+  }
+  if (positions.dims() != 1 || positions.NumElements() != keys.NumElements()) {
+    return errors::InvalidArgument("positions must have shape [", keys.NumElements(), "] (one per key), got ",
+                                   positions.shape().DebugString());
+  }
+  return Status();
+}
+
 // SokExport's attributes and its per-chunk call, the same on every device.
 class ExportOpBase : public RowOp {
  public:

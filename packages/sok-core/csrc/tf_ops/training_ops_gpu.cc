@@ -1,7 +1,9 @@
 // DEVICE_GPU kernels of the training path's own ops (libsok_tf_ops_gpu.so): SokUniqueIndex,
 // SokUniqueSum, SokLookupDistinct and SokSparseApply, so that a DynamicVariable whose table lives
 // on a GPU trains without copying keys or rows to the host. Their results equal the CPU kernels'
-// (storage_ops.cc) bit for bit; only scalars come to the host (the number of distinct keys, to size
+// (storage_ops.cc) bit for bit, but for SokSparseApply's keys with more than 32 gradient rows (T,
+// kHotOccurrences of gpu/sparse_apply_kernels.cu): those are summed in a fixed parallel order, the
+// same bits run after run and the CPU's within float rounding. Only scalars come to the host (the number of distinct keys, to size
 // outputs, and the first bad position, to refuse bad input before the table changes).
 //
 // Host code, compiled by g++ with TensorFlow's flags: the device work is in gpu/unique_kernels.cu
@@ -140,13 +142,7 @@ class LookupDistinctGpuOp : public RowOp {
     const Tensor& positions = ctx->input(kKeys + 2);  // (n,) int32 device
     const int64_t n = keys.NumElements();
     const int64_t u = distinct.NumElements();
-    OP_REQUIRES(ctx, distinct.dtype() == keys.dtype() && distinct.dims() == 1,
-                errors::InvalidArgument("distinct_keys must be a vector of the keys' dtype, got ",
-                                        ::tensorflow::DataTypeString(distinct.dtype()), " of shape ",
-                                        distinct.shape().DebugString()));
-    OP_REQUIRES(ctx, positions.dims() == 1 && positions.NumElements() == n,
-                errors::InvalidArgument("positions must have shape [", n, "] (one per key), got ",
-                                        positions.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, check_distinct_lookup_inputs(ctx));
     OP_REQUIRES(ctx, n < kMaxKeys, too_many_keys(n));
     const sok_exec_context exec = GpuExec::of(ctx);
     DeviceGuard guard;

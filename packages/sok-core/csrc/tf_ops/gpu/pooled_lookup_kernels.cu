@@ -6,6 +6,13 @@
 // table's dim), each summing the columns lane, lane + lanes, ... alone, in the CPU kernel's order.
 // The loops load kUnroll ids' rows before they add them, so the adds stay in order while the loads
 // overlap.
+//
+// The gradient of a hot id (more than kHotOccurrences occurrences) is not summed by one thread per
+// column, a serial chain as long as its occurrences: accumulate_kernel lists it, and
+// accumulate_hot_kernel gives it a block per 32-column tile whose 32 warps each sum every 32nd
+// occurrence in order, then add their partial sums in a fixed tree (hot_sum). No float atomics: the
+// order depends only on the occurrence count, so the bits are the same run after run; they equal
+// the CPU's within float rounding (the CPU adds in id order), and to the bit for the other ids.
 #include "pooled_lookup_kernels.h"
 
 #include <algorithm>
@@ -22,6 +29,13 @@ constexpr int kUnroll = 8;
 // local_row of an id that another shard holds (Table::local of pooled_lookup_ops.cc).
 constexpr int64_t kNotHeld = INT64_MIN;
 constexpr size_t kAlign = 256;
+// T: a distinct id with at most this many occurrences has its gradient summed serially in the CPU's
+// order (bit-exact); one with more is "hot" and summed in a fixed parallel order (hot_sum).
+constexpr int64_t kHotOccurrences = 32;
+constexpr int kHotColumns = 32;                          // columns of a hot block: a warp's lanes
+constexpr int kHotGroups = 32;                           // warps of a hot block, each a strided share
+constexpr int kHotThreads = kHotColumns * kHotGroups;    // 1024
+constexpr int64_t kHotBlocks = 1024;                     // the most hot blocks per column tile
 
 // The kernels that split their blocks by table.
 enum Kind { kValidate, kPool, kDivisor, kAccumulate, kKinds };
@@ -233,6 +247,38 @@ __device__ float sum_weighted_rows(const TableDev& d, int64_t begin, int64_t end
   return out;
 }
 
+// Column lane's sum of term(i) for i in [begin, end), called by every thread of a kHotThreads
+// block (active: whether its column exists), the same value back to all warps. The fixed order:
+// warp g adds term(begin + g), term(begin + g + kHotGroups), ... to 0.0f one after another, then the
+// warps' partial sums are added in a tree (partial[g] += partial[g + half], half = 16, 8, ..., 1).
+template <class Term>
+__device__ float hot_sum(int64_t begin, int64_t end, bool active, Term term) {
+  __shared__ float partial[kHotGroups][kHotColumns];
+  const int lane = threadIdx.x % kHotColumns;
+  const int group = threadIdx.x / kHotColumns;
+  float sum = 0.0f;
+  if (active) {
+    int64_t i = begin + group;
+    for (; i + (kUnroll - 1) * kHotGroups < end; i += kUnroll * kHotGroups) {
+      float x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) x[u] = term(i + u * kHotGroups);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) sum = __fadd_rn(sum, x[u]);
+    }
+    for (; i < end; i += kHotGroups) sum = __fadd_rn(sum, term(i));
+  }
+  partial[group][lane] = sum;
+  __syncthreads();
+  for (int half = kHotGroups / 2; half > 0; half >>= 1) {
+    if (group < half) partial[group][lane] = __fadd_rn(partial[group][lane], partial[group + half][lane]);
+    __syncthreads();
+  }
+  const float out = partial[0][lane];
+  __syncthreads();  // partial is the next call's
+  return out;
+}
+
 // ---- kernels -----------------------------------------------------------------------------------
 
 __global__ void init_checks_kernel(PooledCheck* checks, int num_tables) {
@@ -372,7 +418,24 @@ struct Distinct {
   const float* div;             // divisors
   uint64_t row_mask;
   int64_t num;
+  uint32_t* hot;                // (distinct of all tables,) the hot ids (u_base + index), any order
+  uint32_t* hot_count;          // how many of them
 };
+
+// The term of occurrence i (a sorted index) in column k of the gradient of table d.
+__device__ float grad_term(const TableDev& d, const Distinct& in, int64_t i, int64_t k) {
+  const PooledTable& t = d.t;
+  const uint32_t p = in.positions[i];
+  const int64_t s = in.samples[p];
+  float x = t.grads[s * t.dim + k];
+  if (t.combiner != kPooledSum) {
+    const float div = in.div[d.div_base + s];
+    if (div == 0.0f) return 0.0f;  // a sample whose divisor is 0 gives zeros: no gradient
+    x = __fdiv_rn(x, div);
+  }
+  if (t.weights != nullptr) x = __fmul_rn(x, t.weights[p - d.id_base]);
+  return x;
+}
 
 // out (distinct, dim) and out_ids (distinct,) of each table: one distinct id per `lanes` threads.
 __global__ void accumulate_kernel(const TableDev* tables, int num_tables, Distinct in) {
@@ -386,6 +449,11 @@ __global__ void accumulate_kernel(const TableDev* tables, int num_tables, Distin
   const int64_t head = in.head_sorted[d.u_base + index];
   const uint64_t key = in.keys[head];
   if (lane == 0) t.out_ids[index] = static_cast<int64_t>(key & in.row_mask);
+  if (head + kHotOccurrences < in.num && in.keys[head + kHotOccurrences] == key) {
+    // More than kHotOccurrences occurrences (the keys are sorted): accumulate_hot_kernel's.
+    if (lane == 0) in.hot[atomicAdd(in.hot_count, 1u)] = static_cast<uint32_t>(d.u_base + index);
+    return;
+  }
   for (int64_t k = lane; k < t.dim; k += lanes) {
     float sum = 0.0f;
     bool more = true;
@@ -423,6 +491,51 @@ __global__ void accumulate_kernel(const TableDev* tables, int num_tables, Distin
   }
 }
 
+// out (distinct, dim) of the hot ids that accumulate_kernel listed: a block per (hot id, column tile
+// blockIdx.y), blocks striding over the list (its length is only known on the device).
+__global__ void __launch_bounds__(kHotThreads)
+    accumulate_hot_kernel(const TableDev* tables, int num_tables, Distinct in) {
+  const uint32_t count = *in.hot_count;
+  const int64_t k = static_cast<int64_t>(blockIdx.y) * kHotColumns + threadIdx.x % kHotColumns;
+  for (uint32_t h = blockIdx.x; h < count; h += gridDim.x) {
+    const int64_t g = in.hot[h];
+    // Its table: the last with u_base <= g (an empty table before it shares its u_base).
+    int lo = 0;
+    int hi = num_tables - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (tables[mid].u_base <= g) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    const TableDev d = tables[lo];
+    if (static_cast<int64_t>(blockIdx.y) * kHotColumns >= d.t.dim) continue;  // the whole block
+    const int64_t head = in.head_sorted[g];
+    const uint64_t key = in.keys[head];
+    // end = the first sorted index past the id's run: gallop from head + kHotOccurrences (in it),
+    // then bisect (last, bound).
+    int64_t last = head + kHotOccurrences;
+    int64_t step = 1;
+    while (last + step < in.num && in.keys[last + step] == key) {
+      last += step;
+      step <<= 1;
+    }
+    int64_t bound = last + step < in.num ? last + step : in.num;  // not in the run
+    while (bound - last > 1) {
+      const int64_t mid = last + (bound - last) / 2;
+      if (in.keys[mid] == key) {
+        last = mid;
+      } else {
+        bound = mid;
+      }
+    }
+    const float sum = hot_sum(head, bound, k < d.t.dim, [&](int64_t i) { return grad_term(d, in, i, k); });
+    if (threadIdx.x < kHotColumns && k < d.t.dim) d.t.out[(g - d.u_base) * d.t.dim + k] = sum;
+  }
+}
+
 // ---- the gradient's workspace --------------------------------------------------------------------
 
 // Byte offsets of the gradient's buffers in its workspace, and the sizes they follow from.
@@ -432,7 +545,7 @@ struct GradLayout {
   int row_bits = 0;     // bits of a row in a sort key (the table index above them)
   int key_bits = 1;
   size_t tables = 0, keys_in = 0, keys_out = 0, positions_in = 0, positions_out = 0, samples = 0, first = 0,
-         order = 0, div = 0, temp = 0;
+         order = 0, div = 0, hot_count = 0, temp = 0;
   size_t temp_bytes = 0;
   size_t total = 0;
   uint64_t row_mask() const { return row_bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << row_bits) - 1; }
@@ -464,7 +577,7 @@ cudaError_t grad_layout(const PooledTable* tables, int num_tables, int64_t batch
   l.positions_out = take(n * sizeof(uint32_t));
   l.samples = take(n * sizeof(uint32_t));
   l.first = take(n * sizeof(uint32_t));
-  l.order = take(n * sizeof(uint32_t));
+  l.order = take(n * sizeof(uint32_t));  // then the hot ids
   l.div = take(static_cast<size_t>(l.num_div) * sizeof(float));
   if (l.num_ids > 0) {
     const int num = static_cast<int>(l.num_ids);
@@ -478,6 +591,7 @@ cudaError_t grad_layout(const PooledTable* tables, int num_tables, int64_t batch
                                                   static_cast<uint32_t*>(nullptr), num));
     l.temp_bytes = std::max(sort_bytes, scan_bytes);
   }
+  l.hot_count = take(sizeof(uint32_t));
   l.temp = take(l.temp_bytes);
   l.total = offset;
   return cudaSuccess;
@@ -612,16 +726,30 @@ cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* di
   }
   const int64_t blocks =
       plan(&d, kAccumulate, [](const TableDev& x) { return ceil_div(x.distinct, kThreads / x.lanes); });
+  int64_t max_dim = 0;
+  for (const TableDev& x : d) max_dim = std::max(max_dim, x.distinct > 0 ? x.t.dim : int64_t{0});
   auto* dev = at<TableDev>(workspace, l.tables);
   SOK_CUDA_RETURN(upload(d, dev, stream));
+  auto* hot_count = at<uint32_t>(workspace, l.hot_count);
   const Distinct in{at<uint64_t>(workspace, l.keys_out),
                     at<uint32_t>(workspace, l.positions_out),
                     at<uint32_t>(workspace, l.samples),
                     at<uint32_t>(workspace, l.keys_in),
                     at<float>(workspace, l.div),
                     l.row_mask(),
-                    l.num_ids};
-  return launch(accumulate_kernel, blocks, stream, static_cast<const TableDev*>(dev), num_tables, in);
+                    l.num_ids,
+                    at<uint32_t>(workspace, l.order),  // dead after pooled_grad_distinct
+                    hot_count};
+  SOK_CUDA_RETURN(cudaMemsetAsync(hot_count, 0, sizeof(uint32_t), stream));
+  SOK_CUDA_RETURN(launch(accumulate_kernel, blocks, stream, static_cast<const TableDev*>(dev), num_tables, in));
+  // At most num_ids / (kHotOccurrences + 1) hot ids; blocks past the device's count exit at once.
+  const int64_t hot_blocks = std::min(l.num_ids / (kHotOccurrences + 1), kHotBlocks);
+  const int64_t tiles = ceil_div(max_dim, kHotColumns);
+  if (hot_blocks == 0 || tiles == 0) return cudaSuccess;
+  if (tiles > 65535) return cudaErrorInvalidConfiguration;
+  accumulate_hot_kernel<<<dim3(static_cast<unsigned>(hot_blocks), static_cast<unsigned>(tiles)), kHotThreads, 0,
+                          stream>>>(static_cast<const TableDev*>(dev), num_tables, in);
+  return cudaGetLastError();
 }
 
 }  // namespace sok_gpu

@@ -9,7 +9,9 @@
 //     apart and added (sum_rows: tf.sparse.segment_sum's order);
 //   forward, weighted: row * w added one after another; divisors: sequential sums, then sqrt;
 //   gradient: per distinct held id (first-occurrence order), (grad / divisor) * w of its
-//     occurrences added in id order, starting from 0.
+//     occurrences added in id order, starting from 0; except for an id with more than 32
+//     occurrences (kHotOccurrences): its terms are summed in a fixed parallel order (hot_sum of the
+//     .cu), deterministic and equal to the CPU's within float rounding.
 //
 // Launch sequences (all on `stream`, nothing waits on the host):
 //   pooled_forward: descriptors up, checks zeroed, row_splits and ids checked, samples pooled.
@@ -18,7 +20,8 @@
 //     marked at its position, an exclusive scan of the marks (the rank of each distinct id in
 //     first-occurrence order), per-table counts into PooledCheck::distinct.
 //   pooled_grad_accumulate (after the host read the counts and allocated the outputs): one thread
-//     per (distinct id, column) sums the id's occurrences in order.
+//     per (distinct id, column) sums the id's occurrences in order, and lists the hot ids; then a
+//     block per (hot id, 32 columns) sums those.
 #ifndef SOK_TF_OPS_GPU_POOLED_LOOKUP_KERNELS_H_
 #define SOK_TF_OPS_GPU_POOLED_LOOKUP_KERNELS_H_
 

@@ -6,6 +6,13 @@
 // rule, a thread per (row, column). Every float operation is an explicit IEEE round-to-nearest
 // intrinsic, so nvcc never contracts a multiply and an add into an FMA: the results are those of
 // RowRule::apply on the CPU, operation for operation.
+//
+// Except for hot rows, with more than kHotOccurrences gradient rows: a serial sum of them would be
+// a chain as long as their count. Those rows are listed on the device (hot_rows_kernel) and
+// apply_hot_kernel gives each a block per 32-column tile whose 32 warps each sum every 32nd gradient
+// row in order, then add their partial sums in a fixed tree (hot_sum) and apply the rule. No float
+// atomics: the order depends only on the row's count, so the bits are the same run after run; they
+// equal the CPU's within float rounding (the CPU adds in batch order), and to the bit for the others.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "common.cuh"
@@ -18,6 +25,47 @@ using detail::blocks_for;
 using detail::kThreads;
 using detail::thread_index;
 using detail::thread_stride;
+
+// T: a row with at most this many gradient rows has them summed serially in batch order, the CPU's
+// bits; one with more is "hot" and summed in a fixed parallel order (hot_sum).
+constexpr int32_t kHotOccurrences = 32;
+constexpr int kHotColumns = 32;                        // columns of a hot block: a warp's lanes
+constexpr int kHotGroups = 32;                         // warps of a hot block, each a strided share
+constexpr int kHotThreads = kHotColumns * kHotGroups;  // 1024
+constexpr int32_t kHotBlocks = 1024;                   // the most hot blocks per column tile
+constexpr int kHotUnroll = 8;                          // terms loaded before they are added
+
+// Column lane's sum of term(i) for i in [begin, end), called by every thread of a kHotThreads
+// block (active: whether its column exists), the same value back to all warps. The fixed order:
+// warp g adds term(begin + g), term(begin + g + kHotGroups), ... to 0.0f one after another, then the
+// warps' partial sums are added in a tree (partial[g] += partial[g + half], half = 16, 8, ..., 1).
+template <class Term>
+__device__ float hot_sum(int64_t begin, int64_t end, bool active, Term term) {
+  __shared__ float partial[kHotGroups][kHotColumns];
+  const int lane = threadIdx.x % kHotColumns;
+  const int group = threadIdx.x / kHotColumns;
+  float sum = 0.0f;
+  if (active) {
+    int64_t i = begin + group;
+    for (; i + (kHotUnroll - 1) * kHotGroups < end; i += kHotUnroll * kHotGroups) {
+      float x[kHotUnroll];
+#pragma unroll
+      for (int u = 0; u < kHotUnroll; ++u) x[u] = term(i + u * kHotGroups);
+#pragma unroll
+      for (int u = 0; u < kHotUnroll; ++u) sum = __fadd_rn(sum, x[u]);
+    }
+    for (; i < end; i += kHotGroups) sum = __fadd_rn(sum, term(i));
+  }
+  partial[group][lane] = sum;
+  __syncthreads();
+  for (int half = kHotGroups / 2; half > 0; half >>= 1) {
+    if (group < half) partial[group][lane] = __fadd_rn(partial[group][lane], partial[group + half][lane]);
+    __syncthreads();
+  }
+  const float out = partial[0][lane];
+  __syncthreads();  // partial is the next call's
+  return out;
+}
 
 // *flag = max over bad i of (n - i): the smallest bad index, and 0 when there is none.
 __global__ void bad_position_kernel(const int32_t* __restrict__ positions, int32_t n, int64_t u,
@@ -81,7 +129,16 @@ __device__ inline void apply_rule(float* __restrict__ row, int64_t d, int64_t c,
   }
 }
 
-// Row r, column c: g = the gradient rows of r in batch order, then the rule on rows (u, W).
+// hot[0, *count) = the rows with more than kHotOccurrences gradient rows, in any order.
+__global__ void hot_rows_kernel(const int32_t* __restrict__ begin, int32_t u, int32_t* __restrict__ hot,
+                                int32_t* __restrict__ count) {
+  for (int64_t r = thread_index(); r < u; r += thread_stride()) {
+    if (begin[r + 1] - begin[r] > kHotOccurrences) hot[atomicAdd(count, 1)] = static_cast<int32_t>(r);
+  }
+}
+
+// Row r, column c (not hot rows: apply_hot_kernel's): g = the gradient rows of r in batch order,
+// then the rule on rows (u, W).
 template <int32_t kKind>
 __global__ void apply_kernel(int32_t u, int32_t d, int32_t row_width, const float* __restrict__ grads,
                              const int32_t* __restrict__ occurrence, const int32_t* __restrict__ begin, float lr,
@@ -90,16 +147,40 @@ __global__ void apply_kernel(int32_t u, int32_t d, int32_t row_width, const floa
   for (int64_t t = thread_index(); t < total; t += thread_stride()) {
     const int64_t r = t / d;
     const int64_t c = t - r * d;
+    if (begin[r + 1] - begin[r] > kHotOccurrences) continue;
     const float g = detail::sum_in_order(grads, occurrence, begin[r], begin[r + 1], d, c);
     apply_rule<kKind>(rows + r * row_width, d, c, g, lr, h0, h1);
   }
 }
+
+// The hot rows hot[0, *count), column tile blockIdx.y: g summed by hot_sum, then the rule. Blocks
+// stride over the list (its length is only known on the device).
+template <int32_t kKind>
+__global__ void __launch_bounds__(kHotThreads)
+    apply_hot_kernel(int32_t d, int32_t row_width, const float* __restrict__ grads,
+                     const int32_t* __restrict__ occurrence, const int32_t* __restrict__ begin,
+                     const int32_t* __restrict__ hot, const int32_t* __restrict__ count, float lr, float h0,
+                     float h1, float* __restrict__ rows) {
+  const int32_t hot_rows = *count;
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * kHotColumns + threadIdx.x % kHotColumns;
+  for (int32_t h = blockIdx.x; h < hot_rows; h += gridDim.x) {
+    const int64_t r = hot[h];
+    const float g = hot_sum(begin[r], begin[r + 1], c < d,
+                            [=](int64_t k) { return grads[static_cast<int64_t>(occurrence[k]) * d + c]; });
+    if (threadIdx.x < kHotColumns && c < d) apply_rule<kKind>(rows + r * row_width, d, c, g, lr, h0, h1);
+  }
+}
+
+// The most rows that can be hot: each has more than kHotOccurrences of the n gradient rows.
+int32_t max_hot_rows(int32_t n, int32_t u) { return std::min(u, n / (kHotOccurrences + 1)); }
 
 struct Workspace {
   int32_t* iota;
   uint32_t* sorted_positions;
   int32_t* occurrence;
   int32_t* begin;
+  int32_t* hot_count;  // (1,)
+  int32_t* hot;        // (max_hot_rows,)
   void* cub;
   size_t cub_bytes;
   size_t total;
@@ -123,6 +204,8 @@ cudaError_t carve(int32_t n, int32_t u, void* base, Workspace* ws) {
   ws->sorted_positions = c.take<uint32_t>(n);
   ws->occurrence = c.take<int32_t>(n);
   ws->begin = c.take<int32_t>(static_cast<int64_t>(u) + 1);
+  ws->hot_count = c.take<int32_t>(1);
+  ws->hot = c.take<int32_t>(max_hot_rows(n, u));
   ws->cub_bytes = std::max(sort_bytes, size_t{1});
   ws->cub = c.take_bytes(ws->cub_bytes);
   ws->total = c.total();
@@ -217,6 +300,31 @@ cudaError_t sparse_apply_rows(const int32_t* positions, const float* grads, int3
     default:
       apply_kernel<kRuleAdagrad>
           <<<blocks, kThreads, 0, stream>>>(u, d, row_width, grads, ws.occurrence, ws.begin, lr, h0, h1, rows);
+      break;
+  }
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  // Hot rows (none unless n > kHotOccurrences): listed, then summed and updated by apply_hot_kernel;
+  // apply_kernel left them alone, so the two kernels touch disjoint rows.
+  const int32_t max_hot = max_hot_rows(n, u);
+  const int64_t tiles = (static_cast<int64_t>(d) + kHotColumns - 1) / kHotColumns;
+  if (max_hot == 0) return cudaSuccess;
+  if (tiles > 65535) return cudaErrorInvalidConfiguration;
+  if ((e = cudaMemsetAsync(ws.hot_count, 0, sizeof(int32_t), stream)) != cudaSuccess) return e;
+  hot_rows_kernel<<<blocks_for(u), kThreads, 0, stream>>>(ws.begin, u, ws.hot, ws.hot_count);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(std::min(max_hot, kHotBlocks)), static_cast<unsigned>(tiles));
+  switch (rule.kind) {
+    case kRuleSgd:
+      apply_hot_kernel<kRuleSgd><<<grid, kHotThreads, 0, stream>>>(d, row_width, grads, ws.occurrence, ws.begin,
+                                                                   ws.hot, ws.hot_count, lr, h0, h1, rows);
+      break;
+    case kRuleMomentum:
+      apply_hot_kernel<kRuleMomentum><<<grid, kHotThreads, 0, stream>>>(
+          d, row_width, grads, ws.occurrence, ws.begin, ws.hot, ws.hot_count, lr, h0, h1, rows);
+      break;
+    default:
+      apply_hot_kernel<kRuleAdagrad><<<grid, kHotThreads, 0, stream>>>(
+          d, row_width, grads, ws.occurrence, ws.begin, ws.hot, ws.hot_count, lr, h0, h1, rows);
       break;
   }
   return cudaGetLastError();

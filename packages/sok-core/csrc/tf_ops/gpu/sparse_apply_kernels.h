@@ -1,7 +1,8 @@
 // The GPU half of SokLookupDistinct and SokSparseApply: checking positions, copying the rows of
 // distinct keys to their positions, and the fused optimizer step on rows read from a CUDA table,
 // equal bit for bit to the CPU kernels (storage_ops.cc: check_positions, LookupDistinctOp,
-// sum_rows + RowRule::apply).
+// sum_rows + RowRule::apply), but for keys with more than 32 gradient rows, which sparse_apply_rows
+// sums in a fixed parallel order (deterministic; the CPU's within float rounding).
 //
 // Plain C++ launchers over raw device pointers, compiled by nvcc without TensorFlow's headers;
 // everything is ordered on `stream`. Workspaces are device memory the caller allocates (sizes from
