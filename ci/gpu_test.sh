@@ -3,7 +3,7 @@
 #
 #   ci/gpu_test.sh [--build-only] [--tf] [--sanitize] [--bench] [--profile]
 #
-#   build     sok-core, sok-backend-det and sok-backend-hkv, with CUDA for CMAKE_CUDA_ARCHITECTURES
+#   build     sok-core, sok-backend-det, sok-backend-hkv (and the pure-Python sok-hps), with CUDA for CMAKE_CUDA_ARCHITECTURES
 #             (default 90), into $SOK_GPU_WORK/site (default /tmp/sok-gpu/site) with $PYTHON (default
 #             python3: the one holding CuPy, Torch, pybind11, scikit-build-core, pytest). Not a venv:
 #             a venv made from a venv's python sees only the base interpreter's packages, not CuPy.
@@ -105,7 +105,7 @@ build() {
   rm -rf "$SITE"
   mkdir -p "$SITE"
   local pkg
-  for pkg in sok-core sok-backend-det sok-backend-hkv; do
+  for pkg in sok-core sok-backend-det sok-backend-hkv sok-hps; do
     "$PYTHON" -m pip install --no-index --no-build-isolation --no-deps --no-cache-dir \
       --disable-pip-version-check -v --target "$SITE" \
       -C "build-dir=$BUILD/$pkg" -C build.verbose=true -C logging.level=INFO \

@@ -4,6 +4,8 @@ of the several-rank path sum the ids they hold (NumPy oracles)."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -58,11 +60,15 @@ def test_equals_the_tf_op_path_to_the_bit(combiner: str, weighted: bool, monkeyp
     assert all(isinstance(g, tf.IndexedSlices) for g in fused_grads[: len(tables)])
     monkeypatch.setattr(lookup, "_fused_tables", lambda *args: [])
     plain, plain_grads = _forward_and_gradients(tables, ids, weights, combiners, cotangents)
+    # TensorFlow's GPU segment sums add in another order than its CPU ones: equal within rounding there.
+    same = np.testing.assert_array_equal
+    if "GPU" in tables[0].device:
+        same = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5)
     for a, b in zip(fused, plain):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
+        same(a.numpy(), b.numpy())
     for a, b in zip(fused_grads[: len(tables)], plain_grads[: len(tables)]):
         np.testing.assert_array_equal(a.indices.numpy(), b.indices.numpy())
-        np.testing.assert_array_equal(a.values.numpy(), b.values.numpy())
+        same(a.values.numpy(), b.values.numpy())
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])

@@ -93,11 +93,13 @@ SWITCH = """
 
 def test_init_switches_to_legacy_optimizers_under_keras_2():
     """As NVIDIA SOK: one legacy optimizer may update SOK tables and a TensorFlow reference in turn."""
+    pytest.importorskip("tf_keras", reason="Keras 2 (TF_USE_LEGACY_KERAS=1) needs tf_keras")
     before, after, short = run_python(SWITCH.format(flag=True), TF_USE_LEGACY_KERAS="1").split()
     assert "legacy" not in before and "optimizers.legacy" in after and "optimizers.legacy" in short
 
 
 def test_init_keeps_the_optimizers_when_asked_or_under_keras_3():
+    pytest.importorskip("tf_keras", reason="Keras 2 (TF_USE_LEGACY_KERAS=1) needs tf_keras")
     before, after, _ = run_python(SWITCH.format(flag=False), TF_USE_LEGACY_KERAS="1").split()
     assert before == after and "legacy" not in after
     before, after, _ = run_python(SWITCH.format(flag=True), TF_USE_LEGACY_KERAS="0").split()

@@ -39,9 +39,13 @@ _COMBINERS = ("sum", "mean")
 
 
 class _OwnsSokVariable(tf.keras.layers.Layer):
-    """Adds ``self._variable`` (a SOK table Keras does not track) to the layer's weights."""
+    """Adds ``self._variable`` (a SOK table Keras does not track) to the layer's weights.
+
+    SOK's ops have no XLA kernels: ``supports_jit = False`` keeps Keras 3's ``jit_compile="auto"``
+    (XLA on a GPU) off for a model holding such a layer."""
 
     _variable: tf.Variable
+    supports_jit = False
 
     @property
     def variables(self) -> list:
