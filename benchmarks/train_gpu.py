@@ -123,6 +123,15 @@ class Report:
         )
 
 
+def on_gpu(array: np.ndarray) -> Any:
+    """``array`` as a tensor in GPU memory (where there is a GPU): the steps read their inputs there,
+    as Torch's do (an eager ``tf.constant`` stays in host memory and is copied at every use)."""
+    import tensorflow as tf
+
+    with tf.device("/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"):
+        return tf.identity(tf.constant(array))
+
+
 def tf_sync(result: Any) -> None:
     import tensorflow as tf
 
@@ -130,13 +139,12 @@ def tf_sync(result: Any) -> None:
 
 
 def bench_train(args: argparse.Namespace, report: Report, torch: Any) -> None:
-    import tensorflow as tf
 
     rng = np.random.default_rng(7)
     hot = 10
     ids_np = [power_law(rng, args.batch * hot, args.vocab, args.zipf).reshape(args.batch, hot) for _ in range(POOL)]
     labels_np = [rng.integers(0, 2, (args.batch, 1)).astype(np.float32) for _ in range(POOL)]
-    batches = [(tf.constant(x), tf.constant(y)) for x, y in zip(ids_np, labels_np)]
+    batches = [(on_gpu(x), on_gpu(y)) for x, y in zip(ids_np, labels_np)]
     for dim in args.dims:
         times: dict[str, float] = {}
         if torch is not None:
@@ -235,7 +243,7 @@ def criteo_inputs(args: argparse.Namespace, rng: np.random.Generator) -> tuple[l
             lengths = rng.integers(1, top + 1, args.batch)
             ids = power_law(rng, int(lengths.sum()), r, args.zipf)
             with tf.device("/GPU:0"):
-                tables.append(tf.RaggedTensor.from_row_lengths(tf.constant(ids), tf.constant(lengths, tf.int64)))
+                tables.append(tf.RaggedTensor.from_row_lengths(on_gpu(ids), on_gpu(lengths.astype(np.int64))))
         batches.append(tables)
     return rows, batches
 
@@ -293,7 +301,7 @@ def bench_pooled(args: argparse.Namespace, report: Report, torch: Any) -> None:
     ids_np = [power_law(rng, args.batch * hot, rows, args.zipf) for _ in range(POOL)]
     lengths = np.full(args.batch, hot, np.int64)
     with tf.device("/GPU:0"):
-        ragged = [tf.RaggedTensor.from_row_lengths(tf.constant(x), tf.constant(lengths)) for x in ids_np]
+        ragged = [tf.RaggedTensor.from_row_lengths(on_gpu(x), on_gpu(lengths)) for x in ids_np]
     for dim in args.dims:
         table = rng.uniform(-0.05, 0.05, (rows, dim)).astype(np.float32)
         times: dict[str, float] = {}
