@@ -45,6 +45,7 @@ import gc
 import json
 import os
 import platform
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -73,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="small sizes (batch 1024, vocab 64 Ki, cap 16 Ki, 3 steps)")
     p.add_argument("--json", help="write every figure to this file too")
+    p.add_argument("--check", action="store_true", help="exit status 1 when a goal is missed")
     args = p.parse_args(argv)
     if args.quick:
         args.batch, args.vocab, args.cap, args.steps, args.warmup, args.repeat = 1024, 2**16, 2**14, 3, 1, 1
@@ -116,6 +118,10 @@ class Report:
         if base:
             row["ratio"] = base / seconds
         row["goal"] = goal
+        threshold = re.match(r">= ([0-9.]+)x", goal)
+        if base and threshold:
+            row["met"] = row["ratio"] >= float(threshold.group(1))
+            goal += " (met)" if row["met"] else " (missed)"
         self.rows.append(row)
         print(
             f"{part:13} {case:22} {kind:12} {seconds * 1e3:9.2f} ms {batch / seconds:14,.0f} samples/s {ratio}  {goal}",
@@ -381,7 +387,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"device": report.device, "date": report.date, "argv": sys.argv[1:], "rows": report.rows}, f,
                       indent=1)  # fmt: skip
-    return 0
+    missed = [f"{r['part']} {r['case']} {r['kind']}" for r in report.rows if r.get("met") is False]
+    if missed:
+        print(f"goals missed: {'; '.join(missed)}")
+    return 1 if args.check and missed else 0
 
 
 if __name__ == "__main__":

@@ -138,3 +138,10 @@ def test_config_round_trip_keeps_the_variable_options(ratio):
     assert ("filter_ratio" in config["backend_options"]) == (ratio != 1.0)
     ids = tf.constant([[1, 2]], tf.int64)
     np.testing.assert_array_equal(rebuilt(ids).numpy(), layer(ids).numpy())
+
+
+def test_layers_keep_keras_from_compiling_them_with_xla():
+    """Keras 3's jit_compile="auto" turns XLA on for fit on a GPU unless a layer says it cannot run
+    under XLA; SOK's ops have no XLA kernels (seen on the H100: fit failed to compile SokUniqueIndex)."""
+    assert sok.DynamicEmbedding(4).supports_jit is False
+    assert sok.All2AllDenseEmbedding(8, 4, slot_num=3, nnz_per_slot=2).supports_jit is False

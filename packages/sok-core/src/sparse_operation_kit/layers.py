@@ -41,11 +41,15 @@ _COMBINERS = ("sum", "mean")
 class _OwnsSokVariable(tf.keras.layers.Layer):
     """Adds ``self._variable`` (a SOK table Keras does not track) to the layer's weights.
 
-    SOK's ops have no XLA kernels: ``supports_jit = False`` keeps Keras 3's ``jit_compile="auto"``
-    (XLA on a GPU) off for a model holding such a layer."""
+    SOK's ops have no XLA kernels: ``supports_jit = False`` (set after Keras' own ``__init__``, which
+    sets it True) keeps Keras 3's ``jit_compile="auto"`` (XLA on a GPU) off for a model holding such
+    a layer."""
 
     _variable: tf.Variable
-    supports_jit = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.supports_jit = False
 
     @property
     def variables(self) -> list:
