@@ -62,6 +62,46 @@ __device__ inline float sum_in_order(const float* __restrict__ values, const int
   return acc;
 }
 
+// A "hot" key (more than kHotOccurrences occurrences in a batch) is summed by a block of
+// kHotThreads: kHotGroups warps, each a strided share of the occurrences, kHotColumns columns per
+// block (a warp's lanes), then a fixed tree over the warps: deterministic, not the CPU's order.
+constexpr int kHotColumns = 32;
+constexpr int kHotGroups = 32;
+constexpr int kHotThreads = kHotColumns * kHotGroups;  // 1024
+constexpr int kHotUnroll = 8;                          // terms loaded before they are added
+
+// Column lane's sum of term(i) for i in [begin, end), called by every thread of a kHotThreads
+// block (active: whether its column exists), the same value back to all warps. The fixed order:
+// warp g adds term(begin + g), term(begin + g + kHotGroups), ... to 0.0f one after another, then the
+// warps' partial sums are added in a tree (partial[g] += partial[g + half], half = 16, 8, ..., 1).
+template <class Term>
+__device__ float hot_sum(int64_t begin, int64_t end, bool active, Term term) {
+  __shared__ float partial[kHotGroups][kHotColumns];
+  const int lane = threadIdx.x % kHotColumns;
+  const int group = threadIdx.x / kHotColumns;
+  float sum = 0.0f;
+  if (active) {
+    int64_t i = begin + group;
+    for (; i + (kHotUnroll - 1) * kHotGroups < end; i += kHotUnroll * kHotGroups) {
+      float x[kHotUnroll];
+#pragma unroll
+      for (int u = 0; u < kHotUnroll; ++u) x[u] = term(i + u * kHotGroups);
+#pragma unroll
+      for (int u = 0; u < kHotUnroll; ++u) sum = __fadd_rn(sum, x[u]);
+    }
+    for (; i < end; i += kHotGroups) sum = __fadd_rn(sum, term(i));
+  }
+  partial[group][lane] = sum;
+  __syncthreads();
+  for (int half = kHotGroups / 2; half > 0; half >>= 1) {
+    if (group < half) partial[group][lane] = __fadd_rn(partial[group][lane], partial[group + half][lane]);
+    __syncthreads();
+  }
+  const float out = partial[0][lane];
+  __syncthreads();  // partial is the next call's
+  return out;
+}
+
 }  // namespace detail
 }  // namespace sok_gpu
 

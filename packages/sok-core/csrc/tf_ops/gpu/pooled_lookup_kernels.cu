@@ -21,8 +21,14 @@
 #include <cub/device/device_scan.cuh>
 #include <vector>
 
+#include "common.cuh"
+
 namespace sok_gpu {
 namespace {
+
+using detail::hot_sum;
+using detail::kHotColumns;
+using detail::kHotThreads;
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 8;
@@ -32,9 +38,6 @@ constexpr size_t kAlign = 256;
 // T: a distinct id with at most this many occurrences has its gradient summed serially in the CPU's
 // order (bit-exact); one with more is "hot" and summed in a fixed parallel order (hot_sum).
 constexpr int64_t kHotOccurrences = 32;
-constexpr int kHotColumns = 32;                          // columns of a hot block: a warp's lanes
-constexpr int kHotGroups = 32;                           // warps of a hot block, each a strided share
-constexpr int kHotThreads = kHotColumns * kHotGroups;    // 1024
 constexpr int64_t kHotBlocks = 1024;                     // the most hot blocks per column tile
 
 // The kernels that split their blocks by table.
@@ -244,38 +247,6 @@ __device__ float sum_weighted_rows(const TableDev& d, int64_t begin, int64_t end
       if (held[u]) out = __fadd_rn(out, __fmul_rn(x[u], w[u]));
     }
   }
-  return out;
-}
-
-// Column lane's sum of term(i) for i in [begin, end), called by every thread of a kHotThreads
-// block (active: whether its column exists), the same value back to all warps. The fixed order:
-// warp g adds term(begin + g), term(begin + g + kHotGroups), ... to 0.0f one after another, then the
-// warps' partial sums are added in a tree (partial[g] += partial[g + half], half = 16, 8, ..., 1).
-template <class Term>
-__device__ float hot_sum(int64_t begin, int64_t end, bool active, Term term) {
-  __shared__ float partial[kHotGroups][kHotColumns];
-  const int lane = threadIdx.x % kHotColumns;
-  const int group = threadIdx.x / kHotColumns;
-  float sum = 0.0f;
-  if (active) {
-    int64_t i = begin + group;
-    for (; i + (kUnroll - 1) * kHotGroups < end; i += kUnroll * kHotGroups) {
-      float x[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) x[u] = term(i + u * kHotGroups);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) sum = __fadd_rn(sum, x[u]);
-    }
-    for (; i < end; i += kHotGroups) sum = __fadd_rn(sum, term(i));
-  }
-  partial[group][lane] = sum;
-  __syncthreads();
-  for (int half = kHotGroups / 2; half > 0; half >>= 1) {
-    if (group < half) partial[group][lane] = __fadd_rn(partial[group][lane], partial[group + half][lane]);
-    __syncthreads();
-  }
-  const float out = partial[0][lane];
-  __syncthreads();  // partial is the next call's
   return out;
 }
 

@@ -22,6 +22,9 @@ namespace sok_gpu {
 namespace {
 
 using detail::blocks_for;
+using detail::hot_sum;
+using detail::kHotColumns;
+using detail::kHotThreads;
 using detail::kThreads;
 using detail::thread_index;
 using detail::thread_stride;
@@ -29,43 +32,7 @@ using detail::thread_stride;
 // T: a row with at most this many gradient rows has them summed serially in batch order, the CPU's
 // bits; one with more is "hot" and summed in a fixed parallel order (hot_sum).
 constexpr int32_t kHotOccurrences = 32;
-constexpr int kHotColumns = 32;                        // columns of a hot block: a warp's lanes
-constexpr int kHotGroups = 32;                         // warps of a hot block, each a strided share
-constexpr int kHotThreads = kHotColumns * kHotGroups;  // 1024
 constexpr int32_t kHotBlocks = 1024;                   // the most hot blocks per column tile
-constexpr int kHotUnroll = 8;                          // terms loaded before they are added
-
-// Column lane's sum of term(i) for i in [begin, end), called by every thread of a kHotThreads
-// block (active: whether its column exists), the same value back to all warps. The fixed order:
-// warp g adds term(begin + g), term(begin + g + kHotGroups), ... to 0.0f one after another, then the
-// warps' partial sums are added in a tree (partial[g] += partial[g + half], half = 16, 8, ..., 1).
-template <class Term>
-__device__ float hot_sum(int64_t begin, int64_t end, bool active, Term term) {
-  __shared__ float partial[kHotGroups][kHotColumns];
-  const int lane = threadIdx.x % kHotColumns;
-  const int group = threadIdx.x / kHotColumns;
-  float sum = 0.0f;
-  if (active) {
-    int64_t i = begin + group;
-    for (; i + (kHotUnroll - 1) * kHotGroups < end; i += kHotUnroll * kHotGroups) {
-      float x[kHotUnroll];
-#pragma unroll
-      for (int u = 0; u < kHotUnroll; ++u) x[u] = term(i + u * kHotGroups);
-#pragma unroll
-      for (int u = 0; u < kHotUnroll; ++u) sum = __fadd_rn(sum, x[u]);
-    }
-    for (; i < end; i += kHotGroups) sum = __fadd_rn(sum, term(i));
-  }
-  partial[group][lane] = sum;
-  __syncthreads();
-  for (int half = kHotGroups / 2; half > 0; half >>= 1) {
-    if (group < half) partial[group][lane] = __fadd_rn(partial[group][lane], partial[group + half][lane]);
-    __syncthreads();
-  }
-  const float out = partial[0][lane];
-  __syncthreads();  // partial is the next call's
-  return out;
-}
 
 // *flag = max over bad i of (n - i): the smallest bad index, and 0 when there is none.
 __global__ void bad_position_kernel(const int32_t* __restrict__ positions, int32_t n, int64_t u,
