@@ -27,6 +27,7 @@ tf = pytest.importorskip("tensorflow")
 
 import sparse_operation_kit as sok  # noqa: E402
 from sparse_operation_kit import communication, lookup, pooled_lookup, tf_ops  # noqa: E402
+from sparse_operation_kit.testing.device import skip_unless_gpu_tensorflow  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -40,17 +41,7 @@ HOT = 32
 @pytest.fixture(autouse=True)
 def gpu_tensorflow(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Skips without a GPU or GPU kernels; runs the test on one rank with soft placement off."""
-    build = tf_ops.gpu_build()
-    if build in (None, "none"):
-        pytest.skip(f"sok-core was built without its GPU kernels (gpu_build: {build!r})")
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        pytest.skip("TensorFlow sees no GPU (a CPU build of TensorFlow, or no device)")
-    for gpu in gpus:
-        try:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError:  # the devices are initialized already
-            pass
+    skip_unless_gpu_tensorflow()
     monkeypatch.setattr(communication, "_tool", communication.SingleProcess())
     soft = tf.config.get_soft_device_placement()
     tf.config.set_soft_device_placement(False)

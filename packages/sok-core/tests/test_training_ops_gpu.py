@@ -28,7 +28,7 @@ from sparse_operation_kit import initializers as inits  # noqa: E402
 from sparse_operation_kit import tf_ops  # noqa: E402
 from sparse_operation_kit.storage import Storage, create_storage  # noqa: E402
 from sparse_operation_kit.table_ref import TableRef  # noqa: E402
-from sparse_operation_kit.testing.device import cuda_skip_reason  # noqa: E402
+from sparse_operation_kit.testing.device import cuda_skip_reason, skip_unless_gpu_tensorflow  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -43,17 +43,7 @@ BACKEND_CORES = {"hbm": "sok_backend_det._core", "hybrid": "sok_backend_hkv._cor
 @pytest.fixture(autouse=True)
 def gpu_tensorflow() -> Iterator[None]:
     """Skips without a GPU or GPU kernels; runs the test with soft device placement off."""
-    build = tf_ops.gpu_build()
-    if build in (None, "none"):
-        pytest.skip(f"sok-core was built without its GPU kernels (gpu_build: {build!r})")
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        pytest.skip("TensorFlow sees no GPU (a CPU build of TensorFlow, or no device)")
-    for gpu in gpus:
-        try:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError:  # the devices are initialized already (TF_FORCE_GPU_ALLOW_GROWTH did it)
-            pass
+    skip_unless_gpu_tensorflow()
     soft = tf.config.get_soft_device_placement()
     tf.config.set_soft_device_placement(False)
     try:

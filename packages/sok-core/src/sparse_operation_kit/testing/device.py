@@ -29,6 +29,7 @@ __all__ = [
     "DLPackOnly",
     "cuda_skip_reason",
     "requires_cuda",
+    "skip_unless_gpu_tensorflow",
 ]
 
 #: The device of the GPU tests.
@@ -92,3 +93,24 @@ class DLPackOnly:
 
     def __repr__(self) -> str:
         return f"DLPackOnly(shape={self._array.shape}, dtype={self._array.dtype})"
+
+
+def skip_unless_gpu_tensorflow() -> None:
+    """Skip the calling test unless sok-core has its GPU kernels and TensorFlow sees a GPU; then turn
+    on memory growth (SOK's GPU tables allocate beside TensorFlow's allocator) where TensorFlow has
+    not set up its GPUs yet. For the TensorFlow-level GPU tests (sok-core's test_*_gpu.py)."""
+    import tensorflow as tf
+
+    from sparse_operation_kit import tf_ops
+
+    build = tf_ops.gpu_build()
+    if build in (None, "none"):
+        pytest.skip(f"sok-core was built without its GPU kernels (gpu_build: {build!r})")
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        pytest.skip("TensorFlow sees no GPU (a CPU build of TensorFlow, or no device)")
+    for gpu in gpus:
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # TensorFlow has set its GPUs up already (TF_FORCE_GPU_ALLOW_GROWTH did it)
+            pass
