@@ -352,13 +352,10 @@ def _sok_pooled(args: argparse.Namespace, table: np.ndarray, ragged: list) -> di
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    import sparse_operation_kit as sok
     import tensorflow as tf
 
-    for gpu in tf.config.list_physical_devices("GPU"):
-        tf.config.experimental.set_memory_growth(gpu, True)  # Torch shares the GPU
-    import sparse_operation_kit as sok
-
-    sok.init("single")
+    sok.init("single")  # also turns on TensorFlow's memory growth: SOK's tables and Torch share the GPU
     try:
         import torch
 

@@ -15,15 +15,16 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 import sparse_operation_kit as sok  # noqa: E402
-from sparse_operation_kit import initializers, tf_ops  # noqa: E402
+from sparse_operation_kit import initializers  # noqa: E402
+from sparse_operation_kit.testing.device import skip_unless_gpu_tensorflow  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not tf.config.list_physical_devices("GPU") or tf_ops.gpu_build() in (None, "none"),
-        reason="needs a GPU visible to a CUDA TensorFlow and sok-core's GPU kernels",
-    ),
-]
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def gpu_tensorflow() -> None:
+    skip_unless_gpu_tensorflow()
+
 
 K = tf.keras.optimizers
 SAME_ROWS = initializers.uniform(-0.05, 0.05, 1234)

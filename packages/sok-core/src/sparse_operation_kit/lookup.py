@@ -241,12 +241,6 @@ def _pool_local(
     return tf.math.unsorted_segment_sum(gathered, samples, num_samples), status
 
 
-def _on_gpu(param: Any) -> bool:
-    """Whether a table (and so its pooling) lives on a GPU."""
-    device = param.table_device if isinstance(param, DynamicVariable) else param.device
-    return "GPU" in (device or "").upper()
-
-
 def _call_description(
     params: Sequence[Any],
     kinds: Sequence[str],
@@ -536,6 +530,7 @@ def _fused_tables(params: Sequence[Any], kinds: Sequence[str]) -> list[int]:
 
 
 def _on_gpu(param: Any) -> bool:
+    """Whether a table (its variable's handle, and so its pooling) lives on a GPU."""
     return tf.DeviceSpec.from_string(param.device).device_type == "GPU"
 
 

@@ -664,27 +664,24 @@ class OptimizerWrapper:
         return checked, checks
 
     def _apply_dynamic(self, grad: Any, var: DynamicVariable, lr: Tensor, step: Tensor) -> None:
-        with tf.device(var.table_device):  # every op of the update where the table is
-            self._apply_dynamic_on_its_device(grad, var, lr, step)
-
-    def _apply_dynamic_on_its_device(self, grad: Any, var: DynamicVariable, lr: Tensor, step: Tensor) -> None:
         dim = var.dimension
         width = dim * (1 + len(self._rule.slots))
-        keys = tf.reshape(var._keys(grad.indices), [-1])
-        values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, dim])
         lib = tf_ops.library()
-        if self._rule.native is not None:
-            rule, hyper = self._rule.native
-            index = distinct_index_of(grad.indices)  # the lookup's, or computed here during the forward pass
-            distinct, positions = index if index is not None else lib.sok_unique_index(keys)
-            lib.sok_sparse_apply(*var.table_inputs, distinct, positions, values, lr, rule=rule, hyper=list(hyper))
-            return
-        unique, summed = lib.sok_unique_sum(keys, values)
-        rows = lib.sok_find_or_insert(*var.table_inputs, unique, col_begin=0, col_end=width)
-        slots = {name: rows[:, (i + 1) * dim : (i + 2) * dim] for i, (name, _) in enumerate(self._rule.slots)}
-        new_w, new_slots = self._rule.update(rows[:, :dim], slots, summed, lr, step)
-        new_rows = tf.concat([new_w] + [new_slots[name] for name, _ in self._rule.slots], axis=1)
-        lib.sok_insert_or_assign(*var.table_inputs, unique, new_rows, col_begin=0, col_end=width)
+        with tf.device(var.table_device):  # every op of the update where the table is
+            keys = tf.reshape(var._keys(grad.indices), [-1])
+            values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, dim])
+            if self._rule.native is not None:
+                rule, hyper = self._rule.native
+                index = distinct_index_of(grad.indices)  # the lookup's, or computed here during the forward pass
+                distinct, positions = index if index is not None else lib.sok_unique_index(keys)
+                lib.sok_sparse_apply(*var.table_inputs, distinct, positions, values, lr, rule=rule, hyper=list(hyper))
+                return
+            unique, summed = lib.sok_unique_sum(keys, values)
+            rows = lib.sok_find_or_insert(*var.table_inputs, unique, col_begin=0, col_end=width)
+            slots = {name: rows[:, (i + 1) * dim : (i + 2) * dim] for i, (name, _) in enumerate(self._rule.slots)}
+            new_w, new_slots = self._rule.update(rows[:, :dim], slots, summed, lr, step)
+            new_rows = tf.concat([new_w] + [new_slots[name] for name, _ in self._rule.slots], axis=1)
+            lib.sok_insert_or_assign(*var.table_inputs, unique, new_rows, col_begin=0, col_end=width)
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], *args: Any, **kwargs: Any) -> None:
         """Update dynamic variables row-wise; pass every other pair to the wrapped optimizer.

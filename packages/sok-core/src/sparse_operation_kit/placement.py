@@ -42,10 +42,6 @@ class Placement:
     storage: str
     tf_device: str
 
-    @property
-    def on_gpu(self) -> bool:
-        return self.storage != "cpu"
-
 
 CPU = Placement("cpu", "/device:CPU:0")
 
@@ -107,8 +103,6 @@ def of_scope(var_type: str) -> Placement:
             f"a sok.DynamicVariable cannot live on {kind} (device scope {spec.to_string()!r}); valid: "
             f"tf.device('/GPU:i') or tf.device('/CPU:0')"
         )
-    if not kind and not tf.test.is_built_with_cuda():
-        return CPU
     reason = _why_not_gpu(var_type)
     if reason is not None:
         if kind or _gpu_ordinals():
