@@ -11,8 +11,10 @@ tests and overriding the ``var_type`` fixture (the pattern of fsspec's abstract 
         def var_type(self):
             return "mine"
 
-Backends that implement the C ABI's optional ``update_rows`` subclass
-:class:`UpdateRowsConformance` the same way.
+:class:`StorageConformance` combines one abstract class per concern (lookups, writes, eviction,
+bad input, threads, ...), each in a module of :mod:`sparse_operation_kit.testing.conformance`: a
+backend may also subclass only some of them. Backends that implement the C ABI's optional
+``update_rows`` subclass :class:`UpdateRowsConformance` the same way.
 
 Importing this package needs pytest (``pip install 'sok-core[test]'``); the random-sequence test
 also uses Hypothesis and is skipped without it.

@@ -1,0 +1,121 @@
+"""The storage conformance suite, writes: ``insert_or_assign`` (inserts, overwrites, the last
+duplicate wins, a column range leaves the other columns or initializes them for a new key, values
+become float32), ``accum_or_assign`` (adds, duplicates accumulate, a new key gets its initial row
+plus the sum) and ``import_batch`` (stores the caller's scores).
+
+A backend runs these tests through :class:`~sparse_operation_kit.testing.StorageConformance`, or
+alone by subclassing :class:`WriteConformance` and overriding the ``var_type`` fixture (the optional
+fixtures: :mod:`~sparse_operation_kit.testing.conformance.base`).
+
+Example::
+
+    import pytest
+    from sparse_operation_kit.testing.conformance import WriteConformance
+
+    class TestMyBackendWrites(WriteConformance):
+        @pytest.fixture
+        def var_type(self):
+            return "mine"
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sparse_operation_kit import initializers as inits
+from sparse_operation_kit.storage import Storage
+from sparse_operation_kit.testing.conformance.base import _RANDOM, ConformanceFixtures, MakeStorage, _keys, _rows_for
+
+__all__ = ["WriteConformance"]
+
+
+class WriteConformance(ConformanceFixtures):
+    """``insert_or_assign``, ``accum_or_assign`` and ``import_batch``."""
+
+    # -- insert_or_assign -----------------------------------------------------------------------
+    def test_insert_or_assign_inserts_rows(self, storage: Storage) -> None:
+        keys = _keys([3, 1, 2])
+        storage.insert_or_assign(keys, _rows_for(keys, 4))
+        assert storage.size() == 3
+        np.testing.assert_array_equal(storage.find(keys)[0], _rows_for(keys, 4))
+
+    def test_insert_or_assign_overwrites_existing_rows(self, storage: Storage) -> None:
+        keys = _keys([3, 1])
+        storage.insert_or_assign(keys, _rows_for(keys, 4))
+        storage.insert_or_assign(keys, -_rows_for(keys, 4))
+        np.testing.assert_array_equal(storage.find(keys)[0], -_rows_for(keys, 4))
+        assert storage.size() == 2
+
+    def test_insert_or_assign_last_duplicate_wins(self, storage: Storage) -> None:
+        keys = _keys([6, 8, 6, 6])
+        values = np.arange(16, dtype=np.float32).reshape(4, 4)
+        storage.insert_or_assign(keys, values)
+        np.testing.assert_array_equal(storage.find(_keys([6, 8]))[0], values[[3, 1]])
+
+    def test_insert_or_assign_column_range_leaves_other_columns(self, make_storage: MakeStorage) -> None:
+        storage = make_storage(row_width=6)
+        keys = _keys([1, 2])
+        storage.insert_or_assign(keys, _rows_for(keys, 6))
+        storage.insert_or_assign(keys, np.full((2, 2), -1.0, np.float32), columns=(2, 4))
+        expected = _rows_for(keys, 6)
+        expected[:, 2:4] = -1.0
+        np.testing.assert_array_equal(storage.find(keys)[0], expected)
+
+    def test_insert_or_assign_column_range_of_new_key_initializes_the_rest(self, make_storage: MakeStorage) -> None:
+        storage = make_storage(row_width=6, initializer=_RANDOM)
+        keys = _keys([1, 2])
+        storage.insert_or_assign(keys, np.full((2, 2), -1.0, np.float32), columns=slice(2, 4))
+        expected = inits.init_rows(keys, [_RANDOM], 6)
+        expected[:, 2:4] = -1.0
+        np.testing.assert_array_equal(storage.find(keys)[0], expected)
+
+    def test_insert_or_assign_converts_values_to_float32(self, storage: Storage) -> None:
+        storage.insert_or_assign(_keys([1]), np.array([[1, 2, 3, 4]], dtype=np.int64))
+        np.testing.assert_array_equal(storage.find(_keys([1]))[0], [[1, 2, 3, 4]])
+
+    # -- accum_or_assign ------------------------------------------------------------------------
+    def test_accum_or_assign_adds_to_existing_rows(self, storage: Storage) -> None:
+        keys = _keys([1, 2])
+        storage.insert_or_assign(keys, _rows_for(keys, 4))
+        storage.accum_or_assign(keys, np.full((2, 4), 0.5, np.float32))
+        np.testing.assert_array_equal(storage.find(keys)[0], _rows_for(keys, 4) + np.float32(0.5))
+
+    def test_accum_or_assign_duplicates_accumulate(self, storage: Storage) -> None:
+        storage.insert_or_assign(_keys([1]), np.ones((1, 4), np.float32))
+        storage.accum_or_assign(_keys([1, 1, 1]), np.array([[1.0] * 4, [2.0] * 4, [4.0] * 4], np.float32))
+        np.testing.assert_array_equal(storage.find(_keys([1]))[0], [[8.0] * 4])
+
+    def test_accum_or_assign_new_key_gets_the_sum(self, make_storage: MakeStorage) -> None:
+        storage = make_storage(row_width=2, initializer=100.0)
+        storage.accum_or_assign(_keys([5, 5, 6]), np.array([[1, 2], [3, 4], [5, 6]], np.float32))
+        np.testing.assert_array_equal(storage.find(_keys([5, 6]))[0], [[4, 6], [5, 6]])
+
+    def test_accum_or_assign_column_range_of_new_key_initializes_the_rest(self, make_storage: MakeStorage) -> None:
+        storage = make_storage(row_width=4, initializer=_RANDOM)
+        keys = _keys([5, 5])
+        storage.accum_or_assign(keys, np.array([[1, 2], [3, 4]], np.float32), columns=(2, 4))
+        expected = inits.init_rows(_keys([5]), [_RANDOM], 4)
+        expected[:, 2:4] = [4, 6]
+        np.testing.assert_array_equal(storage.find(_keys([5]))[0], expected)
+
+    def test_accum_or_assign_column_range_leaves_other_columns(self, make_storage: MakeStorage) -> None:
+        storage = make_storage(row_width=6)
+        keys = _keys([1, 2])
+        storage.insert_or_assign(keys, _rows_for(keys, 6))
+        storage.accum_or_assign(keys, np.full((2, 2), 10.0, np.float32), columns=(2, 4))
+        expected = _rows_for(keys, 6)
+        expected[:, 2:4] += 10.0
+        np.testing.assert_array_equal(storage.find(keys)[0], expected)
+
+    # -- import_batch ---------------------------------------------------------------------------
+    def test_import_batch_stores_the_given_scores(self, storage: Storage) -> None:
+        keys = _keys(np.arange(1, 6))
+        scores = np.array([7, 2**63, 5, 0, 2**64 - 1], dtype=np.uint64)
+        storage.import_batch(keys, _rows_for(keys, storage.row_width), scores)
+        exported, values, got = storage.export()
+        order = np.argsort(exported)
+        np.testing.assert_array_equal(exported[order], keys)
+        np.testing.assert_array_equal(got[order], scores)
+        np.testing.assert_array_equal(values[order], _rows_for(keys, storage.row_width))
+        storage.import_batch(keys[:2], _rows_for(keys[:2], storage.row_width), np.array([1, 1], np.uint64))
+        assert sorted(storage.export_if(2)[0].tolist()) == [3, 5]
