@@ -15,9 +15,9 @@ layer). The same ids, labels and model in all three:
 Every step runs inside one ``tf.function``. A round runs every kind once, with fresh tables, for
 ``--steps`` timed steps after ``--warmup`` steps; ``--repeat`` rounds. The steps/s figure is the
 best round of a kind; a ratio is the median over the rounds of the two kinds' rates in the same
-round: a shared 2-core VM drifts in speed by 30-40% over minutes (a sok round lasts under half a
-second), and rounds pair measurements taken seconds apart. Goals (the default var_type, hbm):
->= 0.67x dense and >= 3x MutableHashTable; ``--check`` exits with status 1 when one is missed.
+round: a shared VM's speed drifts over minutes while a round is short, and rounds pair
+measurements taken seconds apart. Goals (the default var_type, hbm): >= 0.67x dense and >= 3x
+MutableHashTable; ``--check`` exits with status 1 when one is missed.
 
 Usage::
 

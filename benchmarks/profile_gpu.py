@@ -12,7 +12,7 @@ memset and copy. Not a benchmark: there is no baseline and no ratio.
 
 Needs CuPy, a CUDA Torch and CUDA builds of sok-backend-det / sok-backend-hkv (exit status 2
 otherwise). Used to find the kernel worth working on (for example the placing kernel of
-find_or_insert at dim 128, 481 us of an 880 us call, before it wrote new rows in one pass).
+find_or_insert at dim 128, most of the call before it wrote new rows in one pass).
 
 With ``--overhead`` it instead times the fixed cost of a call on the host: the median wall time of
 a one-key call plus a device synchronize (HKV's timer, as ``storage_gpu.py`` uses it) of each

@@ -41,7 +41,7 @@ Torch for the pooled baseline. Exit status 1 when an operation fails or returns 
 
 Usage::
 
-    python3 benchmarks/storage_gpu.py                    # everything, about 3-5 minutes on an H100
+    python3 benchmarks/storage_gpu.py                    # everything: the full run
     python3 benchmarks/storage_gpu.py --quick            # 4 Mi slots, λ 0.5, dims 8 and 64: seconds
     python3 benchmarks/storage_gpu.py [--quick] --json out.json
 """
@@ -167,10 +167,10 @@ def hkv_figure(mode: str, dim: int, lam: float, op: str) -> float | None:
 # -- bounds: reference/hashtables.md §5.1-§5.4 --------------------------------------------------
 NOMINAL_BYTES_PER_S = 3.352e12  # §5.1: 5120-bit bus at 2619 MHz DDR (Bound A)
 STREAM_BYTES_PER_S = 3.03e12  # §5.1, §5.4: coalesced traffic (Model C)
-#: §5.4, Model C: random DRAM accesses per second by access size in bytes (reads up to 64 B: 31.5 G).
+#: §5.4, Model C: random DRAM accesses per second by access size in bytes (reads up to 64 B at the 64 B rate).
 RANDOM_READS_PER_S = {64: 31.5e9, 128: 21.3e9, 256: 10.95e9, 512: 5.52e9}
 #: Full-sector random writes. 256 B was not measured (§5.2); the 512 B rate is bandwidth-bound, so
-#: 256 B is taken at twice it, which reproduces §5.4's C:min upsert figure at dim 64 (4.1).
+#: 256 B is taken at twice it, which reproduces §5.4's C:min upsert figure at dim 64.
 RANDOM_WRITES_PER_S = {32: 25.7e9, 128: 20.9e9, 256: 2 * 5.93e9, 512: 5.93e9}
 
 Access = tuple[str, int]  # ("stream" | "read" | "write", bytes)
