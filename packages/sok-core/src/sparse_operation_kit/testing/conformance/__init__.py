@@ -19,8 +19,7 @@ Example::
         def var_type(self):
             return "mine"
 
-The concerns, each a module of this package with one class; a backend still growing may subclass
-only those it passes (each takes the same fixtures):
+The concerns, each a module of this package with one class that takes the same fixtures:
 
 - :mod:`~.registration` (:class:`RegistrationConformance`): registry entry, capabilities, the
   storage's backend and device, a new storage is empty.
@@ -38,6 +37,16 @@ only those it passes (each takes the same fixtures):
 - :mod:`~.concurrency` (:class:`ConcurrencyConformance`): several threads on one storage.
 - :mod:`~.random_sequences` (:class:`RandomSequenceConformance`): Hypothesis sequences against the
   dict model.
+
+A backend still growing may subclass only the concerns it passes so far, and add the others (or
+switch to :class:`StorageConformance`) as it grows::
+
+    from sparse_operation_kit.testing.conformance import LookupConformance, WriteConformance
+
+    class TestMyBackendSoFar(LookupConformance, WriteConformance):  # reads and writes only
+        @pytest.fixture
+        def var_type(self):
+            return "mine"
 
 The fixtures a backend may override besides ``var_type`` (``device``, ``storage_options``, ...)
 are listed in :mod:`~.base`. Tests about eviction run only when the backend's

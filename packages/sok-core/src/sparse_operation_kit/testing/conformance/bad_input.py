@@ -2,20 +2,6 @@
 column ranges, non-numeric values, negative or unwanted scores, unknown options and bad option
 values, row widths, key dtypes and export ranges are refused with an error that names the value;
 a refused call leaves the table as it was.
-
-A backend runs these tests through :class:`~sparse_operation_kit.testing.StorageConformance`, or
-alone by subclassing :class:`BadInputConformance` and overriding the ``var_type`` fixture (the
-optional fixtures: :mod:`~sparse_operation_kit.testing.conformance.base`).
-
-Example::
-
-    import pytest
-    from sparse_operation_kit.testing.conformance import BadInputConformance
-
-    class TestMyBackendBadInput(BadInputConformance):
-        @pytest.fixture
-        def var_type(self):
-            return "mine"
 """
 
 from __future__ import annotations
@@ -28,14 +14,21 @@ import pytest
 
 from sparse_operation_kit.plugins.registry import BackendSpec
 from sparse_operation_kit.storage import Storage
-from sparse_operation_kit.testing.conformance.base import ConformanceFixtures, MakeStorage, _keys, _rows_for
+from sparse_operation_kit.testing.conformance.base import (
+    ConformanceFixtures,
+    MakeStorage,
+    _keys,
+    _rows_for,
+    _skip_unless_key_dtype,
+)
 from sparse_operation_kit.testing.model import assert_same_contents, snapshot
 
 __all__ = ["BadInputConformance"]
 
 
 class BadInputConformance(ConformanceFixtures):
-    """Bad arguments are refused with the value in the message, and leave the table unchanged."""
+    """Bad arguments are refused with the value in the message, and leave the table unchanged: a
+    concern of :class:`StorageConformance`, also usable alone."""
 
     @pytest.fixture
     def filled(self, storage: Storage) -> Storage:
@@ -102,8 +95,7 @@ class BadInputConformance(ConformanceFixtures):
     def test_keys_out_of_the_dtype_range_are_refused(
         self, spec: BackendSpec, make_storage: MakeStorage, key_dtype: str, bad: int
     ) -> None:
-        if key_dtype not in spec.capabilities.key_dtypes:
-            pytest.skip(f"backend {spec.name!r} does not take {key_dtype} keys")
+        _skip_unless_key_dtype(spec, key_dtype)
         storage = make_storage(row_width=1, key_dtype=key_dtype)
         storage.find_or_insert(_keys([1, 2], key_dtype))
         keys = np.array([1, bad], dtype=np.uint64 if bad >= 2**63 else np.int64)

@@ -75,6 +75,12 @@ def _sleep_past_clock() -> None:
     time.sleep(0.002)
 
 
+def _skip_unless_key_dtype(spec: BackendSpec, key_dtype: str) -> None:
+    """Skip the calling test where the backend does not take ``key_dtype`` keys."""
+    if key_dtype not in spec.capabilities.key_dtypes:
+        pytest.skip(f"backend {spec.name!r} does not take {key_dtype} keys")
+
+
 class ConformanceFixtures:
     """The fixtures of the conformance suite. Subclasses override ``var_type`` (and optionally the
     fixtures listed in the module docstring)."""

@@ -2,20 +2,6 @@
 row widths 1 and 129, growth past the initial capacity (``small_capacity_options``) across
 batches and inside one, and batches big enough for a backend's bulk (parallel) paths checked
 against a dict of what was written.
-
-A backend runs these tests through :class:`~sparse_operation_kit.testing.StorageConformance`, or
-alone by subclassing :class:`BatchConformance` and overriding the ``var_type`` fixture (the optional
-fixtures: :mod:`~sparse_operation_kit.testing.conformance.base`).
-
-Example::
-
-    import pytest
-    from sparse_operation_kit.testing.conformance import BatchConformance
-
-    class TestMyBackendBatches(BatchConformance):
-        @pytest.fixture
-        def var_type(self):
-            return "mine"
 """
 
 from __future__ import annotations
@@ -29,14 +15,22 @@ from sparse_operation_kit import initializers as inits
 from sparse_operation_kit.dtypes import KEY_DTYPES
 from sparse_operation_kit.plugins.registry import BackendSpec
 from sparse_operation_kit.storage import Storage
-from sparse_operation_kit.testing.conformance.base import _RANDOM, ConformanceFixtures, MakeStorage, _keys, _rows_for
+from sparse_operation_kit.testing.conformance.base import (
+    _RANDOM,
+    ConformanceFixtures,
+    MakeStorage,
+    _keys,
+    _rows_for,
+    _skip_unless_key_dtype,
+)
 from sparse_operation_kit.testing.model import assert_same_contents, snapshot
 
 __all__ = ["BatchConformance"]
 
 
 class BatchConformance(ConformanceFixtures):
-    """Empty batches, row widths, growth and large batches."""
+    """Empty batches, row widths, growth and large batches: a concern of :class:`StorageConformance`,
+    also usable alone."""
 
     # -- empty batches and row widths -----------------------------------------------------------
     @pytest.mark.parametrize(
@@ -108,8 +102,7 @@ class BatchConformance(ConformanceFixtures):
     ) -> None:
         """Batches big enough for a backend's bulk (parallel) paths, with many duplicates, while
         the table grows."""
-        if key_dtype not in spec.capabilities.key_dtypes:
-            pytest.skip(f"backend {spec.name!r} does not take {key_dtype} keys")
+        _skip_unless_key_dtype(spec, key_dtype)
         storage = make_storage(
             row_width=4, key_dtype=key_dtype, initializer=_RANDOM, **{**small_capacity_options, **no_eviction_options}
         )

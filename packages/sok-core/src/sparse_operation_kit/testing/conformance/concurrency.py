@@ -2,20 +2,6 @@
 (disjoint keys checked against :class:`~sparse_operation_kit.testing.model.DictModel`, the same new
 keys created once, accumulations that lose no update, overwrites that leave whole rows, large
 batches).
-
-A backend runs these tests through :class:`~sparse_operation_kit.testing.StorageConformance`, or
-alone by subclassing :class:`ConcurrencyConformance` and overriding the ``var_type`` fixture (the
-optional fixtures: :mod:`~sparse_operation_kit.testing.conformance.base`).
-
-Example::
-
-    import pytest
-    from sparse_operation_kit.testing.conformance import ConcurrencyConformance
-
-    class TestMyBackendConcurrency(ConcurrencyConformance):
-        @pytest.fixture
-        def var_type(self):
-            return "mine"
 """
 
 from __future__ import annotations
@@ -47,7 +33,8 @@ def _run_threads(count: int, work: Callable[[int], Any]) -> list[Any]:
 
 
 class ConcurrencyConformance(ConformanceFixtures):
-    """Calls from several threads at once on one storage."""
+    """Calls from several threads at once on one storage: a concern of :class:`StorageConformance`,
+    also usable alone."""
 
     def test_threads_writing_disjoint_keys(
         self, make_storage: MakeStorage, small_capacity_options: dict[str, Any]

@@ -2,20 +2,6 @@
 keys once, removes rows, is idempotent; an erased key comes back with a fresh row),
 ``export_batch`` and ``export`` (every row once over all slots, at most ``limit`` rows per batch,
 column ranges, no erased rows) and ``size``, ``capacity``, ``clear``.
-
-A backend runs these tests through :class:`~sparse_operation_kit.testing.StorageConformance`, or
-alone by subclassing :class:`EraseExportConformance` and overriding the ``var_type`` fixture (the
-optional fixtures: :mod:`~sparse_operation_kit.testing.conformance.base`).
-
-Example::
-
-    import pytest
-    from sparse_operation_kit.testing.conformance import EraseExportConformance
-
-    class TestMyBackendEraseExport(EraseExportConformance):
-        @pytest.fixture
-        def var_type(self):
-            return "mine"
 """
 
 from __future__ import annotations
@@ -30,7 +16,8 @@ __all__ = ["EraseExportConformance"]
 
 
 class EraseExportConformance(ConformanceFixtures):
-    """``erase``, ``export_batch``/``export``, ``size``, ``capacity`` and ``clear``."""
+    """``erase``, ``export_batch``/``export``, ``size``, ``capacity`` and ``clear``: a concern of
+    :class:`StorageConformance`, also usable alone."""
 
     # -- erase ----------------------------------------------------------------------------------
     def test_erase_returns_the_number_of_present_keys(self, storage: Storage) -> None:

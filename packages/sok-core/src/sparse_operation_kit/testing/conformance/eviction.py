@@ -4,20 +4,6 @@ every displaced row reported whole), each eviction policy on a table of one buck
 ``lru``, ``lfu``, ``custom``, ``epoch_lru``, ``epoch_lfu``, and ``set_global_epoch``. The tests
 of a policy not in ``Capabilities.eviction_policies``, and every policy test where
 ``Capabilities.eviction`` is False, are skipped with the reason.
-
-A backend runs these tests through :class:`~sparse_operation_kit.testing.StorageConformance`, or
-alone by subclassing :class:`EvictionConformance` and overriding the ``var_type`` fixture (the
-optional fixtures: :mod:`~sparse_operation_kit.testing.conformance.base`).
-
-Example::
-
-    import pytest
-    from sparse_operation_kit.testing.conformance import EvictionConformance
-
-    class TestMyBackendEviction(EvictionConformance):
-        @pytest.fixture
-        def var_type(self):
-            return "mine"
 """
 
 from __future__ import annotations
@@ -44,7 +30,8 @@ __all__ = ["EvictionConformance"]
 
 
 class EvictionConformance(ConformanceFixtures):
-    """``insert_and_evict`` and the eviction policies."""
+    """``insert_and_evict`` and the eviction policies: a concern of :class:`StorageConformance`, also
+    usable alone."""
 
     @pytest.fixture
     def one_bucket(

@@ -1,20 +1,6 @@
 """The storage conformance suite, key dtypes and key values: the keys at the edges of each key dtype
 (:data:`EXTREME_KEYS`) are stored, read, initialized and erased like any other, and keys of another
 integer dtype are converted. A dtype not in ``Capabilities.key_dtypes`` is skipped.
-
-A backend runs these tests through :class:`~sparse_operation_kit.testing.StorageConformance`, or
-alone by subclassing :class:`KeyDtypeConformance` and overriding the ``var_type`` fixture (the
-optional fixtures: :mod:`~sparse_operation_kit.testing.conformance.base`).
-
-Example::
-
-    import pytest
-    from sparse_operation_kit.testing.conformance import KeyDtypeConformance
-
-    class TestMyBackendKeyDtypes(KeyDtypeConformance):
-        @pytest.fixture
-        def var_type(self):
-            return "mine"
 """
 
 from __future__ import annotations
@@ -25,7 +11,13 @@ import pytest
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit.dtypes import KEY_DTYPES
 from sparse_operation_kit.plugins.registry import BackendSpec
-from sparse_operation_kit.testing.conformance.base import _RANDOM, ConformanceFixtures, MakeStorage, _keys
+from sparse_operation_kit.testing.conformance.base import (
+    _RANDOM,
+    ConformanceFixtures,
+    MakeStorage,
+    _keys,
+    _skip_unless_key_dtype,
+)
 
 __all__ = ["EXTREME_KEYS", "KeyDtypeConformance"]
 
@@ -38,12 +30,12 @@ EXTREME_KEYS: dict[str, list[int]] = {
 
 
 class KeyDtypeConformance(ConformanceFixtures):
-    """Every key of every key dtype the backend takes, the extreme ones included."""
+    """Every key of every key dtype the backend takes, the extreme ones included: a concern of
+    :class:`StorageConformance`, also usable alone."""
 
     @pytest.mark.parametrize("key_dtype", KEY_DTYPES)
     def test_extreme_keys_are_valid(self, spec: BackendSpec, make_storage: MakeStorage, key_dtype: str) -> None:
-        if key_dtype not in spec.capabilities.key_dtypes:
-            pytest.skip(f"backend {spec.name!r} does not take {key_dtype} keys")
+        _skip_unless_key_dtype(spec, key_dtype)
         storage = make_storage(row_width=2, key_dtype=key_dtype)
         keys = _keys(EXTREME_KEYS[key_dtype], key_dtype)
         rows = np.arange(2 * keys.size, dtype=np.float32).reshape(-1, 2)
@@ -62,8 +54,7 @@ class KeyDtypeConformance(ConformanceFixtures):
     def test_extreme_keys_get_the_reference_initial_rows(
         self, spec: BackendSpec, make_storage: MakeStorage, key_dtype: str
     ) -> None:
-        if key_dtype not in spec.capabilities.key_dtypes:
-            pytest.skip(f"backend {spec.name!r} does not take {key_dtype} keys")
+        _skip_unless_key_dtype(spec, key_dtype)
         storage = make_storage(row_width=3, key_dtype=key_dtype, initializer=_RANDOM)
         keys = _keys(EXTREME_KEYS[key_dtype], key_dtype)
         values, found = storage.find_or_insert(keys)
@@ -72,8 +63,7 @@ class KeyDtypeConformance(ConformanceFixtures):
 
     @pytest.mark.parametrize("key_dtype", KEY_DTYPES)
     def test_erase_extreme_keys(self, spec: BackendSpec, make_storage: MakeStorage, key_dtype: str) -> None:
-        if key_dtype not in spec.capabilities.key_dtypes:
-            pytest.skip(f"backend {spec.name!r} does not take {key_dtype} keys")
+        _skip_unless_key_dtype(spec, key_dtype)
         storage = make_storage(row_width=1, key_dtype=key_dtype)
         keys = _keys(EXTREME_KEYS[key_dtype], key_dtype)
         storage.find_or_insert(keys)

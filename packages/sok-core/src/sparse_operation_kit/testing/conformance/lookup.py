@@ -3,20 +3,6 @@ neither inserts nor changes scores), ``find_hits`` (present rows written into th
 place; an ``out`` it cannot write in place is refused) and ``find_or_insert`` (new rows exactly as
 :func:`~sparse_operation_kit.initializers.init_rows` makes them, existing rows unchanged, each key
 inserted once, column ranges).
-
-A backend runs these tests through :class:`~sparse_operation_kit.testing.StorageConformance`, or
-alone by subclassing :class:`LookupConformance` and overriding the ``var_type`` fixture (the
-optional fixtures: :mod:`~sparse_operation_kit.testing.conformance.base`).
-
-Example::
-
-    import pytest
-    from sparse_operation_kit.testing.conformance import LookupConformance
-
-    class TestMyBackendLookup(LookupConformance):
-        @pytest.fixture
-        def var_type(self):
-            return "mine"
 """
 
 from __future__ import annotations
@@ -41,7 +27,8 @@ __all__ = ["LookupConformance"]
 
 
 class LookupConformance(ConformanceFixtures):
-    """``find``, ``find_hits`` and ``find_or_insert``."""
+    """``find``, ``find_hits`` and ``find_or_insert``: a concern of :class:`StorageConformance`, also
+    usable alone."""
 
     # -- find -----------------------------------------------------------------------------------
     def test_find_missing_keys_reads_zeros_and_not_found(self, storage: Storage) -> None:

@@ -2,20 +2,6 @@
 (:func:`~sparse_operation_kit.testing.stateful.model_state_machine`) runs random sequences of
 every verb on a storage and on :class:`~sparse_operation_kit.testing.model.DictModel` and compares
 them after each step. Skipped without Hypothesis.
-
-A backend runs these tests through :class:`~sparse_operation_kit.testing.StorageConformance`, or
-alone by subclassing :class:`RandomSequenceConformance` and overriding the ``var_type`` fixture (the
-optional fixtures: :mod:`~sparse_operation_kit.testing.conformance.base`).
-
-Example::
-
-    import pytest
-    from sparse_operation_kit.testing.conformance import RandomSequenceConformance
-
-    class TestMyBackendRandomSequences(RandomSequenceConformance):
-        @pytest.fixture
-        def var_type(self):
-            return "mine"
 """
 
 from __future__ import annotations
@@ -31,7 +17,8 @@ __all__ = ["RandomSequenceConformance"]
 
 
 class RandomSequenceConformance(ConformanceFixtures):
-    """Random operation sequences agree with the dict model."""
+    """Random operation sequences agree with the dict model: a concern of :class:`StorageConformance`,
+    also usable alone."""
 
     def test_random_operations_match_the_dict_model(
         self, make_storage: MakeStorage, no_eviction_options: dict[str, Any]

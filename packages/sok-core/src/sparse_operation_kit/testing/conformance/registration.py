@@ -2,20 +2,6 @@
 backend's ``Capabilities`` hold together (key dtypes, eviction policies, devices), a storage reports
 its backend, row width, key dtype and device, bad devices and GPU storages of a backend without
 ``"cuda"`` in ``Capabilities.devices`` are refused, and a new storage is empty.
-
-A backend runs these tests through :class:`~sparse_operation_kit.testing.StorageConformance`, or
-alone by subclassing :class:`RegistrationConformance` and overriding the ``var_type`` fixture (the
-optional fixtures: :mod:`~sparse_operation_kit.testing.conformance.base`).
-
-Example::
-
-    import pytest
-    from sparse_operation_kit.testing.conformance import RegistrationConformance
-
-    class TestMyBackendRegistration(RegistrationConformance):
-        @pytest.fixture
-        def var_type(self):
-            return "mine"
 """
 
 from __future__ import annotations
@@ -36,7 +22,8 @@ __all__ = ["RegistrationConformance"]
 
 
 class RegistrationConformance(ConformanceFixtures):
-    """A storage knows its backend and device, and the backend's capabilities hold together."""
+    """A storage knows its backend and device, and the backend's capabilities hold together: a concern
+    of :class:`StorageConformance`, also usable alone."""
 
     def test_var_type_is_registered(self, var_type: str, spec: BackendSpec) -> None:
         assert var_type in get_registry().var_types()

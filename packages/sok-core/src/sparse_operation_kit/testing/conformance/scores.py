@@ -1,20 +1,6 @@
 """The storage conformance suite, scores as times: under the default policy a write scores a row
 with its time (ns), ``find_or_insert`` refreshes the score of an existing key, and ``export_if``
 returns the rows written since a time. Skipped where ``Capabilities.export_if`` is False.
-
-A backend runs these tests through :class:`~sparse_operation_kit.testing.StorageConformance`, or
-alone by subclassing :class:`ScoreConformance` and overriding the ``var_type`` fixture (the optional
-fixtures: :mod:`~sparse_operation_kit.testing.conformance.base`).
-
-Example::
-
-    import pytest
-    from sparse_operation_kit.testing.conformance import ScoreConformance
-
-    class TestMyBackendScores(ScoreConformance):
-        @pytest.fixture
-        def var_type(self):
-            return "mine"
 """
 
 from __future__ import annotations
@@ -32,7 +18,8 @@ __all__ = ["ScoreConformance"]
 
 
 class ScoreConformance(ConformanceFixtures):
-    """Scores of the default policy are times of the last write; ``export_if`` selects by them."""
+    """Scores of the default policy are times of the last write; ``export_if`` selects by them: a
+    concern of :class:`StorageConformance`, also usable alone."""
 
     def test_scores_are_times_of_the_last_write(self, spec: BackendSpec, storage: Storage) -> None:
         if not spec.capabilities.export_if:

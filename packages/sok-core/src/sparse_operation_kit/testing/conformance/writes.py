@@ -2,20 +2,6 @@
 duplicate wins, a column range leaves the other columns or initializes them for a new key, values
 become float32), ``accum_or_assign`` (adds, duplicates accumulate, a new key gets its initial row
 plus the sum) and ``import_batch`` (stores the caller's scores).
-
-A backend runs these tests through :class:`~sparse_operation_kit.testing.StorageConformance`, or
-alone by subclassing :class:`WriteConformance` and overriding the ``var_type`` fixture (the optional
-fixtures: :mod:`~sparse_operation_kit.testing.conformance.base`).
-
-Example::
-
-    import pytest
-    from sparse_operation_kit.testing.conformance import WriteConformance
-
-    class TestMyBackendWrites(WriteConformance):
-        @pytest.fixture
-        def var_type(self):
-            return "mine"
 """
 
 from __future__ import annotations
@@ -30,7 +16,8 @@ __all__ = ["WriteConformance"]
 
 
 class WriteConformance(ConformanceFixtures):
-    """``insert_or_assign``, ``accum_or_assign`` and ``import_batch``."""
+    """``insert_or_assign``, ``accum_or_assign`` and ``import_batch``: a concern of
+    :class:`StorageConformance`, also usable alone."""
 
     # -- insert_or_assign -----------------------------------------------------------------------
     def test_insert_or_assign_inserts_rows(self, storage: Storage) -> None:
