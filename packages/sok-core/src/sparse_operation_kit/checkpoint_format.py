@@ -365,14 +365,16 @@ _TABLE_FIELDS: dict[str, _Spec] = {
 _REQUIRED_TABLE_FIELDS = ("dim", "rows", "key_dtype", "slots")
 
 
-def _bad(path: str, field: str, value: Any, what: str) -> CheckpointError:
-    return CheckpointError(f"{path}: field {field} is {value!r}; expected {what}. The manifest is corrupt")
+def _bad(path: str, name: str, value: Any, what: str) -> CheckpointError:
+    """The error of a manifest field (``name``: its dotted path) whose value is not ``what``."""
+    return CheckpointError(f"{path}: field {name} is {value!r}; expected {what}. The manifest is corrupt")
 
 
-def _check(path: str, field: str, value: Any, spec: _Spec) -> None:
+def _check(path: str, name: str, value: Any, spec: _Spec) -> None:
+    """Raise :func:`_bad` unless ``value`` has a type of ``spec`` (never bool) and is at least its least value."""
     types, least, what = spec
     if isinstance(value, bool) or not isinstance(value, types) or (isinstance(value, int) and value < least):
-        raise _bad(path, field, value, what)
+        raise _bad(path, name, value, what)
 
 
 @dataclass

@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
     ckpt = commands.add_parser("ckpt", help="inspect or convert sok.dump checkpoints")
     ckpt_commands = ckpt.add_subparsers(dest="ckpt_command", required=True)
-    inspect_cmd = ckpt_commands.add_parser("inspect", help="tables, rows, dims, optimizer; verify checksums")
+    inspect_cmd = ckpt_commands.add_parser("inspect", help="tables, rows, dims, optimizer, checksums (read-only)")
     inspect_cmd.add_argument("path")
     inspect_cmd.add_argument("--no-verify", action="store_true", help="skip the checksum check")
     inspect_cmd.add_argument("--json", action="store_true", help="also print everything as JSON")
