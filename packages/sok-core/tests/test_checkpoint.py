@@ -7,7 +7,7 @@
 * A checkpoint in NVIDIA SOK's own layout (written here, byte by byte from §1.10) loads.
 * Corrupt or mismatched files raise CheckpointError naming the file and leave the variables as
   they were; a dump that fails half-way leaves the previous checkpoint in place.
-* incremental_model_dump; ``sok ckpt inspect`` and ``sok ckpt convert``.
+* incremental_model_dump; ``sok ckpt inspect`` (``sok ckpt convert``: sok-hps's tests).
 
 Resharding across world sizes is in test_checkpoint_multiprocess.py.
 """
@@ -29,7 +29,7 @@ import sparse_operation_kit as sok  # noqa: E402
 from sparse_operation_kit import checkpoint as ckpt  # noqa: E402
 from sparse_operation_kit import checkpoint_dir as ckdir  # noqa: E402
 from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
-from sparse_operation_kit.checkpoint import inspect as ckpt_inspect  # noqa: E402
+from sparse_operation_kit.checkpoint_inspect import inspect as ckpt_inspect  # noqa: E402
 from sparse_operation_kit.cli import main as cli_main  # noqa: E402
 
 K = tf.keras.optimizers
@@ -968,27 +968,13 @@ def test_cli_inspect_nvidia_checkpoint_and_missing_path(tmp_path, capsys):
     assert "no checkpoint directory" in capsys.readouterr().err
 
 
-def test_cli_convert_to_hps(tmp_path, capsys):
-    path, dyn, static = cli_checkpoint(tmp_path)
-    out_dir = str(tmp_path / "hps")
-    assert cli_main(["ckpt", "convert", path, out_dir]) == 0
-    assert "wrote 2 HPS table directories" in capsys.readouterr().out
-    assert sorted(os.listdir(out_dir)) == ["dyn_0", "static_0"]
-    for table, (keys, rows) in {
-        "dyn_0": weights(dyn),
-        "static_0": (np.arange(STATIC_ROWS), static_values()),
-    }.items():
-        assert sorted(os.listdir(os.path.join(out_dir, table))) == ["emb_vector", "key"]
-        got_keys = np.fromfile(os.path.join(out_dir, table, "key"), dtype=np.int64)
-        got_rows = np.fromfile(os.path.join(out_dir, table, "emb_vector"), dtype=np.float32)
-        got_keys, got_rows = by_key(got_keys, got_rows.reshape(-1, DIM))
-        np.testing.assert_array_equal(got_keys, keys)
-        np.testing.assert_array_equal(got_rows, rows)
-        assert os.path.getsize(os.path.join(out_dir, table, "emb_vector")) == 4 * DIM * len(keys)
-
-
-def test_cli_convert_refuses_corrupt_checkpoint(tmp_path, capsys):
+def test_dumped_manifest_is_the_schemas_json(tmp_path):
+    """manifest.json is checkpoint_format.Manifest's JSON, field for field and byte for byte."""
     path, _, _ = cli_checkpoint(tmp_path)
-    truncate(os.path.join(path, "dyn_0-weight"), 2)
-    assert cli_main(["ckpt", "convert", path, str(tmp_path / "hps")]) == 2
-    assert "dyn_0-weight" in capsys.readouterr().err
+    raw = (tmp_path / "ckpt" / fmt.MANIFEST).read_bytes()
+    manifest = fmt.read_manifest(path)
+    assert manifest.to_json().encode() == raw
+    assert set(json.loads(raw)) == {"format_version", "world_size", "optimizer", "step", "optimizer_step", "tables"}
+    assert (manifest.world_size, manifest.optimizer, manifest.step) == (1, "Adagrad", 1)
+    assert manifest.tables["dyn_0"].slots == ["accumulator"] and manifest.tables["static_0"].kind == "static"
+    assert set(manifest.tables["dyn_0"].crc32) == {"dyn_0-key", "dyn_0-weight", "dyn_0-Adagrad-accumulator"}

@@ -11,6 +11,11 @@ file is verified; a dynamic table that is empty when the load starts (and needs 
 columns) is filled while its files are read, which hides the inserts behind the reads, and is
 emptied again if any file of the checkpoint turns out bad.
 
+The manifest is :class:`~sparse_operation_kit.checkpoint_format.Manifest`, built here and read
+through it. Reading a checkpoint without TensorFlow (``sok ckpt inspect``) is
+:mod:`~sparse_operation_kit.checkpoint_inspect`; the conversion to HPS's layout is sok-hps's
+(``hierarchical_parameter_server.convert``).
+
 Example::
 
     sok.dump("ckpt", [v1, v2], optimizer)     # optimizer: a sok.OptimizerWrapper, its Keras optimizer, or None
@@ -42,7 +47,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["dump", "load", "incremental_model_dump"]
 
-#: Bytes each rank sends per round while dumping (as NVIDIA SOK).
+#: Bytes each rank sends per round while dumping (as NVIDIA SOK): a budget for one collective
+#: round, which every rank holds ``num_ranks`` times over after the allgather, so a round's rows
+#: depend on the row width (keys, weights and slots). Not ``storage.EXPORT_CHUNK``, which counts the
+#: slots one ``export_batch`` call of ``Storage.export`` scans, whatever their width.
 ROUND_BYTES = 64 << 20
 
 
@@ -218,16 +226,15 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
 
     if rank == 0:
         staging = agreement.run(prepare)
-    manifest: dict[str, Any] = {
-        "world_size": n,
-        "optimizer": wrapper.name if wrapper else None,
+    manifest = fmt.Manifest(
+        world_size=n,
+        optimizer=wrapper.name if wrapper else None,
         # The wrapper's step (dynamic tables); None without one (no optimizer, or a Keras optimizer
         # that no wrapper wraps).
-        "step": int(wrapper.iterations.numpy()) if wrapper and not wrapper.static_only else None,
+        step=int(wrapper.iterations.numpy()) if wrapper and not wrapper.static_only else None,
         # The wrapped Keras optimizer's own step (its bias corrections for static tables).
-        "optimizer_step": int(wrapper.optimizer.iterations.numpy()) if wrapper else None,
-        "tables": {},
-    }
+        optimizer_step=int(wrapper.optimizer.iterations.numpy()) if wrapper else None,
+    )
     try:
         agreement.check()
         callback.set_size(len(variables))
@@ -235,7 +242,7 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
             slots = _slots(var, wrapper)
             entry = _dump_variable(staging.directory if staging else None, var, slots, wrapper, comm, agreement)
             if rank == 0:
-                manifest["tables"][fmt.table_name(var.name)] = entry
+                manifest.tables[fmt.table_name(var.name)] = entry
             callback.relative_update(1)
         if staging is not None:
             agreement.run(fmt.write_manifest, staging.directory, manifest)
@@ -254,9 +261,10 @@ def _dump_variable(
     wrapper: OptimizerWrapper | None,
     comm: communication.CommunicationTool,
     agreement: Agreement,
-) -> dict:
-    """Gather ``var``'s shards round by round and (on rank 0, ``staging`` set) write its files. The
-    ranks agree on failures before each round's exchange, so none is left waiting."""
+) -> fmt.TableEntry:
+    """Gather ``var``'s shards round by round and (on rank 0, ``staging`` set) write its files; return
+    its manifest entry (with the files' checksums on rank 0). The ranks agree on failures before each
+    round's exchange, so none is left waiting."""
     table, dim = fmt.table_name(var.name), var.dimension
     key_dtype = _key_dtype(var)
     names = [fmt.key_file(table), fmt.weight_file(table)] + [fmt.state_file(table, wrapper.name, s) for s in slots]
@@ -314,21 +322,20 @@ def _dump_variable(
             if staging is not None:
                 agreement.run(write, pieces)
             total += pieces[0].shape[0]
-        entry: dict[str, Any] = {
-            "variable": var.name,
-            "dim": dim,
-            "rows": int(total),
-            "key_dtype": key_dtype,
-            "dtype": "float32",
-            "slots": slots,
-            "kind": "dynamic" if isinstance(var, DynamicVariable) else "static",
-            "mode": getattr(var, "mode", None)
+        entry = fmt.TableEntry(
+            variable=var.name,
+            dim=dim,
+            rows=int(total),
+            key_dtype=key_dtype,
+            slots=slots,
+            kind="dynamic" if isinstance(var, DynamicVariable) else "static",
+            mode=getattr(var, "mode", None)
             if isinstance(var, DynamicVariable)
             else (f"localized:{var.target_gpu}" if isinstance(var, LocalizedVariable) else "distributed"),
-        }
+        )
         if staging is not None:
             agreement.run(sync)
-            entry["crc32"] = {name: f"{c:08x}" for name, c in zip(names, crcs)}
+            entry.crc32 = {name: f"{c:08x}" for name, c in zip(names, crcs)}
         agreement.check()
         return entry
     finally:
@@ -348,65 +355,20 @@ def _start_writeback(fd: int, start: int, length: int) -> None:
         os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
 
 
-def _table_files(path: str, table: str) -> tuple[fmt.FileInfo, fmt.FileInfo, int]:
-    """Check a table's key and weight files against each other: ``(key info, weight info, rows)``.
-    Raises CheckpointError naming the file."""
-    key_info = fmt.read_header(os.path.join(path, fmt.key_file(table)))
-    weight_info = fmt.read_header(os.path.join(path, fmt.weight_file(table)))
-    if key_info.file_type != fmt.FILE_KEY or weight_info.file_type != fmt.FILE_WEIGHT:
-        raise fmt.CheckpointError(f"{key_info.path} / {weight_info.path} have the wrong file types")
-    if key_info.dtype not in fmt.KEY_FILE_DTYPES or weight_info.dtype != "float32":
-        raise fmt.CheckpointError(
-            f"{table}: keys are {key_info.dtype} and weights {weight_info.dtype}; expected integer "
-            f"keys ({', '.join(fmt.KEY_FILE_DTYPES)}) and float32 weights"
-        )
-    rows = key_info.elements
-    if rows == 0 and weight_info.elements != 0 or rows and weight_info.elements % rows:
-        raise fmt.CheckpointError(
-            f"{weight_info.path} holds {weight_info.elements} floats, not a whole number of rows "
-            f"for the {rows} keys of {key_info.path}: the file is truncated or from another table"
-        )
-    return key_info, weight_info, rows
-
-
-def _check_against_manifest(path: str, table: str, manifest: dict | None, infos: list[fmt.FileInfo], dim: int) -> None:
-    """The manifest's entry of ``table`` must describe its files (rows, dim, key dtype, one checksum
-    per file). Raises CheckpointError naming the manifest and what differs."""
-    if manifest is None:
-        return
-    where = os.path.join(path, fmt.MANIFEST)
-    entry = manifest["tables"].get(table)
-    if entry is None:
-        raise fmt.CheckpointError(
-            f"{where} does not list table {table!r}, whose files are in {path} (listed: "
-            f"{sorted(manifest['tables'])}); the files do not belong to this checkpoint"
-        )
-    key_info = infos[0]
-    found = {"rows": key_info.elements, "dim": dim if key_info.elements else entry["dim"], "key_dtype": key_info.dtype}
-    for field, value in found.items():
-        if entry[field] != value:
-            raise fmt.CheckpointError(
-                f"{where} says table {table!r} has {field} {entry[field]!r} but its files have {value!r}: "
-                f"the checkpoint is inconsistent"
-            )
-    crc32 = entry.get("crc32", {})
-    for info in infos:
-        if os.path.basename(info.path) not in crc32:
-            raise fmt.CheckpointError(f"{where} has no checksum for {info.path}: the checkpoint is inconsistent")
-
-
-def _plan(path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | None, manifest: dict | None) -> dict:
+def _plan(
+    path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | None, manifest: fmt.Manifest | None
+) -> dict:
     """Check one table's headers, sizes, dims and slot files, and the manifest's entry of it; return
     what to read. Raises CheckpointError before anything is read (the contents are checked by
     :func:`_stage`)."""
     table, dim = fmt.table_name(var.name), var.dimension
-    key_info, weight_info, rows = _table_files(path, table)
+    key_info, weight_info, rows = fmt.table_files(path, table)
     if rows and weight_info.elements // rows != dim:
         raise fmt.CheckpointError(
             f"{weight_info.path} has rows of width {weight_info.elements // rows} but {var.name} has dimension {dim}"
         )
     files = [key_info, weight_info]
-    if manifest is not None and table in manifest["tables"] and not manifest["tables"][table]["slots"]:
+    if manifest is not None and table in manifest.tables and not manifest.tables[table].slots:
         slots = []  # our manifest says this table had no optimizer state (it was never trained)
     for slot in slots:
         candidates = [fmt.state_file(table, wrapper.name, slot)] + [
@@ -426,8 +388,8 @@ def _plan(path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | Non
         files.append(info)
     if not isinstance(var, DynamicVariable) and rows != int(var.global_shape[0]):
         raise fmt.CheckpointError(f"{key_info.path} has {rows} rows but {var.name} has {int(var.global_shape[0])}")
-    _check_against_manifest(path, table, manifest, files, dim)
-    crc32 = manifest["tables"][table].get("crc32", {}) if manifest is not None else {}
+    entry = fmt.check_against_manifest(path, table, manifest, files, dim)
+    crc32 = entry.crc32 if entry is not None else {}
     return {"files": files, "rows": rows, "dim": dim, "slots": slots, "crc32": crc32}
 
 
@@ -444,10 +406,9 @@ def _stage(var: Any, plan: dict, rank: int, n: int) -> tuple[np.ndarray, list[np
     checkpoint is verified, so a bad file leaves them as they were. A dynamic table that is empty
     when the load starts takes :func:`_fill_while_reading` instead: its own table is the staging
     area (emptied again on failure). A separate staging table of the same backend, filled while
-    reading and swapped in once verified, measured slower on a 2 GiB det table (4 Mi rows x 128,
-    cold cache, 2 shared cores): 4.1-10.3 s and 3.9-4.9 s of CPU against 4.7-6.2 s and 2.7-3.2 s
-    inserting afterwards, because a fresh table pays a page fault per 4 KiB of its rows and
-    rehashes as it grows, while the variable's own table has its initial capacity already touched.
+    reading and swapped in once verified, measured slower than inserting afterwards, because a
+    fresh table pays a page fault per 4 KiB of its rows and rehashes as it grows, while the
+    variable's own table has its initial capacity already touched.
     """
     keys, select = _owned_keys(var, plan, rank, n)
     arrays = [
@@ -630,10 +591,10 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
                 for target, values in zip(targets, arrays):
                     _load_static(var, target, keys, values, rank, n)
         callback.relative_update(1)
-    if wrapper is not None and not wrapper.static_only and manifest is not None and manifest.get("step") is not None:
-        wrapper.iterations.assign(manifest["step"])
-    if wrapper is not None and manifest is not None and manifest.get("optimizer_step") is not None:
-        wrapper.optimizer.iterations.assign(manifest["optimizer_step"])
+    if wrapper is not None and not wrapper.static_only and manifest is not None and manifest.step is not None:
+        wrapper.iterations.assign(manifest.step)
+    if wrapper is not None and manifest is not None and manifest.optimizer_step is not None:
+        wrapper.optimizer.iterations.assign(manifest.optimizer_step)
     logger.info("SOK load from %s done: %d tables", path, len(variables))
 
 
@@ -641,7 +602,7 @@ def _prepare_load(path: str, variables: list, wrapper: OptimizerWrapper | None) 
     """What :func:`load` checks before reading any row: the directory, the manifest, each table's
     files (:func:`_plan`) and where each table's rows go. Returns ``(manifest, plans, slot names,
     static optimizer targets, streamed flags)``; raises CheckpointError / ValueError."""
-    manifest = _open_checkpoint(path)
+    manifest = ckdir.open_checkpoint(path)
     slot_names = [wrapper.get_slot_names() if wrapper is not None else [] for _ in variables]
     plans = [_plan(path, v, s, wrapper, manifest) for v, s in zip(variables, slot_names)]
     slot_names = [plan["slots"] for plan in plans]
@@ -661,41 +622,6 @@ def _prepare_load(path: str, variables: list, wrapper: OptimizerWrapper | None) 
     static_state = {id(v): _static_targets(v, slots, wrapper) for v, slots in zip(variables, slot_names)}
     streamed = [_fills_while_reading(v, slots, wrapper) for v, slots in zip(variables, slot_names)]
     return manifest, plans, slot_names, static_state, streamed
-
-
-def _open_checkpoint(path: str) -> dict | None:
-    """Check that ``path`` is a checkpoint to read (not a dump's staging directory) and return its
-    validated manifest (None: NVIDIA SOK's layout, whose files carry no checksums).
-
-    Raises:
-        CheckpointError: ``path`` is missing (naming what interrupted dumps left beside it, which
-            are never put back by themselves), is a staging directory, or its manifest is corrupt.
-    """
-    if ckdir.is_staging(path):
-        complete = ckdir.is_complete(path)
-        raise fmt.CheckpointError(
-            f"{path} is the staging directory of a sok.dump that did not finish "
-            f"({'its files are all written' if complete else 'it is incomplete'}); "
-            f"{'rename it to a name of your own to load it' if complete else 'it cannot be loaded'}"
-        )
-    if not os.path.isdir(path):
-        left = ckdir.leftovers(path)
-        hint = ""
-        if left:
-            whole = [p for p in left if ckdir.is_complete(p)]
-            hint = f"; interrupted dumps of it left {', '.join(left)}"
-            if whole:
-                hint += f" ({', '.join(whole)} holds a complete checkpoint: rename it to {path} to load it)"
-        raise fmt.CheckpointError(f"no checkpoint directory at {path}{hint}")
-    manifest = fmt.read_manifest(path)
-    if manifest is None:
-        logger.warning(
-            "%s has no %s (NVIDIA SOK's layout): its files' headers, sizes and row counts are checked, but "
-            "no checksums are available to detect corrupt contents",
-            path,
-            fmt.MANIFEST,
-        )
-    return manifest
 
 
 def _static_targets(var: Any, slots: list[str], wrapper: OptimizerWrapper | None) -> dict[str, Any]:
@@ -786,77 +712,3 @@ def incremental_model_dump(sok_vars: Any, time_threshold: Any, sess: Any = None)
         keys_list.append(keys)
         values_list.append(values)
     return keys_list, values_list
-
-
-def inspect(path: str, verify: bool = True) -> dict:
-    """What a checkpoint directory holds, per table: rows, dim, dtypes, optimizer slots. Checks what
-    a load checks before reading rows (the manifest whole, each table's files against each other and
-    against the manifest); with ``verify``, also the manifest's checksums.
-
-    Returns:
-        ``{"path", "manifest" (None: NVIDIA SOK's layout), "tables": {table: {rows, dim, key_dtype,
-        state_files}}, "checksums": "verified" | "not checked" | "not available"}``.
-
-    Raises:
-        CheckpointError: as :func:`load`'s checks, or the directory holds no table.
-    """
-    manifest = _open_checkpoint(path)
-    tables: dict[str, dict] = {}
-    for name in sorted(os.listdir(path)):
-        if not name.endswith("-key"):
-            continue
-        table = name[: -len("-key")]
-        key_info, weight_info, rows = _table_files(path, table)
-        dim = weight_info.elements // rows if rows else None
-        states = sorted(
-            n for n in os.listdir(path) if n.startswith(f"{table}-") and n not in (name, fmt.weight_file(table))
-        )
-        infos = [key_info, weight_info]
-        for state in states:
-            info = fmt.read_header(os.path.join(path, state))
-            if info.elements != weight_info.elements or info.dtype != "float32":
-                raise fmt.CheckpointError(
-                    f"{info.path} holds {info.elements} {info.dtype} values; expected {rows} x {dim} float32 "
-                    f"as {weight_info.path}"
-                )
-            infos.append(info)
-        _check_against_manifest(path, table, manifest, infos, dim or 0)
-        tables[table] = {"rows": rows, "dim": dim, "key_dtype": key_info.dtype, "state_files": states}
-    if not tables:
-        raise fmt.CheckpointError(f"{path} holds no checkpoint table (no <table>-key file): it is not a checkpoint")
-    if manifest is not None and set(manifest["tables"]) - set(tables):
-        raise fmt.CheckpointError(
-            f"{os.path.join(path, fmt.MANIFEST)} lists tables whose files are missing: "
-            f"{sorted(set(manifest['tables']) - set(tables))}"
-        )
-    checksums = "not available" if manifest is None else "verified" if verify else "not checked"
-    if verify and manifest is not None:
-        for entry in manifest["tables"].values():
-            for name, digest in entry.get("crc32", {}).items():
-                if fmt.crc32(os.path.join(path, name)) != digest:
-                    raise fmt.CheckpointError(
-                        f"{os.path.join(path, name)} does not match its checksum: the file is corrupt"
-                    )
-    return {"path": path, "manifest": manifest, "tables": tables, "checksums": checksums}
-
-
-def convert_to_hps(path: str, output: str, callback: Callback | None = None) -> list[str]:
-    """Write each table of a checkpoint in HPS's sparse-model layout: ``<output>/<table>/key``
-    (int64) and ``emb_vector`` (float32 rows). Returns the table directories."""
-    info = inspect(path)
-    callback = callback or NoOpCallback()
-    callback.set_size(len(info["tables"]))
-    written = []
-    for table in info["tables"]:
-        target = os.path.join(output, table)
-        os.makedirs(target, exist_ok=True)
-        key_info = fmt.read_header(os.path.join(path, fmt.key_file(table)))
-        weight_info = fmt.read_header(os.path.join(path, fmt.weight_file(table)))
-        keys = fmt.payload(key_info)
-        np.asarray(keys.view(np.int64) if keys.dtype == np.uint64 else keys, dtype=np.int64).tofile(
-            os.path.join(target, "key")
-        )
-        np.asarray(fmt.payload(weight_info), dtype=np.float32).tofile(os.path.join(target, "emb_vector"))
-        written.append(target)
-        callback.relative_update(1)
-    return written

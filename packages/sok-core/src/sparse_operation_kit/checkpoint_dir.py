@@ -19,6 +19,8 @@ Rules:
 * Leftovers of crashed dumps (staging directories and old checkpoints set aside) are deleted by the
   next dump of the same path; one that is locked belongs to a dump still running and is kept.
   Nothing ever renames a leftover back into place: a reader never resurrects a checkpoint.
+* A reader (``sok.load``, ``sok ckpt inspect``) opens a checkpoint with :func:`open_checkpoint`,
+  which refuses staging directories and names the leftovers when ``path`` is missing; it only reads.
 
 Example::
 
@@ -50,6 +52,7 @@ __all__ = [
     "is_complete",
     "is_staging",
     "leftovers",
+    "open_checkpoint",
     "remove_leftovers",
 ]
 
@@ -88,6 +91,42 @@ def leftovers(path: str) -> list[str]:
     except OSError:
         return []
     return sorted(os.path.join(parent, n) for n in names if n.startswith(prefix))
+
+
+def open_checkpoint(path: str) -> fmt.Manifest | None:
+    """Check that ``path`` is a checkpoint to read (not a dump's staging directory) and return its
+    validated manifest (None: NVIDIA SOK's layout, whose files carry no checksums; a warning says
+    so). Reads only: nothing is renamed, deleted or written.
+
+    Raises:
+        CheckpointError: ``path`` is missing (naming what interrupted dumps left beside it, which
+            are never put back by themselves), is a staging directory, or its manifest is corrupt.
+    """
+    if is_staging(path):
+        complete = is_complete(path)
+        raise fmt.CheckpointError(
+            f"{path} is the staging directory of a sok.dump that did not finish "
+            f"({'its files are all written' if complete else 'it is incomplete'}); "
+            f"{'rename it to a name of your own to load it' if complete else 'it cannot be loaded'}"
+        )
+    if not os.path.isdir(path):
+        left = leftovers(path)
+        hint = ""
+        if left:
+            whole = [p for p in left if is_complete(p)]
+            hint = f"; interrupted dumps of it left {', '.join(left)}"
+            if whole:
+                hint += f" ({', '.join(whole)} holds a complete checkpoint: rename it to {path} to load it)"
+        raise fmt.CheckpointError(f"no checkpoint directory at {path}{hint}")
+    manifest = fmt.read_manifest(path)
+    if manifest is None:
+        logger.warning(
+            "%s has no %s (NVIDIA SOK's layout): its files' headers, sizes and row counts are checked, but "
+            "no checksums are available to detect corrupt contents",
+            path,
+            fmt.MANIFEST,
+        )
+    return manifest
 
 
 def _is_sok_file(path: str) -> bool:

@@ -12,11 +12,22 @@ each with NVIDIA SOK's 296-byte header (big-endian uint32 fields: 256-byte table
 load here and the other way round. ``manifest.json`` (ours; optional on load) records the format
 version, tables, dims, dtypes, optimizer and step, slot names, the writer's world size and modes,
 row counts and CRC-32 checksums (they catch corruption and truncation; they are no defence
-against tampering).
+against tampering). Its schema is :class:`Manifest` (one :class:`TableEntry` per table), which
+writes it (:meth:`Manifest.to_json`) and reads it, validated whole (:meth:`Manifest.from_json`);
+:data:`FORMAT_VERSION` is its version.
+
+Everything here reads and writes files only (no TensorFlow): ``sok ckpt inspect`` and sok-hps's
+converter read checkpoints through it.
 
 Checksums use ISA-L's CRC-32 when the ``isal`` package is installed (the same checksum as zlib's,
-about 6x faster: ``pip install sok-core[fast-crc]``; CI and the benchmarks install it) and zlib's
+computed faster: ``pip install sok-core[fast-crc]``; CI and the benchmarks install it) and zlib's
 otherwise.
+
+Example::
+
+    manifest = read_manifest("ckpt")               # None: NVIDIA SOK's layout
+    key_info, weight_info, rows = table_files("ckpt", "emb_0")
+    check_against_manifest("ckpt", "emb_0", manifest, [key_info, weight_info], weight_info.elements // rows)
 """
 
 from __future__ import annotations
@@ -27,20 +38,20 @@ import string
 import struct
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import numpy as np
 
-try:  # ISA-L: the same CRC-32 as zlib's, about 6x faster (the optional extra sok-core[fast-crc])
+try:  # ISA-L: the same CRC-32 as zlib's, computed faster (the optional extra sok-core[fast-crc])
     from isal.isal_zlib import crc32 as _crc32
 except ImportError:
     from zlib import crc32 as _crc32
 
 #: Bytes read per system call (and checksummed per step) by :func:`read_payload`,
 #: :func:`stream_payload` (rounded down to whole rows, at least one) and :func:`crc32`.
-#: Cold reads of 16 MiB per call ran ~30% slower than one ``np.fromfile`` of a 2 GiB file on the
-#: development VM; 64-256 MiB per call came within a few percent of it.
+#: Large, because cold reads in much smaller calls measured slower than one ``np.fromfile`` of the
+#: whole file, and calls of this size came close to it.
 READ_CHUNK = 1 << 27
 
 #: Version of manifest.json (the binary files are NVIDIA SOK's, unversioned).
@@ -324,53 +335,22 @@ def update_crc32(data: bytes | memoryview | np.ndarray, value: int = 0) -> int:
     return _crc32(data, value)
 
 
-def write_manifest(directory: str, manifest: dict) -> None:
-    path = os.path.join(directory, MANIFEST)
-    with open(path, "w") as f:
-        json.dump({"format_version": FORMAT_VERSION, **manifest}, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
+#: Key dtypes a key file may hold.
+KEY_FILE_DTYPES = ("int32", "int64", "uint32", "uint64")
+#: The kinds of table a manifest names.
+TABLE_KINDS = ("dynamic", "static")
 
-
-def read_manifest(directory: str) -> dict | None:
-    """The checked manifest of a checkpoint directory, or None when it has none (NVIDIA SOK's layout).
-
-    Raises:
-        CheckpointError: the manifest is not UTF-8 JSON, has another format version, or a field of
-            the wrong type or value (:func:`validate_manifest`); it names the file and the field.
-    """
-    path = os.path.join(directory, MANIFEST)
-    if not os.path.exists(path):
-        return None  # NVIDIA SOK writes none
-    try:
-        with open(path, "rb") as f:
-            manifest = json.loads(f.read().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path} is not a valid manifest (UTF-8 JSON): {error}") from error
-    if not isinstance(manifest, dict):
-        kind = type(manifest).__name__
-        raise CheckpointError(f"{path} is not a valid manifest: it holds a JSON {kind}, not an object")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path} has format version {manifest.get('format_version')!r}; this sok-core reads "
-            f"version {FORMAT_VERSION}: upgrade sok-core"
-        )
-    validate_manifest(manifest, path)
-    return manifest
-
-
-#: Optional fields of a manifest (beside ``format_version`` and ``tables``): name -> (types, least
-#: integer value, what is valid).
-_MANIFEST_FIELDS: dict[str, tuple[tuple[type, ...], int, str]] = {
+#: A field's spec for validation: (types, least integer value, what is valid).
+_Spec = tuple[tuple[type, ...], int, str]
+#: Optional fields of a manifest (beside ``format_version`` and ``tables``): name -> spec.
+_MANIFEST_FIELDS: dict[str, _Spec] = {
     "world_size": ((int,), 1, "an integer >= 1"),
     "optimizer": ((str, type(None)), 0, "a string or null"),
     "step": ((int, type(None)), 0, "an integer >= 0 or null"),
     "optimizer_step": ((int, type(None)), 0, "an integer >= 0 or null"),
 }
-#: Key dtypes a key file may hold.
-KEY_FILE_DTYPES = ("int32", "int64", "uint32", "uint64")
-#: Fields of each table entry: name -> (types, least integer value, what is valid).
-_TABLE_FIELDS: dict[str, tuple[tuple[type, ...], int, str]] = {
+#: Fields of each table entry: name -> spec.
+_TABLE_FIELDS: dict[str, _Spec] = {
     "variable": ((str,), 0, "a string"),
     "dim": ((int,), 1, "an integer >= 1"),
     "rows": ((int,), 0, "an integer >= 0"),
@@ -381,43 +361,268 @@ _TABLE_FIELDS: dict[str, tuple[tuple[type, ...], int, str]] = {
     "mode": ((str, type(None)), 0, "a string or null"),
     "crc32": ((dict,), 0, "an object of file name -> 8 hex digits"),
 }
+#: Fields a table entry must have.
+_REQUIRED_TABLE_FIELDS = ("dim", "rows", "key_dtype", "slots")
 
 
-def validate_manifest(manifest: dict, path: str) -> None:
-    """Check every field of a parsed manifest (types and values) so that a load can trust it before
-    anything changes. Raises CheckpointError naming ``path`` and the field (e.g. ``tables.emb_0.dim``)."""
+def _bad(path: str, name: str, value: Any, what: str) -> CheckpointError:
+    """The error of a manifest field (``name``: its dotted path) whose value is not ``what``."""
+    return CheckpointError(f"{path}: field {name} is {value!r}; expected {what}. The manifest is corrupt")
 
-    def bad(field: str, value: Any, what: str) -> CheckpointError:
-        return CheckpointError(f"{path}: field {field} is {value!r}; expected {what}. The manifest is corrupt")
 
-    def check(field: str, value: Any, spec: tuple[tuple[type, ...], int, str]) -> None:
-        types, least, what = spec
-        if isinstance(value, bool) or not isinstance(value, types) or (isinstance(value, int) and value < least):
-            raise bad(field, value, what)
+def _check(path: str, name: str, value: Any, spec: _Spec) -> None:
+    """Raise :func:`_bad` unless ``value`` has a type of ``spec`` (never bool) and is at least its least value."""
+    types, least, what = spec
+    if isinstance(value, bool) or not isinstance(value, types) or (isinstance(value, int) and value < least):
+        raise _bad(path, name, value, what)
 
-    for field, spec in _MANIFEST_FIELDS.items():
-        if field in manifest:
-            check(field, manifest[field], spec)
-    tables = manifest.get("tables")
-    if not isinstance(tables, dict):
-        raise bad("tables", tables, "an object of table name -> entry")
-    for table, entry in tables.items():
-        if not isinstance(entry, dict):
-            raise bad(f"tables.{table}", entry, "an object")
-        for field, spec in _TABLE_FIELDS.items():
-            if field in entry:
-                check(f"tables.{table}.{field}", entry[field], spec)
-        for field in ("dim", "rows", "key_dtype", "slots"):
-            if field not in entry:
-                raise CheckpointError(f"{path}: table {table} lacks the field {field!r}. The manifest is corrupt")
-        if entry["key_dtype"] not in KEY_FILE_DTYPES:
-            raise bad(f"tables.{table}.key_dtype", entry["key_dtype"], _TABLE_FIELDS["key_dtype"][2])
-        if entry.get("dtype", "float32") != "float32":
-            raise bad(f"tables.{table}.dtype", entry["dtype"], _TABLE_FIELDS["dtype"][2])
-        if entry.get("kind", "dynamic") not in ("dynamic", "static"):
-            raise bad(f"tables.{table}.kind", entry["kind"], _TABLE_FIELDS["kind"][2])
-        if not all(isinstance(s, str) and s for s in entry["slots"]):
-            raise bad(f"tables.{table}.slots", entry["slots"], _TABLE_FIELDS["slots"][2])
-        for name, digest in entry.get("crc32", {}).items():
+
+@dataclass
+class TableEntry:
+    """One table of a manifest (``tables.<table>``): what its files hold.
+
+    Attributes:
+        dim: floats per row (of the weight file and of each slot file).
+        rows: keys in the key file (rows of every other file of the table).
+        key_dtype: the key file's dtype, one of :data:`KEY_FILE_DTYPES`.
+        slots: optimizer slot names whose files were dumped (``<table>-<optimizer>-<slot>``).
+        variable: the variable's name (``"emb:0"``); None when the manifest has none.
+        dtype: the rows' dtype (``"float32"``, the only one).
+        kind: ``"dynamic"`` (a DynamicVariable) or ``"static"`` (a sok.Variable).
+        mode: how the variable was placed (``"distributed"``, ``"localized:<gpu>"``, or a
+            DynamicVariable's mode, often None).
+        crc32: file name -> CRC-32 of the whole file (header included), 8 hex digits.
+
+    Example::
+
+        TableEntry(dim=4, rows=8, key_dtype="int64", slots=["accumulator"], variable="emb:0",
+                   kind="dynamic", crc32={"emb_0-key": "fc11b5d4", ...})
+    """
+
+    dim: int
+    rows: int
+    key_dtype: str
+    slots: list[str]
+    variable: str | None = None
+    dtype: str = "float32"
+    kind: str = "dynamic"
+    mode: str | None = None
+    crc32: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as ``manifest.json`` holds it (``variable`` only when known)."""
+        out: dict[str, Any] = {} if self.variable is None else {"variable": self.variable}
+        out.update(
+            dim=self.dim,
+            rows=self.rows,
+            key_dtype=self.key_dtype,
+            dtype=self.dtype,
+            slots=list(self.slots),
+            kind=self.kind,
+            mode=self.mode,
+            crc32=dict(self.crc32),
+        )
+        return out
+
+    @classmethod
+    def from_dict(cls, table: str, data: Any, path: str) -> TableEntry:
+        """Check every field of ``tables.<table>`` (types and values) and build the entry.
+
+        Raises:
+            CheckpointError: naming ``path`` and the field (e.g. ``tables.emb_0.dim``), its value
+                and what is valid.
+        """
+        if not isinstance(data, dict):
+            raise _bad(path, f"tables.{table}", data, "an object")
+        for name, spec in _TABLE_FIELDS.items():
+            if name in data:
+                _check(path, f"tables.{table}.{name}", data[name], spec)
+        for name in _REQUIRED_TABLE_FIELDS:
+            if name not in data:
+                raise CheckpointError(f"{path}: table {table} lacks the field {name!r}. The manifest is corrupt")
+        if data["key_dtype"] not in KEY_FILE_DTYPES:
+            raise _bad(path, f"tables.{table}.key_dtype", data["key_dtype"], _TABLE_FIELDS["key_dtype"][2])
+        if data.get("dtype", "float32") != "float32":
+            raise _bad(path, f"tables.{table}.dtype", data["dtype"], _TABLE_FIELDS["dtype"][2])
+        if data.get("kind", "dynamic") not in TABLE_KINDS:
+            raise _bad(path, f"tables.{table}.kind", data["kind"], _TABLE_FIELDS["kind"][2])
+        if not all(isinstance(s, str) and s for s in data["slots"]):
+            raise _bad(path, f"tables.{table}.slots", data["slots"], _TABLE_FIELDS["slots"][2])
+        for name, digest in data.get("crc32", {}).items():
             if not isinstance(digest, str) or len(digest) != 8 or any(c not in string.hexdigits for c in digest):
-                raise bad(f"tables.{table}.crc32.{name}", digest, "8 hex digits")
+                raise _bad(path, f"tables.{table}.crc32.{name}", digest, "8 hex digits")
+        return cls(**{name: data[name] for name in _TABLE_FIELDS if name in data})
+
+
+@dataclass
+class Manifest:
+    """``manifest.json``: what a checkpoint holds, as :func:`write_manifest` writes it and
+    :func:`read_manifest` reads it (validated whole). The file is this object's :meth:`to_json`.
+
+    Attributes:
+        tables: table name (``<table>``, as in the file names) -> its entry.
+        world_size: ranks that wrote the checkpoint; None when the manifest has none.
+        optimizer: the optimizer whose state was dumped (``"Adagrad"``), or None.
+        step: the sok.OptimizerWrapper's step (dynamic tables), or None.
+        optimizer_step: the wrapped Keras optimizer's own step (static tables), or None.
+        format_version: :data:`FORMAT_VERSION`, the only version this sok-core reads.
+
+    Example::
+
+        manifest = Manifest(tables={"emb_0": entry}, world_size=2, optimizer="Adagrad", step=10, optimizer_step=10)
+        assert Manifest.from_json(manifest.to_json(), "manifest.json") == manifest
+    """
+
+    tables: dict[str, TableEntry] = field(default_factory=dict)
+    world_size: int | None = None
+    optimizer: str | None = None
+    step: int | None = None
+    optimizer_step: int | None = None
+    format_version: int = field(default=FORMAT_VERSION, init=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as JSON values (``world_size`` only when known)."""
+        out: dict[str, Any] = {"format_version": self.format_version}
+        if self.world_size is not None:
+            out["world_size"] = self.world_size
+        out.update(
+            optimizer=self.optimizer,
+            step=self.step,
+            optimizer_step=self.optimizer_step,
+            tables={name: entry.to_dict() for name, entry in self.tables.items()},
+        )
+        return out
+
+    def to_json(self) -> str:
+        """The text of ``manifest.json`` (keys sorted, indented by 2)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str) -> Manifest:
+        """Check a parsed manifest whole (its format version, then every field's type and value),
+        so that a load can trust it before anything changes, and build it.
+
+        Raises:
+            CheckpointError: naming ``path`` and the field (e.g. ``tables.emb_0.dim``), its value and
+                what is valid; or the format version and how to read it.
+        """
+        if not isinstance(data, dict):
+            kind = type(data).__name__
+            raise CheckpointError(f"{path} is not a valid manifest: it holds a JSON {kind}, not an object")
+        if data.get("format_version") != FORMAT_VERSION:
+            raise CheckpointError(
+                f"{path} has format version {data.get('format_version')!r}; this sok-core reads "
+                f"version {FORMAT_VERSION}: upgrade sok-core"
+            )
+        for name, spec in _MANIFEST_FIELDS.items():
+            if name in data:
+                _check(path, name, data[name], spec)
+        tables = data.get("tables")
+        if not isinstance(tables, dict):
+            raise _bad(path, "tables", tables, "an object of table name -> entry")
+        entries = {table: TableEntry.from_dict(table, entry, path) for table, entry in tables.items()}
+        return cls(tables=entries, **{name: data[name] for name in _MANIFEST_FIELDS if name in data})
+
+    @classmethod
+    def from_json(cls, raw: bytes, path: str) -> Manifest:
+        """Parse and check the bytes of ``manifest.json`` (:meth:`from_dict`).
+
+        Raises:
+            CheckpointError: the bytes are not UTF-8 JSON, or as :meth:`from_dict`; it names ``path``.
+        """
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise CheckpointError(f"{path} is not a valid manifest (UTF-8 JSON): {error}") from error
+        return cls.from_dict(data, path)
+
+
+def write_manifest(directory: str, manifest: Manifest) -> None:
+    """Write ``manifest`` to ``directory``/``manifest.json`` and sync it."""
+    path = os.path.join(directory, MANIFEST)
+    with open(path, "w") as f:
+        f.write(manifest.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_manifest(directory: str) -> Manifest | None:
+    """The checked manifest of a checkpoint directory, or None when it has none (NVIDIA SOK's layout).
+
+    Raises:
+        CheckpointError: the manifest is not UTF-8 JSON, has another format version, or a field of
+            the wrong type or value (:meth:`Manifest.from_dict`); it names the file and the field.
+    """
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(path):
+        return None  # NVIDIA SOK writes none
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as error:
+        raise CheckpointError(f"{path} is not a valid manifest (UTF-8 JSON): {error}") from error
+    return Manifest.from_json(raw, path)
+
+
+def table_files(path: str, table: str) -> tuple[FileInfo, FileInfo, int]:
+    """Check a table's key and weight files against each other: ``(key info, weight info, rows)``.
+
+    Raises:
+        CheckpointError: a file is missing, truncated, of the wrong type or dtype, or the weight
+            file is not a whole number of rows for the keys; it names the file.
+    """
+    key_info = read_header(os.path.join(path, key_file(table)))
+    weight_info = read_header(os.path.join(path, weight_file(table)))
+    if key_info.file_type != FILE_KEY or weight_info.file_type != FILE_WEIGHT:
+        raise CheckpointError(f"{key_info.path} / {weight_info.path} have the wrong file types")
+    if key_info.dtype not in KEY_FILE_DTYPES or weight_info.dtype != "float32":
+        raise CheckpointError(
+            f"{table}: keys are {key_info.dtype} and weights {weight_info.dtype}; expected integer "
+            f"keys ({', '.join(KEY_FILE_DTYPES)}) and float32 weights"
+        )
+    rows = key_info.elements
+    if rows == 0 and weight_info.elements != 0 or rows and weight_info.elements % rows:
+        raise CheckpointError(
+            f"{weight_info.path} holds {weight_info.elements} floats, not a whole number of rows "
+            f"for the {rows} keys of {key_info.path}: the file is truncated or from another table"
+        )
+    return key_info, weight_info, rows
+
+
+def check_against_manifest(
+    path: str, table: str, manifest: Manifest | None, infos: list[FileInfo], dim: int
+) -> TableEntry | None:
+    """The manifest's entry of ``table`` must describe its files (rows, dim, key dtype, one checksum
+    per file): returns that entry (None without a manifest).
+
+    Args:
+        path: the checkpoint directory.
+        table: the table's name (``<table>`` of its files).
+        manifest: the directory's manifest, or None (NVIDIA SOK's layout: nothing to check).
+        infos: the table's files, the key file first.
+        dim: the row width the files have (any value for a table without rows).
+
+    Raises:
+        CheckpointError: naming the manifest and what differs.
+    """
+    if manifest is None:
+        return None
+    where = os.path.join(path, MANIFEST)
+    entry = manifest.tables.get(table)
+    if entry is None:
+        raise CheckpointError(
+            f"{where} does not list table {table!r}, whose files are in {path} (listed: "
+            f"{sorted(manifest.tables)}); the files do not belong to this checkpoint"
+        )
+    key_info = infos[0]
+    found = {"rows": key_info.elements, "dim": dim if key_info.elements else entry.dim, "key_dtype": key_info.dtype}
+    for name, value in found.items():
+        if getattr(entry, name) != value:
+            raise CheckpointError(
+                f"{where} says table {table!r} has {name} {getattr(entry, name)!r} but its files have {value!r}: "
+                f"the checkpoint is inconsistent"
+            )
+    for info in infos:
+        if os.path.basename(info.path) not in entry.crc32:
+            raise CheckpointError(f"{where} has no checksum for {info.path}: the checkpoint is inconsistent")
+    return entry

@@ -1,9 +1,11 @@
-"""The ``sok`` command: environment facts and demos.
+"""The ``sok`` command: environment facts, demos, and checkpoint tools.
 
 Example::
 
     $ sok info
     $ sok demo --keys 4194304
+    $ sok ckpt inspect ckpt          # read-only; imports no TensorFlow
+    $ sok ckpt convert ckpt hps_out  # HPS's sparse-model layout (needs sok-hps)
 """
 
 from __future__ import annotations
@@ -32,28 +34,50 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _ckpt(args: argparse.Namespace) -> int:
+    # Neither command imports TensorFlow: both read checkpoints through checkpoint_format.
+    if args.ckpt_command == "inspect":
+        return _ckpt_inspect(args)
+    return _ckpt_convert(args)
+
+
+def _ckpt_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from sparse_operation_kit.checkpoint import convert_to_hps, inspect
+    from sparse_operation_kit.checkpoint_inspect import inspect
+
+    info = inspect(args.path, verify=not args.no_verify)
+    manifest = info["manifest"] or {}
+    print(
+        f"checkpoint {args.path}: written by {manifest.get('world_size', '?')} rank(s), optimizer "
+        f"{manifest.get('optimizer')}, step {manifest.get('step')}"
+        f"{'' if info['manifest'] else ' (no manifest: NVIDIA SOK layout)'}"
+    )
+    for table, entry in info["tables"].items():
+        print(
+            f"  {table}: {entry['rows']:,} rows x {entry['dim']} ({entry['key_dtype']} keys)"
+            f"{'; state ' + ', '.join(entry['state_files']) if entry['state_files'] else ''}"
+        )
+    print(f"checksums: {info['checksums']}" + (" (no manifest)" if info["manifest"] is None else ""))
+    if info["leftovers"]:
+        left = ", ".join(f"{d['path']} ({'complete' if d['complete'] else 'incomplete'})" for d in info["leftovers"])
+        print(f"left beside it by an interrupted (or running) sok.dump: {left}; the next sok.dump of it deletes them")
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+    return 0
+
+
+def _ckpt_convert(args: argparse.Namespace) -> int:
     from sparse_operation_kit.progress import TqdmCallback
 
-    if args.ckpt_command == "inspect":
-        info = inspect(args.path, verify=not args.no_verify)
-        manifest = info["manifest"] or {}
-        print(
-            f"checkpoint {args.path}: written by {manifest.get('world_size', '?')} rank(s), optimizer "
-            f"{manifest.get('optimizer')}, step {manifest.get('step')}"
-            f"{'' if info['manifest'] else ' (no manifest: NVIDIA SOK layout)'}"
-        )
-        for table, entry in info["tables"].items():
-            print(
-                f"  {table}: {entry['rows']:,} rows x {entry['dim']} ({entry['key_dtype']} keys)"
-                f"{'; state ' + ', '.join(entry['state_files']) if entry['state_files'] else ''}"
-            )
-        print(f"checksums: {info['checksums']}" + (" (no manifest)" if info["manifest"] is None else ""))
-        if args.json:
-            print(json.dumps(info, indent=2, default=str))
-        return 0
+    try:
+        from hierarchical_parameter_server.convert import convert_to_hps
+    except ModuleNotFoundError as error:
+        if error.name not in ("hierarchical_parameter_server", "hierarchical_parameter_server.convert"):
+            raise
+        raise ImportError(
+            f"sok ckpt convert needs sok-hps, which is not installed ({error}); install it with "
+            f"pip install sok-core[hps]"
+        ) from error
     with TqdmCallback(desc="convert", unit="table") as bar:
         written = convert_to_hps(args.path, args.output, callback=bar)
     print(f"wrote {len(written)} HPS table directories under {args.output}")
@@ -79,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
     ckpt = commands.add_parser("ckpt", help="inspect or convert sok.dump checkpoints")
     ckpt_commands = ckpt.add_subparsers(dest="ckpt_command", required=True)
-    inspect_cmd = ckpt_commands.add_parser("inspect", help="tables, rows, dims, optimizer; verify checksums")
+    inspect_cmd = ckpt_commands.add_parser("inspect", help="tables, rows, dims, optimizer, checksums (read-only)")
     inspect_cmd.add_argument("path")
     inspect_cmd.add_argument("--no-verify", action="store_true", help="skip the checksum check")
     inspect_cmd.add_argument("--json", action="store_true", help="also print everything as JSON")
