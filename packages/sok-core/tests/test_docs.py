@@ -1,8 +1,8 @@
-"""The documentation site covers the public API.
+"""The documentation site covers the public API, and the README's links lead somewhere.
 
 ``mkdocs build --strict`` (ci/test.sh) fails on a broken link or an API directive that names
 nothing; these tests catch what it cannot: a public name that no API page renders (datasette's
-meta-tests of its hooks are the model).
+meta-tests of its hooks are the model), and a link of the README, which is not part of the site.
 """
 
 from __future__ import annotations
@@ -49,3 +49,12 @@ def test_every_public_name_of_a_package_has_an_api_entry(module, page):
     names = importlib.import_module(module).__all__
     missing = _undocumented(list(names), _directives(page))
     assert not missing, f"docs/api/{page} does not document {missing} of {module}.__all__; add a ::: line"
+
+
+def test_readme_links_lead_to_files():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    local = [t for t in targets if "://" not in t]
+    assert local, "the README links into docs/"
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
