@@ -1,5 +1,5 @@
 # The entry points named in the README. Each sets everything up first (ci/setup.sh is idempotent).
-.PHONY: setup demo demo-np2 test bench lint
+.PHONY: setup demo demo-np2 test bench lint docs
 
 setup:
 	bash ci/setup.sh
@@ -20,3 +20,7 @@ bench: setup
 
 lint: setup
 	.venv/bin/ruff check packages benchmarks
+
+# The documentation site, built strictly (as ci/test.sh does) into build/site; open build/site/index.html.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
