@@ -404,6 +404,10 @@ class SokStep:
         embs, grads = self._step(ids, weights, cots)
         return [e.numpy() for e in embs], grads
 
+    def op_types(self) -> list[str]:
+        """The types of the ops of the traced step (mode ``"function"``)."""
+        return [op.type for op in self._step.get_concrete_function().graph.get_operations()]
+
 
 def compare_with_tf(
     comm: Comm,
@@ -702,7 +706,8 @@ def check_edge_batches(comm: Comm) -> None:
 def check_function_steps(comm: Comm) -> None:
     """One tf.function (input signature of any batch size: one trace) trains SMALL for four steps
     on different batches (the default ones, then each edge case); forward, gradients and new rows
-    match TensorFlow at every step, weighted, ragged and sparse in one call."""
+    match TensorFlow at every step, weighted, ragged and sparse in one call; the optimizer reuses
+    the lookup's distinct keys."""
     m = Mismatches()
     seed = 600
     built = build_tables(SMALL, comm, seed)
@@ -712,6 +717,11 @@ def check_function_steps(comm: Comm) -> None:
         lengths = default_lengths if case == "default" else _edge_lengths(case)
         lookups = make_lookups(built, comm, seed + i, shift=2, fmt="mixed", lengths_fn=lengths)
         compare_with_tf(comm, built, lookups, True, "function", seed + i, m, f"step {i} ({case})", step=step)
+    # The lookup reads tf.unique's keys, which it hands over as their own distinct index: the
+    # optimizer's SokSparseApply of each dynamic table indexes no keys (no SokUniqueIndex).
+    ops = step.op_types()
+    m.equal("SokSparseApply ops of the step (one per dynamic table)", ops.count("SokSparseApply"), 2)
+    m.equal("SokUniqueIndex ops of the step", ops.count("SokUniqueIndex"), 0)
     m.raise_if_any()
 
 
