@@ -509,7 +509,7 @@ def test_corrupt_checkpoint_into_empty_variables_leaves_them_untouched(tmp_path,
     with pytest.raises(fmt.CheckpointError, match=message):
         sok.load(path, fresh, wrapper)
     assert [v.storage for v in fresh] == tables and all(t.size() == 0 for t in tables)
-    assert all(getattr(v, "_sok_optimizer", None) is None for v in fresh)
+    assert all(v.optimizer_wrapper is None for v in fresh)
     assert int(wrapper.iterations.numpy()) == 0
 
 
@@ -679,7 +679,7 @@ def empty_var(var_type, name="emb", attached=False):
     v = make_var(var_type, name)
     wrapper = sok.OptimizerWrapper(K.Adam(learning_rate=0.05)) if attached else None
     if attached:
-        wrapper._attach(v)
+        wrapper.attach(v)
     return v, wrapper
 
 

@@ -148,6 +148,68 @@ def test_distinct_index_of_finds_the_lookups_keys_only_for_its_own_gradient():
     assert distinct_index_of(tf.constant([3, 4], tf.int64)) is None  # eager: no producing op
 
 
+def test_try_sparse_read_hands_keys_promised_distinct_over_as_their_own_index():
+    from sparse_operation_kit.dynamic_variable import distinct_index_of, try_sparse_read
+
+    v = make_var("hbm", dimension=2)
+    found = {}
+
+    @tf.function
+    def grads(ids):
+        unique = tf.unique(ids)[0]
+        for promised in (True, False):
+            keys = unique if promised else tf.identity(unique)  # the same values, not promised
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(try_sparse_read(v, keys, distinct=promised)[0])
+            found[promised] = distinct_index_of(tape.gradient(loss, v).indices)
+        distinct, positions = found[True]
+        return distinct, positions
+
+    distinct, positions = grads(tf.constant([5, 3, 5, 9], tf.int64))
+    assert [t.op.type for t in found[True]] == ["Reshape", "Range"]
+    assert found[False] is None
+    np.testing.assert_array_equal(distinct.numpy(), [5, 3, 9])
+    np.testing.assert_array_equal(positions.numpy(), [0, 1, 2])
+
+
+def test_distinct_index_hand_off_does_not_keep_graphs_alive():
+    import gc
+    import weakref
+
+    from sparse_operation_kit.dynamic_variable import distinct_index_of
+
+    v = make_var("hbm", dimension=2)
+    handed_over = []
+
+    def traced_graph():
+        @tf.function
+        def grads(ids):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.nn.embedding_lookup(v, ids))
+            g = tape.gradient(loss, v)
+            handed_over.append(distinct_index_of(g.indices) is not None)
+            return g.indices
+
+        return weakref.ref(grads.get_concrete_function(tf.constant([1, 2, 1], tf.int64)).graph)
+
+    graph = traced_graph()
+    gc.collect()
+    assert handed_over == [True]
+    assert graph() is None
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_keys_of_converts_ids_as_every_read_does(var_type):
+    v = make_var(var_type)
+    ids = tf.constant([4, 2**40], tf.int64)
+    assert v.keys_of(ids) is ids
+    keys = v.keys_of(tf.constant([4, -1], tf.int32))
+    assert keys.dtype == tf.int64
+    np.testing.assert_array_equal(keys.numpy(), [4, -1])
+    with pytest.raises(TypeError, match=r"tf.cast\(ids, tf.int64\)"):
+        v.keys_of(tf.constant([1.0]))
+
+
 @pytest.mark.parametrize("var_type", VAR_TYPES)
 def test_sparse_read_1d_ids_returns_rows_in_input_order(var_type):
     v = make_var(var_type, dimension=4)

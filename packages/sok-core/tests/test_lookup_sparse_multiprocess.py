@@ -1,6 +1,6 @@
 """sok.lookup_sparse and sok.all2all_dense_embedding on two Horovod ranks (Gloo, CPU).
 
-One ``horovodrun -np 2`` launch (about 10 s of start-up) runs every check of
+One ``horovodrun -np 2`` launch (its start-up is slow, so one for all) runs every check of
 ``distributed/lookup_checks.py`` through ``distributed/lookup_worker.py``; each test below reads the
 result of one check on every rank. The checks and what they compare are described there (oracle:
 ``tf.nn.embedding_lookup_sparse`` on the full tables, each rank with its own batch; gradients

@@ -84,7 +84,7 @@ def _optimizer(optimizer: Any, variables: list) -> OptimizerWrapper | None:
         )
     owners: dict[int, OptimizerWrapper] = {}
     for var in variables:
-        owner = getattr(var, "_sok_optimizer", None)
+        owner = var.optimizer_wrapper if isinstance(var, DynamicVariable) else None
         if isinstance(var, DynamicVariable) and owner is not None and owner.optimizer is optimizer:
             owners[id(owner)] = owner
     if len(owners) > 1:
@@ -115,7 +115,7 @@ def _slots(var: Any, optimizer: OptimizerWrapper | None) -> list[str]:
         return []
     if not isinstance(var, DynamicVariable):
         return list(optimizer.static_slots(var))
-    if getattr(var, "_sok_optimizer", None) is not optimizer:
+    if var.optimizer_wrapper is not optimizer:
         return []
     return optimizer.get_slot_names()
 
@@ -450,7 +450,7 @@ def _fills_while_reading(var: Any, slots: list[str], wrapper: OptimizerWrapper |
     table that is empty on this rank and already has the columns of every file to load."""
     if not isinstance(var, DynamicVariable) or var.storage.size() != 0:
         return False
-    return not slots or getattr(var, "_sok_optimizer", None) is wrapper
+    return not slots or var.optimizer_wrapper is wrapper
 
 
 def _fill_while_reading(var: DynamicVariable, plan: dict, rank: int, n: int) -> None:
@@ -607,7 +607,7 @@ def _prepare_load(path: str, variables: list, wrapper: OptimizerWrapper | None) 
     plans = [_plan(path, v, s, wrapper, manifest) for v, s in zip(variables, slot_names)]
     slot_names = [plan["slots"] for plan in plans]
     for var, slots in zip(variables, slot_names):
-        owner = getattr(var, "_sok_optimizer", None)
+        owner = var.optimizer_wrapper if isinstance(var, DynamicVariable) else None
         if slots and isinstance(var, DynamicVariable) and wrapper.static_only:
             raise ValueError(
                 f"the checkpoint holds {wrapper.name} state of the dynamic variable {var.name}, which lives in a "
@@ -656,7 +656,7 @@ def _load_dynamic(
     """Insert this rank's staged rows (weights, then each slot's columns)."""
     keys = keys.astype(var.key_type.as_numpy_dtype, copy=False)
     if slots:
-        wrapper._attach(var)
+        wrapper.attach(var)
     dim = var.dimension
     storage = var.table_ref.storage
     for i, values in enumerate(arrays):

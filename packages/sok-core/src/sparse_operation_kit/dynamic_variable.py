@@ -22,7 +22,8 @@ from __future__ import annotations
 import itertools
 import re
 import secrets
-from typing import Any
+import weakref
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
@@ -38,6 +39,9 @@ from sparse_operation_kit.dtypes import KEY_DTYPES
 from sparse_operation_kit.slot_view import DynamicSlot
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, Storage, create_storage
 from sparse_operation_kit.table_ref import TableRef
+
+if TYPE_CHECKING:
+    from sparse_operation_kit.optimizer import OptimizerWrapper
 
 __all__ = ["DynamicVariable", "export", "assign", "sparse_read_and_evict"]
 
@@ -173,6 +177,22 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         v = sok.DynamicVariable(dimension=16, var_type="hybrid", init_capacity=1024,
                                 max_capacity=1 << 20)
         emb = tf.nn.embedding_lookup(v, ids)      # [batch, 16]; inserts unseen ids
+
+    What ``sok.OptimizerWrapper`` and ``sok.dump`` / ``sok.load`` rely on (and nothing else of
+    the variable):
+
+    * :meth:`keys_of`: ids as this table's keys, the one conversion of every read and write (so a
+      gradient's ``indices`` are turned into keys as the lookup turned its ids).
+    * :attr:`table_inputs`, :attr:`table_device`, :attr:`table_ref`, :attr:`storage`,
+      :attr:`embedding_initializer`: the table, where its ops run, and how new rows are filled
+      (the optimizer widens the rows through ``table_ref``; the checkpoint reads and writes
+      ``storage``).
+    * :attr:`optimizer_wrapper`: the one ``sok.OptimizerWrapper`` whose state columns the rows
+      hold (``[embedding | slot 1 | slot 2 ...]``), None until one updates the variable or loads
+      state into it; set by that wrapper through :meth:`bind_optimizer_wrapper`, never changed.
+    * The gradient of a lookup is ``tf.IndexedSlices`` over raw keys; inside the graph that took
+      it, :func:`distinct_index_of` of its ``indices`` gives the distinct keys and positions the
+      lookup computed (the optimizer reuses them rather than indexing the keys again).
     """
 
     def __init__(
@@ -211,6 +231,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         self._mode = mode
         self._filter_ratio = _filter_ratio(kwargs.pop("filter_ratio", 1.0))  # sok-core's, not the backend's
         self._config = dict(kwargs)
+        self._optimizer_wrapper: OptimizerWrapper | None = None
         initializer, self._initializer_str = resolve_initializer(initializer)
         # The embedding's initializer covers columns [0, dimension); optimizer state columns
         # added later bring their own.
@@ -306,6 +327,38 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         the ops on one table inside ``tf.function`` (automatic control dependencies follow resources)."""
         return self.handle, self._table_address
 
+    @property
+    def optimizer_wrapper(self) -> OptimizerWrapper | None:
+        """The ``sok.OptimizerWrapper`` whose optimizer state the rows hold (in the columns after
+        the embedding), or None while none has updated the variable or loaded state into it.
+
+        One wrapper per variable, for the variable's life: another wrapper refuses to update it,
+        and ``sok.dump`` / ``sok.load`` name and check the state by this wrapper.
+
+        Example::
+
+            opt = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.1))
+            opt.apply_gradients([(grad, v)])
+            assert v.optimizer_wrapper is opt
+        """
+        return self._optimizer_wrapper
+
+    def bind_optimizer_wrapper(self, wrapper: OptimizerWrapper) -> None:
+        """Record ``wrapper`` as :attr:`optimizer_wrapper`. ``sok.OptimizerWrapper`` calls it once
+        the rows have its state columns (``OptimizerWrapper.attach``); binding the same wrapper
+        again does nothing.
+
+        Raises:
+            ValueError: another wrapper is bound already (its state lives in the rows).
+        """
+        owner = self._optimizer_wrapper
+        if owner is not None and owner is not wrapper:
+            raise ValueError(
+                f"{self.name} is bound to a sok.OptimizerWrapper ({owner.name}) already, whose state its rows "
+                f"hold; a variable's wrapper does not change: update it with that wrapper"
+            )
+        self._optimizer_wrapper = wrapper
+
     def is_static(self) -> bool:
         return False
 
@@ -325,7 +378,18 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         )
 
     # -- reads ----------------------------------------------------------------------------------
-    def _keys(self, indices: Any) -> tf.Tensor:
+    def keys_of(self, indices: Any) -> tf.Tensor:
+        """``indices`` (ids of any shape) as this table's keys: the same tensor when its dtype is
+        :attr:`key_type`, int32 ids cast to int64 for an int64 table. Every read and write of the
+        variable (and the optimizer's update of a gradient's ``indices``) converts ids with it.
+
+        Raises:
+            TypeError: ids of another dtype (the message says how to convert them).
+
+        Example::
+
+            v.keys_of(tf.constant([1, 2], tf.int32))   # int64 [1, 2] for key_type tf.int64
+        """
         ids = tf.convert_to_tensor(indices)
         if ids.dtype == self._key_dtype:
             return ids
@@ -354,7 +418,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         with tf.name_scope(name or "SokLookup"), tf.device(self.table_device):
             if self.trainable:
                 tape_lib.variable_accessed(self)
-            lib, keys = tf_ops.library(), self._keys(indices)
+            lib, keys = tf_ops.library(), self.keys_of(indices)
             if self.storage.distinct_lookups:
                 distinct, positions = lib.sok_unique_index(tf.reshape(keys, [-1]))
                 return lib.sok_lookup_distinct(
@@ -372,7 +436,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         op = tf_ops.library().sok_accum_or_assign if accumulate else tf_ops.library().sok_insert_or_assign
         op(
             *self.table_inputs,
-            tf.reshape(self._keys(sparse_delta.indices), [-1]),
+            tf.reshape(self.keys_of(sparse_delta.indices), [-1]),
             values,
             col_begin=0,
             col_end=self._dimension,
@@ -470,40 +534,81 @@ def _sok_lookup_grad(op: tf.Operation, grad: tf.Tensor) -> list:
     return [indexed_slices_lib.IndexedSlices(values, keys), None, None]
 
 
-@tf.RegisterGradient("SokLookupDistinct")
-def _sok_lookup_distinct_grad(op: tf.Operation, grad: tf.Tensor) -> list:
-    return _sok_lookup_grad(op, grad) + [None, None]
+# -- the hand-off of a lookup's distinct-key index to the optimizer -------------------------------
+# A lookup that indexes its keys (SokLookupDistinct: SokUniqueIndex's distinct keys and positions;
+# the multi-rank lookup_sparse: keys that are distinct already) has computed what the optimizer's
+# SokSparseApply needs for the gradient's indices. The lookup's gradient function, which makes those
+# indices, notes "the flattened indices have this (distinct_keys, positions)"; the optimizer asks
+# distinct_index_of(grad.indices). Notes live per graph, weakly keyed by the graph and holding tensor
+# names (tensors would keep their graph alive); they are read only in the graph that made them.
+# Eagerly there are none: the optimizer indexes the keys itself.
+
+#: graph → {tensor name: (distinct keys name, positions name)}: the index of the tensor's flattened
+#: values (a gradient's indices; keys that try_sparse_read(..., distinct=True) was promised distinct).
+_DISTINCT_INDEX: weakref.WeakKeyDictionary[tf.Graph, dict[str, tuple[str, str]]] = weakref.WeakKeyDictionary()
+
+
+def _note_distinct_index(values: tf.Tensor, index: tuple[tf.Tensor, tf.Tensor] | None) -> None:
+    """Note ``index`` = ``(distinct_keys, positions)`` of the flattened ``values``: in a graph, and
+    where the three are tensors of one graph (a gradient built in another graph gets none)."""
+    if index is None or tf.executing_eagerly():
+        return
+    graph = values.graph
+    if all(t.graph is graph for t in index):
+        _DISTINCT_INDEX.setdefault(graph, {})[values.name] = (index[0].name, index[1].name)
+
+
+def _noted_distinct_index(values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor] | None:
+    """The index :func:`_note_distinct_index` noted for ``values`` (a graph tensor), or None."""
+    graph = values.graph
+    names = _DISTINCT_INDEX.get(graph, {}).get(values.name)
+    return None if names is None else (graph.get_tensor_by_name(names[0]), graph.get_tensor_by_name(names[1]))
 
 
 def distinct_index_of(indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor] | None:
-    """``(distinct_keys, positions)`` of the flattened ``indices`` of a lookup gradient, when the
-    lookup already computed them (a ``SokLookupDistinct`` in the same graph), else None.
+    """``(distinct_keys, positions)`` of the flattened ``indices`` of a lookup gradient, as the
+    lookup computed them, or None where it did not (the caller indexes the keys itself).
 
-    The gradient's indices are a reshape of the lookup's keys input; the lookup's distinct keys and
-    positions are a function of those keys alone, so any ``SokLookupDistinct`` reading the same keys
-    tensor (e.g. the same ids looked up in two tables) gives the right ones. Eager tensors have no
-    producing op: None there.
+    The gradient functions of the lookups hand them over: ``SokLookupDistinct``'s (its
+    ``SokUniqueIndex`` outputs), and ``SokTryLookup``'s when :func:`try_sparse_read` was told its
+    keys are distinct (the keys, and positions ``0 .. n-1``). Only for the very ``indices`` tensor
+    such a gradient function returned, and only in the graph being built: None eagerly, for another
+    graph's tensors, or for indices the tape combined (a variable read twice: a concatenation).
+
+    Example::
+
+        @tf.function
+        def step(ids):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.nn.embedding_lookup(v, ids))
+            grad = tape.gradient(loss, v)
+            distinct, positions = distinct_index_of(grad.indices)   # SokUniqueIndex's outputs
     """
-    if tf.executing_eagerly() or not hasattr(indices, "op") or indices.op.type != "Reshape":
+    if tf.executing_eagerly() or not isinstance(indices, tf.Tensor):
         return None
-    keys = indices.op.inputs[0]
-    if keys.graph is not tf.compat.v1.get_default_graph():
+    if indices.graph is not tf.compat.v1.get_default_graph():
         return None
-    for consumer in keys.consumers():
-        if consumer.type == "SokLookupDistinct" and consumer.inputs[2].name == keys.name:
-            return consumer.inputs[3], consumer.inputs[4]
-    if keys.op.type == "Unique" and keys.value_index == 0 and any(c.type == "SokTryLookup" for c in keys.consumers()):
-        # The multi-rank lookup_sparse reads the distinct keys of tf.unique: they are their own index.
-        return keys, tf.range(tf.size(keys), dtype=tf.int32)
-    return None
+    return _noted_distinct_index(indices)
+
+
+@tf.RegisterGradient("SokLookupDistinct")
+def _sok_lookup_distinct_grad(op: tf.Operation, grad: tf.Tensor) -> list:
+    grads = _sok_lookup_grad(op, grad)
+    _note_distinct_index(grads[0].indices, (op.inputs[3], op.inputs[4]))  # its distinct keys, positions
+    return grads + [None, None]
 
 
 @tf.RegisterGradient("SokTryLookup")
 def _sok_try_lookup_grad(op: tf.Operation, grad: tf.Tensor, *unused: tf.Tensor) -> list:
-    return _sok_lookup_grad(op, grad)
+    grads = _sok_lookup_grad(op, grad)
+    if not tf.executing_eagerly():
+        _note_distinct_index(grads[0].indices, _noted_distinct_index(op.inputs[2]))  # keys promised distinct
+    return grads
 
 
-def try_sparse_read(var: DynamicVariable, indices: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def try_sparse_read(
+    var: DynamicVariable, indices: Any, distinct: bool = False
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """``var.sparse_read(indices)`` that does not raise when the table fails (e.g. a full ``"hbm"``
     table): ``(rows, status_code, status_message)``, where ``status_code`` is the TensorFlow error
     code (an int32 scalar, 0 when the lookup worked; rows are zeros otherwise) and ``status_message``
@@ -511,6 +616,13 @@ def try_sparse_read(var: DynamicVariable, indices: Any) -> tuple[tf.Tensor, tf.T
 
     The multi-rank ``sok.lookup_sparse`` reads with it, so that a rank whose lookup fails still
     joins the exchange and every rank raises together.
+
+    Args:
+        var: the dynamic variable to read.
+        indices: its ids, any shape.
+        distinct: the caller's promise that ``indices`` hold no id twice (e.g. ``tf.unique``'s
+            first output): inside a graph, the gradient then hands them over as their own distinct
+            index (:func:`distinct_index_of`), and the optimizer's step does not index them again.
 
     Example::
 
@@ -520,9 +632,14 @@ def try_sparse_read(var: DynamicVariable, indices: Any) -> tuple[tf.Tensor, tf.T
     with tf.name_scope("SokTryLookup"):
         if var.trainable:
             tape_lib.variable_accessed(var)
+        keys = var.keys_of(indices)
         rows, code, message = tf_ops.library().sok_try_lookup(
-            *var.table_inputs, var._keys(indices), col_begin=0, col_end=var.dimension
+            *var.table_inputs, keys, col_begin=0, col_end=var.dimension
         )
+        if distinct and not tf.executing_eagerly():
+            with tf.device(var.table_device):  # where the optimizer's update of these keys runs
+                flat = tf.reshape(keys, [-1])
+                _note_distinct_index(keys, (flat, tf.range(tf.size(flat), dtype=tf.int32)))
         return rows, code, message
 
 
@@ -552,7 +669,7 @@ def sparse_read_and_evict(var: DynamicVariable, indices: Any, name: str | None =
             tape_lib.variable_accessed(var)
         return tuple(
             tf_ops.library().sok_lookup_and_evict(
-                *var.table_inputs, var._keys(indices), col_begin=0, col_end=var.dimension
+                *var.table_inputs, var.keys_of(indices), col_begin=0, col_end=var.dimension
             )
         )
 
@@ -606,7 +723,7 @@ def assign(var: DynamicVariable | DynamicSlot, indices: Any, values: Any) -> Dyn
         sok.assign(v, tf.constant([1, 2], tf.int64), tf.ones([2, v.dimension]))
     """
     rows, (begin, end) = _rows_of(var, "sok.assign")
-    keys = tf.reshape(rows._keys(indices), [-1])
+    keys = tf.reshape(rows.keys_of(indices), [-1])
     values = tf.convert_to_tensor(values, tf.float32)
     if values.shape.rank is not None and (values.shape.rank != 2 or values.shape[-1] not in (None, rows.dimension)):
         raise ValueError(f"values must have shape [N, {rows.dimension}], got {values.shape}")

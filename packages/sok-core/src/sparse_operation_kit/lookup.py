@@ -226,7 +226,7 @@ def _pool_local(
             weights = tf.boolean_mask(weights, mask)
     unique, position = tf.unique(keys, out_idx=tf.int64)
     if kind == "dynamic" and n > 1:
-        rows, code, message = try_sparse_read(param, _as_table_keys(unique, param))
+        rows, code, message = try_sparse_read(param, _as_table_keys(unique, param), distinct=True)
         status = (code, message)
     elif kind == "dynamic":
         rows = param.sparse_read(_as_table_keys(unique, param))

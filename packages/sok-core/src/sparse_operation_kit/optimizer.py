@@ -420,6 +420,14 @@ class OptimizerWrapper:
     ``sok.dump``). :meth:`get_slot` of the wrapper returns ``(keys, values)`` instead, a copy of
     the slot of the local shard.
 
+    What the wrapper relies on of a dynamic variable is the contract in
+    :class:`~sparse_operation_kit.dynamic_variable.DynamicVariable`'s docstring (``keys_of``, the
+    table, ``optimizer_wrapper``, :func:`~sparse_operation_kit.dynamic_variable.distinct_index_of`
+    for a gradient's indices). What ``sok.dump`` / ``sok.load`` rely on of the wrapper:
+    :attr:`name`, :meth:`get_slot_names` (the slots' order in the rows), :meth:`attach`,
+    :meth:`static_slots`, :attr:`iterations`, :attr:`optimizer` and :attr:`static_only`; of a
+    variable, its ``optimizer_wrapper``.
+
     Example (stop at the first non-finite gradient, with the tables as they were)::
 
         opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.01), check_finite=True)
@@ -547,9 +555,22 @@ class OptimizerWrapper:
             return {}
         return {name: getattr(optimizer, _KERAS_SLOT_LISTS[kind][name])[index] for name in names}
 
-    def _attach(self, var: DynamicVariable) -> None:
-        """Give the variable's rows this optimizer's state columns (once, before the first update),
-        and expose each slot as a :class:`DynamicSlot` (:meth:`_register_slots`)."""
+    def attach(self, var: DynamicVariable) -> None:
+        """Give ``var``'s rows this wrapper's state columns and bind the variable to this wrapper
+        (its ``optimizer_wrapper``), once: :meth:`apply_gradients` calls it before a variable's
+        first update, ``sok.load`` before it writes state columns. Each slot is then reachable as
+        a :class:`DynamicSlot` (:meth:`slot_view`). Calling it again for the same variable does
+        nothing.
+
+        Raises:
+            ValueError: this is a :meth:`for_static_state` wrapper; another wrapper is bound to
+                ``var``; or the rows would be too wide for the embedding and its state.
+
+        Example::
+
+            wrapper.attach(v)                         # v's rows: [embedding | accumulator]
+            assert v.optimizer_wrapper is wrapper
+        """
         if id(var) in self._variables:
             return
         if self._static_only:
@@ -559,7 +580,7 @@ class OptimizerWrapper:
                 f"the wrapper; create the wrapper first (sok.OptimizerWrapper(optimizer)) and pass it or the "
                 f"optimizer"
             )
-        owner = getattr(var, "_sok_optimizer", None)
+        owner = var.optimizer_wrapper
         if owner is not None and owner is not self:
             raise ValueError(
                 f"{var.name} is already updated by another sok.OptimizerWrapper ({owner.name}); its optimizer "
@@ -592,7 +613,7 @@ class OptimizerWrapper:
                 wide.import_batch(keys, values, scores, columns=(0, dim))
             logger.debug("widened %s to %d columns for %s (%d rows copied)", var.name, width, self.name, keys.size)
             var.table_ref.swap(wide, initializers)
-        var._sok_optimizer = self
+        var.bind_optimizer_wrapper(self)
         self._variables[id(var)] = var
         self._register_slots(var)
 
@@ -668,11 +689,11 @@ class OptimizerWrapper:
         width = dim * (1 + len(self._rule.slots))
         lib = tf_ops.library()
         with tf.device(var.table_device):  # every op of the update where the table is
-            keys = tf.reshape(var._keys(grad.indices), [-1])
+            keys = tf.reshape(var.keys_of(grad.indices), [-1])
             values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, dim])
             if self._rule.native is not None:
                 rule, hyper = self._rule.native
-                index = distinct_index_of(grad.indices)  # the lookup's, or computed here during the forward pass
+                index = distinct_index_of(grad.indices)  # the lookup's, handed over in a graph; else indexed here
                 distinct, positions = index if index is not None else lib.sok_unique_index(keys)
                 lib.sok_sparse_apply(*var.table_inputs, distinct, positions, values, lr, rule=rule, hyper=list(hyper))
                 return
@@ -705,7 +726,7 @@ class OptimizerWrapper:
             if not dynamic:
                 return
             for _, v in dynamic:
-                self._attach(v)
+                self.attach(v)
             lr = self._settings.learning_rate(self._iterations)
             step = tf.cast(self._iterations + 1, tf.float32)
             for g, v in dynamic:
@@ -746,7 +767,7 @@ class OptimizerWrapper:
         (dynamic ones their state columns; with a tf_keras legacy optimizer, dense ones its slots)."""
         for var in variables:
             if isinstance(var, DynamicVariable):
-                self._attach(var)
+                self.attach(var)
             elif self._settings.legacy:
                 self.static_slots(var, create=True)
 

@@ -195,7 +195,7 @@ def load(ckpt: str, expected_path: str, out: str, dump2: str) -> list[str]:
     owner = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(learning_rate=0.1))
     attached = dynamic_tables(n)
     for var in attached.values():
-        owner._attach(var)
+        owner.attach(var)
     sok.load(ckpt, list(attached.values()), owner)
     for name in DYNAMIC:
         check_dynamic("filled while reading", name, plain[name], None)

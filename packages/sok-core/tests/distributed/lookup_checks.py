@@ -404,6 +404,10 @@ class SokStep:
         embs, grads = self._step(ids, weights, cots)
         return [e.numpy() for e in embs], grads
 
+    def op_types(self) -> list[str]:
+        """The types of the ops of the traced step (mode ``"function"``)."""
+        return [op.type for op in self._step.get_concrete_function().graph.get_operations()]
+
 
 def compare_with_tf(
     comm: Comm,
@@ -702,7 +706,8 @@ def check_edge_batches(comm: Comm) -> None:
 def check_function_steps(comm: Comm) -> None:
     """One tf.function (input signature of any batch size: one trace) trains SMALL for four steps
     on different batches (the default ones, then each edge case); forward, gradients and new rows
-    match TensorFlow at every step, weighted, ragged and sparse in one call."""
+    match TensorFlow at every step, weighted, ragged and sparse in one call; the optimizer reuses
+    the lookup's distinct keys."""
     m = Mismatches()
     seed = 600
     built = build_tables(SMALL, comm, seed)
@@ -712,6 +717,14 @@ def check_function_steps(comm: Comm) -> None:
         lengths = default_lengths if case == "default" else _edge_lengths(case)
         lookups = make_lookups(built, comm, seed + i, shift=2, fmt="mixed", lengths_fn=lengths)
         compare_with_tf(comm, built, lookups, True, "function", seed + i, m, f"step {i} ({case})", step=step)
+    # The optimizer's SokSparseApply of each dynamic table indexes no keys again: it takes the
+    # lookup's index, handed over by the gradient (several ranks: tf.unique's keys are their own
+    # index; one rank: the SokUniqueIndex of the table's SokLookupDistinct).
+    ops = step.op_types()
+    dynamic = [b for b in step.tables if b.dynamic]
+    indexed = 0 if comm.n > 1 else sum(b.var.storage.distinct_lookups for b in dynamic)
+    m.equal("SokSparseApply ops of the step (one per dynamic table)", ops.count("SokSparseApply"), len(dynamic))
+    m.equal("SokUniqueIndex ops of the step (the lookups')", ops.count("SokUniqueIndex"), indexed)
     m.raise_if_any()
 
 
