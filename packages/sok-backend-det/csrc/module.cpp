@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 
 #include "det_table.hpp"
+#include "sok/kit/abi_adapter.hpp"
 #include "sok/python_table.hpp"
 
 PYBIND11_MODULE(_core, m) {
