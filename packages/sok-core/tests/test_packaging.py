@@ -51,6 +51,7 @@ HEADERS = [
             "error",
             "initializers",
             "keys",
+            "module",
             "options",
             "parallel",
             "prefetch",
@@ -68,6 +69,11 @@ def test_headers_ship_with_the_package(header):
     assert (Path(sparse_operation_kit.get_include()) / "sok" / header).is_file()
     assert (Path(sparse_operation_kit.get_cmake_dir()) / "SokStorageApi.cmake").is_file()
 
+
+def test_contract_level_holds_only_the_contract():
+    """sok/ itself holds the plain-C contract a third-party backend needs; C++ lives below it."""
+    top = sorted(p.name for p in (Path(sparse_operation_kit.get_include()) / "sok").iterdir() if p.is_file())
+    assert top == ["storage_api.h", "table_ref.h"]
 
 
 def test_hps_package_imports():

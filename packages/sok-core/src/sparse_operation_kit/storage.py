@@ -120,9 +120,10 @@ class Table(Protocol):
 
 
 class NativeTable(Table, Protocol):
-    """The table class of a native backend (``sok/python_table.hpp``, the same in every backend): a
-    :class:`Table` driven through the C ABI, constructed as
-    ``Table(key_dtype, row_width, options, device="cpu")``; ``device`` is ``"cpu"`` or
+    """The table of a native backend: sok-core's one binding of the C ABI
+    (``sparse_operation_kit._table.Table``, the same class for every backend), a :class:`Table`
+    driven through the backend's ``sok_storage_api``. The registry's factory of a native backend
+    makes it as ``factory(key_dtype, row_width, options, device="cpu")``; ``device`` is ``"cpu"`` or
     ``"cuda:N"`` (CUDA builds), and every method takes a keyword-only ``stream: int = 0``."""
 
     def handle_capsule(self) -> Any:
