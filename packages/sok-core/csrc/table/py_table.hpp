@@ -261,7 +261,6 @@ class PyTable {
     if (!sok_storage_api_has(api_, import_batch)) {
       throw py::value_error("this backend was built without import_batch; rebuild it against this sok-core");
     }
-    if (scores.is_none()) throw py::value_error("import_batch needs scores (one per key)");
     write(api_->import_batch, keys, cb, ce, values, scores, inits, stream);
   }
   // update_rows with a visitor that swaps each row's columns [cb, ce) with the key's row of
