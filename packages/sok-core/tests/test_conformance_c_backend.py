@@ -24,23 +24,14 @@ if tiny_c_backend.compiler() is None:
 
 
 @pytest.fixture(scope="module")
-def tiny_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The C backend, built and loaded once for this module."""
-    library = tiny_c_backend.build(tmp_path_factory.mktemp("tiny"))
-    tiny_c_backend.load(library)
-    return library
-
-
-@pytest.fixture
-def tiny_plugin(tiny_library: Path) -> Iterator[object]:
-    """The tiny backend, registered through the plugin hook for one test, then removed."""
+def tiny_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The C backend, built and loaded, registered through the plugin hook for this module's tests."""
+    tiny_c_backend.load(tiny_c_backend.build(tmp_path_factory.mktemp("tiny")))
     registry = get_registry()
     registry.register_plugin(tiny_c_backend, name="tiny")
-    try:
-        yield tiny_c_backend
-    finally:
-        registry.unregister(tiny_c_backend.SPEC.name)
-        registry.plugin_manager.unregister(tiny_c_backend)
+    yield tiny_c_backend
+    registry.unregister(tiny_c_backend.SPEC.name)
+    registry.plugin_manager.unregister(tiny_c_backend)
 
 
 class TestCBackendConformance(StorageConformance):

@@ -397,15 +397,23 @@ static sok_status tiny_find_or_insert(sok_storage* s, const sok_exec_context* ct
   return st;
 }
 
-/* insert_or_assign (accumulate 0), accum_or_assign (1) and import_batch (given scores). */
-static sok_status write_rows(sok_storage* s, int64_t n, const void* keys, int32_t cb, int32_t ce, const float* values,
-                             const uint64_t* given_scores, const sok_initializer* inits, int32_t num_inits,
-                             int accumulate) {
+/* How write_rows treats a row: insert_or_assign, accum_or_assign, import_batch (given scores). */
+enum { ASSIGN, ACCUMULATE, IMPORT };
+
+static sok_status write_rows(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys, int32_t cb,
+                             int32_t ce, const float* values, const uint64_t* scores, const sok_initializer* inits,
+                             int32_t num_inits, int mode) {
   const int32_t w = ce - cb;
   int64_t i;
   int32_t c;
   uint64_t now;
-  sok_status st = SOK_OK;
+  sok_status st = check(s, ctx, n, keys, cb, ce);
+  if (st == SOK_OK) st = check_writes(s, n, values, mode == IMPORT ? NULL : scores, inits, num_inits);
+  if (st == SOK_OK && mode == IMPORT && n > 0 && scores == NULL) {
+    set_error(s->error, "import_batch needs scores (one per key)");
+    st = SOK_ERROR_INVALID_ARGUMENT;
+  }
+  if (st != SOK_OK) return st;
   pthread_mutex_lock(&s->lock);
   now = tick(s);
   for (i = 0; i < n; ++i) {
@@ -415,12 +423,12 @@ static sok_status write_rows(sok_storage* s, int64_t n, const void* keys, int32_
     float* row;
     if (slot < 0) break;
     row = row_of(s, slot) + cb;
-    if (accumulate && existed) {
+    if (mode == ACCUMULATE && existed) {
       for (c = 0; c < w; ++c) row[c] += values[i * w + c];
     } else {
       memcpy(row, values + i * w, sizeof(float) * (size_t)w);
     }
-    s->scores[slot] = given_scores != NULL ? given_scores[i] : now;
+    s->scores[slot] = mode == IMPORT ? scores[i] : now;
   }
   pthread_mutex_unlock(&s->lock);
   return st;
@@ -429,29 +437,19 @@ static sok_status write_rows(sok_storage* s, int64_t n, const void* keys, int32_
 static sok_status tiny_insert_or_assign(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
                                         int32_t cb, int32_t ce, const float* values, const uint64_t* scores,
                                         const sok_initializer* inits, int32_t num_inits) {
-  sok_status st = check(s, ctx, n, keys, cb, ce);
-  if (st == SOK_OK) st = check_writes(s, n, values, scores, inits, num_inits);
-  return st != SOK_OK ? st : write_rows(s, n, keys, cb, ce, values, NULL, inits, num_inits, 0);
+  return write_rows(s, ctx, n, keys, cb, ce, values, scores, inits, num_inits, ASSIGN);
 }
 
 static sok_status tiny_accum_or_assign(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
                                        int32_t cb, int32_t ce, const float* values, const uint64_t* scores,
                                        const sok_initializer* inits, int32_t num_inits) {
-  sok_status st = check(s, ctx, n, keys, cb, ce);
-  if (st == SOK_OK) st = check_writes(s, n, values, scores, inits, num_inits);
-  return st != SOK_OK ? st : write_rows(s, n, keys, cb, ce, values, NULL, inits, num_inits, 1);
+  return write_rows(s, ctx, n, keys, cb, ce, values, scores, inits, num_inits, ACCUMULATE);
 }
 
 static sok_status tiny_import_batch(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
                                     int32_t cb, int32_t ce, const float* values, const uint64_t* scores,
                                     const sok_initializer* inits, int32_t num_inits) {
-  sok_status st = check(s, ctx, n, keys, cb, ce);
-  if (st == SOK_OK) st = check_writes(s, n, values, NULL, inits, num_inits);
-  if (st == SOK_OK && n > 0 && scores == NULL) {
-    set_error(s->error, "import_batch needs scores (one per key)");
-    st = SOK_ERROR_INVALID_ARGUMENT;
-  }
-  return st != SOK_OK ? st : write_rows(s, n, keys, cb, ce, values, scores, inits, num_inits, 0);
+  return write_rows(s, ctx, n, keys, cb, ce, values, scores, inits, num_inits, IMPORT);
 }
 
 static sok_status tiny_insert_and_evict(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
