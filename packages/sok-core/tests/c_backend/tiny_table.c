@@ -434,23 +434,16 @@ static sok_status write_rows(sok_storage* s, const sok_exec_context* ctx, int64_
   return st;
 }
 
-static sok_status tiny_insert_or_assign(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
-                                        int32_t cb, int32_t ce, const float* values, const uint64_t* scores,
-                                        const sok_initializer* inits, int32_t num_inits) {
-  return write_rows(s, ctx, n, keys, cb, ce, values, scores, inits, num_inits, ASSIGN);
-}
-
-static sok_status tiny_accum_or_assign(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
-                                       int32_t cb, int32_t ce, const float* values, const uint64_t* scores,
-                                       const sok_initializer* inits, int32_t num_inits) {
-  return write_rows(s, ctx, n, keys, cb, ce, values, scores, inits, num_inits, ACCUMULATE);
-}
-
-static sok_status tiny_import_batch(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
-                                    int32_t cb, int32_t ce, const float* values, const uint64_t* scores,
-                                    const sok_initializer* inits, int32_t num_inits) {
-  return write_rows(s, ctx, n, keys, cb, ce, values, scores, inits, num_inits, IMPORT);
-}
+/* The three ABI functions of write_rows: one signature, one mode each. */
+#define TINY_WRITER(name, mode)                                                                                 \
+  static sok_status name(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys, int32_t cb, \
+                         int32_t ce, const float* values, const uint64_t* scores, const sok_initializer* inits,  \
+                         int32_t num_inits) {                                                                     \
+    return write_rows(s, ctx, n, keys, cb, ce, values, scores, inits, num_inits, mode);                          \
+  }
+TINY_WRITER(tiny_insert_or_assign, ASSIGN)
+TINY_WRITER(tiny_accum_or_assign, ACCUMULATE)
+TINY_WRITER(tiny_import_batch, IMPORT)
 
 static sok_status tiny_insert_and_evict(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
                                         int32_t cb, int32_t ce, const float* values, const uint64_t* scores,
