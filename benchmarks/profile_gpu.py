@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from storage_gpu import INSERTING_OPS, MI, TABLES, TableBench, free_device_memory, table_options
+from storage_gpu import INSERTING_OPS, MI, TABLES, TableBench, create_table, free_device_memory
 
 # profile_gpu's operation -> storage_gpu's (TableBench.calls): find_hits is what storage_gpu times as find.
 BENCH_OPS = {
@@ -91,7 +91,7 @@ def profile(cp: Any, profiler: Any, core: Any, kind: str, dim: int, args: argpar
     """storage_gpu's state and batch (TableBench: fill to --load with top-ups, 60/40 keys), then each
     operation under its own profiler session per call, refilled before each inserting call."""
     capacity = args.capacity_mi * MI
-    table = core.Table("uint64", dim, table_options(kind, "device", dim, capacity), device="cuda:0")
+    table = create_table(core, kind, "device", dim, capacity)
     bench = TableBench(cp, kind, table, dim, capacity)
     bench.fill(args.load)
     batch = bench.batch()
@@ -150,7 +150,7 @@ def overhead(cp: Any, cores: dict[str, Any], dim: int) -> None:
 
 def table_overhead(cp: Any, core: Any, kind: str, dim: int, base: float) -> None:
     """One-key calls of each operation of one table, against the floor ``base``."""
-    table = core.Table("uint64", dim, table_options(kind, "device", dim, 2 * MI), device="cuda:0")
+    table = create_table(core, kind, "device", dim, 2 * MI)
     keys = cp.arange(1, dtype=cp.uint64)
     out = cp.zeros((1, dim), cp.float32)
     found = cp.empty(1, cp.bool_)

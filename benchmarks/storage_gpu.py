@@ -256,8 +256,10 @@ def load_gpu_stack(tables: Sequence[str]) -> tuple[Any, dict[str, Any]]:
                 f"{package} {build.get('version', '?')} was built without CUDA; rebuild it where nvcc is on PATH "
                 f"(pip install ./packages/{package.replace('_', '-')}) or leave it out with --tables"
             )
-        if core.cuda_device_count() < 1:
-            fail(f"{package} is a CUDA build but sees no CUDA device")
+        from sparse_operation_kit import _table
+
+        if not _table.WITH_CUDA or _table.cuda_device_count() < 1:
+            fail(f"{package} is a CUDA build but sok-core's binding (sparse_operation_kit._table) sees no CUDA device")
         backends[name] = core
     return cupy, backends
 
@@ -619,8 +621,15 @@ def row_values(cp: Any, keys: Any) -> Any:
 
 
 def create_table(core: Any, kind: str, mode: str, dim: int, capacity: int) -> Any:
-    return core.Table(
-        key_dtype="uint64", row_width=dim, options=table_options(kind, mode, dim, capacity), device=DEVICE
+    """A table of the backend whose native module is ``core``, through sok-core's binding of its C ABI."""
+    from sparse_operation_kit import _table
+
+    return _table.Table(
+        core.storage_api(),
+        key_dtype="uint64",
+        row_width=dim,
+        options=table_options(kind, mode, dim, capacity),
+        device=DEVICE,
     )
 
 

@@ -116,10 +116,13 @@ build() {
   "$PYTHON" - <<'EOF'
 import sok_backend_det._core as det
 import sok_backend_hkv._core as hkv
+from sparse_operation_kit import _table
 
+print("sparse_operation_kit._table", _table.__file__, "WITH_CUDA:", _table.WITH_CUDA,
+      "cuda_device_count:", _table.cuda_device_count())
+assert _table.WITH_CUDA, "sok-core's binding (sparse_operation_kit._table) was built without CUDA"
 for core in (det, hkv):
-    count = getattr(core, "cuda_device_count", None)
-    print(core.__name__, core.__file__, core.BUILD_INFO, "cuda_device_count:", count() if count else "missing")
+    print(core.__name__, core.__file__, core.BUILD_INFO)
     assert core.BUILD_INFO["cuda"], f"{core.__name__} was built without CUDA"
 EOF
 }

@@ -1,9 +1,9 @@
-// det on the GPU: the shared CUDA bucket table (sok/cuda/bucket_table.cuh) with every row in device
+// det on the GPU: the shared CUDA bucket table (sok/gpu_engine/bucket_table.cuh) with every row in device
 // memory, growing without limit of slots and never evicting.
 #include <limits>
 
 #include "det_table.hpp"
-#include "sok/cuda/bucket_table.cuh"
+#include "sok/gpu_engine/bucket_table.cuh"
 
 namespace sok_det {
 

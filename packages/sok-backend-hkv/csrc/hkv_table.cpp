@@ -4,7 +4,10 @@
 #include <cstring>
 #include <mutex>
 
-#include "sok/prefetch.hpp"
+#include "sok/kit/error.hpp"
+#include "sok/kit/initializers.hpp"
+#include "sok/kit/parallel.hpp"
+#include "sok/kit/prefetch.hpp"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>

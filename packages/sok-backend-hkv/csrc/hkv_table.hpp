@@ -24,7 +24,10 @@
 #include <string>
 #include <vector>
 
-#include "sok/backend.hpp"
+#include "sok/kit/keys.hpp"
+#include "sok/kit/options.hpp"
+#include "sok/kit/rows.hpp"
+#include "sok/kit/storage.hpp"
 
 namespace sok_hkv {
 

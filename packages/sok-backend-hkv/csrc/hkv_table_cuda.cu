@@ -1,10 +1,10 @@
-// hkv on the GPU: the shared CUDA bucket table (sok/cuda/bucket_table.cuh) with HierarchicalKV's
+// hkv on the GPU: the shared CUDA bucket table (sok/gpu_engine/bucket_table.cuh) with HierarchicalKV's
 // options: buckets of max_bucket_size slots, growth up to max_capacity, then per-bucket eviction by
 // the policy's scores; rows past max_hbm_for_vectors (GB) live in pinned host memory.
 #include <string>
 
 #include "hkv_table.hpp"
-#include "sok/cuda/bucket_table.cuh"
+#include "sok/gpu_engine/bucket_table.cuh"
 
 namespace sok_hkv {
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from sok_backend_hkv import _core
+from sparse_operation_kit.plugins import get_registry
 from sparse_operation_kit.testing import StorageConformance
 from sparse_operation_kit.testing.device import DEVICE, cuda_skip_reason
 
@@ -51,7 +52,7 @@ def test_rows_moving_between_device_and_host_memory_keep_their_values() -> None:
         "max_bucket_size": "128",
         "max_hbm_for_vectors": str(32 * dim * 4 / 2**30),
     }
-    table = _core.Table(key_dtype="int64", row_width=dim, options=options, device=DEVICE)
+    table = get_registry().factory("hybrid")(key_dtype="int64", row_width=dim, options=options, device=DEVICE)
     old = cp.arange(32, dtype=cp.int64)
     new = cp.arange(100, 132, dtype=cp.int64)
 
@@ -87,7 +88,7 @@ def test_keys_outside_their_home_window_are_found() -> None:
     of the full bucket scan it whole, those at half load read the home window first."""
     cp = pytest.importorskip("cupy")
     options = {"init_capacity": "128", "max_capacity": "128", "max_bucket_size": "128"}
-    table = _core.Table(key_dtype="int64", row_width=2, options=options, device=DEVICE)
+    table = get_registry().factory("hybrid")(key_dtype="int64", row_width=2, options=options, device=DEVICE)
 
     def rows(keys: object) -> object:
         return cp.stack([keys.astype(cp.float32), -keys.astype(cp.float32)], axis=1)

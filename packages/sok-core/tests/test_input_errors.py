@@ -142,7 +142,7 @@ def test_storage_too_large_to_allocate_is_a_memory_error_chained_to_the_backends
 
 @pytest.mark.parametrize("var_type", VAR_TYPES)
 def test_native_table_reports_out_of_memory_with_the_backends_message(var_type):
-    # python_table.hpp: SOK_ERROR_OUT_OF_MEMORY is a MemoryError carrying last_error.
+    # the binding (csrc/table/py_table.hpp): SOK_ERROR_OUT_OF_MEMORY is a MemoryError carrying last_error.
     from sparse_operation_kit.plugins import get_registry
 
     make = get_registry().factory(var_type)

@@ -40,10 +40,40 @@ def test_backends_declare_entry_points():
     assert names["hkv"] == "sok_backend_hkv.plugin"
 
 
-@pytest.mark.parametrize("header", ["storage_api.h", "backend.hpp", "python_table.hpp", "prefetch.hpp"])
+#: The contract (sok/*.h), the implementer's kit (sok/kit/) and the GPU engine (sok/gpu_engine/).
+HEADERS = [
+    "storage_api.h",
+    "table_ref.h",
+    *(
+        f"kit/{name}.hpp"
+        for name in (
+            "abi_adapter",
+            "error",
+            "initializers",
+            "keys",
+            "module",
+            "options",
+            "parallel",
+            "prefetch",
+            "rows",
+            "storage",
+        )
+    ),
+    "gpu_engine/bucket_kernels.cuh",
+    "gpu_engine/bucket_table.cuh",
+]
+
+
+@pytest.mark.parametrize("header", HEADERS)
 def test_headers_ship_with_the_package(header):
     assert (Path(sparse_operation_kit.get_include()) / "sok" / header).is_file()
     assert (Path(sparse_operation_kit.get_cmake_dir()) / "SokStorageApi.cmake").is_file()
+
+
+def test_contract_level_holds_only_the_contract():
+    """sok/ itself holds the plain-C contract a third-party backend needs; C++ lives below it."""
+    top = sorted(p.name for p in (Path(sparse_operation_kit.get_include()) / "sok").iterdir() if p.is_file())
+    assert top == ["storage_api.h", "table_ref.h"]
 
 
 def test_hps_package_imports():

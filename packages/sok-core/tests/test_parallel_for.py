@@ -1,6 +1,6 @@
 """sok::parallel_for and its worker pool, checked in C++ against the installed headers.
 
-The backends' bulk loops run on the pool's parked threads (sok/worker_pool.hpp). The check program
+The backends' bulk loops run on the pool's parked threads (sok/kit/parallel.hpp). The check program
 (tests/cpp/parallel_for_check.cpp) covers what the Python tests cannot time or force: every part
 running exactly once over many calls, parallel_for inside parallel_for, several threads calling at
 once, and a worker's exception reaching the caller. Built with the system C++ compiler (skipped

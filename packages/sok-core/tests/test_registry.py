@@ -138,3 +138,63 @@ def test_python_and_c_api_versions_agree():
     header = Path(sparse_operation_kit.get_include(), "sok", "storage_api.h").read_text()
     match = re.search(r"#define SOK_STORAGE_API_VERSION (\d+)", header)
     assert match and int(match.group(1)) == STORAGE_API_VERSION
+
+
+def test_native_backends_are_tables_of_the_one_binding():
+    """A native backend (c_api, no factory) gets sok-core's _table.Table over its capsule."""
+    from sparse_operation_kit import _table
+    from sparse_operation_kit.plugins import NativeTableFactory
+
+    for var_type in ("hbm", "hybrid"):
+        assert get_registry().spec(var_type).factory is None
+        make = get_registry().factory(var_type)
+        assert isinstance(make, NativeTableFactory)
+        table = make("int64", 3, {})
+        assert type(table) is _table.Table
+        assert (table.key_dtype, table.row_width, table.device) == ("int64", 3, "cpu")
+
+
+def test_the_c_api_is_loaded_once_and_its_address_kept(monkeypatch):
+    """load() imports the capsule once; later loads, tables and table references reuse its address."""
+    from sparse_operation_kit import table_ref
+    from sparse_operation_kit.plugins import registry as registry_module
+    from sparse_operation_kit.plugins.registry import capsule_pointer
+
+    registry = get_registry()
+    loaded = registry.load("hbm")
+    assert loaded.api_address == capsule_pointer(import_path(loaded.spec.c_api)(), b"sok_storage_api")
+    storage = create_storage("hbm", row_width=2)
+
+    def no_import(path):
+        raise AssertionError(f"imported {path!r} again")
+
+    monkeypatch.setattr(registry_module, "import_path", no_import)
+    assert registry.load("hbm") is loaded
+    ref = table_ref.TableRef(storage)
+    ref.swap(create_storage("hbm", row_width=4))
+    assert table_ref.native_pointers(storage)[0] == loaded.api_address
+
+
+def test_a_spec_needs_a_factory_or_a_c_api():
+    with pytest.raises(ValueError, match="neither a factory .* nor a c_api"):
+        BackendRegistry().register(BackendSpec(name="empty", var_types=("empty",)))
+
+
+def test_a_c_api_of_another_version_is_refused_when_the_backend_loads(tmp_path, monkeypatch):
+    """The capsule's api_version is read once, at load, with a message that says how to fix it."""
+    import ctypes
+
+    table = (ctypes.c_uint32 * 64)(STORAGE_API_VERSION + 1)
+    capsule_new = ctypes.pythonapi.PyCapsule_New
+    capsule_new.restype = ctypes.py_object
+    capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    capsule = capsule_new(ctypes.addressof(table), b"sok_storage_api", None)
+    module = type(sys)("old_native_backend")
+    module.storage_api = lambda: capsule
+    monkeypatch.setitem(sys.modules, "old_native_backend", module)
+    registry = BackendRegistry()
+    registry.register(BackendSpec(name="old", var_types=("old",), c_api="old_native_backend:storage_api", package="p"))
+    with pytest.raises(
+        BackendLoadError, match=f"implements storage API version {STORAGE_API_VERSION + 1}.*pip install"
+    ):
+        registry.factory("old")

@@ -57,3 +57,31 @@ def test_export_batch_fills_given_arrays():
     order = np.argsort(keys)
     np.testing.assert_array_equal(keys[order], np.arange(5))
     np.testing.assert_array_equal(values[order], np.arange(10, dtype=np.float32).reshape(5, 2))
+
+
+def test_gpu_support_comes_from_the_declared_devices():
+    """A backend whose Capabilities.devices lacks "cuda" is refused a GPU storage before its factory
+    is asked, whatever the factory's signature; one that lists it gets ``device=`` passed."""
+    from sparse_operation_kit.plugins import BackendSpec, Capabilities, get_registry
+
+    calls = []
+
+    def factory(key_dtype, row_width, options, device="cpu"):
+        calls.append(device)
+        raise MemoryError("stop here")
+
+    registry = get_registry()
+    for name, devices in (("cpu_only", ("cpu",)), ("with_cuda", ("cpu", "cuda"))):
+        registry.register(
+            BackendSpec(name=name, var_types=(name,), factory=factory, capabilities=Capabilities(devices=devices))
+        )
+    try:
+        with pytest.raises(NotImplementedError, match="'cpu_only'.*no GPU support.*'cuda:1'.*device='cpu'"):
+            create_storage("cpu_only", row_width=2, device="cuda:1")
+        assert calls == []
+        with pytest.raises(MemoryError):
+            create_storage("with_cuda", row_width=2, device="cuda:1")
+        assert calls[0] == "cuda:1"
+    finally:
+        registry.unregister("cpu_only")
+        registry.unregister("with_cuda")

@@ -8,7 +8,8 @@ Example::
     >>> from sparse_operation_kit.storage import create_storage
     >>> table = create_storage("hbm", row_width=16, init_capacity=1 << 20)
 
-The native class is ``sok_backend_det._core.Table``; importing this package does not load it.
+Its native module ``sok_backend_det._core`` exports the C ABI (``storage_api()``), which sok-core's
+binding drives; importing this package does not load it.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -11,7 +11,6 @@ def sok_register_backends(registry):
         BackendSpec(
             name="det",
             var_types=("hbm",),
-            factory="sok_backend_det._core:Table",
             capabilities=Capabilities(
                 eviction=False, export_if=True, host_memory=False, devices=("cpu", "cuda"), distinct_lookups=True
             ),

@@ -11,7 +11,8 @@ Example::
     >>> table = create_storage("hybrid", row_width=16, init_capacity=1024, max_capacity=1 << 20,
     ...                        evict_strategy="lfu")
 
-The native class is ``sok_backend_hkv._core.Table``; importing this package does not load it.
+Its native module ``sok_backend_hkv._core`` exports the C ABI (``storage_api()``), which sok-core's
+binding drives; importing this package does not load it.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -1,10 +1,9 @@
-"""Type stub of the native extension, built from sok-core's sok/python_table.hpp."""
+"""Type stub of the native extension (sok-core's sok/kit/module.hpp): the backend's C ABI and build
+facts; its tables are sok-core's ``sparse_operation_kit._table.Table`` over :func:`storage_api`."""
 
 from typing import Any
 
-from sparse_operation_kit.storage import NativeTable as Table
-
-__all__ = ["BUILD_INFO", "Table", "storage_api"]
+__all__ = ["BUILD_INFO", "storage_api"]
 
 BUILD_INFO: dict[str, Any]
 

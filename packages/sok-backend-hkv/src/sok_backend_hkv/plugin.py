@@ -23,7 +23,6 @@ def sok_register_backends(registry):
         BackendSpec(
             name="hkv",
             var_types=("hybrid",),
-            factory="sok_backend_hkv._core:Table",
             capabilities=Capabilities(
                 eviction=True,
                 export_if=True,

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "sok/prefetch.hpp"
+#include "sok/kit/prefetch.hpp"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"

@@ -13,7 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "sok/backend.hpp"
+#include "sok/kit/initializers.hpp"
+#include "sok/kit/keys.hpp"
 #include "sok/table_ref.h"
 #include "tensorflow/core/framework/op_kernel.h"
 

@@ -7,6 +7,10 @@ apart and brings them to one form, a C-contiguous CuPy array on the table's GPU,
 and shapes on the device: nothing is copied to the host to check it (range checks of keys and
 scores of another integer dtype read two numbers, the minimum and the maximum).
 
+This module owns the conversions of device data for the Storage facade (through CuPy, which reads
+the producer's interface); the pointers, streams and devices of the arrays a table receives are
+read by sok-core's binding of the C ABI (``csrc/table/py_table.hpp``) alone.
+
 CuPy is imported on first use (:func:`cupy_module`), so CPU-only installations never need it.
 
 Example::

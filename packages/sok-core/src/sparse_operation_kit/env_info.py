@@ -24,14 +24,15 @@ def _dist_version(*names: str) -> str | None:
 
 
 def _cuda_devices(backends: list[dict[str, Any]]) -> list[str]:
-    """The CUDA devices each CUDA build of a backend sees (``cuda_device_count`` of its module)."""
+    """The CUDA devices each CUDA build of a backend sees (through sok-core's binding of the C ABI,
+    ``sparse_operation_kit._table``, which drives its tables)."""
     found = []
     for backend in backends:
         path = backend["build_path"]
         if not backend["build"].get("cuda") or not isinstance(path, str):
             continue
         try:
-            count = import_path(path.rsplit(":", 1)[0] + ":cuda_device_count")()
+            count = import_path("sparse_operation_kit._table:cuda_device_count")()
         except Exception as error:  # reported, not raised: this feeds bug reports
             found.append(f"CUDA ({backend['name']} build): unavailable: {type(error).__name__}: {error}")
             continue

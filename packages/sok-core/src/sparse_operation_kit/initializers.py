@@ -3,7 +3,7 @@
 An initializer fills columns ``[begin, end)`` of every newly inserted row. Random values are a
 pure function of ``(seed, key, column)``: the same on every backend, device, thread count and
 batch order, so a table can be rebuilt or resharded and get the same initial rows. The stream is
-defined in ``sok/backend.hpp`` (C++); :func:`init_rows` here is its NumPy mirror, used by
+defined in ``sok/kit/initializers.hpp`` (C++); :func:`init_rows` here is its NumPy mirror, used by
 pure-Python backends and as the oracle of the conformance suite.
 
 Example::
@@ -141,7 +141,7 @@ def from_string(spec: str, seed: int = 0) -> Initializer:
     return constant(value)
 
 
-# --- the NumPy reference of the random stream (mirrors sok/backend.hpp) -----------------------
+# --- the NumPy reference of the random stream (mirrors sok/kit/initializers.hpp) ---------------
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 

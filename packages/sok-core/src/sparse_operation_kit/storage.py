@@ -1,10 +1,25 @@
 """Storages: one embedding-table shard in one process, over any backend.
 
 :func:`create_storage` picks the backend by ``var_type`` through the registry and returns a
-:class:`Storage`, which checks every argument (dtypes, shapes, column ranges) once for all
-backends and then calls the backend's *table*. A table follows the protocol :class:`Table`
-(arrays in, caller-allocated arrays out); native backends implement it over their C ABI, and a
-pure-Python backend can implement it directly.
+:class:`Storage`, which turns what the user gives (lists, arrays of other dtypes, slices, numbers)
+into what every table takes and then calls the backend's *table*. A table follows the protocol
+:class:`Table` (arrays in, caller-allocated arrays out); native backends' tables are sok-core's
+binding of the C ABI (``sparse_operation_kit._table``), and a pure-Python backend implements the
+protocol directly.
+
+Intake, one owner per check:
+
+- this facade: conversions (lists and other integer dtypes to the key dtype, with the values that
+  do not fit named; values to float32; ``columns`` as a slice or pair; initializers; the outputs it
+  allocates) and the checks of what it converts (shapes of the user's arrays, the column range
+  against the row, offsets), which are all a pure-Python table gets; where a backend can put
+  tables (``Capabilities.devices``, declared by the backend);
+- the binding (``csrc/table/py_table.hpp``): Python objects to (pointer, count): dtype, C order,
+  writability, device and stream of each array (NumPy, ``__cuda_array_interface__``, ``__dlpack__``:
+  read there and nowhere else) and the matching lengths of the arrays of one call;
+- the ABI adapter (``sok/kit/abi_adapter.hpp``) of a first-party backend: the semantic checks of
+  every C ABI call, whoever the caller (counts, column ranges, initializers, scores against the
+  eviction policy, the execution context's device).
 
 A row holds ``row_width`` floats: ``[embedding | optimizer state]``. Reads and writes name a
 column range (``columns=(begin, end)``, default the whole row) so a lookup never touches optimizer
@@ -27,7 +42,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -67,10 +81,10 @@ class Table(Protocol):
     1-D C-contiguous arrays of the table's key dtype, values C-contiguous float32 ``(n, w)`` with
     ``w = col_end - col_begin``, scores uint64 ``(n,)`` or None, outputs preallocated.
 
-    A factory that can put tables on a GPU takes a fourth argument, ``device="cuda:N"`` (it is
-    passed only for GPU storages, so a three-argument factory serves CPU storages); such a table
-    reports ``device``, takes CuPy arrays (inputs and outputs, on its GPU) and a keyword-only
-    ``stream`` (a ``cudaStream_t`` as int) in every method."""
+    The factory of a backend whose ``Capabilities.devices`` lists ``"cuda"`` takes a fourth
+    argument, ``device="cuda:N"`` (passed only for GPU storages, so a three-argument factory serves
+    CPU storages); such a table reports ``device``, takes CuPy arrays (inputs and outputs, on its
+    GPU) and a keyword-only ``stream`` (a ``cudaStream_t`` as int) in every method."""
 
     row_width: int
     key_dtype: str
@@ -120,9 +134,10 @@ class Table(Protocol):
 
 
 class NativeTable(Table, Protocol):
-    """The table class of a native backend (``sok/python_table.hpp``, the same in every backend): a
-    :class:`Table` driven through the C ABI, constructed as
-    ``Table(key_dtype, row_width, options, device="cpu")``; ``device`` is ``"cpu"`` or
+    """The table of a native backend: sok-core's one binding of the C ABI
+    (``sparse_operation_kit._table.Table``, the same class for every backend), a :class:`Table`
+    driven through the backend's ``sok_storage_api``. The registry's factory of a native backend
+    makes it as ``factory(key_dtype, row_width, options, device="cpu")``; ``device`` is ``"cpu"`` or
     ``"cuda:N"`` (CUDA builds), and every method takes a keyword-only ``stream: int = 0``."""
 
     def handle_capsule(self) -> Any:
@@ -762,10 +777,19 @@ def create_storage(
         logger.debug("created %s storage: %s", var_type, table.describe())
         return Storage(table, spec, var_type, init_list, distinct_lookups=distinct)
     device = f"cuda:{device_id}"
+    if "cuda" not in spec.capabilities.devices:
+        raise NotImplementedError(
+            f"backend {spec.name!r} (var_type {var_type!r}) has no GPU support: its Capabilities.devices is "
+            f"{spec.capabilities.devices}, so its tables cannot live on {device!r}; use device='cpu', or install a "
+            f"version of {spec.package or spec.name} with GPU support"
+        )
     try:
-        table = _make_gpu_table(make, spec, var_type, dtype.name, int(row_width), texts, device)
+        table = make(dtype.name, int(row_width), texts, device=device)
     except MemoryError as error:
         raise _out_of_memory(error, make, spec, var_type, dtype.name, int(row_width), texts, device) from error
+    reported = getattr(table, "device", device)
+    if reported != device:
+        raise RuntimeError(f"backend {spec.name!r} made a table on {reported!r} when asked for one on {device!r}")
     storage = CudaStorage(table, spec, var_type, init_list, device, distinct_lookups=distinct)
     if logger.isEnabledFor(logging.DEBUG):  # describe() waits for the GPU
         logger.debug("created %s storage on %s: %s", var_type, device, storage.describe())
@@ -814,46 +838,3 @@ def _out_of_memory(
         f"out of memory allocating a var_type {var_type!r} table ({spec.name} backend){where}: {size} "
         f"(backend: {error}); pass a smaller init_capacity (a backend option) or a smaller dimension / row_width"
     )
-
-
-def _takes_no_device(make: Callable[..., Any]) -> bool:
-    """Whether the signature of ``make`` (when Python can read it) has no ``device`` parameter."""
-    try:
-        parameters = inspect.signature(make).parameters.values()
-    except (TypeError, ValueError):  # builtins and pybind11 classes: unknown, try the call
-        return False
-    return not any(p.name == "device" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-
-
-def _make_gpu_table(
-    make: Callable[..., Any],
-    spec: BackendSpec,
-    var_type: str,
-    key_dtype: str,
-    row_width: int,
-    options: dict[str, str],
-    device: str,
-) -> Any:
-    """``make(key_dtype, row_width, options, device=device)``, or a NotImplementedError naming the
-    backend when its factory takes no ``device`` (a backend without GPU support)."""
-    no_gpu = (
-        f"backend {spec.name!r} (var_type {var_type!r}) has no GPU support: its table factory takes no "
-        f"device argument, so its tables cannot live on {device!r}; use device='cpu', or install a "
-        f"version of {spec.package or spec.name} with GPU support"
-    )
-    if _takes_no_device(make):
-        raise NotImplementedError(no_gpu)
-    try:
-        table = make(key_dtype, row_width, options, device=device)
-    except TypeError as error:
-        message = str(error)
-        signatures = message.split("Invoked with")[0]  # pybind11 lists the signatures it has first
-        if "unexpected keyword argument 'device'" in message or (
-            "incompatible constructor arguments" in message and "device" not in signatures
-        ):
-            raise NotImplementedError(no_gpu) from error
-        raise
-    reported = getattr(table, "device", device)
-    if reported != device:
-        raise RuntimeError(f"backend {spec.name!r} made a table on {reported!r} when asked for one on {device!r}")
-    return table

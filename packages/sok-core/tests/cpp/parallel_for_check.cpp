@@ -1,4 +1,4 @@
-// Checks of sok::parallel_for and sok::WorkerPool (sok/backend.hpp, sok/worker_pool.hpp), built and
+// Checks of sok::parallel_for and sok::WorkerPool (sok/kit/parallel.hpp), built and
 // run by test_parallel_for.py: every part runs exactly once, nested and concurrent calls complete
 // (falling back to threads of their own), and a worker's exception reaches the caller. Prints
 // "ok" and exits 0, or prints what failed and exits 1.
@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "sok/backend.hpp"
+#include "sok/kit/parallel.hpp"
 
 static int fail(const char* what) {
   std::printf("FAILED: %s\n", what);

@@ -4,10 +4,10 @@
 #   python_add_library(_core MODULE WITH_SOABI csrc/module.cpp ...)
 #   sok_configure_backend(_core)
 #
-# gives the target sok-core's C headers (sok/storage_api.h, sok/backend.hpp, sok/python_table.hpp),
+# gives the target sok-core's C headers (the contract sok/storage_api.h, the C++ kit sok/kit/*.hpp),
 # the backend's version as SOK_BACKEND_VERSION, and, where a CUDA toolkit is found, the CUDA sources
 # csrc/*.cu of the backend (architectures: CMAKE_CUDA_ARCHITECTURES or $CUDAARCHS, default 80;90),
-# linked with the static CUDA runtime; the headers under sok/cuda/ hold the shared GPU table.
+# linked with the static CUDA runtime; sok/gpu_engine/ holds the GPU hash-table engine they share.
 include_guard(GLOBAL)
 set(SOK_INCLUDE_DIR "${CMAKE_CURRENT_LIST_DIR}/../include")
 
@@ -39,7 +39,8 @@ macro(sok_configure_backend target)
       find_package(CUDAToolkit REQUIRED)
       target_sources(${target} PRIVATE ${_sok_cuda_sources})
       # Ninja records no header dependencies from nvcc's depfiles here (`ninja -t deps`: 0 for the
-      # .cu objects), so an edit of a sok/ header would leave the CUDA objects stale: name them.
+      # .cu objects), so an edit of a header under sok/ (the contract, kit/, gpu_engine/) would leave
+      # the CUDA objects stale: name them all.
       file(GLOB_RECURSE _sok_headers CONFIGURE_DEPENDS "${SOK_INCLUDE_DIR}/sok/*.h" "${SOK_INCLUDE_DIR}/sok/*.hpp"
            "${SOK_INCLUDE_DIR}/sok/*.cuh")
       set_source_files_properties(${_sok_cuda_sources} PROPERTIES OBJECT_DEPENDS "${_sok_headers}")

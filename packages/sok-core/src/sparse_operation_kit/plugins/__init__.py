@@ -20,6 +20,8 @@ from sparse_operation_kit.plugins.registry import (
     BackendRegistry,
     BackendSpec,
     Capabilities,
+    LoadedBackend,
+    NativeTableFactory,
     UnknownVarTypeError,
     get_registry,
 )
@@ -36,6 +38,8 @@ __all__ = [
     "BackendRegistry",
     "BackendSpec",
     "Capabilities",
+    "LoadedBackend",
+    "NativeTableFactory",
     "UnknownVarTypeError",
     "get_registry",
     "hookimpl",

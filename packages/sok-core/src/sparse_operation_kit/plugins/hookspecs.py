@@ -5,7 +5,12 @@ A storage backend is a Python distribution that declares an entry point in the g
 entry points when a registry is first needed, but imports a backend's native code only when a
 ``var_type`` asks for it.
 
-Example (a third-party backend's ``pyproject.toml`` and plugin module)::
+A native backend implements the C ABI of ``sok/storage_api.h`` (plain C; the only header it
+needs, in ``sparse_operation_kit.get_include()``) and hands sok-core its function table as a
+PyCapsule named ``"sok_storage_api"``; sok-core's own binding makes its tables and its TensorFlow ops
+drive them. A backend written in Python gives a ``factory`` instead.
+
+Example (a third-party native backend's ``pyproject.toml`` and plugin module)::
 
     [project.entry-points."sok.backends"]
     mybackend = "my_sok_backend.plugin"
@@ -16,8 +21,8 @@ Example (a third-party backend's ``pyproject.toml`` and plugin module)::
     @hookimpl
     def sok_register_backends(registry):
         registry.register(BackendSpec(
-            name="mybackend", var_types=("mine",), factory="my_sok_backend._core:Table",
-            capabilities=Capabilities(eviction=False, export_if=True),
+            name="mybackend", var_types=("mine",), c_api="my_sok_backend._core:storage_api",
+            capabilities=Capabilities(eviction=False, export_if=True, devices=("cpu",)),
             package="my-sok-backend", version="1.0"))
 """
 
@@ -41,8 +46,9 @@ def sok_register_backends(registry: BackendRegistry) -> None:
     """Register the storage backends this plugin provides.
 
     Called once per registry, when the registry is built. Call ``registry.register(spec)`` for
-    each backend; the spec names the ``var_type`` strings it serves, a factory path imported only
-    when one of them is used, its capabilities and the storage API version it was built for.
+    each backend; the spec names the ``var_type`` strings it serves, its C ABI capsule (a native
+    backend) or table factory (a Python backend), imported only when one of them is used, its
+    capabilities and the storage API version it was built for.
 
     :param registry: the registry to add :class:`~sparse_operation_kit.plugins.BackendSpec` s to.
 

@@ -1,9 +1,12 @@
 """The backend registry: the one source of truth for var_type names, backends and capabilities.
 
 Backends arrive through pluggy (entry-point group ``sok.backends``, see :mod:`.hookspecs`). The
-registry maps each ``var_type`` to a :class:`BackendSpec` and imports the backend's factory only
-when that ``var_type`` is used. Unknown names and missing backends raise errors that say what is
-installed and how to install the rest.
+registry maps each ``var_type`` to a :class:`BackendSpec` and loads the backend only when that
+``var_type`` is used (:meth:`BackendRegistry.load`): a native backend's ``sok_storage_api`` capsule
+is imported once, its version checked, and kept with its address in a :class:`LoadedBackend`;
+its tables are ``sparse_operation_kit._table.Table`` objects over that capsule (sok-core's one
+binding of the C ABI), and the TensorFlow ops' table references use the same address. Unknown
+names and missing backends raise errors that say what is installed and how to install the rest.
 
 Example::
 
@@ -115,27 +118,74 @@ class BackendSpec:
     Args:
         name: the backend's short name (``"det"``).
         var_types: the ``var_type`` strings it serves (``("hbm",)``).
-        factory: ``"module:attribute"`` (imported lazily) or a callable
-            ``factory(key_dtype: str, row_width: int, options: dict[str, str])`` returning a table
-            that follows the storage protocol (see :mod:`sparse_operation_kit.storage`).
+        factory: for a backend written in Python, ``"module:attribute"`` (imported lazily) or a
+            callable ``factory(key_dtype: str, row_width: int, options: dict[str, str])`` returning a
+            table that follows the storage protocol (see :mod:`sparse_operation_kit.storage`);
+            backends that declare ``"cuda"`` in ``capabilities.devices`` also take
+            ``device="cuda:N"``. None (the default) for a native backend: its tables are sok-core's
+            binding of its ``c_api`` (:class:`NativeTableFactory`).
         capabilities: what the backend can do.
         package: the distribution that provides it (for messages).
         version: that distribution's version.
         api_version: the storage API version it was built for.
         build_info: ``"module:attribute"`` or callable giving a dict of build facts (CUDA, archs).
         c_api: ``"module:attribute"`` of a function returning the backend's ``sok_storage_api``
-            capsule (native backends); its ``api_version`` is checked when the backend loads.
+            capsule (native backends); it is imported once, when the backend loads, and its
+            ``api_version`` checked then.
     """
 
     name: str
     var_types: tuple[str, ...]
-    factory: str | Callable[..., Any]
+    factory: str | Callable[..., Any] | None = None
     capabilities: Capabilities = field(default_factory=Capabilities)
     package: str = ""
     version: str = ""
     api_version: int = STORAGE_API_VERSION
     build_info: str | Callable[[], dict] | None = None
     c_api: str | None = None
+
+
+class NativeTableFactory:
+    """The table factory of a native backend: ``sparse_operation_kit._table.Table`` objects over
+    the backend's ``sok_storage_api`` capsule, loaded once by the registry.
+
+    Example::
+
+        >>> make = get_registry().factory("hbm")
+        >>> table = make("int64", 8, {"init_capacity": "1024"})            # a CPU table
+        >>> gpu_table = make("int64", 8, {}, device="cuda:0")            # a CUDA build's GPU table
+    """
+
+    def __init__(self, backend: str, api: object) -> None:
+        from sparse_operation_kit import _table  # the binding: imported with the first native backend
+
+        self.backend = backend
+        self._api = api
+        self._table_class = _table.Table
+
+    def __call__(self, key_dtype: str, row_width: int, options: Mapping[str, str], device: str = "cpu") -> Any:
+        """A new table: ``Table(api, key_dtype, row_width, options, device)``."""
+        return self._table_class(self._api, key_dtype, row_width, dict(options), device)
+
+    def __repr__(self) -> str:
+        return f"NativeTableFactory({self.backend!r})"
+
+
+@dataclass(frozen=True)
+class LoadedBackend:
+    """A backend whose code is imported: what :meth:`BackendRegistry.load` keeps per backend.
+
+    Args:
+        spec: its registry entry.
+        factory: its table factory (the spec's, or a :class:`NativeTableFactory`).
+        api: its ``sok_storage_api`` PyCapsule, version-checked (None for Python backends).
+        api_address: the address of that function table (None for Python backends).
+    """
+
+    spec: BackendSpec
+    factory: Callable[..., Any]
+    api: object | None = None
+    api_address: int | None = None
 
 
 def capsule_pointer(capsule: object, name: bytes) -> int:
@@ -164,7 +214,7 @@ class BackendRegistry:
     def __init__(self) -> None:
         self._specs: dict[str, BackendSpec] = {}
         self._by_var_type: dict[str, BackendSpec] = {}
-        self._factories: dict[str, Callable[..., Any]] = {}
+        self._loaded: dict[str, LoadedBackend] = {}
         self._lock = threading.RLock()
         self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.plugin_manager.add_hookspecs(hookspecs)
@@ -182,6 +232,11 @@ class BackendRegistry:
             )
         if not spec.var_types or not all(isinstance(v, str) and v for v in spec.var_types):
             raise ValueError(f"backend {spec.name!r} must name at least one non-empty var_type")
+        if spec.factory is None and spec.c_api is None:
+            raise ValueError(
+                f"backend {spec.name!r} gives neither a factory (a Python backend) nor a c_api (a native "
+                f"backend); pass one of them to BackendSpec"
+            )
         unknown = set(spec.capabilities.key_dtypes) - set(KEY_DTYPES)
         if unknown:
             raise ValueError(
@@ -222,7 +277,7 @@ class BackendRegistry:
             spec = self._specs.pop(name)
             for var_type in spec.var_types:
                 self._by_var_type.pop(var_type, None)
-            self._factories.pop(name, None)
+            self._loaded.pop(name, None)
 
     def load_entry_points(self) -> None:
         """Load every plugin of the ``sok.backends`` entry-point group and collect its backends."""
@@ -258,14 +313,27 @@ class BackendRegistry:
                 )
         raise UnknownVarTypeError(f"unknown var_type {var_type!r}; installed var_types: {installed}")
 
-    def factory(self, var_type: str) -> Callable[..., Any]:
-        """The table factory of ``var_type``'s backend, importing the backend on first use."""
+    def load(self, var_type: str) -> LoadedBackend:
+        """The backend serving ``var_type``, imported on first use: its factory and, for a native
+        backend, its ``sok_storage_api`` capsule (imported once, version checked)."""
         spec = self.spec(var_type)
         with self._lock:
-            cached = self._factories.get(spec.name)
-            if cached is not None:
-                return cached
-            if callable(spec.factory):
+            loaded = self._loaded.get(spec.name)
+            if loaded is not None:
+                return loaded
+            api = address = None
+            if spec.c_api is not None:
+                api, address = self._load_c_api(spec)
+            if spec.factory is None:
+                try:
+                    factory: Callable[..., Any] = NativeTableFactory(spec.name, api)
+                except ImportError as error:
+                    raise BackendLoadError(
+                        f"backend {spec.name!r} is native, but this sok-core has no binding of the C ABI "
+                        f"(sparse_operation_kit._table): {error}; reinstall sok-core: "
+                        f"pip install --force-reinstall sok-core"
+                    ) from error
+            elif callable(spec.factory):
                 factory = spec.factory
             else:
                 try:
@@ -276,15 +344,23 @@ class BackendRegistry:
                         f"failed to import: {error}; reinstall it: pip install --force-reinstall "
                         f"{spec.package or spec.name}"
                     ) from error
-            if spec.c_api is not None:
-                self._check_c_api(spec)
-            self._factories[spec.name] = factory
-            return factory
+            loaded = LoadedBackend(spec, factory, api, address)
+            self._loaded[spec.name] = loaded
+            return loaded
+
+    def factory(self, var_type: str) -> Callable[..., Any]:
+        """The table factory of ``var_type``'s backend, importing the backend on first use:
+        ``factory(key_dtype, row_width, options)`` (and ``device="cuda:N"`` where the backend's
+        capabilities list ``"cuda"``)."""
+        return self.load(var_type).factory
 
     @staticmethod
-    def _check_c_api(spec: BackendSpec) -> None:
+    def _load_c_api(spec: BackendSpec) -> tuple[object, int]:
+        """The backend's ``sok_storage_api`` capsule and its address, checked for this API version."""
         try:
-            version = capsule_api_version(import_path(spec.c_api)())
+            capsule = import_path(spec.c_api)()
+            address = capsule_pointer(capsule, b"sok_storage_api")
+            version = capsule_api_version(capsule)
         except Exception as error:
             raise BackendLoadError(
                 f"backend {spec.name!r} has no readable storage API capsule ({spec.c_api}): {error}"
@@ -295,6 +371,7 @@ class BackendRegistry:
                 f"sok-core speaks version {STORAGE_API_VERSION}; rebuild or upgrade it: "
                 f"pip install --force-reinstall {spec.package or spec.name}"
             )
+        return capsule, address
 
     def build_info(self, spec: BackendSpec) -> dict:
         """The backend's build facts (imports the backend); errors become an ``error`` entry."""

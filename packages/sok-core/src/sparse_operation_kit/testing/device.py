@@ -38,7 +38,8 @@ DEVICE = "cuda:0"
 
 def cuda_skip_reason(core: ModuleType) -> str | None:
     """Why CUDA tables of the backend whose native module is ``core`` cannot be tested here, or
-    None: CuPy missing, a build without CUDA, a build without ``cuda_device_count``, no GPU."""
+    None: CuPy missing, a backend or a binding (``sparse_operation_kit._table``) built without CUDA,
+    no GPU."""
     try:
         import cupy  # noqa: F401
     except Exception as error:  # ImportError, or a CuPy that cannot load its CUDA libraries
@@ -46,11 +47,13 @@ def cuda_skip_reason(core: ModuleType) -> str | None:
     name = core.__name__
     if not dict(getattr(core, "BUILD_INFO", {})).get("cuda", False):
         return f"{name} was built without CUDA (BUILD_INFO['cuda'] is False): rebuild it where nvcc is found"
-    count = getattr(core, "cuda_device_count", None)
-    if count is None:
-        return f"{name} has no cuda_device_count(): rebuild it against this sok-core"
-    if int(count()) == 0:
-        return f"no CUDA device ({name}.cuda_device_count() == 0)"
+    from sparse_operation_kit import _table
+
+    if not _table.WITH_CUDA:
+        return "sparse_operation_kit._table (sok-core's binding) was built without CUDA: rebuild sok-core where nvcc is"
+        " found"
+    if _table.cuda_device_count() == 0:
+        return "no CUDA device (sparse_operation_kit._table.cuda_device_count() == 0)"
     return None
 
 

@@ -1,6 +1,7 @@
 """Device arrays in and out of a backend's CUDA tables: one abstract pytest class per backend.
 
-:class:`DeviceArrayConformance` drives a backend's native table (``_core.Table(..., device=)``)
+:class:`DeviceArrayConformance` drives a backend's native table (its registry factory, sok-core's
+``_table.Table`` over the backend's C ABI: ``factory(key_dtype, width, options, device=)``)
 and its :class:`~sparse_operation_kit.storage.CudaStorage` with every kind of device array the
 contract names: CuPy arrays, Torch CUDA tensors, objects exposing only
 ``__cuda_array_interface__`` or only ``__dlpack__``, arrays made on non-default streams (and a
@@ -29,12 +30,12 @@ It needs CuPy; the Torch tests are skipped without a CUDA Torch.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import numpy as np
 import pytest
 
+from sparse_operation_kit import _table
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit.plugins.registry import get_registry
 from sparse_operation_kit.storage import CudaStorage, Storage, create_storage
@@ -97,11 +98,6 @@ class DeviceArrayConformance:
     def table_class(self, var_type: str) -> Any:
         """The backend's table class (its registry factory): ``Table(key_dtype, width, options, device=)``."""
         return get_registry().factory(var_type)
-
-    @pytest.fixture
-    def core(self, table_class: Any) -> Any:
-        """The backend's native module (``BUILD_INFO``, ``cuda_device_count``)."""
-        return importlib.import_module(table_class.__module__)
 
     @pytest.fixture
     def table(self, table_class: Any) -> Any:
@@ -448,8 +444,8 @@ class DeviceArrayConformance:
             )
         assert cpu_table.size() == 0
 
-    def test_a_device_beyond_the_count_is_refused(self, core: Any, table_class: Any) -> None:
-        count = core.cuda_device_count()
+    def test_a_device_beyond_the_count_is_refused(self, table_class: Any) -> None:
+        count = _table.cuda_device_count()
         with pytest.raises(ValueError) as raised:
             table_class("int64", WIDTH, {}, device="cuda:99")
         message = str(raised.value)

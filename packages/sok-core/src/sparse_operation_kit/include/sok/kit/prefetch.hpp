@@ -1,6 +1,6 @@
 // Software prefetch helpers for the CPU paths of backends.
-#ifndef SOK_PREFETCH_HPP_
-#define SOK_PREFETCH_HPP_
+#ifndef SOK_KIT_PREFETCH_HPP_
+#define SOK_KIT_PREFETCH_HPP_
 
 #include <cstddef>
 
@@ -27,4 +27,4 @@ inline void prefetch_write_range(void* p, size_t bytes) {
 
 }  // namespace sok
 
-#endif  // SOK_PREFETCH_HPP_
+#endif  // SOK_KIT_PREFETCH_HPP_

@@ -1,4 +1,4 @@
-// CUDA kernels of the GPU bucket table (sok/cuda/bucket_table.cuh): the device half, kept apart
+// CUDA kernels of the GPU bucket table (sok/gpu_engine/bucket_table.cuh): the device half, kept apart
 // from the host class so each file reads on its own.
 //
 // Layout. The table is `nb` buckets of `B` slots (B a power of two, 16..128). Per slot: a one-byte
@@ -40,7 +40,8 @@
 
 #include <cstdint>
 
-#include "sok/backend.hpp"
+#include "sok/kit/initializers.hpp"
+#include "sok/kit/keys.hpp"
 
 namespace sok {
 namespace gpu {
@@ -57,9 +58,9 @@ constexpr int kBlock = 256;         // threads per block
 constexpr int kKeysPerBlock = kBlock / kGroup;
 constexpr int kMaxInits = 8;        // initializers per call (embedding + optimizer slots)
 // Resident blocks per SM that update_hits_kernel is compiled for (__launch_bounds__): its random
-// reads are latency bound, so warps in flight count. 70 -> 64 registers per thread, no spills
-// (ptxas -v, sm_90), 37.5% -> 50% occupancy: the kernel took 16% less time on the H100. Tighter
-// bounds spill (48 registers: 5x slower); find_kernel (56 registers) gained nothing at 48.
+// reads are latency bound, so warps in flight count: this bound trims its registers without spills
+// and raises occupancy, which shortens the kernel. Tighter bounds spill and slow it down;
+// find_kernel gains nothing from a bound.
 constexpr int kHitsMinBlocks = 4;
 constexpr uint8_t kEmptyState = 0;
 constexpr uint8_t kBusyState = 1;
@@ -190,9 +191,9 @@ __device__ __forceinline__ uint64_t read_u64(const uint64_t* p) {
 // The slot of bucket b (0 .. B-1) in chunk c that holds key among the chunk's digest matches
 // `mask`, else `hit` unchanged. Written as the loop that update_hits_kernel was measured with:
 // with an early `return` instead of the `break` (and a branch around the call instead of an empty
-// mask), ptxas placed the kernel's reconvergence points differently and its row copies at dim 128
-// took twice as long (H100, det find_or_insert of 1 Mi keys: 339 -> 703 us, same instructions and
-// bytes; ncu), though its PTX differed by three instructions.
+// mask), ptxas placed the kernel's reconvergence points differently and its row copies of wide rows
+// became much slower (same instructions and bytes, by ncu), though its PTX differed by three
+// instructions.
 template <bool kFresh>
 __device__ __forceinline__ int32_t match_in_chunk(const View& t, int64_t b, int c, uint32_t mask, uint64_t key,
                                                   int32_t hit) {
@@ -210,10 +211,9 @@ __device__ __forceinline__ int32_t match_in_chunk(const View& t, int64_t b, int 
 // The slot holding key, or -1; the same on every lane of the group. Lane l scans chunks l,
 // l + kGroup, ... (all its loads are issued before any is used). kWindowed (tables with home
 // windows only) reads the key's home window first and the whole bucket only where it spilled: find
-// and update_hits_kernel use it (hkv's update kernel, 1 Mi keys, H100: 158 -> 139 us at dim 8, 236
-// -> 215 us at dim 64, 355 -> 334 us at dim 128; an earlier try, before the kernel's register cap
-// and the digest-match rework, had slowed its row copies: 0.70 -> 1.02 ms at dim 128). The
-// placing kernels scan whole buckets, which finds a key wherever it lives.
+// and update_hits_kernel use it (it shortens hkv's update kernel at every row width; an earlier
+// try, before the kernel's register cap and the digest-match rework, had slowed its row copies).
+// The placing kernels scan whole buckets, which finds a key wherever it lives.
 template <bool kFresh, bool kWindowed = false, class Group>
 __device__ int64_t locate(const View& t, const Group& g, uint64_t key, uint64_t h, uint8_t d) {
   const int lane = static_cast<int>(g.thread_rank());
@@ -352,8 +352,8 @@ __device__ void lowest_score(const View& t, const Group& g, int64_t b, int32_t l
     if (c * 16 + 16 > limit) live &= c * 16 >= limit ? 0u : (1u << (limit - c * 16)) - 1u;
     if (live == 0) continue;
     // The chunk's 16 loads are issued before any score is compared: one memory latency per chunk,
-    // not one per live slot (up to 40 registers more in the placing kernels; hkv upserts into a
-    // full table of dim 8 on the H100: 1.35 -> 1.14 ms per 1 Mi keys). Slots ascend, so a strict <
+    // not one per live slot (more registers in the placing kernels, for faster upserts into a
+    // full hkv table). Slots ascend, so a strict <
     // keeps the lowest slot of a tie.
     const int64_t first = (b << t.log_b) + c * 16;
     uint64_t sc[16];
@@ -501,10 +501,9 @@ constexpr int32_t kConstantRowFloats = 512;
 // (not null), columns [copy_begin, copy_end) within [begin, end) also go to
 // copy[0 .. copy_end - copy_begin): find_or_insert returns a new row without reading it back.
 // `constant_row` (not null: every initializer is a constant) holds the whole initial row, the same
-// for every key: both are copied from it (H100, find_or_insert of 1 Mi keys with 40% new: the
-// placing kernel 368 -> 268 us at dim 128, 203 -> 181 us at dim 64; ncu had counted 53 sectors
-// written to L2 per new key where 34 carry data, the row's lanes storing apart). Else four columns
-// a lane-step with 16-byte stores where the columns and pointers are aligned (481 -> 345 us against
+// for every key: both are copied from it (a faster placing kernel: ncu had counted many more
+// sectors written to L2 per new key than carry data, the row's lanes storing apart). Else four
+// columns a lane-step with 16-byte stores where the columns and pointers are aligned (faster than
 // one at a time).
 template <bool kConstant, class Group>
 __device__ void init_columns_d(const Group& g, float* dst, int32_t begin, int32_t end, uint64_t key, const Inits& inits,
@@ -767,10 +766,10 @@ __global__ void __launch_bounds__(kBlock, kHitsMinBlocks) update_hits_kernel(Vie
 // Lists the keys that pass A of the placing kernel places: the leaders (every key where there are
 // no leaders) that update_hits_kernel marked missing, their batch index in todo[0 .. *count) and
 // their key in todo_keys (the placing kernel reads both at once), in batch order within
-// a block (one atomic per block: with one per warp the kernel took 14 us for 1 Mi keys on the
-// H100). A dense list keeps every group of the placing kernel busy: scanning the whole batch, a
-// warp ran its placing path for ~3 keys of 8 (40% new keys) and paid a round trip for the others;
-// at load 1.0 (hkv, dim 8, 1 Mi keys) the evicting pass went from 960 to 430 us.
+// a block (one atomic per block: one per warp made the kernel slow). A dense list keeps every
+// group of the placing kernel busy: scanning the whole batch, a warp ran its placing path for a
+// few of its keys only and paid a round trip for the others, which made the evicting pass of a
+// full table much slower.
 __global__ void __launch_bounds__(kBlock) list_missing_kernel(int64_t n, const void* keys, int32_t key_type,
                                                               const int32_t* leader, const uint8_t* missing,
                                                               int32_t* todo, uint64_t* todo_keys, unsigned int* count) {
@@ -818,9 +817,8 @@ struct PlaceLists {
 // an empty slot or the bucket's lowest-score slot (take_victim), or refuses the key.
 // kHybrid (hb < B) compiles the moves of device rows to host slots in; kConstInits (constant
 // initializers only) leaves the random generators out and builds the initial row once per block
-// in shared memory: without both, 80 registers instead of 104 (sm_90, ptxas -v), 3 resident blocks
-// per SM instead of 2. Capping pass A at 64 registers (4 blocks) spilled and made it slower (H100,
-// find_or_insert at dim 128, before the shared row: 350-367 -> 401 us).
+// in shared memory: without both, fewer registers (ptxas -v) and more resident blocks per SM.
+// Capping pass A's registers further spilled and made it slower.
 template <bool kEvict, bool kHybrid, bool kConstInits>
 __global__ void place_missing_kernel(View t, UpsertArgs a, PlaceLists lists) {
   const unsigned int listed = lists.counts[kEvict ? 1 : 0];
@@ -1048,7 +1046,7 @@ constexpr unsigned long long kEmptyEntry = ~0ull;
 // slot_of -1) claims an entry of an open-addressing index of `slots` entries with (i, i), or, where
 // an occurrence of its key owns one, raises its last half with atomicMax (the owner half is the
 // same, so the 64-bit maximum is that of the last halves). A key met once costs one atomic, not a
-// claim and then a maximum (H100, 1 Mi distinct keys: 54 -> 48 us; 419,431 missing of 1 Mi: 19.4 -> 16.8 us).
+// claim and then a maximum.
 __global__ void dedup_insert_kernel(int64_t n, const void* keys, int32_t key_type, int64_t slots,
                                     unsigned long long* entries, int32_t* slot_of, const uint8_t* only) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;

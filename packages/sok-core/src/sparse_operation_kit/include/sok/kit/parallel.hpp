@@ -1,14 +1,19 @@
-// Worker threads for sok::parallel_for (sok/backend.hpp): started on first use and parked on a
-// condition variable between jobs, instead of threads created and joined on every bulk call.
-#pragma once
+// Parallel bulk loops of the CPU tables: sok::parallel_for and parallel_workers over the threads
+// of a WorkerPool, started on first use and parked on a condition variable between jobs, instead
+// of threads created and joined on every bulk call.
+#ifndef SOK_KIT_PARALLEL_HPP_
+#define SOK_KIT_PARALLEL_HPP_
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace sok {
 
@@ -89,4 +94,51 @@ class WorkerPool {
   uint64_t generation_ = 0;
 };
 
+// Threads used by bulk operations: the hardware threads, at most 16.
+inline int num_workers() {
+  static const int n = static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
+  return n;
+}
+
+// Runs fn(worker, begin, end) over [0, n) split in contiguous parts, in parallel when n is at
+// least `min_parallel`: on the threads of the WorkerPool, or on threads made for this call while the
+// pool is busy (another caller, or a parallel_for inside a parallel_for). Exceptions in workers are
+// rethrown in the caller.
+template <class Fn>
+void parallel_for(int64_t n, int64_t min_parallel, Fn&& fn) {
+  const int workers = num_workers();
+  if (n < min_parallel || workers == 1) {
+    fn(0, int64_t{0}, n);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(workers);
+  const int64_t chunk = (n + workers - 1) / workers;
+  const std::function<void(int)> job = [&](int w) {
+    try {
+      fn(w, std::min(n, w * chunk), std::min(n, (w + 1) * chunk));
+    } catch (...) {
+      errors[w] = std::current_exception();
+    }
+  };
+  if (!WorkerPool::instance(workers - 1).try_run(workers, job)) {
+    std::vector<std::thread> threads;
+    for (int w = 1; w < workers; ++w) threads.emplace_back(job, w);
+    job(0);
+    for (auto& t : threads) t.join();
+  }
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// Runs fn(worker, workers) on every worker (for loops partitioned by owner, e.g. row % workers).
+template <class Fn>
+void parallel_workers(int64_t n, int64_t min_parallel, Fn&& fn) {
+  int workers = (n < min_parallel) ? 1 : num_workers();
+  parallel_for(workers, 2, [&](int, int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w) fn(static_cast<int>(w), workers);
+  });
+}
+
 }  // namespace sok
+
+#endif  // SOK_KIT_PARALLEL_HPP_

@@ -1,11 +1,15 @@
-// pybind11 binding of a storage C ABI table as a Python class, shared by every native backend.
+// sok::PyTable: a storage of any backend, driven through the backend's sok_storage_api function
+// table (the same path the TensorFlow ops take, so the Python tests exercise exactly the ABI). It
+// is sparse_operation_kit._table.Table (module.cpp), compiled once in sok-core for every backend.
 //
-// The class drives the storage only through its sok_storage_api function table, the same path the
-// TensorFlow ops take, so the Python tests exercise exactly the ABI. Include it in a backend's
-// module and call sok::bind_table(m, api). Arrays are checked here (dtype, C order, shape), so a
-// wrong argument raises a Python exception instead of reaching the C ABI.
-#ifndef SOK_PYTHON_TABLE_HPP_
-#define SOK_PYTHON_TABLE_HPP_
+// Intake: this binding only turns Python objects into (pointer, count) pairs: the dtype, C order,
+// shape, writability and device of each array (NumPy for CPU tables; __cuda_array_interface__ or
+// __dlpack__ for CUDA tables, read here and nowhere else), and the matching lengths of the arrays
+// of one call. The semantic checks (counts, column ranges, initializers, scores against the policy,
+// the execution context's device) belong to the backend's ABI adapter (sok/kit/abi_adapter.hpp);
+// conversions of other dtypes and lists belong to sparse_operation_kit.storage.
+#ifndef SOK_TABLE_PY_TABLE_HPP_
+#define SOK_TABLE_PY_TABLE_HPP_
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -31,6 +35,22 @@ namespace py = pybind11;
 
 // (kind, col_begin, col_end, a, b, seed), as sparse_operation_kit.initializers produces them.
 using InitTuple = std::tuple<int, int, int, double, double, uint64_t>;
+
+// The sok_initializer array of initializer tuples.
+inline std::vector<sok_initializer> to_inits(const std::vector<InitTuple>& inits) {
+  std::vector<sok_initializer> out;
+  for (const auto& t : inits) {
+    sok_initializer i{};
+    i.kind = std::get<0>(t);
+    i.col_begin = std::get<1>(t);
+    i.col_end = std::get<2>(t);
+    i.a = std::get<3>(t);
+    i.b = std::get<4>(t);
+    i.seed = std::get<5>(t);
+    out.push_back(i);
+  }
+  return out;
+}
 
 // The DLPack structs this file reads (dlpack.h, v0.8; the ABI every framework exports).
 struct DLDevice {
@@ -241,7 +261,6 @@ class PyTable {
     if (!sok_storage_api_has(api_, import_batch)) {
       throw py::value_error("this backend was built without import_batch; rebuild it against this sok-core");
     }
-    if (scores.is_none()) throw py::value_error("import_batch needs scores (one per key)");
     write(api_->import_batch, keys, cb, ce, values, scores, inits, stream);
   }
   // update_rows with a visitor that swaps each row's columns [cb, ce) with the key's row of
@@ -404,7 +423,7 @@ class PyTable {
       throw py::value_error(std::string(what) + " is a host (NumPy) array but the table is on " + device() +
                             "; pass a device array (CuPy, Torch, ...) on that GPU");
     }
-    // The interface is read once: CuPy builds a new dict on every access (microseconds a call).
+    // The interface is read once: CuPy builds a new dict on every access.
     py::object cai = py::getattr(obj, "__cuda_array_interface__", py::none());
     if (!cai.is_none()) return cai_arg(obj, cai, what, ctx);
     if (py::hasattr(obj, "__dlpack__")) return dlpack_arg(obj, what, ctx);
@@ -583,20 +602,7 @@ class PyTable {
   static std::string key_dtype_name(int32_t t) {
     return t == SOK_KEY_INT32 ? "int32" : (t == SOK_KEY_UINT64 ? "uint64" : "int64");
   }
-  static std::vector<sok_initializer> to_inits(const std::vector<InitTuple>& inits) {
-    std::vector<sok_initializer> out;
-    for (const auto& t : inits) {
-      sok_initializer i{};
-      i.kind = std::get<0>(t);
-      i.col_begin = std::get<1>(t);
-      i.col_end = std::get<2>(t);
-      i.a = std::get<3>(t);
-      i.b = std::get<4>(t);
-      i.seed = std::get<5>(t);
-      out.push_back(i);
-    }
-    return out;
-  }
+
 
   const sok_storage_api* api_;
   sok_storage* handle_ = nullptr;
@@ -620,69 +626,6 @@ inline int cuda_device_count() {
 #endif
 }
 
-// Adds to module `m`: `Table` (the class above over `api`), `storage_api()` (the capsule of the
-// function table) and `BUILD_INFO` (version, CUDA or not, CUDA architectures) of the backend being
-// compiled (SOK_BACKEND_VERSION, SOK_WITH_CUDA and SOK_CUDA_ARCHS come from sok_configure_backend).
-inline void bind_table(py::module_& m, const sok_storage_api* api) {
-  py::dict build;
-  build["version"] = SOK_BACKEND_VERSION;
-#ifdef SOK_WITH_CUDA
-  build["cuda"] = true;
-  build["cuda_archs"] = SOK_CUDA_ARCHS;
-#else
-  build["cuda"] = false;
-  build["cuda_archs"] = "";
-#endif
-  build["api_version"] = api->api_version;
-  m.attr("BUILD_INFO") = build;
-  // module_local: every backend compiles its own PyTable, so each registers the type privately.
-  // Every operation takes a keyword-only `stream` (a cudaStream_t as int, 0 = the legacy default
-  // stream; 0 for CPU tables). CUDA tables take device arrays (__cuda_array_interface__ or
-  // __dlpack__) on the table's GPU and enqueue their work on the stream; the calls that return
-  // numbers (size, erase, export_batch, insert_and_evict, describe) wait for it.
-  auto stream = py::arg("stream") = 0;
-  py::class_<PyTable>(m, "Table", py::module_local(), "A storage of this backend, driven through its C ABI.")
-      .def(py::init([api](const std::string& key_dtype, int row_width,
-                          const std::map<std::string, std::string>& options, const std::string& device) {
-             return std::make_unique<PyTable>(api, key_dtype, row_width, options, device);
-           }),
-           py::arg("key_dtype"), py::arg("row_width"), py::arg("options"), py::arg("device") = "cpu")
-      .def_property_readonly("row_width", &PyTable::row_width)
-      .def_property_readonly("key_dtype", &PyTable::key_dtype)
-      .def_property_readonly("device", &PyTable::device)
-      .def("size", &PyTable::size, py::kw_only(), stream)
-      .def("capacity", &PyTable::capacity, py::kw_only(), stream)
-      .def("find", &PyTable::find, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"), py::arg("values"),
-           py::arg("default_row"), py::arg("found"), py::kw_only(), stream)
-      .def("find_hits", &PyTable::find_hits, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"),
-           py::arg("values"), py::arg("found"), py::kw_only(), stream)
-      .def("find_or_insert", &PyTable::find_or_insert, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"),
-           py::arg("values"), py::arg("found"), py::arg("scores"), py::arg("inits"), py::kw_only(), stream)
-      .def("insert_or_assign", &PyTable::insert_or_assign, py::arg("keys"), py::arg("col_begin"),
-           py::arg("col_end"), py::arg("values"), py::arg("scores"), py::arg("inits"), py::kw_only(), stream)
-      .def("accum_or_assign", &PyTable::accum_or_assign, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"),
-           py::arg("values"), py::arg("scores"), py::arg("inits"), py::kw_only(), stream)
-      .def("erase", &PyTable::erase, py::arg("keys"), py::kw_only(), stream)
-      .def("export_batch", &PyTable::export_batch, py::arg("offset"), py::arg("limit"), py::arg("col_begin"),
-           py::arg("col_end"), py::arg("keys"), py::arg("values"), py::arg("scores"), py::arg("threshold"),
-           py::kw_only(), stream)
-      .def("insert_and_evict", &PyTable::insert_and_evict, py::arg("keys"), py::arg("col_begin"),
-           py::arg("col_end"), py::arg("values"), py::arg("scores"), py::arg("inits"), py::arg("evicted_keys"),
-           py::arg("evicted_values"), py::arg("evicted_scores"), py::kw_only(), stream)
-      .def("import_batch", &PyTable::import_batch, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"),
-           py::arg("values"), py::arg("scores"), py::arg("inits"), py::kw_only(), stream)
-      .def("update_rows", &PyTable::update_rows, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"),
-           py::arg("old_values"), py::arg("new_values"), py::arg("found"), py::arg("scores"), py::kw_only(), stream)
-      .def("clear", &PyTable::clear, py::kw_only(), stream)
-      .def("set_global_epoch", &PyTable::set_global_epoch, py::arg("epoch"), py::kw_only(), stream)
-      .def("describe", &PyTable::describe, py::kw_only(), stream)
-      .def("handle_capsule", &PyTable::handle_capsule);
-  m.def("cuda_device_count", &cuda_device_count, "CUDA devices this process sees (0 in CPU builds).");
-  m.def("storage_api", [api] {
-    return py::capsule(const_cast<sok_storage_api*>(api), SOK_STORAGE_CAPSULE_NAME);
-  }, "The sok_storage_api function table of this backend, as a PyCapsule.");
-}
-
 }  // namespace sok
 
-#endif  // SOK_PYTHON_TABLE_HPP_
+#endif  // SOK_TABLE_PY_TABLE_HPP_

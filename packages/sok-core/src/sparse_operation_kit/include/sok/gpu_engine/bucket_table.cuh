@@ -1,7 +1,7 @@
 // The GPU storage shared by the CUDA builds of det ("hbm": every row on the device, grows, never
 // evicts) and hkv ("hybrid": rows past a device-memory budget in pinned host memory, evicts at
 // max_capacity). A backend includes this from one .cu file and configures it with BucketConfig;
-// the kernels and the table layout are described in sok/cuda/bucket_kernels.cuh.
+// the kernels and the table layout are described in sok/gpu_engine/bucket_kernels.cuh.
 //
 // Host side. Every call is stream-ordered on the caller's CUDA stream: no host lock is held while
 // the GPU works and the hot path never synchronises. Calls from several streams are chained with
@@ -23,8 +23,11 @@
 #include <optional>
 #include <string>
 
-#include "sok/backend.hpp"
-#include "sok/cuda/bucket_kernels.cuh"
+#include "sok/gpu_engine/bucket_kernels.cuh"
+#include "sok/kit/error.hpp"
+#include "sok/kit/keys.hpp"
+#include "sok/kit/rows.hpp"
+#include "sok/kit/storage.hpp"
 
 namespace sok {
 namespace gpu {
@@ -400,11 +403,10 @@ class BucketTable final : public sok::Storage {
     }
   }
 
-  // Home windows pay while buckets have room: on the H100 (1 Mi keys, hkv, 128-slot buckets) find
-  // went from 1.46x to 1.85x HKV at load 0.5 (dim 8) and from 1.45x to 1.53x at 0.75, but fell from
-  // 1.47x to 1.25x at 1.0, where most windows have spilled and the window read is one round trip
-  // more before the bucket's. So tables fuller than 7/8 (the host's bound of the key count) scan
-  // whole buckets; either kernel finds every key.
+  // Home windows pay while buckets have room (find gets faster at loads of 0.5 and 0.75), but not
+  // in full tables, where most windows have spilled and the window read is one round trip more
+  // before the bucket's. So tables fuller than 7/8 (the host's bound of the key count) scan whole
+  // buckets; either kernel finds every key.
   bool windowed_lookups() {
     if (view_.windows == 1) return false;
     refresh_bound();
@@ -522,7 +524,7 @@ class BucketTable final : public sok::Storage {
   }
 
   // Updates the keys present, places the others, and in an evicting table evicts for the keys
-  // whose home bucket was full (sok/cuda/bucket_kernels.cuh).
+  // whose home bucket was full (sok/gpu_engine/bucket_kernels.cuh).
   void run_upsert(cudaStream_t stream, const UpsertArgs& a) {
     Upsert upsert(stream, a.n, a.evicting);
     update_hits(stream, a, upsert.missing);
@@ -559,8 +561,8 @@ class BucketTable final : public sok::Storage {
   // find_or_insert may look every occurrence up before deduplicating when a repeated hit changes
   // nothing (LRU-like policies: every hit of a call gets the same score; hits write no row) and
   // the batch cannot make the table grow (growth needs the exact count of distinct new keys
-  // first). Then only the missing keys are deduplicated (H100, 1 Mi keys with 40% new, dim 8:
-  // deduplication 81 -> 38 us, find_or_insert 383 -> 335 us of kernel time).
+  // first). Then only the missing keys are deduplicated, which shortens the deduplication and
+  // with it find_or_insert.
   bool hits_before_dedup(int64_t n) {
     if (cfg_.policy != Policy::kLru && cfg_.policy != Policy::kEpochLru) return false;
     refresh_bound();
