@@ -125,6 +125,23 @@ inline void check_inits(const Storage& s, const sok_initializer* inits, int32_t 
   }
 }
 
+// The checks every call that reads or writes n rows shares: context, count, keys and values.
+inline const sok_exec_context& check_rows_call(const Storage& s, const sok_exec_context* ctx, int64_t n,
+                                               const void* keys, const void* values) {
+  const auto& c = check_ctx(s, ctx);
+  check_count(n, "n");
+  check_ptr(keys, n, "keys");
+  check_ptr(values, n, "values");
+  return c;
+}
+
+// The checks of a call that may insert rows: their scores and the initializers of new rows.
+inline void check_new_rows(const Storage& s, const uint64_t* scores, int64_t n, const sok_initializer* inits,
+                           int32_t ni) {
+  check_scores(s, scores, n);
+  check_inits(s, inits, ni);
+}
+
 }  // namespace detail
 
 // Makes a storage for a validated config; must consume its options (see Options::reject_unknown).
@@ -194,10 +211,7 @@ const sok_storage_api* make_storage_api(const char* name) {
     a.find = [](sok_storage* h, const sok_exec_context* ctx, int64_t n, const void* keys,
                 int32_t cb, int32_t ce, float* values, const float* default_row, uint8_t* found) {
       return guarded(h, [&](Storage& s) {
-        const auto& c = check_ctx(s, ctx);
-        check_count(n, "n");
-        check_ptr(keys, n, "keys");
-        check_ptr(values, n, "values");
+        const auto& c = check_rows_call(s, ctx, n, keys, values);
         s.find(c, n, keys, check_cols(s, cb, ce), values, default_row, found);
       });
     };
@@ -205,12 +219,8 @@ const sok_storage_api* make_storage_api(const char* name) {
                           int32_t cb, int32_t ce, float* values, uint8_t* found,
                           const uint64_t* scores, const sok_initializer* inits, int32_t ni) {
       return guarded(h, [&](Storage& s) {
-        const auto& c = check_ctx(s, ctx);
-        check_count(n, "n");
-        check_ptr(keys, n, "keys");
-        check_ptr(values, n, "values");
-        check_scores(s, scores, n);
-        check_inits(s, inits, ni);
+        const auto& c = check_rows_call(s, ctx, n, keys, values);
+        check_new_rows(s, scores, n, inits, ni);
         s.find_or_insert(c, n, keys, check_cols(s, cb, ce), values, found, scores, inits, ni);
       });
     };
@@ -218,12 +228,8 @@ const sok_storage_api* make_storage_api(const char* name) {
                             const void* keys, int32_t cb, int32_t ce, const float* values,
                             const uint64_t* scores, const sok_initializer* inits, int32_t ni) {
       return guarded(h, [&](Storage& s) {
-        const auto& c = check_ctx(s, ctx);
-        check_count(n, "n");
-        check_ptr(keys, n, "keys");
-        check_ptr(values, n, "values");
-        check_scores(s, scores, n);
-        check_inits(s, inits, ni);
+        const auto& c = check_rows_call(s, ctx, n, keys, values);
+        check_new_rows(s, scores, n, inits, ni);
         s.insert_or_assign(c, n, keys, check_cols(s, cb, ce), values, scores, inits, ni);
       });
     };
@@ -231,12 +237,8 @@ const sok_storage_api* make_storage_api(const char* name) {
                            const void* keys, int32_t cb, int32_t ce, const float* values,
                            const uint64_t* scores, const sok_initializer* inits, int32_t ni) {
       return guarded(h, [&](Storage& s) {
-        const auto& c = check_ctx(s, ctx);
-        check_count(n, "n");
-        check_ptr(keys, n, "keys");
-        check_ptr(values, n, "values");
-        check_scores(s, scores, n);
-        check_inits(s, inits, ni);
+        const auto& c = check_rows_call(s, ctx, n, keys, values);
+        check_new_rows(s, scores, n, inits, ni);
         s.accum_or_assign(c, n, keys, check_cols(s, cb, ce), values, scores, inits, ni);
       });
     };
@@ -281,13 +283,9 @@ const sok_storage_api* make_storage_api(const char* name) {
                             const uint64_t* scores, const sok_initializer* inits, int32_t ni,
                             void* ek, float* ev, uint64_t* es, int64_t* num_evicted) {
       return guarded(h, [&](Storage& s) {
-        const auto& c = check_ctx(s, ctx);
-        check_count(n, "n");
-        check_ptr(keys, n, "keys");
-        check_ptr(values, n, "values");
+        const auto& c = check_rows_call(s, ctx, n, keys, values);
         check_ptr(ek, n, "evicted_keys");
-        check_scores(s, scores, n);
-        check_inits(s, inits, ni);
+        check_new_rows(s, scores, n, inits, ni);
         int64_t m = s.insert_and_evict(c, n, keys, check_cols(s, cb, ce), values, scores, inits,
                                        ni, ek, ev, es);
         if (num_evicted != nullptr) *num_evicted = m;
@@ -297,10 +295,7 @@ const sok_storage_api* make_storage_api(const char* name) {
                         int32_t cb, int32_t ce, const float* values, const uint64_t* scores,
                         const sok_initializer* inits, int32_t ni) {
       return guarded(h, [&](Storage& s) {
-        const auto& c = check_ctx(s, ctx);
-        check_count(n, "n");
-        check_ptr(keys, n, "keys");
-        check_ptr(values, n, "values");
+        const auto& c = check_rows_call(s, ctx, n, keys, values);
         check_ptr(scores, n, "scores");
         check_inits(s, inits, ni);
         s.import_batch(c, n, keys, check_cols(s, cb, ce), values, scores, inits, ni);
@@ -322,10 +317,7 @@ const sok_storage_api* make_storage_api(const char* name) {
     a.find_hits = [](sok_storage* h, const sok_exec_context* ctx, int64_t n, const void* keys, int32_t cb, int32_t ce,
                      float* values, uint8_t* found) {
       return guarded(h, [&](Storage& s) {
-        const auto& c = check_ctx(s, ctx);
-        check_count(n, "n");
-        check_ptr(keys, n, "keys");
-        check_ptr(values, n, "values");
+        const auto& c = check_rows_call(s, ctx, n, keys, values);
         s.find_hits(c, n, keys, check_cols(s, cb, ce), values, found);
       });
     };
