@@ -15,9 +15,6 @@ Its native module ``sok_backend_hkv._core`` exports the C ABI (``storage_api()``
 binding drives; importing this package does not load it.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from sparse_operation_kit.plugins import package_version
 
-try:
-    __version__ = version("sok-backend-hkv")
-except PackageNotFoundError:  # a source tree
-    __version__ = "0.0.0+unknown"
+__version__ = package_version("sok-backend-hkv")

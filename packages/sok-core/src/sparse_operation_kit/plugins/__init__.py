@@ -8,6 +8,8 @@ Example::
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+
 import pluggy
 
 from sparse_operation_kit.plugins.hookspecs import PROJECT_NAME
@@ -29,6 +31,21 @@ from sparse_operation_kit.plugins.registry import (
 #: Marks a plugin's hook implementations: ``@hookimpl def sok_register_backends(registry): ...``
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
+
+def package_version(distribution: str) -> str:
+    """The installed version of ``distribution``, or ``"0.0.0+unknown"`` when it is imported from a
+    source tree (not installed): what a backend package reports as ``__version__`` and registers.
+
+    Example::
+
+        __version__ = package_version("sok-backend-det")   # "0.1.0"
+    """
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "FIRST_PARTY",
@@ -42,5 +59,6 @@ __all__ = [
     "NativeTableFactory",
     "UnknownVarTypeError",
     "get_registry",
+    "package_version",
     "hookimpl",
 ]

@@ -28,34 +28,11 @@ class Options {
   }
   // The integer option `name`, or `fallback` when absent.
   int64_t integer(const std::string& name, int64_t fallback) {
-    auto it = values_.find(name);
-    if (it == values_.end()) return fallback;
-    std::string text = it->second;
-    values_.erase(it);
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != text.size()) invalid(name + "=" + quote(text) + " is not an integer");
-    return v;
+    return parsed(name, fallback, "an integer", [](const std::string& t, size_t* used) { return std::stoll(t, used); });
   }
+  // The real option `name`, or `fallback` when absent.
   double real(const std::string& name, double fallback) {
-    auto it = values_.find(name);
-    if (it == values_.end()) return fallback;
-    std::string text = it->second;
-    values_.erase(it);
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != text.size()) invalid(name + "=" + quote(text) + " is not a number");
-    return v;
+    return parsed(name, fallback, "a number", [](const std::string& t, size_t* used) { return std::stod(t, used); });
   }
   std::string text(const std::string& name, const std::string& fallback) {
     auto it = values_.find(name);
@@ -75,6 +52,23 @@ class Options {
   static std::string quote(const std::string& s) { return "'" + s + "'"; }
 
  private:
+  // Option `name` read whole by `parse` (std::stoll, std::stod), or `fallback` when absent; consumed.
+  template <class T, class Parse>
+  T parsed(const std::string& name, T fallback, const char* what, Parse parse) {
+    auto it = values_.find(name);
+    if (it == values_.end()) return fallback;
+    std::string text = it->second;
+    values_.erase(it);
+    size_t used = 0;
+    T v{};
+    try {
+      v = parse(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != text.size()) invalid(name + "=" + quote(text) + " is not " + what);
+    return v;
+  }
   std::map<std::string, std::string> values_;
 };
 
