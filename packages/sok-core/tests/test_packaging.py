@@ -49,6 +49,7 @@ HEADERS = [
         for name in (
             "abi_adapter",
             "error",
+            "export",
             "initializers",
             "keys",
             "module",

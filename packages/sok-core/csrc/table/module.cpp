@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "py_table.hpp"
+#include "sok/kit/export.hpp"
 #include "sok/storage_api.h"
 #include "sok/table_ref.h"
 
@@ -115,6 +116,9 @@ PYBIND11_MODULE(_table, m) {
            py::arg("row_width"), py::arg("inits"))
       .def_property_readonly("address", &sok::TableRef::address)
       .def("release", &sok::TableRef::release);
+  m.def("export_chunk_slots", &sok::export_chunk_slots, py::arg("row_bytes"),
+        "Slots per export call for rows of row_bytes bytes (key, values, score): the one export chunk size.");
+  m.attr("EXPORT_CHUNK_BYTES") = sok::kExportChunkBytes;
   m.def("cuda_device_count", &sok::cuda_device_count, "CUDA devices this process sees (0 in CPU builds).");
 #ifdef SOK_WITH_CUDA
   m.attr("WITH_CUDA") = true;

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "sok/kit/export.hpp"
 #include "sok/kit/prefetch.hpp"
 #include "sok/kit/rows.hpp"
 #include "storage_ops.h"
@@ -95,7 +96,7 @@ class ExportOp : public ExportOpBase {
     SOK_OK_OR_RETURN(ctx, begin(ctx, &ref, &threshold, &capacity));
     const int64_t key_bytes = static_cast<int64_t>(sok::key_size(ref->key_type));
     // Export in chunks of slots into growing buffers, then copy into outputs of the exact size.
-    constexpr int64_t kChunk = 1 << 16;
+    const int64_t kChunk = sok::export_chunk_slots(key_bytes + 4 * width() + 8);
     std::vector<char> keys;
     std::vector<float> values;
     std::vector<uint64_t> scores;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpu_exec.h"
+#include "sok/kit/export.hpp"
 #include "storage_ops.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -122,11 +123,9 @@ class ExportGpuOp : public ExportOpBase {
     SOK_OK_OR_RETURN(ctx, guard.enter(exec.device_id));
     int64_t size = 0;
     SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->size(ref->storage, &exec, &size), "size"));
-    // Slots per call: about 64 MiB of output rows, at least 4096.
     const int64_t key_bytes = ::tensorflow::DataTypeSize(key_dtype_);
-    const int64_t row_bytes = key_bytes + 4 * width() + 8;
     const int64_t chunk =
-        std::min(std::max<int64_t>(capacity, 1), std::max<int64_t>(4096, (int64_t{64} << 20) / row_bytes));
+        std::min(std::max<int64_t>(capacity, 1), sok::export_chunk_slots(key_bytes + 4 * width() + 8));
     Buffers out;
     SOK_OK_OR_RETURN(ctx, reserve(ctx, stream_of(exec), size + chunk, 0, &out));
     int64_t total = 0;

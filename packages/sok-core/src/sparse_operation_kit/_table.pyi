@@ -4,7 +4,10 @@ from typing import Any
 
 from sparse_operation_kit.storage import InitTuple, NativeTable
 
-__all__ = ["WITH_CUDA", "Table", "TableRef", "cuda_device_count"]
+__all__ = ["EXPORT_CHUNK_BYTES", "WITH_CUDA", "Table", "TableRef", "cuda_device_count", "export_chunk_slots"]
+
+#: Bytes of output rows (key, values, score) one batched export call is sized for (sok/kit/export.hpp).
+EXPORT_CHUNK_BYTES: int
 
 #: Whether this build reads CUDA device arrays (built where a CUDA toolkit was found).
 WITH_CUDA: bool
@@ -26,3 +29,6 @@ class TableRef:
 
 def cuda_device_count() -> int:
     """The CUDA devices this process sees (0 in CPU builds)."""
+
+def export_chunk_slots(row_bytes: int) -> int:
+    """Slots one export call scans for rows of ``row_bytes`` bytes: the one export chunk size."""

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from sparse_operation_kit import _table, communication
 from sparse_operation_kit import checkpoint_dir as ckdir
 from sparse_operation_kit import checkpoint_format as fmt
-from sparse_operation_kit import communication
 from sparse_operation_kit.agreement import Agreement
 from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable
 from sparse_operation_kit.dynamic_variable import DynamicVariable
@@ -46,12 +46,6 @@ from sparse_operation_kit.progress import Callback, NoOpCallback
 logger = logging.getLogger(__name__)
 
 __all__ = ["dump", "load", "incremental_model_dump"]
-
-#: Bytes each rank sends per round while dumping (as NVIDIA SOK): a budget for one collective
-#: round, which every rank holds ``num_ranks`` times over after the allgather, so a round's rows
-#: depend on the row width (keys, weights and slots). Not ``storage.EXPORT_CHUNK``, which counts the
-#: slots one ``export_batch`` call of ``Storage.export`` scans, whatever their width.
-ROUND_BYTES = 64 << 20
 
 
 def _variables(variables: Any) -> list:
@@ -300,7 +294,9 @@ def _dump_variable(
     try:
         if staging is not None:
             agreement.run(open_files)
-        rows_per_round = max(1, ROUND_BYTES // (4 * dim * (1 + len(slots)) + 8))
+        # A round's rows: one export chunk's bytes per rank (every rank holds num_ranks rounds' worth after
+        # the allgather), so the rows depend on the row width (keys, weights and slots).
+        rows_per_round = max(1, _table.EXPORT_CHUNK_BYTES // (4 * dim * (1 + len(slots)) + 8))
         n = comm.num_ranks()
         shard = agreement.run(_shard_chunks, var, slots, rows_per_round, wrapper)
         agreement.check()

@@ -48,6 +48,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from sparse_operation_kit import _table
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit.device_arrays import (
     as_device,
@@ -65,9 +66,6 @@ from sparse_operation_kit.progress import Callback, NoOpCallback
 logger = logging.getLogger(__name__)
 
 __all__ = ["MAX_ROW_WIDTH", "CudaStorage", "NativeTable", "Storage", "Table", "create_storage"]
-
-#: Slots scanned per export_batch call by :meth:`Storage.export`.
-EXPORT_CHUNK = 1 << 18
 
 #: The widest row a storage takes, in floats: ``sok_storage_config.row_width`` and the column
 #: bounds of every call are ``int32_t`` in the C ABI (``sok/storage_api.h``).
@@ -534,12 +532,13 @@ class Storage:
         callback = callback or NoOpCallback()
         capacity = self.capacity()
         callback.set_size(capacity)
+        begin, end = self._columns(columns)
+        chunk = _table.export_chunk_slots(np.dtype(self.key_dtype).itemsize + 4 * (end - begin) + 8)
         parts = []
-        for offset in range(0, capacity, EXPORT_CHUNK):
-            parts.append(self.export_batch(offset, EXPORT_CHUNK, columns, threshold))
-            callback.relative_update(min(EXPORT_CHUNK, capacity - offset))
+        for offset in range(0, capacity, chunk):
+            parts.append(self.export_batch(offset, chunk, columns, threshold))
+            callback.relative_update(min(chunk, capacity - offset))
         if not parts:
-            begin, end = self._columns(columns)
             return (np.empty(0, self.key_dtype), np.empty((0, end - begin), VALUE_DTYPE), np.empty(0, SCORE_DTYPE))
         return tuple(np.concatenate(p) for p in zip(*parts, strict=True))  # type: ignore[return-value]
 
