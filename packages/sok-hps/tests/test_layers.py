@@ -17,9 +17,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 sys.path.insert(0, str(Path(__file__).parent))
-import serve_support as support  # noqa: E402
-
 import hierarchical_parameter_server as hps  # noqa: E402
+import serve_support as support  # noqa: E402
 
 ROWS, EXTRA, DIM, DIM2 = 3000, 40, 16, 8
 DEFAULT = 0.5
@@ -31,9 +30,8 @@ def table(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("layers")
     folder0, w0 = support.write_table(tmp / "t0", ROWS, DIM, seed=1)
     folder1, w1 = support.write_table(tmp / "t1", 200, DIM2, seed=2)
-    config = support.ps_config(
-        [support.model_entry("m", [folder0, folder1], [DIM, DIM2])], supportlonglong=request.param, **support.DISABLED_DBS
-    )
+    models = [support.model_entry("m", [folder0, folder1], [DIM, DIM2])]
+    config = support.ps_config(models, supportlonglong=request.param, **support.DISABLED_DBS)
     path = support.write_config(tmp / "ps.json", config)
     with support.served(path):
         yield (
@@ -192,11 +190,20 @@ def test_constructor_checks():
 
 def test_layer_config_round_trips():
     layer = hps.LookupLayer(
-        model_name="m", table_id=1, emb_vec_size=DIM2, emb_vec_dtype=tf.float32, ps_config_file="ps.json",
-        global_batch_size=64, name="emb",
+        model_name="m",
+        table_id=1,
+        emb_vec_size=DIM2,
+        emb_vec_dtype=tf.float32,
+        ps_config_file="ps.json",
+        global_batch_size=64,
+        name="emb",
     )
     clone = hps.LookupLayer.from_config(layer.get_config())
     assert (clone.model_name, clone.table_id, clone.emb_vec_size, clone.ps_config_file, clone.global_batch_size) == (
-        "m", 1, DIM2, "ps.json", 64
+        "m",
+        1,
+        DIM2,
+        "ps.json",
+        64,
     )
     assert clone.name == "emb"

@@ -104,7 +104,9 @@ class EmbeddingCache:
                     initializer="zeros",
                 )
         logger.info(
-            "HPS cache of %s on %s: %s", tag, self.variable.table_device,
+            "HPS cache of %s on %s: %s",
+            tag,
+            self.variable.table_device,
             f"{self.capacity} rows (hkv, evicting)" if evicting else "every row (det, no database behind it)",
         )
 

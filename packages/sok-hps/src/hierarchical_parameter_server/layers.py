@@ -97,7 +97,7 @@ class _HpsLayer(keras.layers.Layer):
             raise ValueError(
                 f"ids of {self.name} are {ids_dtype.name} but the ps_config's supportlonglong is "
                 f"{str(table.key_dtype == tf.int64).lower()}, so keys are {table.key_dtype.name}; cast the ids "
-                f"(tf.cast(ids, tf.{table.key_dtype.name})) or set \"supportlonglong\": {flag}"
+                f'(tf.cast(ids, tf.{table.key_dtype.name})) or set "supportlonglong": {flag}'
             )
         return table
 
@@ -174,7 +174,12 @@ class SparseLookupLayer(_HpsLayer):
     """
 
     def call(
-        self, sp_ids: Any, sp_weights: Any = None, name: str | None = None, combiner: str | None = None, max_norm: Any = None
+        self,
+        sp_ids: Any,
+        sp_weights: Any = None,
+        name: str | None = None,
+        combiner: str | None = None,
+        max_norm: Any = None,
     ) -> tf.Tensor:
         """The combined rows of each row of ``sp_ids`` (``[d0, emb_vec_size]``), as
         ``tf.nn.embedding_lookup_sparse`` combines them.
@@ -195,13 +200,14 @@ class SparseLookupLayer(_HpsLayer):
         combiner = "mean" if combiner is None else combiner
         if combiner not in _COMBINERS:
             raise ValueError(f"combiner must be one of 'mean', 'sqrtn' or 'sum', got {combiner!r}")
-        if isinstance(sp_ids, tf.SparseTensor):
-            if sp_weights is not None and not isinstance(sp_weights, tf.SparseTensor):
-                raise TypeError(f"sp_weights must be None or a SparseTensor like sp_ids, got {type(sp_weights).__name__}")
+        kinds = (tf.SparseTensor, tf.RaggedTensor)
+        kind = next((k for k in kinds if isinstance(sp_ids, k)), None)
+        if kind is not None and sp_weights is not None and not isinstance(sp_weights, kind):
+            got = type(sp_weights).__name__
+            raise TypeError(f"sp_weights must be None or a {kind.__name__} like sp_ids, got {got}")
+        if kind is tf.SparseTensor:
             flat = sp_ids.values
-        elif isinstance(sp_ids, tf.RaggedTensor):
-            if sp_weights is not None and not isinstance(sp_weights, tf.RaggedTensor):
-                raise TypeError(f"sp_weights must be None or a RaggedTensor like sp_ids, got {type(sp_weights).__name__}")
+        elif kind is tf.RaggedTensor:
             flat = sp_ids.flat_values
         else:
             raise TypeError(f"sp_ids must be a SparseTensor or a RaggedTensor, got {type(sp_ids).__name__}")

@@ -260,7 +260,9 @@ class ParameterServer:
             return served
         names = sorted({m for m, _ in self._tables})
         if model not in names:
-            raise ValueError(f"model_name {model!r} is not in the ps_config; valid: {names}; fix model_name or the ps_config")
+            raise ValueError(
+                f"model_name {model!r} is not in the ps_config; valid: {names}; fix model_name or the ps_config"
+            )
         count = sum(1 for m, _ in self._tables if m == model)
         raise ValueError(
             f"table_id {table_id!r} of model {model!r} is out of range; valid: 0 .. {count - 1} "
@@ -315,7 +317,7 @@ class ParameterServer:
             bad = keys[(keys < _INT32.min) | (keys > _INT32.max)][0]
             raise ValueError(
                 f"{where} of {served.tag} has key {int(bad)}, outside int32, but supportlonglong is false "
-                f"(int32 keys); set \"supportlonglong\": true in the ps_config and look up int64 ids"
+                f'(int32 keys); set "supportlonglong": true in the ps_config and look up int64 ids'
             )
         return keys.astype(np.int32)
 
@@ -338,7 +340,9 @@ class ParameterServer:
                 first = db.name not in self._unavailable
                 self._unavailable.add(db.name)
             if first:
-                logger.warning("HPS %s: %s is unavailable (%s); going on without it until it answers", what, db.name, error)
+                logger.warning(
+                    "HPS %s: %s is unavailable (%s); going on without it until it answers", what, db.name, error
+                )
             return None
         if db.name in self._unavailable:
             with self._unavailable_lock:
@@ -416,7 +420,9 @@ class ParameterServer:
             and not (db is self._persistent and self.config.persistent_db.read_only)
         ]
         if self.has_database and not targets:
-            logger.info("HPS update of %s skipped: no database's update_filters take model %s", update.tag, served.model)
+            logger.info(
+                "HPS update of %s skipped: no database's update_filters take model %s", update.tag, served.model
+            )
             return
         with served.lock:
             for db in targets:
@@ -438,4 +444,3 @@ class ParameterServer:
 
 def _filters(patterns: Iterable[str]) -> list[re.Pattern]:
     return [re.compile(p) for p in patterns]
-
