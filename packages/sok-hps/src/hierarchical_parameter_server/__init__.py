@@ -7,7 +7,9 @@ cluster, a persistent database: RocksDB), and ``hps.LookupLayer`` / ``hps.Sparse
 return what ``tf.nn.embedding_lookup`` / ``tf.nn.embedding_lookup_sparse`` return on those tables.
 
 TensorFlow is imported when one of those three is first used, so
-:mod:`hierarchical_parameter_server.convert` (``sok ckpt convert``) works without it.
+:mod:`hierarchical_parameter_server.convert` (``sok ckpt convert``) works without it; where
+TensorFlow is imported already, the layers are imported with the package, so that
+``keras.models.load_model`` finds them (import TensorFlow or Keras first, then this package).
 
 Example::
 
@@ -20,6 +22,8 @@ Example::
 
 from __future__ import annotations
 
+import importlib
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -36,7 +40,9 @@ _LAZY = {"Init": "init", "LookupLayer": "layers", "SparseLookupLayer": "layers"}
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if "tensorflow" in sys.modules:  # registers the layers with Keras for load_model
+    importlib.import_module(f"{__name__}.layers")
