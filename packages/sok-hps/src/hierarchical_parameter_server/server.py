@@ -245,6 +245,16 @@ class ParameterServer:
             raise
 
     @property
+    def volatile_db(self) -> Any:
+        """The volatile database tier (``tiers.Tier``), None when disabled."""
+        return self._volatile
+
+    @property
+    def persistent_db(self) -> Any:
+        """The persistent database tier (``tiers.Tier``), None when disabled."""
+        return self._persistent
+
+    @property
     def has_database(self) -> bool:
         """Whether a volatile or a persistent database stands behind the caches."""
         return self._volatile is not None or self._persistent is not None
