@@ -1,9 +1,9 @@
 """``hps.LookupLayer`` and ``hps.SparseLookupLayer``: Keras 3 layers over the parameter server.
 
 They return what ``tf.nn.embedding_lookup`` and ``tf.nn.embedding_lookup_sparse`` return on the
-same table, bit for bit: the server finds the rows of the distinct ids (cache, then the database
-tiers, then the table's default value) and TensorFlow's own function gathers, clips (``max_norm``)
-and combines them. Eager and inside ``tf.function``; on the CPU and, under a CUDA TensorFlow, on
+same table, bit for bit: the server finds the rows of the ids (cache, then the database tiers,
+then the table's default value); ``max_norm`` clips them as ``tf.nn.embedding_lookup`` does, and
+``tf.nn.embedding_lookup_sparse`` itself combines them. Eager and inside ``tf.function``; on the CPU and, under a CUDA TensorFlow, on
 the GPU.
 
 The layers have no weights and save with the model (``model.save("m.keras")``): their config is
@@ -147,9 +147,11 @@ class LookupLayer(_HpsLayer):
         ids = tf.convert_to_tensor(ids)
         _check_ids_dtype(ids.dtype, self.name)
         table = self._served(ids.dtype)
-        rows, positions = table.lookup_unique(tf.reshape(ids, [-1]))
-        out = tf.nn.embedding_lookup(rows, tf.reshape(positions, tf.shape(ids)), max_norm=max_norm)
+        rows = table.lookup(tf.reshape(ids, [-1]))
+        out = tf.reshape(rows, tf.concat([tf.shape(ids), [self.emb_vec_size]], axis=0))
         out.set_shape(ids.shape.concatenate([self.emb_vec_size]))
+        if max_norm is not None:  # as tf.nn.embedding_lookup clips: each row, over the last axis
+            out = tf.clip_by_norm(out, max_norm, axes=[out.shape.rank - 1])
         return tf.identity(out)
 
     def compute_output_shape(self, input_shape: Any) -> tuple:
@@ -213,9 +215,9 @@ class SparseLookupLayer(_HpsLayer):
             raise TypeError(f"sp_ids must be a SparseTensor or a RaggedTensor, got {type(sp_ids).__name__}")
         _check_ids_dtype(flat.dtype, self.name)
         table = self._served(flat.dtype)
-        rows, positions = table.lookup_unique(flat)
-        positions = tf.cast(positions, tf.int64)
-        if isinstance(sp_ids, tf.SparseTensor):
+        rows = table.lookup(flat)
+        positions = tf.range(tf.size(flat, out_type=tf.int64))  # row i of rows is id i's
+        if kind is tf.SparseTensor:
             by_position = tf.SparseTensor(sp_ids.indices, positions, sp_ids.dense_shape)
         else:
             by_position = sp_ids.with_flat_values(positions)

@@ -7,10 +7,10 @@ table (:mod:`hierarchical_parameter_server.cache`), pre-fills it when
 ``cache_refresh_percentage_per_iteration`` > 0 and ``init_ec``, and starts the config's update
 source.
 
-A lookup of one table (:meth:`ServedTable.lookup_unique`) is built in the graph: the keys are
-de-duplicated (``SokUniqueIndex``), found in the cache (``SokFind``), and only when some are
-missing does a ``tf.py_function`` ask the lower tiers: volatile DB, then persistent DB, then the
-table's ``default_value``; what they return is written into the cache. ``hit_rate_threshold``
+A lookup of one table (:meth:`ServedTable.lookup`) is built in the graph: the keys are found in
+the cache (``SokFind``), and only when some are missing are those de-duplicated
+(``SokUniqueIndex``) and fetched by a ``tf.py_function`` from the lower tiers: volatile DB, then
+persistent DB, then the table's ``default_value``; what they return is written into the cache. ``hit_rate_threshold``
 (reference §3.6): when the batch's cache hit rate is below it, the misses are fetched before the
 lookup returns (1.0, or more: always, so lookups are exact); at or above it, the misses get the
 default value in this batch and are fetched and cached in the background.
@@ -34,7 +34,7 @@ Example::
 
     server = ParameterServer(load_config("ps.json"))
     table = server.table("foo", 0)
-    rows, positions = table.lookup_unique(tf.constant([3, 1, 3], tf.int32))
+    rows = table.lookup(tf.constant([3, 1, 3], tf.int32))      # [3, dim]
     server.close()
 """
 
@@ -97,15 +97,17 @@ class ServedTable:
             )
 
     # -- in the graph --------------------------------------------------------------------------
-    def lookup_unique(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """The rows of the distinct keys of the 1-D ``keys`` and where each key's row is:
-        ``(rows [u, dim], positions [n])``, so that ``tf.gather(rows, positions)`` is the rows of
-        ``keys``. TensorFlow ops (eager or in a ``tf.function``).
+    def lookup(self, keys: tf.Tensor) -> tf.Tensor:
+        """The rows of the 1-D ``keys``: ``float32 [n, dim]``. TensorFlow ops (eager or in a
+        ``tf.function``) on the cache's device.
+
+        With a cache, the keys are found in it as they come (no de-duplication on the path where
+        every key is cached); only when some are missing are those de-duplicated and fetched
+        (:meth:`_complete`). Without one (``gpucache: false``), the distinct keys are fetched.
 
         Raises:
             tf.errors.InvalidArgumentError: more than :attr:`max_keys` keys.
         """
-        lib = tf_ops.library()
         device = self.cache.variable.table_device if self.cache is not None else "/CPU:0"
         with tf.name_scope("HpsLookup"), tf.device(device):
             check = tf.debugging.assert_less_equal(
@@ -118,11 +120,12 @@ class ServedTable:
                 ),
             )
             with tf.control_dependencies([check]):
-                distinct, positions = lib.sok_unique_index(keys)
+                keys = tf.identity(keys)
             if self.cache is None:
-                return self._fetch_op(distinct, cache=False), positions
-            values, found = self.cache.find(distinct)
-            return self._complete(distinct, values, found), positions
+                distinct, positions = tf_ops.library().sok_unique_index(keys)
+                return tf.gather(self._fetch_op(distinct, cache=False), positions)
+            values, found = self.cache.find(keys)
+            return self._complete(keys, values, found)
 
     def _fetch_op(self, keys: tf.Tensor, cache: bool) -> tf.Tensor:
         """``tf.py_function`` of :meth:`fill` (cache) or :meth:`fetch` on ``keys``: ``[n, dim]``."""
@@ -131,30 +134,33 @@ class ServedTable:
         rows.set_shape([None, self.dim])
         return rows
 
-    def _complete(self, distinct: tf.Tensor, values: tf.Tensor, found: tf.Tensor) -> tf.Tensor:
-        """``values`` with the rows of keys the cache lacks, per :attr:`hit_rate_threshold`."""
-        missing = tf.logical_not(found)
-        n_missing = tf.reduce_sum(tf.cast(missing, tf.int32))
-        where = tf.where(missing)
+    def _complete(self, keys: tf.Tensor, values: tf.Tensor, found: tf.Tensor) -> tf.Tensor:
+        """``values`` of ``keys`` with the rows of the keys the cache lacks, per
+        :attr:`hit_rate_threshold`: the hit rate is over distinct keys, as the original's."""
+        lib = tf_ops.library()
+        where = tf.where(tf.logical_not(found))
 
-        def fetched() -> tf.Tensor:
-            return tf.tensor_scatter_nd_update(values, where, self._fetch_op(tf.gather_nd(distinct, where), cache=True))
+        def with_misses() -> tf.Tensor:
+            missing, positions = lib.sok_unique_index(tf.gather_nd(keys, where))
 
-        if self.hit_rate_threshold > 1.0 or self.hit_rate_threshold == 1.0:
-            return tf.cond(n_missing > 0, fetched, lambda: values)
+            def fetched() -> tf.Tensor:
+                rows = self._fetch_op(missing, cache=True)
+                return tf.tensor_scatter_nd_update(values, where, tf.gather(rows, positions))
 
-        def defaults_now() -> tf.Tensor:
-            scheduled = tf.py_function(self._schedule_fill_py, [tf.gather_nd(distinct, where)], tf.bool)
-            with tf.control_dependencies([scheduled]):
-                fill = tf.fill([n_missing, self.dim], tf.constant(self.default_value, tf.float32))
-                return tf.tensor_scatter_nd_update(values, where, fill)
+            if self.hit_rate_threshold >= 1.0:
+                return fetched()
 
-        hit_rate = 1.0 - tf.cast(n_missing, tf.float64) / tf.cast(tf.maximum(tf.size(distinct), 1), tf.float64)
-        return tf.cond(
-            n_missing > 0,
-            lambda: tf.cond(hit_rate < self.hit_rate_threshold, fetched, defaults_now),
-            lambda: values,
-        )
+            def defaults_now() -> tf.Tensor:
+                scheduled = tf.py_function(self._schedule_fill_py, [missing], tf.bool)
+                with tf.control_dependencies([scheduled]):
+                    fill = tf.fill([tf.shape(where)[0], self.dim], tf.constant(self.default_value, tf.float32))
+                    return tf.tensor_scatter_nd_update(values, where, fill)
+
+            distinct, _ = lib.sok_unique_index(keys)
+            misses = tf.cast(tf.size(missing), tf.float64) / tf.cast(tf.size(distinct), tf.float64)
+            return tf.cond(1.0 - misses < self.hit_rate_threshold, fetched, defaults_now)
+
+        return tf.cond(tf.size(where) > 0, with_misses, lambda: values)
 
     # -- in Python -------------------------------------------------------------------------------
     def _fetch_py(self, keys: tf.Tensor) -> np.ndarray:
