@@ -3,8 +3,8 @@
 They return what ``tf.nn.embedding_lookup`` and ``tf.nn.embedding_lookup_sparse`` return on the
 same table, bit for bit: the server finds the rows of the ids (cache, then the database tiers,
 then the table's default value); ``max_norm`` clips them as ``tf.nn.embedding_lookup`` does, and
-``tf.nn.embedding_lookup_sparse`` itself combines them. Eager and inside ``tf.function``; on the CPU and, under a CUDA TensorFlow, on
-the GPU.
+``tf.nn.embedding_lookup_sparse`` itself combines them. Eager and inside ``tf.function``; on the
+CPU and, under a CUDA TensorFlow, on the GPU.
 
 The layers have no weights and save with the model (``model.save("m.keras")``): their config is
 their constructor's arguments, and a model loaded in another process initialises HPS from the
