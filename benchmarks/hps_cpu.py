@@ -209,7 +209,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
         gather = tf.function(lambda ids: tf.gather(table, ids))
         total = len(args.batches) * (1 + len(tiers))
-        with tqdm(total=total, desc="hps_cpu", unit="run", file=sys.stderr) as bar, contextlib.ExitStack() as stack:
+        with (
+            tqdm(total=total, desc=f"hps {args.device}", unit="run", file=sys.stderr) as bar,
+            contextlib.ExitStack() as stack,
+        ):
             for b in args.batches:
                 results["gather"][b] = summary(timed(gather, pools[b], args.warmup, args.iters), b * KEYS_PER_SAMPLE)
                 bar.update()
