@@ -71,6 +71,7 @@ __all__ = [
     "UpdateSourceConfig",
     "VolatileDBConfig",
     "load_config",
+    "parse_address",
 ]
 
 log = logging.getLogger(__name__)
@@ -385,7 +386,7 @@ class VolatileDBConfig:
             VolatileDBConfig(address="10.0.0.1:7000,10.0.0.2").addresses
             # (('10.0.0.1', 7000), ('10.0.0.2', 6379))
         """
-        return tuple(_parse_address(a) for a in self.address.split(","))
+        return tuple(parse_address(a) for a in self.address.split(","))
 
 
 @dataclass(frozen=True)
@@ -445,7 +446,13 @@ class PSConfig:
         )
 
 
-def _parse_address(entry: str) -> tuple[str, int]:
+def parse_address(entry: str) -> tuple[str, int]:
+    """One ``host[:port]`` entry of ``volatile_db.address`` as ``(host, port)`` (port 6379 when absent).
+
+    Example::
+
+        parse_address("10.0.0.1:7000")   # ('10.0.0.1', 7000)
+    """
     host, sep, port = entry.strip().rpartition(":")
     if not sep:
         host, port = port, "6379"
