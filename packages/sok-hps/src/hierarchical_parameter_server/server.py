@@ -51,7 +51,7 @@ import numpy as np
 import tensorflow as tf
 from sparse_operation_kit import tf_ops
 
-from hierarchical_parameter_server import model_files, tiers, updates
+from hierarchical_parameter_server import model_files, tiers
 from hierarchical_parameter_server.cache import EmbeddingCache
 from hierarchical_parameter_server.config import ModelConfig, PSConfig
 
@@ -341,6 +341,8 @@ class ParameterServer:
         cfg = self.config.update_source
         if cfg.type != "directory":
             return
+        from hierarchical_parameter_server import updates  # only a config with an update source needs it
+
         self._source = updates.DirectoryUpdateSource(cfg.path, poll_interval_s=float(cfg.poll_interval_ms) / 1000.0)
         self._source.start(self.apply_update)
         logger.info("HPS applies the online updates written to %s", cfg.path)
