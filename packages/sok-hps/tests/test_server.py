@@ -152,3 +152,64 @@ def test_cache_capacity_and_prefill(serve):
 def test_no_prefill_by_default(serve):
     server, _ = serve("chain")
     assert server.table("m", 0).cache.size() == 0
+
+
+# -- Redis: the tier alone, the chain, and a node killed during a lookup loop --------------------
+def redis_served(tmp_path, address, name, **overrides):
+    """HPS of model ``name`` (a tag of its own in the shared cluster) with Redis as volatile DB."""
+    folder, weights = support.write_table(tmp_path / name, ROWS, DIM, seed=8)
+    entry = support.model_entry(name, [folder], [DIM], **overrides)
+    top = {
+        "volatile_db": {"type": "redis_cluster", "address": address, "num_partitions": 6},
+        "persistent_db": {"type": "rocks_db", "path": str(tmp_path / f"rocks-{name}")}
+        if overrides.get("gpucache", True)
+        else {"type": "disabled"},
+    }
+    path = support.write_config(tmp_path / f"{name}.json", support.ps_config([entry], **top))
+    return support.served(path), support.oracle(weights, 0.5, EXTRA)
+
+
+@pytest.mark.parametrize("kind", ["redis", "chain-redis"])
+def test_redis_alone_and_chained_are_exact(tmp_path, redis_cluster, kind):
+    name = f"serve_{kind.replace('-', '_')}"
+    overrides = {"gpucache": False} if kind == "redis" else {"gpucacheper": 0.01}
+    context, oracle = redis_served(tmp_path, redis_cluster.address, name, **overrides)
+    with context:
+        lookup = hps.LookupLayer(model_name=name, table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+        rng = np.random.default_rng(2)
+        for _ in range(3):
+            ids = tf.constant(rng.integers(0, ROWS + EXTRA, size=(128, 4)), tf.int64)
+            np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
+
+
+def test_a_redis_node_killed_during_lookups(tmp_path, fresh_redis_cluster, caplog):
+    """The lookups go on from RocksDB with a warning while a node is down, nothing crashes, and they
+    use Redis again once it is back."""
+    context, oracle = redis_served(tmp_path, fresh_redis_cluster.address, "faulty", gpucacheper=0.01)
+    rng = np.random.default_rng(3)
+    with context as server, caplog.at_level(logging.WARNING):
+        lookup = hps.LookupLayer(model_name="faulty", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+        step = tf.function(lambda ids: lookup(ids))
+        redis_calls = []
+        fetch = server.volatile_db.fetch
+        server.volatile_db.fetch = lambda *a: (redis_calls.append(1), fetch(*a))[1]  # counts Redis lookups
+
+        def check():
+            ids = tf.constant(rng.integers(0, ROWS + EXTRA, size=(64, 4)), tf.int64)
+            np.testing.assert_array_equal(step(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
+
+        for i in range(12):
+            if i == 3:
+                fresh_redis_cluster.kill(1)
+            if i == 8:
+                fresh_redis_cluster.restart(1)
+                caplog.clear()
+            check()
+            if i == 7:
+                assert "is unavailable" in caplog.text
+        assert "answers again" in caplog.text
+        # Back to normal: Redis serves the misses again (no new warning).
+        caplog.clear()
+        before = len(redis_calls)
+        check()
+        assert len(redis_calls) > before and "unavailable" not in caplog.text
