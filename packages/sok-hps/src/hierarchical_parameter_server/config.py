@@ -126,6 +126,8 @@ _IGNORED = {
     "poll_timeout_ms": "Kafka is not supported",
     "failure_backoff_ms": "Kafka is not supported",
     "max_commit_interval": "Kafka is not supported",
+    # update_source.max_batch_size: the Kafka consumer's buffer (the other sections know the key).
+    "max_batch_size": "Kafka is not supported",
 }
 
 
@@ -410,7 +412,6 @@ class UpdateSourceConfig:
     type: str = "null"
     path: str = ""
     poll_interval_ms: int = 1000
-    max_batch_size: int = 8192
 
 
 @dataclass(frozen=True)
@@ -607,7 +608,6 @@ def _update_source(obj: Any) -> UpdateSourceConfig:
         type=r.choice("type", d.type, UPDATE_SOURCE_TYPES),
         path=r.string("path", d.path),
         poll_interval_ms=r.integer("poll_interval_ms", d.poll_interval_ms, minimum=1),
-        max_batch_size=r.integer("max_batch_size", d.max_batch_size, minimum=1),
     )
     r.finish()
     if cfg.type == "directory" and not cfg.path:
