@@ -343,7 +343,7 @@ class ParameterServer:
             return
         from hierarchical_parameter_server import updates  # only a config with an update source needs it
 
-        self._source = updates.DirectoryUpdateSource(cfg.path, poll_interval_s=float(cfg.poll_interval_ms) / 1000.0)
+        self._source = updates.DirectoryUpdateSource.from_config(cfg)
         self._source.start(self.apply_update)
         logger.info("HPS applies the online updates written to %s", cfg.path)
 
@@ -423,6 +423,10 @@ class ParameterServer:
         the databases whose ``update_filters`` match its model, then to the table's cache.
 
         Updates of a table this server does not serve are skipped with a warning.
+
+        Raises:
+            tiers.TierUnavailable: a database could not be reached; the others and the cache have
+                the update, and the update source applies it again later (writes are idempotent).
         """
         served = self._by_tag.get(update.tag)
         if served is None:
@@ -442,10 +446,16 @@ class ParameterServer:
                 "HPS update of %s skipped: no database's update_filters take model %s", update.tag, served.model
             )
             return
+        unreachable = []
         with served.lock:
             for db in targets:
-                self._guarded(db, f"update of {update.tag}", db.insert, update.tag, keys, values)
+                try:
+                    db.insert(update.tag, keys, values)
+                except tiers.TierUnavailable as error:
+                    unreachable.append(error)
             served.apply_update(keys, values)
+        if unreachable:
+            raise tiers.TierUnavailable(f"update of {update.tag} not written everywhere: {unreachable[0]}")
         logger.info("HPS applied an update of %d rows to %s", len(keys), update.tag)
 
     def close(self) -> None:
