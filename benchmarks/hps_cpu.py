@@ -39,12 +39,10 @@ import json
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
@@ -85,51 +83,6 @@ def parse_args(argv: list[str] | None, device: str) -> argparse.Namespace:
 
 
 # -- the tiers ------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def redis_cluster(workdir: str) -> Iterator[str]:
-    """A throwaway 3-node Redis cluster on loopback ports: yields its first node's address."""
-    ports = [free_port() for _ in range(3)]
-    procs = []
-    try:
-        for port in ports:
-            folder = os.path.join(workdir, f"redis-{port}")
-            os.makedirs(folder)
-            procs.append(
-                subprocess.Popen(
-                    ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                     "--cluster-config-file", "nodes.conf", "--save", "", "--appendonly", "no", "--dir", folder],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )
-            )  # fmt: skip
-        for port in ports:
-            for _ in range(100):
-                if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode == 0:
-                    break
-                time.sleep(0.05)
-        nodes = [f"127.0.0.1:{port}" for port in ports]
-        subprocess.run(
-            ["redis-cli", "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        for _ in range(200):
-            info = subprocess.run(["redis-cli", "-p", str(ports[0]), "cluster", "info"], capture_output=True, text=True)
-            if "cluster_state:ok" in info.stdout:
-                break
-            time.sleep(0.05)
-        yield nodes[0]
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=10)
-
-
 def tier_config(tier: str, folder: str, args: argparse.Namespace, workdir: str, redis: str | None) -> dict[str, Any]:
     batch = max(args.batches)
     model = {
@@ -184,6 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import hierarchical_parameter_server as hps
     import tensorflow as tf
     from hierarchical_parameter_server import init
+    from hierarchical_parameter_server.testing_redis import LocalRedisCluster
     from tqdm import tqdm
 
     rng = np.random.default_rng(args.seed)
@@ -218,7 +172,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 bar.update()
             redis = args.redis
             if "redis" in tiers and redis is None:
-                redis = stack.enter_context(redis_cluster(workdir))
+                cluster = LocalRedisCluster(os.path.join(workdir, "redis"), nodes=3)
+                redis = stack.enter_context(cluster).address
             for tier in tiers:
                 path = os.path.join(workdir, f"{tier}.json")
                 with open(path, "w") as f:
