@@ -213,3 +213,13 @@ def test_a_redis_node_killed_during_lookups(tmp_path, fresh_redis_cluster, caplo
         before = len(redis_calls)
         check()
         assert len(redis_calls) > before and "unavailable" not in caplog.text
+
+
+@pytest.mark.parametrize("cache_type", ["static", "uvm"])
+def test_static_and_uvm_caches_hold_every_row(serve, cache_type):
+    server, oracle = serve("chain", embedding_cache_type=cache_type)
+    cache = server.table("m", 0).cache
+    assert not cache.evicting and cache.size() == ROWS
+    lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    ids = tf.constant(np.arange(0, ROWS + EXTRA, 7), tf.int64)
+    np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())

@@ -20,9 +20,12 @@ Where this differs from NVIDIA HPS (deliberately):
 * Online updates reach the cache: the rows of an update that the cache holds are overwritten
   (the original never updated its GPU cache). A per-table lock orders an update against the
   filling of a miss, so a stale row fetched before the update never lands in the cache after it.
-* With no database the cache is the only store and holds every row (a det table, never
-  evicting); a model with ``gpucache: false`` and no database is refused (the original served
-  every key the default value).
+* With no database, or with ``embedding_cache_type`` ``static`` or ``uvm``, the cache holds every
+  row (a det table, never evicting; on the GPU when there is one: no host-memory part as ``uvm``
+  has); a model with ``gpucache: false`` and no database is refused (the original served every
+  key the default value).
+* ``fuse_embedding_table`` is accepted and changes nothing: each table is looked up on its own,
+  with no barrier between the lookups of a fused group (the results are the same).
 * A database that cannot be reached (e.g. a Redis node down) is skipped with a warning, and the
   lookup goes on to the next tier; it is used again as soon as it answers.
 * ``cache_missed_embeddings`` copies back to the volatile DB only the rows the persistent DB had,
@@ -92,9 +95,9 @@ class ServedTable:
         self.lock = threading.RLock()
         self.cache: EmbeddingCache | None = None
         if model.gpucache:
-            self.cache = EmbeddingCache(
-                self.tag, self.dim, rows, float(model.gpucacheper), self.key_dtype, evicting=server.has_database
-            )
+            # static and uvm: every row in the cache (as the original's, which never evict)
+            evicting = server.has_database and model.embedding_cache_type not in ("static", "uvm")
+            self.cache = EmbeddingCache(self.tag, self.dim, rows, float(model.gpucacheper), self.key_dtype, evicting)
 
     # -- in the graph --------------------------------------------------------------------------
     def lookup(self, keys: tf.Tensor) -> tf.Tensor:
