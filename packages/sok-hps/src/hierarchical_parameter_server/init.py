@@ -42,10 +42,10 @@ _ARGS = ("ps_config_file", "global_batch_size")
 def Init(**kwargs: Any) -> tf.Tensor:  # noqa: N802 (the seed API's name)
     """Initialise HPS for this process from a ps_config JSON file; returns the string tensor ``"OK"``.
 
-    Args:
-        ps_config_file: path of the ps_config JSON (relative paths are relative to the working
+    Keyword Args:
+        ps_config_file (str): path of the ps_config JSON (relative paths are relative to the working
             directory).
-        global_batch_size: the largest batch the lookups serve; at most every model's
+        global_batch_size (int): the largest batch the lookups serve; at most every model's
             ``max_batch_size``.
 
     Raises:
