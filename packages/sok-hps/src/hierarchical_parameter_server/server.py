@@ -141,9 +141,9 @@ class ServedTable:
         """``values`` of ``keys`` with the rows of the keys the cache lacks, per
         :attr:`hit_rate_threshold`: the hit rate is over distinct keys, as the original's."""
         lib = tf_ops.library()
-        where = tf.where(tf.logical_not(found))
 
         def with_misses() -> tf.Tensor:
+            where = tf.where(tf.logical_not(found))
             missing, positions = lib.sok_unique_index(tf.gather_nd(keys, where))
 
             def fetched() -> tf.Tensor:
@@ -163,7 +163,7 @@ class ServedTable:
             misses = tf.cast(tf.size(missing), tf.float64) / tf.cast(tf.size(distinct), tf.float64)
             return tf.cond(1.0 - misses < self.hit_rate_threshold, fetched, defaults_now)
 
-        return tf.cond(tf.size(where) > 0, with_misses, lambda: values)
+        return tf.cond(tf.reduce_all(found), lambda: values, with_misses)
 
     # -- in Python -------------------------------------------------------------------------------
     def _fetch_py(self, keys: tf.Tensor) -> np.ndarray:
