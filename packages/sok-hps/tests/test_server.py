@@ -84,11 +84,13 @@ def test_tiers_alone_and_chained_are_exact(serve, kind):
             np.testing.assert_array_equal(sparse(ragged, None, combiner=combiner).numpy(), want.numpy())
 
 
-def test_hit_rate_threshold_zero_serves_defaults_then_the_rows(serve):
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
+def test_hit_rate_threshold_zero_serves_defaults_then_the_rows(serve, graph):
     server, oracle = serve("chain", hit_rate_threshold=0.0)
-    lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
-    ids = tf.constant([5, 17, 3000], tf.int64)
-    np.testing.assert_array_equal(lookup(ids).numpy(), np.full((3, DIM), 0.5, np.float32))
+    layer = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    lookup = tf.function(layer) if graph else layer
+    ids = tf.constant([5, 17, 3000, 17], tf.int64)
+    np.testing.assert_array_equal(lookup(ids).numpy(), np.full((4, DIM), 0.5, np.float32))
     server.wait_for_background_work()
     np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
 
