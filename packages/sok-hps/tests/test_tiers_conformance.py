@@ -179,3 +179,12 @@ class TestRocksDB(TierConformance):
         tier = RocksDBTier(str(tmp_path / "rocksdb"), num_threads=2, max_batch_size=BATCH)
         yield tier
         tier.close()
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_closed_hash_map_refuses_calls(parallel):
+    tier = HashMapTier(num_partitions=2, parallel=parallel)
+    tier.insert("hps_et.m.t", np.arange(3), np.ones((3, 2), np.float32))
+    tier.close()
+    with pytest.raises(RuntimeError, match="is closed"):
+        tier.fetch("hps_et.m.t", np.arange(3), 2)
