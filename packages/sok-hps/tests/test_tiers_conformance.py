@@ -37,7 +37,7 @@ class TierConformance:
         keys = np.array([5, -3, 0, 2**62, -(2**63), 2**63 - 1, 17, 100_000], np.int64)
         values = rows(len(keys), 8)
         tier.insert(tag, keys, values)
-        query = np.array([17, 4, -3, 2**63 - 1, 99, 5, -(2**63)], np.int64)
+        query = np.array([17, 4, -3, 2**63 - 1, 99, 5, -(2**63), 17, 4], np.int64)  # repeats too
         got, found = tier.fetch(tag, query, 8)
         lookup = dict(zip(keys.tolist(), values))
         want_found = np.array([k in lookup for k in query.tolist()])
