@@ -225,3 +225,12 @@ def test_static_and_uvm_caches_hold_every_row(serve, cache_type):
     lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
     ids = tf.constant(np.arange(0, ROWS + EXTRA, 7), tf.int64)
     np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
+
+
+def test_a_cache_of_every_row_does_not_grow_with_unknown_keys(serve):
+    server, oracle = serve("cache")
+    lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    unknown = tf.constant(np.arange(ROWS, ROWS + EXTRA), tf.int64)
+    for _ in range(2):
+        np.testing.assert_array_equal(lookup(unknown).numpy(), tf.nn.embedding_lookup(oracle, unknown).numpy())
+    assert server.table("m", 0).cache.size() == ROWS

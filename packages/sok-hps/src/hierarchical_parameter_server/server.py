@@ -78,6 +78,7 @@ class ServedTable:
         max_keys: ``max_batch_size`` x ``maxnum_catfeature_query_per_table_per_sample`` of the
             table, the most keys one lookup may pass.
         hit_rate_threshold: the model's, reference §3.6.
+        rows: the rows of the table's model file.
         cache: the table's :class:`EmbeddingCache`, None with ``gpucache: false``.
     """
 
@@ -182,10 +183,12 @@ class ServedTable:
         return self._server.fetch_from_databases(self, np.asarray(keys).astype(np.int64, copy=False))
 
     def fill(self, keys: np.ndarray) -> np.ndarray:
-        """:meth:`fetch` the rows of ``keys`` and write them into the cache; returns them."""
+        """:meth:`fetch` the rows of ``keys`` and write them into an evicting cache (default rows
+        included, as the original's cache takes them); returns them. A cache that holds every row
+        takes nothing: its misses are keys no tier has, and it must not grow with them."""
         with self.lock:
             rows = self.fetch(keys)
-            if self.cache is not None and len(keys):
+            if self.cache is not None and self.cache.evicting and len(keys):
                 self.cache.insert(np.asarray(keys), rows)
             return rows
 
