@@ -180,16 +180,18 @@ class ServedTable:
     def fetch(self, keys: np.ndarray) -> np.ndarray:
         """The rows of ``keys`` from the databases, the default value where no tier has a key:
         ``float32 [n, dim]``."""
-        return self._server.fetch_from_databases(self, np.asarray(keys).astype(np.int64, copy=False))
+        return self._server.fetch_from_databases(self, np.asarray(keys).astype(np.int64, copy=False))[0]
 
     def fill(self, keys: np.ndarray) -> np.ndarray:
-        """:meth:`fetch` the rows of ``keys`` and write them into an evicting cache (default rows
-        included, as the original's cache takes them); returns them. A cache that holds every row
+        """Fetch the rows of ``keys`` from the databases and write them into an evicting cache
+        (default rows included, as the original's cache takes them, but not the defaults of keys a
+        database that could not be reached may hold); returns them. A cache that holds every row
         takes nothing: its misses are keys no tier has, and it must not grow with them."""
+        keys = np.asarray(keys)
         with self.lock:
-            rows = self.fetch(keys)
-            if self.cache is not None and self.cache.evicting and len(keys):
-                self.cache.insert(np.asarray(keys), rows)
+            rows, known = self._server.fetch_from_databases(self, keys.astype(np.int64, copy=False))
+            if self.cache is not None and self.cache.evicting and known.any():
+                self.cache.insert(keys[known], rows[known])
             return rows
 
     def apply_update(self, keys: np.ndarray, values: np.ndarray) -> None:
@@ -374,16 +376,20 @@ class ParameterServer:
             logger.warning("HPS: %s answers again", db.name)
         return result
 
-    def fetch_from_databases(self, served: ServedTable, keys: np.ndarray) -> np.ndarray:
+    def fetch_from_databases(self, served: ServedTable, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows of int64 ``keys`` of ``served``: volatile DB, then persistent DB for the keys it
-        lacks, then the default value (reference §3.7)."""
+        lacks, then the default value (reference §3.7). Returns ``(rows float32 [n, dim], known
+        bool [n])``: ``known`` is False for keys that got the default while a database could not
+        be reached (they may exist there: such a default must not be cached)."""
         n = len(keys)
         rows = np.full((n, served.dim), served.default_value, dtype=np.float32)
-        if n == 0:
-            return rows
         missing = np.ones(n, dtype=bool)
+        answered = True
+        if n == 0:
+            return rows, missing
         if self._volatile is not None:
             got = self._guarded(self._volatile, "lookup", self._volatile.fetch, served.tag, keys, served.dim)
+            answered = got is not None
             if got is not None:
                 values, found = got
                 rows[found] = values[found]
@@ -391,13 +397,14 @@ class ParameterServer:
         if self._persistent is not None and missing.any():
             idx = np.flatnonzero(missing)
             got = self._guarded(self._persistent, "lookup", self._persistent.fetch, served.tag, keys[idx], served.dim)
+            answered = answered and got is not None
             if got is not None:
                 values, found = got
                 rows[idx[found]] = values[found]
                 missing[idx[found]] = False
                 if self._volatile is not None and self.config.volatile_db.cache_missed_embeddings and found.any():
                     self.submit(self._copy_back, served.tag, keys[idx[found]], values[found])
-        return rows
+        return rows, ~missing | answered
 
     def _copy_back(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
         self._guarded(self._volatile, "copy back of persistent rows", self._volatile.insert, tag, keys, values)
