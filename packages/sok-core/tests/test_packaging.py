@@ -28,7 +28,7 @@ def test_extras_pin_the_same_version():
     extras = core["optional-dependencies"]
     assert extras["det"] == [f"sok-backend-det=={version}"]
     assert extras["hkv"] == [f"sok-backend-hkv=={version}"]
-    assert extras["hps"] == [f"sok-hps=={version}"]
+    assert extras["hps"] == [f"sok-hps[all]=={version}"]  # HPS with every tier's client
     assert sorted(extras["all"]) == sorted(extras["det"] + extras["hkv"] + extras["hps"])
     for name in PACKAGES[1:]:
         assert f"sok-core=={version}" in _project(name)["dependencies"]
