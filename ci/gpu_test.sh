@@ -12,7 +12,8 @@
 #   tf        (--tf, needs a CUDA TensorFlow importable by $PYTHON: ../shared/tools/tf-gpu) the seed
 #             examples and sok-core's TensorFlow tests on the GPU (every DynamicVariable of them lives
 #             there: optimizer and lookup_sparse oracles, checkpoints, the graph checks) with its
-#             GPU-kernel tests (test_*_gpu.py); multi-process tests skip (no Horovod there).
+#             GPU-kernel tests (test_*_gpu.py), and sok-hps's tests (its caches on the GPU); multi-process
+#             tests skip (no Horovod there).
 #   sanitize  (--sanitize) compute-sanitizer memcheck and racecheck over the CUDA conformance tests
 #             selected by -k "$SOK_SANITIZE_K" (default find_or_insert), CuPy's memory pool off; with
 #             --tf also memcheck over sok-core's GPU-kernel tests (TF_GPU_ALLOCATOR=cuda_malloc_async,
@@ -157,7 +158,7 @@ EOF
     echo "== $example"
     "$PYTHON" "$example"
   done
-  "$PYTHON" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=600 -m "not multiprocess" packages/sok-core/tests
+  "$PYTHON" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=600 -m "not multiprocess" packages/sok-core/tests packages/sok-hps/tests
 }
 
 sanitize() {
