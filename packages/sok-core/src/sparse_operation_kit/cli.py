@@ -26,10 +26,11 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    status = 0
     if args.part in ("storage", "all"):
-        from sparse_operation_kit.demo.storage import run_storage_demo
+        from sparse_operation_kit.demo.storage import check_arguments
 
-        run_storage_demo(num_keys=args.keys, dim=args.storage_dim, batch=args.batch, var_types=args.var_types)
+        check_arguments(args.keys, args.storage_dim, args.batch)
     if args.part in ("train", "all"):
         from sparse_operation_kit.demo.train import DemoConfig, train
 
@@ -66,8 +67,12 @@ def _demo(args: argparse.Namespace) -> int:
                 "--output",
                 args.output,
             ]
-            return subprocess.run(command).returncode
-    return 0
+            status = subprocess.run(command).returncode
+    if args.part in ("storage", "all"):
+        from sparse_operation_kit.demo.storage import run_storage_demo
+
+        run_storage_demo(num_keys=args.keys, dim=args.storage_dim, batch=args.batch, var_types=args.var_types)
+    return status
 
 
 def _ckpt(args: argparse.Namespace) -> int:

@@ -140,9 +140,10 @@ class CriteoGenerator:
     def _effects(self, ids: np.ndarray) -> np.ndarray:
         """[B, 26] standard-normal effect of each (feature, id), a function of the seed only."""
         feature = np.arange(NUM_CATEGORICAL, dtype=np.uint64)[None, :]
-        base = _mix(np.uint64(self.seed) * _GOLDEN + feature * np.uint64(0x632BE59BD9B4E019))
-        bits = _mix(base ^ (ids.astype(np.uint64) * _GOLDEN))
-        u1, u2 = _uniform(bits), _uniform(_mix(bits + _GOLDEN))
+        with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
+            base = _mix(np.uint64(self.seed) * _GOLDEN + feature * np.uint64(0x632BE59BD9B4E019))
+            bits = _mix(base ^ (ids.astype(np.uint64) * _GOLDEN))
+            u1, u2 = _uniform(bits), _uniform(_mix(bits + _GOLDEN))
         return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
 
     def click_logit(self, counts: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -42,6 +42,12 @@ def _best_of(rounds: int, call) -> tuple[float, float]:
     return min(times), float(np.median(times))
 
 
+def check_arguments(num_keys: int, dim: int, batch: int, rounds: int = 1) -> None:
+    """Raise ValueError unless the tour's sizes are valid (the CLI checks them before training)."""
+    if num_keys < 1 or dim < 1 or batch < 1 or rounds < 1:
+        raise ValueError(f"keys, dim and batch must be >= 1 (and rounds), got {num_keys}, {dim}, {batch}, {rounds}")
+
+
 def run_storage_demo(
     num_keys: int = 1 << 20,
     dim: int = 64,
@@ -59,8 +65,7 @@ def run_storage_demo(
     fresh output array (``num_keys * dim`` floats) whose pages the kernel must first supply, and
     other processes take the cores and the memory bandwidth for a while.
     """
-    if num_keys < 1 or dim < 1 or batch < 1 or rounds < 1:
-        raise ValueError(f"keys, dim and batch must be >= 1 (and rounds), got {num_keys}, {dim}, {batch}, {rounds}")
+    check_arguments(num_keys, dim, batch, rounds)
     rng = np.random.default_rng(seed)
     # Keys spread over the whole int64 range, negative ones included: every value is a valid key.
     keys = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=num_keys, dtype=np.int64)

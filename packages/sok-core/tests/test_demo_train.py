@@ -1,0 +1,89 @@
+"""The demo's job on a small model: train -> sok.dump -> (HPS serving), one process.
+
+The checkpoint is read back through ``checkpoint_format`` and compared with the trained tables
+(static tables: keys are the row ids; dynamic tables: the keys training fed them, ``dynamic_keys``
+of the ids). The HPS step runs when sok-hps has its layers (``serve.hps_serving_available``)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
+from sparse_operation_kit.demo import serve as serve_module  # noqa: E402
+from sparse_operation_kit.demo.dlrm import dynamic_keys, table_plan  # noqa: E402
+from sparse_operation_kit.demo.train import CHECKPOINT_DIR, CONFIG_FILE, DemoConfig, train  # noqa: E402
+
+SMALL = {"steps": 30, "epochs": 2, "batch_size": 256, "eval_batches": 2, "dim": 4, "max_rows": 2048}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    output = str(tmp_path_factory.mktemp("demo"))
+    config = DemoConfig(**SMALL, dynamic_rows=512, var_types=["hbm", "hybrid"])
+    return output, config, train(config, output)
+
+
+def test_training_learns(trained):
+    _, _, results = trained
+    losses = np.asarray(results["loss"])
+    assert losses[-10:].mean() < losses[:10].mean()
+    assert len(results["eval_auc"]) == 2 and all(0.5 < a <= results["auc_ceiling"] for a in results["eval_auc"][1:])
+
+
+def test_files_are_written(trained):
+    output, config, _ = trained
+    with open(os.path.join(output, CONFIG_FILE), encoding="utf-8") as f:
+        record = json.load(f)
+    assert record["table_kinds"] == table_plan(record["rows"], "mixed", ["hbm", "hybrid"], 512)
+    assert {"static", "hbm", "hybrid"} <= set(record["table_kinds"])
+    predictions = np.load(os.path.join(output, "eval_predictions.npy"))
+    assert predictions.shape == (config.eval_batches * config.batch_size,)
+    assert os.path.exists(os.path.join(output, "training.png"))
+
+
+def test_checkpoint_keys_are_row_ids_or_dynamic_keys(trained):
+    output, config, _ = trained
+    with open(os.path.join(output, CONFIG_FILE), encoding="utf-8") as f:
+        record = json.load(f)
+    from sparse_operation_kit.demo.criteo import CriteoGenerator
+
+    gen = CriteoGenerator(seed=config.seed, max_rows=config.max_rows)
+    _, eval_ids, _ = gen.batch(0, config.batch_size, "eval")
+    for i, (name, kind) in enumerate(zip(record["table_names"], record["table_kinds"])):
+        keys = fmt.payload(fmt.read_header(os.path.join(output, CHECKPOINT_DIR, fmt.key_file(name))))
+        if kind == "static":
+            np.testing.assert_array_equal(np.sort(keys), np.arange(record["rows"][i]))
+        else:  # every id the evaluation looked up is in the checkpoint, under its dynamic key
+            assert np.isin(dynamic_keys(eval_ids[:, i]), keys).all(), name
+
+
+def test_serving_through_hps_equals_the_trained_model(trained):
+    reason = serve_module.hps_serving_available()
+    if reason is not None:
+        pytest.skip(f"HPS serving is not available: {reason}")
+    output, _, _ = trained
+    result = serve_module.serve(output)
+    assert abs(result["auc"] - result["trained_auc"]) <= serve_module.AUC_TOLERANCE
+    assert result["max_abs_diff"] <= serve_module.AUC_TOLERANCE
+
+
+def test_ps_config_names_the_checkpoint_tables(trained):
+    output, config, _ = trained
+    with open(os.path.join(output, CONFIG_FILE), encoding="utf-8") as f:
+        record = json.load(f)
+    model = serve_module.ps_config(output, record, config.batch_size)["models"][0]
+    assert [os.path.basename(p) for p in model["sparse_files"]] == record["table_names"]
+    for path in model["sparse_files"]:
+        assert os.path.exists(path + "-key") and os.path.exists(path + "-weight")
+    assert model["embedding_vecsize_per_table"] == [config.dim] * 26
+
+
+def test_config_refuses_a_batch_that_does_not_split():
+    with pytest.raises(ValueError, match="not a multiple of the 3 ranks"):
+        DemoConfig(batch_size=100).check(3)
