@@ -10,7 +10,7 @@ demo: setup
 
 # The same training on two Horovod ranks (data- and model-parallel), then serving in one process.
 demo-np2: setup
-	TF_NUM_INTRAOP_THREADS=1 .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/sok demo --part train --output build/demo-np2
+	TF_NUM_INTRAOP_THREADS=1 HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=600 .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/sok demo --part train --output build/demo-np2
 	.venv/bin/sok demo --part serve --output build/demo-np2
 
 test: setup
