@@ -11,7 +11,7 @@ CACHE="${SOK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sok-dev}"
 TF_VERSION="2.21.0"
 HOROVOD_VERSION="0.28.1"
 PACKAGES=(sok-core sok-backend-det sok-backend-hkv sok-hps)
-STEPS=5
+STEPS=6
 START=$(date +%s)
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 
@@ -101,7 +101,24 @@ else
   echo "$HVD_BUILT for TensorFlow $TF_TAG" >"$HVD_STAMP"
 fi
 
-step 5 "packages: ${PACKAGES[*]}"
+step 5 "system packages: redis-server (the Redis tests of sok-hps)"
+# apt-get as root (CI) or through passwordless sudo; without either the Redis tests skip and say why.
+if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
+  echo "found $(redis-server --version | cut -d' ' -f3)"
+elif ! command -v apt-get >/dev/null 2>&1; then
+  echo "warning: redis-server is missing and there is no apt-get; the Redis tests will be skipped"
+else
+  SUDO=""
+  [[ $EUID -ne 0 ]] && SUDO="sudo -n"
+  if $SUDO true 2>/dev/null; then
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server \
+      || echo "warning: apt-get install redis-server failed; the Redis tests will be skipped"
+  else
+    echo "warning: redis-server is missing and apt-get needs root; the Redis tests will be skipped"
+  fi
+fi
+
+step 6 "packages: ${PACKAGES[*]}"
 # CUDA code (where nvcc is found) is built for this machine's GPU, or for one architecture (sm_90)
 # on machines without one (CI), which keeps the build short; pip users get 80 and 90.
 if [[ -z "${CUDAARCHS:-}" ]]; then

@@ -1,0 +1,229 @@
+"""``hps.LookupLayer`` and ``hps.SparseLookupLayer``: Keras 3 layers over the parameter server.
+
+They return what ``tf.nn.embedding_lookup`` and ``tf.nn.embedding_lookup_sparse`` return on the
+same table, bit for bit: the server finds the rows of the ids (cache, then the database tiers,
+then the table's default value); ``max_norm`` clips them as ``tf.nn.embedding_lookup`` does, and
+``tf.nn.embedding_lookup_sparse`` itself combines them. Eager and inside ``tf.function``; on the
+CPU and, under a CUDA TensorFlow, on the GPU.
+
+The layers have no weights and save with the model (``model.save("m.keras")``): their config is
+their constructor's arguments, and a model loaded in another process initialises HPS from the
+layers' ``ps_config_file`` on its first call.
+
+Where this differs from NVIDIA HPS: the checks of ``forward_check`` (reference §1.6) raise
+``ValueError`` (at the call: unknown model, ``table_id`` out of range, ``emb_vec_size`` or the ids'
+dtype not the config's) or ``tf.errors.InvalidArgumentError`` (in the graph: more keys than
+``max_batch_size`` x ``maxnum_catfeature_query_per_table_per_sample``) instead of returning
+uninitialised memory; ``SparseLookupLayer`` also takes ``tf.RaggedTensor`` ids and weights.
+
+Example::
+
+    lookup = hps.LookupLayer(model_name="foo", table_id=0, emb_vec_size=16, emb_vec_dtype=tf.float32,
+                             ps_config_file="ps.json", global_batch_size=1024)
+    emb = lookup(tf.constant([[1, 2], [3, 4]], tf.int32))          # [2, 2, 16]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from hierarchical_parameter_server import init
+from hierarchical_parameter_server.server import ServedTable
+
+__all__ = ["LookupLayer", "SparseLookupLayer"]
+
+_COMBINERS = ("mean", "sqrtn", "sum")
+
+
+class _HpsLayer(keras.layers.Layer):
+    """What both layers share: the constructor of the seed, the config, the served table."""
+
+    def __init__(
+        self,
+        model_name: str,
+        table_id: int,
+        emb_vec_size: int,
+        emb_vec_dtype: Any = tf.float32,
+        ps_config_file: str = "",
+        global_batch_size: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        try:
+            dtype = tf.as_dtype(emb_vec_dtype)
+        except TypeError:
+            dtype = None
+        if dtype != tf.float32:
+            raise ValueError(f"emb_vec_dtype must be tf.float32 (HPS tables hold float32 rows), got {emb_vec_dtype!r}")
+        if isinstance(emb_vec_size, bool) or not isinstance(emb_vec_size, int) or emb_vec_size < 1:
+            raise ValueError(f"emb_vec_size must be an integer >= 1, got {emb_vec_size!r}")
+        if isinstance(table_id, bool) or not isinstance(table_id, int) or table_id < 0:
+            raise ValueError(f"table_id must be an integer >= 0, got {table_id!r}")
+        self.model_name = model_name
+        self.table_id = table_id
+        self.emb_vec_size = emb_vec_size
+        self.emb_vec_dtype = tf.float32
+        self.ps_config_file = ps_config_file
+        self.global_batch_size = global_batch_size
+        self.supports_jit = False  # the lookup's misses run Python (tf.py_function)
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            model_name=self.model_name,
+            table_id=self.table_id,
+            emb_vec_size=self.emb_vec_size,
+            emb_vec_dtype="float32",
+            ps_config_file=self.ps_config_file,
+            global_batch_size=self.global_batch_size,
+        )
+        return config
+
+    def _served(self, ids_dtype: tf.DType) -> ServedTable:
+        """The served table, HPS initialised first if needed; the call's checks."""
+        server = init.get_server(self.ps_config_file, self.global_batch_size)
+        table = server.table(self.model_name, self.table_id)
+        if self.emb_vec_size != table.dim:
+            raise ValueError(
+                f"emb_vec_size {self.emb_vec_size} of {self.name} is not the width of table {self.table_id} of "
+                f"model {self.model_name!r}: the ps_config says {table.dim} (embedding_vecsize_per_table); "
+                f"pass emb_vec_size={table.dim}"
+            )
+        if ids_dtype != table.key_dtype:
+            flag = "true" if ids_dtype == tf.int64 else "false"
+            raise ValueError(
+                f"ids of {self.name} are {ids_dtype.name} but the ps_config's supportlonglong is "
+                f"{str(table.key_dtype == tf.int64).lower()}, so keys are {table.key_dtype.name}; cast the ids "
+                f'(tf.cast(ids, tf.{table.key_dtype.name})) or set "supportlonglong": {flag}'
+            )
+        return table
+
+
+def _check_ids_dtype(dtype: tf.DType, layer: str) -> None:
+    if dtype not in (tf.int32, tf.int64):
+        raise ValueError(f"ids of {layer} must be tf.int32 or tf.int64, got {dtype.name}")
+
+
+@keras.saving.register_keras_serializable(package="hps")
+class LookupLayer(_HpsLayer):
+    """HPS's equivalent of ``tf.nn.embedding_lookup``: rows of one table of a model.
+
+    Args:
+        model_name: the model (``models[].model`` of the ps_config) that holds the table.
+        table_id: the table's index in the model's ``sparse_files``.
+        emb_vec_size: the table's width (``embedding_vecsize_per_table[table_id]``).
+        emb_vec_dtype: ``tf.float32`` (the only one).
+        ps_config_file: the ps_config JSON for implicit initialisation ("" where ``hps.Init`` is
+            called first).
+        global_batch_size: the ``global_batch_size`` of the implicit initialisation.
+        **kwargs: Keras layer arguments (``name``, ...).
+
+    Example::
+
+        lookup = hps.LookupLayer(model_name="foo", table_id=0, emb_vec_size=16,
+                                 emb_vec_dtype=tf.float32, ps_config_file="ps.json",
+                                 global_batch_size=1024)
+
+        @tf.function
+        def infer(ids):                      # ids: int32 [batch, slots] (supportlonglong false)
+            return lookup(ids)               # float32 [batch, slots, 16]
+    """
+
+    def call(self, ids: Any, max_norm: Any = None) -> tf.Tensor:
+        """The rows of ``ids`` (int32 or int64 per ``supportlonglong``, any shape): float32
+        ``ids.shape + [emb_vec_size]``; keys no tier has get the table's default value.
+
+        Args:
+            ids: the ids, a dense tensor.
+            max_norm: if not None, each row whose l2-norm is larger is clipped to it.
+
+        Raises:
+            ValueError: a check of the call (the message says which and how to fix it).
+            tf.errors.InvalidArgumentError: more ids than the table's per-lookup capacity.
+        """
+        ids = tf.convert_to_tensor(ids)
+        _check_ids_dtype(ids.dtype, self.name)
+        table = self._served(ids.dtype)
+        rows = table.lookup(tf.reshape(ids, [-1]))
+        out = tf.reshape(rows, tf.concat([tf.shape(ids), [self.emb_vec_size]], axis=0))
+        out.set_shape(ids.shape.concatenate([self.emb_vec_size]))
+        if max_norm is not None:  # as tf.nn.embedding_lookup clips: each row, over the last axis
+            out = tf.clip_by_norm(out, max_norm, axes=[out.shape.rank - 1])
+        return tf.identity(out)
+
+    def compute_output_shape(self, input_shape: Any) -> tuple:
+        return tuple(input_shape) + (self.emb_vec_size,)
+
+
+@keras.saving.register_keras_serializable(package="hps")
+class SparseLookupLayer(_HpsLayer):
+    """HPS's equivalent of ``tf.nn.embedding_lookup_sparse``: combined rows of one table.
+
+    Args: as :class:`LookupLayer`.
+
+    Example::
+
+        sparse_lookup = hps.SparseLookupLayer(model_name="foo", table_id=0, emb_vec_size=16,
+                                              emb_vec_dtype=tf.float32, ps_config_file="ps.json",
+                                              global_batch_size=1024)
+
+        @tf.function
+        def infer(sp_ids):                   # SparseTensor [batch, nnz] of int32 ids
+            return sparse_lookup(sp_ids=sp_ids, sp_weights=None, combiner="mean")   # [batch, 16]
+    """
+
+    def call(
+        self,
+        sp_ids: Any,
+        sp_weights: Any = None,
+        name: str | None = None,
+        combiner: str | None = None,
+        max_norm: Any = None,
+    ) -> tf.Tensor:
+        """The combined rows of each row of ``sp_ids`` (``[d0, emb_vec_size]``), as
+        ``tf.nn.embedding_lookup_sparse`` combines them.
+
+        Args:
+            sp_ids: ``tf.SparseTensor`` (rank 2, indices in row-major order) or ``tf.RaggedTensor``
+                of int32 or int64 ids per ``supportlonglong``.
+            sp_weights: None (every weight 1) or float weights of the same kind and layout.
+            name: accepted for the seed's signature; unused.
+            combiner: ``"mean"`` (None: the default), ``"sqrtn"`` or ``"sum"``.
+            max_norm: if not None, each row is clipped to this l2-norm before combining.
+
+        Raises:
+            TypeError: ``sp_ids`` or ``sp_weights`` of the wrong kind.
+            ValueError: an unknown ``combiner``, or a check of the call.
+            tf.errors.InvalidArgumentError: more distinct ids than the table's per-lookup capacity.
+        """
+        combiner = "mean" if combiner is None else combiner
+        if combiner not in _COMBINERS:
+            raise ValueError(f"combiner must be one of 'mean', 'sqrtn' or 'sum', got {combiner!r}")
+        kinds = (tf.SparseTensor, tf.RaggedTensor)
+        kind = next((k for k in kinds if isinstance(sp_ids, k)), None)
+        if kind is not None and sp_weights is not None and not isinstance(sp_weights, kind):
+            got = type(sp_weights).__name__
+            raise TypeError(f"sp_weights must be None or a {kind.__name__} like sp_ids, got {got}")
+        if kind is tf.SparseTensor:
+            flat = sp_ids.values
+        elif kind is tf.RaggedTensor:
+            flat = sp_ids.flat_values
+        else:
+            raise TypeError(f"sp_ids must be a SparseTensor or a RaggedTensor, got {type(sp_ids).__name__}")
+        _check_ids_dtype(flat.dtype, self.name)
+        table = self._served(flat.dtype)
+        rows = table.lookup(flat)
+        positions = tf.range(tf.size(flat, out_type=tf.int64))  # row i of rows is id i's
+        if kind is tf.SparseTensor:
+            by_position = tf.SparseTensor(sp_ids.indices, positions, sp_ids.dense_shape)
+        else:
+            by_position = sp_ids.with_flat_values(positions)
+        out = tf.nn.embedding_lookup_sparse(rows, by_position, sp_weights, combiner=combiner, max_norm=max_norm)
+        out.set_shape([sp_ids.shape[0], self.emb_vec_size])
+        return out
+
+    def compute_output_shape(self, input_shape: Any) -> tuple:
+        return (tuple(input_shape)[0], self.emb_vec_size)

@@ -1,0 +1,477 @@
+"""The parameter server: every table of a ps_config behind its tiers, and the lookup the layers run.
+
+A :class:`ParameterServer` does at start what reference §3.1 describes: it opens the volatile and
+the persistent database of the config, loads every table of every model (the ``sparse_files``:
+HPS sparse-model folders or ``sok.dump`` checkpoints) into both, makes one embedding cache per
+table (:mod:`hierarchical_parameter_server.cache`), pre-fills it when
+``cache_refresh_percentage_per_iteration`` > 0 and ``init_ec``, and starts the config's update
+source.
+
+A lookup of one table (:meth:`ServedTable.lookup`) is built in the graph: the keys are found in
+the cache (``SokFind``), and only when some are missing are those de-duplicated
+(``SokUniqueIndex``) and fetched by a ``tf.py_function`` from the lower tiers: volatile DB, then
+persistent DB, then the table's ``default_value``; what they return is written into the cache. ``hit_rate_threshold``
+(reference §3.6): when the batch's cache hit rate is below it, the misses are fetched before the
+lookup returns (1.0, or more: always, so lookups are exact); at or above it, the misses get the
+default value in this batch and are fetched and cached in the background.
+
+Where this differs from NVIDIA HPS (deliberately):
+
+* Online updates reach the cache: the rows of an update that the cache holds are overwritten
+  (the original never updated its GPU cache). A per-table lock orders an update against the
+  filling of a miss, so a stale row fetched before the update never lands in the cache after it.
+* With no database, or with ``embedding_cache_type`` ``static`` or ``uvm``, the cache holds every
+  row (a det table, never evicting; on the GPU when there is one: no host-memory part as ``uvm``
+  has); a model with ``gpucache: false`` and no database is refused (the original served every
+  key the default value).
+* ``fuse_embedding_table`` is accepted and changes nothing: each table is looked up on its own,
+  with no barrier between the lookups of a fused group (the results are the same).
+* A database that cannot be reached (e.g. a Redis node down) is skipped with a warning, and the
+  lookup goes on to the next tier; it is used again as soon as it answers.
+* ``cache_missed_embeddings`` copies back to the volatile DB only the rows the persistent DB had,
+  not the default values of keys no tier has.
+* Keys: every int64 (or int32) value is valid, none is reserved. With ``supportlonglong: false``
+  the keys of the model files must fit int32.
+
+Example::
+
+    server = ParameterServer(load_config("ps.json"))
+    table = server.table("foo", 0)
+    rows = table.lookup(tf.constant([3, 1, 3], tf.int32))      # [3, dim]
+    server.close()
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import re
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from sparse_operation_kit import tf_ops
+
+from hierarchical_parameter_server import model_files, tiers
+from hierarchical_parameter_server.cache import EmbeddingCache
+from hierarchical_parameter_server.config import ModelConfig, PSConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ParameterServer", "ServedTable"]
+
+#: Rows per chunk when the model files are loaded into the tiers.
+_LOAD_CHUNK_ROWS = 1 << 16
+_INT32 = np.iinfo(np.int32)
+
+
+class ServedTable:
+    """One table of one model as the server serves it: its cache, its tiers, its default.
+
+    Attributes:
+        model: the model's name; ``table_id``: the table's index in the model.
+        tag: ``hps_et.<model>.<table name>``, the table's name in the databases.
+        dim: the embedding width; ``default_value``: the scalar of every column of a missing key.
+        key_dtype: ``tf.int64`` (``supportlonglong``) or ``tf.int32``.
+        max_keys: ``max_batch_size`` x ``maxnum_catfeature_query_per_table_per_sample`` of the
+            table, the most keys one lookup may pass.
+        hit_rate_threshold: the model's, reference §3.6.
+        cache: the table's :class:`EmbeddingCache`, None with ``gpucache: false``.
+    """
+
+    def __init__(self, server: ParameterServer, model: ModelConfig, table_id: int, rows: int, key_dtype: Any) -> None:
+        self._server = server
+        self.model = model.model
+        self.table_id = table_id
+        self.tag = model.table_tag(table_id)
+        self.dim = int(model.embedding_vecsize_per_table[table_id])
+        self.default_value = float(model.default_value_for_each_table[table_id])
+        self.key_dtype = tf.as_dtype(key_dtype)
+        self.max_keys = int(model.max_batch_size) * int(model.maxnum_catfeature_query_per_table_per_sample[table_id])
+        self.hit_rate_threshold = float(model.hit_rate_threshold)
+        self.rows = rows
+        self.lock = threading.RLock()
+        self.cache: EmbeddingCache | None = None
+        if model.gpucache:
+            # static and uvm: every row in the cache (as the original's, which never evict)
+            evicting = server.has_database and model.embedding_cache_type not in ("static", "uvm")
+            self.cache = EmbeddingCache(self.tag, self.dim, rows, float(model.gpucacheper), self.key_dtype, evicting)
+
+    # -- in the graph --------------------------------------------------------------------------
+    def lookup(self, keys: tf.Tensor) -> tf.Tensor:
+        """The rows of the 1-D ``keys``: ``float32 [n, dim]``. TensorFlow ops (eager or in a
+        ``tf.function``) on the cache's device.
+
+        With a cache, the keys are found in it as they come (no de-duplication on the path where
+        every key is cached); only when some are missing are those de-duplicated and fetched
+        (:meth:`_complete`). Without one (``gpucache: false``), the distinct keys are fetched.
+
+        Raises:
+            tf.errors.InvalidArgumentError: more than :attr:`max_keys` keys.
+        """
+        device = self.cache.variable.table_device if self.cache is not None else "/CPU:0"
+        with tf.name_scope("HpsLookup"), tf.device(device):
+            check = tf.debugging.assert_less_equal(
+                tf.size(keys, out_type=tf.int64),
+                tf.constant(self.max_keys, tf.int64),
+                message=(
+                    f"HPS lookup of {self.tag}: more keys than max_batch_size x "
+                    f"maxnum_catfeature_query_per_table_per_sample = {self.max_keys}; raise them in the "
+                    f"ps_config or pass a smaller batch"
+                ),
+            )
+            with tf.control_dependencies([check]):
+                keys = tf.identity(keys)
+            if self.cache is None:
+                distinct, positions = tf_ops.library().sok_unique_index(keys)
+                return tf.gather(self._fetch_op(distinct, cache=False), positions)
+            values, found = self.cache.find(keys)
+            return self._complete(keys, values, found)
+
+    def _fetch_op(self, keys: tf.Tensor, cache: bool) -> tf.Tensor:
+        """``tf.py_function`` of :meth:`fill` (cache) or :meth:`fetch` on ``keys``: ``[n, dim]``."""
+        fn = self._fill_py if cache else self._fetch_py
+        rows = tf.py_function(fn, [keys], tf.float32, name="HpsFetchFromTiers")
+        rows.set_shape([None, self.dim])
+        return rows
+
+    def _complete(self, keys: tf.Tensor, values: tf.Tensor, found: tf.Tensor) -> tf.Tensor:
+        """``values`` of ``keys`` with the rows of the keys the cache lacks, per
+        :attr:`hit_rate_threshold`: the hit rate is over distinct keys, as the original's."""
+        lib = tf_ops.library()
+        where = tf.where(tf.logical_not(found))
+
+        def with_misses() -> tf.Tensor:
+            missing, positions = lib.sok_unique_index(tf.gather_nd(keys, where))
+
+            def fetched() -> tf.Tensor:
+                rows = self._fetch_op(missing, cache=True)
+                return tf.tensor_scatter_nd_update(values, where, tf.gather(rows, positions))
+
+            if self.hit_rate_threshold >= 1.0:
+                return fetched()
+
+            def defaults_now() -> tf.Tensor:
+                scheduled = tf.py_function(self._schedule_fill_py, [missing], tf.bool)
+                with tf.control_dependencies([scheduled]):
+                    fill = tf.fill([tf.shape(where)[0], self.dim], tf.constant(self.default_value, tf.float32))
+                    return tf.tensor_scatter_nd_update(values, where, fill)
+
+            distinct, _ = lib.sok_unique_index(keys)
+            misses = tf.cast(tf.size(missing), tf.float64) / tf.cast(tf.size(distinct), tf.float64)
+            return tf.cond(1.0 - misses < self.hit_rate_threshold, fetched, defaults_now)
+
+        return tf.cond(tf.size(where) > 0, with_misses, lambda: values)
+
+    # -- in Python -------------------------------------------------------------------------------
+    def _fetch_py(self, keys: tf.Tensor) -> np.ndarray:
+        return self.fetch(keys.numpy())
+
+    def _fill_py(self, keys: tf.Tensor) -> np.ndarray:
+        return self.fill(keys.numpy())
+
+    def _schedule_fill_py(self, keys: tf.Tensor) -> bool:
+        self._server.submit(self.fill, keys.numpy())
+        return True
+
+    def fetch(self, keys: np.ndarray) -> np.ndarray:
+        """The rows of ``keys`` from the databases, the default value where no tier has a key:
+        ``float32 [n, dim]``."""
+        return self._server.fetch_from_databases(self, np.asarray(keys).astype(np.int64, copy=False))
+
+    def fill(self, keys: np.ndarray) -> np.ndarray:
+        """:meth:`fetch` the rows of ``keys`` and write them into the cache; returns them."""
+        with self.lock:
+            rows = self.fetch(keys)
+            if self.cache is not None and len(keys):
+                self.cache.insert(np.asarray(keys), rows)
+            return rows
+
+    def apply_update(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Write an online update's rows (int64 ``keys``, ``values [n, dim]``) to the cache: the
+        rows it holds are overwritten (every row, where the cache is the only store)."""
+        if self.cache is None:
+            return
+        keys = self._server.table_keys(self, keys)
+        if self.cache.evicting:
+            cached = self.cache.update_present(keys, values)
+            logger.debug("update of %s: %d of %d rows were cached and are updated", self.tag, cached, len(keys))
+        else:
+            self.cache.insert(keys, values)
+
+
+class ParameterServer:
+    """Every table of ``config`` loaded into its tiers, the update source started.
+
+    Thread-safe: lookups of any tables from any threads, with updates applied meanwhile.
+
+    Args:
+        config: a loaded ps_config (:func:`hierarchical_parameter_server.config.load_config`).
+
+    Raises:
+        ValueError: a model with ``gpucache: false`` and no database (its rows would be nowhere).
+        hierarchical_parameter_server.config.ConfigError: a model file does not match its config.
+
+    Example::
+
+        server = ParameterServer(load_config({"supportlonglong": True, "models": [...]}))
+        rows = server.table("foo", 0).fetch(np.array([1, 2], np.int64))
+    """
+
+    def __init__(self, config: PSConfig) -> None:
+        self.config = config
+        self.key_dtype = tf.int64 if config.supportlonglong else tf.int32
+        self._volatile = tiers.make_volatile_db(config.volatile_db)
+        self._persistent = tiers.make_persistent_db(config.persistent_db)
+        self._volatile_filters = _filters(config.volatile_db.update_filters)
+        self._persistent_filters = _filters(config.persistent_db.update_filters)
+        self._unavailable: set[str] = set()
+        self._unavailable_lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, max((int(m.thread_pool_size) for m in config.models), default=1)),
+            thread_name_prefix="hps-async",
+        )
+        self._pending: set[concurrent.futures.Future] = set()
+        self._pending_lock = threading.Lock()
+        self._tables: dict[tuple[str, int], ServedTable] = {}
+        self._by_tag: dict[str, ServedTable] = {}
+        self._source: Any = None
+        try:
+            for model in config.models:
+                if not model.gpucache and not self.has_database:
+                    raise ValueError(
+                        f"model {model.model!r} has gpucache: false and the ps_config has no database "
+                        f"(volatile_db and persistent_db disabled): its rows would be nowhere. Set gpucache: true "
+                        f"(the cache then holds every row) or configure a volatile_db or persistent_db"
+                    )
+                for table_id in range(model.num_tables):
+                    self._load(model, table_id)
+            self._start_updates()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def volatile_db(self) -> Any:
+        """The volatile database tier (``tiers.Tier``), None when disabled."""
+        return self._volatile
+
+    @property
+    def persistent_db(self) -> Any:
+        """The persistent database tier (``tiers.Tier``), None when disabled."""
+        return self._persistent
+
+    @property
+    def has_database(self) -> bool:
+        """Whether a volatile or a persistent database stands behind the caches."""
+        return self._volatile is not None or self._persistent is not None
+
+    def table(self, model: str, table_id: int) -> ServedTable:
+        """The served table ``table_id`` of ``model``.
+
+        Raises:
+            ValueError: no such model, or ``table_id`` out of range (the message lists the valid ones).
+        """
+        served = self._tables.get((model, table_id))
+        if served is not None:
+            return served
+        names = sorted({m for m, _ in self._tables})
+        if model not in names:
+            raise ValueError(
+                f"model_name {model!r} is not in the ps_config; valid: {names}; fix model_name or the ps_config"
+            )
+        count = sum(1 for m, _ in self._tables if m == model)
+        raise ValueError(
+            f"table_id {table_id!r} of model {model!r} is out of range; valid: 0 .. {count - 1} "
+            f"({count} tables in its sparse_files)"
+        )
+
+    def tables(self) -> list[ServedTable]:
+        """Every served table."""
+        return list(self._tables.values())
+
+    # -- start -----------------------------------------------------------------------------------
+    def _load(self, model: ModelConfig, table_id: int) -> None:
+        tag = model.table_tag(table_id)
+        dim = int(model.embedding_vecsize_per_table[table_id])
+        source = model_files.open_table(model.sparse_files[table_id], dim)
+        served = ServedTable(self, model, table_id, source.rows, self.key_dtype)
+        self._tables[(model.model, table_id)] = served
+        self._by_tag[tag] = served
+        prefill = (
+            served.cache is not None
+            and served.cache.evicting
+            and float(model.cache_refresh_percentage_per_iteration) > 0
+            and bool(model.init_ec)
+        )
+        room = served.cache.capacity if prefill and served.cache is not None else 0
+        loaded = 0
+        for keys, values in source.chunks(_LOAD_CHUNK_ROWS):
+            table_keys = self.table_keys(served, keys, where=f"the model file {model.sparse_files[table_id]}")
+            for db in (self._volatile, self._persistent):
+                if db is not None:
+                    db.insert(tag, keys, values)
+            if served.cache is not None and not served.cache.evicting:
+                served.cache.insert(table_keys, values)
+            elif loaded < room and served.cache is not None:
+                take = min(len(keys), room - loaded)
+                served.cache.insert(table_keys[:take], values[:take])
+            loaded += len(keys)
+        logger.info(
+            "HPS table %s: %d rows loaded (%s)%s",
+            tag,
+            loaded,
+            ", ".join(db.name for db in (self._volatile, self._persistent) if db is not None) or "cache only",
+            f"; cache pre-filled with {min(loaded, room)} rows" if room else "",
+        )
+
+    def table_keys(self, served: ServedTable, keys: np.ndarray, where: str = "an update") -> np.ndarray:
+        """int64 ``keys`` as the table's key dtype (int32 needs them in its range)."""
+        keys = np.asarray(keys, dtype=np.int64)
+        if served.key_dtype == tf.int64:
+            return keys
+        if len(keys) and (keys.min() < _INT32.min or keys.max() > _INT32.max):
+            bad = keys[(keys < _INT32.min) | (keys > _INT32.max)][0]
+            raise ValueError(
+                f"{where} of {served.tag} has key {int(bad)}, outside int32, but supportlonglong is false "
+                f'(int32 keys); set "supportlonglong": true in the ps_config and look up int64 ids'
+            )
+        return keys.astype(np.int32)
+
+    def _start_updates(self) -> None:
+        cfg = self.config.update_source
+        if cfg.type != "directory":
+            return
+        from hierarchical_parameter_server import updates  # only a config with an update source needs it
+
+        self._source = updates.DirectoryUpdateSource.from_config(cfg)
+        self._source.start(self.apply_update)
+        logger.info("HPS applies the online updates written to %s", cfg.path)
+
+    # -- the databases -----------------------------------------------------------------------------
+    def _guarded(self, db: Any, what: str, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, or None when ``db`` cannot be reached (a warning on the first failure, an
+        info line when it answers again)."""
+        try:
+            result = fn(*args)
+        except tiers.TierUnavailable as error:
+            with self._unavailable_lock:
+                first = db.name not in self._unavailable
+                self._unavailable.add(db.name)
+            if first:
+                logger.warning(
+                    "HPS %s: %s is unavailable (%s); going on without it until it answers", what, db.name, error
+                )
+            return None
+        if db.name in self._unavailable:
+            with self._unavailable_lock:
+                self._unavailable.discard(db.name)
+            logger.warning("HPS: %s answers again", db.name)
+        return result
+
+    def fetch_from_databases(self, served: ServedTable, keys: np.ndarray) -> np.ndarray:
+        """Rows of int64 ``keys`` of ``served``: volatile DB, then persistent DB for the keys it
+        lacks, then the default value (reference §3.7)."""
+        n = len(keys)
+        rows = np.full((n, served.dim), served.default_value, dtype=np.float32)
+        if n == 0:
+            return rows
+        missing = np.ones(n, dtype=bool)
+        if self._volatile is not None:
+            got = self._guarded(self._volatile, "lookup", self._volatile.fetch, served.tag, keys, served.dim)
+            if got is not None:
+                values, found = got
+                rows[found] = values[found]
+                missing &= ~found
+        if self._persistent is not None and missing.any():
+            idx = np.flatnonzero(missing)
+            got = self._guarded(self._persistent, "lookup", self._persistent.fetch, served.tag, keys[idx], served.dim)
+            if got is not None:
+                values, found = got
+                rows[idx[found]] = values[found]
+                missing[idx[found]] = False
+                if self._volatile is not None and self.config.volatile_db.cache_missed_embeddings and found.any():
+                    self.submit(self._copy_back, served.tag, keys[idx[found]], values[found])
+        return rows
+
+    def _copy_back(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
+        self._guarded(self._volatile, "copy back of persistent rows", self._volatile.insert, tag, keys, values)
+
+    # -- background work ---------------------------------------------------------------------------
+    def submit(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` on the server's thread pool (async cache fills, copy-backs); errors are
+        logged."""
+        future = self._pool.submit(fn, *args)
+        with self._pending_lock:
+            self._pending.add(future)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: concurrent.futures.Future) -> None:
+        with self._pending_lock:
+            self._pending.discard(future)
+        if future.exception() is not None:
+            logger.error("HPS background work failed: %s", future.exception())
+
+    def wait_for_background_work(self, timeout: float | None = None) -> None:
+        """Wait until the asynchronous cache fills and copy-backs submitted so far are done."""
+        with self._pending_lock:
+            pending = list(self._pending)
+        concurrent.futures.wait(pending, timeout=timeout)
+
+    # -- online updates ----------------------------------------------------------------------------
+    def apply_update(self, update: Any) -> None:
+        """Apply one online update (``update.tag``, int64 ``update.keys``, ``update.values``) to
+        the databases whose ``update_filters`` match its model, then to the table's cache.
+
+        Updates of a table this server does not serve are skipped with a warning.
+
+        Raises:
+            tiers.TierUnavailable: a database could not be reached; the others and the cache have
+                the update, and the update source applies it again later (writes are idempotent).
+        """
+        served = self._by_tag.get(update.tag)
+        if served is None:
+            logger.warning("HPS update of %s skipped: no model of the ps_config has that table", update.tag)
+            return
+        keys = np.asarray(update.keys, dtype=np.int64)
+        values = np.asarray(update.values, dtype=np.float32).reshape(len(keys), served.dim)
+        targets = [
+            db
+            for db, filters in ((self._volatile, self._volatile_filters), (self._persistent, self._persistent_filters))
+            if db is not None
+            and any(f.fullmatch(served.model) for f in filters)
+            and not (db is self._persistent and self.config.persistent_db.read_only)
+        ]
+        if self.has_database and not targets:
+            logger.info(
+                "HPS update of %s skipped: no database's update_filters take model %s", update.tag, served.model
+            )
+            return
+        unreachable = []
+        with served.lock:
+            for db in targets:
+                try:
+                    db.insert(update.tag, keys, values)
+                except tiers.TierUnavailable as error:
+                    unreachable.append(error)
+            served.apply_update(keys, values)
+        if unreachable:
+            raise tiers.TierUnavailable(f"update of {update.tag} not written everywhere: {unreachable[0]}")
+        logger.info("HPS applied an update of %d rows to %s", len(keys), update.tag)
+
+    def close(self) -> None:
+        """Stop the update source and the background work, close the databases."""
+        if self._source is not None:
+            self._source.stop()
+            self._source = None
+        self._pool.shutdown(wait=True)
+        for db in (self._volatile, self._persistent):
+            if db is not None:
+                db.close()
+        self._volatile = self._persistent = None
+
+
+def _filters(patterns: Iterable[str]) -> list[re.Pattern]:
+    return [re.compile(p) for p in patterns]

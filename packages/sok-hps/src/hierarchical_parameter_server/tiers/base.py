@@ -1,0 +1,92 @@
+"""What every storage tier below the embedding cache provides: :class:`Tier` and :class:`TierUnavailable`.
+
+A tier stores float32 rows per table tag (``hps_et.<model>.<table>``) by int64 key. Every tier is
+safe for concurrent ``fetch`` and ``insert`` from many threads.
+
+Example::
+
+    values, found = tier.fetch("hps_et.foo.sparse_embedding0", np.array([3, 9], np.int64), 16)
+    values.shape, found          # (2, 16), array([ True, False]): row 9 is zeros
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["Tier", "TierUnavailable", "check_keys", "check_rows"]
+
+
+class TierUnavailable(RuntimeError):
+    """The service behind a tier cannot be reached (e.g. a Redis node is down). The caller warns
+    and treats the keys as missing in that tier; a later call tries again."""
+
+
+@runtime_checkable
+class Tier(Protocol):
+    """A key-value store of embedding rows.
+
+    Attributes:
+        name: what the tier is, for logs (``"hash_map"``, ``"redis_cluster"``, ...).
+    """
+
+    name: str
+
+    def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of ``keys`` (int64 ``[n]``): ``(float32 [n, dim] with zeros where missing,
+        bool [n] found)``. A table the tier does not hold has no keys.
+
+        Raises:
+            ValueError: the tier holds the table with another ``dim``.
+            TierUnavailable: the service cannot be reached.
+        """
+        ...
+
+    def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
+        """Insert or overwrite rows: ``keys`` int64 ``[n]``, ``values`` float32 ``[n, dim]``; for a
+        key repeated in ``keys`` the last row wins.
+
+        Raises:
+            ValueError: shapes or dtypes that do not fit, or the table holds rows of another dim.
+            TierUnavailable: the service cannot be reached.
+        """
+        ...
+
+    def size(self, tag: str) -> int:
+        """Rows the tier holds for ``tag`` (0 for an unknown tag)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the tier holds open (connections, files); the data of a persistent tier stay."""
+        ...
+
+
+def check_rows(tag: str, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``keys`` as int64 ``[n]`` and ``values`` as C-contiguous float32 ``[n, dim]``, or ValueError
+    saying what does not fit.
+
+    Example::
+
+        keys, values = check_rows("hps_et.m.t", [1, 2], np.zeros((2, 4)))   # int64, float32
+    """
+    keys = np.asarray(keys)
+    values = np.asarray(values)
+    if keys.ndim != 1 or keys.dtype.kind not in "iu":
+        raise ValueError(f"{tag}: keys must be a 1-D integer array, got {keys.dtype} of shape {keys.shape}")
+    if values.ndim != 2 or values.shape[0] != keys.shape[0] or values.shape[1] < 1:
+        raise ValueError(
+            f"{tag}: values must be [len(keys), dim] = [{keys.shape[0]}, dim >= 1], got shape {values.shape}"
+        )
+    keys = keys.view(np.int64) if keys.dtype == np.uint64 else keys.astype(np.int64, copy=False)
+    return keys, np.ascontiguousarray(values, dtype=np.float32)
+
+
+def check_keys(tag: str, keys: np.ndarray, dim: int) -> np.ndarray:
+    """``keys`` as int64 ``[n]`` for a fetch of rows of ``dim``, or ValueError."""
+    keys = np.asarray(keys)
+    if keys.ndim != 1 or keys.dtype.kind not in "iu":
+        raise ValueError(f"{tag}: keys must be a 1-D integer array, got {keys.dtype} of shape {keys.shape}")
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+        raise ValueError(f"{tag}: dim must be an integer >= 1, got {dim!r}")
+    return keys.view(np.int64) if keys.dtype == np.uint64 else keys.astype(np.int64, copy=False)

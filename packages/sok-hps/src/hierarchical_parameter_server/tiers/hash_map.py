@@ -1,0 +1,256 @@
+"""The in-process volatile DB: ``hash_map`` and ``parallel_hash_map`` (reference §3.3, §3.8).
+
+Each table is split into ``num_partitions`` partitions by :func:`~.partition.partition_of`. A
+partition maps keys to rows of one growable float32 array (grown by at most ``allocation_rate``
+bytes at a time, so a small table does not take a 256 MiB page as the original's does) and keeps
+per row the time of its last access and an access count. ``parallel_hash_map`` works on the
+partitions of a call in a thread pool; ``hash_map`` one after another. Each partition has a lock,
+so any number of threads may fetch and insert at once.
+
+Overflow (``overflow_margin`` rows per partition): after each ``max_batch_size`` chunk of an
+insert, a partition holding more than ``overflow_margin`` rows is evicted down to
+``round(overflow_margin * overflow_resolution_target)`` rows, so a partition never holds more than
+``overflow_margin`` rows when ``insert`` returns (the original checks before the chunk and may end
+a chunk above the margin):
+
+* ``evict_random``: rows chosen at random;
+* ``evict_least_used``: the rows fetched least often; the survivors' counts then become
+  ``(count - smallest) // 2``, as in the original, so old popularity fades;
+* ``evict_oldest``: the rows least recently fetched or written. "Time" is a counter of calls
+  (exact order) where the original uses seconds.
+
+Example::
+
+    tier = HashMapTier(num_partitions=4, overflow_margin=1000, overflow_policy="evict_oldest")
+    tier.insert("hps_et.m.t", np.arange(10), np.ones((10, 8), np.float32))
+    rows, found = tier.fetch("hps_et.m.t", np.array([3, 42]), 8)     # found == [True, False]
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..config import NO_OVERFLOW_LIMIT, OVERFLOW_POLICIES
+from .base import check_keys, check_rows
+from .partition import partition_of
+
+__all__ = ["HashMapTier"]
+
+log = logging.getLogger(__name__)
+
+_MIN_GROWTH_ROWS = 64
+
+
+class _Partition:
+    """The rows of one partition of one table; every method runs under ``lock``."""
+
+    def __init__(self, dim: int, growth_rows: int, rng: np.random.Generator) -> None:
+        self.lock = threading.Lock()
+        self.rng = rng
+        self.dim = dim
+        self.growth_rows = growth_rows
+        self.index: dict[int, int] = {}
+        self.values = np.empty((0, dim), np.float32)
+        self.last_access = np.empty(0, np.int64)
+        self.access_count = np.empty(0, np.int64)
+        self.free: list[int] = []
+        self.high = 0  # rows of `values` ever handed out
+
+    def slots(self, keys: np.ndarray) -> np.ndarray:
+        get = self.index.get
+        return np.fromiter(map(get, keys.tolist(), itertools.repeat(-1)), np.int64, count=len(keys))
+
+    def allocate(self, count: int) -> np.ndarray:
+        reused = [self.free.pop() for _ in range(min(count, len(self.free)))]
+        fresh = count - len(reused)
+        if self.high + fresh > len(self.values):
+            capacity = len(self.values)
+            capacity = max(self.high + fresh, capacity + max(min(capacity, self.growth_rows), _MIN_GROWTH_ROWS))
+            for name in ("values", "last_access", "access_count"):
+                old = getattr(self, name)
+                new = np.zeros((capacity, *old.shape[1:]), old.dtype)
+                new[: len(old)] = old
+                setattr(self, name, new)
+        out = np.empty(count, np.int64)
+        out[: len(reused)] = reused
+        out[len(reused) :] = np.arange(self.high, self.high + fresh)
+        self.high += fresh
+        return out
+
+    def evict(self, keep: int, policy: str) -> int:
+        """Evict rows until ``keep`` remain; returns how many went."""
+        excess = len(self.index) - keep
+        if excess <= 0:
+            return 0
+        keys = np.fromiter(self.index.keys(), np.int64, count=len(self.index))
+        slots = np.fromiter(self.index.values(), np.int64, count=len(self.index))
+        if policy == "evict_random":
+            victims = self.rng.choice(len(keys), excess, replace=False)
+        elif policy == "evict_least_used":
+            victims = np.argsort(self.access_count[slots], kind="stable")[:excess]
+        else:  # evict_oldest
+            victims = np.argsort(self.last_access[slots], kind="stable")[:excess]
+        for key in keys[victims].tolist():
+            del self.index[key]
+        self.free.extend(slots[victims].tolist())
+        if policy == "evict_least_used" and self.index:
+            alive = np.fromiter(self.index.values(), np.int64, count=len(self.index))
+            counts = self.access_count[alive]
+            self.access_count[alive] = (counts - counts.min()) // 2
+        return excess
+
+
+class _Table:
+    def __init__(self, dim: int, growth_rows: int, seeds: np.random.SeedSequence, num_partitions: int) -> None:
+        self.dim = dim
+        self.partitions = [_Partition(dim, growth_rows, np.random.default_rng(s)) for s in seeds.spawn(num_partitions)]
+
+
+class HashMapTier:
+    """In-process rows by table tag, in partitions (see the module docstring).
+
+    Args:
+        num_partitions: partitions per table (>= 1).
+        parallel: work on a call's partitions in a thread pool (``parallel_hash_map``).
+        allocation_rate: the most bytes one partition's row array grows by at a time.
+        max_batch_size: rows per insert chunk (overflow is checked after each).
+        overflow_margin: the most rows per partition.
+        overflow_policy: ``evict_random``, ``evict_least_used`` or ``evict_oldest``.
+        overflow_resolution_target: evict down to this fraction of ``overflow_margin``.
+        seed: seeds ``evict_random``'s choice.
+    """
+
+    def __init__(
+        self,
+        num_partitions: int = 8,
+        parallel: bool = True,
+        allocation_rate: int = 268435456,
+        max_batch_size: int = 65536,
+        overflow_margin: int = NO_OVERFLOW_LIMIT,
+        overflow_policy: str = "evict_random",
+        overflow_resolution_target: float = 0.8,
+        seed: int | None = None,
+    ) -> None:
+        if num_partitions < 1 or max_batch_size < 1 or overflow_margin < 1 or allocation_rate < 1:
+            raise ValueError(
+                "num_partitions, max_batch_size, overflow_margin and allocation_rate must be >= 1, got "
+                f"{num_partitions!r}, {max_batch_size!r}, {overflow_margin!r}, {allocation_rate!r}"
+            )
+        if overflow_policy not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow_policy {overflow_policy!r} is not one of {sorted(OVERFLOW_POLICIES)}")
+        if not 0.0 < overflow_resolution_target <= 1.0:
+            raise ValueError(f"overflow_resolution_target must be in (0, 1], got {overflow_resolution_target!r}")
+        self.name = "parallel_hash_map" if parallel else "hash_map"
+        self.num_partitions = num_partitions
+        self.allocation_rate = allocation_rate
+        self.max_batch_size = max_batch_size
+        self.overflow_margin = overflow_margin
+        self.overflow_policy = overflow_policy
+        self.keep_rows = max(0, round(overflow_margin * overflow_resolution_target))
+        self._seeds = np.random.SeedSequence(seed)
+        self._clock = itertools.count(1)
+        self._tables: dict[str, _Table] = {}
+        self._tables_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(num_partitions, "hps-hash-map") if parallel and num_partitions > 1 else None
+
+    def _groups(self, keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """``(partition, positions in keys)`` for each partition that has keys."""
+        parts = partition_of(keys, self.num_partitions).astype(np.int64)
+        order = np.argsort(parts, kind="stable")
+        counts = np.bincount(parts, minlength=self.num_partitions)
+        groups = np.split(order, np.cumsum(counts)[:-1])
+        return [(p, g) for p, g in enumerate(groups) if len(g)]
+
+    def _run(self, work, groups) -> None:
+        if self._pool is None or len(groups) < 2:
+            for p, g in groups:
+                work(p, g)
+        else:
+            for future in [self._pool.submit(work, p, g) for p, g in groups]:
+                future.result()
+
+    def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        keys = check_keys(tag, keys, dim)
+        out = np.zeros((len(keys), dim), np.float32)
+        found = np.zeros(len(keys), bool)
+        table = self._tables.get(tag)
+        if table is None or not len(keys):
+            return out, found
+        if table.dim != dim:
+            raise ValueError(f"{tag}: the {self.name} holds rows of dim {table.dim}, asked for dim {dim}")
+        now = next(self._clock)
+
+        def work(p: int, positions: np.ndarray) -> None:
+            part = table.partitions[p]
+            with part.lock:
+                slots = part.slots(keys[positions])
+                hit = slots >= 0
+                hit_slots = slots[hit]
+                out[positions[hit]] = part.values[hit_slots]
+                part.last_access[hit_slots] = now
+                part.access_count[hit_slots] += 1
+            found[positions[hit]] = True
+
+        self._run(work, self._groups(keys))
+        return out, found
+
+    def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
+        keys, values = check_rows(tag, keys, values)
+        table = self._table(tag, values.shape[1])
+        for first in range(0, len(keys), self.max_batch_size):
+            chunk_keys = keys[first : first + self.max_batch_size]
+            chunk_values = values[first : first + self.max_batch_size]
+            # The last row of a repeated key wins.
+            _, last = np.unique(chunk_keys[::-1], return_index=True)
+            last = len(chunk_keys) - 1 - last
+            chunk_keys, chunk_values = chunk_keys[last], chunk_values[last]
+            now = next(self._clock)
+
+            def work(p: int, positions: np.ndarray, ck=chunk_keys, cv=chunk_values, now=now) -> None:
+                part = table.partitions[p]
+                part_keys = ck[positions]
+                with part.lock:
+                    slots = part.slots(part_keys)
+                    new = slots < 0
+                    if new.any():
+                        slots[new] = part.allocate(int(new.sum()))
+                        part.index.update(zip(part_keys[new].tolist(), slots[new].tolist()))
+                        part.access_count[slots[new]] = 0
+                    part.values[slots] = cv[positions]
+                    part.last_access[slots] = now
+                    if len(part.index) > self.overflow_margin:
+                        gone = part.evict(self.keep_rows, self.overflow_policy)
+                        log.debug("%s: partition %d of %s overflowed; evicted %d rows", self.name, p, tag, gone)
+
+            self._run(work, self._groups(chunk_keys))
+
+    def _table(self, tag: str, dim: int) -> _Table:
+        table = self._tables.get(tag)
+        if table is None:
+            with self._tables_lock:
+                table = self._tables.get(tag)
+                if table is None:
+                    growth = max(1, self.allocation_rate // (4 * dim))
+                    table = self._tables[tag] = _Table(dim, growth, self._seeds, self.num_partitions)
+        if table.dim != dim:
+            raise ValueError(f"{tag}: the {self.name} holds rows of dim {table.dim}, got rows of dim {dim}")
+        return table
+
+    def size(self, tag: str) -> int:
+        table = self._tables.get(tag)
+        if table is None:
+            return 0
+        return sum(len(p.index) for p in table.partitions)
+
+    def close(self) -> None:
+        """Drop every row and stop the thread pool."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        with self._tables_lock:
+            self._tables.clear()

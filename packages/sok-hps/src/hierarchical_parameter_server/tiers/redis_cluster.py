@@ -1,0 +1,259 @@
+"""The shared volatile DB: a Redis cluster through redis-py (``volatile_db.type: redis_cluster``).
+
+Layout (the original's, reference §3.3): the rows of partition ``p`` of table ``tag`` are the hash
+``hps_et{<tag>/p<p>}v``; a field is the key's 8 little-endian bytes and its value the row's raw
+float32 bytes. The ``{...}`` hash tag keeps a partition on one node. Writes are pipelined ``HSET``
+and reads ``HMGET``, ``max_batch_size`` fields per command.
+
+When a node cannot be reached (down, restarting, the cluster not ``ok``), ``fetch`` and ``insert``
+raise :class:`~.base.TierUnavailable` naming the address; the client is dropped and made anew on
+the next call, so the tier works again once the node is back.
+
+Overflow (``overflow_margin`` rows per partition): after an insert, a partition above the margin
+loses random rows (``HRANDFIELD``) down to ``round(overflow_margin * overflow_resolution_target)``.
+Only ``evict_random`` is offered here: the other policies need per-row access metadata that every
+fetch would have to write back to Redis; they are refused at construction.
+
+Example::
+
+    tier = RedisClusterTier("127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002", num_partitions=8)
+    tier.insert("hps_et.m.t", np.arange(4), np.ones((4, 8), np.float32))
+    rows, found = tier.fetch("hps_et.m.t", np.array([1, 9]), 8)   # found == [True, False]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import numpy as np
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
+
+from ..config import NO_OVERFLOW_LIMIT, VolatileDBConfig, parse_address
+from .base import TierUnavailable, check_keys, check_rows
+from .partition import partition_of
+
+__all__ = ["RedisClusterTier"]
+
+log = logging.getLogger(__name__)
+
+#: Exceptions of redis-py that mean the cluster cannot serve now (rather than a bad request).
+_UNAVAILABLE = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.RedisClusterException,
+)
+
+
+def value_hash(tag: str, partition: int) -> str:
+    """The Redis hash holding partition ``partition`` of table ``tag``: ``hps_et{<tag>/p<p>}v``."""
+    return f"hps_et{{{tag}/p{partition}}}v"
+
+
+class RedisClusterTier:
+    """Rows in a Redis cluster (see the module docstring).
+
+    Args:
+        address: ``host[:port]`` entries separated by commas; all are tried as startup nodes.
+        user_name, password: Redis ACL credentials (no AUTH when ``password`` is empty).
+        num_partitions: partitions (hashes) per table.
+        num_node_connections: the most connections to one node (calls beyond that wait).
+        max_batch_size: fields per HSET / HMGET.
+        enable_tls, tls_*: TLS to the nodes (a CA file or a CA directory).
+        overflow_margin, overflow_policy, overflow_resolution_target: see the module docstring.
+        socket_timeout_s: how long one call waits on a node before the tier counts as unavailable.
+    """
+
+    name = "redis_cluster"
+
+    def __init__(
+        self,
+        address: str = "127.0.0.1:7000",
+        user_name: str = "default",
+        password: str = "",
+        num_partitions: int = 8,
+        num_node_connections: int = 5,
+        max_batch_size: int = 65536,
+        enable_tls: bool = False,
+        tls_ca_certificate: str = "cacertbundle.crt",
+        tls_client_certificate: str = "client_cert.pem",
+        tls_client_key: str = "client_key.pem",
+        tls_server_name_identification: str = "redis.localhost",
+        overflow_margin: int = NO_OVERFLOW_LIMIT,
+        overflow_policy: str = "evict_random",
+        overflow_resolution_target: float = 0.8,
+        socket_timeout_s: float = 5.0,
+    ) -> None:
+        if overflow_margin != NO_OVERFLOW_LIMIT and overflow_policy != "evict_random":
+            raise ValueError(
+                f"redis_cluster supports overflow_policy 'evict_random' only, got {overflow_policy!r}; set "
+                "volatile_db.overflow_policy to 'evict_random' or leave overflow_margin unset"
+            )
+        self.address = address
+        self.nodes = [ClusterNode(host, port) for host, port in (parse_address(a) for a in address.split(","))]
+        self.num_partitions = num_partitions
+        self.max_batch_size = max_batch_size
+        self.overflow_margin = overflow_margin
+        self.keep_rows = max(0, round(overflow_margin * overflow_resolution_target))
+        self._options: dict = dict(
+            username=user_name if password else None,
+            password=password or None,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_timeout_s,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
+            decode_responses=False,
+        )
+        if enable_tls:
+            ca = {"ssl_ca_path": tls_ca_certificate} if os.path.isdir(tls_ca_certificate) else {}
+            self._options.update(
+                ssl=True,
+                ssl_ca_certs=None if ca else tls_ca_certificate,
+                ssl_certfile=tls_client_certificate,
+                ssl_keyfile=tls_client_key,
+                ssl_check_hostname=bool(tls_server_name_identification),
+                **ca,
+            )
+        self._client: RedisCluster | None = None
+        self._lock = threading.Lock()
+        # A call holds one connection per node it touches: this bounds each node's connections.
+        self._calls = threading.BoundedSemaphore(num_node_connections)
+
+    @classmethod
+    def from_config(cls, cfg: VolatileDBConfig) -> RedisClusterTier:
+        """The tier ``volatile_db`` describes."""
+        return cls(
+            address=cfg.address,
+            user_name=cfg.user_name,
+            password=cfg.password,
+            num_partitions=cfg.num_partitions,
+            num_node_connections=cfg.num_node_connections,
+            max_batch_size=cfg.max_batch_size,
+            enable_tls=cfg.enable_tls,
+            tls_ca_certificate=cfg.tls_ca_certificate,
+            tls_client_certificate=cfg.tls_client_certificate,
+            tls_client_key=cfg.tls_client_key,
+            tls_server_name_identification=cfg.tls_server_name_identification,
+            overflow_margin=cfg.overflow_margin,
+            overflow_policy=cfg.overflow_policy,
+            overflow_resolution_target=cfg.overflow_resolution_target,
+        )
+
+    def _connect(self) -> RedisCluster:
+        with self._lock:
+            if self._client is None:
+                try:
+                    self._client = RedisCluster(startup_nodes=self.nodes, **self._options)
+                except _UNAVAILABLE as e:
+                    raise TierUnavailable(f"redis_cluster at {self.address} cannot be reached: {e}") from e
+            return self._client
+
+    def _failed(self, client: RedisCluster, error: Exception) -> TierUnavailable:
+        with self._lock:
+            if self._client is client:
+                self._client = None
+        try:
+            client.close()
+        except Exception:  # noqa: BLE001 -- closing a broken client must not hide why it broke
+            log.debug("closing the broken Redis client failed", exc_info=True)
+        return TierUnavailable(f"redis_cluster at {self.address} cannot serve: {type(error).__name__}: {error}")
+
+    def _commands(self, keys: np.ndarray):
+        """``(hash name, positions in keys, field bytes)`` per partition and chunk."""
+        parts = partition_of(keys, self.num_partitions).astype(np.int64)
+        order = np.argsort(parts, kind="stable")
+        bounds = np.cumsum(np.bincount(parts, minlength=self.num_partitions))
+        raw = keys.astype("<i8").tobytes()
+        start = 0
+        for p, end in enumerate(bounds.tolist()):
+            for first in range(start, end, self.max_batch_size):
+                positions = order[first : min(end, first + self.max_batch_size)]
+                yield p, positions, [raw[8 * i : 8 * i + 8] for i in positions.tolist()]
+            start = end
+
+    def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        keys = check_keys(tag, keys, dim)
+        out = np.zeros((len(keys), dim), np.float32)
+        found = np.zeros(len(keys), bool)
+        if not len(keys):
+            return out, found
+        client = self._connect()
+        commands = list(self._commands(keys))
+        try:
+            with self._calls:
+                pipe = client.pipeline(transaction=False)
+                for p, _, fields in commands:
+                    pipe.hmget(value_hash(tag, p), fields)
+                replies = pipe.execute()
+        except _UNAVAILABLE as e:
+            raise self._failed(client, e) from e
+        row_bytes = 4 * dim
+        for (_, positions, _), values in zip(commands, replies):
+            hit = np.fromiter((v is not None for v in values), bool, count=len(values))
+            present = [v for v in values if v is not None]
+            if not present:
+                continue
+            if any(len(v) != row_bytes for v in present):
+                sizes = sorted({len(v) for v in present})
+                raise ValueError(
+                    f"{tag}: redis_cluster holds rows of {[s // 4 for s in sizes]} floats, asked for dim {dim}"
+                )
+            out[positions[hit]] = np.frombuffer(b"".join(present), np.float32).reshape(-1, dim)
+            found[positions[hit]] = True
+        return out, found
+
+    def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
+        keys, values = check_rows(tag, keys, values)
+        if not len(keys):
+            return
+        client = self._connect()
+        raw = values.tobytes()
+        row_bytes = values.shape[1] * 4
+        commands = list(self._commands(keys))
+        try:
+            with self._calls:
+                pipe = client.pipeline(transaction=False)
+                for p, positions, fields in commands:
+                    # Positions ascend within a partition, so a repeated key's last row is set last.
+                    mapping = {f: raw[row_bytes * i : row_bytes * (i + 1)] for f, i in zip(fields, positions.tolist())}
+                    pipe.hset(value_hash(tag, p), mapping=mapping)
+                pipe.execute()
+                if self.overflow_margin != NO_OVERFLOW_LIMIT:
+                    self._resolve_overflow(client, tag, sorted({p for p, _, _ in commands}))
+        except _UNAVAILABLE as e:
+            raise self._failed(client, e) from e
+
+    def _resolve_overflow(self, client: RedisCluster, tag: str, partitions: list[int]) -> None:
+        pipe = client.pipeline(transaction=False)
+        for p in partitions:
+            pipe.hlen(value_hash(tag, p))
+        for p, length in zip(partitions, pipe.execute()):
+            if length > self.overflow_margin:
+                name = value_hash(tag, p)
+                victims = client.hrandfield(name, length - self.keep_rows)
+                for first in range(0, len(victims), self.max_batch_size):
+                    client.hdel(name, *victims[first : first + self.max_batch_size])
+                log.debug("redis_cluster: %s overflowed; evicted %d rows", name, len(victims))
+
+    def size(self, tag: str) -> int:
+        client = self._connect()
+        try:
+            with self._calls:
+                pipe = client.pipeline(transaction=False)
+                for p in range(self.num_partitions):
+                    pipe.hlen(value_hash(tag, p))
+                return int(sum(pipe.execute()))
+        except _UNAVAILABLE as e:
+            raise self._failed(client, e) from e
+
+    def close(self) -> None:
+        """Close the connections (the rows stay in Redis)."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()

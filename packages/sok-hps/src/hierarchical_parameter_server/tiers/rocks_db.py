@@ -1,0 +1,158 @@
+"""The persistent DB: RocksDB through rocksdict (``persistent_db.type: rocks_db``).
+
+One column family per table tag; a key is the key's 8 little-endian bytes and its value the row's
+raw float32 bytes (the original's layout, reference §3.3). Reads are batched multi-gets and writes
+write batches, ``max_batch_size`` rows each. Writes go through RocksDB's write-ahead log, so every
+row written before :meth:`RocksDBTier.close` (or a crash) is there when the path is opened again.
+``read_only`` opens the database for reading only (e.g. one shared over NFS); ``insert`` then
+raises ``PermissionError``.
+
+Example::
+
+    tier = RocksDBTier("/tmp/hps_rocksdb")
+    tier.insert("hps_et.m.t", np.arange(4), np.ones((4, 8), np.float32))
+    tier.close()
+    RocksDBTier("/tmp/hps_rocksdb", read_only=True).fetch("hps_et.m.t", np.arange(4), 8)[1]  # all True
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import numpy as np
+from rocksdict import AccessType, Options, Rdict, WriteBatch
+
+from ..config import PersistentDBConfig
+from .base import TierUnavailable, check_keys, check_rows
+
+__all__ = ["RocksDBTier"]
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_FAMILY = "default"
+
+
+def _family_options() -> Options:
+    options = Options(raw_mode=True)
+    options.optimize_for_point_lookup(8)
+    return options
+
+
+class RocksDBTier:
+    """Rows in a RocksDB database at ``path`` (see the module docstring).
+
+    Args:
+        path: the database directory (made when missing, unless ``read_only``).
+        num_threads: RocksDB's background threads (``IncreaseParallelism``).
+        read_only: open for reading only.
+        max_batch_size: rows per multi-get and per write batch.
+
+    Raises:
+        TierUnavailable: the database cannot be opened (another process holds it, a read-only
+            open of a path without a database, ...); the message names the path.
+    """
+
+    name = "rocks_db"
+
+    def __init__(self, path: str, num_threads: int = 16, read_only: bool = False, max_batch_size: int = 65536) -> None:
+        self.path = os.fspath(path)
+        self.read_only = read_only
+        self.max_batch_size = max_batch_size
+        options = _family_options()
+        options.create_if_missing(not read_only)
+        options.create_missing_column_families(not read_only)
+        options.increase_parallelism(num_threads)
+        options.optimize_level_style_compaction(512 * 1024 * 1024)
+        try:
+            if not read_only:
+                os.makedirs(self.path, exist_ok=True)
+            exists = os.path.isfile(os.path.join(self.path, "CURRENT"))
+            families = Rdict.list_cf(self.path, options) if exists else [_DEFAULT_FAMILY]
+            access = AccessType.read_only() if read_only else AccessType.read_write()
+            self._db = Rdict(
+                self.path,
+                options,
+                column_families={f: _family_options() for f in families if f != _DEFAULT_FAMILY},
+                access_type=access,
+            )
+        except Exception as e:  # rocksdict raises plain Exception with RocksDB's status text
+            raise TierUnavailable(f"rocks_db at {self.path!r} cannot be opened: {e}") from e
+        self._families = {f: self._db.get_column_family(f) for f in families if f != _DEFAULT_FAMILY}
+        self._lock = threading.Lock()
+        log.info(
+            "rocks_db at %s opened%s with %d table(s)", self.path, " read-only" if read_only else "", len(families) - 1
+        )
+
+    @classmethod
+    def from_config(cls, cfg: PersistentDBConfig) -> RocksDBTier:
+        """The tier ``persistent_db`` describes."""
+        return cls(cfg.path, num_threads=cfg.num_threads, read_only=cfg.read_only, max_batch_size=cfg.max_batch_size)
+
+    def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        keys = check_keys(tag, keys, dim)
+        out = np.zeros((len(keys), dim), np.float32)
+        found = np.zeros(len(keys), bool)
+        family = self._families.get(tag)
+        if family is None or not len(keys):
+            return out, found
+        raw = keys.astype("<i8").tobytes()
+        row_bytes = 4 * dim
+        for first in range(0, len(keys), self.max_batch_size):
+            last = min(len(keys), first + self.max_batch_size)
+            values = family[[raw[8 * i : 8 * i + 8] for i in range(first, last)]]
+            hit = np.fromiter((v is not None for v in values), bool, count=len(values))
+            present = [v for v in values if v is not None]
+            if not present:
+                continue
+            if any(len(v) != row_bytes for v in present):
+                sizes = sorted({len(v) for v in present})
+                raise ValueError(f"{tag}: rocks_db holds rows of {[s // 4 for s in sizes]} floats, asked for dim {dim}")
+            positions = np.arange(first, last)[hit]
+            out[positions] = np.frombuffer(b"".join(present), np.float32).reshape(-1, dim)
+            found[positions] = True
+        return out, found
+
+    def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
+        keys, values = check_rows(tag, keys, values)
+        if self.read_only:
+            raise PermissionError(
+                f"rocks_db at {self.path!r} is opened read-only (persistent_db.read_only); {tag} not written"
+            )
+        if not len(keys):
+            return
+        self._family(tag)
+        handle = self._db.get_column_family_handle(tag)
+        raw_keys, raw_values = keys.astype("<i8").tobytes(), values.tobytes()
+        row_bytes = 4 * values.shape[1]
+        for first in range(0, len(keys), self.max_batch_size):
+            batch = WriteBatch(raw_mode=True)
+            batch.set_default_column_family(handle)
+            for i in range(first, min(len(keys), first + self.max_batch_size)):
+                batch.put(raw_keys[8 * i : 8 * i + 8], raw_values[row_bytes * i : row_bytes * (i + 1)])
+            self._db.write(batch)
+
+    def _family(self, tag: str) -> Rdict:
+        family = self._families.get(tag)
+        if family is None:
+            with self._lock:
+                family = self._families.get(tag)
+                if family is None:
+                    family = self._families[tag] = self._db.create_column_family(tag, _family_options())
+        return family
+
+    def size(self, tag: str) -> int:
+        """Rows of ``tag`` (counted by iterating them: exact, linear in the table's size)."""
+        family = self._families.get(tag)
+        return 0 if family is None else sum(1 for _ in family.keys())
+
+    def close(self) -> None:
+        """Flush and close the database (idempotent); the rows stay on disk."""
+        with self._lock:
+            db, self._db = getattr(self, "_db", None), None
+            self._families = {}
+        if db is not None:
+            if not self.read_only:
+                db.flush()
+            db.close()

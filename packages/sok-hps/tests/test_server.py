@@ -1,0 +1,225 @@
+"""The parameter server's tiers, alone and chained, give the rows of tf.nn.embedding_lookup(_sparse).
+
+* Each tier alone: the volatile hash map (gpucache off), RocksDB (gpucache off), the cache alone
+  (no database, gpucacheper 1.0); and the chain cache (gpucacheper 0.01) -> hash map -> RocksDB at
+  hit_rate_threshold 1.0: exact, defaults for keys no tier has, over batches that make the small
+  cache evict.
+* hit_rate_threshold 0: misses get the default in their batch, the true rows once the
+  background fill is done.
+* A database that cannot be reached is skipped with a warning; it is used again when it answers.
+* cache_missed_embeddings copies rows found in the persistent database back to the volatile one.
+* The cache's capacity and its pre-fill (cache_refresh_percentage_per_iteration).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+sys.path.insert(0, str(Path(__file__).parent))
+import hierarchical_parameter_server as hps  # noqa: E402
+import serve_support as support  # noqa: E402
+from hierarchical_parameter_server import tiers  # noqa: E402
+from hierarchical_parameter_server.cache import capacity_of  # noqa: E402
+
+ROWS, EXTRA, DIM = 4000, 50, 8
+
+
+def tier_setup(kind, tmp_path):
+    """(models[] overrides, top-level keys) of a tier setup."""
+    rocks = {"type": "rocks_db", "path": str(tmp_path / "rocks")}
+    hash_map = {"type": "hash_map", "num_partitions": 4}
+    disabled = {"type": "disabled"}
+    return {
+        "hash_map": ({"gpucache": False}, {"volatile_db": hash_map, "persistent_db": disabled}),
+        "parallel_hash_map": ({"gpucache": False}, {"volatile_db": {"type": "parallel_hash_map"}}),
+        "rocks_db": ({"gpucache": False}, {"volatile_db": disabled, "persistent_db": rocks}),
+        "cache": ({"gpucacheper": 1.0}, support.DISABLED_DBS),
+        "chain": ({"gpucacheper": 0.01}, {"volatile_db": hash_map, "persistent_db": rocks}),
+        "cache+rocks_db": ({"gpucacheper": 0.01}, {"volatile_db": disabled, "persistent_db": rocks}),
+    }[kind]
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """serve(kind, volatile={...}, **model overrides) -> (server, oracle) of one model 'm' of one
+    table; ``volatile`` adds keys to the volatile_db."""
+
+    def start(kind, volatile=None, **overrides):
+        folder, weights = support.write_table(tmp_path / "t0", ROWS, DIM, seed=4)
+        model_kw, top = tier_setup(kind, tmp_path)
+        if volatile:
+            top = {**top, "volatile_db": {**top["volatile_db"], **volatile}}
+        entry = support.model_entry("m", [folder], [DIM], **{**model_kw, **overrides})
+        path = support.write_config(tmp_path / "ps.json", support.ps_config([entry], **top))
+        context = support.served(path)
+        server = context.__enter__()
+        contexts.append(context)
+        return server, support.oracle(weights, 0.5, EXTRA)
+
+    contexts = []
+    yield start
+    for context in contexts:
+        context.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("kind", ["hash_map", "parallel_hash_map", "rocks_db", "cache", "chain", "cache+rocks_db"])
+def test_tiers_alone_and_chained_are_exact(serve, kind):
+    _, oracle = serve(kind)
+    lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    sparse = hps.SparseLookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    step = tf.function(lambda ids: lookup(ids))
+    rng = np.random.default_rng(1)
+    for _ in range(4):  # the 0.01 cache holds 128 rows: each batch misses and evicts
+        ids = tf.constant(rng.integers(0, ROWS + EXTRA, size=(256, 4)), tf.int64)
+        np.testing.assert_array_equal(step(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
+        ragged = tf.RaggedTensor.from_tensor(ids)
+        for combiner in ("sum", "mean", "sqrtn"):
+            want = tf.nn.embedding_lookup_sparse(oracle, ragged, None, combiner=combiner)
+            np.testing.assert_array_equal(sparse(ragged, None, combiner=combiner).numpy(), want.numpy())
+
+
+def test_hit_rate_threshold_zero_serves_defaults_then_the_rows(serve):
+    server, oracle = serve("chain", hit_rate_threshold=0.0)
+    lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    ids = tf.constant([5, 17, 3000], tf.int64)
+    np.testing.assert_array_equal(lookup(ids).numpy(), np.full((3, DIM), 0.5, np.float32))
+    server.wait_for_background_work()
+    np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
+
+
+def test_hit_rate_below_the_threshold_is_exact(serve):
+    server, oracle = serve("chain", hit_rate_threshold=0.5)
+    lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    ids = tf.constant([7, 8, 9, 10], tf.int64)  # none cached: hit rate 0 < 0.5, fetched now
+    np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
+    assert server.table("m", 0).cache.size() == 4
+
+
+def test_an_unreachable_database_is_skipped_with_a_warning_and_used_again(serve, monkeypatch, caplog):
+    server, oracle = serve("chain")
+    volatile = server.volatile_db
+    lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    calls = []
+
+    def down(tag, keys, dim):
+        calls.append(len(keys))
+        raise tiers.TierUnavailable("connection refused (test)")
+
+    ids = tf.constant([[1, 2], [3, ROWS + 1]], tf.int64)
+    with monkeypatch.context() as patch, caplog.at_level(logging.WARNING):
+        patch.setattr(volatile, "fetch", down)
+        np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())  # RocksDB
+    assert calls and "is unavailable" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        more = tf.constant([100, 200], tf.int64)
+        np.testing.assert_array_equal(lookup(more).numpy(), tf.nn.embedding_lookup(oracle, more).numpy())
+    assert "answers again" in caplog.text
+
+
+@pytest.mark.parametrize("copy_back", [False, True])
+def test_cache_missed_embeddings_copies_persistent_rows_back(serve, copy_back):
+    server, _ = serve("chain", volatile={"cache_missed_embeddings": copy_back})
+    table = server.table("m", 0)
+    key, row = np.array([ROWS + 3], np.int64), np.full((1, DIM), 7.0, np.float32)
+    server.persistent_db.insert(table.tag, key, row)  # a row only RocksDB has
+    np.testing.assert_array_equal(table.fetch(key), row)
+    server.wait_for_background_work()
+    values, found = server.volatile_db.fetch(table.tag, key, DIM)
+    assert bool(found[0]) == copy_back
+    if copy_back:
+        np.testing.assert_array_equal(values, row)
+
+
+def test_cache_capacity_and_prefill(serve):
+    server, oracle = serve("chain", gpucacheper=0.1, cache_refresh_percentage_per_iteration=0.2)
+    cache = server.table("m", 0).cache
+    assert cache.capacity == capacity_of(ROWS, 0.1) == 512
+    # The first 512 rows of the file went in; a full bucket keeps only some of its keys (as the
+    # original's set-associative cache, whose sets conflict at gpucacheper 1.0 too).
+    values, found = cache.find(tf.constant(np.arange(512), tf.int64))
+    found = found.numpy()
+    assert 0.9 * 512 <= found.sum() == cache.size() <= 512
+    np.testing.assert_array_equal(values.numpy()[found], oracle[:512][found])
+
+
+def test_no_prefill_by_default(serve):
+    server, _ = serve("chain")
+    assert server.table("m", 0).cache.size() == 0
+
+
+# -- Redis: the tier alone, the chain, and a node killed during a lookup loop --------------------
+def redis_served(tmp_path, address, name, **overrides):
+    """HPS of model ``name`` (a tag of its own in the shared cluster) with Redis as volatile DB."""
+    folder, weights = support.write_table(tmp_path / name, ROWS, DIM, seed=8)
+    entry = support.model_entry(name, [folder], [DIM], **overrides)
+    top = {
+        "volatile_db": {"type": "redis_cluster", "address": address, "num_partitions": 6},
+        "persistent_db": {"type": "rocks_db", "path": str(tmp_path / f"rocks-{name}")}
+        if overrides.get("gpucache", True)
+        else {"type": "disabled"},
+    }
+    path = support.write_config(tmp_path / f"{name}.json", support.ps_config([entry], **top))
+    return support.served(path), support.oracle(weights, 0.5, EXTRA)
+
+
+@pytest.mark.parametrize("kind", ["redis", "chain-redis"])
+def test_redis_alone_and_chained_are_exact(tmp_path, redis_cluster, kind):
+    name = f"serve_{kind.replace('-', '_')}"
+    overrides = {"gpucache": False} if kind == "redis" else {"gpucacheper": 0.01}
+    context, oracle = redis_served(tmp_path, redis_cluster.address, name, **overrides)
+    with context:
+        lookup = hps.LookupLayer(model_name=name, table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+        rng = np.random.default_rng(2)
+        for _ in range(3):
+            ids = tf.constant(rng.integers(0, ROWS + EXTRA, size=(128, 4)), tf.int64)
+            np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
+
+
+def test_a_redis_node_killed_during_lookups(tmp_path, fresh_redis_cluster, caplog):
+    """The lookups go on from RocksDB with a warning while a node is down, nothing crashes, and they
+    use Redis again once it is back."""
+    context, oracle = redis_served(tmp_path, fresh_redis_cluster.address, "faulty", gpucacheper=0.01)
+    rng = np.random.default_rng(3)
+    with context as server, caplog.at_level(logging.WARNING):
+        lookup = hps.LookupLayer(model_name="faulty", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+        step = tf.function(lambda ids: lookup(ids))
+        redis_calls = []
+        fetch = server.volatile_db.fetch
+        server.volatile_db.fetch = lambda *a: (redis_calls.append(1), fetch(*a))[1]  # counts Redis lookups
+
+        def check():
+            ids = tf.constant(rng.integers(0, ROWS + EXTRA, size=(64, 4)), tf.int64)
+            np.testing.assert_array_equal(step(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
+
+        for i in range(12):
+            if i == 3:
+                fresh_redis_cluster.kill(1)
+            if i == 8:
+                fresh_redis_cluster.restart(1)
+                caplog.clear()
+            check()
+            if i == 7:
+                assert "is unavailable" in caplog.text
+        assert "answers again" in caplog.text
+        # Back to normal: Redis serves the misses again (no new warning).
+        caplog.clear()
+        before = len(redis_calls)
+        check()
+        assert len(redis_calls) > before and "unavailable" not in caplog.text
+
+
+@pytest.mark.parametrize("cache_type", ["static", "uvm"])
+def test_static_and_uvm_caches_hold_every_row(serve, cache_type):
+    server, oracle = serve("chain", embedding_cache_type=cache_type)
+    cache = server.table("m", 0).cache
+    assert not cache.evicting and cache.size() == ROWS
+    lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    ids = tf.constant(np.arange(0, ROWS + EXTRA, 7), tf.int64)
+    np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())

@@ -1,0 +1,62 @@
+"""make_volatile_db / make_persistent_db build the tier a loaded ps_config names, with its settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hierarchical_parameter_server.config import load_config
+from hierarchical_parameter_server.tiers import Tier, make_persistent_db, make_volatile_db
+
+
+def config(**sections) -> dict:
+    model = {
+        "model": "m",
+        "sparse_files": ["a"],
+        "deployed_device_list": [0],
+        "embedding_vecsize_per_table": [4],
+        "maxnum_catfeature_query_per_table_per_sample": [1],
+        "default_value_for_each_table": [0.0],
+    }
+    return load_config({"supportlonglong": True, "models": [model], **sections})
+
+
+def test_default_config_gives_a_parallel_hash_map_and_no_persistent_db():
+    cfg = config()
+    tier = make_volatile_db(cfg.volatile_db)
+    assert isinstance(tier, Tier) and tier.name == "parallel_hash_map"
+    assert tier.num_partitions == cfg.volatile_db.num_partitions
+    assert make_persistent_db(cfg.persistent_db) is None
+    tier.close()
+
+
+def test_hash_map_settings_are_passed_on():
+    cfg = config(volatile_db={"type": "hash", "num_partitions": 3, "overflow_margin": 9, "overflow_policy": "oldest"})
+    tier = make_volatile_db(cfg.volatile_db)
+    assert (tier.name, tier.num_partitions, tier.overflow_margin, tier.overflow_policy, tier.keep_rows) == (
+        "hash_map",
+        3,
+        9,
+        "evict_oldest",
+        round(9 * 0.8),
+    )
+
+
+def test_disabled_volatile_db_is_none():
+    assert make_volatile_db(config(volatile_db={"type": "none"}).volatile_db) is None
+
+
+def test_redis_cluster_from_config(redis_cluster):
+    cfg = config(volatile_db={"type": "redis", "address": redis_cluster.address, "num_partitions": 6})
+    tier = make_volatile_db(cfg.volatile_db)
+    assert tier.name == "redis_cluster" and tier.num_partitions == 6
+    tier.insert("hps_et.m.sparse_embedding0", np.arange(3), np.ones((3, 4), np.float32))
+    assert tier.fetch("hps_et.m.sparse_embedding0", np.arange(4), 4)[1].tolist() == [True, True, True, False]
+    tier.close()
+
+
+def test_rocks_db_from_config(tmp_path):
+    pytest.importorskip("rocksdict", reason="rocksdict is not installed: pip install 'sok-hps[rocksdb]'")
+    cfg = config(persistent_db={"type": "rocksdb", "path": str(tmp_path / "r"), "num_threads": 2})
+    tier = make_persistent_db(cfg.persistent_db)
+    assert tier.name == "rocks_db" and tier.path == str(tmp_path / "r") and not tier.read_only
+    tier.close()

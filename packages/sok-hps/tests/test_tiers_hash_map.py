@@ -1,0 +1,125 @@
+"""The in-process hash map: the original's partition function, partitions, overflow policies.
+
+* ``partition_of`` equals a plain-Python transcription of ``rrxmrrxmsx_0`` (reference §3.3).
+* Each key lives in the partition that function names.
+* Overflow: no partition holds more than ``overflow_margin`` rows after an insert; eviction goes
+  down to ``round(margin x target)`` and removes the rows the policy names (oldest, least used,
+  random); surviving rows keep their values and freed rows are reused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hierarchical_parameter_server.tiers.hash_map import HashMapTier
+from hierarchical_parameter_server.tiers.partition import partition_of
+
+TAG = "hps_et.m.t"
+MASK = 2**64 - 1
+
+
+def rrxmrrxmsx_0(key: int) -> int:
+    def rotr(x: int, r: int) -> int:
+        return ((x >> r) | (x << (64 - r))) & MASK
+
+    x = key & MASK
+    x ^= rotr(x, 25) ^ rotr(x, 50)
+    x = (x * 0xA24BAED4963EE407) & MASK
+    x ^= rotr(x, 24) ^ rotr(x, 49)
+    x = (x * 0x9FB21C651E98DF25) & MASK
+    return x ^ (x >> 28)
+
+
+@pytest.mark.parametrize("num_partitions", [1, 3, 8, 16, 1000])
+def test_partition_function_matches_the_original(num_partitions):
+    rng = np.random.default_rng(0)
+    keys = np.concatenate(
+        [rng.integers(-(2**63), 2**63 - 1, 500, dtype=np.int64), np.array([0, 1, -1, 2**63 - 1, -(2**63)])]
+    )
+    want = [rrxmrrxmsx_0(k) % num_partitions for k in keys.tolist()]
+    np.testing.assert_array_equal(partition_of(keys, num_partitions), want)
+    np.testing.assert_array_equal(partition_of(keys.view(np.uint64), num_partitions), want)
+
+
+def test_keys_live_in_their_partition():
+    tier = HashMapTier(num_partitions=4, parallel=True)
+    keys = np.arange(-50, 50, dtype=np.int64)
+    tier.insert(TAG, keys, np.zeros((100, 2), np.float32))
+    table = tier._tables[TAG]
+    for p, part in enumerate(table.partitions):
+        assert sorted(part.index) == sorted(k for k in keys.tolist() if rrxmrrxmsx_0(k) % 4 == p)
+    tier.close()
+
+
+def one_partition(policy: str, margin: int = 10, **kw) -> HashMapTier:
+    return HashMapTier(num_partitions=1, parallel=False, overflow_margin=margin, overflow_policy=policy, seed=0, **kw)
+
+
+def values_of(keys) -> np.ndarray:
+    keys = np.asarray(keys, np.float32)
+    return np.stack([keys, -keys, keys * 0.5], axis=1)
+
+
+def present(tier: HashMapTier, keys) -> set[int]:
+    keys = np.asarray(keys, np.int64)
+    got, found = tier.fetch(TAG, keys, 3)
+    np.testing.assert_array_equal(got[found], values_of(keys[found]))
+    return set(keys[found].tolist())
+
+
+def test_evict_oldest_removes_the_least_recently_used_rows():
+    tier = one_partition("evict_oldest")
+    tier.insert(TAG, np.arange(10), values_of(np.arange(10)))
+    tier.fetch(TAG, np.arange(5), 3)  # keys 0..4 become the newest
+    tier.insert(TAG, [10, 11], values_of([10, 11]))  # 12 > 10 rows: evict down to 8
+    assert tier.size(TAG) == 8
+    kept = tier._tables[TAG].partitions[0].index.keys()
+    assert set(range(5)) | {10, 11} <= set(kept)
+    assert len(set(kept) & set(range(5, 10))) == 1
+
+
+def test_evict_least_used_removes_the_rows_fetched_least():
+    tier = one_partition("evict_least_used")
+    tier.insert(TAG, np.arange(10), values_of(np.arange(10)))
+    for _ in range(3):
+        tier.fetch(TAG, np.arange(6), 3)
+    tier.insert(TAG, [10, 11], values_of([10, 11]))
+    assert tier.size(TAG) == 8
+    part = tier._tables[TAG].partitions[0]
+    assert set(range(6)) <= set(part.index)
+    # survivors' counts become (count - smallest) // 2: (3 - 0) // 2 for the keys fetched 3 times
+    counts = {k: int(part.access_count[s]) for k, s in part.index.items()}
+    assert all(counts[k] == 1 for k in range(6)) and all(counts[k] == 0 for k in set(part.index) - set(range(6)))
+
+
+def test_evict_random_keeps_the_target_and_correct_rows():
+    tier = one_partition("evict_random", margin=50, overflow_resolution_target=0.5)
+    for first in range(0, 200, 20):
+        tier.insert(TAG, np.arange(first, first + 20), values_of(np.arange(first, first + 20)))
+        assert tier.size(TAG) <= 50
+    kept = present(tier, np.arange(200))
+    assert len(kept) == tier.size(TAG) and 25 <= len(kept) <= 50
+    # freed rows are reused: the row array never holds more than margin + one chunk's new rows
+    assert tier._tables[TAG].partitions[0].high <= 50 + 20
+
+
+def test_every_partition_stays_under_the_margin():
+    tier = HashMapTier(num_partitions=4, parallel=True, overflow_margin=5, max_batch_size=8, seed=1)
+    keys = np.arange(1000, dtype=np.int64)
+    tier.insert(TAG, keys, values_of(keys))
+    assert all(len(p.index) <= 5 for p in tier._tables[TAG].partitions)
+    assert 4 * 4 <= len(present(tier, keys)) <= 4 * 5
+    tier.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"num_partitions": 0}, "must be >= 1"),
+        ({"overflow_policy": "evict_newest"}, "evict_newest"),
+        ({"overflow_resolution_target": 0.0}, "overflow_resolution_target"),
+    ],
+)
+def test_bad_settings_are_refused(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        HashMapTier(**kwargs)

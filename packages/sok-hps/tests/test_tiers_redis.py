@@ -1,0 +1,95 @@
+"""The Redis tier against a real 3-node cluster on loopback ports (conftest.py starts it).
+
+* Rows sit where the original puts them: hash ``hps_et{<tag>/p<p>}v``, field = the key's 8 bytes,
+  value = the row's float32 bytes, ``p`` from the original's partition function.
+* A node killed during a fetch loop makes fetches raise TierUnavailable naming the address (no
+  other error, no hang); once the node is back (same port and directory, data from its
+  append-only file) fetches return every row again.
+* Overflow with ``evict_random`` keeps each partition at the margin; other policies are refused.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+redis = pytest.importorskip("redis", reason="redis-py is not installed: pip install 'sok-hps[redis]'")
+
+from hierarchical_parameter_server.tiers.base import TierUnavailable  # noqa: E402
+from hierarchical_parameter_server.tiers.partition import partition_of  # noqa: E402
+from hierarchical_parameter_server.tiers.redis_cluster import RedisClusterTier  # noqa: E402
+
+TAG = "hps_et.model.sparse_embedding0"
+
+
+def test_layout_is_the_originals(redis_cluster):
+    tier = RedisClusterTier(redis_cluster.address, num_partitions=5)
+    keys = np.array([3, -1, 2**40], np.int64)
+    values = np.arange(12, dtype=np.float32).reshape(3, 4)
+    tier.insert(TAG + "layout", keys, values)
+    client = redis.RedisCluster(host="127.0.0.1", port=redis_cluster.ports[0])
+    for key, row, p in zip(keys.tolist(), values, partition_of(keys, 5).tolist()):
+        raw = client.hget(f"hps_et{{{TAG}layout/p{p}}}v", np.int64(key).astype("<i8").tobytes())
+        assert raw == row.tobytes()
+    client.close()
+    tier.close()
+
+
+def test_node_killed_during_fetch_loop_then_back(fresh_redis_cluster):
+    cluster = fresh_redis_cluster
+    tier = RedisClusterTier(cluster.address, num_partitions=8, socket_timeout_s=2.0)
+    keys = np.arange(3000, dtype=np.int64)
+    values = np.random.default_rng(0).random((3000, 8), dtype=np.float32)
+    tier.insert(TAG, keys, values)
+
+    failures = 0
+    for i in range(40):
+        if i == 10:
+            cluster.kill(1)
+        start = time.monotonic()
+        try:
+            got, found = tier.fetch(TAG, keys, 8)
+        except TierUnavailable as e:
+            assert cluster.address in str(e)
+            failures += 1
+        else:
+            assert found.all()
+            np.testing.assert_array_equal(got, values)
+        assert time.monotonic() - start < 10, "a fetch against a dead node must fail fast, not hang"
+    assert failures >= 30  # every fetch after the kill touches the dead node's partitions
+
+    cluster.restart(1)
+    got, found = tier.fetch(TAG, keys, 8)
+    assert found.all()
+    np.testing.assert_array_equal(got, values)
+    tier.insert(TAG, keys[:10], values[:10] + 1)
+    np.testing.assert_array_equal(tier.fetch(TAG, keys[:10], 8)[0], values[:10] + 1)
+    tier.close()
+
+
+def test_unreachable_address_is_unavailable():
+    from hierarchical_parameter_server.testing_redis import free_port
+
+    tier = RedisClusterTier(f"127.0.0.1:{free_port()}", socket_timeout_s=1.0)
+    with pytest.raises(TierUnavailable, match="cannot be reached"):
+        tier.fetch(TAG, np.arange(3), 4)
+
+
+def test_overflow_evicts_random_rows_down_to_the_target(redis_cluster):
+    tag = TAG + "overflow"
+    tier = RedisClusterTier(redis_cluster.address, num_partitions=2, overflow_margin=20, overflow_resolution_target=0.5)
+    keys = np.arange(100, dtype=np.int64)
+    values = np.repeat(keys[:, None], 4, axis=1).astype(np.float32)
+    for first in range(0, 100, 10):
+        tier.insert(tag, keys[first : first + 10], values[first : first + 10])
+    got, found = tier.fetch(tag, keys, 4)
+    np.testing.assert_array_equal(got[found], values[found])
+    assert 2 * 10 <= found.sum() == tier.size(tag) <= 2 * 20
+    tier.close()
+
+
+def test_other_overflow_policies_are_refused():
+    with pytest.raises(ValueError, match="supports overflow_policy 'evict_random' only"):
+        RedisClusterTier(overflow_margin=10, overflow_policy="evict_oldest")
