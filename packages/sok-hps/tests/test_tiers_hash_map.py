@@ -47,7 +47,7 @@ def test_keys_live_in_their_partition():
     tier.insert(TAG, keys, np.zeros((100, 2), np.float32))
     table = tier._tables[TAG]
     for p, part in enumerate(table.partitions):
-        assert sorted(part.index) == sorted(k for k in keys.tolist() if rrxmrrxmsx_0(k) % 4 == p)
+        assert part.skeys.tolist() == sorted(k for k in keys.tolist() if rrxmrrxmsx_0(k) % 4 == p)
     tier.close()
 
 
@@ -73,7 +73,7 @@ def test_evict_oldest_removes_the_least_recently_used_rows():
     tier.fetch(TAG, np.arange(5), 3)  # keys 0..4 become the newest
     tier.insert(TAG, [10, 11], values_of([10, 11]))  # 12 > 10 rows: evict down to 8
     assert tier.size(TAG) == 8
-    kept = tier._tables[TAG].partitions[0].index.keys()
+    kept = tier._tables[TAG].partitions[0].skeys.tolist()
     assert set(range(5)) | {10, 11} <= set(kept)
     assert len(set(kept) & set(range(5, 10))) == 1
 
@@ -86,10 +86,11 @@ def test_evict_least_used_removes_the_rows_fetched_least():
     tier.insert(TAG, [10, 11], values_of([10, 11]))
     assert tier.size(TAG) == 8
     part = tier._tables[TAG].partitions[0]
-    assert set(range(6)) <= set(part.index)
+    kept = part.skeys.tolist()
+    assert set(range(6)) <= set(kept)
     # survivors' counts become (count - smallest) // 2: (3 - 0) // 2 for the keys fetched 3 times
-    counts = {k: int(part.access_count[s]) for k, s in part.index.items()}
-    assert all(counts[k] == 1 for k in range(6)) and all(counts[k] == 0 for k in set(part.index) - set(range(6)))
+    counts = dict(zip(kept, part.access_count[part.sslots].tolist()))
+    assert all(counts[k] == 1 for k in range(6)) and all(counts[k] == 0 for k in set(kept) - set(range(6)))
 
 
 def test_evict_random_keeps_the_target_and_correct_rows():
@@ -107,7 +108,7 @@ def test_every_partition_stays_under_the_margin():
     tier = HashMapTier(num_partitions=4, parallel=True, overflow_margin=5, max_batch_size=8, seed=1)
     keys = np.arange(1000, dtype=np.int64)
     tier.insert(TAG, keys, values_of(keys))
-    assert all(len(p.index) <= 5 for p in tier._tables[TAG].partitions)
+    assert all(len(p) <= 5 for p in tier._tables[TAG].partitions)
     assert 4 * 4 <= len(present(tier, keys)) <= 4 * 5
     tier.close()
 

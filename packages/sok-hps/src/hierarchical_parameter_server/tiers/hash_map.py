@@ -1,11 +1,12 @@
 """The in-process volatile DB: ``hash_map`` and ``parallel_hash_map`` (reference §3.3, §3.8).
 
 Each table is split into ``num_partitions`` partitions by :func:`~.partition.partition_of`. A
-partition maps keys to rows of one growable float32 array (grown by at most ``allocation_rate``
-bytes at a time, so a small table does not take a 256 MiB page as the original's does) and keeps
-per row the time of its last access and an access count. ``parallel_hash_map`` works on the
-partitions of a call in a thread pool; ``hash_map`` one after another. Each partition has a lock,
-so any number of threads may fetch and insert at once.
+partition keeps its keys sorted (a lookup is a vectorised binary search; an insert of new keys
+merges them in, linear in the partition's size) and maps them to rows of one growable float32
+array (grown by at most ``allocation_rate`` bytes at a time, so a small table does not take a
+256 MiB page as the original's does); per row it keeps the time of its last access and an access
+count. ``parallel_hash_map`` works on the partitions of a call in a thread pool; ``hash_map`` one
+after another. Each partition has a lock, so any number of threads may fetch and insert at once.
 
 Overflow (``overflow_margin`` rows per partition): after each ``max_batch_size`` chunk of an
 insert, a partition holding more than ``overflow_margin`` rows is evicted down to
@@ -47,23 +48,50 @@ _MIN_GROWTH_ROWS = 64
 
 
 class _Partition:
-    """The rows of one partition of one table; every method runs under ``lock``."""
+    """The rows of one partition of one table; every method runs under ``lock``.
+
+    ``skeys`` holds the keys in ascending order and ``sslots`` the row of each (in ``values``,
+    ``last_access``, ``access_count``): lookups are one vectorised binary search, with no Python
+    work per key.
+    """
 
     def __init__(self, dim: int, growth_rows: int, rng: np.random.Generator) -> None:
         self.lock = threading.Lock()
         self.rng = rng
         self.dim = dim
         self.growth_rows = growth_rows
-        self.index: dict[int, int] = {}
+        self.skeys = np.empty(0, np.int64)
+        self.sslots = np.empty(0, np.int64)
         self.values = np.empty((0, dim), np.float32)
         self.last_access = np.empty(0, np.int64)
         self.access_count = np.empty(0, np.int64)
         self.free: list[int] = []
         self.high = 0  # rows of `values` ever handed out
 
+    def __len__(self) -> int:
+        return len(self.skeys)
+
     def slots(self, keys: np.ndarray) -> np.ndarray:
-        get = self.index.get
-        return np.fromiter(map(get, keys.tolist(), itertools.repeat(-1)), np.int64, count=len(keys))
+        """The row of each key, -1 where missing."""
+        if not len(self.skeys):
+            return np.full(len(keys), -1, np.int64)
+        # Searching in key order walks the sorted keys forward: far fewer cache misses.
+        order = np.argsort(keys)
+        ordered = keys[order]
+        at = np.searchsorted(self.skeys, ordered)
+        np.minimum(at, len(self.skeys) - 1, out=at)
+        out = np.empty(len(keys), np.int64)
+        out[order] = np.where(self.skeys[at] == ordered, self.sslots[at], -1)
+        return out
+
+    def add(self, keys: np.ndarray) -> np.ndarray:
+        """Give rows to ``keys`` (distinct, none present yet); returns their rows."""
+        slots = self.allocate(len(keys))
+        order = np.argsort(keys, kind="stable")
+        at = np.searchsorted(self.skeys, keys[order])
+        self.skeys = np.insert(self.skeys, at, keys[order])
+        self.sslots = np.insert(self.sslots, at, slots[order])
+        return slots
 
     def allocate(self, count: int) -> np.ndarray:
         reused = [self.free.pop() for _ in range(min(count, len(self.free)))]
@@ -84,24 +112,22 @@ class _Partition:
 
     def evict(self, keep: int, policy: str) -> int:
         """Evict rows until ``keep`` remain; returns how many went."""
-        excess = len(self.index) - keep
+        excess = len(self.skeys) - keep
         if excess <= 0:
             return 0
-        keys = np.fromiter(self.index.keys(), np.int64, count=len(self.index))
-        slots = np.fromiter(self.index.values(), np.int64, count=len(self.index))
         if policy == "evict_random":
-            victims = self.rng.choice(len(keys), excess, replace=False)
+            victims = self.rng.choice(len(self.skeys), excess, replace=False)
         elif policy == "evict_least_used":
-            victims = np.argsort(self.access_count[slots], kind="stable")[:excess]
+            victims = np.argsort(self.access_count[self.sslots], kind="stable")[:excess]
         else:  # evict_oldest
-            victims = np.argsort(self.last_access[slots], kind="stable")[:excess]
-        for key in keys[victims].tolist():
-            del self.index[key]
-        self.free.extend(slots[victims].tolist())
-        if policy == "evict_least_used" and self.index:
-            alive = np.fromiter(self.index.values(), np.int64, count=len(self.index))
-            counts = self.access_count[alive]
-            self.access_count[alive] = (counts - counts.min()) // 2
+            victims = np.argsort(self.last_access[self.sslots], kind="stable")[:excess]
+        self.free.extend(self.sslots[victims].tolist())
+        alive = np.ones(len(self.skeys), bool)
+        alive[victims] = False
+        self.skeys, self.sslots = self.skeys[alive], self.sslots[alive]
+        if policy == "evict_least_used" and len(self.sslots):
+            counts = self.access_count[self.sslots]
+            self.access_count[self.sslots] = (counts - counts.min()) // 2
         return excess
 
 
@@ -218,12 +244,11 @@ class HashMapTier:
                     slots = part.slots(part_keys)
                     new = slots < 0
                     if new.any():
-                        slots[new] = part.allocate(int(new.sum()))
-                        part.index.update(zip(part_keys[new].tolist(), slots[new].tolist()))
+                        slots[new] = part.add(part_keys[new])
                         part.access_count[slots[new]] = 0
                     part.values[slots] = cv[positions]
                     part.last_access[slots] = now
-                    if len(part.index) > self.overflow_margin:
+                    if len(part) > self.overflow_margin:
                         gone = part.evict(self.keep_rows, self.overflow_policy)
                         log.debug("%s: partition %d of %s overflowed; evicted %d rows", self.name, p, tag, gone)
 
@@ -245,7 +270,7 @@ class HashMapTier:
         table = self._tables.get(tag)
         if table is None:
             return 0
-        return sum(len(p.index) for p in table.partitions)
+        return sum(len(p) for p in table.partitions)
 
     def close(self) -> None:
         """Drop every row and stop the thread pool."""
