@@ -6,10 +6,11 @@ same steps on the same batches.
 Both models share everything but the embeddings: the ``DenseTower`` (bottom MLP, dot interaction,
 top MLP; same seed), the data (Criteo-shaped batches of ``sparse_operation_kit.demo.criteo``, made
 before timing and cycled), Adagrad on the tables and Adam on the dense layers, one ``tf.function``
-per step. SOK: the 26 tables (``--tables``: static ``sok.Variable`` by default) through one
-``sok.lookup_sparse``; baseline: 26 ``tf.keras.layers.Embedding`` and 26 gathers. Each model takes
-``--warmup`` untimed steps (tracing), then ``--steps`` timed ones, in turns of ``--chunk`` steps
-(baseline, SOK, baseline, ...) so that load coming and going on the machine is shared.
+per step. SOK: the 26 tables through one ``sok.lookup_sparse`` (``--tables``: the demo's "mixed" by
+default, dynamic tables for the large features and ``sok.Variable`` for the others); baseline: 26
+``tf.keras.layers.Embedding`` and 26 gathers. Each model takes ``--warmup`` untimed steps
+(tracing), then ``--steps`` timed ones, in turns of ``--chunk`` steps (baseline, SOK, baseline, ...)
+so that load coming and going on the machine is shared by both.
 
 Usage::
 
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--max-rows", type=int, default=1 << 17)
-    parser.add_argument("--tables", choices=("static", "dynamic", "mixed"), default="static")
+    parser.add_argument("--tables", choices=("static", "dynamic", "mixed"), default="mixed")
     parser.add_argument("--pool", type=int, default=100, help="distinct training batches, made before timing")
     parser.add_argument("--eval-batches", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
