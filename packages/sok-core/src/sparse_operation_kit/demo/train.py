@@ -222,6 +222,8 @@ def train(config: DemoConfig, output: str) -> dict[str, Any]:
             json.dump(record, f, indent=2)
         plot = _plot(results, os.path.join(output, PLOT_FILE), config)
         say(f"checkpoint: {checkpoint}\nplot: {plot}")
+    # Every rank returns once rank 0 has written the files, so that the ranks also end together.
+    comm.allreduce_sum(tf.constant(0), name="demo: files written")
     return results
 
 
