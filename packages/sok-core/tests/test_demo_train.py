@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -68,9 +72,18 @@ def test_serving_through_hps_equals_the_trained_model(trained):
     if reason is not None:
         pytest.skip(f"HPS serving is not available: {reason}")
     output, _, _ = trained
-    result = serve_module.serve(output)
-    assert abs(result["auc"] - result["trained_auc"]) <= serve_module.AUC_TOLERANCE
-    assert result["max_abs_diff"] <= serve_module.AUC_TOLERANCE
+    # A fresh process, as the demo serves (hps.Init is once per process).
+    done = subprocess.run(
+        [sys.executable, "-m", "sparse_operation_kit.demo.serve", output], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    match = re.search(r"AUC (\S+) \(trained model (\S+)\), largest difference of a prediction (\S+)", done.stdout)
+    assert match, done.stdout
+    served, trained_auc, difference = (float(x) for x in match.groups())
+    record = json.loads(Path(output, CONFIG_FILE).read_text(encoding="utf-8"))
+    assert trained_auc == pytest.approx(record["results"]["eval_auc"][-1], abs=1e-6)
+    assert abs(served - trained_auc) <= serve_module.AUC_TOLERANCE
+    assert difference <= serve_module.AUC_TOLERANCE
 
 
 def test_ps_config_names_the_checkpoint_tables(trained):
@@ -87,3 +100,18 @@ def test_ps_config_names_the_checkpoint_tables(trained):
 def test_config_refuses_a_batch_that_does_not_split():
     with pytest.raises(ValueError, match="not a multiple of the 3 ranks"):
         DemoConfig(batch_size=100).check(3)
+
+
+def test_cli_trains_and_serves_a_small_model(tmp_path, capsys):
+    from sparse_operation_kit.cli import main
+
+    output = str(tmp_path / "run")
+    small = ["--steps", "6", "--epochs", "1", "--batch-size", "128", "--eval-batches", "1", "--max-rows", "512"]
+    assert main(["demo", "--part", "train", "--output", output, "--dim", "4", *small]) == 0
+    assert os.path.isdir(os.path.join(output, CHECKPOINT_DIR))
+    assert "eval AUC" in capsys.readouterr().out
+    command = [sys.executable, "-m", "sparse_operation_kit.cli", "demo", "--part", "serve", "--output", output]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    reason = serve_module.hps_serving_available()
+    assert ("serving check passed" in done.stdout) if reason is None else (reason in done.stdout)

@@ -38,8 +38,8 @@ def hps_serving_available() -> str | None:
     missing = [name for name in ("Init", "SparseLookupLayer") if not hasattr(hps, name)]
     if missing:
         return (
-            f"this sok-hps ({getattr(hps, '__version__', '?')}) has no hps.{' / hps.'.join(missing)} yet "
-            f"(the HPS issue brings them)"
+            f"this sok-hps ({getattr(hps, '__version__', '?')}) has no hps.{' / hps.'.join(missing)}; install the "
+            f"sok-hps of sok-core's version (pip install 'sok-core[hps]')"
         )
     return None
 
@@ -77,6 +77,7 @@ def serve(output: str) -> dict[str, float]:
 
     Raises:
         ImportError: HPS's layers are not available (:func:`hps_serving_available` says why).
+        RuntimeError: HPS is initialised in this process already (serve in a fresh one).
         AssertionError: the served predictions or AUC differ from the trained model's.
     """
     reason = hps_serving_available()
@@ -84,6 +85,13 @@ def serve(output: str) -> dict[str, float]:
         raise ImportError(f"cannot serve through HPS: {reason}")
     import hierarchical_parameter_server as hps
     import tensorflow as tf
+    from hierarchical_parameter_server import init as hps_init
+
+    if hps_init.is_initialized():
+        raise RuntimeError(
+            "HPS is initialised in this process already (hps.Init is once per process, and a later Init keeps the "
+            "first ps_config): serve the demo in a fresh process, python -m sparse_operation_kit.demo.serve OUTPUT"
+        )
 
     from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL, CriteoGenerator
     from sparse_operation_kit.demo.dlrm import DenseTower, dynamic_keys
