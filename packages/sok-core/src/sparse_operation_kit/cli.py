@@ -127,6 +127,9 @@ def _ckpt_convert(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sparse_operation_kit.demo.train import DemoConfig  # NumPy only; TensorFlow is imported when training
+
+    defaults = DemoConfig()
     parser = argparse.ArgumentParser(prog="sok", description="SparseOperationKit command line")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -145,20 +148,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="storage tour, training (+ dump and plot), HPS serving of a trained --output, or all (default)",
     )
     demo.add_argument("--output", default="build/demo", help="where training writes (default build/demo)")
-    demo.add_argument("--steps", type=int, default=1200, help="training steps (default 1200)")
-    demo.add_argument("--epochs", type=int, default=4, help="evaluations during training (default 4)")
-    demo.add_argument("--batch-size", type=int, default=4096, help="global batch (default 4096)")
-    demo.add_argument("--eval-batches", type=int, default=8, help="global batches of the eval set (default 8)")
-    demo.add_argument("--dim", type=int, default=16, help="embedding width (default 16)")
-    demo.add_argument("--max-rows", type=int, default=1 << 17, help="rows of the largest table (default 128Ki)")
+    for option, what in (
+        ("steps", "training steps"),
+        ("epochs", "evaluations during training"),
+        ("batch_size", "global batch"),
+        ("eval_batches", "global batches of the eval set"),
+        ("dim", "embedding width"),
+        ("max_rows", "rows of the largest table"),
+    ):
+        value = getattr(defaults, option)
+        demo.add_argument(f"--{option.replace('_', '-')}", type=int, default=value, help=f"{what} (default {value})")
     demo.add_argument(
         "--tables",
         choices=("static", "dynamic", "mixed"),
-        default="mixed",
+        default=defaults.tables,
         help="sok.Variable tables, sok.DynamicVariable tables, or dynamic for the large features (default)",
     )
-    demo.add_argument("--seed", type=int, default=0, help="data, hidden click model, initial weights (default 0)")
-    demo.add_argument("--var-types", nargs="+", default=["hbm", "hybrid"], help="var_types (dynamic tables, tour)")
+    demo.add_argument("--seed", type=int, default=defaults.seed, help="data, hidden model, initial weights")
+    demo.add_argument(
+        "--var-types", nargs="+", default=defaults.var_types, help="var_types (dynamic tables, storage tour)"
+    )
     demo.add_argument("--keys", type=int, default=1 << 20, help="storage tour: keys to insert (default 1Mi)")
     demo.add_argument("--storage-dim", type=int, default=64, help="storage tour: floats per row (default 64)")
     demo.add_argument("--batch", type=int, default=1 << 18, help="storage tour: keys per insert (default 256Ki)")
