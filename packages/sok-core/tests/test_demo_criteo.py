@@ -127,3 +127,17 @@ def test_preprocess_dense_numpy_and_tensorflow_agree():
     import tensorflow as tf
 
     np.testing.assert_allclose(preprocess_dense(tf.constant(counts)).numpy(), preprocess_dense(counts), rtol=1e-6)
+
+
+def test_tsv_reader_slices_each_batch_over_ranks(tmp_path):
+    rows = CRITEO_CARDINALITIES
+    lines = ["\t".join([str(n % 2)] + [str(n)] * NUM_DENSE + [f"{n:08x}"] * NUM_CATEGORICAL) for n in range(10)]
+    path = tmp_path / "day"
+    path.write_text("\n".join(lines) + "\n", encoding="ascii")
+    whole = [b[1].numpy() for b in read_criteo_tsv(str(path), 4, rows)]
+    parts = [[b[1].numpy() for b in read_criteo_tsv(str(path), 4, rows, rank=r, num_ranks=2)] for r in range(2)]
+    assert len(whole) == 2 and all(len(p) == 2 for p in parts)  # the last 2 lines make no full batch
+    for i, batch in enumerate(whole):
+        np.testing.assert_array_equal(np.concatenate([parts[0][i], parts[1][i]]), batch)
+    with pytest.raises(ValueError, match="multiple of num_ranks 3"):
+        read_criteo_tsv(str(path), 4, rows, rank=0, num_ranks=3)

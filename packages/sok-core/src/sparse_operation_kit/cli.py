@@ -44,6 +44,8 @@ def _demo(args: argparse.Namespace) -> int:
             tables=args.tables,
             var_types=args.var_types,
             seed=args.seed,
+            train_tsv=args.train_tsv,
+            eval_tsv=args.eval_tsv,
         )
         train(config, args.output)
     if args.part in ("serve", "all"):
@@ -167,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=defaults.seed, help="data, hidden model, initial weights")
     demo.add_argument(
         "--var-types", nargs="+", default=defaults.var_types, help="var_types (dynamic tables, storage tour)"
+    )
+    demo.add_argument("--train-tsv", nargs="+", default=[], help="Criteo TSV day files to train on (real data)")
+    demo.add_argument(
+        "--eval-tsv", nargs="+", default=[], help="Criteo TSV day files to evaluate on (with --train-tsv)"
     )
     demo.add_argument("--keys", type=int, default=1 << 20, help="storage tour: keys to insert (default 1Mi)")
     demo.add_argument("--storage-dim", type=int, default=64, help="storage tour: floats per row (default 64)")

@@ -247,7 +247,12 @@ def _hex_to_int64(strings: Any) -> Any:
 
 
 def read_criteo_tsv(
-    paths: Sequence[str] | str, batch_size: int, rows: Sequence[int], drop_remainder: bool = True
+    paths: Sequence[str] | str,
+    batch_size: int,
+    rows: Sequence[int],
+    drop_remainder: bool = True,
+    rank: int = 0,
+    num_ranks: int = 1,
 ) -> Any:
     """Criteo's TSV day files as a ``tf.data.Dataset`` of ``(dense, categorical, label)`` batches,
     the layout of :meth:`CriteoGenerator.dataset`.
@@ -263,6 +268,8 @@ def read_criteo_tsv(
         rows: rows of each of the 26 tables (e.g. ``CriteoGenerator(...).rows`` or
             :data:`CRITEO_CARDINALITIES`).
         drop_remainder: drop a last, smaller batch.
+        rank / num_ranks: with ``num_ranks`` > 1, each rank gets its contiguous slice of every batch
+            of ``batch_size`` lines (a multiple of ``num_ranks``), as :meth:`CriteoGenerator.dataset`.
 
     Raises:
         ValueError: ``rows`` does not have 26 positive entries.
@@ -289,5 +296,17 @@ def read_criteo_tsv(
         ids = tf.math.floormod(hashes, modulus[None, :])  # floormod: never negative
         return dense, ids, label
 
+    if batch_size % num_ranks or not 0 <= rank < num_ranks:
+        raise ValueError(
+            f"batch_size {batch_size} must be a multiple of num_ranks {num_ranks}, and rank {rank} in "
+            f"0 .. {num_ranks - 1}"
+        )
+    local = batch_size // num_ranks
+
+    def mine(dense: tf.Tensor, ids: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        part = slice(rank * local, (rank + 1) * local)
+        return dense[part], ids[part], label[part]
+
     lines = tf.data.TextLineDataset(paths, compression_type=compression)
-    return lines.batch(batch_size, drop_remainder=drop_remainder).map(parse).prefetch(2)
+    batches = lines.batch(batch_size, drop_remainder=drop_remainder or num_ranks > 1).map(parse)
+    return (batches.map(mine) if num_ranks > 1 else batches).prefetch(2)

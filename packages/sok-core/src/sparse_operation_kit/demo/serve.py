@@ -93,9 +93,9 @@ def serve(output: str) -> dict[str, float]:
             "first ps_config): serve the demo in a fresh process, python -m sparse_operation_kit.demo.serve OUTPUT"
         )
 
-    from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL, CriteoGenerator
+    from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL
     from sparse_operation_kit.demo.dlrm import DenseTower, dynamic_keys
-    from sparse_operation_kit.demo.train import AUC_THRESHOLDS, CONFIG_FILE, DENSE_FILE, PREDICTIONS_FILE
+    from sparse_operation_kit.demo.train import AUC_THRESHOLDS, CONFIG_FILE, DENSE_FILE, PREDICTIONS_FILE, DemoConfig
 
     with open(os.path.join(output, CONFIG_FILE), encoding="utf-8") as f:
         record = json.load(f)
@@ -136,10 +136,9 @@ def serve(output: str) -> dict[str, float]:
             out.append(layer(sparse, None, combiner="sum"))
         return out
 
-    gen = CriteoGenerator(seed=config["seed"], max_rows=config["max_rows"])
     auc = tf.keras.metrics.AUC(num_thresholds=AUC_THRESHOLDS)
     served = []
-    for dense, ids, labels in gen.dataset(config["eval_batches"], batch, "eval"):
+    for dense, ids, labels in DemoConfig(**config).eval_dataset():
         p = tf.sigmoid(tower((dense, embeddings(ids))))
         auc.update_state(labels, p)
         served.append(p.numpy()[:, 0])

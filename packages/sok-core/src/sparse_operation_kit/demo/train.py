@@ -61,6 +61,9 @@ class DemoConfig:
         bottom / top: hidden widths of the MLPs.
         sparse_lr / dense_lr: learning rates of Adagrad (tables) and Adam (dense layers).
         seed: data, hidden model and initial weights.
+        train_tsv / eval_tsv: Criteo TSV day files (:func:`~.criteo.read_criteo_tsv`) to train and
+            evaluate on instead of generated data (both or neither; the training files are read
+            again from the start when ``steps`` needs more lines). Real data has no known ceiling.
     """
 
     steps: int = 1200
@@ -77,6 +80,34 @@ class DemoConfig:
     sparse_lr: float = 0.05
     dense_lr: float = 0.001
     seed: int = 0
+    train_tsv: list[str] = field(default_factory=list)
+    eval_tsv: list[str] = field(default_factory=list)
+
+    def eval_dataset(self, rank: int = 0, num_ranks: int = 1) -> Any:
+        """The evaluation batches (this rank's slice of each): the generator's eval stream, or the
+        first ``eval_batches`` batches of ``eval_tsv``."""
+        if self.eval_tsv:
+            from sparse_operation_kit.demo.criteo import read_criteo_tsv, scaled_cardinalities
+
+            rows = scaled_cardinalities(self.max_rows)
+            return read_criteo_tsv(self.eval_tsv, self.batch_size, rows, True, rank, num_ranks).take(self.eval_batches)
+        return self.generator().dataset(self.eval_batches, self.batch_size, "eval", rank, num_ranks)
+
+    def train_dataset(self, steps: int, rank: int = 0, num_ranks: int = 1) -> Any:
+        """``steps`` training batches (this rank's slice of each)."""
+        if self.train_tsv:
+            from sparse_operation_kit.demo.criteo import read_criteo_tsv, scaled_cardinalities
+
+            rows = scaled_cardinalities(self.max_rows)
+            batches = read_criteo_tsv(self.train_tsv, self.batch_size, rows, True, rank, num_ranks)
+            return batches.repeat().take(steps)
+        return self.generator().dataset(steps, self.batch_size, "train", rank, num_ranks)
+
+    def generator(self) -> Any:
+        """The Criteo-shaped generator of this config (its ``rows`` are the table sizes either way)."""
+        from sparse_operation_kit.demo.criteo import CriteoGenerator
+
+        return CriteoGenerator(seed=self.seed, max_rows=self.max_rows)
 
     def check(self, num_ranks: int) -> None:
         """Raise ValueError naming the first setting that is not valid."""
@@ -84,6 +115,11 @@ class DemoConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} {value!r} is not valid; valid: an integer >= 1")
+        if bool(self.train_tsv) != bool(self.eval_tsv):
+            raise ValueError(
+                f"give both train_tsv and eval_tsv (Criteo day files to train and to evaluate on) or neither, "
+                f"got train_tsv={self.train_tsv!r}, eval_tsv={self.eval_tsv!r}"
+            )
         if self.epochs > self.steps:
             raise ValueError(f"epochs ({self.epochs}) must not exceed steps ({self.steps})")
         if self.batch_size % num_ranks:
@@ -109,7 +145,6 @@ def train(config: DemoConfig, output: str) -> dict[str, Any]:
 
     from sparse_operation_kit import communication
     from sparse_operation_kit.checkpoint import dump
-    from sparse_operation_kit.demo.criteo import CriteoGenerator
     from sparse_operation_kit.demo.dlrm import DenseTower, SokEmbeddings
     from sparse_operation_kit.dense_sync import allreduce_dense_gradients, broadcast_dense_variables
     from sparse_operation_kit.optimizer import OptimizerWrapper
@@ -120,7 +155,7 @@ def train(config: DemoConfig, output: str) -> dict[str, Any]:
     rank, ranks = comm.rank(), comm.num_ranks()
     config.check(ranks)
     say = _say(rank)
-    gen = CriteoGenerator(seed=config.seed, max_rows=config.max_rows)
+    gen = config.generator()
     embeddings = SokEmbeddings(
         gen.rows, config.dim, config.tables, config.var_types, config.dynamic_rows, seed=config.seed
     )
@@ -160,7 +195,7 @@ def train(config: DemoConfig, output: str) -> dict[str, Any]:
     def evaluate() -> tuple[float, float, np.ndarray]:
         auc.reset_state()
         probabilities, losses = [], 0.0
-        for dense, ids, labels in gen.dataset(config.eval_batches, config.batch_size, "eval", rank, ranks):
+        for dense, ids, labels in config.eval_dataset(rank, ranks):
             p = predict(dense, ids)
             auc.update_state(labels, p)
             probabilities.append(p.numpy()[:, 0])
@@ -177,10 +212,13 @@ def train(config: DemoConfig, output: str) -> dict[str, Any]:
         ordered = gathered.reshape(ranks, config.eval_batches, per).transpose(1, 0, 2).reshape(-1)
         return float(auc.result()), total / (config.eval_batches * config.batch_size), ordered
 
-    ceiling = _auc_ceiling(gen, config, auc)
-    say(f"the hidden click model's own AUC on the eval set (the ceiling): {ceiling:.4f}")
+    ceiling = None if config.eval_tsv else _auc_ceiling(gen, config, auc)
+    if ceiling is None:
+        say(f"training on {config.train_tsv}, evaluating on {config.eval_tsv} (real data: no known AUC ceiling)")
+    else:
+        say(f"the hidden click model's own AUC on the eval set (the ceiling): {ceiling:.4f}")
     steps_per_epoch = [config.steps // config.epochs + (e < config.steps % config.epochs) for e in range(config.epochs)]
-    data = iter(gen.dataset(config.steps + 1, config.batch_size, "train", rank, ranks))
+    data = iter(config.train_dataset(config.steps + 1, rank, ranks))
     train_step(*next(data))  # trace once, outside the timing (its batch is not counted)
     losses: list[float] = []
     results: dict[str, Any] = {"eval_auc": [], "eval_loss": [], "eval_step": [], "auc_ceiling": ceiling}
@@ -199,7 +237,8 @@ def train(config: DemoConfig, output: str) -> dict[str, Any]:
         results["eval_auc"].append(value)
         results["eval_loss"].append(eval_loss)
         results["eval_step"].append(len(losses))
-        say(f"epoch {epoch + 1}: eval AUC {value:.4f} (ceiling {ceiling:.4f}), eval log-loss {eval_loss:.4f}")
+        bound = "" if ceiling is None else f" (ceiling {ceiling:.4f})"
+        say(f"epoch {epoch + 1}: eval AUC {value:.4f}{bound}, eval log-loss {eval_loss:.4f}")
     results["loss"] = losses
     results["samples_per_s"] = config.steps * config.batch_size / seconds
     say(f"trained {config.steps} steps at {results['samples_per_s'] / 1e3:.1f}k samples/s over {ranks} rank(s)")
@@ -257,7 +296,8 @@ def _plot(results: dict[str, Any], path: str, config: DemoConfig) -> str:
     left.set(xlabel="step", ylabel="log-loss", title=f"training ({config.batch_size} samples per step)")
     left.legend()
     right.plot(results["eval_step"], results["eval_auc"], "o-", color="C1", label="eval AUC")
-    right.axhline(results["auc_ceiling"], color="C2", linestyle="--", label="ceiling (hidden model)")
+    if results["auc_ceiling"] is not None:
+        right.axhline(results["auc_ceiling"], color="C2", linestyle="--", label="ceiling (hidden model)")
     right.set(xlabel="step", ylabel="AUC", title="evaluation after each epoch")
     right.legend()
     fig.tight_layout()
