@@ -145,3 +145,39 @@ def test_cli_trains_on_criteo_tsv_files_and_serves_them(tmp_path, capsys):
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "serving check passed" in done.stdout
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_train_what_one_process_serves(tmp_path):
+    """``make demo-np2`` in small: sok demo --part train under horovodrun -np 2, then the checkpoint
+    of the two ranks served in a fresh process (HPS), equal to the trained model's predictions."""
+    sys.path.insert(0, str(Path(__file__).parent / "distributed"))
+    from harness import REPO, horovodrun
+
+    runner = horovodrun()
+    output = str(tmp_path / "np2")
+    small = ["--steps", "12", "--epochs", "2", "--batch-size", "256", "--eval-batches", "2", "--max-rows", "1024"]
+    command = [str(runner), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "sparse_operation_kit.cli"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", TF_NUM_INTRAOP_THREADS="1")
+    env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = "120"
+    done = subprocess.run(
+        [*command, "demo", "--part", "train", "--output", output, "--dim", "4", *small],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "over 2 rank(s)" in done.stdout
+    record = json.loads(Path(output, CONFIG_FILE).read_text(encoding="utf-8"))
+    assert record["ranks"] == 2
+    if serve_module.hps_serving_available() is None:
+        served = subprocess.run(
+            [sys.executable, "-m", "sparse_operation_kit.demo.serve", output],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert served.returncode == 0, served.stdout[-3000:] + served.stderr[-3000:]
+        assert "serving check passed" in served.stdout
