@@ -133,13 +133,15 @@ def test_cli_trains_on_criteo_tsv_files_and_serves_them(tmp_path, capsys):
         paths[stream] = tmp_path / f"day_{stream}"
         paths[stream].write_text("\n".join(lines) + "\n", encoding="ascii")
     output = str(tmp_path / "run")
-    options = ["--steps", "8", "--epochs", "1", "--batch-size", "128", "--eval-batches", "2", "--max-rows", "512"]
+    # 256 eval lines make 2 batches of 128: fewer than the 3 asked for, which is what the eval set then is.
+    options = ["--steps", "8", "--epochs", "1", "--batch-size", "128", "--eval-batches", "3", "--max-rows", "512"]
     tsv = ["--train-tsv", str(paths["train"]), "--eval-tsv", str(paths["eval"])]
     assert main(["demo", "--part", "train", "--output", output, "--dim", "4", *options, *tsv]) == 0
     out = capsys.readouterr().out
     assert "no known AUC ceiling" in out and "epoch 1: eval AUC" in out
     record = json.loads(Path(output, CONFIG_FILE).read_text(encoding="utf-8"))
     assert record["results"]["auc_ceiling"] is None
+    assert np.load(os.path.join(output, "eval_predictions.npy")).shape == (256,)
     command = [sys.executable, "-m", "sparse_operation_kit.demo.serve", output]
     if serve_module.hps_serving_available() is None:
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)

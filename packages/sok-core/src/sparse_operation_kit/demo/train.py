@@ -205,12 +205,16 @@ def train(config: DemoConfig, output: str) -> dict[str, Any]:
         for var in auc.variables:  # the metric over the global eval set
             var.assign(comm.allreduce_sum(tf.convert_to_tensor(var), name=f"demo: auc {var.name}"))
         total = float(comm.allreduce_sum(tf.constant(losses, tf.float64), name="demo: eval loss"))
-        local = np.concatenate(probabilities)
-        gathered = np.asarray(comm.allgather(tf.constant(local), name="demo: predictions"))
+        if not probabilities:
+            raise ValueError(
+                f"the evaluation set has no full batch of {config.batch_size} samples ({config.eval_tsv}); give more "
+                f"lines or a smaller batch_size"
+            )
+        batches = len(probabilities)  # eval_batches, or fewer when the eval files are short
+        gathered = np.asarray(comm.allgather(tf.constant(np.concatenate(probabilities)), name="demo: predictions"))
         # Rank-major [ranks, batches, local] -> the eval set's order.
-        per = config.batch_size // ranks
-        ordered = gathered.reshape(ranks, config.eval_batches, per).transpose(1, 0, 2).reshape(-1)
-        return float(auc.result()), total / (config.eval_batches * config.batch_size), ordered
+        ordered = gathered.reshape(ranks, batches, -1).transpose(1, 0, 2).reshape(-1)
+        return float(auc.result()), total / (batches * config.batch_size), ordered
 
     ceiling = None if config.eval_tsv else _auc_ceiling(gen, config, auc)
     if ceiling is None:
