@@ -12,11 +12,11 @@ import os
 import sys
 import traceback
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+if __name__ == "__main__":  # a rank (the test imports this module only for the names of CHECKS)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
-import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import sparse_operation_kit as sok  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -121,6 +121,8 @@ CHECKS = {
 
 
 def main() -> int:
+    import horovod.tensorflow as hvd
+
     print_stacks_before_timeout()
     hvd.init()
     sok.init()
