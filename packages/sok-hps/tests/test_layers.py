@@ -207,3 +207,13 @@ def test_layer_config_round_trips():
         64,
     )
     assert clone.name == "emb"
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0)])
+def test_empty_ids(table, shape):
+    dtype, w0, _ = table
+    layer = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    ids = tf.zeros(shape, dtype)
+    got = layer(ids)
+    assert got.shape == shape + (DIM,)
+    np.testing.assert_array_equal(got.numpy(), tf.nn.embedding_lookup(w0, ids).numpy())

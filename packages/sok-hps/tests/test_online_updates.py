@@ -2,7 +2,8 @@
 update to its databases and to the cache, so a lookup after an update returns the new rows:
 for keys the cache holds (the original never updated its cache), keys it does not hold, new keys,
 and with the cache as the only store. update_filters choose the databases; an update of a table no
-model has is skipped; rows trained with sok.DynamicVariable arrive through dump_increment."""
+model has is skipped; an update a database refuses is applied again; rows trained with
+sok.DynamicVariable arrive through dump_increment."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ tf = pytest.importorskip("tensorflow")
 sys.path.insert(0, str(Path(__file__).parent))
 import hierarchical_parameter_server as hps  # noqa: E402
 import serve_support as support  # noqa: E402
-from hierarchical_parameter_server import updates  # noqa: E402
+from hierarchical_parameter_server import tiers, updates  # noqa: E402
 
 ROWS, DIM = 2000, 8
 TABLE = "sparse_embedding0"
@@ -115,3 +116,21 @@ def test_rows_trained_in_sok_arrive_through_dump_increment(serve, tmp_path):
     assert updates.dump_increment(directory, "m", [TABLE], [trained], since)
     lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
     wait_until(lambda: np.array_equal(lookup(keys).numpy(), new_rows.numpy()))
+
+
+def test_an_update_a_database_refuses_is_applied_again(serve, monkeypatch):
+    server, _, directory = serve({"volatile_db": {"type": "hash_map"}}, gpucache=False)
+    insert, refused = server.volatile_db.insert, []
+
+    def down_once(*args):
+        if not refused:
+            refused.append(1)
+            raise tiers.TierUnavailable("connection refused (test)")
+        insert(*args)
+
+    monkeypatch.setattr(server.volatile_db, "insert", down_once)
+    keys, rows = np.array([8], np.int64), np.full((1, DIM), 2.0, np.float32)
+    updates.write_update(directory, "m", TABLE, keys, rows)
+    tag = server.table("m", 0).tag
+    wait_until(lambda: np.array_equal(server.volatile_db.fetch(tag, keys, DIM)[0], rows))
+    assert refused

@@ -47,14 +47,17 @@ def tier_setup(kind, tmp_path):
 
 @pytest.fixture
 def serve(tmp_path):
-    """serve(kind, volatile={...}, **model overrides) -> (server, oracle) of one model 'm' of one
-    table; ``volatile`` adds keys to the volatile_db."""
+    """serve(kind, volatile={...}, persistent=True, **model overrides) -> (server, oracle) of one
+    model 'm' of one table; ``volatile`` adds keys to the volatile_db, ``persistent=False``
+    disables the persistent_db."""
 
-    def start(kind, volatile=None, **overrides):
+    def start(kind, volatile=None, persistent=True, **overrides):
         folder, weights = support.write_table(tmp_path / "t0", ROWS, DIM, seed=4)
         model_kw, top = tier_setup(kind, tmp_path)
         if volatile:
             top = {**top, "volatile_db": {**top["volatile_db"], **volatile}}
+        if not persistent:
+            top = {**top, "persistent_db": {"type": "disabled"}}
         entry = support.model_entry("m", [folder], [DIM], **{**model_kw, **overrides})
         path = support.write_config(tmp_path / "ps.json", support.ps_config([entry], **top))
         context = support.served(path)
@@ -84,11 +87,13 @@ def test_tiers_alone_and_chained_are_exact(serve, kind):
             np.testing.assert_array_equal(sparse(ragged, None, combiner=combiner).numpy(), want.numpy())
 
 
-def test_hit_rate_threshold_zero_serves_defaults_then_the_rows(serve):
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
+def test_hit_rate_threshold_zero_serves_defaults_then_the_rows(serve, graph):
     server, oracle = serve("chain", hit_rate_threshold=0.0)
-    lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
-    ids = tf.constant([5, 17, 3000], tf.int64)
-    np.testing.assert_array_equal(lookup(ids).numpy(), np.full((3, DIM), 0.5, np.float32))
+    layer = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    lookup = tf.function(layer) if graph else layer
+    ids = tf.constant([5, 17, 3000, 17], tf.int64)
+    np.testing.assert_array_equal(lookup(ids).numpy(), np.full((4, DIM), 0.5, np.float32))
     server.wait_for_background_work()
     np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
 
@@ -222,4 +227,28 @@ def test_static_and_uvm_caches_hold_every_row(serve, cache_type):
     assert not cache.evicting and cache.size() == ROWS
     lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
     ids = tf.constant(np.arange(0, ROWS + EXTRA, 7), tf.int64)
+    np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
+
+
+def test_a_cache_of_every_row_does_not_grow_with_unknown_keys(serve):
+    server, oracle = serve("cache")
+    lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    unknown = tf.constant(np.arange(ROWS, ROWS + EXTRA), tf.int64)
+    for _ in range(2):
+        np.testing.assert_array_equal(lookup(unknown).numpy(), tf.nn.embedding_lookup(oracle, unknown).numpy())
+    assert server.table("m", 0).cache.size() == ROWS
+
+
+def test_defaults_served_while_the_only_database_is_down_are_not_cached(serve, monkeypatch, caplog):
+    server, oracle = serve("chain", persistent=False)
+    lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    ids = tf.constant([11, 12, 13], tf.int64)
+
+    def down(tag, keys, dim):
+        raise tiers.TierUnavailable("connection refused (test)")
+
+    with monkeypatch.context() as patch, caplog.at_level(logging.WARNING):
+        patch.setattr(server.volatile_db, "fetch", down)
+        np.testing.assert_array_equal(lookup(ids).numpy(), np.full((3, DIM), 0.5, np.float32))
+    assert "is unavailable" in caplog.text
     np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())

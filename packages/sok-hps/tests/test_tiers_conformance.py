@@ -37,7 +37,7 @@ class TierConformance:
         keys = np.array([5, -3, 0, 2**62, -(2**63), 2**63 - 1, 17, 100_000], np.int64)
         values = rows(len(keys), 8)
         tier.insert(tag, keys, values)
-        query = np.array([17, 4, -3, 2**63 - 1, 99, 5, -(2**63)], np.int64)
+        query = np.array([17, 4, -3, 2**63 - 1, 99, 5, -(2**63), 17, 4], np.int64)  # repeats too
         got, found = tier.fetch(tag, query, 8)
         lookup = dict(zip(keys.tolist(), values))
         want_found = np.array([k in lookup for k in query.tolist()])
@@ -179,3 +179,12 @@ class TestRocksDB(TierConformance):
         tier = RocksDBTier(str(tmp_path / "rocksdb"), num_threads=2, max_batch_size=BATCH)
         yield tier
         tier.close()
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_closed_hash_map_refuses_calls(parallel):
+    tier = HashMapTier(num_partitions=2, parallel=parallel)
+    tier.insert("hps_et.m.t", np.arange(3), np.ones((3, 2), np.float32))
+    tier.close()
+    with pytest.raises(RuntimeError, match="is closed"):
+        tier.fetch("hps_et.m.t", np.arange(3), 2)

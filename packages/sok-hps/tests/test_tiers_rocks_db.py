@@ -61,3 +61,12 @@ def test_a_database_held_open_is_unavailable_with_its_path(tmp_path):
     with pytest.raises(TierUnavailable, match=str(tmp_path / "db")):
         RocksDBTier(path)
     holder.close()
+
+
+def test_closed_tier_refuses_calls(tmp_path):
+    tier = RocksDBTier(str(tmp_path / "db"), num_threads=2)
+    tier.close()
+    with pytest.raises(RuntimeError, match="is closed"):
+        tier.fetch("hps_et.a.b", np.arange(3), 4)
+    with pytest.raises(RuntimeError, match="is closed"):
+        tier.insert("hps_et.a.b", np.arange(3), np.zeros((3, 4), np.float32))

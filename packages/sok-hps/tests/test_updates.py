@@ -101,7 +101,8 @@ def test_reader_never_sees_part_of_a_file(tmp_path):
     thread = threading.Thread(target=writer)
     thread.start()
     seen = []
-    while not done.is_set() or len(seen) < 15:
+    deadline = time.monotonic() + 120
+    while (not done.is_set() or len(seen) < 15) and time.monotonic() < deadline:
         seen += source.poll()
     thread.join()
     assert len(seen) == 15 and not os.path.exists(tmp_path / "rejected")

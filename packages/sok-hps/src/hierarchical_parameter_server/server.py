@@ -78,6 +78,7 @@ class ServedTable:
         max_keys: ``max_batch_size`` x ``maxnum_catfeature_query_per_table_per_sample`` of the
             table, the most keys one lookup may pass.
         hit_rate_threshold: the model's, reference §3.6.
+        rows: the rows of the table's model file.
         cache: the table's :class:`EmbeddingCache`, None with ``gpucache: false``.
     """
 
@@ -141,9 +142,9 @@ class ServedTable:
         """``values`` of ``keys`` with the rows of the keys the cache lacks, per
         :attr:`hit_rate_threshold`: the hit rate is over distinct keys, as the original's."""
         lib = tf_ops.library()
-        where = tf.where(tf.logical_not(found))
 
         def with_misses() -> tf.Tensor:
+            where = tf.where(tf.logical_not(found))
             missing, positions = lib.sok_unique_index(tf.gather_nd(keys, where))
 
             def fetched() -> tf.Tensor:
@@ -163,7 +164,7 @@ class ServedTable:
             misses = tf.cast(tf.size(missing), tf.float64) / tf.cast(tf.size(distinct), tf.float64)
             return tf.cond(1.0 - misses < self.hit_rate_threshold, fetched, defaults_now)
 
-        return tf.cond(tf.size(where) > 0, with_misses, lambda: values)
+        return tf.cond(tf.reduce_all(found), lambda: values, with_misses)
 
     # -- in Python -------------------------------------------------------------------------------
     def _fetch_py(self, keys: tf.Tensor) -> np.ndarray:
@@ -179,14 +180,18 @@ class ServedTable:
     def fetch(self, keys: np.ndarray) -> np.ndarray:
         """The rows of ``keys`` from the databases, the default value where no tier has a key:
         ``float32 [n, dim]``."""
-        return self._server.fetch_from_databases(self, np.asarray(keys).astype(np.int64, copy=False))
+        return self._server.fetch_from_databases(self, np.asarray(keys).astype(np.int64, copy=False))[0]
 
     def fill(self, keys: np.ndarray) -> np.ndarray:
-        """:meth:`fetch` the rows of ``keys`` and write them into the cache; returns them."""
+        """Fetch the rows of ``keys`` from the databases and write them into an evicting cache
+        (default rows included, as the original's cache takes them, but not the defaults of keys a
+        database that could not be reached may hold); returns them. A cache that holds every row
+        takes nothing: its misses are keys no tier has, and it must not grow with them."""
+        keys = np.asarray(keys)
         with self.lock:
-            rows = self.fetch(keys)
-            if self.cache is not None and len(keys):
-                self.cache.insert(np.asarray(keys), rows)
+            rows, known = self._server.fetch_from_databases(self, keys.astype(np.int64, copy=False))
+            if self.cache is not None and self.cache.evicting and known.any():
+                self.cache.insert(keys[known], rows[known])
             return rows
 
     def apply_update(self, keys: np.ndarray, values: np.ndarray) -> None:
@@ -371,16 +376,20 @@ class ParameterServer:
             logger.warning("HPS: %s answers again", db.name)
         return result
 
-    def fetch_from_databases(self, served: ServedTable, keys: np.ndarray) -> np.ndarray:
+    def fetch_from_databases(self, served: ServedTable, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows of int64 ``keys`` of ``served``: volatile DB, then persistent DB for the keys it
-        lacks, then the default value (reference §3.7)."""
+        lacks, then the default value (reference §3.7). Returns ``(rows float32 [n, dim], known
+        bool [n])``: ``known`` is False for keys that got the default while a database could not
+        be reached (they may exist there: such a default must not be cached)."""
         n = len(keys)
         rows = np.full((n, served.dim), served.default_value, dtype=np.float32)
-        if n == 0:
-            return rows
         missing = np.ones(n, dtype=bool)
+        answered = True
+        if n == 0:
+            return rows, missing
         if self._volatile is not None:
             got = self._guarded(self._volatile, "lookup", self._volatile.fetch, served.tag, keys, served.dim)
+            answered = got is not None
             if got is not None:
                 values, found = got
                 rows[found] = values[found]
@@ -388,13 +397,14 @@ class ParameterServer:
         if self._persistent is not None and missing.any():
             idx = np.flatnonzero(missing)
             got = self._guarded(self._persistent, "lookup", self._persistent.fetch, served.tag, keys[idx], served.dim)
+            answered = answered and got is not None
             if got is not None:
                 values, found = got
                 rows[idx[found]] = values[found]
                 missing[idx[found]] = False
                 if self._volatile is not None and self.config.volatile_db.cache_missed_embeddings and found.any():
                     self.submit(self._copy_back, served.tag, keys[idx[found]], values[found])
-        return rows
+        return rows, ~missing | answered
 
     def _copy_back(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
         self._guarded(self._volatile, "copy back of persistent rows", self._volatile.insert, tag, keys, values)

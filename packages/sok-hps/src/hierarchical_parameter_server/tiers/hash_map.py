@@ -182,6 +182,7 @@ class HashMapTier:
         self._clock = itertools.count(1)
         self._tables: dict[str, _Table] = {}
         self._tables_lock = threading.Lock()
+        self._closed = False
         self._pool = ThreadPoolExecutor(num_partitions, "hps-hash-map") if parallel and num_partitions > 1 else None
 
     def _groups(self, keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -200,7 +201,12 @@ class HashMapTier:
             for future in [self._pool.submit(work, p, g) for p, g in groups]:
                 future.result()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"this {self.name} is closed and holds no rows; make a new HashMapTier")
+
     def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        self._check_open()
         keys = check_keys(tag, keys, dim)
         out = np.zeros((len(keys), dim), np.float32)
         found = np.zeros(len(keys), bool)
@@ -226,6 +232,7 @@ class HashMapTier:
         return out, found
 
     def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
+        self._check_open()
         keys, values = check_rows(tag, keys, values)
         table = self._table(tag, values.shape[1])
         for first in range(0, len(keys), self.max_batch_size):
@@ -267,13 +274,15 @@ class HashMapTier:
         return table
 
     def size(self, tag: str) -> int:
+        self._check_open()
         table = self._tables.get(tag)
         if table is None:
             return 0
         return sum(len(p) for p in table.partitions)
 
     def close(self) -> None:
-        """Drop every row and stop the thread pool."""
+        """Drop every row and stop the thread pool; later calls raise RuntimeError."""
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

@@ -90,7 +90,12 @@ class RocksDBTier:
         """The tier ``persistent_db`` describes."""
         return cls(cfg.path, num_threads=cfg.num_threads, read_only=cfg.read_only, max_batch_size=cfg.max_batch_size)
 
+    def _check_open(self) -> None:
+        if self._db is None:
+            raise RuntimeError(f"rocks_db at {self.path!r} is closed; open a new RocksDBTier")
+
     def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        self._check_open()
         keys = check_keys(tag, keys, dim)
         out = np.zeros((len(keys), dim), np.float32)
         found = np.zeros(len(keys), bool)
@@ -115,6 +120,7 @@ class RocksDBTier:
         return out, found
 
     def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
+        self._check_open()
         keys, values = check_rows(tag, keys, values)
         if self.read_only:
             raise PermissionError(
@@ -144,6 +150,7 @@ class RocksDBTier:
 
     def size(self, tag: str) -> int:
         """Rows of ``tag`` (counted by iterating them: exact, linear in the table's size)."""
+        self._check_open()
         family = self._families.get(tag)
         return 0 if family is None else sum(1 for _ in family.keys())
 
