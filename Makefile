@@ -4,11 +4,14 @@
 setup:
 	bash ci/setup.sh
 
+# The demo: train a DLRM on Criteo-shaped data, dump it, serve it through HPS (build/demo), tour the storages.
 demo: setup
 	.venv/bin/sok demo
 
+# The same training on two Horovod ranks (data- and model-parallel), then serving in one process.
 demo-np2: setup
-	.venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/sok demo --part train
+	TF_NUM_INTRAOP_THREADS=1 HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=600 .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/sok demo --part train --output build/demo-np2
+	.venv/bin/sok demo --part serve --output build/demo-np2
 
 test: setup
 	bash ci/test.sh

@@ -58,6 +58,8 @@ _LAZY = {
     "set_comm_tool": "sparse_operation_kit.communication",
     "rank": "sparse_operation_kit.communication",
     "num_ranks": "sparse_operation_kit.communication",
+    "broadcast_dense_variables": "sparse_operation_kit.dense_sync",
+    "allreduce_dense_gradients": "sparse_operation_kit.dense_sync",
     "experiment": "sparse_operation_kit.experiment",
     "dump": "sparse_operation_kit.checkpoint",
     "load": "sparse_operation_kit.checkpoint",

@@ -3,7 +3,8 @@
 Example::
 
     $ sok info
-    $ sok demo --keys 4194304
+    $ sok demo                                 # train, dump, serve (build/demo), storage tour
+    $ horovodrun -np 2 -H localhost:2 --gloo sok demo --part train && sok demo --part serve
     $ sok ckpt inspect ckpt          # read-only; imports no TensorFlow
     $ sok ckpt convert ckpt hps_out  # HPS's sparse-model layout (needs sok-hps)
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
 import sys
 
 
@@ -24,13 +26,55 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from sparse_operation_kit.demo import run_storage_demo, run_training_demo
-
+    status = 0
     if args.part in ("storage", "all"):
-        run_storage_demo(num_keys=args.keys, dim=args.dim, batch=args.batch, var_types=args.var_types)
+        from sparse_operation_kit.demo.storage import check_arguments
+
+        check_arguments(args.keys, args.storage_dim, args.batch)
     if args.part in ("train", "all"):
-        run_training_demo(steps=args.steps, var_types=args.var_types)
-    return 0
+        from sparse_operation_kit.demo.train import DemoConfig, train
+
+        config = DemoConfig(
+            steps=args.steps,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            eval_batches=args.eval_batches,
+            dim=args.dim,
+            max_rows=args.max_rows,
+            tables=args.tables,
+            var_types=args.var_types,
+            seed=args.seed,
+            train_tsv=args.train_tsv,
+            eval_tsv=args.eval_tsv,
+        )
+        train(config, args.output)
+    if args.part in ("serve", "all"):
+        from sparse_operation_kit.demo.serve import hps_serving_available
+
+        reason = hps_serving_available()
+        if reason is not None:
+            print(f"\n== serving through HPS skipped: {reason}")
+        elif args.part == "serve":
+            from sparse_operation_kit.demo.serve import serve
+
+            serve(args.output)
+        else:  # in a new process: nothing of training's state carries over
+            command = [
+                sys.executable,
+                "-m",
+                "sparse_operation_kit.cli",
+                "demo",
+                "--part",
+                "serve",
+                "--output",
+                args.output,
+            ]
+            status = subprocess.run(command).returncode
+    if args.part in ("storage", "all"):
+        from sparse_operation_kit.demo.storage import run_storage_demo
+
+        run_storage_demo(num_keys=args.keys, dim=args.storage_dim, batch=args.batch, var_types=args.var_types)
+    return status
 
 
 def _ckpt(args: argparse.Namespace) -> int:
@@ -85,6 +129,9 @@ def _ckpt_convert(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sparse_operation_kit.demo.train import DemoConfig  # NumPy only; TensorFlow is imported when training
+
+    defaults = DemoConfig()
     parser = argparse.ArgumentParser(prog="sok", description="SparseOperationKit command line")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -93,13 +140,43 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--no-tensorflow", action="store_true", help="do not import TensorFlow")
     info.set_defaults(run=_info)
 
-    demo = commands.add_parser("demo", help="fill, query, evict and export tables; train a DynamicVariable")
-    demo.add_argument("--part", choices=("storage", "train", "all"), default="all", help="which demo (default all)")
-    demo.add_argument("--steps", type=int, default=200, help="training steps per var_type (default 200)")
-    demo.add_argument("--keys", type=int, default=4 << 20, help="keys to insert (default 4Mi)")
-    demo.add_argument("--dim", type=int, default=64, help="floats per row (default 64)")
-    demo.add_argument("--batch", type=int, default=1 << 18, help="keys per call (default 256Ki)")
-    demo.add_argument("--var-types", nargs="+", default=["hbm", "hybrid"], help="var_types to run")
+    demo = commands.add_parser(
+        "demo", help="train a DLRM on Criteo-shaped data, dump it, serve it through HPS; tour the storages"
+    )
+    demo.add_argument(
+        "--part",
+        choices=("storage", "train", "serve", "all"),
+        default="all",
+        help="storage tour, training (+ dump and plot), HPS serving of a trained --output, or all (default)",
+    )
+    demo.add_argument("--output", default="build/demo", help="where training writes (default build/demo)")
+    for option, what in (
+        ("steps", "training steps"),
+        ("epochs", "evaluations during training"),
+        ("batch_size", "global batch"),
+        ("eval_batches", "global batches of the eval set"),
+        ("dim", "embedding width"),
+        ("max_rows", "rows of the largest table"),
+    ):
+        value = getattr(defaults, option)
+        demo.add_argument(f"--{option.replace('_', '-')}", type=int, default=value, help=f"{what} (default {value})")
+    demo.add_argument(
+        "--tables",
+        choices=("static", "dynamic", "mixed"),
+        default=defaults.tables,
+        help="sok.Variable tables, sok.DynamicVariable tables, or dynamic for the large features (default)",
+    )
+    demo.add_argument("--seed", type=int, default=defaults.seed, help="data, hidden model, initial weights")
+    demo.add_argument(
+        "--var-types", nargs="+", default=defaults.var_types, help="var_types (dynamic tables, storage tour)"
+    )
+    demo.add_argument("--train-tsv", nargs="+", default=[], help="Criteo TSV day files to train on (real data)")
+    demo.add_argument(
+        "--eval-tsv", nargs="+", default=[], help="Criteo TSV day files to evaluate on (with --train-tsv)"
+    )
+    demo.add_argument("--keys", type=int, default=1 << 20, help="storage tour: keys to insert (default 1Mi)")
+    demo.add_argument("--storage-dim", type=int, default=64, help="storage tour: floats per row (default 64)")
+    demo.add_argument("--batch", type=int, default=1 << 18, help="storage tour: keys per insert (default 256Ki)")
     demo.set_defaults(run=_demo)
     ckpt = commands.add_parser("ckpt", help="inspect or convert sok.dump checkpoints")
     ckpt_commands = ckpt.add_subparsers(dest="ckpt_command", required=True)

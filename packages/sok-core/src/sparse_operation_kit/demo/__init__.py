@@ -1,0 +1,8 @@
+"""The job ``make demo`` runs (``sok demo``): a DLRM on Criteo-shaped data, trained with SOK
+tables, checkpointed with ``sok.dump`` and served through HPS in a fresh process; and a tour of
+what the storages do at scale.
+
+Modules: :mod:`~.criteo` (the data: generator and TSV reader), :mod:`~.dlrm` (the model),
+:mod:`~.train` (training, evaluation, dump, plot), :mod:`~.serve` (the checkpoint through HPS),
+:mod:`~.storage` (the storage tour). Importing this package imports none of them.
+"""

@@ -1,0 +1,142 @@
+"""Worker of ``tests/test_demo_dense_sync_multiprocess.py``: sok.broadcast_dense_variables and
+sok.allreduce_dense_gradients on Keras 3 variables, on each Horovod rank, against NumPy oracles.
+
+Every rank can compute every rank's inputs (they are seeded by rank), so each rank checks the
+collective's result against the NumPy value of all ranks' inputs. Prints ``CHECK <name> rank=<r>
+PASS|FAIL <detail>`` per check (``harness.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+if __name__ == "__main__":  # a rank (the test imports this module only for the names of CHECKS)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import sparse_operation_kit as sok  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import print_stacks_before_timeout  # noqa: E402
+
+
+def model(rank: int) -> tf.keras.Model:
+    """A Keras 3 model whose initial weights differ by rank (every initializer seeded by it)."""
+    glorot = tf.keras.initializers.GlorotUniform
+    inputs = tf.keras.Input((4,))
+    hidden = tf.keras.layers.Dense(3, kernel_initializer=glorot(seed=rank))(inputs)
+    last = tf.keras.layers.Dense(
+        1, kernel_initializer=glorot(seed=10 + rank), bias_initializer=tf.keras.initializers.Constant(rank)
+    )
+    return tf.keras.Model(inputs, last(hidden))
+
+
+def gradients_of(rank: int, shapes: list) -> list[np.ndarray]:
+    rng = np.random.default_rng(100 + rank)
+    return [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+
+
+def check_broadcast(rank: int, n: int) -> str | None:
+    net = model(rank)
+    table = sok.Variable(np.arange(8, dtype=np.float32).reshape(4, 2), dtype=tf.float32, name="shard")  # rank-own rows
+    shard_before = table.numpy().copy()
+    count = sok.broadcast_dense_variables(net.variables + [table])
+    expected = [w.numpy() for w in model(0).weights]
+    if count != len(expected):
+        return f"broadcast {count} variables, expected {len(expected)} (the SOK table must be skipped)"
+    for got, want in zip(net.weights, expected):
+        if not np.array_equal(got.numpy(), want):
+            return f"{got.name} differs from rank 0's initial value"
+    if not np.array_equal(table.numpy(), shard_before):
+        return "the sok.Variable shard was changed"
+    return None
+
+
+def check_allreduce(rank: int, n: int, op: str, in_function: bool) -> str | None:
+    net = model(0)
+    table = sok.DynamicVariable(dimension=2, var_type="hbm", name=f"dyn_{op}_{int(in_function)}")
+    variables = net.trainable_variables + [table]
+    shapes = [tuple(v.shape) for v in net.trainable_variables]
+    mine = gradients_of(rank, shapes)
+    sparse = tf.IndexedSlices(tf.constant([[rank, rank]], tf.float32), tf.constant([rank], tf.int64))
+    grads = [tf.constant(g) for g in mine] + [sparse]
+
+    def reduce(*dense):
+        return sok.allreduce_dense_gradients(list(dense) + [sparse], variables, op=op)
+
+    out = tf.function(reduce, autograph=False)(*grads[:-1]) if in_function else reduce(*grads[:-1])
+    every = [gradients_of(r, shapes) for r in range(n)]
+    for i, got in enumerate(out[:-1]):
+        want = np.sum([e[i] for e in every], axis=0) / (n if op == "average" else 1)
+        if not np.allclose(got.numpy(), want, rtol=1e-6, atol=1e-6):
+            return f"gradient {i} ({op}): max difference {np.max(np.abs(got.numpy() - want))}"
+    passed = out[-1]
+    if not (np.array_equal(passed.values.numpy(), [[rank, rank]]) and np.array_equal(passed.indices.numpy(), [rank])):
+        return f"the gradient of the sok.DynamicVariable was changed: {passed.values.numpy().tolist()}"
+    return None
+
+
+def check_indexed_slices(rank: int, n: int) -> str | None:
+    emb = tf.keras.layers.Embedding(5, 2)
+    emb.build((None,))
+    grad = tf.IndexedSlices(tf.constant([[1.0 + rank, 2.0]]), tf.constant([rank], tf.int64), tf.constant([5, 2]))
+    out = sok.allreduce_dense_gradients([grad], [emb.embeddings])[0]
+    dense = tf.convert_to_tensor(out).numpy()
+    want = np.zeros((5, 2), np.float32)
+    for r in range(n):
+        want[r] += np.array([1.0 + r, 2.0]) / n
+    return None if np.allclose(dense, want) else f"got {dense.tolist()}, expected {want.tolist()}"
+
+
+def check_errors(rank: int, n: int) -> str | None:
+    try:
+        sok.broadcast_dense_variables([], root_rank=n)
+    except ValueError as error:
+        if f"root_rank {n} is not a rank" not in str(error):
+            return f"unexpected message: {error}"
+    else:
+        return "root_rank out of range was accepted"
+    try:
+        sok.allreduce_dense_gradients([None], [], op="average")
+    except ValueError as error:
+        if "1 gradients for 0 variables" not in str(error):
+            return f"unexpected message: {error}"
+    else:
+        return "a length mismatch was accepted"
+    return None
+
+
+CHECKS = {
+    "broadcast": check_broadcast,
+    "allreduce_average_eager": lambda r, n: check_allreduce(r, n, "average", False),
+    "allreduce_sum_function": lambda r, n: check_allreduce(r, n, "sum", True),
+    "allreduce_indexed_slices": check_indexed_slices,
+    "errors": check_errors,
+}
+
+
+def main() -> int:
+    import horovod.tensorflow as hvd
+
+    print_stacks_before_timeout()
+    hvd.init()
+    sok.init()
+    rank, n = hvd.rank(), hvd.size()
+    failed = 0
+    for name, check in CHECKS.items():
+        try:
+            problem = check(rank, n)
+        except Exception:  # noqa: BLE001 (a check's crash is its failure, reported on one line)
+            problem = " | ".join(traceback.format_exc().strip().splitlines()[-3:])
+        failed += problem is not None
+        print(f"CHECK {name} rank={rank} {'PASS' if problem is None else 'FAIL ' + problem}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
