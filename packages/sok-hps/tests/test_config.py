@@ -158,22 +158,29 @@ def test_unit_test_config_of_reference_section_4(tmp_path):
     assert cfg.model("bar").table_tag(1) == "hps_et.bar.sparse_embedding1"
 
 
+# Per (section, key): alias -> the canonical name it becomes.
+ALIASES = {
+    ("volatile_db", "type"): {
+        "hashmap": "hash_map",
+        "map": "hash_map",
+        "parallel_hash": "parallel_hash_map",
+        "redis": "redis_cluster",
+        "none": "disabled",
+        "Disable": "disabled",
+    },
+    ("volatile_db", "overflow_policy"): {
+        "least_used": "evict_least_used",
+        "oldest": "evict_oldest",
+        "random": "evict_random",
+    },
+    ("persistent_db", "type"): {"rocksdb": "rocks_db", "rocks": "rocks_db"},
+    ("update_source", "type"): {"none": "null"},
+}
+
+
 @pytest.mark.parametrize(
     ("section", "key", "alias", "canonical"),
-    [
-        ("volatile_db", "type", "hashmap", "hash_map"),
-        ("volatile_db", "type", "map", "hash_map"),
-        ("volatile_db", "type", "parallel_hash", "parallel_hash_map"),
-        ("volatile_db", "type", "redis", "redis_cluster"),
-        ("volatile_db", "type", "none", "disabled"),
-        ("volatile_db", "type", "Disable", "disabled"),
-        ("volatile_db", "overflow_policy", "least_used", "evict_least_used"),
-        ("volatile_db", "overflow_policy", "oldest", "evict_oldest"),
-        ("volatile_db", "overflow_policy", "random", "evict_random"),
-        ("persistent_db", "type", "rocksdb", "rocks_db"),
-        ("persistent_db", "type", "rocks", "rocks_db"),
-        ("update_source", "type", "none", "null"),
-    ],
+    [(section, key, alias, name) for (section, key), names in ALIASES.items() for alias, name in names.items()],
 )
 def test_aliases_become_canonical_names(section, key, alias, canonical):
     raw = minimal()

@@ -5,7 +5,6 @@ alone."""
 from __future__ import annotations
 
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ ROWS, EXTRA, DIM, THREADS, STEPS = 5000, 100, 8, 8, 12
     ids=["small-cache+hash_map", "cache-only"],
 )
 @pytest.mark.parametrize("graph", [True, False], ids=["tf.function", "eager"])
-def test_eight_threads_get_right_rows(tmp_path, overrides, top, graph):
+def test_eight_threads_get_right_rows(tmp_path, overrides, top, graph, run_in_threads):
     folder0, w0 = support.write_table(tmp_path / "t0", ROWS, DIM, seed=5)
     folder1, w1 = support.write_table(tmp_path / "t1", ROWS, DIM * 2, seed=6)
     entry = support.model_entry("m", [folder0, folder1], [DIM, DIM * 2], **overrides)
@@ -40,24 +39,13 @@ def test_eight_threads_get_right_rows(tmp_path, overrides, top, graph):
             for t in (0, 1)
         ]
         steps = [tf.function(layer) if graph else layer for layer in layers]
-        errors = []
-        start = threading.Barrier(THREADS)
 
         def worker(seed):
             rng = np.random.default_rng(seed)
-            start.wait()
-            try:
-                for _ in range(STEPS):
-                    table = int(rng.integers(0, 2))
-                    ids = tf.constant(rng.integers(0, ROWS + EXTRA, size=(64, 5)), tf.int64)
-                    got = steps[table](ids).numpy()
-                    np.testing.assert_array_equal(got, oracles[table][ids.numpy()])
-            except Exception as error:  # reported by the main thread
-                errors.append(error)
+            for _ in range(STEPS):
+                table = int(rng.integers(0, 2))
+                ids = tf.constant(rng.integers(0, ROWS + EXTRA, size=(64, 5)), tf.int64)
+                got = steps[table](ids).numpy()
+                np.testing.assert_array_equal(got, oracles[table][ids.numpy()])
 
-        threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(THREADS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert not errors, errors[0]
+        run_in_threads(THREADS, worker)

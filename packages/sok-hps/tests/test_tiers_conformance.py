@@ -11,7 +11,6 @@ parallel_hash_map, redis_cluster, rocks_db), each overriding the ``tier`` fixtur
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import numpy as np
@@ -108,36 +107,25 @@ class TierConformance:
         with pytest.raises(ValueError, match="dim must be an integer >= 1"):
             tier.fetch(tag, np.arange(3), 0)
 
-    def test_eight_threads_at_once(self, tier, tag):
+    def test_eight_threads_at_once(self, tier, tag, run_in_threads):
         dim, per_thread, threads = 8, 200, 8
         all_keys = np.random.default_rng(9).permutation(10**6)[: per_thread * threads].astype(np.int64)
         all_rows = rows(len(all_keys), dim, seed=10)
-        errors: list[BaseException] = []
-        barrier = threading.Barrier(threads)
 
         def work(t: int) -> None:
-            try:
-                mine = slice(t * per_thread, (t + 1) * per_thread)
-                barrier.wait()
-                for first in range(0, per_thread, 50):
-                    part = slice(mine.start + first, mine.start + first + 50)
-                    tier.insert(tag, all_keys[part], all_rows[part])
-                    got, found = tier.fetch(tag, all_keys[part], dim)
-                    assert found.all()
-                    np.testing.assert_array_equal(got, all_rows[part])
-                # others' rows: either absent yet or exactly right
-                got, found = tier.fetch(tag, all_keys, dim)
-                np.testing.assert_array_equal(got[found], all_rows[found])
-                assert found[mine].all()
-            except BaseException as e:  # noqa: BLE001 -- reported by the main thread
-                errors.append(e)
+            mine = slice(t * per_thread, (t + 1) * per_thread)
+            for first in range(0, per_thread, 50):
+                part = slice(mine.start + first, mine.start + first + 50)
+                tier.insert(tag, all_keys[part], all_rows[part])
+                got, found = tier.fetch(tag, all_keys[part], dim)
+                assert found.all()
+                np.testing.assert_array_equal(got, all_rows[part])
+            # others' rows: either absent yet or exactly right
+            got, found = tier.fetch(tag, all_keys, dim)
+            np.testing.assert_array_equal(got[found], all_rows[found])
+            assert found[mine].all()
 
-        pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-        for th in pool:
-            th.start()
-        for th in pool:
-            th.join()
-        assert not errors, errors[0]
+        run_in_threads(threads, work)
         got, found = tier.fetch(tag, all_keys, dim)
         assert found.all()
         np.testing.assert_array_equal(got, all_rows)

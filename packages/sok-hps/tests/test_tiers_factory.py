@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
-from hierarchical_parameter_server.config import load_config
+from hierarchical_parameter_server.config import PSConfig, load_config
 from hierarchical_parameter_server.tiers import Tier, make_persistent_db, make_volatile_db
 
+sys.path.insert(0, str(Path(__file__).parent))
+import serve_support as support  # noqa: E402
 
-def config(**sections) -> dict:
-    model = {
-        "model": "m",
-        "sparse_files": ["a"],
-        "deployed_device_list": [0],
-        "embedding_vecsize_per_table": [4],
-        "maxnum_catfeature_query_per_table_per_sample": [1],
-        "default_value_for_each_table": [0.0],
-    }
-    return load_config({"supportlonglong": True, "models": [model], **sections})
+
+def config(**sections) -> PSConfig:
+    """A loaded ps_config of one one-table model with the given top-level sections."""
+    return load_config(support.ps_config([support.model_entry("m", ["a"], [4])], **sections))
 
 
 def test_default_config_gives_a_parallel_hash_map_and_no_persistent_db():

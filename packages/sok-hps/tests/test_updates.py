@@ -15,9 +15,11 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import sys
 import threading
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +31,9 @@ from hierarchical_parameter_server.updates import (
     read_update,
     write_update,
 )
+
+sys.path.insert(0, str(Path(__file__).parent))
+import serve_support as support  # noqa: E402
 
 
 def rows(n: int, dim: int, seed: int = 0) -> np.ndarray:
@@ -200,21 +205,8 @@ def test_background_thread_applies_in_order_and_retries(tmp_path):
 
 
 def test_from_config(tmp_path):
-    model = {
-        "model": "m",
-        "sparse_files": ["a"],
-        "deployed_device_list": [0],
-        "embedding_vecsize_per_table": [4],
-        "maxnum_catfeature_query_per_table_per_sample": [1],
-        "default_value_for_each_table": [0.0],
-    }
-    cfg = load_config(
-        {
-            "supportlonglong": True,
-            "models": [model],
-            "update_source": {"type": "directory", "path": str(tmp_path), "poll_interval_ms": 250},
-        }
-    )
+    update_source = {"type": "directory", "path": str(tmp_path), "poll_interval_ms": 250}
+    cfg = load_config(support.ps_config([support.model_entry("m", ["a"], [4])], update_source=update_source))
     source = DirectoryUpdateSource.from_config(cfg.update_source, ["m"])
     assert (source.directory, source.poll_interval_s, source.model_filters) == (str(tmp_path), 0.25, ("m",))
 

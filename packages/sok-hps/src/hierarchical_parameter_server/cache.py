@@ -79,30 +79,21 @@ class EmbeddingCache:
         self.key_dtype = tf.as_dtype(key_dtype)
         self.device = cache_device()
         name = tag.replace(".", "_")
+        if evicting:
+            self.capacity: int | None = capacity_of(rows, fraction)
+            storage: dict[str, Any] = {
+                "var_type": "hybrid",
+                "init_capacity": min(self.capacity, _INIT_CAPACITY),
+                "max_capacity": self.capacity,
+                "evict_strategy": "lru",
+            }
+        else:
+            self.capacity = None
+            storage = {"var_type": "hbm"}
         with tf.device(self.device):
-            if evicting:
-                self.capacity: int | None = capacity_of(rows, fraction)
-                self.variable = DynamicVariable(
-                    dimension=self.dim,
-                    var_type="hybrid",
-                    name=name,
-                    trainable=False,
-                    key_type=self.key_dtype,
-                    initializer="zeros",
-                    init_capacity=min(self.capacity, _INIT_CAPACITY),
-                    max_capacity=self.capacity,
-                    evict_strategy="lru",
-                )
-            else:
-                self.capacity = None
-                self.variable = DynamicVariable(
-                    dimension=self.dim,
-                    var_type="hbm",
-                    name=name,
-                    trainable=False,
-                    key_type=self.key_dtype,
-                    initializer="zeros",
-                )
+            self.variable = DynamicVariable(
+                dimension=self.dim, name=name, trainable=False, key_type=self.key_dtype, initializer="zeros", **storage
+            )
         logger.info(
             "HPS cache of %s on %s: %s",
             tag,

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import logging
 import os
@@ -464,6 +465,99 @@ def parse_address(entry: str) -> tuple[str, int]:
     return host, int(port)
 
 
+# How each key with a default is read: a _Reader method with the key's checks, called as
+# read(reader, key, default=...). The defaults are the dataclasses' (one source of truth).
+_Read = Callable[..., Any]
+_POSITIVE: _Read = functools.partial(_Reader.integer, minimum=1)
+_NONEMPTY_STRING: _Read = functools.partial(_Reader.string, nonempty=True)
+_FRACTION: _Read = functools.partial(_Reader.number, high=1.0)  # [0, 1]
+_OPEN_FRACTION: _Read = functools.partial(_Reader.number, high=1.0, low_open=True)  # (0, 1]
+_FILTERS: _Read = functools.partial(_Reader.array, item=_regex_item, nonempty=False)
+
+# Read in this order (the first bad key is the one reported).
+_MODEL_READS: dict[str, _Read] = {
+    "embedding_cache_type": functools.partial(_Reader.choice, choices=CACHE_TYPES),
+    "use_static_table": _Reader.boolean,
+    "dense_file": _Reader.string,
+    "max_batch_size": _POSITIVE,
+    "gpucache": _Reader.boolean,
+    "gpucacheper": _OPEN_FRACTION,
+    "hit_rate_threshold": _Reader.number,
+    "cache_refresh_percentage_per_iteration": _FRACTION,
+    "num_of_worker_buffer_in_pool": _POSITIVE,
+    "num_of_refresher_buffer_in_pool": _POSITIVE,
+    "thread_pool_size": _POSITIVE,
+    "use_context_stream": _Reader.boolean,
+    "use_hctr_cache_implementation": _Reader.boolean,
+    "init_ec": _Reader.boolean,
+    "enable_pagelock": _Reader.boolean,
+    "fp8_quant": _Reader.boolean,
+    "fuse_embedding_table": _Reader.boolean,
+    "maxnum_des_feature_per_sample": _Reader.integer,
+    "refresh_delay": _Reader.number,
+    "refresh_interval": _Reader.integer,
+}
+_VOLATILE_READS: dict[str, _Read] = {
+    "type": functools.partial(_Reader.choice, choices=VOLATILE_TYPES),
+    "address": _NONEMPTY_STRING,
+    "user_name": _Reader.string,
+    "password": _Reader.string,
+    "num_partitions": _POSITIVE,
+    "allocation_rate": _POSITIVE,
+    "shared_memory_size": _POSITIVE,
+    "shared_memory_name": _Reader.string,
+    "shared_memory_auto_remove": _Reader.boolean,
+    "num_node_connections": _POSITIVE,
+    "max_batch_size": _POSITIVE,
+    "enable_tls": _Reader.boolean,
+    "tls_ca_certificate": _Reader.string,
+    "tls_client_certificate": _Reader.string,
+    "tls_client_key": _Reader.string,
+    "tls_server_name_identification": _Reader.string,
+    "overflow_margin": _POSITIVE,
+    "overflow_policy": functools.partial(_Reader.choice, choices=OVERFLOW_POLICIES),
+    "overflow_resolution_target": _OPEN_FRACTION,
+    "initial_cache_rate": _FRACTION,
+    "cache_missed_embeddings": _Reader.boolean,
+    "update_filters": _FILTERS,
+    "initialize_after_startup": _Reader.boolean,
+}
+_PERSISTENT_READS: dict[str, _Read] = {
+    "type": functools.partial(_Reader.choice, choices=PERSISTENT_TYPES),
+    "path": _NONEMPTY_STRING,
+    "num_threads": _POSITIVE,
+    "read_only": _Reader.boolean,
+    "max_batch_size": _POSITIVE,
+    "update_filters": _FILTERS,
+    "initialize_after_startup": _Reader.boolean,
+}
+_UPDATE_SOURCE_READS: dict[str, _Read] = {
+    "type": functools.partial(_Reader.choice, choices=UPDATE_SOURCE_TYPES),
+    "path": _Reader.string,
+    "poll_interval_ms": _POSITIVE,
+}
+
+
+def _read_fields(r: _Reader, cls: type, reads: Mapping[str, _Read]) -> dict[str, Any]:
+    """The keys of ``reads`` from ``r``, each with its default in the dataclass ``cls``."""
+    defaults = {
+        f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+        for f in dataclasses.fields(cls)
+        if f.name in reads
+    }
+    return {key: read(r, key, default=defaults[key]) for key, read in reads.items()}
+
+
+def _section(obj: Any, path: str, cls: type, reads: Mapping[str, _Read]) -> Any:
+    """The section ``path`` of the ps_config (``obj``: its JSON object, None when absent) as ``cls``."""
+    if obj is None:
+        return cls()
+    r = _Reader(obj, path)
+    cfg = cls(**_read_fields(r, cls, reads))
+    r.finish()
+    return cfg
+
+
 def _model(obj: Any, path: str) -> ModelConfig:
     r = _Reader(obj, path)
     name = r.raw("model", "")
@@ -493,8 +587,10 @@ def _model(obj: Any, path: str) -> ModelConfig:
     devices = r.array("deployed_device_list", _int_item(0))
     if len(set(devices)) != len(devices):
         raise ConfigError(f"{r.where('deployed_device_list')}: devices repeat in {list(devices)}")
-    cache_type = r.choice("embedding_cache_type", "dynamic", CACHE_TYPES)
-    use_static = r.boolean("use_static_table", False)
+    optional = _read_fields(r, ModelConfig, _MODEL_READS)
+    if optional["use_static_table"]:
+        # use_static_table forces the static cache, as in the original.
+        optional["embedding_cache_type"] = "static"
     cfg = ModelConfig(
         model=name,
         sparse_files=sparse_files,
@@ -503,65 +599,14 @@ def _model(obj: Any, path: str) -> ModelConfig:
         maxnum_catfeature_query_per_table_per_sample=maxnum,
         default_value_for_each_table=defaults + (0.0,) * (n - len(defaults)),
         embedding_table_names=names,
-        dense_file=r.string("dense_file", ""),
-        max_batch_size=r.integer("max_batch_size", 64, minimum=1),
-        gpucache=r.boolean("gpucache", True),
-        gpucacheper=r.number("gpucacheper", 0.2, low=0.0, high=1.0, low_open=True),
-        hit_rate_threshold=r.number("hit_rate_threshold", 0.9),
-        cache_refresh_percentage_per_iteration=r.number("cache_refresh_percentage_per_iteration", 0.0, high=1.0),
-        num_of_worker_buffer_in_pool=r.integer("num_of_worker_buffer_in_pool", 1, minimum=1),
-        num_of_refresher_buffer_in_pool=r.integer("num_of_refresher_buffer_in_pool", 1, minimum=1),
-        thread_pool_size=r.integer("thread_pool_size", 16, minimum=1),
-        # use_static_table forces the static cache, as in the original.
-        embedding_cache_type="static" if use_static else cache_type,
-        use_static_table=use_static,
-        use_context_stream=r.boolean("use_context_stream", True),
-        use_hctr_cache_implementation=r.boolean("use_hctr_cache_implementation", True),
-        init_ec=r.boolean("init_ec", True),
-        enable_pagelock=r.boolean("enable_pagelock", False),
-        fp8_quant=r.boolean("fp8_quant", False),
-        fuse_embedding_table=r.boolean("fuse_embedding_table", True),
-        maxnum_des_feature_per_sample=r.integer("maxnum_des_feature_per_sample", 26),
-        refresh_delay=r.number("refresh_delay", 0.0),
-        refresh_interval=r.integer("refresh_interval", 0),
+        **optional,
     )
     r.finish()
     return cfg
 
 
 def _volatile_db(obj: Any) -> VolatileDBConfig:
-    if obj is None:
-        return VolatileDBConfig()
-    r = _Reader(obj, "volatile_db")
-    d = VolatileDBConfig()
-    cfg = VolatileDBConfig(
-        type=r.choice("type", d.type, VOLATILE_TYPES),
-        address=r.string("address", d.address, nonempty=True),
-        user_name=r.string("user_name", d.user_name),
-        password=r.string("password", d.password),
-        num_partitions=r.integer("num_partitions", d.num_partitions, minimum=1),
-        allocation_rate=r.integer("allocation_rate", d.allocation_rate, minimum=1),
-        shared_memory_size=r.integer("shared_memory_size", d.shared_memory_size, minimum=1),
-        shared_memory_name=r.string("shared_memory_name", d.shared_memory_name),
-        shared_memory_auto_remove=r.boolean("shared_memory_auto_remove", d.shared_memory_auto_remove),
-        num_node_connections=r.integer("num_node_connections", d.num_node_connections, minimum=1),
-        max_batch_size=r.integer("max_batch_size", d.max_batch_size, minimum=1),
-        enable_tls=r.boolean("enable_tls", d.enable_tls),
-        tls_ca_certificate=r.string("tls_ca_certificate", d.tls_ca_certificate),
-        tls_client_certificate=r.string("tls_client_certificate", d.tls_client_certificate),
-        tls_client_key=r.string("tls_client_key", d.tls_client_key),
-        tls_server_name_identification=r.string("tls_server_name_identification", d.tls_server_name_identification),
-        overflow_margin=r.integer("overflow_margin", d.overflow_margin, minimum=1),
-        overflow_policy=r.choice("overflow_policy", d.overflow_policy, OVERFLOW_POLICIES),
-        overflow_resolution_target=r.number(
-            "overflow_resolution_target", d.overflow_resolution_target, high=1.0, low_open=True
-        ),
-        initial_cache_rate=r.number("initial_cache_rate", d.initial_cache_rate, high=1.0),
-        cache_missed_embeddings=r.boolean("cache_missed_embeddings", d.cache_missed_embeddings),
-        update_filters=r.array("update_filters", _regex_item, d.update_filters, nonempty=False),
-        initialize_after_startup=r.boolean("initialize_after_startup", d.initialize_after_startup),
-    )
-    r.finish()
+    cfg = _section(obj, "volatile_db", VolatileDBConfig, _VOLATILE_READS)
     cfg.addresses  # noqa: B018 -- checks every host[:port] entry now, not at connect time
     if cfg.type == "redis_cluster":
         if "num_partitions" not in obj and cfg.num_partitions < cfg.num_node_connections:
@@ -582,34 +627,11 @@ def _volatile_db(obj: Any) -> VolatileDBConfig:
 
 
 def _persistent_db(obj: Any) -> PersistentDBConfig:
-    if obj is None:
-        return PersistentDBConfig()
-    r = _Reader(obj, "persistent_db")
-    d = PersistentDBConfig()
-    cfg = PersistentDBConfig(
-        type=r.choice("type", d.type, PERSISTENT_TYPES),
-        path=r.string("path", d.path, nonempty=True),
-        num_threads=r.integer("num_threads", d.num_threads, minimum=1),
-        read_only=r.boolean("read_only", d.read_only),
-        max_batch_size=r.integer("max_batch_size", d.max_batch_size, minimum=1),
-        update_filters=r.array("update_filters", _regex_item, d.update_filters, nonempty=False),
-        initialize_after_startup=r.boolean("initialize_after_startup", d.initialize_after_startup),
-    )
-    r.finish()
-    return cfg
+    return _section(obj, "persistent_db", PersistentDBConfig, _PERSISTENT_READS)
 
 
 def _update_source(obj: Any) -> UpdateSourceConfig:
-    if obj is None:
-        return UpdateSourceConfig()
-    r = _Reader(obj, "update_source")
-    d = UpdateSourceConfig()
-    cfg = UpdateSourceConfig(
-        type=r.choice("type", d.type, UPDATE_SOURCE_TYPES),
-        path=r.string("path", d.path),
-        poll_interval_ms=r.integer("poll_interval_ms", d.poll_interval_ms, minimum=1),
-    )
-    r.finish()
+    cfg = _section(obj, "update_source", UpdateSourceConfig, _UPDATE_SOURCE_READS)
     if cfg.type == "directory" and not cfg.path:
         raise ConfigError("update_source.path: required when type is 'directory'; give the directory to watch")
     return cfg

@@ -18,14 +18,41 @@ Example::
 
 from __future__ import annotations
 
+import importlib
+
 from ..config import PersistentDBConfig, VolatileDBConfig
 from .base import Tier, TierUnavailable
 
 __all__ = ["Tier", "TierUnavailable", "make_persistent_db", "make_volatile_db"]
 
 
-def _missing(extra: str, package: str, error: ImportError) -> ImportError:
-    return ImportError(f"the {extra} tier needs {package}: pip install 'sok-hps[{extra}]' ({error})")
+#: Per type: the module and class of its tier, and for a tier that needs an optional dependency,
+#: ``(extra of sok-hps that installs it, its name)``. Imported only when that type is asked for.
+_Registry = dict[str, tuple[str, str, "tuple[str, str] | None"]]
+_VOLATILE_TIERS: _Registry = {
+    "hash_map": ("hash_map", "HashMapTier", None),
+    "parallel_hash_map": ("hash_map", "HashMapTier", None),
+    "redis_cluster": ("redis_cluster", "RedisClusterTier", ("redis", "redis-py")),
+}
+_PERSISTENT_TIERS: _Registry = {
+    "rocks_db": ("rocks_db", "RocksDBTier", ("rocksdb", "rocksdict")),
+}
+
+
+def _make(section: str, cfg: VolatileDBConfig | PersistentDBConfig, tiers: _Registry) -> Tier | None:
+    if cfg.type == "disabled":
+        return None
+    if cfg.type not in tiers:
+        raise ValueError(f"{section}.type {cfg.type!r} has no tier; load the config with load_config")
+    module, name, needs = tiers[cfg.type]
+    try:
+        tier_class = getattr(importlib.import_module(f".{module}", __name__), name)
+    except ImportError as e:
+        if needs is None:
+            raise
+        extra, package = needs
+        raise ImportError(f"the {extra} tier needs {package}: pip install 'sok-hps[{extra}]' ({e})") from e
+    return tier_class.from_config(cfg)
 
 
 def make_volatile_db(cfg: VolatileDBConfig) -> Tier | None:
@@ -35,27 +62,7 @@ def make_volatile_db(cfg: VolatileDBConfig) -> Tier | None:
         ImportError: ``redis_cluster`` without redis-py installed (the message says what to install).
         TierUnavailable: not raised here for Redis: the first call connects.
     """
-    if cfg.type == "disabled":
-        return None
-    if cfg.type in ("hash_map", "parallel_hash_map"):
-        from .hash_map import HashMapTier
-
-        return HashMapTier(
-            num_partitions=cfg.num_partitions,
-            parallel=cfg.type == "parallel_hash_map",
-            allocation_rate=cfg.allocation_rate,
-            max_batch_size=cfg.max_batch_size,
-            overflow_margin=cfg.overflow_margin,
-            overflow_policy=cfg.overflow_policy,
-            overflow_resolution_target=cfg.overflow_resolution_target,
-        )
-    if cfg.type == "redis_cluster":
-        try:
-            from .redis_cluster import RedisClusterTier
-        except ImportError as e:
-            raise _missing("redis", "redis-py", e) from e
-        return RedisClusterTier.from_config(cfg)
-    raise ValueError(f"volatile_db.type {cfg.type!r} has no tier; load the config with load_config")
+    return _make("volatile_db", cfg, _VOLATILE_TIERS)
 
 
 def make_persistent_db(cfg: PersistentDBConfig) -> Tier | None:
@@ -65,12 +72,4 @@ def make_persistent_db(cfg: PersistentDBConfig) -> Tier | None:
         ImportError: ``rocks_db`` without rocksdict installed (the message says what to install).
         TierUnavailable: the database cannot be opened.
     """
-    if cfg.type == "disabled":
-        return None
-    if cfg.type == "rocks_db":
-        try:
-            from .rocks_db import RocksDBTier
-        except ImportError as e:
-            raise _missing("rocksdb", "rocksdict", e) from e
-        return RocksDBTier.from_config(cfg)
-    raise ValueError(f"persistent_db.type {cfg.type!r} has no tier; load the config with load_config")
+    return _make("persistent_db", cfg, _PERSISTENT_TIERS)

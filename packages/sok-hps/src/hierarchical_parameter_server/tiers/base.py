@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Tier", "TierUnavailable", "check_keys", "check_rows"]
+__all__ = ["Tier", "TierUnavailable", "check_keys", "check_rows", "fill_rows", "start_fetch"]
 
 
 class TierUnavailable(RuntimeError):
@@ -90,3 +90,37 @@ def check_keys(tag: str, keys: np.ndarray, dim: int) -> np.ndarray:
     if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
         raise ValueError(f"{tag}: dim must be an integer >= 1, got {dim!r}")
     return keys.view(np.int64) if keys.dtype == np.uint64 else keys.astype(np.int64, copy=False)
+
+
+def start_fetch(tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What every ``fetch`` starts with: ``(keys, out, found)``, the keys checked by
+    :func:`check_keys`, ``out`` float32 zeros ``[n, dim]`` and ``found`` all False ``[n]``.
+
+    Example::
+
+        keys, out, found = start_fetch("hps_et.m.t", [3, 9], 4)   # out.shape == (2, 4)
+    """
+    keys = check_keys(tag, keys, dim)
+    return keys, np.zeros((len(keys), dim), np.float32), np.zeros(len(keys), bool)
+
+
+def fill_rows(
+    tier: str, tag: str, replies: list[bytes | None], positions: np.ndarray, out: np.ndarray, found: np.ndarray
+) -> None:
+    """Write the raw float32 rows of a store's ``replies`` (None: no such key) for the keys at
+    ``positions`` into ``out`` and mark them in ``found``; ValueError when the store (``tier``)
+    holds rows of another dim than ``out``'s.
+
+    Example::
+
+        fill_rows("rocks_db", tag, [np.ones(4, np.float32).tobytes(), None], np.array([0, 1]), out, found)
+        # out[0] == 1.0, found == [True, False]
+    """
+    dim = out.shape[1]
+    hit = np.fromiter((v is not None for v in replies), bool, count=len(replies))
+    present = [v for v in replies if v is not None]
+    if any(len(v) != 4 * dim for v in present):
+        sizes = sorted({len(v) for v in present})
+        raise ValueError(f"{tag}: {tier} holds rows of {[s // 4 for s in sizes]} floats, asked for dim {dim}")
+    out[positions[hit]] = np.frombuffer(b"".join(present), np.float32).reshape(-1, dim)
+    found[positions[hit]] = True

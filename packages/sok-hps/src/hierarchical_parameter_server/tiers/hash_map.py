@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..config import NO_OVERFLOW_LIMIT, OVERFLOW_POLICIES
-from .base import check_keys, check_rows
+from ..config import NO_OVERFLOW_LIMIT, OVERFLOW_POLICIES, VolatileDBConfig
+from .base import check_rows, start_fetch
 from .partition import partition_of
 
 __all__ = ["HashMapTier"]
@@ -185,6 +185,19 @@ class HashMapTier:
         self._closed = False
         self._pool = ThreadPoolExecutor(num_partitions, "hps-hash-map") if parallel and num_partitions > 1 else None
 
+    @classmethod
+    def from_config(cls, cfg: VolatileDBConfig) -> HashMapTier:
+        """The tier ``volatile_db`` describes (type ``hash_map`` or ``parallel_hash_map``)."""
+        return cls(
+            num_partitions=cfg.num_partitions,
+            parallel=cfg.type == "parallel_hash_map",
+            allocation_rate=cfg.allocation_rate,
+            max_batch_size=cfg.max_batch_size,
+            overflow_margin=cfg.overflow_margin,
+            overflow_policy=cfg.overflow_policy,
+            overflow_resolution_target=cfg.overflow_resolution_target,
+        )
+
     def _groups(self, keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """``(partition, positions in keys)`` for each partition that has keys."""
         parts = partition_of(keys, self.num_partitions).astype(np.int64)
@@ -207,9 +220,7 @@ class HashMapTier:
 
     def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
         self._check_open()
-        keys = check_keys(tag, keys, dim)
-        out = np.zeros((len(keys), dim), np.float32)
-        found = np.zeros(len(keys), bool)
+        keys, out, found = start_fetch(tag, keys, dim)
         table = self._tables.get(tag)
         if table is None or not len(keys):
             return out, found

@@ -34,7 +34,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
 from ..config import NO_OVERFLOW_LIMIT, VolatileDBConfig, parse_address
-from .base import TierUnavailable, check_keys, check_rows
+from .base import TierUnavailable, check_rows, fill_rows, start_fetch
 from .partition import partition_of
 
 __all__ = ["RedisClusterTier"]
@@ -177,9 +177,7 @@ class RedisClusterTier:
             start = end
 
     def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
-        keys = check_keys(tag, keys, dim)
-        out = np.zeros((len(keys), dim), np.float32)
-        found = np.zeros(len(keys), bool)
+        keys, out, found = start_fetch(tag, keys, dim)
         if not len(keys):
             return out, found
         client = self._connect()
@@ -192,19 +190,8 @@ class RedisClusterTier:
                 replies = pipe.execute()
         except _UNAVAILABLE as e:
             raise self._failed(client, e) from e
-        row_bytes = 4 * dim
         for (_, positions, _), values in zip(commands, replies):
-            hit = np.fromiter((v is not None for v in values), bool, count=len(values))
-            present = [v for v in values if v is not None]
-            if not present:
-                continue
-            if any(len(v) != row_bytes for v in present):
-                sizes = sorted({len(v) for v in present})
-                raise ValueError(
-                    f"{tag}: redis_cluster holds rows of {[s // 4 for s in sizes]} floats, asked for dim {dim}"
-                )
-            out[positions[hit]] = np.frombuffer(b"".join(present), np.float32).reshape(-1, dim)
-            found[positions[hit]] = True
+            fill_rows(self.name, tag, values, positions, out, found)
         return out, found
 
     def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:

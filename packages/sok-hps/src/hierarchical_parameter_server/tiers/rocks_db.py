@@ -25,7 +25,7 @@ import numpy as np
 from rocksdict import AccessType, Options, Rdict, WriteBatch
 
 from ..config import PersistentDBConfig
-from .base import TierUnavailable, check_keys, check_rows
+from .base import TierUnavailable, check_rows, fill_rows, start_fetch
 
 __all__ = ["RocksDBTier"]
 
@@ -96,27 +96,15 @@ class RocksDBTier:
 
     def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
         self._check_open()
-        keys = check_keys(tag, keys, dim)
-        out = np.zeros((len(keys), dim), np.float32)
-        found = np.zeros(len(keys), bool)
+        keys, out, found = start_fetch(tag, keys, dim)
         family = self._families.get(tag)
         if family is None or not len(keys):
             return out, found
         raw = keys.astype("<i8").tobytes()
-        row_bytes = 4 * dim
         for first in range(0, len(keys), self.max_batch_size):
             last = min(len(keys), first + self.max_batch_size)
-            values = family[[raw[8 * i : 8 * i + 8] for i in range(first, last)]]
-            hit = np.fromiter((v is not None for v in values), bool, count=len(values))
-            present = [v for v in values if v is not None]
-            if not present:
-                continue
-            if any(len(v) != row_bytes for v in present):
-                sizes = sorted({len(v) for v in present})
-                raise ValueError(f"{tag}: rocks_db holds rows of {[s // 4 for s in sizes]} floats, asked for dim {dim}")
-            positions = np.arange(first, last)[hit]
-            out[positions] = np.frombuffer(b"".join(present), np.float32).reshape(-1, dim)
-            found[positions] = True
+            replies = family[[raw[8 * i : 8 * i + 8] for i in range(first, last)]]
+            fill_rows(self.name, tag, replies, np.arange(first, last), out, found)
         return out, found
 
     def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
