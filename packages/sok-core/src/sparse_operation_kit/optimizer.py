@@ -9,8 +9,10 @@ the embedding (``[embedding | slot 1 | slot 2 ...]``), so eviction, export and c
 separate a key's weight from its state. Duplicate keys in a gradient are summed first. Everything
 runs as TensorFlow ops: eager, or inside ``tf.function``.
 
-Variables that are not dynamic (``tf.Variable``, Keras variables) are passed to the wrapped
-optimizer unchanged.
+Variables that are not dynamic (``tf.Variable``, Keras variables, ``sok.Variable`` shards) are
+passed to the wrapped optimizer, which updates them with its own step and state; for Keras 3's
+Adagrad, a ``sok.Variable`` shard's step touches only the rows of its gradient
+(:class:`OptimizerWrapper`, "Static tables").
 
 Example::
 
@@ -23,12 +25,13 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib
 import itertools
 import logging
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -359,6 +362,28 @@ _LEGACY_SLOT_NAMES: dict[str, dict[str, str]] = {
     "RMSprop": {"velocity": "rms", "momentum": "momentum", "average_gradient": "mg"},
 }
 
+
+def _adagrad_rows(optimizer: Any, gradient: tf.IndexedSlices, variable: tf.Variable, learning_rate: Any) -> None:
+    """Keras 3 ``Adagrad.update_step`` restricted to the rows of an ``IndexedSlices`` gradient.
+
+    The same ops in the same order as Keras' TensorFlow backend: the squared gradient is
+    scatter-added to the accumulator (duplicate ids one after the other), ``sqrt(acc + eps)`` is
+    computed after that for the gradient's distinct rows (Keras: for the whole table) and gathered
+    at each id, and ``lr * g / that`` is scatter-subtracted from the variable. The gather between
+    ``sqrt`` and the division is Keras' too; it also keeps Grappler from turning ``x / sqrt(y)``
+    into ``x * rsqrt(y)`` inside ``tf.function``, which rounds differently.
+    """
+    lr = tf.cast(learning_rate, variable.dtype)
+    values = tf.cast(gradient.values, variable.dtype)
+    accumulator = optimizer._accumulators[optimizer._get_variable_index(variable)]
+    optimizer.assign_add(accumulator, tf.IndexedSlices(tf.square(values), gradient.indices, gradient.dense_shape))
+    epsilon = tf.convert_to_tensor(optimizer.epsilon, variable.dtype)
+    rows, position = tf.unique(gradient.indices)
+    denominator = tf.gather(tf.sqrt(tf.add(tf.gather(accumulator.value, rows), epsilon)), position)
+    update = tf.divide(tf.multiply(lr, values), denominator)
+    optimizer.assign_sub(variable, tf.IndexedSlices(update, gradient.indices, gradient.dense_shape))
+
+
 #: Every live OptimizerWrapper, so that sok.dump / sok.load given a Keras optimizer find its wrapper.
 _WRAPPERS: weakref.WeakSet[OptimizerWrapper] = weakref.WeakSet()
 
@@ -419,6 +444,21 @@ class OptimizerWrapper:
     them, and ``tf.train.Checkpoint`` cannot save them (as the dynamic variable itself: use
     ``sok.dump``). :meth:`get_slot` of the wrapper returns ``(keys, values)`` instead, a copy of
     the slot of the local shard.
+
+    Static tables (``sok.Variable`` shards) and other dense variables are updated by the wrapped
+    optimizer itself (its ``apply_gradients``: its step counter, learning rate and state variables,
+    which ``static_slots`` and ``sok.dump`` read). One exception, for speed: with Keras 3's
+    ``Adagrad``, the step of a ``sok.Variable`` shard whose gradient is ``tf.IndexedSlices`` is
+    computed for the gradient's rows only, as Keras' TensorFlow backend computes them (the squared
+    gradient scatter-added to the optimizer's accumulator, duplicate ids in turn; then
+    ``lr * g / sqrt(accumulator + epsilon)`` at each id scatter-subtracted from the shard), where
+    Keras' step computes ``sqrt(accumulator + epsilon)`` over the whole table: the results are
+    bitwise Keras' own. They differ only where Keras' sparse division meets a zero or NaN
+    ``sqrt(accumulator + epsilon)`` outside the batch (``epsilon=0`` with a zero accumulator, or a
+    NaN already there): Keras then also writes to those rows (``0 / 0`` is NaN), the row-wise step
+    leaves them as they were. The other optimizers keep Keras' step: Keras 3's SGD without
+    momentum already writes only the gradient's rows (it scatter-subtracts ``lr * g``); with
+    momentum, and Adam, Adamax, Adadelta, Ftrl, RMSprop, change rows whose gradient is zero.
 
     What the wrapper relies on of a dynamic variable is the contract in
     :class:`~sparse_operation_kit.dynamic_variable.DynamicVariable`'s docstring (``keys_of``, the
@@ -722,7 +762,8 @@ class OptimizerWrapper:
         # Eagerly the checks above have run (or raised); in a graph every update waits for them all.
         with tf.control_dependencies(checks):
             if others:
-                self._optimizer.apply_gradients(others, *args, **kwargs)
+                with self._row_wise_static_tables():
+                    self._optimizer.apply_gradients(others, *args, **kwargs)
             if not dynamic:
                 return
             for _, v in dynamic:
@@ -732,6 +773,29 @@ class OptimizerWrapper:
             for g, v in dynamic:
                 self._apply_dynamic(g, v, lr, step)
             self._iterations.assign_add(1)
+
+    @contextlib.contextmanager
+    def _row_wise_static_tables(self) -> Iterator[None]:
+        """While the wrapped optimizer applies its step: if it is Keras 3's ``Adagrad`` (its own
+        ``update_step``), its step on a ``sok.Variable`` shard with an ``IndexedSlices`` gradient is
+        :func:`_adagrad_rows`; every other variable and gradient keeps the optimizer's step."""
+        optimizer = self._optimizer
+        keras_adagrad = importlib.import_module("keras").optimizers.Adagrad
+        if self._settings.flavor is not Flavor.KERAS or type(optimizer).update_step is not keras_adagrad.update_step:
+            yield
+            return
+        keras_step = optimizer.update_step
+
+        def update_step(gradient: Any, variable: Any, learning_rate: Any) -> None:
+            if getattr(variable, "is_sok_variable", False) and isinstance(gradient, tf.IndexedSlices):
+                return _adagrad_rows(optimizer, gradient, variable, learning_rate)
+            return keras_step(gradient, variable, learning_rate)
+
+        optimizer.update_step = update_step
+        try:
+            yield
+        finally:
+            del optimizer.update_step
 
     def slot_view(self, var: DynamicVariable, slot_name: str) -> DynamicSlot:
         """One optimizer slot of a dynamic variable this wrapper updates, as a :class:`DynamicSlot`
