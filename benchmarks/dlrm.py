@@ -34,7 +34,8 @@ from sparse_operation_kit.demo.dlrm import DenseTower, SokEmbeddings  # noqa: E4
 from sparse_operation_kit.demo.train import AUC_THRESHOLDS  # noqa: E402
 from sparse_operation_kit.optimizer import OptimizerWrapper  # noqa: E402
 
-GOAL_RATIO = 1.3
+#: SOK / Keras samples/s to reach: on the CPU at np 1, and on a GPU (an H100) under a CUDA TensorFlow.
+GOAL_RATIO = {"cpu": 1.3, "gpu": 3.0}
 GOAL_AUC_GAP = 0.002
 
 
@@ -141,9 +142,8 @@ def main() -> None:
         print(
             f"  {name:6s} {figures[name]['samples_per_s'] / 1e3:8.1f}k samples/s   eval AUC {figures[name]['auc']:.4f}"
         )
-    print(
-        f"  SOK / Keras: {ratio:.2f}x (goal >= {GOAL_RATIO}x), AUC difference {gap:+.4f} (goal within {GOAL_AUC_GAP})"
-    )
+    goal = GOAL_RATIO["gpu" if tf.config.list_logical_devices("GPU") else "cpu"]
+    print(f"  SOK / Keras: {ratio:.2f}x (goal >= {goal}x), AUC difference {gap:+.4f} (goal within {GOAL_AUC_GAP})")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(figures, f, indent=2)
