@@ -135,6 +135,19 @@ inline const sok_exec_context& check_rows_call(const Storage& s, const sok_exec_
   return c;
 }
 
+// export_batch and export_if (with `threshold`): their checks, then the storage's export_batch.
+inline void export_checked(Storage& s, const sok_exec_context* ctx, int64_t offset, int64_t limit, int32_t cb,
+                           int32_t ce, const uint64_t* threshold, void* keys, float* values, uint64_t* scores,
+                           int64_t* count) {
+  const auto& c = check_ctx(s, ctx);
+  check_count(offset, "offset");
+  check_count(limit, "limit");
+  check_ptr(keys, limit, "keys");
+  if (count == nullptr) invalid("count is null");
+  Columns cols = values == nullptr ? Columns{0, s.row_width()} : check_cols(s, cb, ce);
+  *count = s.export_batch(c, offset, limit, cols, threshold, keys, values, scores);
+}
+
 // The checks of a call that may insert rows: their scores and the initializers of new rows.
 inline void check_new_rows(const Storage& s, const uint64_t* scores, int64_t n, const sok_initializer* inits,
                            int32_t ni) {
@@ -256,26 +269,14 @@ const sok_storage_api* make_storage_api(const char* name) {
                         int64_t limit, int32_t cb, int32_t ce, void* keys, float* values,
                         uint64_t* scores, int64_t* count) {
       return guarded(h, [&](Storage& s) {
-        const auto& c = check_ctx(s, ctx);
-        check_count(offset, "offset");
-        check_count(limit, "limit");
-        check_ptr(keys, limit, "keys");
-        if (count == nullptr) invalid("count is null");
-        Columns cols = values == nullptr ? Columns{0, s.row_width()} : check_cols(s, cb, ce);
-        *count = s.export_batch(c, offset, limit, cols, nullptr, keys, values, scores);
+        export_checked(s, ctx, offset, limit, cb, ce, nullptr, keys, values, scores, count);
       });
     };
     a.export_if = [](sok_storage* h, const sok_exec_context* ctx, uint64_t threshold,
                      int64_t offset, int64_t limit, int32_t cb, int32_t ce, void* keys,
                      float* values, uint64_t* scores, int64_t* count) {
       return guarded(h, [&](Storage& s) {
-        const auto& c = check_ctx(s, ctx);
-        check_count(offset, "offset");
-        check_count(limit, "limit");
-        check_ptr(keys, limit, "keys");
-        if (count == nullptr) invalid("count is null");
-        Columns cols = values == nullptr ? Columns{0, s.row_width()} : check_cols(s, cb, ce);
-        *count = s.export_batch(c, offset, limit, cols, &threshold, keys, values, scores);
+        export_checked(s, ctx, offset, limit, cb, ce, &threshold, keys, values, scores, count);
       });
     };
     a.insert_and_evict = [](sok_storage* h, const sok_exec_context* ctx, int64_t n,
