@@ -6,3 +6,15 @@ Modules: :mod:`~.criteo` (the data: generator and TSV reader), :mod:`~.dlrm` (th
 :mod:`~.train` (training, evaluation, dump, plot), :mod:`~.serve` (the checkpoint through HPS),
 :mod:`~.storage` (the storage tour). Importing this package imports none of them.
 """
+
+
+def next_pow2(value: int) -> int:
+    """The smallest power of two >= ``value`` (1 for ``value`` <= 1): the capacities of the demo's
+    hkv tables.
+
+    Example::
+
+        >>> next_pow2(5000)
+        8192
+    """
+    return 1 << max(0, int(value) - 1).bit_length()

@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparse_operation_kit import checkpoint_format
+from sparse_operation_kit.demo import next_pow2
 from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL, NUM_DENSE
 from sparse_operation_kit.distributed_variable import Variable
 from sparse_operation_kit.dynamic_variable import DynamicVariable
@@ -73,10 +74,6 @@ def table_plan(
             plan.append(var_types[turn % len(var_types)])
             turn += 1
     return plan
-
-
-def _next_pow2(value: int) -> int:
-    return 1 << max(0, int(value) - 1).bit_length()
 
 
 class SokEmbeddings:
@@ -124,7 +121,7 @@ class SokEmbeddings:
                 continue
             options = {}
             if kind == "hybrid":
-                capacity = max(1 << 12, _next_pow2(2 * count))
+                capacity = max(1 << 12, next_pow2(2 * count))
                 options = {"init_capacity": capacity, "max_capacity": capacity}
             initializer = tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=seed + i)
             self.tables.append(DynamicVariable(dim, var_type=kind, initializer=initializer, name=name, **options))

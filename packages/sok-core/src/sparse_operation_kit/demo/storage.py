@@ -11,17 +11,14 @@ import time
 
 import numpy as np
 
+from sparse_operation_kit.demo import next_pow2
 from sparse_operation_kit.progress import TqdmCallback
 from sparse_operation_kit.storage import Storage, create_storage
 
 
-def _next_pow2(v: int) -> int:
-    return 1 << max(0, (v - 1).bit_length())
-
-
 def _make(var_type: str, num_keys: int, dim: int) -> Storage:
     if var_type == "hybrid":
-        cap = _next_pow2(num_keys) // 2
+        cap = next_pow2(num_keys) // 2
         return create_storage(
             var_type, row_width=dim, initializer="random", init_capacity=min(cap, 1 << 16), max_capacity=cap
         )
