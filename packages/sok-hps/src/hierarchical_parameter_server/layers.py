@@ -29,13 +29,12 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from sparse_operation_kit.lookup import COMBINERS
 
 from hierarchical_parameter_server import init
 from hierarchical_parameter_server.server import ServedTable
 
 __all__ = ["LookupLayer", "SparseLookupLayer"]
-
-_COMBINERS = ("mean", "sqrtn", "sum")
 
 
 class _HpsLayer(keras.layers.Layer):
@@ -200,7 +199,7 @@ class SparseLookupLayer(_HpsLayer):
             tf.errors.InvalidArgumentError: more distinct ids than the table's per-lookup capacity.
         """
         combiner = "mean" if combiner is None else combiner
-        if combiner not in _COMBINERS:
+        if combiner not in COMBINERS:
             raise ValueError(f"combiner must be one of 'mean', 'sqrtn' or 'sum', got {combiner!r}")
         kinds = (tf.SparseTensor, tf.RaggedTensor)
         kind = next((k for k in kinds if isinstance(sp_ids, k)), None)
