@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """GPU storage benchmark: det ("hbm") and hkv ("hybrid") on one CUDA device, measured with
-HierarchicalKV's method (reference/hashtables.md §2.2, §2.7) and set against HKV's own figures on
-the same H100 (§2.6) and against the bounds of §5.3/§5.4.
+HierarchicalKV's method (reference/hashtables.md §2.2, §2.7) and set against HKV's own benchmark
+(with --hkv: run on the same GPU in the same run at our capacities; without: its §2.6 figures) and
+against the bounds of §5.3/§5.4.
 
 Method, per (configuration, table, load factor λ, operation), as HKV's ``merlin_hashtable_benchmark``:
 
@@ -29,21 +30,36 @@ with ``max_hbm_for_vectors`` = half of the row bytes, the other half in pinned h
 ``init_capacity = max_capacity`` = the capacity, buckets of 128, LRU. det never evicts: at each λ it
 holds the same λ x capacity keys, in a table sized for them plus the new keys of one call.
 
+HKV's baseline: with ``--hkv PATH``, HKV's own ``merlin_hashtable_benchmark`` runs beside ours:
+``benchmarks/hkv_driver.cu`` compiles HKV's benchmark source into a program that calls its
+``test_main`` for one configuration given on its command line, so each configuration runs in its
+own process (just before our tables of it, with our GPU memory freed) at our capacity and λ values
+(HKV takes the HBM for values in whole GiB: pure device memory gets the row bytes rounded up;
+hybrid gets half the row bytes, at the smallest power-of-two capacity from ours up where that half
+is whole GiB). PATH is a driver that ``benchmarks/build_hkv.sh`` built, or an HKV source tree or
+git repository to build one from for this GPU (kept in ``.device-hkv/`` and reused). Without
+``--hkv``, HKV's §2.6 figures (its benchmark on this project's H100, 2026-11-22, at 64-128 Mi slots)
+stand in, labelled as constants of another run and capacity.
+
 Results are G-KV/s in 2^30 (HKV's "Billion-KV/second") and 10^9 units; ``vs HKV`` is host
-throughput over HKV's §2.6 figure for the same dim, λ and operation (HKV cannot run here: those
-published figures are the one constant baseline); ``of C`` and ``of A`` are the 10^9 throughput
-over Model C (min) and Bound A of §5.4, computed from §5.3's traffic per key. Then a pooled lookup
-(64 Ki bags x 20 keys, sum; dims 32 and 128): ``find`` into a buffer + a CuPy sum against
-``torch.nn.functional.embedding_bag`` over a weight of as many rows, timed in the same run.
+throughput over HKV's figure for the same configuration, λ and operation; ``of C`` and ``of A`` are
+the 10^9 throughput over Model C (min) and Bound A of §5.4, computed from §5.3's traffic per key.
+Then a pooled lookup (64 Ki bags x 20 keys, sum; dims 32 and 128): ``find`` into a buffer + a CuPy
+sum against ``torch.nn.functional.embedding_bag`` over a weight of as many rows, timed in the same
+run.
 
 Needs CuPy, a GPU and CUDA builds of sok-backend-det / sok-backend-hkv (exit status 2 otherwise);
-Torch for the pooled baseline. Exit status 1 when an operation fails or returns wrong results.
+Torch for the pooled baseline; nvcc for ``--hkv`` with a source. Exit status 1 when an operation
+fails or returns wrong results, or HKV's benchmark fails, times out (``--hkv-timeout``) or skips a
+configuration.
 
 Usage::
 
     python3 benchmarks/storage_gpu.py                    # everything: the full run
     python3 benchmarks/storage_gpu.py --quick            # 4 Mi slots, λ 0.5, dims 8 and 64: seconds
     python3 benchmarks/storage_gpu.py [--quick] --json out.json
+    bash benchmarks/build_hkv.sh /path/to/HierarchicalKV  # prints .device-hkv/hkv_driver-sm90-<hash>
+    python3 benchmarks/storage_gpu.py --hkv .device-hkv/hkv_driver-sm90-<hash>   # HKV in the same run
 """
 
 from __future__ import annotations
@@ -54,12 +70,15 @@ import functools
 import gc
 import importlib
 import json
+import os
 import platform
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
@@ -113,13 +132,15 @@ POOLED_HOST_RUNS = 3
 ISSUE_TORCH_GKEYS = {32: 9.95, 128: 2.98}
 
 # -- HKV's figures ------------------------------------------------------------------------------
-#: HKV ae24eec's own merlin_hashtable_benchmark on this project's H100 80GB HBM3 (SXM5), 2026-11-22:
-#: reference/hashtables.md §2.6, in 2^30 KV/s, best of 2 single calls, LRU. HKV cannot run on the
-#: hosts of this project's runs, so these published figures are the baseline. Keys: (mode, dim) ->
-#: λ -> (insert_or_assign, find, find_or_insert, insert_and_evict, export_batch); HKV refuses
-#: insert_and_evict in hybrid mode (None) and has no accum_or_assign benchmark.
-_HKV_COLUMNS = ("insert_or_assign", "find", "find_or_insert", "insert_and_evict", "export_batch")
-_HKV_TABLES: dict[tuple[str, int], dict[float, tuple[float | None, ...]]] = {
+#: The operations HKV's benchmark times that this script times too, in its API names (find against
+#: our find_hits); HKV refuses insert_and_evict in hybrid mode and has no accum_or_assign benchmark.
+HKV_APIS = ("insert_or_assign", "find", "find_or_insert", "insert_and_evict", "export_batch")
+HKV_HYBRID_APIS = tuple(api for api in HKV_APIS if api != "insert_and_evict")
+#: Without --hkv: HKV ae24eec's own merlin_hashtable_benchmark on this project's H100 80GB HBM3
+#: (SXM5), 2026-11-22, reference/hashtables.md §2.6, in 2^30 KV/s, best of 2 single calls, LRU, at
+#: the capacities of HKV_CONSTANT_CAPACITY (not this script's). Keys: (mode, dim) -> λ -> the
+#: figures of HKV_APIS in that order (None: not run).
+_HKV_CONSTANTS: dict[tuple[str, int], dict[float, tuple[float | None, ...]]] = {
     ("device", 8): {
         0.50: (1.808, 3.652, 1.870, 1.626, 6.240),
         0.75: (1.691, 3.567, 1.760, 1.613, 5.860),
@@ -146,22 +167,224 @@ _HKV_TABLES: dict[tuple[str, int], dict[float, tuple[float | None, ...]]] = {
         1.00: (0.144, 0.188, 0.143, None, 0.250),
     },
 }
-#: The capacity (slots) of each HKV configuration above; hybrid: 16 GB of rows in HBM, 16 GB on the host.
-HKV_CAPACITY = {
+#: The capacity (slots) of each configuration of _HKV_CONSTANTS; hybrid: 16 GB of rows in HBM, 16 GB on the host.
+HKV_CONSTANT_CAPACITY = {
     ("device", 8): 128 * MI,
     ("device", 32): 128 * MI,
     ("device", 64): 64 * MI,
     ("device", 128): 64 * MI,
     ("hybrid", 64): 128 * MI,
 }
+HKV_CONSTANTS_LABEL = "HKV's constant figures from 2026-11-22 (reference/hashtables.md §2.6, an H100 SXM), not this run"
+#: Seconds one configuration of HKV's benchmark may take (--hkv-timeout).
+HKV_TIMEOUT_S = 600
+BUILD_HKV = Path(__file__).with_name("build_hkv.sh")
+#: test_main's line when less device memory is free than the HBM asked for values.
+HKV_SKIPPED = "free HBM is not enough"
 
 
-def hkv_figure(mode: str, dim: int, lam: float, op: str) -> float | None:
-    """HKV's §2.6 throughput (2^30 KV/s) for this configuration, or None where there is none."""
-    by_lambda = _HKV_TABLES.get((mode, dim), {})
-    if lam not in by_lambda or op not in _HKV_COLUMNS:
-        return None
-    return by_lambda[lam][_HKV_COLUMNS.index(op)]
+class HkvError(Exception):
+    """HKV's benchmark did not give its figures: it failed, timed out, skipped or printed something else."""
+
+
+@dataclass(frozen=True)
+class HkvPlan:
+    """One configuration of HKV's benchmark as hkv_driver.cu takes it: HKV's ``test_main`` with
+    ``init_capacity = max_capacity = capacity`` and ``max_hbm_for_vectors`` = ``hbm_gb`` GiB.
+
+    Example::
+
+        >>> plan = hkv_plan(Config("hybrid", 64, 16 * MI), [0.5])
+        >>> plan.capacity // MI, plan.hbm_gb, plan.apis
+        (16, 2, ('insert_or_assign', 'find', 'find_or_insert', 'export_batch'))
+    """
+
+    mode: str
+    dim: int
+    capacity: int
+    hbm_gb: int
+    lambdas: tuple[float, ...]
+    apis: tuple[str, ...]
+
+    def command(self, binary: str | os.PathLike[str]) -> list[str]:
+        """The driver's command line for this configuration."""
+        return [
+            os.fspath(binary),
+            *("--dim", str(self.dim), "--capacity", str(self.capacity), "--hbm-gb", str(self.hbm_gb)),
+            *("--keys-per-op", str(KEYS_PER_CALL), "--lambdas", ",".join(str(lam) for lam in self.lambdas)),
+            *("--apis", ",".join(self.apis)),
+        ]
+
+
+def hkv_plan(cfg: Config, lambdas: Sequence[float]) -> HkvPlan:
+    """HKV's run for a configuration of ours. HKV's ``test_main`` takes the HBM for values in whole
+    GiB: pure device memory gets the row bytes rounded up (every row in HBM; HKV allocates only
+    what the rows need); hybrid gets half the row bytes, at our capacity when that half is a whole
+    number of GiB, else at the smallest larger power of two where it is (say --quick's 4 Mi slots
+    of dim 64: 8 Mi, 1 GiB in HBM and 1 GiB in host memory)."""
+    row_bytes = cfg.dim * 4
+    if cfg.mode == "device":
+        hbm_gb = -(-cfg.capacity * row_bytes // 2**30)
+        return HkvPlan(cfg.mode, cfg.dim, cfg.capacity, hbm_gb, tuple(lambdas), HKV_APIS)
+    capacity = cfg.capacity
+    while capacity * row_bytes // 2 % 2**30:  # ends: capacities are powers of two
+        capacity *= 2
+    return HkvPlan(cfg.mode, cfg.dim, capacity, capacity * row_bytes // 2 // 2**30, tuple(lambdas), HKV_HYBRID_APIS)
+
+
+def parse_hkv_output(text: str, plan: HkvPlan) -> tuple[dict[float, dict[str, float]], str]:
+    """HKV's figures (2^30 KV/s by λ and API) and its source line from hkv_driver's stdout.
+
+    The driver prints "# " lines (``# HKV: <source>`` among them), a header naming the APIs, then
+    HKV's ``test_main`` rows, one per λ, as in ``| 0.50 |           1.808 |  3.652 |`` (λ with 2
+    decimals, each figure ``%6.3f`` after blanks). Raises HkvError when the configuration was
+    skipped or the text is not one row per λ of ``plan`` with a figure per API.
+
+    Example::
+
+        >>> plan = HkvPlan("device", 8, 4 * MI, 1, (0.5,), ("find", "export_batch"))
+        >>> parse_hkv_output("# HKV: x\\n| λ | find | export_batch |\\n| 0.50 | 3.652 |  6.240 |", plan)
+        ({0.5: {'find': 3.652, 'export_batch': 6.24}}, 'x')
+    """
+    lines = text.splitlines()
+    if any(HKV_SKIPPED in line for line in lines):
+        raise HkvError(
+            f"HKV's benchmark skipped the configuration: less than {plan.hbm_gb} GiB of device memory was "
+            "free (its test_main's check); free the GPU of other processes and run again"
+        )
+    source = next((line.removeprefix("# HKV:").strip() for line in lines if line.startswith("# HKV:")), "")
+    header = next((i for i, line in enumerate(lines) if line.startswith("| λ |")), None)
+    if header is None:
+        raise HkvError(f"no header line '| λ | ...' in HKV's output: {tail(text)!r}")
+    columns = [cell.strip() for cell in lines[header].strip().strip("|").split("|")]
+    if columns != ["λ", *plan.apis]:
+        raise HkvError(f"HKV's header names {columns[1:]}, expected {list(plan.apis)}")
+    rows = [line for line in lines[header + 1 :] if line.startswith("|") and not line.startswith("|-")]
+    if len(rows) != len(plan.lambdas):
+        raise HkvError(f"HKV printed {len(rows)} rows for {len(plan.lambdas)} λ values: {tail(text)!r}")
+    figures: dict[float, dict[str, float]] = {}
+    for lam, line in zip(plan.lambdas, rows):
+        cells = [cell.strip() for cell in line.strip().removeprefix("|").split("|")]
+        if cells[-1] == "":  # a complete row ends with "|"
+            cells.pop()
+        else:
+            raise HkvError(f"HKV's row for λ {lam:.2f} is cut short: {line!r}")
+        if cells[0] != f"{lam:.2f}" or len(cells) != 1 + len(plan.apis):
+            raise HkvError(f"HKV's row {line!r} is not λ {lam:.2f} with {len(plan.apis)} figures")
+        try:
+            figures[lam] = {api: float(cell) for api, cell in zip(plan.apis, cells[1:])}
+        except ValueError as error:
+            raise HkvError(f"HKV's row {line!r} holds a figure that is not a number ({error})") from error
+    return figures, source
+
+
+def tail(text: str, lines: int = 12) -> str:
+    """The last ``lines`` lines of ``text``, for error messages."""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+@dataclass
+class HkvBaseline:
+    """HKV's figures for one configuration of ours, 2^30 KV/s by λ and operation, and their source:
+    ``"run"`` (HKV's benchmark in this run, ``command``) or ``"constants"`` (_HKV_CONSTANTS)."""
+
+    source: str
+    capacity: int | None
+    hbm_gb: int | None = None
+    figures: dict[float, dict[str, float]] = field(default_factory=dict)
+    command: str = ""
+    hkv: str = ""  # the driver's "# HKV:" line: which HierarchicalKV was built
+    seconds: float | None = None
+    output: str = ""
+    error: str = ""
+
+    def figure(self, lam: float, op: str) -> float | None:
+        return self.figures.get(lam, {}).get(op)
+
+    def column(self) -> str:
+        return "HKV run" if self.source == "run" else "HKV const"
+
+    def describe(self, capacity: int) -> str:
+        """One line saying where the figures come from, for a configuration of ``capacity`` slots."""
+        if self.source == "constants":
+            if self.capacity is None:
+                return "HKV: no constant figures at this configuration (run with --hkv PATH for some)"
+            return f"HKV: {HKV_CONSTANTS_LABEL}, {self.capacity // MI} Mi slots"
+        what = f"HKV: its own benchmark in this run ({self.hkv or 'source not printed'}), "
+        what += f"{self.capacity // MI} Mi slots, {self.hbm_gb} GiB of HBM for values"
+        if self.capacity != capacity:
+            what += f" (not our {capacity // MI} Mi: HKV's benchmark takes its HBM for values in whole GiB)"
+        if self.error:
+            return f"{what}: FAILED: {self.error}"
+        return f"{what}, {self.seconds:.0f} s"
+
+
+def constant_baseline(mode: str, dim: int) -> HkvBaseline:
+    """HKV's §2.6 figures for a configuration, or none where HKV was not run at that dim."""
+    by_lambda = _HKV_CONSTANTS.get((mode, dim), {})
+    figures = {
+        lam: {api: value for api, value in zip(HKV_APIS, values) if value is not None}
+        for lam, values in by_lambda.items()
+    }
+    return HkvBaseline("constants", HKV_CONSTANT_CAPACITY.get((mode, dim)), figures=figures)
+
+
+def run_hkv(binary: str | os.PathLike[str], plan: HkvPlan, timeout: float) -> HkvBaseline:
+    """One configuration of HKV's benchmark in a subprocess on this GPU. Failures (it cannot start,
+    exits non-zero, times out, skips, prints no figures) are in the result's ``error``, with the
+    command and the tail of what it printed."""
+    command = plan.command(binary)
+    baseline = HkvBaseline("run", plan.capacity, plan.hbm_gb, command=shlex.join(command))
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired as error:
+        baseline.output = as_text(error.stdout)
+        baseline.error = (
+            f"`{baseline.command}` ran past --hkv-timeout {timeout:g} s and was stopped; its output so far: "
+            f"{tail(baseline.output)!r}; stderr: {tail(as_text(error.stderr))!r}. Give it longer with --hkv-timeout"
+        )
+        return baseline
+    except OSError as error:
+        baseline.error = f"`{baseline.command}` could not start ({error}); give a driver built by {BUILD_HKV.name}"
+        return baseline
+    baseline.seconds = time.perf_counter() - started
+    baseline.output = done.stdout
+    if done.returncode != 0:
+        baseline.error = (
+            f"`{baseline.command}` exited with status {done.returncode}; stderr: {tail(done.stderr)!r}; "
+            f"stdout: {tail(done.stdout, 4)!r}"
+        )
+        return baseline
+    try:
+        baseline.figures, baseline.hkv = parse_hkv_output(done.stdout, plan)
+    except HkvError as error:
+        baseline.error = f"`{baseline.command}`: {error}"
+    return baseline
+
+
+def as_text(output: str | bytes | None) -> str:
+    """A subprocess's captured output as text (TimeoutExpired may hold bytes)."""
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output or ""
+
+
+def hkv_binary(path: str, arch: str) -> Path:
+    """The driver for --hkv PATH (which exists): PATH itself when it is a file (a binary built by
+    build_hkv.sh), else built by build_hkv.sh from the HKV source tree or git repository at PATH for
+    this GPU's ``arch`` (reused when it was built before). Exit status 2 when neither works."""
+    given = Path(path)
+    if given.is_file():
+        if not os.access(given, os.X_OK):
+            fail(f"--hkv {path!r} is a file but not executable; give a driver built by {BUILD_HKV} or an HKV source")
+        return given
+    command = ["bash", os.fspath(BUILD_HKV), path, "--arch", arch]
+    print(f"building HKV's benchmark: {shlex.join(command)}", flush=True)
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True)  # its progress and nvcc's on stderr
+    if done.returncode != 0 or not done.stdout.strip():
+        fail(f"`{shlex.join(command)}` exited with status {done.returncode} (its messages above)")
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
 # -- bounds: reference/hashtables.md §5.1-§5.4 --------------------------------------------------
@@ -386,9 +609,7 @@ class Config:
     capacity: int
 
     def title(self) -> str:
-        hkv = HKV_CAPACITY.get((self.mode, self.dim))
-        theirs = f"HKV's §2.6 run: {hkv // MI} Mi" if hkv else "no HKV run at this dim"
-        return f"{MODES[self.mode]}, dim {self.dim}: capacity {self.capacity // MI} Mi slots ({theirs})"
+        return f"{MODES[self.mode]}, dim {self.dim}: capacity {self.capacity // MI} Mi slots"
 
 
 def table_options(kind: str, mode: str, dim: int, capacity: int) -> dict[str, str]:
@@ -664,9 +885,9 @@ class Row:
     of_c: float | None = None
     of_a: float | None = None
 
-    def finish(self) -> None:
-        """Fill in the derived figures from the samples."""
-        self.hkv_g30 = hkv_figure(self.mode, self.dim, self.lam, self.op)
+    def finish(self, hkv_g30: float | None) -> None:
+        """Fill in the derived figures from the samples and HKV's figure for this row (2^30 KV/s)."""
+        self.hkv_g30 = hkv_g30
         if self.host_s:
             best = min(self.host_s)
             self.host_g30, self.host_g9 = KEYS_PER_CALL / best / 2**30, KEYS_PER_CALL / best / 1e9
@@ -716,15 +937,24 @@ def measure(cp: Any, bench: TableBench, row: Row, event_calls: int) -> None:
 
 
 def bench_table(
-    cp: Any, core: Any, kind: str, cfg: Config, lambdas: Sequence[float], event_calls: int, progress: Progress
+    cp: Any,
+    core: Any,
+    kind: str,
+    cfg: Config,
+    lambdas: Sequence[float],
+    event_calls: int,
+    hkv: HkvBaseline,
+    progress: Progress,
 ) -> tuple[list[Row], str]:
-    """Every (λ, operation) of one table; returns the rows and a line describing the table."""
+    """Every (λ, operation) of one table, set against ``hkv``; returns the rows and a line
+    describing the table."""
     rows = [Row(cfg.mode, cfg.dim, cfg.capacity, kind, lam, op) for lam in lambdas for op in OPS]
     try:
         table = create_table(core, kind, cfg.mode, cfg.dim, cfg.capacity)
     except Exception as error:  # MemoryError, a backend refusing the options: every row says so
         for row in rows:
             row.error = f"table not created: {type(error).__name__}: {error}"
+            row.finish(hkv.figure(row.lam, row.op))
             progress.step(f"dim {cfg.dim} {kind}")
         return rows, f"{kind}: not created"
     capacity_before = table.capacity()
@@ -740,7 +970,7 @@ def bench_table(
             row.error = f"wrong results: {error}"
         except Exception as error:  # recorded and printed: one failing operation must not end the run
             row.error = f"{type(error).__name__}: {error}"
-        row.finish()
+        row.finish(hkv.figure(row.lam, row.op))
     options = table_options(kind, cfg.mode, cfg.dim, cfg.capacity)
     grew = "" if table.capacity() == capacity_before else f", grew to {table.capacity()} during the run"
     line = f"{kind}: {table.describe()} (options {options}; capacity() {capacity_before} at creation{grew})"
@@ -867,13 +1097,14 @@ def pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
-def config_report(cfg: Config, rows: list[Row], table_lines: list[str]) -> str:
-    """The table of one configuration, its tables' descriptions and the bounds it used."""
+def config_report(cfg: Config, rows: list[Row], table_lines: list[str], hkv: HkvBaseline) -> str:
+    """The table of one configuration, its tables' descriptions, HKV's source and the bounds it used."""
     lines = [f"== {cfg.title()}, {KEYS_PER_CALL // MI} Mi keys per call =="]
     lines += [f"  {line}" for line in table_lines]
+    lines.append(f"  {hkv.describe(cfg.capacity)}")
     header = (
         f"{'op':<17} {'λ':>4} {'table':<5} {'host ms':>8} {'2^30/s':>7} {'1e9/s':>7} {'ev ms':>7} {'ev 1e9/s':>8} "
-        f"{'HKV 2^30':>8} {'vs HKV':>7} {'of C':>5} {'of A':>5}  notes"
+        f"{hkv.column():>9} {'vs HKV':>7} {'of C':>5} {'of A':>5}  notes"
     )
     lines += [header, "-" * len(header)]
     previous = None
@@ -894,7 +1125,7 @@ def config_report(cfg: Config, rows: list[Row], table_lines: list[str]) -> str:
         lines.append(
             f"{row.op:<17} {row.lam:>4.2f} {row.table:<5} {fmt(min(row.host_s) * 1e3 if row.host_s else None):>8} "
             f"{fmt(row.host_g30):>7} {fmt(row.host_g9):>7} {fmt(mean_event * 1e3 if mean_event else None):>7} "
-            f"{fmt(row.event_g9):>8} {fmt(row.hkv_g30):>8} {fmt(row.vs_hkv, '.2f', 'x'):>7} {pct(row.of_c):>5} "
+            f"{fmt(row.event_g9):>8} {fmt(row.hkv_g30):>9} {fmt(row.vs_hkv, '.2f', 'x'):>7} {pct(row.of_c):>5} "
             f"{pct(row.of_a):>5}  {'; '.join(notes)}"
         )
     if cfg.mode == "hybrid":
@@ -938,14 +1169,26 @@ def pooled_report(rows: list[PooledRow], torch_note: str) -> str:
     return "\n".join(lines)
 
 
-FOOTNOTES = f"""\
+def footnotes(hkv_run: bool) -> str:
+    """What the columns mean; ``hkv_run``: HKV's figures come from this run (--hkv), not the constants."""
+    if hkv_run:
+        hkv = (
+            "HKV run: HKV's own merlin_hashtable_benchmark (its test_main, one configuration per process through "
+            "benchmarks/hkv_driver.cu) on this GPU in this run, just before our tables of the configuration, at the "
+            "capacity named above it"
+        )
+    else:
+        hkv = (
+            f"HKV const: {HKV_CONSTANTS_LABEL}: 128 Mi slots at dims 8 and 32 and hybrid, 64 Mi at 64 and 128; "
+            "--hkv PATH runs HKV's benchmark in the run instead"
+        )
+    return f"""\
 host: perf_counter around one call + device synchronize, best of {HOST_RUNS} runs, each after clear + refill + \
 {WARMUP_CALLS} one-key warm-up calls (HKV's method; HKV clears only before its first run).
 ev: CUDA events around each call (after a 1 ms GPU spin that hides the launch), the mean; finds and export_batch \
 repeat one batch, every inserting call gets a clear + refill first (so each sees 60% hits / 40% new keys).
 find = find_hits (rows of missing keys not written, as HKV's find); find_default = find (missing rows become zeros).
-HKV 2^30: HKV ae24eec's own benchmark on this project's H100 SXM (reference/hashtables.md §2.6, 2026-11-22), \
-not this run; HKV cannot run here. It used 128 Mi slots at dims 8 and 32 and hybrid, 64 Mi at 64 and 128. \
+{hkv}. HKV's figures: 2^30 KV/s, best of 2 host-timed calls (HKV's timer). \
 vs HKV = host 2^30/s over it (det's insert_and_evict never evicts; HKV's export wrote keys and rows, no scores, \
 as here).
 det never evicts: at each λ it holds λ x capacity keys (load), in a table sized for capacity + {N_NEW:,} keys \
@@ -978,6 +1221,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-calls", type=int, help="event-timed calls per operation (default 20, quick 5)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the pooled lookup's keys")
     parser.add_argument("--json", metavar="PATH", help="write the configuration, machine and every sample here")
+    parser.add_argument(
+        "--hkv",
+        metavar="PATH",
+        help="run HKV's own benchmark beside ours, at our capacities, for the vs HKV column: PATH is a driver built "
+        "by benchmarks/build_hkv.sh, or an HKV source tree or git repository to build one from (cached in "
+        ".device-hkv/). Without it, vs HKV uses HKV's constant figures of 2026-11-22 at other capacities",
+    )
+    parser.add_argument(
+        "--hkv-timeout",
+        type=float,
+        default=HKV_TIMEOUT_S,
+        help=f"seconds one configuration of HKV's benchmark may take (default {HKV_TIMEOUT_S})",
+    )
     args = parser.parse_args(argv)
     dims = args.dims or ([8, 64] if args.quick else [8, 32, 64, 128])
     lambdas = args.lambdas or ([0.5] if args.quick else [0.5, 0.75, 1.0])
@@ -987,6 +1243,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--capacity-mi {capacity_mi} must be a power of two >= 2 (hkv capacities are)")
     if any(d < 1 for d in dims) or any(not 0 < lam <= 1 for lam in lambdas) or event_calls < 1:
         parser.error("need --dims >= 1, 0 < --lambdas <= 1 and --event-calls >= 1")
+    if args.hkv_timeout <= 0:
+        parser.error(f"--hkv-timeout {args.hkv_timeout:g} must be > 0 seconds")
+    if args.hkv and not Path(args.hkv).exists():
+        parser.error(
+            f"--hkv {args.hkv!r} does not exist; give a driver built by bash {BUILD_HKV} SOURCE, or an HKV "
+            "source tree or git repository to build one from"
+        )
 
     def capacity(mode: str, dim: int) -> int:
         if capacity_mi is not None:
@@ -1003,6 +1266,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cp, backends = load_gpu_stack(args.tables)
     cp.cuda.Device(0).use()
+    hkv_driver = hkv_binary(args.hkv, cp.cuda.Device(0).compute_capability) if args.hkv else None
     torch, torch_note = (None, "not used (--no-pooled)") if args.no_pooled else import_torch()
     machine = machine_info(cp, backends, torch, torch_note)
     started = datetime.datetime.now().astimezone()
@@ -1016,25 +1280,34 @@ def main(argv: list[str] | None = None) -> int:
         f"  {'run':<20} dims {dims}, λ {lambdas}, tables {args.tables}, "
         f"{event_calls} event calls, {'quick' if args.quick else 'full'}"
     )
+    print(f"  {'HKV':<20} {f'its benchmark in this run: {hkv_driver}' if hkv_driver else HKV_CONSTANTS_LABEL}")
 
     pooled_rows = QUICK_POOLED_ROWS if args.quick else POOLED_ROWS
     pooled_kinds = 0 if args.no_pooled else len(POOLED_DIMS) * (len(backends) + (torch is not None))
     steps = sum(len(lambdas) * len(OPS) * (1 if cfg.mode == "hybrid" else len(backends)) for cfg in configs)
-    progress = Progress(steps + pooled_kinds)
+    progress = Progress(steps + pooled_kinds + (len(configs) if hkv_driver else 0))
     rows: list[Row] = []
     tables: dict[str, list[str]] = {}
+    baselines: dict[str, HkvBaseline] = {}
     pooled: list[PooledRow] = []
     try:
         for cfg in configs:
+            if hkv_driver:
+                progress.step(f"HKV {cfg.mode} dim {cfg.dim}")
+                free_device_memory(cp)  # HKV's test_main skips when less HBM is free than its rows take
+                hkv = run_hkv(hkv_driver, hkv_plan(cfg, lambdas), args.hkv_timeout)
+            else:
+                hkv = constant_baseline(cfg.mode, cfg.dim)
             kinds = ["hkv"] if cfg.mode == "hybrid" else list(backends)
             config_rows, lines = [], []
             for kind in kinds:
-                table_rows, line = bench_table(cp, backends[kind], kind, cfg, lambdas, event_calls, progress)
+                table_rows, line = bench_table(cp, backends[kind], kind, cfg, lambdas, event_calls, hkv, progress)
                 config_rows += table_rows
                 lines.append(line)
             rows += config_rows
             tables[cfg.title()] = lines
-            progress.write("\n" + config_report(cfg, config_rows, lines))
+            baselines[cfg.title()] = hkv
+            progress.write("\n" + config_report(cfg, config_rows, lines, hkv))
         if not args.no_pooled:
             for dim in POOLED_DIMS:
                 pooled += bench_pooled(cp, backends, torch, dim, pooled_rows, event_calls, args.seed, progress)
@@ -1042,14 +1315,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         progress.close()
     print()
-    print(FOOTNOTES)
+    print(footnotes(hkv_driver is not None))
     elapsed = (datetime.datetime.now().astimezone() - started).total_seconds()
     machine["load_average_end"] = load_average()
     print(f"took {elapsed:.0f} s; load average (1, 5, 15 min) {machine['load_average_end']} at the end")
 
     failed = [r for r in rows if r.error] + [r for r in pooled if r.error]
+    hkv_failed = [title for title, hkv in baselines.items() if hkv.error]
     if failed:
         print(f"{len(failed)} measurements failed or returned wrong results (ERROR above): exit status 1")
+    if hkv_failed:
+        print(f"HKV's benchmark failed at {len(hkv_failed)} configurations (FAILED above): exit status 1")
     if args.json:
         result = {
             "benchmark": "storage_gpu",
@@ -1061,13 +1337,14 @@ def main(argv: list[str] | None = None) -> int:
             "tables": tables,
             "rows": [asdict(r) for r in rows],
             "pooled": [asdict(r) for r in pooled],
-            "hkv_reference": "reference/hashtables.md §2.6: HKV ae24eec on this project's H100 SXM, 2^30 KV/s",
+            "hkv_source": f"this run: {hkv_driver}" if hkv_driver else HKV_CONSTANTS_LABEL,
+            "hkv": {title: asdict(hkv) for title, hkv in baselines.items()},
             "elapsed_s": elapsed,
         }
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
         print(f"wrote {args.json}")
-    return 1 if failed else 0
+    return 1 if failed or hkv_failed else 0
 
 
 if __name__ == "__main__":
