@@ -25,6 +25,7 @@ Usage::
     python3 benchmarks/profile_gpu.py --overhead             # host cost of a one-key call
     python3 benchmarks/profile_gpu.py --dims 64 --tables hkv --ops find_or_insert --calls 5
     python3 benchmarks/profile_gpu.py --tables hkv --load 1.0  # eviction on every insert
+    python3 benchmarks/profile_gpu.py --tables hkv --mode hybrid --dims 64 --capacity-mi 16
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from storage_gpu import INSERTING_OPS, MI, TABLES, TableBench, create_table, free_device_memory
+from storage_gpu import INSERTING_OPS, MI, MODES, TABLES, TableBench, create_table, free_device_memory
 
 # profile_gpu's operation -> storage_gpu's (TableBench.calls): find_hits is what storage_gpu times as find.
 BENCH_OPS = {
@@ -57,8 +58,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--capacity-mi", type=int, default=32, help="slots of each table in Mi (default: 32)")
     parser.add_argument("--calls", type=int, default=3, help="profiled calls per operation (default: 3)")
     parser.add_argument("--load", type=float, default=0.5, help="keys / slots before each call (default: 0.5)")
+    parser.add_argument(
+        "--mode",
+        choices=sorted(MODES),
+        default="device",
+        help="device: rows in device memory (default); hybrid: half of the rows in host memory (hkv only)",
+    )
     parser.add_argument("--overhead", action="store_true", help="time one-key calls on the host instead")
     args = parser.parse_args(argv)
+    if args.mode == "hybrid" and "det" in args.tables:
+        parser.error("--mode hybrid needs --tables hkv (det keeps every row in device memory)")
     if args.capacity_mi < 2 or args.calls < 1 or not 0.0 < args.load <= 1.0:
         parser.error(
             f"--capacity-mi must be >= 2, --calls >= 1 and 0 < --load <= 1,"
@@ -91,7 +100,7 @@ def profile(cp: Any, profiler: Any, core: Any, kind: str, dim: int, args: argpar
     """storage_gpu's state and batch (TableBench: fill to --load with top-ups, 60/40 keys), then each
     operation under its own profiler session per call, refilled before each inserting call."""
     capacity = args.capacity_mi * MI
-    table = create_table(core, kind, "device", dim, capacity)
+    table = create_table(core, kind, args.mode, dim, capacity)
     bench = TableBench(cp, kind, table, dim, capacity)
     bench.fill(args.load)
     batch = bench.batch()
@@ -110,7 +119,8 @@ def profile(cp: Any, profiler: Any, core: Any, kind: str, dim: int, args: argpar
                 total = totals.setdefault(event.key, [0.0, 0])
                 total[0] += event.device_time_total
                 total[1] += event.count
-        print(f"== {kind} dim {dim} load {args.load} {op}: mean GPU time per call, {args.calls} calls", flush=True)
+        title = f"{kind} {args.mode} dim {dim} load {args.load} {op}"
+        print(f"== {title}: mean GPU time per call, {args.calls} calls", flush=True)
         for key, (time_us, count) in sorted(totals.items(), key=lambda item: -item[1][0]):
             if time_us > 0:
                 print(f"  {time_us / args.calls:9.1f} us  x{count // args.calls:<2} {key[:100]}")
