@@ -10,10 +10,18 @@ source.
 A lookup of one table (:meth:`ServedTable.lookup`) is built in the graph: the keys are found in
 the cache (``SokFind``), and only when some are missing are those de-duplicated
 (``SokUniqueIndex``) and fetched by a ``tf.py_function`` from the lower tiers: volatile DB, then
-persistent DB, then the table's ``default_value``; what they return is written into the cache. ``hit_rate_threshold``
+persistent DB, then the table's ``default_value``; what they return is written into the cache and,
+in place, into the lookup's result (``InplaceUpdate``: no copy of the batch). ``hit_rate_threshold``
 (reference §3.6): when the batch's cache hit rate is below it, the misses are fetched before the
 lookup returns (1.0, or more: always, so lookups are exact); at or above it, the misses get the
 default value in this batch and are fetched and cached in the background.
+
+With ``gpucache: false`` and a ``hash_map`` volatile DB that never evicts (no
+``overflow_margin``), the keys are found with ``SokFind`` in that tier's CPU storage of the table
+(:meth:`.tiers.hash_map.HashMapTier.graph_table`, the tier's only copy of the rows) and only the
+keys it lacks go through the ``tf.py_function`` (persistent DB, then the default). With any other
+volatile DB (Redis, a hash map that evicts by policy) the distinct keys of every lookup are
+fetched through it.
 
 Where this differs from NVIDIA HPS (deliberately):
 

@@ -175,8 +175,10 @@ class HashMapTier:
         num_partitions: partitions per table (>= 1); only with an ``overflow_margin``.
         parallel: work on a call's partitions in a thread pool (``parallel_hash_map``); only with
             an ``overflow_margin``.
-        allocation_rate: the most bytes one partition's row array grows by at a time.
-        max_batch_size: rows per insert chunk (overflow is checked after each).
+        allocation_rate: the most bytes one partition's row array grows by at a time; only with
+            an ``overflow_margin``.
+        max_batch_size: rows per insert chunk (overflow is checked after each); only with an
+            ``overflow_margin``.
         overflow_margin: the most rows per partition; :data:`~..config.NO_OVERFLOW_LIMIT` (the
             default): no limit, no eviction, the rows in a det storage per table.
         overflow_policy: ``evict_random``, ``evict_least_used`` or ``evict_oldest``.
