@@ -19,7 +19,8 @@ default value in this batch and are fetched and cached in the background.
 With ``gpucache: false`` and a ``hash_map`` volatile DB that never evicts (no
 ``overflow_margin``), the keys are found with ``SokFind`` in that tier's CPU storage of the table
 (:meth:`.tiers.hash_map.HashMapTier.graph_table`, the tier's only copy of the rows) and only the
-keys it lacks go through the ``tf.py_function`` (persistent DB, then the default). With any other
+distinct keys it lacks go through the ``tf.py_function`` (the databases in order: the hash map
+again, for a row an update wrote since, then the persistent DB, then the default). With any other
 volatile DB (Redis, a hash map that evicts by policy) the distinct keys of every lookup are
 fetched through it.
 
