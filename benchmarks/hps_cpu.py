@@ -8,7 +8,8 @@ time, each its own ps_config (HPS is shut down and started again between tiers):
 * ``cache``: the embedding cache (hkv, ``gpucacheper`` 1.0) in front of the in-process hash map,
   warm: every batch of the run is looked up once before the timing, so the timed lookups hit the
   cache (the hit rate of the timed keys is printed; at HKV's full buckets a few keys may miss);
-* ``hash_map``: ``gpucache: false``, the volatile ``hash_map`` only;
+* ``hash_map``: ``gpucache: false``, the volatile ``hash_map`` only (no ``overflow_margin``: the
+  lookup reads its CPU storage in the graph);
 * ``redis``: ``gpucache: false``, a ``redis_cluster`` of 3 nodes on loopback ports that this script
   starts and stops (``--redis HOST:PORT`` uses a running cluster instead; skipped without
   ``redis-server``);
@@ -29,7 +30,7 @@ Usage::
 
     .venv/bin/python benchmarks/hps_cpu.py                 # the full sweep
     .venv/bin/python benchmarks/hps_cpu.py --quick         # CI-sized: small table, B 1 .. 4,096
-    .venv/bin/python benchmarks/hps_cpu.py --tiers cache hash_map --batches 4096
+    .venv/bin/python benchmarks/hps_cpu.py --tiers cache hash_map --batches 1024 4096 16384 65536
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 """The parameter server's tiers, alone and chained, give the rows of tf.nn.embedding_lookup(_sparse).
 
-* Each tier alone: the volatile hash map (gpucache off), RocksDB (gpucache off), the cache alone
-  (no database, gpucacheper 1.0); and the chain cache (gpucacheper 0.01) -> hash map -> RocksDB at
-  hit_rate_threshold 1.0: exact, defaults for keys no tier has, over batches that make the small
-  cache evict.
+* Each tier alone: the volatile hash map (gpucache off; read in the graph, and with an
+  overflow_margin through Python), RocksDB (gpucache off), the cache alone (no database,
+  gpucacheper 1.0); the hash map in front of RocksDB (gpucache off); and the chain cache
+  (gpucacheper 0.01) -> hash map -> RocksDB at hit_rate_threshold 1.0: exact, defaults for keys no
+  tier has, over batches that make the small cache evict.
+* gpucache off, hash map without overflow_margin: the keys it holds never reach Python; only the
+  distinct keys it lacks are fetched from the databases (RocksDB's row, else the default).
 * hit_rate_threshold 0: misses get the default in their batch, the true rows once the
   background fill is done.
 * A database that cannot be reached is skipped with a warning; it is used again when it answers.
@@ -38,6 +41,8 @@ def tier_setup(kind, tmp_path):
     return {
         "hash_map": ({"gpucache": False}, {"volatile_db": hash_map, "persistent_db": disabled}),
         "parallel_hash_map": ({"gpucache": False}, {"volatile_db": {"type": "parallel_hash_map"}}),
+        "evicting_hash_map": ({"gpucache": False}, {"volatile_db": {**hash_map, "overflow_margin": 10**6}}),
+        "hash_map+rocks_db": ({"gpucache": False}, {"volatile_db": hash_map, "persistent_db": rocks}),
         "rocks_db": ({"gpucache": False}, {"volatile_db": disabled, "persistent_db": rocks}),
         "cache": ({"gpucacheper": 1.0}, support.DISABLED_DBS),
         "chain": ({"gpucacheper": 0.01}, {"volatile_db": hash_map, "persistent_db": rocks}),
@@ -71,7 +76,19 @@ def serve(tmp_path):
         context.__exit__(None, None, None)
 
 
-@pytest.mark.parametrize("kind", ["hash_map", "parallel_hash_map", "rocks_db", "cache", "chain", "cache+rocks_db"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "hash_map",
+        "parallel_hash_map",
+        "evicting_hash_map",
+        "hash_map+rocks_db",
+        "rocks_db",
+        "cache",
+        "chain",
+        "cache+rocks_db",
+    ],
+)
 def test_tiers_alone_and_chained_are_exact(serve, kind):
     _, oracle = serve(kind)
     lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
@@ -85,6 +102,28 @@ def test_tiers_alone_and_chained_are_exact(serve, kind):
         for combiner in ("sum", "mean", "sqrtn"):
             want = tf.nn.embedding_lookup_sparse(oracle, ragged, None, combiner=combiner)
             np.testing.assert_array_equal(sparse(ragged, None, combiner=combiner).numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
+def test_hash_map_in_the_graph_fetches_only_the_keys_it_lacks(serve, monkeypatch, graph):
+    server, oracle = serve("hash_map+rocks_db")
+    table = server.table("m", 0)
+    only_rocks = np.array([ROWS + 1], np.int64)
+    server.persistent_db.insert(table.tag, only_rocks, np.full((1, DIM), 3.0, np.float32))
+    oracle[ROWS + 1] = 3.0
+    fetched = []
+    fetch = server.fetch_from_databases
+    monkeypatch.setattr(
+        server, "fetch_from_databases", lambda served, keys: (fetched.append(keys), fetch(served, keys))[1]
+    )
+    layer = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    lookup = tf.function(layer) if graph else layer
+    held = tf.constant([[3, 9], [3, ROWS - 1]], tf.int64)
+    np.testing.assert_array_equal(lookup(held).numpy(), tf.nn.embedding_lookup(oracle, held).numpy())
+    assert fetched == []
+    mixed = tf.constant([[ROWS + 1, 9], [ROWS + 2, ROWS + 1]], tf.int64)
+    np.testing.assert_array_equal(lookup(mixed).numpy(), tf.nn.embedding_lookup(oracle, mixed).numpy())
+    assert [sorted(k.tolist()) for k in fetched] == [[ROWS + 1, ROWS + 2]]
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])

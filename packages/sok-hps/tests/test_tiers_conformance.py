@@ -1,5 +1,6 @@
 """Every tier behaves alike: one conformance class, one subclass per tier (hash_map,
-parallel_hash_map, redis_cluster, rocks_db), each overriding the ``tier`` fixture.
+parallel_hash_map, a hash map with an overflow_margin, redis_cluster, rocks_db), each overriding the
+``tier`` fixture.
 
 * Inserted rows come back bit for bit; missing keys come back as zeros with found False; an unknown
   table has no keys.
@@ -144,6 +145,16 @@ class TestParallelHashMap(TierConformance):
     @pytest.fixture
     def tier(self):
         tier = HashMapTier(num_partitions=5, parallel=True, max_batch_size=BATCH, allocation_rate=64)
+        yield tier
+        tier.close()
+
+
+class TestEvictingHashMap(TierConformance):
+    """Partitions (an overflow_margin no test reaches)."""
+
+    @pytest.fixture
+    def tier(self):
+        tier = HashMapTier(num_partitions=5, parallel=True, max_batch_size=BATCH, overflow_margin=10**6)
         yield tier
         tier.close()
 

@@ -2,6 +2,8 @@
 
 * ``partition_of`` equals a plain-Python transcription of ``rrxmrrxmsx_0`` (reference §3.3).
 * Each key lives in the partition that function names.
+* Without an overflow_margin each table is one det storage on the CPU, which the graph reads
+  with SokFind (the rows the tier's insert wrote, and its later writes); with one there is none.
 * Overflow: no partition holds more than ``overflow_margin`` rows after an insert; eviction goes
   down to ``round(margin x target)`` and removes the rows the policy names (oldest, least used,
   random); surviving rows keep their values and freed rows are reused.
@@ -11,8 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from hierarchical_parameter_server.tiers.hash_map import HashMapTier
 from hierarchical_parameter_server.tiers.partition import partition_of
+from sparse_operation_kit import tf_ops
 
 TAG = "hps_et.m.t"
 MASK = 2**64 - 1
@@ -42,12 +46,43 @@ def test_partition_function_matches_the_original(num_partitions):
 
 
 def test_keys_live_in_their_partition():
-    tier = HashMapTier(num_partitions=4, parallel=True)
+    tier = HashMapTier(num_partitions=4, parallel=True, overflow_margin=10**6)
     keys = np.arange(-50, 50, dtype=np.int64)
     tier.insert(TAG, keys, np.zeros((100, 2), np.float32))
     table = tier._tables[TAG]
     for p, part in enumerate(table.partitions):
         assert part.skeys.tolist() == sorted(k for k in keys.tolist() if rrxmrrxmsx_0(k) % 4 == p)
+    tier.close()
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
+def test_without_overflow_margin_the_graph_reads_the_tiers_rows(graph):
+    tier = HashMapTier()
+    keys = np.array([7, -2, 2**40], np.int64)
+    tier.insert(TAG, keys, values_of(keys))
+    table = tier.graph_table(TAG, 3)
+    assert table.table_device.endswith("CPU:0") and not table.trainable
+
+    def find(query):
+        return tf_ops.library().sok_find(*table.table_inputs, query, col_begin=0, col_end=3)
+
+    find = tf.function(find) if graph else find
+    query = tf.constant([2**40, 5, 7], tf.int64)
+    values, found = find(query)
+    np.testing.assert_array_equal(found.numpy(), [True, False, True])
+    np.testing.assert_array_equal(values.numpy(), np.stack([values_of([2**40])[0], np.zeros(3), values_of([7])[0]]))
+    tier.insert(TAG, np.array([5]), values_of([5]))  # a later write is seen: one copy of the rows
+    np.testing.assert_array_equal(find(query)[0].numpy(), values_of([2**40, 5, 7]))
+    assert tier.size(TAG) == 4
+    with pytest.raises(ValueError, match="dim"):
+        tier.graph_table(TAG, 4)
+    tier.close()
+
+
+def test_an_evicting_tier_has_no_graph_table():
+    tier = HashMapTier(overflow_margin=100)
+    tier.insert(TAG, np.arange(3), values_of(np.arange(3)))
+    assert tier.graph_table(TAG, 3) is None
     tier.close()
 
 

@@ -10,10 +10,19 @@ source.
 A lookup of one table (:meth:`ServedTable.lookup`) is built in the graph: the keys are found in
 the cache (``SokFind``), and only when some are missing are those de-duplicated
 (``SokUniqueIndex``) and fetched by a ``tf.py_function`` from the lower tiers: volatile DB, then
-persistent DB, then the table's ``default_value``; what they return is written into the cache. ``hit_rate_threshold``
+persistent DB, then the table's ``default_value``; what they return is written into the cache and,
+in place, into the lookup's result (``InplaceUpdate``: no copy of the batch). ``hit_rate_threshold``
 (reference §3.6): when the batch's cache hit rate is below it, the misses are fetched before the
 lookup returns (1.0, or more: always, so lookups are exact); at or above it, the misses get the
 default value in this batch and are fetched and cached in the background.
+
+With ``gpucache: false`` and a ``hash_map`` volatile DB that never evicts (no
+``overflow_margin``), the keys are found with ``SokFind`` in that tier's CPU storage of the table
+(:meth:`.tiers.hash_map.HashMapTier.graph_table`, the tier's only copy of the rows) and only the
+distinct keys it lacks go through the ``tf.py_function`` (the databases in order: the hash map
+again, for a row an update wrote since, then the persistent DB, then the default). With any other
+volatile DB (Redis, a hash map that evicts by policy) the distinct keys of every lookup are
+fetched through it.
 
 Where this differs from NVIDIA HPS (deliberately):
 
@@ -57,6 +66,7 @@ from sparse_operation_kit import tf_ops
 from hierarchical_parameter_server import model_files, tiers
 from hierarchical_parameter_server.cache import EmbeddingCache
 from hierarchical_parameter_server.config import ModelConfig, PSConfig
+from hierarchical_parameter_server.tiers.hash_map import HashMapTier
 
 logger = logging.getLogger(__name__)
 
@@ -99,37 +109,64 @@ class ServedTable:
             # static and uvm: every row in the cache (as the original's, which never evict)
             evicting = server.has_database and model.embedding_cache_type not in ("static", "uvm")
             self.cache = EmbeddingCache(self.tag, self.dim, rows, float(model.gpucacheper), self.key_dtype, evicting)
+        #: Without a cache: the volatile DB's CPU storage of this table where the lookup reads it in
+        #: the graph (a hash map that never evicts), else None.
+        self._volatile_rows = None
+        volatile = server.volatile_db
+        if self.cache is None and isinstance(volatile, HashMapTier):
+            self._volatile_rows = volatile.graph_table(self.tag, self.dim)
 
     # -- in the graph --------------------------------------------------------------------------
     def lookup(self, keys: tf.Tensor) -> tf.Tensor:
         """The rows of the 1-D ``keys``: ``float32 [n, dim]``. TensorFlow ops (eager or in a
         ``tf.function``) on the cache's device.
 
-        With a cache, the keys are found in it as they come (no de-duplication on the path where
-        every key is cached); only when some are missing are those de-duplicated and fetched
-        (:meth:`_complete`). Without one (``gpucache: false``), the distinct keys are fetched.
+        The keys are found as they come (no de-duplication on the path where every key is found)
+        with ``SokFind`` in the table's cache or, with ``gpucache: false``, in the CPU storage of a
+        ``hash_map`` volatile DB that never evicts (:meth:`.tiers.hash_map.HashMapTier.graph_table`);
+        only when some are missing are those de-duplicated and fetched (:meth:`_complete`).
+        Otherwise (no cache, and a volatile DB that evicts, Redis, or none) the distinct keys are
+        fetched.
 
         Raises:
             tf.errors.InvalidArgumentError: more than :attr:`max_keys` keys.
         """
         device = self.cache.variable.table_device if self.cache is not None else "/CPU:0"
         with tf.name_scope("HpsLookup"), tf.device(device):
-            check = tf.debugging.assert_less_equal(
-                tf.size(keys, out_type=tf.int64),
-                tf.constant(self.max_keys, tf.int64),
-                message=(
-                    f"HPS lookup of {self.tag}: more keys than max_batch_size x "
-                    f"maxnum_catfeature_query_per_table_per_sample = {self.max_keys}; raise them in the "
-                    f"ps_config or pass a smaller batch"
-                ),
-            )
-            with tf.control_dependencies([check]):
-                keys = tf.identity(keys)
-            if self.cache is None:
-                distinct, positions = tf_ops.library().sok_unique_index(keys)
-                return tf.gather(self._fetch_op(distinct, cache=False), positions)
-            values, found = self.cache.find(keys)
-            return self._complete(keys, values, found)
+            keys = self._checked_count(keys)
+            if self.cache is not None:
+                values, found = self.cache.find(keys)
+                return self._complete(keys, values, found, cache=True)
+            if self._volatile_rows is not None:
+                int64_keys = tf.cast(keys, tf.int64)  # the tier's keys
+                values, found = tf_ops.library().sok_find(
+                    *self._volatile_rows.table_inputs, int64_keys, col_begin=0, col_end=self.dim
+                )
+                return self._complete(keys, values, found, cache=False)
+            distinct, positions = tf_ops.library().sok_unique_index(keys)
+            return tf.gather(self._fetch_op(distinct, cache=False), positions)
+
+    def _checked_count(self, keys: tf.Tensor) -> tf.Tensor:
+        """``keys``, after a check in the graph that they are at most :attr:`max_keys` (none when
+        their static shape proves it). The bound is also the most rows :func:`_patched` indexes."""
+        limit = min(self.max_keys, _INT32.max)
+        count = keys.shape.num_elements()
+        if count is not None and count <= limit:
+            return keys
+        what = (
+            f"max_batch_size x maxnum_catfeature_query_per_table_per_sample = {self.max_keys}"
+            if limit == self.max_keys
+            else f"{limit}, the most one lookup takes"
+        )
+        check = tf.debugging.assert_less_equal(
+            tf.size(keys, out_type=tf.int64),
+            tf.constant(limit, tf.int64),
+            message=(
+                f"HPS lookup of {self.tag}: more keys than {what}; raise them in the ps_config or pass a smaller batch"
+            ),
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(keys)
 
     def _fetch_op(self, keys: tf.Tensor, cache: bool) -> tf.Tensor:
         """``tf.py_function`` of :meth:`fill` (cache) or :meth:`fetch` on ``keys``: ``[n, dim]``."""
@@ -138,27 +175,30 @@ class ServedTable:
         rows.set_shape([None, self.dim])
         return rows
 
-    def _complete(self, keys: tf.Tensor, values: tf.Tensor, found: tf.Tensor) -> tf.Tensor:
-        """``values`` of ``keys`` with the rows of the keys the cache lacks, per
-        :attr:`hit_rate_threshold`: the hit rate is over distinct keys, as the original's."""
+    def _complete(self, keys: tf.Tensor, values: tf.Tensor, found: tf.Tensor, cache: bool) -> tf.Tensor:
+        """``values`` (a ``SokFind`` output of ``keys``) with the rows of the keys not found.
+
+        From the cache (``cache``): the misses are fetched and cached per :attr:`hit_rate_threshold`,
+        over distinct keys as the original's. From the volatile DB: the misses are fetched from the
+        databases (the default value where none has them)."""
         lib = tf_ops.library()
 
         def with_misses() -> tf.Tensor:
-            where = tf.where(tf.logical_not(found))
-            missing, positions = lib.sok_unique_index(tf.gather_nd(keys, where))
+            where = tf.where(tf.logical_not(found))[:, 0]
+            missing, positions = lib.sok_unique_index(tf.gather(keys, where))
 
             def fetched() -> tf.Tensor:
-                rows = self._fetch_op(missing, cache=True)
-                return tf.tensor_scatter_nd_update(values, where, tf.gather(rows, positions))
+                rows = self._fetch_op(missing, cache=cache)
+                return _patched(values, where, tf.gather(rows, positions))
 
-            if self.hit_rate_threshold >= 1.0:
+            if not cache or self.hit_rate_threshold >= 1.0:
                 return fetched()
 
             def defaults_now() -> tf.Tensor:
                 scheduled = tf.py_function(self._schedule_fill_py, [missing], tf.bool)
                 with tf.control_dependencies([scheduled]):
-                    fill = tf.fill([tf.shape(where)[0], self.dim], tf.constant(self.default_value, tf.float32))
-                    return tf.tensor_scatter_nd_update(values, where, fill)
+                    fill = tf.fill([tf.size(where), self.dim], tf.constant(self.default_value, tf.float32))
+                    return _patched(values, where, fill)
 
             distinct, _ = lib.sok_unique_index(keys)
             misses = tf.cast(tf.size(missing), tf.float64) / tf.cast(tf.size(distinct), tf.float64)
@@ -481,6 +521,17 @@ class ParameterServer:
             if db is not None:
                 db.close()
         self._volatile = self._persistent = None
+
+
+def _patched(values: tf.Tensor, where: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+    """``values [n, dim]`` with ``rows [m, dim]`` written at the positions ``where [m]`` (distinct).
+
+    ``InplaceUpdate`` writes into the buffer of ``values`` where ``tensor_scatter_nd_update`` would
+    copy all ``n`` rows first: ``values`` is the lookup's own ``SokFind`` output, which nothing
+    else reads once some keys missed. It indexes rows with int32, hence :meth:`ServedTable.lookup`'s
+    bound on the key count.
+    """
+    return tf.raw_ops.InplaceUpdate(x=values, i=tf.cast(where, tf.int32), v=rows)
 
 
 def _filters(patterns: Iterable[str]) -> list[re.Pattern]:

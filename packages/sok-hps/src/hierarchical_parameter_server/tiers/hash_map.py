@@ -1,12 +1,22 @@
 """The in-process volatile DB: ``hash_map`` and ``parallel_hash_map`` (reference §3.3, §3.8).
 
-Each table is split into ``num_partitions`` partitions by :func:`~.partition.partition_of`. A
-partition keeps its keys sorted (a lookup is a vectorised binary search; an insert of new keys
-merges them in, linear in the partition's size) and maps them to rows of one growable float32
-array (grown by at most ``allocation_rate`` bytes at a time, so a small table does not take a
-256 MiB page as the original's does); per row it keeps the time of its last access and an access
-count. ``parallel_hash_map`` works on the partitions of a call in a thread pool; ``hash_map`` one
-after another. Each partition has a lock, so any number of threads may fetch and insert at once.
+Without an ``overflow_margin`` (:data:`~..config.NO_OVERFLOW_LIMIT`, the default) nothing is ever
+evicted, and each table's rows are held by one CPU storage of sok's det backend: a non-trainable
+``sok.DynamicVariable`` (``var_type="hbm"``, int64 keys) on ``/CPU:0``. The tier's ``fetch`` and
+``insert`` call that storage, and a lookup of a table served without an embedding cache
+(``gpucache: false``) reads it in the graph with ``SokFind`` (:meth:`HashMapTier.graph_table`): no
+Python runs for the keys it holds. The storage is multi-threaded and safe for concurrent calls, so
+``num_partitions`` and ``parallel`` change nothing for such a tier.
+
+With an ``overflow_margin`` the rows evict by policy, per partition, and stay in Python: each table
+is split into ``num_partitions`` partitions by :func:`~.partition.partition_of`. A partition keeps
+its keys sorted (a lookup is a vectorised binary search; an insert of new keys merges them in,
+linear in the partition's size) and maps them to rows of one growable float32 array (grown by at
+most ``allocation_rate`` bytes at a time, so a small table does not take a 256 MiB page as the
+original's does); per row it keeps the time of its last access and an access count.
+``parallel_hash_map`` works on the partitions of a call in a thread pool; ``hash_map`` one after
+another. Each partition has a lock, so any number of threads may fetch and insert at once. Such a
+tier has no :meth:`~HashMapTier.graph_table`: lookups fetch from it through ``tf.py_function``.
 
 Overflow (``overflow_margin`` rows per partition): after each ``max_batch_size`` chunk of an
 insert, a partition holding more than ``overflow_margin`` rows is evicted down to
@@ -25,6 +35,7 @@ Example::
     tier = HashMapTier(num_partitions=4, overflow_margin=1000, overflow_policy="evict_oldest")
     tier.insert("hps_et.m.t", np.arange(10), np.ones((10, 8), np.float32))
     rows, found = tier.fetch("hps_et.m.t", np.array([3, 42]), 8)     # found == [True, False]
+    tier.graph_table("hps_et.m.t", 8)                                 # None: rows evict by policy
 """
 
 from __future__ import annotations
@@ -35,6 +46,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import tensorflow as tf
+from sparse_operation_kit.dynamic_variable import DynamicVariable
 
 from ..config import NO_OVERFLOW_LIMIT, OVERFLOW_POLICIES, VolatileDBConfig
 from .base import check_rows, start_fetch
@@ -131,6 +144,23 @@ class _Partition:
         return excess
 
 
+class _StoredTable:
+    """The rows of one table of a tier that never evicts: a det storage on the CPU."""
+
+    def __init__(self, tag: str, dim: int) -> None:
+        self.dim = dim
+        # init_scope: the table may be made while a tf.function is traced (a lookup's graph_table)
+        with tf.init_scope(), tf.device("/CPU:0"):
+            self.variable = DynamicVariable(
+                dimension=dim,
+                var_type="hbm",
+                name=f"{tag}.hash_map".replace(".", "_"),
+                trainable=False,
+                key_type=tf.int64,
+                initializer="zeros",
+            )
+
+
 class _Table:
     def __init__(self, dim: int, growth_rows: int, seeds: np.random.SeedSequence, num_partitions: int) -> None:
         self.dim = dim
@@ -138,14 +168,19 @@ class _Table:
 
 
 class HashMapTier:
-    """In-process rows by table tag, in partitions (see the module docstring).
+    """In-process rows by table tag: a det storage per table, or partitions that evict by policy
+    when ``overflow_margin`` is set (see the module docstring).
 
     Args:
-        num_partitions: partitions per table (>= 1).
-        parallel: work on a call's partitions in a thread pool (``parallel_hash_map``).
-        allocation_rate: the most bytes one partition's row array grows by at a time.
-        max_batch_size: rows per insert chunk (overflow is checked after each).
-        overflow_margin: the most rows per partition.
+        num_partitions: partitions per table (>= 1); only with an ``overflow_margin``.
+        parallel: work on a call's partitions in a thread pool (``parallel_hash_map``); only with
+            an ``overflow_margin``.
+        allocation_rate: the most bytes one partition's row array grows by at a time; only with
+            an ``overflow_margin``.
+        max_batch_size: rows per insert chunk (overflow is checked after each); only with an
+            ``overflow_margin``.
+        overflow_margin: the most rows per partition; :data:`~..config.NO_OVERFLOW_LIMIT` (the
+            default): no limit, no eviction, the rows in a det storage per table.
         overflow_policy: ``evict_random``, ``evict_least_used`` or ``evict_oldest``.
         overflow_resolution_target: evict down to this fraction of ``overflow_margin``.
         seed: seeds ``evict_random``'s choice.
@@ -183,7 +218,10 @@ class HashMapTier:
         self._tables: dict[str, _Table] = {}
         self._tables_lock = threading.Lock()
         self._closed = False
-        self._pool = ThreadPoolExecutor(num_partitions, "hps-hash-map") if parallel and num_partitions > 1 else None
+        #: Whether rows evict by policy (kept in partitions) or never (a det storage per table).
+        self.evicts = overflow_margin != NO_OVERFLOW_LIMIT
+        threads = parallel and num_partitions > 1 and self.evicts
+        self._pool = ThreadPoolExecutor(num_partitions, "hps-hash-map") if threads else None
 
     @classmethod
     def from_config(cls, cfg: VolatileDBConfig) -> HashMapTier:
@@ -226,6 +264,8 @@ class HashMapTier:
             return out, found
         if table.dim != dim:
             raise ValueError(f"{tag}: the {self.name} holds rows of dim {table.dim}, asked for dim {dim}")
+        if isinstance(table, _StoredTable):
+            return table.variable.storage.find(keys)
         now = next(self._clock)
 
         def work(p: int, positions: np.ndarray) -> None:
@@ -246,6 +286,10 @@ class HashMapTier:
         self._check_open()
         keys, values = check_rows(tag, keys, values)
         table = self._table(tag, values.shape[1])
+        if isinstance(table, _StoredTable):
+            if len(keys):  # for a key repeated in keys the storage keeps the last row
+                table.variable.storage.insert_or_assign(keys, values)
+            return
         for first in range(0, len(keys), self.max_batch_size):
             chunk_keys = keys[first : first + self.max_batch_size]
             chunk_values = values[first : first + self.max_batch_size]
@@ -272,23 +316,49 @@ class HashMapTier:
 
             self._run(work, self._groups(chunk_keys))
 
-    def _table(self, tag: str, dim: int) -> _Table:
+    def _table(self, tag: str, dim: int) -> _Table | _StoredTable:
         table = self._tables.get(tag)
         if table is None:
             with self._tables_lock:
                 table = self._tables.get(tag)
-                if table is None:
+                if table is None and self.evicts:
                     growth = max(1, self.allocation_rate // (4 * dim))
                     table = self._tables[tag] = _Table(dim, growth, self._seeds, self.num_partitions)
+                elif table is None:
+                    table = self._tables[tag] = _StoredTable(tag, dim)
         if table.dim != dim:
             raise ValueError(f"{tag}: the {self.name} holds rows of dim {table.dim}, got rows of dim {dim}")
         return table
+
+    def graph_table(self, tag: str, dim: int) -> DynamicVariable | None:
+        """The CPU storage that holds the rows of ``tag`` (made empty if the tier has none yet), for
+        lookups in the graph: ``SokFind`` on its ``table_inputs`` (int64 keys) gives the rows and a
+        found mask, zeros where missing. None when the tier evicts by policy (``overflow_margin``
+        set): its rows are in Python; fetch them with :meth:`fetch`.
+
+        Raises:
+            ValueError: the tier holds ``tag`` with another ``dim``.
+            RuntimeError: the tier is closed.
+
+        Example::
+
+            table = HashMapTier().graph_table("hps_et.m.t", 8)
+            values, found = tf_ops.library().sok_find(*table.table_inputs, tf.constant([3, 42], tf.int64),
+                                                      col_begin=0, col_end=8)
+        """
+        self._check_open()
+        if self.evicts:
+            return None
+        table = self._table(tag, dim)
+        return table.variable if isinstance(table, _StoredTable) else None
 
     def size(self, tag: str) -> int:
         self._check_open()
         table = self._tables.get(tag)
         if table is None:
             return 0
+        if isinstance(table, _StoredTable):
+            return table.variable.storage.size()
         return sum(len(p) for p in table.partitions)
 
     def close(self) -> None:
