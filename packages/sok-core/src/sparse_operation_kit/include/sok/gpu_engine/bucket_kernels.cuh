@@ -11,7 +11,8 @@
 // pinned host memory for the others. A new key takes the lowest empty device slot; in a hybrid
 // table whose bucket has none, it takes a device slot all the same when it outscores the bucket's
 // lowest device row, which moves to the free (or evicted) host slot (claim_for_new,
-// device_slot_for).
+// device_slot_for; the moved rows are staged and written to host memory after the kernel, in slot
+// order: Moves).
 //
 // Probing. A key hashes (splitmix64, as on the CPU) to a home bucket; a group of kGroup lanes scans
 // the bucket's B state bytes at once (16-byte chunks, one 128-byte line for B = 128), then compares
@@ -261,15 +262,17 @@ __device__ __forceinline__ unsigned int* state_word(const View& t, int64_t slot)
 }
 __device__ __forceinline__ int state_shift(int64_t slot) { return static_cast<int>(slot & 3) * 8; }
 
-// Locks a live slot: CAS of its state byte from `d` to busy, waiting while another thread holds it.
-// Returns false if the slot no longer holds digest d (the caller looks the key up again).
-__device__ bool lock_slot(const View& t, int64_t slot, uint8_t d) {
+// Locks a live slot: CAS of its state byte from `d` to busy, waiting while another thread holds it
+// (with `wait`; else a busy slot is not locked). Returns false if the slot no longer holds digest d
+// (the caller looks the key up again) or, without `wait`, is busy.
+__device__ bool lock_slot(const View& t, int64_t slot, uint8_t d, bool wait = true) {
   unsigned int* word = state_word(t, slot);
   const int shift = state_shift(slot);
   while (true) {
     const unsigned int cur = __ldcg(word);
     const uint8_t state = static_cast<uint8_t>(cur >> shift);
     if (state == kBusyState) {
+      if (!wait) return false;
       __nanosleep(32);
       continue;
     }
@@ -433,13 +436,27 @@ __device__ void zero_floats(const Group& g, float* dst, int32_t w) {
   }
 }
 
+// Hybrid tables: the rows that leave device memory during a placing kernel (device_slot_for), staged
+// in device memory and written to their host slots after the kernel by flush_moves_kernel, in slot
+// order. Scattered row writes into mapped host memory are bound by the GPU's translation of host
+// pages (a table with gigabytes of host rows touches a new page with nearly every row); written in
+// ascending address order they run at the PCIe bandwidth. A staged row's host slot already holds
+// its key and score but stays busy (no lookup or evictor sees it) until the flush publishes it.
+struct Moves {
+  float* rows;          // (n, W): staged row i
+  uint64_t* keys;       // per staged row: (host slot << 8) | digest to publish; all ones where unused
+  unsigned int* count;  // staged rows
+};
+
 // Hybrid tables: host_slot of bucket b is held busy for a new key with score new_score. If the
-// bucket's lowest-score device row scores lower, that row moves into host_slot (published) and its
-// device slot, held busy, is returned for the new key; else host_slot. The moved row is locked and
-// its score checked again; rows placed by the running kernel are published after a fence in hybrid
+// bucket's lowest-score device row scores lower, that row moves into host_slot (staged in `moves`:
+// the slot stays busy until flush_moves_kernel writes the row and publishes it) and its device
+// slot, held busy, is returned for the new key; else host_slot. The moved row is locked and its
+// score checked again; rows placed by the running kernel are published after a fence in hybrid
 // tables, so the row, key and score read here are complete.
 template <class Group>
-__device__ int64_t device_slot_for(const View& t, const Group& g, int64_t b, int64_t host_slot, uint64_t new_score) {
+__device__ int64_t device_slot_for(const View& t, const Group& g, const Moves& moves, int64_t b, int64_t host_slot,
+                                   uint64_t new_score) {
   if (t.hb == 0) return host_slot;
   int64_t victim;
   uint64_t low;
@@ -449,7 +466,7 @@ __device__ int64_t device_slot_for(const View& t, const Group& g, int64_t b, int
   int got = 0;
   if (lane == 0 && victim >= 0 && low < new_score) {
     dv = static_cast<uint8_t>(__ldcg(state_word(t, victim)) >> state_shift(victim));
-    if (dv >= 2 && lock_slot(t, victim, dv)) {
+    if (dv >= 2 && lock_slot(t, victim, dv, false)) {
       if (read_u64<true>(t.score_at(victim)) == low) {
         got = 1;
       } else {
@@ -458,12 +475,48 @@ __device__ int64_t device_slot_for(const View& t, const Group& g, int64_t b, int
     }
   }
   if (!g.shfl(got, 0)) return host_slot;
-  dv = g.shfl(dv, 0);
-  copy_floats<false, true>(g, t.row(host_slot), t.row(victim), t.W);
-  if (lane == 0) t.set_record(host_slot, read_u64<true>(t.key_at(victim)), low);
-  g.sync();
-  if (lane == 0) release_slot(t, host_slot, dv);
+  unsigned int at = 0;
+  if (lane == 0) {
+    at = atomicAdd(moves.count, 1u);
+    moves.keys[at] = (static_cast<uint64_t>(host_slot) << 8) | dv;
+    t.set_record(host_slot, read_u64<true>(t.key_at(victim)), low);
+  }
+  at = g.shfl(at, 0);
+  copy_floats<false, true>(g, moves.rows + static_cast<int64_t>(at) * t.W, t.row(victim), t.W);
+  g.sync();  // the row is staged before the new key's row overwrites the victim's
   return victim;
+}
+
+// Writes the staged rows (sorted by host slot: keys, each with its staged row's index) to their
+// host slots and publishes them. Groups of kFlushLanes lanes, each row's 16-byte pieces written by
+// neighbouring lanes, so a row goes out in whole 128-byte lines.
+constexpr int kFlushLanes = 16;
+__global__ void flush_moves_kernel(View t, const uint64_t* keys, const int32_t* index, const float* rows,
+                                   const unsigned int* count) {
+  auto block = cg::this_thread_block();
+  auto g = cg::tiled_partition<kFlushLanes>(block);
+  const int lane = static_cast<int>(g.thread_rank());
+  const int64_t n = *count;
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * (kBlock / kFlushLanes);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * (kBlock / kFlushLanes) + block.thread_rank() / kFlushLanes; i < n;
+       i += groups) {
+    const uint64_t key = keys[i];
+    const int64_t slot = static_cast<int64_t>(key >> 8);
+    float* dst = t.row(slot);
+    const float* src = rows + static_cast<int64_t>(index[i]) * t.W;
+    if (t.W % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+      for (int32_t c = lane; c < t.W / 4; c += kFlushLanes) {
+        reinterpret_cast<float4*>(dst)[c] = reinterpret_cast<const float4*>(src)[c];
+      }
+    } else {
+      for (int32_t c = lane; c < t.W; c += kFlushLanes) dst[c] = src[c];
+    }
+    g.sync();
+    if (lane == 0) {
+      const uint8_t d = static_cast<uint8_t>(key & 0xFF);
+      atomicXor(state_word(t, slot), static_cast<unsigned int>(kBusyState ^ d) << state_shift(slot));
+    }
+  }
 }
 
 __device__ __forceinline__ bool in_host(const View& t, int64_t slot) {
@@ -473,11 +526,12 @@ __device__ __forceinline__ bool in_host(const View& t, int64_t slot) {
 // A slot for a new key with score new_score in bucket b, held busy, or -1 when the bucket is full:
 // a free device slot, else a free host slot (or the device slot device_slot_for frees for it).
 template <bool kHybrid, class Group>
-__device__ int64_t claim_for_new(const View& t, const Group& g, int64_t b, uint64_t new_score, int32_t w) {
+__device__ int64_t claim_for_new(const View& t, const Group& g, const Moves& moves, int64_t b, uint64_t new_score,
+                                 int32_t w) {
   const int64_t device_slot = claim_empty(t, g, b, t.hb, w);
   if (!kHybrid || device_slot >= 0) return device_slot;
   const int64_t host_slot = claim_empty(t, g, b, t.B, w);
-  return host_slot < 0 ? -1 : device_slot_for(t, g, b, host_slot, new_score);
+  return host_slot < 0 ? -1 : device_slot_for(t, g, moves, b, host_slot, new_score);
 }
 
 // The initial value of column c of key's row: zero, then each initializer covering c (later ones
@@ -680,8 +734,10 @@ __device__ int64_t take_victim(const Group& g, const View& t, const UpsertArgs& 
     if (!a.admit_all && new_score < low) return -1;
     int ok = 0;
     if (lane == 0) {
+      // No waiting for a victim another group holds: in a hybrid table it may be a host slot that
+      // receives a moved row and stays busy until the flush after this kernel. Choose again.
       const uint8_t vd = static_cast<uint8_t>(__ldcg(state_word(t, victim)) >> state_shift(victim));
-      if (vd >= 2 && lock_slot(t, victim, vd)) {
+      if (vd >= 2 && lock_slot(t, victim, vd, false)) {
         if (read_u64<true>(t.score_at(victim)) == low) {
           ok = 1;
         } else {
@@ -820,7 +876,7 @@ struct PlaceLists {
 // in shared memory: without both, fewer registers (ptxas -v) and more resident blocks per SM.
 // Capping pass A's registers further spilled and made it slower.
 template <bool kEvict, bool kHybrid, bool kConstInits>
-__global__ void place_missing_kernel(View t, UpsertArgs a, PlaceLists lists) {
+__global__ void place_missing_kernel(View t, UpsertArgs a, PlaceLists lists, Moves moves) {
   const unsigned int listed = lists.counts[kEvict ? 1 : 0];
   if (listed == 0) return;
   const int32_t* list = kEvict ? lists.full : lists.todo;
@@ -858,9 +914,9 @@ __global__ void place_missing_kernel(View t, UpsertArgs a, PlaceLists lists) {
     bool replaced = false;
     if (kEvict) {
       slot = take_victim(g, t, a, b, new_score, window, &replaced);
-      if (kHybrid && slot >= 0 && in_host(t, slot)) slot = device_slot_for(t, g, b, slot, new_score);
+      if (kHybrid && slot >= 0 && in_host(t, slot)) slot = device_slot_for(t, g, moves, b, slot, new_score);
     } else if (a.evicting) {
-      slot = claim_for_new<kHybrid>(t, g, b, new_score, window);
+      slot = claim_for_new<kHybrid>(t, g, moves, b, new_score, window);
       if (slot < 0) {
         if (lane == 0) {
           const unsigned int at = atomicAdd(lists.counts + 1, 1u);
@@ -871,7 +927,7 @@ __global__ void place_missing_kernel(View t, UpsertArgs a, PlaceLists lists) {
       }
     } else {
       for (int64_t step = 0; step < t.nb && slot < 0; ++step) {
-        slot = claim_for_new<kHybrid>(t, g, b, new_score, window);
+        slot = claim_for_new<kHybrid>(t, g, moves, b, new_score, window);
         if (slot < 0) {
           if (lane == 0) t.mark_overflow(b);
           b = (b + 1) & (t.nb - 1);

@@ -607,12 +607,84 @@ class BucketTable final : public sok::Storage {
     check_cuda(cudaGetLastError(), "upsert kernels");
   }
 
-  // Pass A, then in an evicting table pass B, of the placing kernel compiled for this table.
+  // Pass A, then in an evicting table pass B, of the placing kernel compiled for this table; in a
+  // hybrid table each pass is followed by the flush of the rows it moved to host memory.
   template <bool kHybrid, bool kConstInits>
   void place_missing(unsigned int blocks, cudaStream_t stream, const UpsertArgs& a, const PlaceLists& lists) {
-    place_missing_kernel<false, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists);
-    if (a.evicting) place_missing_kernel<true, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists);
+    std::optional<StagedMoves> staged;
+    Moves moves{};
+    if (kHybrid) {
+      staged.emplace(stream, a.n, view_.W);
+      moves = staged->moves;
+      staged->reset(stream);
+    }
+    place_missing_kernel<false, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists, moves);
+    if (kHybrid) staged->flush(stream, view_, sm_count_);
+    if (a.evicting) {
+      place_missing_kernel<true, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists, moves);
+      if (kHybrid) staged->flush(stream, view_, sm_count_);
+    }
   }
+
+  // Scratch of a hybrid table's placing kernel: room for one staged row per key of the call (a key
+  // moves at most one row per pass) and the sort that puts them in host slot order (Moves).
+  struct StagedMoves {
+    StagedMoves(cudaStream_t stream, int64_t n, int32_t w) : n(n) {
+      sort_bytes = 0;
+      check_cuda(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const uint64_t*>(nullptr),
+                                                 static_cast<uint64_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                 static_cast<int32_t*>(nullptr), static_cast<int>(n), 0, 64, stream),
+                 "cub radix sort (size)");
+      const size_t key_bytes = align(sizeof(uint64_t) * n);
+      const size_t index_bytes = align(sizeof(int32_t) * n);
+      memory.emplace(stream, align(sizeof(float) * n * w) + 2 * key_bytes + 2 * index_bytes +
+                                 align(sizeof(unsigned int)) + sort_bytes);
+      size_t at = 0;
+      moves.rows = memory->as<float>(at);
+      at += align(sizeof(float) * n * w);
+      moves.keys = memory->as<uint64_t>(at);
+      at += key_bytes;
+      sorted_keys = memory->as<uint64_t>(at);
+      at += key_bytes;
+      index = memory->as<int32_t>(at);
+      at += index_bytes;
+      sorted_index = memory->as<int32_t>(at);
+      at += index_bytes;
+      moves.count = memory->as<unsigned int>(at);
+      at += align(sizeof(unsigned int));
+      sort_tmp = memory->as<char>(at);
+      iota_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, index);
+      check_cuda(cudaGetLastError(), "iota kernel");
+    }
+    // No row staged: unused keys are all ones, so they sort after every staged row.
+    void reset(cudaStream_t stream) {
+      check_cuda(cudaMemsetAsync(moves.keys, 0xFF, sizeof(uint64_t) * n, stream), "cudaMemsetAsync (moves)");
+      check_cuda(cudaMemsetAsync(moves.count, 0, sizeof(unsigned int), stream), "cudaMemsetAsync (moves)");
+    }
+    // Sorts the staged rows by host slot, writes and publishes them, and resets for the next pass.
+    void flush(cudaStream_t stream, const View& view, int sm_count) {
+      // The bits of (slot << 8) | digest below every unused key's: slot < 2^(end_bit - 8).
+      const int64_t slots = view.nb << view.log_b;
+      int end_bit = 9;
+      while (end_bit < 64 && (int64_t{1} << (end_bit - 8)) <= slots) ++end_bit;
+      check_cuda(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, moves.keys, sorted_keys, index, sorted_index,
+                                                 static_cast<int>(n), 0, end_bit, stream),
+                 "cub radix sort (moves)");
+      const unsigned int blocks = static_cast<unsigned int>(
+          std::min<int64_t>(blocks_for(n, kBlock / kFlushLanes), int64_t{2} * sm_count));
+      flush_moves_kernel<<<blocks, kBlock, 0, stream>>>(view, sorted_keys, sorted_index, moves.rows, moves.count);
+      check_cuda(cudaGetLastError(), "flush moves kernel");
+      reset(stream);
+    }
+    int64_t n;
+    size_t sort_bytes;
+    std::optional<Scratch> memory;
+    Moves moves{};
+    uint64_t* sorted_keys = nullptr;
+    int32_t* index = nullptr;
+    int32_t* sorted_index = nullptr;
+    char* sort_tmp = nullptr;
+  };
 
   // LRU clock: ns since the Unix epoch, strictly increasing per table (as on the CPU).
   uint64_t tick() {
