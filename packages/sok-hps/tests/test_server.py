@@ -193,6 +193,20 @@ def test_cache_capacity_and_prefill(serve):
     np.testing.assert_array_equal(values.numpy()[found], oracle[:512][found])
 
 
+def test_a_cache_of_every_row_in_front_of_databases_starts_warm(serve, monkeypatch):
+    """gpucacheper 1.0 with databases behind: a det cache loaded with every row at start (the
+    original's started cold), so lookups of the model's keys never reach the databases."""
+    server, oracle = serve("chain", gpucacheper=1.0)
+    served = server.table("m", 0)
+    assert not served.cache.evicting and served.cache.size() == ROWS
+    fetched = []
+    monkeypatch.setattr(server.volatile_db, "fetch", lambda *a: fetched.append(a) or pytest.fail("no fetch"))
+    lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    ids = tf.constant(np.arange(0, ROWS, 7), tf.int64)
+    np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
+    assert fetched == []
+
+
 def test_no_prefill_by_default(serve):
     server, _ = serve("chain")
     assert server.table("m", 0).cache.size() == 0

@@ -69,8 +69,9 @@ class EmbeddingCache:
         rows: the rows of the table (sizes the cache).
         fraction: ``gpucacheper``, the fraction of ``rows`` the cache holds (evicting caches).
         key_dtype: ``tf.int64`` (``supportlonglong``) or ``tf.int32``.
-        evicting: True for an HKV cache of bounded capacity in front of a database; False for the
-            det table that is the only store (no database) and holds every row.
+        evicting: True for an HKV cache of bounded capacity in front of a database; False for a
+            det table that holds every row (no database, ``static`` / ``uvm``, or ``gpucacheper``
+            1.0).
     """
 
     def __init__(self, tag: str, dim: int, rows: int, fraction: float, key_dtype: Any, evicting: bool) -> None:
@@ -98,7 +99,7 @@ class EmbeddingCache:
             "HPS cache of %s on %s: %s",
             tag,
             self.variable.table_device,
-            f"{self.capacity} rows (hkv, evicting)" if evicting else "every row (det, no database behind it)",
+            f"{self.capacity} rows (hkv, evicting)" if evicting else "every row (det, never evicting)",
         )
 
     @property

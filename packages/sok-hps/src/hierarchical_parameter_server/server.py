@@ -29,10 +29,12 @@ Where this differs from NVIDIA HPS (deliberately):
 * Online updates reach the cache: the rows of an update that the cache holds are overwritten
   (the original never updated its GPU cache). A per-table lock orders an update against the
   filling of a miss, so a stale row fetched before the update never lands in the cache after it.
-* With no database, or with ``embedding_cache_type`` ``static`` or ``uvm``, the cache holds every
-  row (a det table, never evicting; on the GPU when there is one: no host-memory part as ``uvm``
-  has); a model with ``gpucache: false`` and no database is refused (the original served every
-  key the default value).
+* With no database, with ``embedding_cache_type`` ``static`` or ``uvm``, or with ``gpucacheper``
+  1.0, the cache holds every row (a det table, never evicting, loaded at start; on the GPU when
+  there is one: no host-memory part as ``uvm`` has). The original's ``gpucacheper`` 1.0 cache was
+  set-associative, started cold and could still evict; ours starts warm and misses only keys the
+  model files lack. A model with ``gpucache: false`` and no database is refused (the original
+  served every key the default value).
 * ``fuse_embedding_table`` is accepted and changes nothing: each table is looked up on its own,
   with no barrier between the lookups of a fused group (the results are the same).
 * A database that cannot be reached (e.g. a Redis node down) is skipped with a warning, and the
@@ -106,8 +108,13 @@ class ServedTable:
         self.lock = threading.RLock()
         self.cache: EmbeddingCache | None = None
         if model.gpucache:
-            # static and uvm: every row in the cache (as the original's, which never evict)
-            evicting = server.has_database and model.embedding_cache_type not in ("static", "uvm")
+            # static and uvm (as the original's, which never evict) and gpucacheper 1.0: every row
+            # in the cache, which then needs no eviction
+            evicting = (
+                server.has_database
+                and model.embedding_cache_type not in ("static", "uvm")
+                and float(model.gpucacheper) < 1.0
+            )
             self.cache = EmbeddingCache(self.tag, self.dim, rows, float(model.gpucacheper), self.key_dtype, evicting)
         #: Without a cache: the volatile DB's CPU storage of this table where the lookup reads it in
         #: the graph (a hash map that never evicts), else None.
@@ -226,7 +233,9 @@ class ServedTable:
         """Fetch the rows of ``keys`` from the databases and write them into an evicting cache
         (default rows included, as the original's cache takes them, but not the defaults of keys a
         database that could not be reached may hold); returns them. A cache that holds every row
-        takes nothing: its misses are keys no tier has, and it must not grow with them."""
+        takes nothing: it was loaded with every row of the model files, so its misses are keys
+        those lack (defaults, or rows another writer put into a shared database), and it must not
+        grow with them."""
         keys = np.asarray(keys)
         with self.lock:
             rows, known = self._server.fetch_from_databases(self, keys.astype(np.int64, copy=False))
