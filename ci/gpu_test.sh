@@ -18,7 +18,8 @@
 #             selected by -k "$SOK_SANITIZE_K" (default find_or_insert), CuPy's memory pool off; with
 #             --tf also memcheck over sok-core's GPU-kernel tests (TF_GPU_ALLOCATOR=cuda_malloc_async,
 #             so each tensor is an allocation the sanitizer tracks).
-#   bench     (--bench) python benchmarks/storage_gpu.py.
+#   bench     (--bench) python benchmarks/storage_gpu.py, with --hkv "$SOK_HKV" when SOK_HKV is set (HKV's
+#             benchmark beside ours: a driver built by benchmarks/build_hkv.sh, or an HKV source tree).
 #   profile   (--profile) python benchmarks/profile_gpu.py $SOK_PROFILE_ARGS: kernel time per operation
 #             (CUPTI); several runs when SOK_PROFILE_ARGS holds several argument lists separated by ';'.
 #
@@ -43,7 +44,7 @@ for arg in "$@"; do
     --sanitize) SANITIZE=1 ;;
     --bench) BENCH=1 ;;
     --profile) PROFILE=1 ;;
-    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --build-only, --tf, --sanitize, --bench, --profile, --help)" >&2; exit 2 ;;
   esac
 done
@@ -186,7 +187,11 @@ bench() {
     echo "benchmarks/storage_gpu.py is missing"
     return 1
   fi
-  "$PYTHON" benchmarks/storage_gpu.py
+  if [ -n "${SOK_HKV:-}" ]; then
+    "$PYTHON" benchmarks/storage_gpu.py --hkv "$SOK_HKV"
+  else
+    "$PYTHON" benchmarks/storage_gpu.py
+  fi
 }
 
 profile() {
