@@ -50,7 +50,7 @@ import tensorflow as tf
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 
 from ..config import NO_OVERFLOW_LIMIT, OVERFLOW_POLICIES, VolatileDBConfig
-from .base import check_rows, start_fetch
+from .base import check_keys, check_rows, start_fetch
 from .partition import partition_of
 
 __all__ = ["HashMapTier"]
@@ -258,14 +258,14 @@ class HashMapTier:
 
     def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
         self._check_open()
-        keys, out, found = start_fetch(tag, keys, dim)
         table = self._tables.get(tag)
+        if isinstance(table, _StoredTable) and table.dim == dim:  # its find makes the zeros of missing rows
+            return table.variable.storage.find(check_keys(tag, keys, dim))
+        keys, out, found = start_fetch(tag, keys, dim)
         if table is None or not len(keys):
             return out, found
         if table.dim != dim:
             raise ValueError(f"{tag}: the {self.name} holds rows of dim {table.dim}, asked for dim {dim}")
-        if isinstance(table, _StoredTable):
-            return table.variable.storage.find(keys)
         now = next(self._clock)
 
         def work(p: int, positions: np.ndarray) -> None:
