@@ -81,6 +81,44 @@ def test_rows_moving_between_device_and_host_memory_keep_their_values() -> None:
     cp.testing.assert_array_equal(values[:count][order], cp.concatenate([rows(old) + 23, rows(new[4:])]))
 
 
+def test_an_upsert_moving_more_rows_than_its_staging_holds_keeps_every_row() -> None:
+    """Rows that leave device memory during an upsert are staged in device memory (at most 256 MiB of
+    them per call) and written to host memory after it; past that the rest go straight to host
+    memory. 256 KiB rows: 2,048 old keys fill the device halves of 32 buckets, then 1,300 new keys
+    take device slots and move about 1,200 old rows out, more than the 1,024 staged. Every key found
+    has its row; new keys are all found (LRU evicts only old ones, from the few buckets that fill)."""
+    cp = pytest.importorskip("cupy")
+    dim = 65536
+    options = {
+        "init_capacity": "4096",
+        "max_capacity": "4096",
+        "max_bucket_size": "128",
+        "max_hbm_for_vectors": str(2048 * dim * 4 / 2**30),
+    }
+    table = get_registry().factory("hybrid")(key_dtype="int64", row_width=dim, options=options, device=DEVICE)
+
+    def rows(keys: object) -> object:
+        return keys.astype(cp.float32)[:, None] + cp.arange(dim, dtype=cp.float32)
+
+    old = cp.arange(2048, dtype=cp.int64)
+    new = cp.arange(10**6, 10**6 + 1300, dtype=cp.int64)
+    table.insert_or_assign(old, 0, dim, rows(old), None, [])
+    table.insert_or_assign(new, 0, dim, rows(new), None, [])
+    found_old = found_new = 0
+    for keys in [old[i : i + 512] for i in range(0, 2048, 512)] + [new[i : i + 512] for i in range(0, 1300, 512)]:
+        out = cp.empty((keys.shape[0], dim), dtype=cp.float32)
+        found = cp.empty(keys.shape[0], dtype=cp.bool_)
+        table.find_hits(keys, 0, dim, out, found)
+        cp.testing.assert_array_equal(out[found], rows(keys[found]))
+        if int(keys[0]) < 10**6:
+            found_old += int(found.sum())
+        else:
+            found_new += int(found.sum())
+    assert found_new == 1300
+    assert found_old >= 1900
+    assert table.size() == found_old + found_new
+
+
 def test_keys_outside_their_home_window_are_found() -> None:
     """One pure-device bucket of 128 slots filled to the last slot: its four 32-slot home windows
     overflow, so keys land outside their window (the window's spill bit makes lookups read the whole

@@ -80,6 +80,7 @@ constexpr int64_t flag_words(int64_t nb) { return (nb + 31) / 32; }
 // Bytes of the spill bits of nb buckets: whole 32-bit words, which the atomics set.
 constexpr int64_t spill_bytes(int64_t nb) { return (nb + 3) & ~int64_t{3}; }
 
+constexpr int kRefusalWaits = 1024;  // looks at a bucket with busy slots before refusing a newcomer
 constexpr int32_t kWindow = 32;  // slots of a home window: one 32-byte sector of state bytes
 constexpr int kWindowChunks = kWindow / 16;  // 16-byte chunks of state bytes in a window
 static_assert(kGroup >= kWindowChunks, "a window's chunks are read by one lane each");
@@ -342,17 +343,22 @@ __device__ int64_t claim_empty(const View& t, const Group& g, int64_t b, int32_t
 }
 
 // The live slot of bucket b below slot `limit` with the lowest score (ties: the lowest slot), and
-// that score; *slot = -1 when there is none.
+// that score; *slot = -1 when there is none. With `busy`: whether a slot below `limit` was busy
+// (its score unknown: a row being written or moved).
 template <class Group>
-__device__ void lowest_score(const View& t, const Group& g, int64_t b, int32_t limit, int64_t* slot, uint64_t* score) {
+__device__ void lowest_score(const View& t, const Group& g, int64_t b, int32_t limit, int64_t* slot, uint64_t* score,
+                             bool* busy = nullptr) {
   const int lane = static_cast<int>(g.thread_rank());
   uint64_t best = ~uint64_t{0};
   int64_t best_slot = -1;
+  uint32_t busy_bits = 0;
 #pragma unroll
   for (int q = 0; q < kChunks; ++q) {
     const int c = lane + q * kGroup;
-    uint32_t live = c * 16 < t.B ? live16(states16<true>(t, b, c)) : 0u;
-    if (c * 16 + 16 > limit) live &= c * 16 >= limit ? 0u : (1u << (limit - c * 16)) - 1u;
+    const uint32_t below = c * 16 >= limit ? 0u : c * 16 + 16 > limit ? (1u << (limit - c * 16)) - 1u : 0xFFFFu;
+    const uint4 v = states16<true>(t, b, c);
+    uint32_t live = c * 16 < t.B ? live16(v) & below : 0u;
+    if (busy != nullptr && c * 16 < t.B) busy_bits |= match16(v, kBusyState) & below;
     if (live == 0) continue;
     // The chunk's 16 loads are issued before any score is compared: one memory latency per chunk,
     // not one per live slot (more registers in the placing kernels, for faster upserts into a
@@ -380,27 +386,29 @@ __device__ void lowest_score(const View& t, const Group& g, int64_t b, int32_t l
   }
   *slot = best_slot;
   *score = best;
+  if (busy != nullptr) *busy = g.any(busy_bits != 0);
 }
 
-// Copies w floats (group-parallel, 16-byte vectors where aligned); kAdd adds instead. Each lane
-// issues up to four loads before its stores, so the reads of a row overlap instead of waiting for
-// one another (the pointers never alias: a table row and a caller's array). kFresh
-// reads past L1 (rows other SMs wrote during the running kernel).
+// Copies w floats (group-parallel: the lanes of g, a static tile, take neighbouring 16-byte vectors
+// where aligned); kAdd adds instead. Each lane issues up to four loads before its stores, so the
+// reads of a row overlap instead of waiting for one another (the pointers never alias: a table row
+// and a caller's array). kFresh reads past L1 (rows other SMs wrote during the running kernel).
 template <bool kAdd, bool kFresh = false, class Group>
 __device__ void copy_floats(const Group& g, float* __restrict__ dst, const float* __restrict__ src, int32_t w) {
   constexpr int kBatch = 4;
+  constexpr int kLanes = static_cast<int>(Group::num_threads());
   const int lane = static_cast<int>(g.thread_rank());
   const bool vec = (w % 4 == 0) && (reinterpret_cast<uintptr_t>(dst) % 16 == 0) && (reinterpret_cast<uintptr_t>(src) % 16 == 0);
   if (vec) {
     float4* d4 = reinterpret_cast<float4*>(dst);
     const float4* s4 = reinterpret_cast<const float4*>(src);
     const int32_t n4 = w / 4;
-    for (int32_t base = lane; base < n4; base += kBatch * kGroup) {
+    for (int32_t base = lane; base < n4; base += kBatch * kLanes) {
       float4 v[kBatch];
       float4 o[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const int32_t c = base + u * kGroup;
+        const int32_t c = base + u * kLanes;
         if (c < n4) {
           v[u] = kFresh ? __ldcg(s4 + c) : s4[c];
           if (kAdd) o[u] = d4[c];
@@ -408,7 +416,7 @@ __device__ void copy_floats(const Group& g, float* __restrict__ dst, const float
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const int32_t c = base + u * kGroup;
+        const int32_t c = base + u * kLanes;
         if (c >= n4) continue;
         if (kAdd) {
           v[u].x += o[u].x;
@@ -420,19 +428,20 @@ __device__ void copy_floats(const Group& g, float* __restrict__ dst, const float
       }
     }
   } else {
-    for (int32_t c = lane; c < w; c += kGroup) dst[c] = (kAdd ? dst[c] : 0.0f) + (kFresh ? __ldcg(src + c) : src[c]);
+    for (int32_t c = lane; c < w; c += kLanes) dst[c] = (kAdd ? dst[c] : 0.0f) + (kFresh ? __ldcg(src + c) : src[c]);
   }
 }
 
 // Zeroes w floats (group-parallel, 16-byte stores where aligned: whole sectors per instruction).
 template <class Group>
 __device__ void zero_floats(const Group& g, float* dst, int32_t w) {
+  constexpr int kLanes = static_cast<int>(Group::num_threads());
   const int lane = static_cast<int>(g.thread_rank());
   if (w % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
     float4* d4 = reinterpret_cast<float4*>(dst);
-    for (int32_t c = lane; c < w / 4; c += kGroup) d4[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int32_t c = lane; c < w / 4; c += kLanes) d4[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   } else {
-    for (int32_t c = lane; c < w; c += kGroup) dst[c] = 0.0f;
+    for (int32_t c = lane; c < w; c += kLanes) dst[c] = 0.0f;
   }
 }
 
@@ -442,10 +451,13 @@ __device__ void zero_floats(const Group& g, float* dst, int32_t w) {
 // pages (a table with gigabytes of host rows touches a new page with nearly every row); written in
 // ascending address order they run at the PCIe bandwidth. A staged row's host slot already holds
 // its key and score but stays busy (no lookup or evictor sees it) until the flush publishes it.
+// A pass moves more rows than `capacity` only in very large calls: the rows past it are written
+// straight to their host slots (the slower scattered writes) instead of being staged.
 struct Moves {
-  float* rows;          // (n, W): staged row i
-  uint64_t* keys;       // per staged row: (host slot << 8) | digest to publish; all ones where unused
-  unsigned int* count;  // staged rows
+  float* rows;            // (capacity, W): staged row i
+  uint64_t* keys;         // per staged row: (host slot << 8) | digest to publish; all ones where unused
+  unsigned int* count;    // rows claimed for staging (those past capacity were written directly)
+  unsigned int capacity;  // rows the staging holds
 };
 
 // Hybrid tables: host_slot of bucket b is held busy for a new key with score new_score. If the
@@ -478,12 +490,18 @@ __device__ int64_t device_slot_for(const View& t, const Group& g, const Moves& m
   unsigned int at = 0;
   if (lane == 0) {
     at = atomicAdd(moves.count, 1u);
-    moves.keys[at] = (static_cast<uint64_t>(host_slot) << 8) | dv;
+    if (at < moves.capacity) moves.keys[at] = (static_cast<uint64_t>(host_slot) << 8) | dv;
     t.set_record(host_slot, read_u64<true>(t.key_at(victim)), low);
   }
   at = g.shfl(at, 0);
-  copy_floats<false, true>(g, moves.rows + static_cast<int64_t>(at) * t.W, t.row(victim), t.W);
-  g.sync();  // the row is staged before the new key's row overwrites the victim's
+  if (at < moves.capacity) {
+    copy_floats<false, true>(g, moves.rows + static_cast<int64_t>(at) * t.W, t.row(victim), t.W);
+    g.sync();  // the row is staged before the new key's row overwrites the victim's
+    return victim;
+  }
+  copy_floats<false, true>(g, t.row(host_slot), t.row(victim), t.W);  // staging full
+  g.sync();
+  if (lane == 0) release_slot(t, host_slot, dv);
   return victim;
 }
 
@@ -492,25 +510,17 @@ __device__ int64_t device_slot_for(const View& t, const Group& g, const Moves& m
 // neighbouring lanes, so a row goes out in whole 128-byte lines.
 constexpr int kFlushLanes = 16;
 __global__ void flush_moves_kernel(View t, const uint64_t* keys, const int32_t* index, const float* rows,
-                                   const unsigned int* count) {
+                                   const unsigned int* count, unsigned int capacity) {
   auto block = cg::this_thread_block();
   auto g = cg::tiled_partition<kFlushLanes>(block);
   const int lane = static_cast<int>(g.thread_rank());
-  const int64_t n = *count;
+  const int64_t n = min(*count, capacity);
   const int64_t groups = static_cast<int64_t>(gridDim.x) * (kBlock / kFlushLanes);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * (kBlock / kFlushLanes) + block.thread_rank() / kFlushLanes; i < n;
        i += groups) {
     const uint64_t key = keys[i];
     const int64_t slot = static_cast<int64_t>(key >> 8);
-    float* dst = t.row(slot);
-    const float* src = rows + static_cast<int64_t>(index[i]) * t.W;
-    if (t.W % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
-      for (int32_t c = lane; c < t.W / 4; c += kFlushLanes) {
-        reinterpret_cast<float4*>(dst)[c] = reinterpret_cast<const float4*>(src)[c];
-      }
-    } else {
-      for (int32_t c = lane; c < t.W; c += kFlushLanes) dst[c] = src[c];
-    }
+    copy_floats<false>(g, t.row(slot), rows + static_cast<int64_t>(index[i]) * t.W, t.W);
     g.sync();
     if (lane == 0) {
       const uint8_t d = static_cast<uint8_t>(key & 0xFF);
@@ -723,15 +733,25 @@ template <class Group>
 __device__ int64_t take_victim(const Group& g, const View& t, const UpsertArgs& a, int64_t b, uint64_t new_score,
                                int32_t w, bool* replaced) {
   const int lane = static_cast<int>(g.thread_rank());
+  int waits = 0;
   while (true) {
     *replaced = false;
     const int64_t empty = claim_empty(t, g, b, t.B, w);
     if (empty >= 0) return empty;
     int64_t victim;
     uint64_t low;
-    lowest_score(t, g, b, t.B, &victim, &low);
+    bool busy = false;
+    lowest_score(t, g, b, t.B, &victim, &low, &busy);
     if (victim < 0) continue;  // every slot busy for a moment: look again
-    if (!a.admit_all && new_score < low) return -1;
+    if (!a.admit_all && new_score < low) {
+      // A busy slot may be taking a newcomer that scores below this one (which then goes in, in its
+      // place): wait for it. Bounded: a hybrid host slot stays busy until the kernel's end.
+      if (busy && ++waits < kRefusalWaits) {
+        __nanosleep(64);
+        continue;
+      }
+      return -1;
+    }
     int ok = 0;
     if (lane == 0) {
       // No waiting for a victim another group holds: in a hybrid table it may be a host slot that

@@ -621,15 +621,20 @@ class BucketTable final : public sok::Storage {
     place_missing_kernel<false, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists, moves);
     if (kHybrid) staged->flush(stream, view_, sm_count_);
     if (a.evicting) {
+      if (kHybrid) staged->reset(stream);
       place_missing_kernel<true, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists, moves);
       if (kHybrid) staged->flush(stream, view_, sm_count_);
     }
   }
 
   // Scratch of a hybrid table's placing kernel: room for one staged row per key of the call (a key
-  // moves at most one row per pass) and the sort that puts them in host slot order (Moves).
+  // moves at most one row per pass), at most kStagingBytes of rows (Moves::capacity), and the sort
+  // that puts them in host slot order (Moves).
+  static constexpr size_t kStagingBytes = size_t{256} << 20;
   struct StagedMoves {
-    StagedMoves(cudaStream_t stream, int64_t n, int32_t w) : n(n) {
+    StagedMoves(cudaStream_t stream, int64_t keys, int32_t w)
+        : n(std::max<int64_t>(1, std::min<int64_t>(keys, static_cast<int64_t>(kStagingBytes / (sizeof(float) * w))))) {
+      moves.capacity = static_cast<unsigned int>(n);
       sort_bytes = 0;
       check_cuda(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const uint64_t*>(nullptr),
                                                  static_cast<uint64_t*>(nullptr), static_cast<const int32_t*>(nullptr),
@@ -661,7 +666,7 @@ class BucketTable final : public sok::Storage {
       check_cuda(cudaMemsetAsync(moves.keys, 0xFF, sizeof(uint64_t) * n, stream), "cudaMemsetAsync (moves)");
       check_cuda(cudaMemsetAsync(moves.count, 0, sizeof(unsigned int), stream), "cudaMemsetAsync (moves)");
     }
-    // Sorts the staged rows by host slot, writes and publishes them, and resets for the next pass.
+    // Sorts the staged rows by host slot, writes and publishes them.
     void flush(cudaStream_t stream, const View& view, int sm_count) {
       // The bits of (slot << 8) | digest below every unused key's: slot < 2^(end_bit - 8).
       const int64_t slots = view.nb << view.log_b;
@@ -672,9 +677,9 @@ class BucketTable final : public sok::Storage {
                  "cub radix sort (moves)");
       const unsigned int blocks = static_cast<unsigned int>(
           std::min<int64_t>(blocks_for(n, kBlock / kFlushLanes), int64_t{2} * sm_count));
-      flush_moves_kernel<<<blocks, kBlock, 0, stream>>>(view, sorted_keys, sorted_index, moves.rows, moves.count);
+      flush_moves_kernel<<<blocks, kBlock, 0, stream>>>(view, sorted_keys, sorted_index, moves.rows, moves.count,
+                                                        moves.capacity);
       check_cuda(cudaGetLastError(), "flush moves kernel");
-      reset(stream);
     }
     int64_t n;
     size_t sort_bytes;
