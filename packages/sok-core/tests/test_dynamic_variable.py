@@ -566,3 +566,37 @@ def test_assign_with_wrong_value_shape_raises_and_writes_nothing(var_type, shape
     with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
         sok.assign(v, tf.constant([1, 2], tf.int64), tf.zeros(shape))
     assert v.size.numpy()[0] == 0
+
+
+@pytest.mark.parametrize("var_type", list(OPTIONS))
+def test_find_or_default_writes_the_default_row_for_missing_keys_and_inserts_nothing(var_type):
+    from sparse_operation_kit import tf_ops
+
+    lib = tf_ops.library()
+    v = make_var(var_type, dimension=3)
+    lib.sok_insert_or_assign(*v.table_inputs, tf.constant([5, 9], tf.int64), rows(2, 3), col_begin=0, col_end=3)
+    default = tf.constant([-1.0, 0.5, 7.0])
+    keys = tf.constant([9, 4, 5, 4], tf.int64)
+    values, found = lib.sok_find_or_default(*v.table_inputs, keys, default, col_begin=0, col_end=3)
+    want = np.stack([rows(2, 3)[1], default.numpy(), rows(2, 3)[0], default.numpy()])
+    np.testing.assert_array_equal(values.numpy(), want)
+    assert found.numpy().tolist() == [True, False, True, False]
+    cols, _ = lib.sok_find_or_default(*v.table_inputs, keys, default[1:], col_begin=1, col_end=3)
+    np.testing.assert_array_equal(cols.numpy(), want[:, 1:])
+    assert int(v.size[0]) == 2
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"default_row must be one row of 3 floats .*\[2\]"):
+        lib.sok_find_or_default(*v.table_inputs, keys, default[:2], col_begin=0, col_end=3)
+
+
+def test_a_graph_makes_the_table_address_on_the_tables_device_instead_of_capturing_it():
+    """Inside tf.function the table input is a SokTableAddress op on the table's device: a captured
+    CPU tensor would make a function of GPU ops a two-device function (two parts per call)."""
+    v = make_var("hbm", dimension=2)
+    step = tf.function(lambda ids: tf.nn.embedding_lookup(v, ids))
+    fn = step.get_concrete_function(tf.TensorSpec([None], tf.int64))
+    addresses = [op for op in fn.graph.get_operations() if op.type == "SokTableAddress"]
+    assert addresses and {op.get_attr("address") for op in addresses} == {v._table.address}
+    assert all(t.dtype != tf.int64 for t in fn.captured_inputs)  # the handle only
+    np.testing.assert_array_equal(
+        step(tf.constant([4, 4], tf.int64)).numpy(), tf.nn.embedding_lookup(v, [4, 4]).numpy()
+    )

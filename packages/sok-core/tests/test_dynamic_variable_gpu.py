@@ -198,3 +198,35 @@ def test_a_training_step_copies_nothing_but_scalars_to_the_host(tmp_path, var_ty
     assert gpu_events > 0, "the profile holds no GPU events: the parser does not understand it"
     large = [s for s in sizes if s > 16 or s < 0]
     assert not large, f"device-to-host copies larger than a scalar (bytes; -1 = size unknown): {large}"
+
+
+@pytest.mark.parametrize("var_type", list(VAR_TYPES))
+def test_find_or_default_on_the_gpu_equals_the_cpu(var_type):
+    from sparse_operation_kit import tf_ops
+
+    lib = tf_ops.library()
+    gpu, cpu = make("/GPU:0", var_type), make("/CPU:0", var_type)
+    stored = tf.constant([3, 1 << 40, -7], tf.int64)
+    keys = tf.constant([3, 4, -7, 2**63 - 1, 1 << 40], tf.int64)
+    out = {}
+    for device, var in (("/GPU:0", gpu), ("/CPU:0", cpu)):
+        with tf.device(device):
+            lib.sok_insert_or_assign(*var.table_inputs, stored, tf.ones([3, 8]) * 2.0, col_begin=0, col_end=8)
+            values, found = lib.sok_find_or_default(
+                *var.table_inputs, keys, tf.range(8, dtype=tf.float32), col_begin=0, col_end=8
+            )
+        assert device[1:4] in values.device
+        out[device] = (values.numpy(), found.numpy())
+    np.testing.assert_array_equal(out["/GPU:0"][0], out["/CPU:0"][0])
+    np.testing.assert_array_equal(out["/GPU:0"][0][1], np.arange(8))
+    assert out["/GPU:0"][1].tolist() == [True, False, True, False, True]
+
+
+def test_a_function_of_gpu_table_ops_takes_no_input_from_the_cpu():
+    v = make("/GPU:0")
+    step = tf.function(lambda ids: tf.nn.embedding_lookup(v, ids))
+    fn = step.get_concrete_function(tf.TensorSpec([None], tf.int64))
+    assert [t.device for t in fn.captured_inputs if "CPU" in t.device] == []
+    with tf.device("/GPU:0"):
+        out = step(tf.constant([1, 2], tf.int64))
+    assert "GPU" in out.device

@@ -604,6 +604,26 @@ REGISTER_OP("SokFind")
       return Status();
     });
 
+REGISTER_OP("SokFindOrDefault")
+    .Input("handle: resource")
+    .Input("table: int64")
+    .Input("keys: Tkeys")
+    .Input("default_row: float")
+    .Output("values: float")
+    .Output("found: bool")
+    .Attr(SOK_KEY_TYPES)
+    .Attr("col_begin: int")
+    .Attr("col_end: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(RowsShape(c, kKeys));
+      ::tensorflow::shape_inference::ShapeHandle row;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(kKeys + 1), 1, &row));
+      c->set_output(1, c->input(kKeys));
+      return Status();
+    })
+    .Doc("Rows of keys, default_row (one row of the column range) where a key is missing; never inserts.");
+
 #define SOK_WRITE_OP(name)                  \
   REGISTER_OP(name)                         \
       .Input("handle: resource")            \
@@ -627,6 +647,13 @@ REGISTER_OP("SokErase")
     .Attr(SOK_KEY_TYPES)
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("SokTableAddress")
+    .Output("table: int64")
+    .Attr("address: int")
+    .SetIsStateful()  // not folded into a Const, which would live on the CPU
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("The table input of the storage ops, made on their device: a host scalar holding `address`.");
 
 REGISTER_OP("SokSize")
     .Input("handle: resource")
@@ -663,10 +690,12 @@ REGISTER_KERNEL_BUILDER(Name("SokFindOrInsert").Device(DEVICE_CPU), LookupOp<Cpu
 REGISTER_KERNEL_BUILDER(Name("SokTryLookup").Device(DEVICE_CPU), LookupOp<CpuExec, true>);
 REGISTER_KERNEL_BUILDER(Name("SokLookupAndEvict").Device(DEVICE_CPU), LookupAndEvictOp);
 REGISTER_KERNEL_BUILDER(Name("SokFind").Device(DEVICE_CPU), FindOp<CpuExec>);
+REGISTER_KERNEL_BUILDER(Name("SokFindOrDefault").Device(DEVICE_CPU), (FindOp<CpuExec, true>));
 REGISTER_KERNEL_BUILDER(Name("SokInsertOrAssign").Device(DEVICE_CPU), WriteOp<CpuExec, false>);
 REGISTER_KERNEL_BUILDER(Name("SokAccumOrAssign").Device(DEVICE_CPU), WriteOp<CpuExec, true>);
 REGISTER_KERNEL_BUILDER(Name("SokErase").Device(DEVICE_CPU), EraseOp<CpuExec>);
 REGISTER_KERNEL_BUILDER(Name("SokSize").Device(DEVICE_CPU), SizeOp<CpuExec>);
+REGISTER_KERNEL_BUILDER(Name("SokTableAddress").Device(DEVICE_CPU), TableAddressOp);
 REGISTER_KERNEL_BUILDER(Name("SokUniqueSum").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkeys"), UniqueSumOp<int64_t>);
 REGISTER_KERNEL_BUILDER(Name("SokUniqueSum").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkeys"), UniqueSumOp<int32_t>);
 REGISTER_KERNEL_BUILDER(Name("SokUniqueSum").Device(DEVICE_CPU).TypeConstraint<uint64_t>("Tkeys"), UniqueSumOp<uint64_t>);

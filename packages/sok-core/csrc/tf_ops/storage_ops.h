@@ -240,8 +240,9 @@ class LookupOp : public RowOp {
   }
 };
 
-// values, found = rows of keys (default zeros); never inserts.
-template <class Exec>
+// values, found = rows of keys; never inserts. A missing key's row is zeros, or with kDefault the
+// input default_row (one row of the column range, on the op's device).
+template <class Exec, bool kDefault = false>
 class FindOp : public RowOp {
  public:
   using RowOp::RowOp;
@@ -249,13 +250,21 @@ class FindOp : public RowOp {
     sok_table_ref* ref = nullptr;
     SOK_OK_OR_RETURN(ctx, prepare(ctx, kKeys, &ref));
     const Tensor& keys = ctx->input(kKeys);
+    const float* default_row = nullptr;
+    if (kDefault) {
+      const Tensor& row = ctx->input(kKeys + 1);
+      OP_REQUIRES(ctx, row.dims() == 1 && row.NumElements() == width(),
+                  errors::InvalidArgument("default_row must be one row of ", width(), " floats (the column range), got shape ",
+                                          row.shape().DebugString()));
+      default_row = row.flat<float>().data();
+    }
     Tensor* values = nullptr;
     Tensor* found = nullptr;
     OP_REQUIRES_OK(ctx, allocate_rows(ctx, 0, keys, &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &found));
     const sok_exec_context exec = Exec::of(ctx);
     sok_status st = ref->api->find(ref->storage, &exec, keys.NumElements(), keys.data(), col_begin_, col_end_,
-                                   values->flat<float>().data(), nullptr,
+                                   values->flat<float>().data(), default_row,
                                    reinterpret_cast<uint8_t*>(found->flat<bool>().data()));
     SOK_OK_OR_RETURN(ctx, status_of(ref, st, "find"));
   }
@@ -319,6 +328,23 @@ class SizeOp : public OpKernel {
     SOK_OK_OR_RETURN(ctx, status_of(ref, ref->api->size(ref->storage, &exec, &size), "size"));
     out->scalar<int64_t>()() = size;
   }
+};
+
+// table (host scalar) = the attr `address`: the table input of the storage ops made on their own
+// device (host memory), so that a graph of ops on a GPU takes no tensor from the CPU.
+class TableAddressOp : public OpKernel {
+ public:
+  explicit TableAddressOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("address", &address_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = address_;
+  }
+
+ private:
+  int64_t address_ = 0;
 };
 
 }  // namespace sok_tf

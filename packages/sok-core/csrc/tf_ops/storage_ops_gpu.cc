@@ -182,10 +182,12 @@ class ExportGpuOp : public ExportOpBase {
     LookupOp<GpuExec, true>)                                                                             \
   X(SokLookupAndEvict, .HostMemory("handle").HostMemory("table"), LookupAndEvictGpuOp)                  \
   X(SokFind, .HostMemory("handle").HostMemory("table"), FindOp<GpuExec>)                                \
+  X(SokFindOrDefault, .HostMemory("handle").HostMemory("table"), FindOp<GpuExec, true>)                 \
   X(SokInsertOrAssign, .HostMemory("handle").HostMemory("table"), WriteOp<GpuExec, false>)              \
   X(SokAccumOrAssign, .HostMemory("handle").HostMemory("table"), WriteOp<GpuExec, true>)                \
   X(SokErase, .HostMemory("handle").HostMemory("table").HostMemory("count"), EraseOp<GpuExec>)          \
   X(SokSize, .HostMemory("handle").HostMemory("table").HostMemory("size"), SizeOp<GpuExec>)             \
+  X(SokTableAddress, .HostMemory("table"), TableAddressOp)                                              \
   X(SokExport, .HostMemory("handle").HostMemory("table").HostMemory("threshold"), ExportGpuOp)
 
 #define SOK_REGISTER_GPU_KERNEL(op, host_memory, ...) \

@@ -324,7 +324,14 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
     @property
     def table_inputs(self) -> tuple[tf.Tensor, tf.Tensor]:
         """``(handle, table_address)``: the first two inputs of every storage op. The handle orders
-        the ops on one table inside ``tf.function`` (automatic control dependencies follow resources)."""
+        the ops on one table inside ``tf.function`` (automatic control dependencies follow resources).
+
+        Inside a graph the address is a ``SokTableAddress`` op on the table's device (a host scalar
+        there): a captured CPU tensor would make a ``tf.function`` of GPU ops a function of two
+        devices, which TensorFlow runs as two parts with a transfer between them on every call."""
+        if tf.inside_function():
+            with tf.device(self._placement.tf_device):
+                return self.handle, tf_ops.library().sok_table_address(address=self._table.address)
         return self.handle, self._table_address
 
     @property
