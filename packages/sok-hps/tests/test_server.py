@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -205,6 +206,36 @@ def test_a_cache_of_every_row_in_front_of_databases_starts_warm(serve, monkeypat
     ids = tf.constant(np.arange(0, ROWS, 7), tf.int64)
     np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
     assert fetched == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "overrides", "persistent", "answers_all"),
+    [
+        ("cache", {}, True, True),  # no database
+        ("chain", {"gpucacheper": 1.0}, False, True),  # this process's hash map behind
+        ("chain", {"gpucacheper": 1.0}, True, False),  # RocksDB may hold rows the model files lack
+        ("chain", {}, False, False),  # an evicting cache
+    ],
+)
+def test_a_cache_that_answers_every_lookup_is_one_find_in_the_graph(serve, kind, overrides, persistent, answers_all):
+    """A cache of every row with no database that could hold more (none, or the in-process hash
+    map, which takes the same loads and updates) serves a lookup with one ``SokFindOrDefault``: no
+    test for misses, no ``tf.py_function``; the default value for unknown keys, updates seen."""
+    server, oracle = serve(kind, persistent=persistent, **overrides)
+    served = server.table("m", 0)
+    assert served.cache_answers_all is answers_all
+    lookup = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    step = tf.function(lambda ids: lookup(ids))
+    graph = step.get_concrete_function(tf.TensorSpec([None, 3], tf.int64)).graph
+    ops = {op.type for op in graph.get_operations()}
+    assert ("SokFindOrDefault" in ops) is answers_all
+    assert answers_all is not bool(ops & {"If", "StatelessIf", "EagerPyFunc"})
+    ids = tf.constant([[1, ROWS + 3, ROWS - 1], [ROWS + EXTRA - 1, 0, 7]], tf.int64)
+    np.testing.assert_array_equal(step(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
+    update = types.SimpleNamespace(tag=served.tag, keys=np.array([7, ROWS + 3]), values=np.full((2, DIM), 9.0))
+    server.apply_update(update)
+    oracle[[7, ROWS + 3]] = 9.0
+    np.testing.assert_array_equal(step(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
 
 
 def test_no_prefill_by_default(serve):

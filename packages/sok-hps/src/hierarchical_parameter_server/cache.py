@@ -28,6 +28,7 @@ import logging
 import math
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from sparse_operation_kit import tf_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
@@ -112,6 +113,17 @@ class EmbeddingCache:
         the current graph, on the cache's device."""
         with tf.device(self.variable.table_device):
             return tf_ops.library().sok_find(*self.variable.table_inputs, keys, col_begin=0, col_end=self.dim)
+
+    def find_or_default(self, keys: tf.Tensor, default_value: float) -> tf.Tensor:
+        """The rows ``[n, dim]`` of the 1-D ``keys``, ``default_value`` in every column of a key not
+        found (written by the lookup kernel itself); an op in the current graph, on the cache's
+        device."""
+        with tf.device(self.variable.table_device):
+            row = tf.constant(np.full([self.dim], default_value, np.float32))
+            values, _ = tf_ops.library().sok_find_or_default(
+                *self.variable.table_inputs, keys, row, col_begin=0, col_end=self.dim
+            )
+            return values
 
     def insert(self, keys: Any, values: Any) -> None:
         """Insert or overwrite the rows of ``keys`` (1-D, the cache's key dtype) with ``values``

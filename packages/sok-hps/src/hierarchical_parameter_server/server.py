@@ -7,7 +7,9 @@ table (:mod:`hierarchical_parameter_server.cache`), pre-fills it when
 ``cache_refresh_percentage_per_iteration`` > 0 and ``init_ec``, and starts the config's update
 source.
 
-A lookup of one table (:meth:`ServedTable.lookup`) is built in the graph: the keys are found in
+A lookup of one table (:meth:`ServedTable.lookup`) is built in the graph. Where the cache holds
+every row and no database can hold more (:attr:`ServedTable.cache_answers_all`), it is one
+``SokFindOrDefault`` (the default value for keys the cache lacks). Otherwise the keys are found in
 the cache (``SokFind``), and only when some are missing are those de-duplicated
 (``SokUniqueIndex``) and fetched by a ``tf.py_function`` from the lower tiers: volatile DB, then
 persistent DB, then the table's ``default_value``; what they return is written into the cache and,
@@ -116,6 +118,16 @@ class ServedTable:
                 and float(model.gpucacheper) < 1.0
             )
             self.cache = EmbeddingCache(self.tag, self.dim, rows, float(model.gpucacheper), self.key_dtype, evicting)
+        #: Whether the cache alone answers every lookup: it holds every row (never evicting) and no
+        #: database can hold a row it lacks (there is none, or only this process's hash map, which
+        #: takes the same loads and updates), so a key it lacks gets the default value, written by
+        #: the lookup kernel, with no database asked and no test for misses in the graph.
+        self.cache_answers_all = (
+            self.cache is not None
+            and not self.cache.evicting
+            and server.persistent_db is None
+            and (server.volatile_db is None or isinstance(server.volatile_db, HashMapTier))
+        )
         #: Without a cache: the volatile DB's CPU storage of this table where the lookup reads it in
         #: the graph (a hash map that never evicts), else None.
         self._volatile_rows = None
@@ -128,8 +140,10 @@ class ServedTable:
         """The rows of the 1-D ``keys``: ``float32 [n, dim]``. TensorFlow ops (eager or in a
         ``tf.function``) on the cache's device.
 
-        The keys are found as they come (no de-duplication on the path where every key is found)
-        with ``SokFind`` in the table's cache or, with ``gpucache: false``, in the CPU storage of a
+        Where the cache answers every lookup (:attr:`cache_answers_all`), that is one
+        ``SokFindOrDefault``. Otherwise the keys are found as they come (no de-duplication on the
+        path where every key is found) with ``SokFind`` in the table's cache or, with
+        ``gpucache: false``, in the CPU storage of a
         ``hash_map`` volatile DB that never evicts (:meth:`.tiers.hash_map.HashMapTier.graph_table`);
         only when some are missing are those de-duplicated and fetched (:meth:`_complete`).
         Otherwise (no cache, and a volatile DB that evicts, Redis, or none) the distinct keys are
@@ -141,6 +155,8 @@ class ServedTable:
         device = self.cache.variable.table_device if self.cache is not None else "/CPU:0"
         with tf.name_scope("HpsLookup"), tf.device(device):
             keys = self._checked_count(keys)
+            if self.cache_answers_all:
+                return self.cache.find_or_default(keys, self.default_value)
             if self.cache is not None:
                 values, found = self.cache.find(keys)
                 return self._complete(keys, values, found, cache=True)
@@ -155,7 +171,11 @@ class ServedTable:
 
     def _checked_count(self, keys: tf.Tensor) -> tf.Tensor:
         """``keys``, after a check in the graph that they are at most :attr:`max_keys` (none when
-        their static shape proves it). The bound is also the most rows :func:`_patched` indexes."""
+        their static shape proves it). The bound is also the most rows :func:`_patched` indexes.
+
+        The check runs on the host from the keys' shape alone (their size is host memory on every
+        device): a plain ``Assert``, where ``tf.debugging.assert_less_equal`` would put a ``tf.cond``
+        in the lookup, whose predicate a GPU lookup would have to copy to the host."""
         limit = min(self.max_keys, _INT32.max)
         count = keys.shape.num_elements()
         if count is not None and count <= limit:
@@ -165,13 +185,18 @@ class ServedTable:
             if limit == self.max_keys
             else f"{limit}, the most one lookup takes"
         )
-        check = tf.debugging.assert_less_equal(
-            tf.size(keys, out_type=tf.int64),
-            tf.constant(limit, tf.int64),
-            message=(
-                f"HPS lookup of {self.tag}: more keys than {what}; raise them in the ps_config or pass a smaller batch"
-            ),
-        )
+        size = tf.size(keys, out_type=tf.int64)
+        with tf.device("/CPU:0"):
+            check = tf.raw_ops.Assert(
+                condition=tf.less_equal(size, tf.constant(limit, tf.int64)),
+                data=[
+                    tf.constant(
+                        f"HPS lookup of {self.tag}: more keys than {what}; raise them in the ps_config or pass a "
+                        "smaller batch; keys:"
+                    ),
+                    size,
+                ],
+            )
         with tf.control_dependencies([check]):
             return tf.identity(keys)
 
