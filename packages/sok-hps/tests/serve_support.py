@@ -76,3 +76,20 @@ def served(config_path: str, global_batch_size: int = 1024) -> Iterator[Any]:
         yield init.get_server()
     finally:
         init.shutdown()
+
+
+def tier_setup(kind: str, tmp_path: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(models[] overrides, top-level keys) of a tier setup named ``kind``; RocksDB under ``tmp_path``."""
+    rocks = {"type": "rocks_db", "path": str(tmp_path / "rocks")}
+    hash_map = {"type": "hash_map", "num_partitions": 4}
+    disabled = {"type": "disabled"}
+    return {
+        "hash_map": ({"gpucache": False}, {"volatile_db": hash_map, "persistent_db": disabled}),
+        "parallel_hash_map": ({"gpucache": False}, {"volatile_db": {"type": "parallel_hash_map"}}),
+        "evicting_hash_map": ({"gpucache": False}, {"volatile_db": {**hash_map, "overflow_margin": 10**6}}),
+        "hash_map+rocks_db": ({"gpucache": False}, {"volatile_db": hash_map, "persistent_db": rocks}),
+        "rocks_db": ({"gpucache": False}, {"volatile_db": disabled, "persistent_db": rocks}),
+        "cache": ({"gpucacheper": 1.0}, DISABLED_DBS),
+        "chain": ({"gpucacheper": 0.01}, {"volatile_db": hash_map, "persistent_db": rocks}),
+        "cache+rocks_db": ({"gpucacheper": 0.01}, {"volatile_db": disabled, "persistent_db": rocks}),
+    }[kind]

@@ -1,9 +1,19 @@
-"""A Keras 3 model with HPS layers saves (``model.save("m.keras")``) and, loaded in a fresh process
-that never calls hps.Init (the layers initialise HPS from their ps_config_file), serves the same
-numbers."""
+"""A model with HPS layers saves and, loaded in a fresh process that never calls hps.Init, serves
+the same numbers:
+
+* a Keras 3 model file (``model.save("m.keras")``): the layers initialise HPS from their
+  ps_config_file;
+* a TensorFlow SavedModel (``model.export``, ``tf.saved_model.save``) over every kind of tier
+  chain: the lookup graph names its tables and fetches by function (``SokResolveTable``,
+  ``SokPyCall``), and its first lookup initialises HPS from the ps_config file it recorded.
+
+A graph traced before ``init.shutdown()`` serves the server started after it, and a lookup graph
+with nothing to initialise HPS from says to call hps.Init.
+"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -17,7 +27,8 @@ keras = pytest.importorskip("keras")
 sys.path.insert(0, str(Path(__file__).parent))
 import hierarchical_parameter_server as hps  # noqa: E402
 import serve_support as support  # noqa: E402
-from hierarchical_parameter_server import init  # noqa: E402
+from hierarchical_parameter_server import graph_calls, init  # noqa: E402
+from sparse_operation_kit import python_ops  # noqa: E402
 
 DIM0, DIM1, ROWS = 8, 4, 500
 
@@ -85,3 +96,152 @@ def test_keras_model_saves_and_serves_in_a_fresh_process(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), served)
+
+
+SERVE = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import tensorflow as tf
+    import hierarchical_parameter_server  # loads the ops the SavedModel names
+    from hierarchical_parameter_server import init
+
+    served = tf.saved_model.load(sys.argv[1])
+    batch = np.load(sys.argv[2])
+    args = [tf.constant(batch["ids"])]
+    if "values" in batch:
+        args.append(tf.SparseTensor(batch["indices"], batch["values"], batch["dense_shape"]))
+    endpoint = served.serve if hasattr(served, "serve") else served.lookup
+    outputs = [endpoint(*args).numpy() for _ in range(2)]  # the second call: the tables resolved
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    np.save(sys.argv[3], outputs[0])
+    assert init.is_initialized()
+    """
+)
+
+
+def _serve_in_a_fresh_process(saved, batch_file, out):
+    run = subprocess.run(
+        [sys.executable, "-c", SERVE, str(saved), str(batch_file), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return np.load(out)
+
+
+@pytest.mark.parametrize("kind", ["cache", "chain", "hash_map", "rocks_db"])
+def test_an_exported_savedmodel_serves_in_a_fresh_process(tmp_path, kind):
+    """model.export of a Keras model with a LookupLayer over each tier chain: the cache alone (one
+    SokFindOrDefault), the evicting chain cache -> hash map -> RocksDB (misses fetched by
+    SokPyCall), and gpucache off with the hash map read in the graph or RocksDB alone."""
+    folder, weights = support.write_table(tmp_path / "t0", ROWS, DIM0, seed=5)
+    model_kw, top = support.tier_setup(kind, tmp_path)
+    entry = support.model_entry("dlrm", [folder], [DIM0], **model_kw)
+    path = support.write_config(tmp_path / "ps.json", support.ps_config([entry], **top))
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, ROWS + 10, size=(64, 3)).astype(np.int64)
+    init.shutdown()
+    try:
+        ids_in = keras.Input(shape=(3,), dtype="int64")
+        emb = hps.LookupLayer(
+            model_name="dlrm",
+            table_id=0,
+            emb_vec_size=DIM0,
+            emb_vec_dtype=tf.float32,
+            ps_config_file=path,
+            global_batch_size=64,
+        )(ids_in)
+        out = keras.layers.Dense(2, kernel_initializer=keras.initializers.RandomNormal(seed=3))(
+            keras.layers.Flatten()(emb)
+        )
+        model = keras.Model(ids_in, out)
+        served = model(tf.constant(ids)).numpy()
+        kernel, bias = model.layers[-1].get_weights()
+        want = support.oracle(weights, 0.5, 10)[ids].reshape(64, -1) @ kernel + bias
+        np.testing.assert_allclose(served, want, rtol=1e-5, atol=1e-6)
+        model.export(tmp_path / "saved", verbose=False)
+    finally:
+        init.shutdown()  # the fresh process opens the same RocksDB
+    np.savez(tmp_path / "batch.npz", ids=ids)
+    got = _serve_in_a_fresh_process(tmp_path / "saved", tmp_path / "batch.npz", tmp_path / "out.npy")
+    np.testing.assert_allclose(got, served, rtol=1e-6, atol=1e-7)
+
+
+def test_a_saved_module_with_a_sparse_lookup_serves_in_a_fresh_process(tmp_path):
+    """tf.saved_model.save of a tf.Module whose function takes a SparseTensor; hps.Init explicit
+    (the layers have no ps_config_file): the graph records the file Init was given."""
+    folder0, w0 = support.write_table(tmp_path / "t0", ROWS, DIM0, seed=1)
+    folder1, w1 = support.write_table(tmp_path / "t1", ROWS, DIM1, seed=2)
+    entry = support.model_entry("dlrm", [folder0, folder1], [DIM0, DIM1])
+    path = support.write_config(tmp_path / "ps.json", support.ps_config([entry], **support.DISABLED_DBS))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, ROWS + 10, size=(64, 3)).astype(np.int64)
+    sp_ids = tf.sparse.from_dense(
+        tf.constant(rng.integers(0, 2, size=(64, 5)) * rng.integers(1, ROWS + 10, size=(64, 5)))
+    )
+    with support.served(path, global_batch_size=64):
+        lookup = hps.LookupLayer(model_name="dlrm", table_id=0, emb_vec_size=DIM0, emb_vec_dtype=tf.float32)
+        sparse = hps.SparseLookupLayer(model_name="dlrm", table_id=1, emb_vec_size=DIM1, emb_vec_dtype=tf.float32)
+        module = tf.Module()
+        module.lookup = tf.function(
+            lambda ids, sp: tf.concat(
+                [tf.reshape(lookup(ids), [-1, 3 * DIM0]), sparse(sp, None, combiner="sqrtn", max_norm=0.8)], axis=1
+            ),
+            input_signature=[tf.TensorSpec([None, 3], tf.int64), tf.SparseTensorSpec([None, None], tf.int64)],
+        )
+        served = module.lookup(tf.constant(ids), sp_ids).numpy()
+        want = np.concatenate(
+            [
+                support.oracle(w0, 0.5, 10)[ids].reshape(64, -1),
+                tf.nn.embedding_lookup_sparse(
+                    support.oracle(w1, 0.5, 10), sp_ids, None, combiner="sqrtn", max_norm=0.8
+                ).numpy(),
+            ],
+            axis=1,
+        )
+        np.testing.assert_allclose(served, want, rtol=1e-6, atol=1e-7)
+        tf.saved_model.save(module, str(tmp_path / "saved"))
+    np.savez(
+        tmp_path / "batch.npz",
+        ids=ids,
+        indices=sp_ids.indices.numpy(),
+        values=sp_ids.values.numpy(),
+        dense_shape=sp_ids.dense_shape.numpy(),
+    )
+    got = _serve_in_a_fresh_process(tmp_path / "saved", tmp_path / "batch.npz", tmp_path / "out.npy")
+    np.testing.assert_array_equal(got, served)
+
+
+def test_a_graph_traced_before_shutdown_serves_the_next_server(tmp_path):
+    """The tables of a lookup graph are resolved by name: after shutdown and an Init with other
+    model files, the same tf.function serves the new rows (no stale table, no crash)."""
+    ids = tf.constant([[0, 5, ROWS + 1]], tf.int64)
+    paths = []
+    for i in range(2):
+        folder, weights = support.write_table(tmp_path / f"t{i}", ROWS, DIM0, seed=10 + i)
+        entry = support.model_entry("dlrm", [folder], [DIM0])
+        paths.append(
+            (
+                support.write_config(tmp_path / f"ps{i}.json", support.ps_config([entry], **support.DISABLED_DBS)),
+                weights,
+            )
+        )
+    with support.served(paths[0][0]):
+        lookup = hps.LookupLayer(model_name="dlrm", table_id=0, emb_vec_size=DIM0, emb_vec_dtype=tf.float32)
+        step = tf.function(lambda ids: lookup(ids))
+        np.testing.assert_array_equal(step(ids).numpy(), support.oracle(paths[0][1], 0.5, 10)[ids.numpy()])
+    with support.served(paths[1][0]):
+        np.testing.assert_array_equal(step(ids).numpy(), support.oracle(paths[1][1], 0.5, 10)[ids.numpy()])
+
+
+def test_a_lookup_graph_with_nothing_to_start_hps_from_says_to_call_init():
+    """A context whose server is gone and that records no ps_config file (its server was not
+    started by hps.Init), in a process where HPS is not initialised: a clear error, not a crash."""
+    init.shutdown()
+    context = json.dumps({"server": "gone", "ps_config_file": "", "global_batch_size": 1, "model": "m", "table_id": 0})
+    with pytest.raises(tf.errors.FailedPreconditionError, match="call hps.Init"):
+        python_ops.py_call(graph_calls.FETCH, context, [tf.constant([1], tf.int64)], [tf.float32])
+    with pytest.raises(tf.errors.FailedPreconditionError, match="call hps.Init"):
+        python_ops.resolved_table_inputs(graph_calls.CACHE_TABLE, context)

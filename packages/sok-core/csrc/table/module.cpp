@@ -32,33 +32,38 @@ const sok_storage_api* api_of(const py::capsule& api) {
   return static_cast<const sok_storage_api*>(api.get_pointer());
 }
 
-// A sok_table_ref whose address the TensorFlow ops receive; it lives (at one address) as long as
-// this object. point() swaps what it refers to in place, so traced graphs keep the address.
+// A sok_table_ref whose address the TensorFlow ops receive. point() swaps what it refers to in
+// place, so traced graphs keep the address. The struct itself is never freed: once this object is
+// gone its magic reads 0 for the rest of the process, so an op (or a SokResolveTable kernel that
+// cached the address) that still holds it fails cleanly instead of reading freed memory. That costs
+// one small struct per table ever made.
 class TableRef {
  public:
-  TableRef() = default;
+  TableRef() : ref_(new sok_table_ref{}) {}
   TableRef(const TableRef&) = delete;
   TableRef& operator=(const TableRef&) = delete;
+  ~TableRef() { release(); }
 
   // Points the reference at `storage` of `api` (addresses, as integers), with key type `key_type`
   // (sok_key_type), rows of `row_width` floats and new rows filled by `inits`.
   void point(uintptr_t api, uintptr_t storage, int32_t key_type, int32_t row_width,
              const std::vector<InitTuple>& inits) {
     inits_ = to_inits(inits);
-    ref_.api = reinterpret_cast<const sok_storage_api*>(api);
-    ref_.storage = reinterpret_cast<sok_storage*>(storage);
-    ref_.key_type = key_type;
-    ref_.row_width = row_width;
-    ref_.inits = inits_.data();
-    ref_.num_inits = static_cast<int32_t>(inits_.size());
-    ref_.magic = SOK_TABLE_REF_MAGIC;
+    ref_->api = reinterpret_cast<const sok_storage_api*>(api);
+    ref_->storage = reinterpret_cast<sok_storage*>(storage);
+    ref_->key_type = key_type;
+    ref_->row_width = row_width;
+    ref_->inits = inits_.data();
+    ref_->num_inits = static_cast<int32_t>(inits_.size());
+    ref_->magic = SOK_TABLE_REF_MAGIC;
   }
-  uintptr_t address() const { return reinterpret_cast<uintptr_t>(&ref_); }
-  // Marks the reference dead: ops that still hold its address fail cleanly.
-  void release() { ref_.magic = 0; }
+  uintptr_t address() const { return reinterpret_cast<uintptr_t>(ref_); }
+  // Marks the reference dead: ops that still hold its address fail cleanly. Only the magic number
+  // changes, so an op that checked it a moment before still reads valid pointers.
+  void release() { ref_->magic = 0; }
 
  private:
-  sok_table_ref ref_{};
+  sok_table_ref* ref_;  // never freed (see above)
   std::vector<sok_initializer> inits_;
 };
 

@@ -3,7 +3,8 @@
 The library is compiled against the TensorFlow present when sok-core was built; loading it under
 another TensorFlow version fails with a message naming both versions and the fix. Its GPU kernels
 are a second library (``libsok_tf_ops_gpu.so``, built when a CUDA toolkit was found), loaded only by
-a CUDA build of TensorFlow.
+a CUDA build of TensorFlow. The ops whose kernels call Python are a third (``libsok_tf_python.so``,
+:func:`python_library`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ _log = logging.getLogger(__name__)
 
 _LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
 GPU_LIBRARY = "libsok_tf_ops_gpu.so"
+PYTHON_LIBRARY = "libsok_tf_python.so"
 # What the build recorded about the GPU kernels: the CUDA toolkit version, or "none".
 _GPU_STAMP = "gpu_build.txt"
 _REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps sok-core (or: make setup in the repository)"
@@ -57,6 +59,22 @@ def library() -> Any:
     if tf.test.is_built_with_cuda():
         _load_gpu_kernels(tf)
     return lib
+
+
+@functools.cache
+def python_library() -> Any:
+    """The loaded library of the ops that call Python by name (``SokPyCall``, ``SokResolveTable``;
+    :mod:`sparse_operation_kit.python_ops`), after :func:`library` and its checks."""
+    import tensorflow as tf
+
+    library()
+    path = os.path.join(_LIB_DIR, PYTHON_LIBRARY)
+    if not os.path.exists(path):
+        raise OpLibraryError(f"sok-core was built without {path}; rebuild it: {_REBUILD}")
+    try:
+        return tf.load_op_library(path)
+    except Exception as error:  # the loader's message is the useful part: keep it
+        raise OpLibraryError(f"loading {path} failed: {error}. Rebuild it: {_REBUILD}") from error
 
 
 def gpu_build() -> str | None:

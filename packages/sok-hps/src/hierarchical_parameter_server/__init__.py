@@ -9,7 +9,8 @@ return what ``tf.nn.embedding_lookup`` / ``tf.nn.embedding_lookup_sparse`` retur
 TensorFlow is imported when one of those three is first used, so
 :mod:`hierarchical_parameter_server.convert` (``sok ckpt convert``) works without it; where
 TensorFlow is imported already, the layers are imported with the package, so that
-``keras.models.load_model`` finds them (import TensorFlow or Keras first, then this package).
+``keras.models.load_model`` finds them, and the ops of the lookup graphs are loaded, so that
+``tf.saved_model.load`` finds them (import TensorFlow or Keras first, then this package).
 
 Example::
 
@@ -44,5 +45,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-if "tensorflow" in sys.modules:  # registers the layers with Keras for load_model
-    importlib.import_module(f"{__name__}.layers")
+if "tensorflow" in sys.modules:
+    importlib.import_module(f"{__name__}.layers")  # registers the layers with Keras for load_model
+    # registers the ops of lookup graphs (SokResolveTable, SokPyCall) for tf.saved_model.load
+    importlib.import_module("sparse_operation_kit.tf_ops").python_library()

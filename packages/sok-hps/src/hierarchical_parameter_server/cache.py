@@ -108,21 +108,25 @@ class EmbeddingCache:
         """Whether rows can leave the cache (an HKV cache in front of a database)."""
         return self.capacity is not None
 
-    def find(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def find(self, keys: tf.Tensor, inputs: tuple[tf.Tensor, tf.Tensor] | None = None) -> tuple[tf.Tensor, tf.Tensor]:
         """``(values [n, dim], found [n])`` of the 1-D ``keys`` (zeros where not found); an op in
-        the current graph, on the cache's device."""
+        the current graph, on the cache's device. ``inputs``: the table inputs of the op (a
+        lookup graph's own, :func:`sparse_operation_kit.python_ops.resolved_table_inputs`), by
+        default the variable's."""
         with tf.device(self.variable.table_device):
-            return tf_ops.library().sok_find(*self.variable.table_inputs, keys, col_begin=0, col_end=self.dim)
+            inputs = inputs or self.variable.table_inputs
+            return tf_ops.library().sok_find(*inputs, keys, col_begin=0, col_end=self.dim)
 
-    def find_or_default(self, keys: tf.Tensor, default_value: float) -> tf.Tensor:
+    def find_or_default(
+        self, keys: tf.Tensor, default_value: float, inputs: tuple[tf.Tensor, tf.Tensor] | None = None
+    ) -> tf.Tensor:
         """The rows ``[n, dim]`` of the 1-D ``keys``, ``default_value`` in every column of a key not
         found (written by the lookup kernel itself); an op in the current graph, on the cache's
-        device."""
+        device. ``inputs`` as :meth:`find`'s."""
         with tf.device(self.variable.table_device):
             row = tf.constant(np.full([self.dim], default_value, np.float32))
-            values, _ = tf_ops.library().sok_find_or_default(
-                *self.variable.table_inputs, keys, row, col_begin=0, col_end=self.dim
-            )
+            inputs = inputs or self.variable.table_inputs
+            values, _ = tf_ops.library().sok_find_or_default(*inputs, keys, row, col_begin=0, col_end=self.dim)
             return values
 
     def insert(self, keys: Any, values: Any) -> None:

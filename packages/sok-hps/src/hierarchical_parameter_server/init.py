@@ -73,7 +73,7 @@ def Init(**kwargs: Any) -> tf.Tensor:  # noqa: N802 (the seed API's name)
             path, batch = kwargs["ps_config_file"], kwargs["global_batch_size"]
             config = load_config(os.fspath(path))
             _check(config, batch)
-            _server = ParameterServer(config)
+            _server = ParameterServer(config, origin=(os.path.abspath(path), batch))
             logger.info("HPS initialised from %s", os.path.abspath(path))
         else:
             logger.debug("hps.Init: HPS is initialised already; this call changes nothing")

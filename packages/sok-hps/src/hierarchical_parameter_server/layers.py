@@ -67,7 +67,7 @@ class _HpsLayer(keras.layers.Layer):
         self.emb_vec_dtype = tf.float32
         self.ps_config_file = ps_config_file
         self.global_batch_size = global_batch_size
-        self.supports_jit = False  # the lookup's misses run Python (tf.py_function)
+        self.supports_jit = False  # the lookup's misses run Python (SokPyCall)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

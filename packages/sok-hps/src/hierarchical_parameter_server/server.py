@@ -11,17 +11,21 @@ A lookup of one table (:meth:`ServedTable.lookup`) is built in the graph. Where 
 every row and no database can hold more (:attr:`ServedTable.cache_answers_all`), it is one
 ``SokFindOrDefault`` (the default value for keys the cache lacks). Otherwise the keys are found in
 the cache (``SokFind``), and only when some are missing are those de-duplicated
-(``SokUniqueIndex``) and fetched by a ``tf.py_function`` from the lower tiers: volatile DB, then
+(``SokUniqueIndex``) and fetched by a ``SokPyCall`` from the lower tiers: volatile DB, then
 persistent DB, then the table's ``default_value``; what they return is written into the cache and,
 in place, into the lookup's result (``InplaceUpdate``: no copy of the batch). ``hit_rate_threshold``
 (reference §3.6): when the batch's cache hit rate is below it, the misses are fetched before the
 lookup returns (1.0, or more: always, so lookups are exact); at or above it, the misses get the
 default value in this batch and are fetched and cached in the background.
 
+The graph holds nothing of this process: the tables are ``SokResolveTable`` ops and the fetches
+``SokPyCall`` ops that name functions of :mod:`.graph_calls` and the table's :attr:`ServedTable.context`
+(no ``tf.py_function``, whose token only this process knows), so a SavedModel keeps them.
+
 With ``gpucache: false`` and a ``hash_map`` volatile DB that never evicts (no
 ``overflow_margin``), the keys are found with ``SokFind`` in that tier's CPU storage of the table
 (:meth:`.tiers.hash_map.HashMapTier.graph_table`, the tier's only copy of the rows) and only the
-distinct keys it lacks go through the ``tf.py_function`` (the databases in order: the hash map
+distinct keys it lacks go through the ``SokPyCall`` (the databases in order: the hash map
 again, for a row an update wrote since, then the persistent DB, then the default). With any other
 volatile DB (Redis, a hash map that evicts by policy) the distinct keys of every lookup are
 fetched through it.
@@ -60,14 +64,16 @@ import concurrent.futures
 import logging
 import re
 import threading
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from sparse_operation_kit import tf_ops
+from sparse_operation_kit import python_ops, tf_ops
+from sparse_operation_kit.table_ref import TableRef
 
-from hierarchical_parameter_server import model_files, tiers
+from hierarchical_parameter_server import graph_calls, model_files, tiers
 from hierarchical_parameter_server.cache import EmbeddingCache
 from hierarchical_parameter_server.config import ModelConfig, PSConfig
 from hierarchical_parameter_server.tiers.hash_map import HashMapTier
@@ -107,6 +113,8 @@ class ServedTable:
         self.max_keys = int(model.max_batch_size) * int(model.maxnum_catfeature_query_per_table_per_sample[table_id])
         self.hit_rate_threshold = float(model.hit_rate_threshold)
         self.rows = rows
+        #: What the lookup graph names the table by (:mod:`.graph_calls`).
+        self.context = graph_calls.context_of(server, self.model, table_id)
         self.lock = threading.RLock()
         self.cache: EmbeddingCache | None = None
         if model.gpucache:
@@ -155,16 +163,16 @@ class ServedTable:
         device = self.cache.variable.table_device if self.cache is not None else "/CPU:0"
         with tf.name_scope("HpsLookup"), tf.device(device):
             keys = self._checked_count(keys)
-            if self.cache_answers_all:
-                return self.cache.find_or_default(keys, self.default_value)
             if self.cache is not None:
-                values, found = self.cache.find(keys)
+                inputs = python_ops.resolved_table_inputs(graph_calls.CACHE_TABLE, self.context)
+                if self.cache_answers_all:
+                    return self.cache.find_or_default(keys, self.default_value, inputs)
+                values, found = self.cache.find(keys, inputs)
                 return self._complete(keys, values, found, cache=True)
             if self._volatile_rows is not None:
                 int64_keys = tf.cast(keys, tf.int64)  # the tier's keys
-                values, found = tf_ops.library().sok_find(
-                    *self._volatile_rows.table_inputs, int64_keys, col_begin=0, col_end=self.dim
-                )
+                inputs = python_ops.resolved_table_inputs(graph_calls.VOLATILE_TABLE, self.context)
+                values, found = tf_ops.library().sok_find(*inputs, int64_keys, col_begin=0, col_end=self.dim)
                 return self._complete(keys, values, found, cache=False)
             distinct, positions = tf_ops.library().sok_unique_index(keys)
             return tf.gather(self._fetch_op(distinct, cache=False), positions)
@@ -201,9 +209,9 @@ class ServedTable:
             return tf.identity(keys)
 
     def _fetch_op(self, keys: tf.Tensor, cache: bool) -> tf.Tensor:
-        """``tf.py_function`` of :meth:`fill` (cache) or :meth:`fetch` on ``keys``: ``[n, dim]``."""
-        fn = self._fill_py if cache else self._fetch_py
-        rows = tf.py_function(fn, [keys], tf.float32, name="HpsFetchFromTiers")
+        """A ``SokPyCall`` of :meth:`fill` (cache) or :meth:`fetch` on ``keys``: ``[n, dim]``."""
+        function = graph_calls.FILL if cache else graph_calls.FETCH
+        (rows,) = python_ops.py_call(function, self.context, [keys], [tf.float32], name="HpsFetchFromTiers")
         rows.set_shape([None, self.dim])
         return rows
 
@@ -227,7 +235,7 @@ class ServedTable:
                 return fetched()
 
             def defaults_now() -> tf.Tensor:
-                scheduled = tf.py_function(self._schedule_fill_py, [missing], tf.bool)
+                (scheduled,) = python_ops.py_call(graph_calls.SCHEDULE_FILL, self.context, [missing], [tf.bool])
                 with tf.control_dependencies([scheduled]):
                     fill = tf.fill([tf.size(where), self.dim], tf.constant(self.default_value, tf.float32))
                     return _patched(values, where, fill)
@@ -239,15 +247,29 @@ class ServedTable:
         return tf.cond(tf.reduce_all(found), lambda: values, with_misses)
 
     # -- in Python -------------------------------------------------------------------------------
-    def _fetch_py(self, keys: tf.Tensor) -> np.ndarray:
-        return self.fetch(keys.numpy())
+    def table_ref(self, tier: str) -> TableRef:
+        """The reference that lookup graphs resolve (:mod:`.graph_calls`): of the table's cache
+        (``"cache"``), or of its rows in a hash map volatile DB that the graph reads (``"volatile"``).
 
-    def _fill_py(self, keys: tf.Tensor) -> np.ndarray:
-        return self.fill(keys.numpy())
+        Raises:
+            ValueError: the table has no such table (e.g. ``"cache"`` with ``gpucache: false``).
+        """
+        variable = {"cache": self.cache.variable if self.cache is not None else None, "volatile": self._volatile_rows}
+        if variable.get(tier) is None:
+            valid = [name for name, v in variable.items() if v is not None]
+            raise ValueError(f"table {self.tag} has no {tier!r} table that a lookup graph reads; it has: {valid}")
+        return variable[tier].table_ref
 
-    def _schedule_fill_py(self, keys: tf.Tensor) -> bool:
-        self._server.submit(self.fill, keys.numpy())
-        return True
+    def release(self) -> None:
+        """Mark the tables that graphs resolve dead (the server closes): a graph then resolves the
+        table again, in the process's server."""
+        for variable in (self.cache.variable if self.cache is not None else None, self._volatile_rows):
+            if variable is not None:
+                variable.table_ref.release()
+
+    def schedule_fill(self, keys: np.ndarray) -> None:
+        """:meth:`fill` in the server's background pool."""
+        self._server.submit(self.fill, np.asarray(keys))
 
     def fetch(self, keys: np.ndarray) -> np.ndarray:
         """The rows of ``keys`` from the databases, the default value where no tier has a key:
@@ -288,6 +310,9 @@ class ParameterServer:
 
     Args:
         config: a loaded ps_config (:func:`hierarchical_parameter_server.config.load_config`).
+        origin: the ps_config file (absolute path) and ``global_batch_size`` that ``hps.Init``
+            started it from. A lookup graph records them, so that a SavedModel loaded in another
+            process starts HPS from them (:mod:`.graph_calls`).
 
     Raises:
         ValueError: a model with ``gpucache: false`` and no database (its rows would be nowhere).
@@ -299,8 +324,10 @@ class ParameterServer:
         rows = server.table("foo", 0).fetch(np.array([1, 2], np.int64))
     """
 
-    def __init__(self, config: PSConfig) -> None:
+    def __init__(self, config: PSConfig, origin: tuple[str, int] | None = None) -> None:
         self.config = config
+        self.id = uuid.uuid4().hex
+        self.origin = origin
         self.key_dtype = tf.int64 if config.supportlonglong else tf.int32
         self._volatile = tiers.make_volatile_db(config.volatile_db)
         self._persistent = tiers.make_persistent_db(config.persistent_db)
@@ -328,6 +355,7 @@ class ParameterServer:
                 for table_id in range(model.num_tables):
                     self._load(model, table_id)
             self._start_updates()
+            graph_calls.register(self)
         except BaseException:
             self.close()
             raise
@@ -546,11 +574,15 @@ class ParameterServer:
         logger.info("HPS applied an update of %d rows to %s", len(keys), update.tag)
 
     def close(self) -> None:
-        """Stop the update source and the background work, close the databases."""
+        """Stop the update source and the background work, close the databases; lookup graphs it
+        traced resolve their tables in the process's server from now on."""
+        graph_calls.unregister(self)
         if self._source is not None:
             self._source.stop()
             self._source = None
         self._pool.shutdown(wait=True)
+        for served in self._tables.values():
+            served.release()
         for db in (self._volatile, self._persistent):
             if db is not None:
                 db.close()

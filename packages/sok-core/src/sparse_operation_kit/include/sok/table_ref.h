@@ -2,7 +2,8 @@
  *
  * The Python side (sparse_operation_kit.table_ref) fills this struct with a backend's function table
  * and storage handle and passes its address to the ops as an int64 scalar. The magic number lets an
- * op refuse an address that does not point at a live reference. `storage` may be swapped for a
+ * op refuse an address that does not point at a live reference: a struct, once made, stays allocated
+ * for the life of the process, and reads magic 0 after its table is gone. `storage` may be swapped for a
  * wider copy (when an optimizer adds state columns) while ops keep the same reference; `inits` say
  * how every column of a new row is filled (embedding and optimizer state alike), so a graph traced
  * before the swap still inserts rows right.

@@ -1,0 +1,113 @@
+"""The Python that HPS's lookup graphs call by name: what lets a SavedModel with HPS layers serve.
+
+A lookup graph (:meth:`.server.ServedTable.lookup`) holds nothing of the process that traced it:
+its tables are ``SokResolveTable`` ops and its fetches from the databases ``SokPyCall`` ops
+(:mod:`sparse_operation_kit.python_ops`), each naming a function of this module and the table's
+context, a JSON string (:func:`context_of`): the id of the server that traced the graph, the
+ps_config file and ``global_batch_size`` that server was initialised from, the model and the table.
+
+A function finds its table in the server that traced the graph while that server is open, else in
+this process's server (:func:`hierarchical_parameter_server.init.get_server`), which it initialises
+from the context's ps_config file if nothing has yet (the implicit initialisation of a layer's
+first call). So a SavedModel loaded in a fresh process initialises HPS on its first lookup, as the
+original's did, and a graph traced before ``init.shutdown()`` serves the server started after it.
+
+Example::
+
+    model.export("/models/dlrm/1")                  # a Keras model with HPS layers
+    # in another process:
+    import hierarchical_parameter_server            # loads the ops the SavedModel names
+    served = tf.saved_model.load("/models/dlrm/1")
+    logits = served.serve(batch)                    # HPS starts from the baked ps_config file
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from sparse_operation_kit.table_ref import TableRef
+
+    from hierarchical_parameter_server.server import ParameterServer, ServedTable
+
+__all__ = ["CACHE_TABLE", "FETCH", "FILL", "SCHEDULE_FILL", "VOLATILE_TABLE", "context_of", "register", "unregister"]
+
+_PREFIX = __name__ + ":"
+#: The functions a lookup graph names (``module:qualname``).
+CACHE_TABLE = _PREFIX + "cache_table"
+VOLATILE_TABLE = _PREFIX + "volatile_table"
+FETCH = _PREFIX + "fetch"
+FILL = _PREFIX + "fill"
+SCHEDULE_FILL = _PREFIX + "schedule_fill"
+
+_servers: weakref.WeakValueDictionary[str, ParameterServer] = weakref.WeakValueDictionary()
+_servers_lock = threading.Lock()
+
+
+def register(server: ParameterServer) -> None:
+    """Make ``server`` (open) the one the graphs it traces resolve to."""
+    with _servers_lock:
+        _servers[server.id] = server
+
+
+def unregister(server: ParameterServer) -> None:
+    """``server`` is closed: its graphs resolve to the process's server from now on."""
+    with _servers_lock:
+        _servers.pop(server.id, None)
+
+
+def context_of(server: ParameterServer, model: str, table_id: int) -> str:
+    """The context string of table ``table_id`` of ``model`` served by ``server``."""
+    path, batch = server.origin if server.origin is not None else ("", 1)
+    return json.dumps(
+        {"server": server.id, "ps_config_file": path, "global_batch_size": batch, "model": model, "table_id": table_id}
+    )
+
+
+def served_table(context: str) -> ServedTable:
+    """The table a context names (see the module's docstring for where it is found).
+
+    Raises:
+        RuntimeError: no server is open and the context names no ps_config file (the server that
+            traced the graph was not started by ``hps.Init``): call ``hps.Init`` first.
+        ValueError: the server has no such model or table.
+    """
+    from hierarchical_parameter_server import init
+
+    fields = json.loads(context)
+    with _servers_lock:
+        server = _servers.get(fields["server"])
+    if server is None:
+        server = init.get_server(fields["ps_config_file"], fields["global_batch_size"])
+    return server.table(fields["model"], fields["table_id"])
+
+
+def cache_table(context: str) -> TableRef:
+    """The reference of the table's cache."""
+    return served_table(context).table_ref("cache")
+
+
+def volatile_table(context: str) -> TableRef:
+    """The reference of the table's rows in a hash map volatile DB that the graph reads."""
+    return served_table(context).table_ref("volatile")
+
+
+def fetch(context: str, keys: np.ndarray) -> np.ndarray:
+    """:meth:`.server.ServedTable.fetch` of the table."""
+    return served_table(context).fetch(keys)
+
+
+def fill(context: str, keys: np.ndarray) -> np.ndarray:
+    """:meth:`.server.ServedTable.fill` of the table."""
+    return served_table(context).fill(keys)
+
+
+def schedule_fill(context: str, keys: np.ndarray) -> np.ndarray:
+    """:meth:`.server.ServedTable.fill` of the table in the server's background pool; ``True``."""
+    served_table(context).schedule_fill(keys)
+    return np.array(True)
