@@ -203,7 +203,7 @@ def test_a_cache_of_every_row_in_front_of_databases_starts_warm(serve, monkeypat
 def test_a_cache_that_answers_every_lookup_is_one_find_in_the_graph(serve, kind, overrides, persistent, answers_all):
     """A cache of every row with no database that could hold more (none, or the in-process hash
     map, which takes the same loads and updates) serves a lookup with one ``SokFindOrDefault``: no
-    test for misses, no ``tf.py_function``; the default value for unknown keys, updates seen."""
+    test for misses, no ``SokPyCall``; the default value for unknown keys, updates seen."""
     server, oracle = serve(kind, persistent=persistent, **overrides)
     served = server.table("m", 0)
     assert served.cache_answers_all is answers_all

@@ -16,7 +16,7 @@ most ``allocation_rate`` bytes at a time, so a small table does not take a 256 M
 original's does); per row it keeps the time of its last access and an access count.
 ``parallel_hash_map`` works on the partitions of a call in a thread pool; ``hash_map`` one after
 another. Each partition has a lock, so any number of threads may fetch and insert at once. Such a
-tier has no :meth:`~HashMapTier.graph_table`: lookups fetch from it through ``tf.py_function``.
+tier has no :meth:`~HashMapTier.graph_table`: lookups fetch from it through a ``SokPyCall``.
 
 Overflow (``overflow_margin`` rows per partition): after each ``max_batch_size`` chunk of an
 insert, a partition holding more than ``overflow_margin`` rows is evicted down to
