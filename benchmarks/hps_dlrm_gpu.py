@@ -68,6 +68,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--xla", action="store_true", help="compile the MLPs and the interaction with XLA (jit_compile)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write configuration, machine and figures here")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit status 1 when the HPS model is slower than NVIDIA's A100 "
+        "figure at a B >= 4,096 that has one (p50 measured from Python, floor included)",
+    )
     return p.parse_args(argv)
 
 
@@ -173,7 +179,8 @@ def run(args: argparse.Namespace) -> dict:
     return results
 
 
-def report(args: argparse.Namespace, results: dict) -> None:
+def report(args: argparse.Namespace, results: dict) -> list[str]:
+    """Prints the table; returns the batches slower than NVIDIA's A100 figure (B >= 4,096)."""
     print(
         f"DLRM inference, table {args.rows:,} x {DIM} float32 (cache 0.2, hash_map behind), {KEYS_PER_SAMPLE} int32 "
         f"keys + {DENSE_FEATURES} dense features per sample, {args.iters} timed calls (after {args.warmup}) over "
@@ -191,6 +198,11 @@ def report(args: argparse.Namespace, results: dict) -> None:
             f"{r['vs_gather']:>10.2f} {results['floor'][b]['p50_ms']:>7.3f} {cell:>13}"
         )
     print("* NVIDIA's published figure (A100, 32.7 M rows, Triton; reference §5): another machine and day")
+    return [
+        f"B={b}: {r['p50_ms']:.3f} ms > {PUBLISHED_A100_US[b] / 1000:.3f} ms"
+        for b, r in results["hps"].items()
+        if b >= 4096 and b in PUBLISHED_A100_US and r["p50_ms"] > PUBLISHED_A100_US[b] / 1000
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,11 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     args.device = "/GPU:0"
     print(" | ".join(f"{k} {v}" for k, v in machine_context(args).items()))
     results = run(args)
-    report(args, results)
+    slower = report(args, results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=1)
-    return 0
+    for line in slower:
+        print(f"slower than NVIDIA's A100 figure: {line}")
+    return 1 if args.check and slower else 0
 
 
 if __name__ == "__main__":
