@@ -50,6 +50,18 @@ LOAD = textwrap.dedent(
 )
 
 
+def save_batch(path, ids, sp_ids=None):
+    """The batch a fresh process serves: dense ``ids`` and, if given, the SparseTensor's parts."""
+    parts = {}
+    if sp_ids is not None:
+        parts = {
+            "indices": sp_ids.indices.numpy(),
+            "values": sp_ids.values.numpy(),
+            "dense_shape": sp_ids.dense_shape.numpy(),
+        }
+    np.savez(path, ids=ids, **parts)
+
+
 def test_keras_model_saves_and_serves_in_a_fresh_process(tmp_path):
     folder0, w0 = support.write_table(tmp_path / "t0", ROWS, DIM0, seed=1)
     folder1, w1 = support.write_table(tmp_path / "t1", ROWS, DIM1, seed=2)
@@ -81,13 +93,7 @@ def test_keras_model_saves_and_serves_in_a_fresh_process(tmp_path):
         model.save(tmp_path / "m.keras")
     finally:
         init.shutdown()
-    np.savez(
-        tmp_path / "batch.npz",
-        ids=ids,
-        indices=sp_ids.indices.numpy(),
-        values=sp_ids.values.numpy(),
-        dense_shape=sp_ids.dense_shape.numpy(),
-    )
+    save_batch(tmp_path / "batch.npz", ids, sp_ids)
     run = subprocess.run(
         [sys.executable, "-c", LOAD, str(tmp_path / "m.keras"), str(tmp_path / "batch.npz"), str(tmp_path / "out.npy")],
         capture_output=True,
@@ -164,7 +170,7 @@ def test_an_exported_savedmodel_serves_in_a_fresh_process(tmp_path, kind):
         model.export(tmp_path / "saved", verbose=False)
     finally:
         init.shutdown()  # the fresh process opens the same RocksDB
-    np.savez(tmp_path / "batch.npz", ids=ids)
+    save_batch(tmp_path / "batch.npz", ids)
     got = _serve_in_a_fresh_process(tmp_path / "saved", tmp_path / "batch.npz", tmp_path / "out.npy")
     np.testing.assert_array_equal(got[:, :-2], served[:, :-2])
     np.testing.assert_allclose(got[:, -2:], served[:, -2:], rtol=1e-5, atol=1e-6)
@@ -204,13 +210,7 @@ def test_a_saved_module_with_a_sparse_lookup_serves_in_a_fresh_process(tmp_path)
         )
         np.testing.assert_allclose(served, want, rtol=1e-6, atol=1e-7)
         tf.saved_model.save(module, str(tmp_path / "saved"))
-    np.savez(
-        tmp_path / "batch.npz",
-        ids=ids,
-        indices=sp_ids.indices.numpy(),
-        values=sp_ids.values.numpy(),
-        dense_shape=sp_ids.dense_shape.numpy(),
-    )
+    save_batch(tmp_path / "batch.npz", ids, sp_ids)
     got = _serve_in_a_fresh_process(tmp_path / "saved", tmp_path / "batch.npz", tmp_path / "out.npy")
     np.testing.assert_array_equal(got, served)
 
