@@ -106,11 +106,15 @@ class RowOp : public OpKernel {
     return Status();
   }
   int32_t width() const { return col_end_ - col_begin_; }
-  // Output `index` of shape keys.shape + [width()]: one row of the column range per key.
+  // Output `index` of shape keys.shape + [width()]: one row of the column range per key. On the CPU
+  // the rows are GPU-compatible (pinned) host memory where TensorFlow has a GPU, so a GPU op that
+  // reads them (a CPU table feeding a GPU model) copies them by DMA, not through a staging buffer.
   Status allocate_rows(OpKernelContext* ctx, int index, const Tensor& keys, Tensor** out) const {
     TensorShape shape = keys.shape();
     shape.AddDim(width());
-    return ctx->allocate_output(index, shape, out);
+    ::tensorflow::AllocatorAttributes attr;
+    attr.set_gpu_compatible(ctx->device()->attributes().device_type() == ::tensorflow::DEVICE_CPU);
+    return ctx->allocate_output(index, shape, out, attr);
   }
 
   int32_t col_begin_ = 0;
