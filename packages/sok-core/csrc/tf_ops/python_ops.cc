@@ -110,10 +110,21 @@ Status python_error(const std::string& what) {
   return errors::Unknown(message);
 }
 
+bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
 Status need_python(const char* op) {
-  if (Py_IsInitialized()) return Status();
-  return errors::FailedPrecondition(op, " calls Python, and this process has no Python interpreter: load and run "
-                                        "the graph from Python (tf.saved_model.load)");
+  if (!Py_IsInitialized()) {
+    return errors::FailedPrecondition(op, " calls Python, and this process has no Python interpreter: load and run "
+                                          "the graph from Python (tf.saved_model.load)");
+  }
+  if (finalizing()) return errors::Cancelled(op, " calls Python, and the interpreter is shutting down");
+  return Status();
 }
 
 // helper.<name>(*args) with the GIL held: a new reference, or nullptr with the exception pending.
