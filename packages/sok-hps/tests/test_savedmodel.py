@@ -246,3 +246,91 @@ def test_a_lookup_graph_with_nothing_to_start_hps_from_says_to_call_init():
         python_ops.py_call(graph_calls.FETCH, context, [tf.constant([1], tf.int64)], [tf.float32])
     with pytest.raises(tf.errors.FailedPreconditionError, match="call hps.Init"):
         python_ops.resolved_table_inputs(graph_calls.CACHE_TABLE, context)
+
+
+# -- SavedModels of NVIDIA's plugin: its ops Init and Lookup ----------------------------------------
+#: The plugin's op definitions (reference hps.md §1.5): inputs in order, then attrs and their types.
+NVIDIA_OPS = {
+    "Init": (
+        [("global_replica_id", "int32"), ("num_replicas_in_sync", "int32"), ("visible_devices", "int32")],
+        {"ps_config_file": "string", "global_batch_size": "int"},
+    ),
+    "Lookup": (
+        [("values", "value_dtype"), ("global_replica_id", "int32"), ("init_status", "status_dtype")],
+        {
+            "value_dtype": "type",
+            "model_name": "string",
+            "table_id": "int",
+            "emb_vec_size": "int",
+            "dtype": "type",
+            "status_dtype": "type",
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NVIDIA_OPS))
+def test_nvidias_ops_are_registered_with_the_plugins_signatures(name):
+    from tensorflow.python.framework import op_def_registry
+
+    graph_calls.load_ops()  # what importing the package does where TensorFlow is imported first
+    op = op_def_registry.get(name)
+    assert op is not None, f"{name} is not registered"
+    inputs = [(a.name, a.type_attr or tf.as_dtype(a.type).name) for a in op.input_arg]
+    attrs = {a.name: a.type for a in op.attr}
+    assert (inputs, attrs) == NVIDIA_OPS[name]
+    assert all(not a.HasField("default_value") for a in op.attr)  # a stripped NodeDef loses nothing
+
+
+def test_a_savedmodel_of_nvidias_ops_serves_in_a_fresh_process(tmp_path):
+    """A SavedModel whose graph holds the plugin's Init and Lookup, as one exported with it does:
+    loaded in a fresh process, Init starts HPS from its ps_config_file and Lookup serves the rows
+    (the default value for keys no tier has)."""
+    from sparse_operation_kit import tf_ops
+
+    folder, weights = support.write_table(tmp_path / "t0", ROWS, DIM0, seed=8)
+    path = support.write_config(
+        tmp_path / "ps.json", support.ps_config([support.model_entry("dlrm", [folder], [DIM0])], **support.DISABLED_DBS)
+    )
+    lib = tf_ops.hps_compat_library()
+
+    def lookup(ids):
+        status = lib.init(
+            global_replica_id=0, num_replicas_in_sync=1, visible_devices=[0], ps_config_file=path, global_batch_size=64
+        )
+        return lib.lookup(
+            values=ids,
+            global_replica_id=0,
+            init_status=status,
+            model_name="dlrm",
+            table_id=0,
+            emb_vec_size=DIM0,
+            dtype=tf.float32,
+        )
+
+    module = tf.Module()
+    module.lookup = tf.function(lookup, input_signature=[tf.TensorSpec([None, 3], tf.int64)])
+    tf.saved_model.save(module, str(tmp_path / "saved"))
+    ids = np.random.default_rng(3).integers(0, ROWS + 10, size=(16, 3)).astype(np.int64)
+    save_batch(tmp_path / "batch.npz", ids)
+    got = _serve_in_a_fresh_process(tmp_path / "saved", tmp_path / "batch.npz", tmp_path / "out.npy")
+    np.testing.assert_array_equal(got, support.oracle(weights, 0.5, 10)[ids])
+
+
+def test_nvidias_lookup_checks_its_init_status_and_its_width(tmp_path):
+    from sparse_operation_kit import tf_ops
+
+    folder, _ = support.write_table(tmp_path / "t0", ROWS, DIM0, seed=8)
+    path = support.write_config(
+        tmp_path / "ps.json", support.ps_config([support.model_entry("dlrm", [folder], [DIM0])], **support.DISABLED_DBS)
+    )
+    lib = tf_ops.hps_compat_library()
+    ids = tf.constant([[1, 2]], tf.int64)
+    common = {"global_replica_id": 0, "model_name": "dlrm", "table_id": 0, "dtype": tf.float32}
+    with pytest.raises(tf.errors.FailedPreconditionError, match="not initialized"):
+        lib.lookup(values=ids, init_status="", emb_vec_size=DIM0, **common)
+    with support.served(path):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="emb_vec_size 3 is not the table's width"):
+            lib.lookup(values=ids, init_status="OK", emb_vec_size=3, **common)
+        rows = lib.lookup(values=ids, init_status="OK", emb_vec_size=DIM0, **common)
+        assert rows.shape == (1, 2, DIM0)

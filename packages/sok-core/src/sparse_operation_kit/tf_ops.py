@@ -4,7 +4,8 @@ The library is compiled against the TensorFlow present when sok-core was built; 
 another TensorFlow version fails with a message naming both versions and the fix. Its GPU kernels
 are a second library (``libsok_tf_ops_gpu.so``, built when a CUDA toolkit was found), loaded only by
 a CUDA build of TensorFlow. The ops whose kernels call Python are a third (``libsok_tf_python.so``,
-:func:`python_library`).
+:func:`python_library`), and the ops of SavedModels exported with NVIDIA's HPS plugin a fourth
+(``libsok_tf_hps_compat.so``, :func:`hps_compat_library`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ _log = logging.getLogger(__name__)
 _LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
 GPU_LIBRARY = "libsok_tf_ops_gpu.so"
 PYTHON_LIBRARY = "libsok_tf_python.so"
+HPS_COMPAT_LIBRARY = "libsok_tf_hps_compat.so"
 # What the build recorded about the GPU kernels: the CUDA toolkit version, or "none".
 _GPU_STAMP = "gpu_build.txt"
 _REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps sok-core (or: make setup in the repository)"
@@ -65,10 +67,22 @@ def library() -> Any:
 def python_library() -> Any:
     """The loaded library of the ops that call Python by name (``SokPyCall``, ``SokResolveTable``;
     :mod:`sparse_operation_kit.python_ops`), after :func:`library` and its checks."""
+    return _load_beside(PYTHON_LIBRARY)
+
+
+@functools.cache
+def hps_compat_library() -> Any:
+    """The loaded library of the two ops of SavedModels exported with NVIDIA's HPS plugin (``Init``,
+    ``Lookup``, with the plugin's signatures; their kernels call ``hierarchical_parameter_server``)."""
+    return _load_beside(HPS_COMPAT_LIBRARY)
+
+
+def _load_beside(name: str) -> Any:
+    """``tf.load_op_library`` of ``lib/<name>``, after :func:`library` and its checks."""
     import tensorflow as tf
 
     library()
-    path = os.path.join(_LIB_DIR, PYTHON_LIBRARY)
+    path = os.path.join(_LIB_DIR, name)
     if not os.path.exists(path):
         raise OpLibraryError(f"sok-core was built without {path}; rebuild it: {_REBUILD}")
     try:

@@ -47,5 +47,6 @@ def __getattr__(name: str) -> Any:
 
 if "tensorflow" in sys.modules:
     importlib.import_module(f"{__name__}.layers")  # registers the layers with Keras for load_model
-    # registers the ops of lookup graphs (SokResolveTable, SokPyCall) for tf.saved_model.load
-    importlib.import_module("sparse_operation_kit.tf_ops").python_library()
+    # registers the ops of lookup graphs (SokResolveTable, SokPyCall) for tf.saved_model.load, and
+    # those of SavedModels exported with NVIDIA's plugin (Init, Lookup)
+    importlib.import_module(f"{__name__}.graph_calls").load_ops()

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import weakref
 from typing import TYPE_CHECKING
@@ -35,7 +36,21 @@ if TYPE_CHECKING:
 
     from hierarchical_parameter_server.server import ParameterServer, ServedTable
 
-__all__ = ["CACHE_TABLE", "FETCH", "FILL", "SCHEDULE_FILL", "VOLATILE_TABLE", "context_of", "register", "unregister"]
+__all__ = [
+    "CACHE_TABLE",
+    "FETCH",
+    "FILL",
+    "SCHEDULE_FILL",
+    "VOLATILE_TABLE",
+    "context_of",
+    "load_ops",
+    "nvidia_init",
+    "nvidia_lookup",
+    "register",
+    "unregister",
+]
+
+logger = logging.getLogger(__name__)
 
 _PREFIX = __name__ + ":"
 #: The functions a lookup graph names (``module:qualname``).
@@ -47,6 +62,19 @@ SCHEDULE_FILL = _PREFIX + "schedule_fill"
 
 _servers: weakref.WeakValueDictionary[str, ParameterServer] = weakref.WeakValueDictionary()
 _servers_lock = threading.Lock()
+
+
+def load_ops() -> None:
+    """Load the ops that lookup graphs name (``SokResolveTable``, ``SokPyCall``) and those of
+    SavedModels exported with NVIDIA's plugin (``Init``, ``Lookup``). Where another library holds
+    ops of those two generic names, the latter are left out with a warning."""
+    from sparse_operation_kit import tf_ops
+
+    tf_ops.python_library()
+    try:
+        tf_ops.hps_compat_library()
+    except tf_ops.OpLibraryError as error:
+        logger.warning("SavedModels exported with NVIDIA's HPS plugin (ops Init, Lookup) will not load: %s", error)
 
 
 def register(server: ParameterServer) -> None:
@@ -111,3 +139,41 @@ def schedule_fill(context: str, keys: np.ndarray) -> np.ndarray:
     """:meth:`.server.ServedTable.fill` of the table in the server's background pool; ``True``."""
     served_table(context).schedule_fill(keys)
     return np.array(True)
+
+
+# -- the ops of SavedModels exported with NVIDIA's HPS plugin (hps_compat_ops.cc) -------------------
+def nvidia_init(context: str) -> None:
+    """``Init``: HPS initialised from the op's ``ps_config_file`` and ``global_batch_size``, unless it
+    is already (then nothing changes, as the plugin's Init)."""
+    from hierarchical_parameter_server import init
+
+    fields = json.loads(context)
+    init.get_server(fields["ps_config_file"], fields["global_batch_size"])
+
+
+def nvidia_lookup(context: str, keys: np.ndarray) -> np.ndarray:
+    """``Lookup``: the rows of ``keys`` (any shape) in the context's table: ``keys.shape + [dim]``.
+
+    Raises:
+        RuntimeError: HPS is not initialised.
+        ValueError: no such model or table, a width other than the table's, or keys of the dtype
+            ``supportlonglong`` does not say.
+    """
+    import tensorflow as tf
+
+    from hierarchical_parameter_server import init
+
+    fields = json.loads(context)
+    served = init.get_server().table(fields["model_name"], fields["table_id"])
+    if fields["emb_vec_size"] != served.dim:
+        raise ValueError(
+            f"Lookup of table {fields['table_id']} of model {fields['model_name']!r}: emb_vec_size "
+            f"{fields['emb_vec_size']} is not the table's width {served.dim} (embedding_vecsize_per_table)"
+        )
+    if keys.dtype != served.key_dtype.as_numpy_dtype:
+        raise ValueError(
+            f"Lookup of {served.tag}: keys are {keys.dtype} but the ps_config's supportlonglong says "
+            f"{served.key_dtype.name}"
+        )
+    rows = served.lookup(tf.constant(keys.reshape(-1)))
+    return rows.numpy().reshape(keys.shape + (served.dim,))
