@@ -330,7 +330,8 @@ def test_nvidias_lookup_checks_its_init_status_and_its_width(tmp_path):
     with pytest.raises(tf.errors.FailedPreconditionError, match="not initialized"):
         lib.lookup(values=ids, init_status="", emb_vec_size=DIM0, **common)
     with support.served(path):
-        with pytest.raises(tf.errors.InvalidArgumentError, match="emb_vec_size 3 is not the table's width"):
+        wrong_width = r"emb_vec_size 3 of Lookup \(NVIDIA HPS\) is not the width of table 0"
+        with pytest.raises(tf.errors.InvalidArgumentError, match=wrong_width):
             lib.lookup(values=ids, init_status="OK", emb_vec_size=3, **common)
         rows = lib.lookup(values=ids, init_status="OK", emb_vec_size=DIM0, **common)
         assert rows.shape == (1, 2, DIM0)

@@ -47,8 +47,7 @@ class PyCallOp : public OpKernel {
 };
 
 bool live(int64_t address) {
-  const auto* ref = reinterpret_cast<const sok_table_ref*>(static_cast<intptr_t>(address));
-  return ref != nullptr && ref->magic == SOK_TABLE_REF_MAGIC;
+  return sok_table_ref_is_live(reinterpret_cast<const sok_table_ref*>(static_cast<intptr_t>(address)));
 }
 
 // table (host scalar) = the address of the TableRef that function(context) returns; cached while

@@ -49,7 +49,7 @@ inline Status table_from(OpKernelContext* ctx, int input, sok_table_ref** out) {
                                    t.shape().DebugString());
   }
   auto* ref = reinterpret_cast<sok_table_ref*>(static_cast<intptr_t>(t.scalar<int64_t>()()));
-  if (ref == nullptr || ref->magic != SOK_TABLE_REF_MAGIC || ref->api == nullptr || ref->storage == nullptr) {
+  if (!sok_table_ref_is_live(ref) || ref->api == nullptr || ref->storage == nullptr) {
     return errors::FailedPrecondition(
         "the table reference does not point at a live SOK storage (was its variable deleted?)");
   }

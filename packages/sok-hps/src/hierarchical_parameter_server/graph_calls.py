@@ -165,15 +165,6 @@ def nvidia_lookup(context: str, keys: np.ndarray) -> np.ndarray:
 
     fields = json.loads(context)
     served = init.get_server().table(fields["model_name"], fields["table_id"])
-    if fields["emb_vec_size"] != served.dim:
-        raise ValueError(
-            f"Lookup of table {fields['table_id']} of model {fields['model_name']!r}: emb_vec_size "
-            f"{fields['emb_vec_size']} is not the table's width {served.dim} (embedding_vecsize_per_table)"
-        )
-    if keys.dtype != served.key_dtype.as_numpy_dtype:
-        raise ValueError(
-            f"Lookup of {served.tag}: keys are {keys.dtype} but the ps_config's supportlonglong says "
-            f"{served.key_dtype.name}"
-        )
+    served.check_call(fields["emb_vec_size"], tf.as_dtype(keys.dtype), "Lookup (NVIDIA HPS)")
     rows = served.lookup(tf.constant(keys.reshape(-1)))
     return rows.numpy().reshape(keys.shape + (served.dim,))

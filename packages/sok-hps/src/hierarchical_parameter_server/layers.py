@@ -85,19 +85,7 @@ class _HpsLayer(keras.layers.Layer):
         """The served table, HPS initialised first if needed; the call's checks."""
         server = init.get_server(self.ps_config_file, self.global_batch_size)
         table = server.table(self.model_name, self.table_id)
-        if self.emb_vec_size != table.dim:
-            raise ValueError(
-                f"emb_vec_size {self.emb_vec_size} of {self.name} is not the width of table {self.table_id} of "
-                f"model {self.model_name!r}: the ps_config says {table.dim} (embedding_vecsize_per_table); "
-                f"pass emb_vec_size={table.dim}"
-            )
-        if ids_dtype != table.key_dtype:
-            flag = "true" if ids_dtype == tf.int64 else "false"
-            raise ValueError(
-                f"ids of {self.name} are {ids_dtype.name} but the ps_config's supportlonglong is "
-                f"{str(table.key_dtype == tf.int64).lower()}, so keys are {table.key_dtype.name}; cast the ids "
-                f'(tf.cast(ids, tf.{table.key_dtype.name})) or set "supportlonglong": {flag}'
-            )
+        table.check_call(self.emb_vec_size, ids_dtype, self.name)
         return table
 
 

@@ -247,6 +247,27 @@ class ServedTable:
         return tf.cond(tf.reduce_all(found), lambda: values, with_misses)
 
     # -- in Python -------------------------------------------------------------------------------
+    def check_call(self, emb_vec_size: int, ids_dtype: tf.DType, caller: str) -> None:
+        """The checks of a lookup by ``caller`` (a layer's name, or an op's): its ``emb_vec_size``
+        must be the table's width and its ids of the key dtype ``supportlonglong`` says.
+
+        Raises:
+            ValueError: either does not hold (the message says how to fix it).
+        """
+        if emb_vec_size != self.dim:
+            raise ValueError(
+                f"emb_vec_size {emb_vec_size} of {caller} is not the width of table {self.table_id} of "
+                f"model {self.model!r}: the ps_config says {self.dim} (embedding_vecsize_per_table); "
+                f"pass emb_vec_size={self.dim}"
+            )
+        if ids_dtype != self.key_dtype:
+            flag = "true" if ids_dtype == tf.int64 else "false"
+            raise ValueError(
+                f"ids of {caller} are {ids_dtype.name} but the ps_config's supportlonglong is "
+                f"{str(self.key_dtype == tf.int64).lower()}, so keys are {self.key_dtype.name}; cast the ids "
+                f'(tf.cast(ids, tf.{self.key_dtype.name})) or set "supportlonglong": {flag}'
+            )
+
     def table_ref(self, tier: str) -> TableRef:
         """The reference that lookup graphs resolve (:mod:`.graph_calls`): of the table's cache
         (``"cache"``), or of its rows in a hash map volatile DB that the graph reads (``"volatile"``).

@@ -11,6 +11,7 @@
 #ifndef SOK_TABLE_REF_H_
 #define SOK_TABLE_REF_H_
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "sok/storage_api.h"
@@ -26,5 +27,10 @@ typedef struct sok_table_ref {
   const sok_initializer* inits; /* (num_inits,) */
   int32_t num_inits;
 } sok_table_ref;
+
+/* Whether `ref` points at a live reference (a released one reads magic 0). */
+static inline int sok_table_ref_is_live(const sok_table_ref* ref) {
+  return ref != NULL && ref->magic == SOK_TABLE_REF_MAGIC;
+}
 
 #endif /* SOK_TABLE_REF_H_ */
