@@ -275,18 +275,23 @@ class ServedTable:
         Raises:
             ValueError: the table has no such table (e.g. ``"cache"`` with ``gpucache: false``).
         """
-        variable = {"cache": self.cache.variable if self.cache is not None else None, "volatile": self._volatile_rows}
-        if variable.get(tier) is None:
-            valid = [name for name, v in variable.items() if v is not None]
-            raise ValueError(f"table {self.tag} has no {tier!r} table that a lookup graph reads; it has: {valid}")
-        return variable[tier].table_ref
+        variables = self._graph_variables()
+        if tier not in variables:
+            raise ValueError(
+                f"table {self.tag} has no {tier!r} table that a lookup graph reads; it has: {sorted(variables)}"
+            )
+        return variables[tier].table_ref
 
     def release(self) -> None:
         """Mark the tables that graphs resolve dead (the server closes): a graph then resolves the
         table again, in the process's server."""
-        for variable in (self.cache.variable if self.cache is not None else None, self._volatile_rows):
-            if variable is not None:
-                variable.table_ref.release()
+        for variable in self._graph_variables().values():
+            variable.table_ref.release()
+
+    def _graph_variables(self) -> dict[str, Any]:
+        """The tables lookup graphs read, by tier (``"cache"``, ``"volatile"``), those the table has."""
+        variables = {"cache": self.cache.variable if self.cache is not None else None, "volatile": self._volatile_rows}
+        return {tier: v for tier, v in variables.items() if v is not None}
 
     def schedule_fill(self, keys: np.ndarray) -> None:
         """:meth:`fill` in the server's background pool."""
