@@ -63,6 +63,10 @@ constexpr int kMaxInits = 8;        // initializers per call (embedding + optimi
 // and raises occupancy, which shortens the kernel. Tighter bounds spill and slow it down;
 // find_kernel gains nothing from a bound.
 constexpr int kHitsMinBlocks = 4;
+// The same for each placing kernel: the residency its registers allowed without spills. The
+// evicting pass needs the bound to keep two blocks (twice the bucket scans in flight); every
+// instantiation takes one, since a bound of 1 lets ptxas take more registers and lose a block.
+constexpr int place_min_blocks(bool evict, bool hybrid, bool constant) { return !evict && !hybrid && constant ? 3 : 2; }
 constexpr uint8_t kEmptyState = 0;
 constexpr uint8_t kBusyState = 1;
 
@@ -343,22 +347,18 @@ __device__ int64_t claim_empty(const View& t, const Group& g, int64_t b, int32_t
 }
 
 // The live slot of bucket b below slot `limit` with the lowest score (ties: the lowest slot), and
-// that score; *slot = -1 when there is none. With `busy`: whether a slot below `limit` was busy
-// (its score unknown: a row being written or moved).
+// that score; *slot = -1 when there is none.
 template <class Group>
-__device__ void lowest_score(const View& t, const Group& g, int64_t b, int32_t limit, int64_t* slot, uint64_t* score,
-                             bool* busy = nullptr) {
+__device__ void lowest_score(const View& t, const Group& g, int64_t b, int32_t limit, int64_t* slot, uint64_t* score) {
   const int lane = static_cast<int>(g.thread_rank());
   uint64_t best = ~uint64_t{0};
   int64_t best_slot = -1;
-  uint32_t busy_bits = 0;
 #pragma unroll
   for (int q = 0; q < kChunks; ++q) {
     const int c = lane + q * kGroup;
     const uint32_t below = c * 16 >= limit ? 0u : c * 16 + 16 > limit ? (1u << (limit - c * 16)) - 1u : 0xFFFFu;
     const uint4 v = states16<true>(t, b, c);
-    uint32_t live = c * 16 < t.B ? live16(v) & below : 0u;
-    if (busy != nullptr && c * 16 < t.B) busy_bits |= match16(v, kBusyState) & below;
+    const uint32_t live = c * 16 < t.B ? live16(v) & below : 0u;
     if (live == 0) continue;
     // The chunk's 16 loads are issued before any score is compared: one memory latency per chunk,
     // not one per live slot (more registers in the placing kernels, for faster upserts into a
@@ -386,7 +386,78 @@ __device__ void lowest_score(const View& t, const Group& g, int64_t b, int32_t l
   }
   *slot = best_slot;
   *score = best;
-  if (busy != nullptr) *busy = g.any(busy_bits != 0);
+}
+
+// What an evicting scan of a whole bucket saw (scan_bucket).
+struct BucketScan {
+  int64_t slot;    // the live slot with the lowest score (ties: the lowest slot), or -1
+  uint64_t score;  // its score
+  uint32_t word;   // the 32-bit word of state bytes holding the slot's, as the scan read it
+  bool empty;      // an empty slot was seen: no score was read
+  bool busy;       // a busy slot was seen (its score unknown: a row being written or moved)
+};
+
+// The scan of a full bucket by take_victim: the state bytes (one round trip), then, where no slot
+// is empty, every live slot's score (a second), and the live slot of the lowest score with the
+// state word seen for it, so the victim is locked by one CAS of that word. `cached` reads the
+// scores through L1: the two scores of a 32-byte sector are read by consecutive loads of one lane,
+// and through L1 the second costs no L2 request (half the L2 requests of a scan). A score cached
+// in L1 may be older than the slot's (L1 is not coherent): in an evicting pass a slot's score only
+// changes when a newcomer of the same kernel replaces its key, so a stale score is that of a key
+// already evicted, which the victim's score, read again after locking, exposes (the scan is then
+// repeated with `cached` false), or (lfu's low-scoring newcomers) hides a newcomer of this kernel
+// as concurrent replacements can anyway.
+// (Issuing the score loads with the state loads, one round trip in all, needed registers that
+// cost the evicting pass its second resident block, and it ran slower.)
+template <class Group>
+__device__ BucketScan scan_bucket(const View& t, const Group& g, int64_t b, bool cached) {
+  const int lane = static_cast<int>(g.thread_rank());
+  uint4 v[kChunks];
+#pragma unroll
+  for (int q = 0; q < kChunks; ++q) v[q] = states16<true>(t, b, lane + q * kGroup);
+  uint32_t empties = 0;
+  uint32_t busy_bits = 0;
+#pragma unroll
+  for (int q = 0; q < kChunks; ++q) {
+    if ((lane + q * kGroup) * 16 >= t.B) continue;
+    empties |= match16(v[q], kEmptyState);
+    busy_bits |= match16(v[q], kBusyState);
+  }
+  BucketScan s{-1, ~uint64_t{0}, 0, g.any(empties != 0), g.any(busy_bits != 0)};
+  if (s.empty) return s;
+  int32_t best_j = -1;
+#pragma unroll
+  for (int q = 0; q < kChunks; ++q) {
+    const int c = lane + q * kGroup;
+    const uint32_t live = c * 16 < t.B ? live16(v[q]) : 0u;
+    const uint64_t* scores = t.score_at((b << t.log_b) + c * 16);
+    uint64_t sc[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      sc[k] = !((live >> k) & 1u) ? 0 : cached ? read_u64<false>(scores + 2 * k) : read_u64<true>(scores + 2 * k);
+    }
+    // Slots ascend, so a strict < keeps the lowest slot of a tie.
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      if (((live >> k) & 1u) && (best_j < 0 || sc[k] < s.score)) {
+        s.score = sc[k];
+        best_j = c * 16 + k;
+        s.word = word_of(v[q], k / 4);
+      }
+    }
+  }
+  for (int offset = kGroup / 2; offset > 0; offset /= 2) {
+    const uint64_t other = g.shfl_xor(s.score, offset);
+    const int32_t other_j = g.shfl_xor(best_j, offset);
+    const uint32_t other_word = g.shfl_xor(s.word, offset);
+    if (other_j >= 0 && (best_j < 0 || other < s.score || (other == s.score && other_j < best_j))) {
+      s.score = other;
+      best_j = other_j;
+      s.word = other_word;
+    }
+  }
+  s.slot = best_j < 0 ? -1 : (b << t.log_b) + best_j;
+  return s;
 }
 
 // Copies w floats (group-parallel: the lanes of g, a static tile, take neighbouring 16-byte vectors
@@ -683,7 +754,7 @@ __device__ void spill(const Group& g, const UpsertArgs& a, int32_t W, uint64_t k
 // (no slot changes hands) and marks the others missing; list_missing_kernel lists the missing
 // leaders; place_missing_kernel<false> (pass A) places them in empty slots and, in an evicting
 // table, lists the keys whose home bucket is full; place_missing_kernel<true> (pass B) evicts for
-// those. Rows updated by the first kernel are complete before anyone evicts, so an evicted row is
+// those (in a nearly full table it takes the whole list instead, without pass A). Rows updated by the first kernel are complete before anyone evicts, so an evicted row is
 // always whole. A pure device table's pass A publishes new slots without a fence (nobody reads them
 // during that kernel); pass B, and pass A of a hybrid table (whose device_slot_for moves rows placed
 // in the same kernel), publish after a fence.
@@ -734,19 +805,21 @@ __device__ int64_t take_victim(const Group& g, const View& t, const UpsertArgs& 
                                int32_t w, bool* replaced) {
   const int lane = static_cast<int>(g.thread_rank());
   int waits = 0;
-  while (true) {
+  for (int tries = 0;; ++tries) {
     *replaced = false;
-    const int64_t empty = claim_empty(t, g, b, t.B, w);
-    if (empty >= 0) return empty;
-    int64_t victim;
-    uint64_t low;
-    bool busy = false;
-    lowest_score(t, g, b, t.B, &victim, &low, &busy);
+    const BucketScan s = scan_bucket(t, g, b, tries == 0);
+    if (s.empty) {
+      const int64_t empty = claim_empty(t, g, b, t.B, w);
+      if (empty >= 0) return empty;
+      continue;
+    }
+    const int64_t victim = s.slot;
+    const uint64_t low = s.score;
     if (victim < 0) continue;  // every slot busy for a moment: look again
     if (!a.admit_all && new_score < low) {
       // A busy slot may be taking a newcomer that scores below this one (which then goes in, in its
       // place): wait for it. Bounded: a hybrid host slot stays busy until the kernel's end.
-      if (busy && ++waits < kRefusalWaits) {
+      if (s.busy && ++waits < kRefusalWaits) {
         __nanosleep(64);
         continue;
       }
@@ -754,10 +827,14 @@ __device__ int64_t take_victim(const Group& g, const View& t, const UpsertArgs& 
     }
     int ok = 0;
     if (lane == 0) {
-      // No waiting for a victim another group holds: in a hybrid table it may be a host slot that
-      // receives a moved row and stays busy until the flush after this kernel. Choose again.
-      const uint8_t vd = static_cast<uint8_t>(__ldcg(state_word(t, victim)) >> state_shift(victim));
-      if (vd >= 2 && lock_slot(t, victim, vd, false)) {
+      // The CAS expects the state word as the scan read it; where it changed since (a neighbour's
+      // state), lock_slot looks again. No waiting for a victim another group holds: in a hybrid
+      // table it may be a host slot that receives a moved row and stays busy until the flush after
+      // this kernel. Choose again.
+      const int shift = state_shift(victim);
+      const uint8_t vd = static_cast<uint8_t>(s.word >> shift);
+      const unsigned int locked = (s.word & ~(0xFFu << shift)) | (static_cast<unsigned int>(kBusyState) << shift);
+      if (atomicCAS(state_word(t, victim), s.word, locked) == s.word || lock_slot(t, victim, vd, false)) {
         if (read_u64<true>(t.score_at(victim)) == low) {
           ok = 1;
         } else {
@@ -877,14 +954,15 @@ __global__ void __launch_bounds__(kBlock) list_missing_kernel(int64_t n, const v
 }
 
 // The placing kernel's work lists (device memory, batch indices and their keys): pass A places
-// todo[0 .. counts[0]); in an evicting table it lists the keys whose home bucket is full in
-// full[0 .. counts[1]) for pass B.
+// todo[0 .. *todo_count); in an evicting table it lists the keys whose home bucket is full in
+// full[0 .. *full_count) for pass B.
 struct PlaceLists {
   int32_t* todo;  // written by list_missing_kernel
   uint64_t* todo_keys;
+  unsigned int* todo_count;
   int32_t* full;
   uint64_t* full_keys;
-  unsigned int* counts;
+  unsigned int* full_count;
 };
 
 // Places the listed missing (leader) keys. Pass A (kEvict false) takes the todo list: an empty slot
@@ -896,8 +974,8 @@ struct PlaceLists {
 // in shared memory: without both, fewer registers (ptxas -v) and more resident blocks per SM.
 // Capping pass A's registers further spilled and made it slower.
 template <bool kEvict, bool kHybrid, bool kConstInits>
-__global__ void place_missing_kernel(View t, UpsertArgs a, PlaceLists lists, Moves moves) {
-  const unsigned int listed = lists.counts[kEvict ? 1 : 0];
+__global__ void __launch_bounds__(kBlock, place_min_blocks(kEvict, kHybrid, kConstInits)) place_missing_kernel(View t, UpsertArgs a, PlaceLists lists, Moves moves) {
+  const unsigned int listed = *(kEvict ? lists.full_count : lists.todo_count);
   if (listed == 0) return;
   const int32_t* list = kEvict ? lists.full : lists.todo;
   const uint64_t* list_keys = kEvict ? lists.full_keys : lists.todo_keys;
@@ -939,7 +1017,7 @@ __global__ void place_missing_kernel(View t, UpsertArgs a, PlaceLists lists, Mov
       slot = claim_for_new<kHybrid>(t, g, moves, b, new_score, window);
       if (slot < 0) {
         if (lane == 0) {
-          const unsigned int at = atomicAdd(lists.counts + 1, 1u);
+          const unsigned int at = atomicAdd(lists.full_count, 1u);
           lists.full[at] = static_cast<int32_t>(i);
           lists.full_keys[at] = key;
         }

@@ -540,7 +540,8 @@ class BucketTable final : public sok::Storage {
       size_t at = 0;
       missing = memory.as<uint8_t>(at);
       at += align(n);
-      lists.counts = memory.as<unsigned int>(at);
+      lists.todo_count = memory.as<unsigned int>(at);
+      lists.full_count = lists.todo_count + 1;
       at += align(2 * sizeof(unsigned int));
       lists.todo = memory.as<int32_t>(at);
       at += align(sizeof(int32_t) * n);
@@ -551,7 +552,7 @@ class BucketTable final : public sok::Storage {
         at += align(sizeof(int32_t) * n);
         lists.full_keys = memory.as<uint64_t>(at);
       }
-      check_cuda(cudaMemsetAsync(lists.counts, 0, 2 * sizeof(unsigned int), stream), "cudaMemsetAsync");
+      check_cuda(cudaMemsetAsync(lists.todo_count, 0, 2 * sizeof(unsigned int), stream), "cudaMemsetAsync");
     }
     Scratch memory;
     uint8_t* missing = nullptr;
@@ -590,33 +591,51 @@ class BucketTable final : public sok::Storage {
   void place(cudaStream_t stream, const UpsertArgs& a, const Upsert& upsert) {
     list_missing_kernel<<<blocks_for(a.n, kBlock), kBlock, 0, stream>>>(
         a.n, a.keys, a.key_type, a.leader, upsert.missing, upsert.lists.todo, upsert.lists.todo_keys,
-        upsert.lists.counts);
+        upsert.lists.todo_count);
     const unsigned int blocks = group_blocks(a.n);
     const bool hybrid = view_.hb < view_.B;
     const bool constant = std::all_of(a.inits.items, a.inits.items + a.inits.count,
                                       [](const sok_initializer& i) { return i.kind == SOK_INIT_CONSTANT; });
+    const bool evict_only = a.evicting && nearly_full();
     if (hybrid && constant) {
-      place_missing<true, true>(blocks, stream, a, upsert.lists);
+      place_missing<true, true>(blocks, stream, a, upsert.lists, evict_only);
     } else if (hybrid) {
-      place_missing<true, false>(blocks, stream, a, upsert.lists);
+      place_missing<true, false>(blocks, stream, a, upsert.lists, evict_only);
     } else if (constant) {
-      place_missing<false, true>(blocks, stream, a, upsert.lists);
+      place_missing<false, true>(blocks, stream, a, upsert.lists, evict_only);
     } else {
-      place_missing<false, false>(blocks, stream, a, upsert.lists);
+      place_missing<false, false>(blocks, stream, a, upsert.lists, evict_only);
     }
     check_cuda(cudaGetLastError(), "upsert kernels");
   }
 
   // Pass A, then in an evicting table pass B, of the placing kernel compiled for this table; in a
-  // hybrid table each pass is followed by the flush of the rows it moved to host memory.
+  // hybrid table each pass is followed by the flush of the rows it moved to host memory. With
+  // `evict_only`, pass B alone places the whole todo list (it takes an empty slot where the key's
+  // bucket has one): one kernel instead of two where nearly every bucket is full.
   template <bool kHybrid, bool kConstInits>
-  void place_missing(unsigned int blocks, cudaStream_t stream, const UpsertArgs& a, const PlaceLists& lists) {
+  void place_missing(unsigned int blocks, cudaStream_t stream, const UpsertArgs& a, const PlaceLists& lists,
+                     bool evict_only) {
     std::optional<StagedMoves> staged;
     Moves moves{};
     if (kHybrid) {
-      staged.emplace(stream, a.n, view_.W);
+      // Under a policy that may refuse a newcomer, every row must stay visible while the pass runs:
+      // a staged row's host slot is busy until the flush, and a newcomer that outscores only that
+      // row would be refused. There each move is written straight to its host slot (capacity 0).
+      const bool stage = a.admit_all;
+      staged.emplace(stream, stage ? a.n : 1, view_.W);
+      if (!stage) staged->moves.capacity = 0;
       moves = staged->moves;
       staged->reset(stream);
+    }
+    if (evict_only) {
+      PlaceLists todo = lists;  // pass B reads the list for pass B
+      todo.full = lists.todo;
+      todo.full_keys = lists.todo_keys;
+      todo.full_count = lists.todo_count;
+      place_missing_kernel<true, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, todo, moves);
+      if (kHybrid) staged->flush(stream, view_, sm_count_);
+      return;
     }
     place_missing_kernel<false, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists, moves);
     if (kHybrid) staged->flush(stream, view_, sm_count_);
@@ -625,6 +644,13 @@ class BucketTable final : public sok::Storage {
       place_missing_kernel<true, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists, moves);
       if (kHybrid) staged->flush(stream, view_, sm_count_);
     }
+  }
+
+  // Whether the table holds 15/16 of its slots or more by the latest size snapshot (an upper bound
+  // while a snapshot is on its way): pass A of an evicting table would then find few empty slots.
+  bool nearly_full() {
+    refresh_bound();
+    return bound_ * 16 >= capacity_slots() * 15;
   }
 
   // Scratch of a hybrid table's placing kernel: room for one staged row per key of the call (a key
