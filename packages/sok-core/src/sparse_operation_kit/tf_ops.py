@@ -54,10 +54,7 @@ def library() -> Any:
             f"sok-core's op library was built for TensorFlow {built_for} but TensorFlow {tf.__version__} is "
             f"installed; rebuild it: {_REBUILD}"
         )
-    try:
-        lib = tf.load_op_library(path)
-    except Exception as error:  # the loader's message is the useful part: keep it
-        raise OpLibraryError(f"loading {path} failed: {error}. Rebuild it: {_REBUILD}") from error
+    lib = _load(tf, path)
     if tf.test.is_built_with_cuda():
         _load_gpu_kernels(tf)
     return lib
@@ -85,6 +82,11 @@ def _load_beside(name: str) -> Any:
     path = os.path.join(_LIB_DIR, name)
     if not os.path.exists(path):
         raise OpLibraryError(f"sok-core was built without {path}; rebuild it: {_REBUILD}")
+    return _load(tf, path)
+
+
+def _load(tf: Any, path: str) -> Any:
+    """``tf.load_op_library(path)``; a failure raises OpLibraryError with the loader's message."""
     try:
         return tf.load_op_library(path)
     except Exception as error:  # the loader's message is the useful part: keep it

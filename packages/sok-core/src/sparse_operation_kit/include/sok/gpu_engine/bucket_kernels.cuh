@@ -346,49 +346,7 @@ __device__ int64_t claim_empty(const View& t, const Group& g, int64_t b, int32_t
   }
 }
 
-// The live slot of bucket b below slot `limit` with the lowest score (ties: the lowest slot), and
-// that score; *slot = -1 when there is none.
-template <class Group>
-__device__ void lowest_score(const View& t, const Group& g, int64_t b, int32_t limit, int64_t* slot, uint64_t* score) {
-  const int lane = static_cast<int>(g.thread_rank());
-  uint64_t best = ~uint64_t{0};
-  int64_t best_slot = -1;
-#pragma unroll
-  for (int q = 0; q < kChunks; ++q) {
-    const int c = lane + q * kGroup;
-    const uint32_t below = c * 16 >= limit ? 0u : c * 16 + 16 > limit ? (1u << (limit - c * 16)) - 1u : 0xFFFFu;
-    const uint4 v = states16<true>(t, b, c);
-    const uint32_t live = c * 16 < t.B ? live16(v) & below : 0u;
-    if (live == 0) continue;
-    // The chunk's 16 loads are issued before any score is compared: one memory latency per chunk,
-    // not one per live slot (more registers in the placing kernels, for faster upserts into a
-    // full hkv table). Slots ascend, so a strict <
-    // keeps the lowest slot of a tie.
-    const int64_t first = (b << t.log_b) + c * 16;
-    uint64_t sc[16];
-#pragma unroll
-    for (int k = 0; k < 16; ++k) sc[k] = (live >> k) & 1u ? read_u64<true>(t.score_at(first + k)) : 0;
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      if (((live >> k) & 1u) && (best_slot < 0 || sc[k] < best)) {
-        best = sc[k];
-        best_slot = first + k;
-      }
-    }
-  }
-  for (int offset = kGroup / 2; offset > 0; offset /= 2) {
-    const uint64_t other = g.shfl_xor(best, offset);
-    const int64_t other_slot = g.shfl_xor(best_slot, offset);
-    if (other_slot >= 0 && (best_slot < 0 || other < best || (other == best && other_slot < best_slot))) {
-      best = other;
-      best_slot = other_slot;
-    }
-  }
-  *slot = best_slot;
-  *score = best;
-}
-
-// What an evicting scan of a whole bucket saw (scan_bucket).
+// What a scan of a bucket's slots below a limit saw (scan_bucket).
 struct BucketScan {
   int64_t slot;    // the live slot with the lowest score (ties: the lowest slot), or -1
   uint64_t score;  // its score
@@ -397,39 +355,44 @@ struct BucketScan {
   bool busy;       // a busy slot was seen (its score unknown: a row being written or moved)
 };
 
-// The scan of a full bucket by take_victim: the state bytes (one round trip), then, where no slot
-// is empty, every live slot's score (a second), and the live slot of the lowest score with the
-// state word seen for it, so the victim is locked by one CAS of that word. `cached` reads the
-// scores through L1: the two scores of a 32-byte sector are read by consecutive loads of one lane,
-// and through L1 the second costs no L2 request (half the L2 requests of a scan). A score cached
-// in L1 may be older than the slot's (L1 is not coherent): in an evicting pass a slot's score only
-// changes when a newcomer of the same kernel replaces its key, so a stale score is that of a key
-// already evicted, which the victim's score, read again after locking, exposes (the scan is then
-// repeated with `cached` false), or (lfu's low-scoring newcomers) hides a newcomer of this kernel
-// as concurrent replacements can anyway.
+// The scan of bucket b's slots below `limit` for a victim (take_victim: the whole bucket;
+// device_slot_for: its device slots): the state bytes (one round trip), then, where no slot is
+// empty, every live slot's score (a second; the chunk's loads are all issued before any score is
+// compared), and the live slot of the lowest score with the state word seen for it, which
+// lock_scanned locks by one CAS. `cached` reads the scores through L1: the two scores of a 32-byte
+// sector are read by consecutive loads of one lane, and through L1 the second costs no L2 request
+// (half the L2 requests of a scan). A score cached in L1 may be older than the slot's (L1 is not
+// coherent): in an evicting pass a slot's score only changes when a newcomer of the same kernel
+// replaces its key, so a stale score is that of a key already evicted, which the victim's score,
+// read again after locking, exposes (take_victim then scans again with `cached` false), or (lfu's
+// low-scoring newcomers) hides a newcomer of this kernel as concurrent replacements can anyway.
 // (Issuing the score loads with the state loads, one round trip in all, needed registers that
 // cost the evicting pass its second resident block, and it ran slower.)
 template <class Group>
-__device__ BucketScan scan_bucket(const View& t, const Group& g, int64_t b, bool cached) {
+__device__ BucketScan scan_bucket(const View& t, const Group& g, int64_t b, int32_t limit, bool cached) {
   const int lane = static_cast<int>(g.thread_rank());
   uint4 v[kChunks];
+  uint32_t below[kChunks];
 #pragma unroll
-  for (int q = 0; q < kChunks; ++q) v[q] = states16<true>(t, b, lane + q * kGroup);
+  for (int q = 0; q < kChunks; ++q) {
+    const int c = lane + q * kGroup;
+    v[q] = states16<true>(t, b, c);
+    below[q] = c * 16 >= limit ? 0u : c * 16 + 16 > limit ? (1u << (limit - c * 16)) - 1u : 0xFFFFu;
+  }
   uint32_t empties = 0;
   uint32_t busy_bits = 0;
 #pragma unroll
   for (int q = 0; q < kChunks; ++q) {
-    if ((lane + q * kGroup) * 16 >= t.B) continue;
-    empties |= match16(v[q], kEmptyState);
-    busy_bits |= match16(v[q], kBusyState);
+    empties |= match16(v[q], kEmptyState) & below[q];
+    busy_bits |= match16(v[q], kBusyState) & below[q];
   }
-  BucketScan s{-1, ~uint64_t{0}, 0, g.any(empties != 0), g.any(busy_bits != 0)};
+  BucketScan s{-1, ~uint64_t{0}, 0, g.any(empties != 0) != 0, g.any(busy_bits != 0) != 0};
   if (s.empty) return s;
   int32_t best_j = -1;
 #pragma unroll
   for (int q = 0; q < kChunks; ++q) {
     const int c = lane + q * kGroup;
-    const uint32_t live = c * 16 < t.B ? live16(v[q]) : 0u;
+    const uint32_t live = live16(v[q]) & below[q];
     const uint64_t* scores = t.score_at((b << t.log_b) + c * 16);
     uint64_t sc[16];
 #pragma unroll
@@ -458,6 +421,20 @@ __device__ BucketScan scan_bucket(const View& t, const Group& g, int64_t b, bool
   }
   s.slot = best_j < 0 ? -1 : (b << t.log_b) + best_j;
   return s;
+}
+
+// Locks the victim a scan chose (one lane): a CAS of the state word as the scan read it, or, where
+// the word changed since (a neighbour's state), lock_slot without waiting; then checks that it still
+// holds the score the scan compared. Sets *state to the victim's state byte (to release it with).
+// False where it is held by another group, or changed: choose again.
+__device__ bool lock_scanned(const View& t, const BucketScan& s, uint8_t* state) {
+  const int shift = state_shift(s.slot);
+  *state = static_cast<uint8_t>(s.word >> shift);
+  const unsigned int locked = (s.word & ~(0xFFu << shift)) | (static_cast<unsigned int>(kBusyState) << shift);
+  if (atomicCAS(state_word(t, s.slot), s.word, locked) != s.word && !lock_slot(t, s.slot, *state, false)) return false;
+  if (read_u64<true>(t.score_at(s.slot)) == s.score) return true;
+  release_slot(t, s.slot, *state);
+  return false;
 }
 
 // Copies w floats (group-parallel: the lanes of g, a static tile, take neighbouring 16-byte vectors
@@ -541,22 +518,13 @@ template <class Group>
 __device__ int64_t device_slot_for(const View& t, const Group& g, const Moves& moves, int64_t b, int64_t host_slot,
                                    uint64_t new_score) {
   if (t.hb == 0) return host_slot;
-  int64_t victim;
-  uint64_t low;
-  lowest_score(t, g, b, t.hb, &victim, &low);
+  const BucketScan s = scan_bucket(t, g, b, t.hb, false);
+  const int64_t victim = s.slot;
+  const uint64_t low = s.score;
   const int lane = static_cast<int>(g.thread_rank());
   uint8_t dv = 0;
   int got = 0;
-  if (lane == 0 && victim >= 0 && low < new_score) {
-    dv = static_cast<uint8_t>(__ldcg(state_word(t, victim)) >> state_shift(victim));
-    if (dv >= 2 && lock_slot(t, victim, dv, false)) {
-      if (read_u64<true>(t.score_at(victim)) == low) {
-        got = 1;
-      } else {
-        release_slot(t, victim, dv);
-      }
-    }
-  }
+  if (lane == 0 && victim >= 0 && low < new_score) got = lock_scanned(t, s, &dv) ? 1 : 0;
   if (!g.shfl(got, 0)) return host_slot;
   unsigned int at = 0;
   if (lane == 0) {
@@ -807,7 +775,7 @@ __device__ int64_t take_victim(const Group& g, const View& t, const UpsertArgs& 
   int waits = 0;
   for (int tries = 0;; ++tries) {
     *replaced = false;
-    const BucketScan s = scan_bucket(t, g, b, tries == 0);
+    const BucketScan s = scan_bucket(t, g, b, t.B, tries == 0);
     if (s.empty) {
       const int64_t empty = claim_empty(t, g, b, t.B, w);
       if (empty >= 0) return empty;
@@ -825,23 +793,11 @@ __device__ int64_t take_victim(const Group& g, const View& t, const UpsertArgs& 
       }
       return -1;
     }
+    // No waiting for a victim another group holds: in a hybrid table it may be a host slot that
+    // receives a moved row and stays busy until the flush after this kernel. Choose again.
     int ok = 0;
-    if (lane == 0) {
-      // The CAS expects the state word as the scan read it; where it changed since (a neighbour's
-      // state), lock_slot looks again. No waiting for a victim another group holds: in a hybrid
-      // table it may be a host slot that receives a moved row and stays busy until the flush after
-      // this kernel. Choose again.
-      const int shift = state_shift(victim);
-      const uint8_t vd = static_cast<uint8_t>(s.word >> shift);
-      const unsigned int locked = (s.word & ~(0xFFu << shift)) | (static_cast<unsigned int>(kBusyState) << shift);
-      if (atomicCAS(state_word(t, victim), s.word, locked) == s.word || lock_slot(t, victim, vd, false)) {
-        if (read_u64<true>(t.score_at(victim)) == low) {
-          ok = 1;
-        } else {
-          release_slot(t, victim, vd);  // its score moved: choose again
-        }
-      }
-    }
+    uint8_t vd = 0;
+    if (lane == 0) ok = lock_scanned(t, s, &vd) ? 1 : 0;
     if (!g.shfl(ok, 0)) continue;
     if (a.ev_keys != nullptr) {
       spill(g, a, t.W, read_u64<true>(t.key_at(victim)), t.row(victim), low);
