@@ -713,7 +713,9 @@ __device__ void spill(const Group& g, const UpsertArgs& a, int32_t W, uint64_t k
     store_key_d(a.ev_keys, a.key_type, static_cast<int64_t>(idx), key);
     if (a.ev_scores != nullptr) a.ev_scores[idx] = score;
   }
-  if (a.ev_values != nullptr) copy_floats<false>(g, a.ev_values + static_cast<int64_t>(idx) * W, row, W);
+  // Past L1: other SMs rewrite a slot's row during the kernel, and this SM's L1 may still hold the
+  // row of the slot's previous key (a row spilled with the wrong key on the H100).
+  if (a.ev_values != nullptr) copy_floats<false, true>(g, a.ev_values + static_cast<int64_t>(idx) * W, row, W);
 }
 
 // Upserts. The keys placed by a call are distinct (callers deduplicate; an LRU find_or_insert
