@@ -81,12 +81,44 @@ def test_rows_moving_between_device_and_host_memory_keep_their_values() -> None:
     cp.testing.assert_array_equal(values[:count][order], cp.concatenate([rows(old) + 23, rows(new[4:])]))
 
 
-def test_an_upsert_moving_more_rows_than_its_staging_holds_keeps_every_row() -> None:
-    """Rows that leave device memory during an upsert are staged in device memory (at most 256 MiB of
-    them per call) and written to host memory after it; past that the rest go straight to host
-    memory. 256 KiB rows: 2,048 old keys fill the device halves of 32 buckets, then 1,300 new keys
-    take device slots and move about 1,200 old rows out, more than the 1,024 staged. Every key found
-    has its row; new keys are all found (LRU evicts only old ones, from the few buckets that fill)."""
+def test_the_newcomers_of_one_call_all_take_device_rows() -> None:
+    """One bucket of 128 slots, 32 of them with device rows, filled by 32 old keys. 32 newer keys
+    come in one call: all of them contend for the same lowest-score device row at once, and every
+    one must end up in a device slot (the losers of a lock choose the next row), moving each old row
+    to host memory. export_batch walks slots in order and a bucket's device slots come first, so
+    slots 0-31 hold exactly the new keys."""
+    cp = pytest.importorskip("cupy")
+    dim = 4
+    options = {
+        "init_capacity": "128",
+        "max_capacity": "128",
+        "max_bucket_size": "128",
+        "max_hbm_for_vectors": str(32 * dim * 4 / 2**30),
+    }
+    table = get_registry().factory("hybrid")(key_dtype="int64", row_width=dim, options=options, device=DEVICE)
+
+    def rows(keys: object) -> object:
+        return keys.astype(cp.float32)[:, None] * 10 + cp.arange(dim, dtype=cp.float32)
+
+    old = cp.arange(32, dtype=cp.int64)
+    new = cp.arange(1000, 1032, dtype=cp.int64)
+    table.insert_or_assign(old, 0, dim, rows(old), None, [])
+    table.insert_or_assign(new, 0, dim, rows(new), None, [])
+    for offset, limit, expected in ((0, 32, new), (32, 96, old)):
+        keys = cp.empty(limit, dtype=cp.int64)
+        values = cp.empty((limit, dim), dtype=cp.float32)
+        count = table.export_batch(offset, limit, 0, dim, keys, values, None, None)
+        assert count == 32
+        order = cp.argsort(keys[:count])
+        cp.testing.assert_array_equal(keys[:count][order], expected)
+        cp.testing.assert_array_equal(values[:count][order], rows(expected))
+
+
+def test_an_upsert_moving_many_wide_rows_keeps_every_row() -> None:
+    """Rows that leave device memory during an upsert go straight to their host slots. 256 KiB rows:
+    2,048 old keys fill the device halves of 32 buckets, then 1,300 new keys take device slots and
+    move about 1,200 old rows out (300 MiB over PCIe in one call). Every key found has its row; new
+    keys are all found (LRU evicts only old ones, from the few buckets that fill)."""
     cp = pytest.importorskip("cupy")
     dim = 65536
     options = {

@@ -11,8 +11,8 @@
 // pinned host memory for the others. A new key takes the lowest empty device slot; in a hybrid
 // table whose bucket has none, it takes a device slot all the same when it outscores the bucket's
 // lowest device row, which moves to the free (or evicted) host slot (claim_for_new,
-// device_slot_for; the moved rows are staged and written to host memory after the kernel, in slot
-// order: Moves).
+// device_slot_for; the placing list is in bucket order, so the moves write host memory in nearly
+// ascending address order).
 //
 // Probing. A key hashes (splitmix64, as on the CPU) to a home bucket; a group of kGroup lanes scans
 // the bucket's B state bytes at once (16-byte chunks, one 128-byte line for B = 128), then compares
@@ -493,79 +493,46 @@ __device__ void zero_floats(const Group& g, float* dst, int32_t w) {
   }
 }
 
-// Hybrid tables: the rows that leave device memory during a placing kernel (device_slot_for), staged
-// in device memory and written to their host slots after the kernel by flush_moves_kernel, in slot
-// order. Scattered row writes into mapped host memory are bound by the GPU's translation of host
-// pages (a table with gigabytes of host rows touches a new page with nearly every row); written in
-// ascending address order they run at the PCIe bandwidth. A staged row's host slot already holds
-// its key and score but stays busy (no lookup or evictor sees it) until the flush publishes it.
-// A pass moves more rows than `capacity` only in very large calls: the rows past it are written
-// straight to their host slots (the slower scattered writes) instead of being staged.
-struct Moves {
-  float* rows;            // (capacity, W): staged row i
-  uint64_t* keys;         // per staged row: (host slot << 8) | digest to publish; all ones where unused
-  unsigned int* count;    // rows claimed for staging (those past capacity were written directly)
-  unsigned int capacity;  // rows the staging holds
-};
-
 // Hybrid tables: host_slot of bucket b is held busy for a new key with score new_score. If the
-// bucket's lowest-score device row scores lower, that row moves into host_slot (staged in `moves`:
-// the slot stays busy until flush_moves_kernel writes the row and publishes it) and its device
-// slot, held busy, is returned for the new key; else host_slot. The moved row is locked and its
-// score checked again; rows placed by the running kernel are published after a fence in hybrid
-// tables, so the row, key and score read here are complete.
+// bucket's lowest-score device row scores lower, that row moves into host_slot (written there and
+// published) and its device slot, held busy, is returned for the new key; else host_slot. The
+// moved row is locked and its score checked again; rows placed by the running kernel are published
+// after a fence in hybrid tables, so the row, key and score read here are complete. Newcomers to
+// one bucket in one call all choose the same lowest row first: a group that loses it scans again
+// (the locked row is busy, so the next lowest is chosen) instead of leaving its new key in host
+// memory while older rows stay in device memory. A lost lock means another group took a device
+// row, which then holds a newcomer (no longer a candidate), so hb + 1 scans always settle;
+// kMoveSlack more for lock attempts that met a neighbour's state change.
+// The moved rows go straight over PCIe. Scattered row writes into mapped host memory are bound by
+// the GPU's translation of host pages (a table with gigabytes of host rows touches a new page with
+// nearly every row); the host sorts a hybrid table's placing list by bucket (sort_by_bucket), so
+// the groups in flight write neighbouring buckets' host rows, and the writes overlap the kernel's
+// other work.
+constexpr int kMoveSlack = 8;
 template <class Group>
-__device__ int64_t device_slot_for(const View& t, const Group& g, const Moves& moves, int64_t b, int64_t host_slot,
-                                   uint64_t new_score) {
+__device__ int64_t device_slot_for(const View& t, const Group& g, int64_t b, int64_t host_slot, uint64_t new_score) {
   if (t.hb == 0) return host_slot;
-  const BucketScan s = scan_bucket(t, g, b, t.hb, false);
-  const int64_t victim = s.slot;
-  const uint64_t low = s.score;
   const int lane = static_cast<int>(g.thread_rank());
+  int64_t victim = -1;
+  uint64_t low = 0;
   uint8_t dv = 0;
-  int got = 0;
-  if (lane == 0 && victim >= 0 && low < new_score) got = lock_scanned(t, s, &dv) ? 1 : 0;
-  if (!g.shfl(got, 0)) return host_slot;
-  unsigned int at = 0;
-  if (lane == 0) {
-    at = atomicAdd(moves.count, 1u);
-    if (at < moves.capacity) moves.keys[at] = (static_cast<uint64_t>(host_slot) << 8) | dv;
-    t.set_record(host_slot, read_u64<true>(t.key_at(victim)), low);
-  }
-  at = g.shfl(at, 0);
-  if (at < moves.capacity) {
-    copy_floats<false, true>(g, moves.rows + static_cast<int64_t>(at) * t.W, t.row(victim), t.W);
-    g.sync();  // the row is staged before the new key's row overwrites the victim's
-    return victim;
-  }
-  copy_floats<false, true>(g, t.row(host_slot), t.row(victim), t.W);  // staging full
-  g.sync();
-  if (lane == 0) release_slot(t, host_slot, dv);
-  return victim;
-}
-
-// Writes the staged rows (sorted by host slot: keys, each with its staged row's index) to their
-// host slots and publishes them. Groups of kFlushLanes lanes, each row's 16-byte pieces written by
-// neighbouring lanes, so a row goes out in whole 128-byte lines.
-constexpr int kFlushLanes = 16;
-__global__ void flush_moves_kernel(View t, const uint64_t* keys, const int32_t* index, const float* rows,
-                                   const unsigned int* count, unsigned int capacity) {
-  auto block = cg::this_thread_block();
-  auto g = cg::tiled_partition<kFlushLanes>(block);
-  const int lane = static_cast<int>(g.thread_rank());
-  const int64_t n = min(*count, capacity);
-  const int64_t groups = static_cast<int64_t>(gridDim.x) * (kBlock / kFlushLanes);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * (kBlock / kFlushLanes) + block.thread_rank() / kFlushLanes; i < n;
-       i += groups) {
-    const uint64_t key = keys[i];
-    const int64_t slot = static_cast<int64_t>(key >> 8);
-    copy_floats<false>(g, t.row(slot), rows + static_cast<int64_t>(index[i]) * t.W, t.W);
-    g.sync();
-    if (lane == 0) {
-      const uint8_t d = static_cast<uint8_t>(key & 0xFF);
-      atomicXor(state_word(t, slot), static_cast<unsigned int>(kBusyState ^ d) << state_shift(slot));
+#pragma unroll 1
+  for (int tries = 0; tries <= t.hb + kMoveSlack && victim < 0; ++tries) {
+    const BucketScan s = scan_bucket(t, g, b, t.hb, false);
+    if (s.slot < 0 || s.score >= new_score) return host_slot;
+    int got = 0;
+    if (lane == 0) got = lock_scanned(t, s, &dv) ? 1 : 0;
+    if (g.shfl(got, 0)) {
+      victim = s.slot;
+      low = s.score;
     }
   }
+  if (victim < 0) return host_slot;
+  if (lane == 0) t.set_record(host_slot, read_u64<true>(t.key_at(victim)), low);
+  copy_floats<false, true>(g, t.row(host_slot), t.row(victim), t.W);
+  g.sync();  // the row is in host memory before it is published and the new key's row overwrites it
+  if (lane == 0) release_slot(t, host_slot, dv);
+  return victim;
 }
 
 __device__ __forceinline__ bool in_host(const View& t, int64_t slot) {
@@ -575,12 +542,11 @@ __device__ __forceinline__ bool in_host(const View& t, int64_t slot) {
 // A slot for a new key with score new_score in bucket b, held busy, or -1 when the bucket is full:
 // a free device slot, else a free host slot (or the device slot device_slot_for frees for it).
 template <bool kHybrid, class Group>
-__device__ int64_t claim_for_new(const View& t, const Group& g, const Moves& moves, int64_t b, uint64_t new_score,
-                                 int32_t w) {
+__device__ int64_t claim_for_new(const View& t, const Group& g, int64_t b, uint64_t new_score, int32_t w) {
   const int64_t device_slot = claim_empty(t, g, b, t.hb, w);
   if (!kHybrid || device_slot >= 0) return device_slot;
   const int64_t host_slot = claim_empty(t, g, b, t.B, w);
-  return host_slot < 0 ? -1 : device_slot_for(t, g, moves, b, host_slot, new_score);
+  return host_slot < 0 ? -1 : device_slot_for(t, g, b, host_slot, new_score);
 }
 
 // The initial value of column c of key's row: zero, then each initializer covering c (later ones
@@ -786,17 +752,16 @@ __device__ int64_t take_victim(const Group& g, const View& t, const UpsertArgs& 
     const int64_t victim = s.slot;
     const uint64_t low = s.score;
     if (victim < 0) continue;  // every slot busy for a moment: look again
-    if (!a.admit_all && new_score < low) {
-      // A busy slot may be taking a newcomer that scores below this one (which then goes in, in its
-      // place): wait for it. Bounded: a hybrid host slot stays busy until the kernel's end.
-      if (s.busy && ++waits < kRefusalWaits) {
-        __nanosleep(64);
-        continue;
-      }
-      return -1;
+    // Under a refusing policy the bucket keeps its top scores, so the choice must see every score:
+    // a busy slot may be taking a newcomer that scores below this one (which then goes in, in its
+    // place, or is the one to evict instead of the lowest score seen). Wait for it; bounded, as a
+    // safeguard (a slot is busy only while a group writes it).
+    if (!a.admit_all && s.busy && ++waits < kRefusalWaits) {
+      __nanosleep(64);
+      continue;
     }
-    // No waiting for a victim another group holds: in a hybrid table it may be a host slot that
-    // receives a moved row and stays busy until the flush after this kernel. Choose again.
+    if (!a.admit_all && new_score < low) return -1;
+    // A victim another group holds is not waited for: choose again.
     int ok = 0;
     uint8_t vd = 0;
     if (lane == 0) ok = lock_scanned(t, s, &vd) ? 1 : 0;
@@ -880,10 +845,12 @@ __global__ void __launch_bounds__(kBlock, kHitsMinBlocks) update_hits_kernel(Vie
 // a block (one atomic per block: one per warp made the kernel slow). A dense list keeps every
 // group of the placing kernel busy: scanning the whole batch, a warp ran its placing path for a
 // few of its keys only and paid a round trip for the others, which made the evicting pass of a
-// full table much slower.
+// full table much slower. With `buckets` (hybrid tables), each entry's home bucket goes there too,
+// for the sort that puts the list in bucket order (order_list_kernel).
 __global__ void __launch_bounds__(kBlock) list_missing_kernel(int64_t n, const void* keys, int32_t key_type,
                                                               const int32_t* leader, const uint8_t* missing,
-                                                              int32_t* todo, uint64_t* todo_keys, unsigned int* count) {
+                                                              int32_t* todo, uint64_t* todo_keys, unsigned int* count,
+                                                              uint32_t* buckets, int64_t nb) {
   constexpr int kWarps = kBlock / 32;
   __shared__ unsigned int warp_base[kWarps];
   __shared__ unsigned int block_base;
@@ -906,8 +873,24 @@ __global__ void __launch_bounds__(kBlock) list_missing_kernel(int64_t n, const v
   __syncthreads();
   if (take) {
     const unsigned int at = block_base + warp_base[warp] + __popc(ballot & ((1u << lane) - 1u));
+    const uint64_t key = load_key_d(keys, key_type, i);
     todo[at] = static_cast<int32_t>(i);
-    todo_keys[at] = load_key_d(keys, key_type, i);
+    todo_keys[at] = key;
+    if (buckets != nullptr) buckets[at] = static_cast<uint32_t>(sok::hash_key(key) & static_cast<uint64_t>(nb - 1));
+  }
+}
+
+// Hybrid tables: the placing list rewritten in bucket order, from the batch indices of its entries
+// sorted by home bucket (`sorted`), so the groups in flight move rows into neighbouring buckets'
+// host rows (device_slot_for).
+__global__ void order_list_kernel(const unsigned int* count, const int32_t* sorted, const void* keys, int32_t key_type,
+                                  int32_t* todo, uint64_t* todo_keys) {
+  const int64_t n = *count;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += stride) {
+    const int32_t i = sorted[j];
+    todo[j] = i;
+    todo_keys[j] = load_key_d(keys, key_type, i);
   }
 }
 
@@ -932,7 +915,7 @@ struct PlaceLists {
 // in shared memory: without both, fewer registers (ptxas -v) and more resident blocks per SM.
 // Capping pass A's registers further spilled and made it slower.
 template <bool kEvict, bool kHybrid, bool kConstInits>
-__global__ void __launch_bounds__(kBlock, place_min_blocks(kEvict, kHybrid, kConstInits)) place_missing_kernel(View t, UpsertArgs a, PlaceLists lists, Moves moves) {
+__global__ void __launch_bounds__(kBlock, place_min_blocks(kEvict, kHybrid, kConstInits)) place_missing_kernel(View t, UpsertArgs a, PlaceLists lists) {
   const unsigned int listed = *(kEvict ? lists.full_count : lists.todo_count);
   if (listed == 0) return;
   const int32_t* list = kEvict ? lists.full : lists.todo;
@@ -970,9 +953,9 @@ __global__ void __launch_bounds__(kBlock, place_min_blocks(kEvict, kHybrid, kCon
     bool replaced = false;
     if (kEvict) {
       slot = take_victim(g, t, a, b, new_score, window, &replaced);
-      if (kHybrid && slot >= 0 && in_host(t, slot)) slot = device_slot_for(t, g, moves, b, slot, new_score);
+      if (kHybrid && slot >= 0 && in_host(t, slot)) slot = device_slot_for(t, g, b, slot, new_score);
     } else if (a.evicting) {
-      slot = claim_for_new<kHybrid>(t, g, moves, b, new_score, window);
+      slot = claim_for_new<kHybrid>(t, g, b, new_score, window);
       if (slot < 0) {
         if (lane == 0) {
           const unsigned int at = atomicAdd(lists.full_count, 1u);
@@ -983,7 +966,7 @@ __global__ void __launch_bounds__(kBlock, place_min_blocks(kEvict, kHybrid, kCon
       }
     } else {
       for (int64_t step = 0; step < t.nb && slot < 0; ++step) {
-        slot = claim_for_new<kHybrid>(t, g, moves, b, new_score, window);
+        slot = claim_for_new<kHybrid>(t, g, b, new_score, window);
         if (slot < 0) {
           if (lane == 0) t.mark_overflow(b);
           b = (b + 1) & (t.nb - 1);

@@ -586,14 +586,18 @@ class BucketTable final : public sok::Storage {
     after_insert(stream, n);
   }
 
-  // Lists the missing leaders, then places them (pass A, and pass B in an evicting table) with the
-  // placing kernel compiled for this table and these initializers.
+  // Lists the missing leaders (in bucket order in a hybrid table: BucketOrder), then places them
+  // (pass A, and pass B in an evicting table) with the placing kernel compiled for this table and
+  // these initializers.
   void place(cudaStream_t stream, const UpsertArgs& a, const Upsert& upsert) {
+    const bool hybrid = view_.hb < view_.B;
+    std::optional<BucketOrder> order;
+    if (hybrid) order.emplace(stream, a.n, view_.nb);
     list_missing_kernel<<<blocks_for(a.n, kBlock), kBlock, 0, stream>>>(
         a.n, a.keys, a.key_type, a.leader, upsert.missing, upsert.lists.todo, upsert.lists.todo_keys,
-        upsert.lists.todo_count);
+        upsert.lists.todo_count, hybrid ? order->buckets : nullptr, view_.nb);
+    if (hybrid) order->sort(stream, a, upsert.lists, sm_count_);
     const unsigned int blocks = group_blocks(a.n);
-    const bool hybrid = view_.hb < view_.B;
     const bool constant = std::all_of(a.inits.items, a.inits.items + a.inits.count,
                                       [](const sok_initializer& i) { return i.kind == SOK_INIT_CONSTANT; });
     const bool evict_only = a.evicting && nearly_full();
@@ -609,41 +613,22 @@ class BucketTable final : public sok::Storage {
     check_cuda(cudaGetLastError(), "upsert kernels");
   }
 
-  // Pass A, then in an evicting table pass B, of the placing kernel compiled for this table; in a
-  // hybrid table each pass is followed by the flush of the rows it moved to host memory. With
+  // Pass A, then in an evicting table pass B, of the placing kernel compiled for this table. With
   // `evict_only`, pass B alone places the whole todo list (it takes an empty slot where the key's
   // bucket has one): one kernel instead of two where nearly every bucket is full.
   template <bool kHybrid, bool kConstInits>
   void place_missing(unsigned int blocks, cudaStream_t stream, const UpsertArgs& a, const PlaceLists& lists,
                      bool evict_only) {
-    std::optional<StagedMoves> staged;
-    Moves moves{};
-    if (kHybrid) {
-      // Under a policy that may refuse a newcomer, every row must stay visible while the pass runs:
-      // a staged row's host slot is busy until the flush, and a newcomer that outscores only that
-      // row would be refused. There each move is written straight to its host slot (capacity 0).
-      const bool stage = a.admit_all;
-      staged.emplace(stream, stage ? a.n : 1, view_.W);
-      if (!stage) staged->moves.capacity = 0;
-      moves = staged->moves;
-      staged->reset(stream);
-    }
     if (evict_only) {
       PlaceLists todo = lists;  // pass B reads the list for pass B
       todo.full = lists.todo;
       todo.full_keys = lists.todo_keys;
       todo.full_count = lists.todo_count;
-      place_missing_kernel<true, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, todo, moves);
-      if (kHybrid) staged->flush(stream, view_, sm_count_);
+      place_missing_kernel<true, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, todo);
       return;
     }
-    place_missing_kernel<false, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists, moves);
-    if (kHybrid) staged->flush(stream, view_, sm_count_);
-    if (a.evicting) {
-      if (kHybrid) staged->reset(stream);
-      place_missing_kernel<true, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists, moves);
-      if (kHybrid) staged->flush(stream, view_, sm_count_);
-    }
+    place_missing_kernel<false, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists);
+    if (a.evicting) place_missing_kernel<true, kHybrid, kConstInits><<<blocks, kBlock, 0, stream>>>(view_, a, lists);
   }
 
   // Whether the table holds 15/16 of its slots or more by the latest size snapshot (an upper bound
@@ -653,66 +638,42 @@ class BucketTable final : public sok::Storage {
     return bound_ * 16 >= capacity_slots() * 15;
   }
 
-  // Scratch of a hybrid table's placing kernel: room for one staged row per key of the call (a key
-  // moves at most one row per pass), at most kStagingBytes of rows (Moves::capacity), and the sort
-  // that puts them in host slot order (Moves).
-  static constexpr size_t kStagingBytes = size_t{256} << 20;
-  struct StagedMoves {
-    StagedMoves(cudaStream_t stream, int64_t keys, int32_t w)
-        : n(std::max<int64_t>(1, std::min<int64_t>(keys, static_cast<int64_t>(kStagingBytes / (sizeof(float) * w))))) {
-      moves.capacity = static_cast<unsigned int>(n);
-      sort_bytes = 0;
-      check_cuda(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const uint64_t*>(nullptr),
-                                                 static_cast<uint64_t*>(nullptr), static_cast<const int32_t*>(nullptr),
-                                                 static_cast<int32_t*>(nullptr), static_cast<int>(n), 0, 64, stream),
+  // Scratch of a hybrid table's placing list in bucket order: each entry's home bucket
+  // (list_missing_kernel), one radix sort of (bucket, batch index) pairs over the bucket bits, and
+  // order_list_kernel, which rewrites the list in that order. Unused entries keep bucket ~0, which
+  // sorts after every bucket (one bit past them).
+  struct BucketOrder {
+    BucketOrder(cudaStream_t stream, int64_t n_, int64_t nb) : n(n_) {
+      end_bit = 1;
+      while ((int64_t{1} << (end_bit - 1)) < nb) ++end_bit;
+      check_cuda(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr),
+                                                 static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                 static_cast<int32_t*>(nullptr), static_cast<int>(n), 0, end_bit, stream),
                  "cub radix sort (size)");
-      const size_t key_bytes = align(sizeof(uint64_t) * n);
-      const size_t index_bytes = align(sizeof(int32_t) * n);
-      memory.emplace(stream, align(sizeof(float) * n * w) + 2 * key_bytes + 2 * index_bytes +
-                                 align(sizeof(unsigned int)) + sort_bytes);
-      size_t at = 0;
-      moves.rows = memory->as<float>(at);
-      at += align(sizeof(float) * n * w);
-      moves.keys = memory->as<uint64_t>(at);
-      at += key_bytes;
-      sorted_keys = memory->as<uint64_t>(at);
-      at += key_bytes;
-      index = memory->as<int32_t>(at);
-      at += index_bytes;
-      sorted_index = memory->as<int32_t>(at);
-      at += index_bytes;
-      moves.count = memory->as<unsigned int>(at);
-      at += align(sizeof(unsigned int));
-      sort_tmp = memory->as<char>(at);
-      iota_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, index);
-      check_cuda(cudaGetLastError(), "iota kernel");
+      const size_t words = align(sizeof(uint32_t) * n);
+      memory.emplace(stream, 3 * words + sort_bytes);
+      buckets = memory->as<uint32_t>(0);
+      sorted_buckets = memory->as<uint32_t>(words);
+      sorted_index = memory->as<int32_t>(2 * words);
+      sort_tmp = memory->as<char>(3 * words);
+      check_cuda(cudaMemsetAsync(buckets, 0xFF, sizeof(uint32_t) * n, stream), "cudaMemsetAsync (buckets)");
     }
-    // No row staged: unused keys are all ones, so they sort after every staged row.
-    void reset(cudaStream_t stream) {
-      check_cuda(cudaMemsetAsync(moves.keys, 0xFF, sizeof(uint64_t) * n, stream), "cudaMemsetAsync (moves)");
-      check_cuda(cudaMemsetAsync(moves.count, 0, sizeof(unsigned int), stream), "cudaMemsetAsync (moves)");
-    }
-    // Sorts the staged rows by host slot, writes and publishes them.
-    void flush(cudaStream_t stream, const View& view, int sm_count) {
-      // The bits of (slot << 8) | digest below every unused key's: slot < 2^(end_bit - 8).
-      const int64_t slots = view.nb << view.log_b;
-      int end_bit = 9;
-      while (end_bit < 64 && (int64_t{1} << (end_bit - 8)) <= slots) ++end_bit;
-      check_cuda(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, moves.keys, sorted_keys, index, sorted_index,
-                                                 static_cast<int>(n), 0, end_bit, stream),
-                 "cub radix sort (moves)");
-      const unsigned int blocks = static_cast<unsigned int>(
-          std::min<int64_t>(blocks_for(n, kBlock / kFlushLanes), int64_t{2} * sm_count));
-      flush_moves_kernel<<<blocks, kBlock, 0, stream>>>(view, sorted_keys, sorted_index, moves.rows, moves.count,
-                                                        moves.capacity);
-      check_cuda(cudaGetLastError(), "flush moves kernel");
+    void sort(cudaStream_t stream, const UpsertArgs& a, const PlaceLists& lists, int sm_count) {
+      check_cuda(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, buckets, sorted_buckets, lists.todo,
+                                                 sorted_index, static_cast<int>(n), 0, end_bit, stream),
+                 "cub radix sort (placing list)");
+      const unsigned int blocks =
+          static_cast<unsigned int>(std::min<int64_t>(blocks_for(n, kBlock), int64_t{4} * sm_count));
+      order_list_kernel<<<blocks, kBlock, 0, stream>>>(lists.todo_count, sorted_index, a.keys, a.key_type, lists.todo,
+                                                       lists.todo_keys);
+      check_cuda(cudaGetLastError(), "order list kernel");
     }
     int64_t n;
-    size_t sort_bytes;
+    int end_bit = 1;
+    size_t sort_bytes = 0;
     std::optional<Scratch> memory;
-    Moves moves{};
-    uint64_t* sorted_keys = nullptr;
-    int32_t* index = nullptr;
+    uint32_t* buckets = nullptr;
+    uint32_t* sorted_buckets = nullptr;
     int32_t* sorted_index = nullptr;
     char* sort_tmp = nullptr;
   };
