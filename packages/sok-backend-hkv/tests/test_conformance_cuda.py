@@ -6,6 +6,8 @@ with the reason, elsewhere.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from sok_backend_hkv import _core
 from sparse_operation_kit.plugins import get_registry
@@ -40,19 +42,25 @@ class TestHkvConformanceCudaHostRows(TestHkvConformanceCuda):
         return {"max_hbm_for_vectors": MIXED_HBM_GB}
 
 
+def hybrid_table(dim: int, slots: int, device_rows: int) -> Any:
+    """A hybrid table of ``slots`` slots in buckets of 128, with device memory for ``device_rows`` rows
+    of ``dim`` floats (the low slots of every bucket; the others in pinned host memory)."""
+    options = {
+        "init_capacity": str(slots),
+        "max_capacity": str(slots),
+        "max_bucket_size": "128",
+        "max_hbm_for_vectors": str(device_rows * dim * 4 / 2**30),
+    }
+    return get_registry().factory("hybrid")(key_dtype="int64", row_width=dim, options=options, device=DEVICE)
+
+
 def test_rows_moving_between_device_and_host_memory_keep_their_values() -> None:
     """One bucket of 128 slots, 32 of them with device rows. Newer keys take the device slots and
     move older rows to host memory. Every key keeps its row through the moves, and later writes,
     finds, erases and exports see the moved rows."""
     cp = pytest.importorskip("cupy")
     dim = 4
-    options = {
-        "init_capacity": "128",
-        "max_capacity": "128",
-        "max_bucket_size": "128",
-        "max_hbm_for_vectors": str(32 * dim * 4 / 2**30),
-    }
-    table = get_registry().factory("hybrid")(key_dtype="int64", row_width=dim, options=options, device=DEVICE)
+    table = hybrid_table(dim, 128, 32)
     old = cp.arange(32, dtype=cp.int64)
     new = cp.arange(100, 132, dtype=cp.int64)
 
@@ -89,13 +97,7 @@ def test_the_newcomers_of_one_call_all_take_device_rows() -> None:
     slots 0-31 hold exactly the new keys."""
     cp = pytest.importorskip("cupy")
     dim = 4
-    options = {
-        "init_capacity": "128",
-        "max_capacity": "128",
-        "max_bucket_size": "128",
-        "max_hbm_for_vectors": str(32 * dim * 4 / 2**30),
-    }
-    table = get_registry().factory("hybrid")(key_dtype="int64", row_width=dim, options=options, device=DEVICE)
+    table = hybrid_table(dim, 128, 32)
 
     def rows(keys: object) -> object:
         return keys.astype(cp.float32)[:, None] * 10 + cp.arange(dim, dtype=cp.float32)
@@ -121,13 +123,7 @@ def test_an_upsert_moving_many_wide_rows_keeps_every_row() -> None:
     keys are all found (LRU evicts only old ones, from the few buckets that fill)."""
     cp = pytest.importorskip("cupy")
     dim = 65536
-    options = {
-        "init_capacity": "4096",
-        "max_capacity": "4096",
-        "max_bucket_size": "128",
-        "max_hbm_for_vectors": str(2048 * dim * 4 / 2**30),
-    }
-    table = get_registry().factory("hybrid")(key_dtype="int64", row_width=dim, options=options, device=DEVICE)
+    table = hybrid_table(dim, 4096, 2048)
 
     def rows(keys: object) -> object:
         return keys.astype(cp.float32)[:, None] + cp.arange(dim, dtype=cp.float32)

@@ -917,7 +917,8 @@ struct PlaceLists {
 template <bool kEvict, bool kHybrid, bool kConstInits>
 __global__ void __launch_bounds__(kBlock, place_min_blocks(kEvict, kHybrid, kConstInits)) place_missing_kernel(View t, UpsertArgs a, PlaceLists lists) {
   const unsigned int listed = *(kEvict ? lists.full_count : lists.todo_count);
-  if (listed == 0) return;
+  // The grid covers the batch, the list only part of it: blocks past the list leave at once.
+  if (static_cast<int64_t>(blockIdx.x) * kKeysPerBlock >= listed) return;
   const int32_t* list = kEvict ? lists.full : lists.todo;
   const uint64_t* list_keys = kEvict ? lists.full_keys : lists.todo_keys;
   auto block = cg::this_thread_block();
