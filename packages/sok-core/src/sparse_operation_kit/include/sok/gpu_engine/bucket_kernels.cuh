@@ -505,7 +505,7 @@ __device__ void zero_floats(const Group& g, float* dst, int32_t w) {
 // kMoveSlack more for lock attempts that met a neighbour's state change.
 // The moved rows go straight over PCIe. Scattered row writes into mapped host memory are bound by
 // the GPU's translation of host pages (a table with gigabytes of host rows touches a new page with
-// nearly every row); the host sorts a hybrid table's placing list by bucket (sort_by_bucket), so
+// nearly every row); the host sorts a hybrid table's placing list by bucket (BucketOrder), so
 // the groups in flight write neighbouring buckets' host rows, and the writes overlap the kernel's
 // other work.
 constexpr int kMoveSlack = 8;
@@ -688,12 +688,13 @@ __device__ void spill(const Group& g, const UpsertArgs& a, int32_t W, uint64_t k
 // deduplicates only the keys its hit pass did not find), so no two groups ever place the same key
 // and keys already present need no lock. The kernels: update_hits_kernel writes the keys present
 // (no slot changes hands) and marks the others missing; list_missing_kernel lists the missing
-// leaders; place_missing_kernel<false> (pass A) places them in empty slots and, in an evicting
-// table, lists the keys whose home bucket is full; place_missing_kernel<true> (pass B) evicts for
-// those (in a nearly full table it takes the whole list instead, without pass A). Rows updated by the first kernel are complete before anyone evicts, so an evicted row is
-// always whole. A pure device table's pass A publishes new slots without a fence (nobody reads them
-// during that kernel); pass B, and pass A of a hybrid table (whose device_slot_for moves rows placed
-// in the same kernel), publish after a fence.
+// leaders (in bucket order in a hybrid table); place_missing_kernel<false> (pass A) places them in
+// empty slots and, in an evicting table, lists the keys whose home bucket is full;
+// place_missing_kernel<true> (pass B) evicts for those (in a nearly full table it takes the whole
+// list instead, without pass A). Rows updated by the first kernel are complete before anyone
+// evicts, so an evicted row is always whole. A pure device table's pass A publishes new slots
+// without a fence (nobody reads them during that kernel); pass B, and pass A of a hybrid table
+// (whose device_slot_for moves rows placed in the same kernel), publish after a fence.
 
 // The mode's write of `in` (w columns) to a row that already holds the key.
 template <class Group>
