@@ -3,11 +3,12 @@
 //
 // Layout. The table is `nb` buckets of `B` slots (B a power of two, 16..128). Per slot: a one-byte
 // state in `digests` (0 empty, 1 busy = claimed by a thread of the running kernel, 2..255 the
-// digest of the live key), and a 16-byte record of its 64-bit key and 64-bit score in `records`:
-// the score a hit updates sits in the sector that the key comparison just read, and a new slot's
-// key and score go out in one store (separate arrays cost a random read-modify-write of an 8-byte
-// score per hit). Every 64-bit key value is valid: emptiness lives in the state byte, never in the
-// key. A slot's row of W floats lives in device memory for slots j < hb of each bucket and in mapped
+// digest of the live key), its 64-bit key in `keys` and its 64-bit score in `scores`. Scores in an
+// array of their own let the victim search of a full bucket read B scores (1 KiB for B = 128), not
+// B key-score pairs, and the evicting pass is bound by those bytes; the price is that a hit's score
+// and a new slot's key and score land in sectors of their own (one partial-sector write more per
+// key). Every 64-bit key value is valid: emptiness lives in the state byte, never in the key. A
+// slot's row of W floats lives in device memory for slots j < hb of each bucket and in mapped
 // pinned host memory for the others. A new key takes the lowest empty device slot; in a hybrid
 // table whose bucket has none, it takes a device slot all the same when it outscores the bucket's
 // lowest device row, which moves to the free (or evicted) host slot (claim_for_new,
@@ -92,7 +93,8 @@ static_assert(kGroup >= kWindowChunks, "a window's chunks are read by one lane e
 // The table's arrays as kernels see them.
 struct View {
   uint8_t* digests;   // nb * B state bytes
-  uint64_t* records;  // nb * B (key, score) pairs: a slot's key and score share one 32-byte sector
+  uint64_t* keys;     // nb * B keys
+  uint64_t* scores;   // nb * B scores
   uint32_t* flags;    // overflow bits: bit b % 32 of word b / 32 for bucket b (flag_words(nb) words)
   uint8_t* spills;    // per bucket, bit w: a key of home window w lives outside it (windows > 1 only)
   float* vdev;        // nb * hb rows of W floats (device)
@@ -104,11 +106,11 @@ struct View {
   int32_t W;
   int32_t windows;    // home windows per bucket (a power of two): B / kWindow in pure device tables, else 1
 
-  __device__ uint64_t* key_at(int64_t slot) const { return records + 2 * slot; }
-  __device__ uint64_t* score_at(int64_t slot) const { return records + 2 * slot + 1; }
-  // Writes a slot's key and score with one 16-byte store.
+  __device__ uint64_t* key_at(int64_t slot) const { return keys + slot; }
+  __device__ uint64_t* score_at(int64_t slot) const { return scores + slot; }
   __device__ void set_record(int64_t slot, uint64_t key, uint64_t score) const {
-    *reinterpret_cast<ulonglong2*>(records + 2 * slot) = make_ulonglong2(key, score);
+    keys[slot] = key;
+    scores[slot] = score;
   }
 
   // Whether some key homed in bucket b lives further on (the bit is sticky until a rehash or clear).
@@ -359,15 +361,15 @@ struct BucketScan {
 // device_slot_for: its device slots): the state bytes (one round trip), then, where no slot is
 // empty, every live slot's score (a second; the chunk's loads are all issued before any score is
 // compared), and the live slot of the lowest score with the state word seen for it, which
-// lock_scanned locks by one CAS. `cached` reads the scores through L1: the two scores of a 32-byte
-// sector are read by consecutive loads of one lane, and through L1 the second costs no L2 request
-// (half the L2 requests of a scan). A score cached in L1 may be older than the slot's (L1 is not
-// coherent): in an evicting pass a slot's score only changes when a newcomer of the same kernel
-// replaces its key, so a stale score is that of a key already evicted, which the victim's score,
-// read again after locking, exposes (take_victim then scans again with `cached` false), or (lfu's
-// low-scoring newcomers) hides a newcomer of this kernel as concurrent replacements can anyway.
-// (Issuing the score loads with the state loads, one round trip in all, needed registers that
-// cost the evicting pass its second resident block, and it ran slower.)
+// lock_scanned locks by one CAS. `cached` reads the scores through L1: a lane's two 16-byte loads
+// of a 32-byte sector then cost one L2 request, not two. A score cached in L1 may be older than the
+// slot's (L1 is not coherent): in an evicting pass a slot's score only changes when a newcomer of
+// the same kernel replaces its key, so a stale score is that of a key already evicted, which the
+// victim's score, read again after locking, exposes (take_victim then scans again with `cached`
+// false), or (lfu's low-scoring newcomers) hides a newcomer of this kernel as concurrent
+// replacements can anyway.
+// (Issuing the score loads with the state loads, one round trip in all, needed registers that cost
+// the evicting pass its second resident block, and it ran slower.)
 template <class Group>
 __device__ BucketScan scan_bucket(const View& t, const Group& g, int64_t b, int32_t limit, bool cached) {
   const int lane = static_cast<int>(g.thread_rank());
@@ -395,9 +397,13 @@ __device__ BucketScan scan_bucket(const View& t, const Group& g, int64_t b, int3
     const uint32_t live = live16(v[q]) & below[q];
     const uint64_t* scores = t.score_at((b << t.log_b) + c * 16);
     uint64_t sc[16];
+    const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(scores);  // 16-byte loads: 8 a chunk
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      sc[k] = !((live >> k) & 1u) ? 0 : cached ? read_u64<false>(scores + 2 * k) : read_u64<true>(scores + 2 * k);
+    for (int k = 0; k < 8; ++k) {
+      ulonglong2 p = make_ulonglong2(0, 0);
+      if ((live >> (2 * k)) & 3u) p = cached ? pairs[k] : __ldcg(pairs + k);
+      sc[2 * k] = p.x;
+      sc[2 * k + 1] = p.y;
     }
     // Slots ascend, so a strict < keeps the lowest slot of a tie.
 #pragma unroll
@@ -490,6 +496,17 @@ __device__ void zero_floats(const Group& g, float* dst, int32_t w) {
     for (int32_t c = lane; c < w / 4; c += kLanes) d4[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   } else {
     for (int32_t c = lane; c < w; c += kLanes) dst[c] = 0.0f;
+  }
+}
+
+// Asks L2 for the 128-byte lines holding bytes [p, p + bytes) (the group's lanes take turns), without
+// waiting or registers: a later load of them then waits for L2 instead of DRAM.
+template <class Group>
+__device__ __forceinline__ void prefetch_l2(const Group& g, const void* p, int64_t bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{127};
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes);
+  for (uintptr_t line = first + 128 * g.thread_rank(); line < end; line += 128 * kGroup) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
   }
 }
 
@@ -834,8 +851,9 @@ __global__ void __launch_bounds__(kBlock, kHitsMinBlocks) update_hits_kernel(Vie
     if (a.mode == Mode::kFindOrInsert) copy_floats<false>(g, a.out + i * w, row + a.cb, w);
     if (lane == 0) {
       if (a.found != nullptr) a.found[i] = 1;
-      uint64_t* score = t.score_at(slot);  // in the key's sector, which locate just read
-      *score = a.mode == Mode::kImport ? caller : next_score(a.policy, true, *score, caller, a.now, a.epoch);
+      uint64_t* score = t.score_at(slot);
+      const bool counts = a.policy == Policy::kLfu || a.policy == Policy::kEpochLfu;  // reads the old score
+      *score = a.mode == Mode::kImport ? caller : next_score(a.policy, true, counts ? *score : 0, caller, a.now, a.epoch);
     }
   }
 }
@@ -950,6 +968,10 @@ __global__ void __launch_bounds__(kBlock, place_min_blocks(kEvict, kHybrid, kCon
     const float* in = a.values != nullptr ? a.values + i * w : nullptr;
     const uint64_t new_score = a.mode == Mode::kImport ? caller : next_score(a.policy, false, 0, caller, a.now, a.epoch);
     int64_t b = static_cast<int64_t>(h & static_cast<uint64_t>(t.nb - 1));
+    if (kEvict) {  // the scores the victim search reads and the input row, while it reads the states
+      prefetch_l2(g, t.score_at(b << t.log_b), sizeof(uint64_t) * t.B);
+      if (a.mode == Mode::kAssign || a.mode == Mode::kImport) prefetch_l2(g, in, sizeof(float) * w);
+    }
     const int32_t window = t.home_window(h);
     int64_t slot = -1;
     bool replaced = false;
@@ -1134,18 +1156,18 @@ __global__ void export_advance_kernel(const int32_t* flags, const int32_t* ranks
   if (limit > 0) *base += static_cast<unsigned long long>(ranks[limit - 1] + flags[limit - 1]);
 }
 
-// Deduplication index entries: (owner << 32) | last, where owner is the first batch index to claim
-// the entry and last the highest batch index of its key; all ones while empty (never a claimed
-// value: batch indices are below 2**31 - 1).
-constexpr unsigned long long kEmptyEntry = ~0ull;
+// Deduplication index entries: a batch index of the entry's key (the highest so far, once every
+// occurrence has been inserted); all ones while empty (never a batch index: they are below
+// 2**31 - 1). An entry only ever goes from empty to an index of one key and then to higher indices
+// of the same key, so any value read from it names an occurrence of its key to compare with.
+constexpr uint32_t kEmptyEntry = ~0u;
 
 // Deduplication, pass 1: every key (with `only`, every key i with only[i] != 0; the others get
-// slot_of -1) claims an entry of an open-addressing index of `slots` entries with (i, i), or, where
-// an occurrence of its key owns one, raises its last half with atomicMax (the owner half is the
-// same, so the 64-bit maximum is that of the last halves). A key met once costs one atomic, not a
-// claim and then a maximum.
-__global__ void dedup_insert_kernel(int64_t n, const void* keys, int32_t key_type, int64_t slots,
-                                    unsigned long long* entries, int32_t* slot_of, const uint8_t* only) {
+// slot_of -1) claims an entry of an open-addressing index of `slots` entries with i, or, where an
+// occurrence of its key holds one, raises it to i with atomicMax. A key met once costs one atomic,
+// not a claim and then a maximum.
+__global__ void dedup_insert_kernel(int64_t n, const void* keys, int32_t key_type, int64_t slots, uint32_t* entries,
+                                    int32_t* slot_of, const uint8_t* only) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     if (only != nullptr && only[i] == 0) {
@@ -1154,14 +1176,13 @@ __global__ void dedup_insert_kernel(int64_t n, const void* keys, int32_t key_typ
     }
     const uint64_t key = load_key_d(keys, key_type, i);
     int64_t s = static_cast<int64_t>(sok::hash_key(key) & static_cast<uint64_t>(slots - 1));
-    const unsigned long long index = static_cast<unsigned long long>(i);
+    const uint32_t index = static_cast<uint32_t>(i);
     // CAS first: a free entry costs one round trip, not a read and then the CAS.
     while (true) {
-      const unsigned long long e = atomicCAS(entries + s, kEmptyEntry, (index << 32) | index);
+      const uint32_t e = atomicCAS(entries + s, kEmptyEntry, index);
       if (e == kEmptyEntry) break;
-      const unsigned long long owner = e >> 32;
-      if (load_key_d(keys, key_type, static_cast<int64_t>(owner)) == key) {
-        atomicMax(entries + s, (owner << 32) | index);
+      if (load_key_d(keys, key_type, static_cast<int64_t>(e)) == key) {
+        atomicMax(entries + s, index);
         break;
       }
       s = (s + 1) & (slots - 1);
@@ -1172,11 +1193,10 @@ __global__ void dedup_insert_kernel(int64_t n, const void* keys, int32_t key_typ
 
 // Pass 2: leader[i] = the last batch index of key i (it acts for all its duplicates); i for a key
 // left out of pass 1.
-__global__ void dedup_leader_kernel(int64_t n, const unsigned long long* entries, const int32_t* slot_of,
-                                    int32_t* leader) {
+__global__ void dedup_leader_kernel(int64_t n, const uint32_t* entries, const int32_t* slot_of, int32_t* leader) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    leader[i] = slot_of[i] < 0 ? static_cast<int32_t>(i) : static_cast<int32_t>(entries[slot_of[i]] & 0xFFFFFFFFull);
+    leader[i] = slot_of[i] < 0 ? static_cast<int32_t>(i) : static_cast<int32_t>(entries[slot_of[i]]);
   }
 }
 

@@ -361,10 +361,10 @@ class BucketTable final : public sok::Storage {
         sok::invalid("a batch holds at most 2**31 - 2 keys, got " + std::to_string(n) + "; split it");
       }
       const int64_t slots = index_slots(n);
-      auto* entries = memory.as<unsigned long long>();
+      auto* entries = memory.as<uint32_t>();
       auto* slot_of = reinterpret_cast<int32_t*>(entries + slots);
       leader = slot_of + n;
-      check_cuda(cudaMemsetAsync(entries, 0xFF, sizeof(unsigned long long) * slots, stream), "cudaMemsetAsync");
+      check_cuda(cudaMemsetAsync(entries, 0xFF, sizeof(uint32_t) * slots, stream), "cudaMemsetAsync");
       dedup_insert_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, keys, t->key_type(), slots, entries,
                                                                         slot_of, only);
       dedup_leader_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, entries, slot_of, leader);
@@ -384,7 +384,7 @@ class BucketTable final : public sok::Storage {
     }
     // The index entries, slot_of and leader.
     static size_t index_bytes(int64_t n) {
-      return align(sizeof(unsigned long long) * index_slots(n) + sizeof(int32_t) * 2 * n);
+      return align(sizeof(uint32_t) * index_slots(n) + sizeof(int32_t) * 2 * n);
     }
     static size_t bytes_for(int64_t n, bool lfu) { return index_bytes(n) + (lfu ? sizeof(unsigned long long) * n : 0); }
     int64_t n;
@@ -774,7 +774,8 @@ class BucketTable final : public sok::Storage {
     v.windows = v.hb == v.B ? std::max(1, v.B / kWindow) : 1;  // hybrid buckets fill device slots first
     try {
       check_cuda(cudaMalloc(&v.digests, slots), "cudaMalloc (states)");
-      check_cuda(cudaMalloc(&v.records, 2 * sizeof(uint64_t) * slots), "cudaMalloc (keys and scores)");
+      check_cuda(cudaMalloc(&v.keys, sizeof(uint64_t) * slots), "cudaMalloc (keys)");
+      check_cuda(cudaMalloc(&v.scores, sizeof(uint64_t) * slots), "cudaMalloc (scores)");
       check_cuda(cudaMalloc(&v.flags, sizeof(uint32_t) * flag_words(v.nb)), "cudaMalloc (flags)");
       check_cuda(cudaMalloc(&v.spills, spill_bytes(v.nb)), "cudaMalloc (spill bits)");
       const int64_t dev_rows = v.nb * v.hb;
@@ -789,7 +790,8 @@ class BucketTable final : public sok::Storage {
         v.vhost = static_cast<float*>(mapped);
       }
       check_cuda(cudaMemset(v.digests, 0, slots), "cudaMemset");
-      check_cuda(cudaMemset(v.records, 0, 2 * sizeof(uint64_t) * slots), "cudaMemset");
+      check_cuda(cudaMemset(v.keys, 0, sizeof(uint64_t) * slots), "cudaMemset");
+      check_cuda(cudaMemset(v.scores, 0, sizeof(uint64_t) * slots), "cudaMemset");
       check_cuda(cudaMemset(v.flags, 0, sizeof(uint32_t) * flag_words(v.nb)), "cudaMemset");
       check_cuda(cudaMemset(v.spills, 0, spill_bytes(v.nb)), "cudaMemset");
       // The memsets ran on the legacy stream; callers may use non-blocking streams.
@@ -803,7 +805,8 @@ class BucketTable final : public sok::Storage {
 
   static void release(View& v) {
     cudaFree(v.digests);
-    cudaFree(v.records);
+    cudaFree(v.keys);
+    cudaFree(v.scores);
     cudaFree(v.flags);
     cudaFree(v.spills);
     cudaFree(v.vdev);
