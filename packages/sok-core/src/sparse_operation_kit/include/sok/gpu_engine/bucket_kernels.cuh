@@ -359,18 +359,22 @@ struct BucketScan {
 
 // The scan of bucket b's slots below `limit` for a victim (take_victim: the whole bucket;
 // device_slot_for: its device slots): the state bytes (one round trip), then, where no slot is
-// empty, every live slot's score (a second; the chunk's loads are all issued before any score is
+// empty, every live slot's score (a second; a batch's loads are all issued before any score is
 // compared), and the live slot of the lowest score with the state word seen for it, which
-// lock_scanned locks by one CAS. `cached` reads the scores through L1: a lane's two 16-byte loads
-// of a 32-byte sector then cost one L2 request, not two. A score cached in L1 may be older than the
-// slot's (L1 is not coherent): in an evicting pass a slot's score only changes when a newcomer of
-// the same kernel replaces its key, so a stale score is that of a key already evicted, which the
-// victim's score, read again after locking, exposes (take_victim then scans again with `cached`
-// false), or (lfu's low-scoring newcomers) hides a newcomer of this kernel as concurrent
-// replacements can anyway.
-// (Issuing the score loads with the state loads, one round trip in all, needed registers that cost
-// the evicting pass its second resident block, and it ran slower.)
-template <class Group>
+// lock_scanned locks by one CAS. `cached` reads the scores through L1. A score cached in L1 may be
+// older than the slot's (L1 is not coherent): in an evicting pass a slot's score only changes when
+// a newcomer of the same kernel replaces its key, so a stale score is that of a key already
+// evicted, which the victim's score, read again after locking, exposes (take_victim then scans
+// again with `cached` false), or (lfu's low-scoring newcomers) hides a newcomer of this kernel as
+// concurrent replacements can anyway. (Issuing the score loads with the state loads, one round
+// trip in all, needed registers that cost the evicting pass its second resident block, and it ran
+// slower.)
+// Who reads which scores: kAcrossLanes spreads each 16-byte load of the group over neighbouring
+// pairs of scores (a group's load covers kGroup * 16 contiguous bytes, a quarter of the cache lines
+// per warp load that a lane per chunk touches), the chunks' live bits shared by shuffles; the
+// pure device evicting pass is faster so, the hybrid one (which also scans for device rows) was
+// not. Else each lane reads the scores of the chunks whose state bytes it read.
+template <bool kAcrossLanes, class Group>
 __device__ BucketScan scan_bucket(const View& t, const Group& g, int64_t b, int32_t limit, bool cached) {
   const int lane = static_cast<int>(g.thread_rank());
   uint4 v[kChunks];
@@ -390,41 +394,84 @@ __device__ BucketScan scan_bucket(const View& t, const Group& g, int64_t b, int3
   }
   BucketScan s{-1, ~uint64_t{0}, 0, g.any(empties != 0) != 0, g.any(busy_bits != 0) != 0};
   if (s.empty) return s;
-  int32_t best_j = -1;
+  const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(t.score_at(b << t.log_b));  // 2 scores a load
+  int32_t best_j = -1;  // slots ascend in each lane's loads, so a strict < keeps the lowest slot of a tie
+  if constexpr (kAcrossLanes) {
+    // Pair p (slots 2p, 2p + 1) is read by lane p % kGroup in round p / kGroup; the live bits of
+    // chunk c are bits 16 * (c / kGroup) .. of lane c % kGroup's `pack`.
+    uint64_t pack = 0;
 #pragma unroll
-  for (int q = 0; q < kChunks; ++q) {
-    const int c = lane + q * kGroup;
-    const uint32_t live = live16(v[q]) & below[q];
-    const uint64_t* scores = t.score_at((b << t.log_b) + c * 16);
-    uint64_t sc[16];
-    const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(scores);  // 16-byte loads: 8 a chunk
+    for (int q = 0; q < kChunks; ++q) pack |= static_cast<uint64_t>(live16(v[q]) & below[q]) << (16 * q);
+    uint64_t packs[kGroup];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      ulonglong2 p = make_ulonglong2(0, 0);
-      if ((live >> (2 * k)) & 3u) p = cached ? pairs[k] : __ldcg(pairs + k);
-      sc[2 * k] = p.x;
-      sc[2 * k + 1] = p.y;
+    for (int l = 0; l < kGroup; ++l) packs[l] = g.shfl(pack, l);
+    const int rounds = t.B / (2 * kGroup);
+    constexpr int kRounds = 8;  // loads in flight per lane
+#pragma unroll 1
+    for (int r0 = 0; r0 < rounds; r0 += kRounds) {
+      ulonglong2 sc[kRounds];
+      uint32_t live[kRounds];
+#pragma unroll
+      for (int u = 0; u < kRounds; ++u) {
+        const int pair = (r0 + u) * kGroup + lane;
+        const int c = pair / 8;
+        uint64_t pk = 0;
+#pragma unroll
+        for (int l = 0; l < kGroup; ++l) pk = c % kGroup == l ? packs[l] : pk;
+        live[u] = r0 + u < rounds ? static_cast<uint32_t>(pk >> (16 * (c / kGroup) + (2 * pair) % 16)) & 3u : 0u;
+        sc[u] = make_ulonglong2(0, 0);
+        if (live[u] != 0) sc[u] = cached ? pairs[pair] : __ldcg(pairs + pair);
+      }
+#pragma unroll
+      for (int u = 0; u < kRounds; ++u) {
+        const int j = 2 * ((r0 + u) * kGroup + lane);
+        if ((live[u] & 1u) && (best_j < 0 || sc[u].x < s.score)) {
+          s.score = sc[u].x;
+          best_j = j;
+        }
+        if ((live[u] & 2u) && (best_j < 0 || sc[u].y < s.score)) {
+          s.score = sc[u].y;
+          best_j = j + 1;
+        }
+      }
     }
-    // Slots ascend, so a strict < keeps the lowest slot of a tie.
+  } else {
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      if (((live >> k) & 1u) && (best_j < 0 || sc[k] < s.score)) {
-        s.score = sc[k];
-        best_j = c * 16 + k;
-        s.word = word_of(v[q], k / 4);
+    for (int q = 0; q < kChunks; ++q) {
+      const int c = lane + q * kGroup;
+      const uint32_t live = live16(v[q]) & below[q];
+      uint64_t sc[16];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        ulonglong2 p = make_ulonglong2(0, 0);
+        if ((live >> (2 * k)) & 3u) p = cached ? pairs[c * 8 + k] : __ldcg(pairs + c * 8 + k);
+        sc[2 * k] = p.x;
+        sc[2 * k + 1] = p.y;
+      }
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        if (((live >> k) & 1u) && (best_j < 0 || sc[k] < s.score)) {
+          s.score = sc[k];
+          best_j = c * 16 + k;
+        }
       }
     }
   }
   for (int offset = kGroup / 2; offset > 0; offset /= 2) {
     const uint64_t other = g.shfl_xor(s.score, offset);
     const int32_t other_j = g.shfl_xor(best_j, offset);
-    const uint32_t other_word = g.shfl_xor(s.word, offset);
     if (other_j >= 0 && (best_j < 0 || other < s.score || (other == s.score && other_j < best_j))) {
       s.score = other;
       best_j = other_j;
-      s.word = other_word;
     }
   }
+  // The state word of the chosen slot, as the lane that read its chunk saw it.
+  uint32_t seen = 0;
+#pragma unroll
+  for (int q = 0; q < kChunks; ++q) {
+    if (best_j >= 0 && best_j / 16 == lane + q * kGroup) seen = word_of(v[q], (best_j % 16) / 4);
+  }
+  s.word = g.shfl(seen, best_j < 0 ? 0 : (best_j / 16) % kGroup);
   s.slot = best_j < 0 ? -1 : (b << t.log_b) + best_j;
   return s;
 }
@@ -535,7 +582,7 @@ __device__ int64_t device_slot_for(const View& t, const Group& g, int64_t b, int
   uint8_t dv = 0;
 #pragma unroll 1
   for (int tries = 0; tries <= t.hb + kMoveSlack && victim < 0; ++tries) {
-    const BucketScan s = scan_bucket(t, g, b, t.hb, false);
+    const BucketScan s = scan_bucket<false>(t, g, b, t.hb, false);
     if (s.slot < 0 || s.score >= new_score) return host_slot;
     int got = 0;
     if (lane == 0) got = lock_scanned(t, s, &dv) ? 1 : 0;
@@ -753,15 +800,16 @@ __device__ void refuse(const Group& g, const View& t, const UpsertArgs& a, int64
 // In an evicting table whose home bucket b is full: locks the slot of the bucket's lowest score
 // (spilling its key, row and score to the evicted outputs) and returns it, or -1 when the policy
 // refuses the newcomer (its score is below every score of the bucket). A slot freed meanwhile is
-// taken instead (*replaced false).
-template <class Group>
+// taken instead (*replaced false). kHybrid: the table keeps rows in host memory (scan_bucket's
+// choice of who reads which scores).
+template <bool kHybrid, class Group>
 __device__ int64_t take_victim(const Group& g, const View& t, const UpsertArgs& a, int64_t b, uint64_t new_score,
                                int32_t w, bool* replaced) {
   const int lane = static_cast<int>(g.thread_rank());
   int waits = 0;
   for (int tries = 0;; ++tries) {
     *replaced = false;
-    const BucketScan s = scan_bucket(t, g, b, t.B, tries == 0);
+    const BucketScan s = scan_bucket<!kHybrid>(t, g, b, t.B, tries == 0);
     if (s.empty) {
       const int64_t empty = claim_empty(t, g, b, t.B, w);
       if (empty >= 0) return empty;
@@ -976,7 +1024,7 @@ __global__ void __launch_bounds__(kBlock, place_min_blocks(kEvict, kHybrid, kCon
     int64_t slot = -1;
     bool replaced = false;
     if (kEvict) {
-      slot = take_victim(g, t, a, b, new_score, window, &replaced);
+      slot = take_victim<kHybrid>(g, t, a, b, new_score, window, &replaced);
       if (kHybrid && slot >= 0 && in_host(t, slot)) slot = device_slot_for(t, g, b, slot, new_score);
     } else if (a.evicting) {
       slot = claim_for_new<kHybrid>(t, g, b, new_score, window);
