@@ -45,7 +45,8 @@ BENCH_OPS = {
     "find_hits": "find",
     "find": "find_default",
     "find_or_insert": "find_or_insert",
-    "insert_or_assign": "insert_or_assign",
+    "insert_or_assign": "insert_or_assign",  # with the unique-keys hint, as storage_gpu
+    "insert_or_assign_dedup": "insert_or_assign_dedup",
 }
 OPS = tuple(BENCH_OPS)
 

@@ -22,8 +22,11 @@ Method, per (configuration, table, load factor λ, operation), as HKV's ``merlin
   gets a clear + refill first, so every call sees the same 60/40 state;
 * **operations**: find (the tables' ``find_hits``: as HKV's find, the rows of missing keys are not
   written), find_default (``find``: a missing key's row becomes zeros; no HKV figure),
-  find_or_insert, insert_or_assign, accum_or_assign, insert_and_evict, and export_batch over the
-  slots HKV scans (1 Mi / λ x 0.995 from slot 0; throughput = 1 Mi / time).
+  find_or_insert, insert_or_assign (with the unique-keys hint, ``SOK_HINT_UNIQUE_KEYS``: the
+  batch's keys are distinct, and HKV's benchmark calls its insert_or_assign with ``unique_key``
+  true), insert_or_assign_dedup (without the hint: the table deduplicates every key; no HKV
+  figure), accum_or_assign, insert_and_evict, and export_batch over the slots HKV scans (1 Mi / λ x
+  0.995 from slot 0; throughput = 1 Mi / time).
 
 Configurations: pure device memory at dims 8, 32, 64, 128 (det and hkv), and hybrid at dim 64 (hkv
 with ``max_hbm_for_vectors`` = half of the row bytes, the other half in pinned host memory). hkv:
@@ -106,11 +109,12 @@ OPS = (
     "find_default",
     "find_or_insert",
     "insert_or_assign",
+    "insert_or_assign_dedup",
     "accum_or_assign",
     "insert_and_evict",
     "export_batch",
 )
-INSERTING_OPS = ("find_or_insert", "insert_or_assign", "accum_or_assign", "insert_and_evict")
+INSERTING_OPS = ("find_or_insert", "insert_or_assign", "insert_or_assign_dedup", "accum_or_assign", "insert_and_evict")
 TABLES = {"det": "sok_backend_det", "hkv": "sok_backend_hkv"}
 MODES = {"device": "pure device memory", "hybrid": "hybrid, half the rows in host memory"}
 
@@ -410,6 +414,7 @@ def key_paths(op: str, dim: int) -> tuple[tuple[Access, ...], tuple[Access, ...]
         "find": (find_hit, (("stream", 9), ("read", 32))),
         "find_default": (find_hit, (("stream", 9 + v), ("read", 32))),  # a miss writes its zero row
         "insert_or_assign": (upsert, upsert),
+        "insert_or_assign_dedup": (upsert, upsert),
         "insert_and_evict": (upsert, upsert),
         "find_or_insert": (find_hit, (("stream", 9 + v), ("read", 32), ("write", 32), ("write", v))),
         "accum_or_assign": ((*upsert, ("read", v)), upsert),
@@ -665,6 +670,9 @@ class TableBench:
         self.values = cp.full((n, dim), ACCUM_DELTA, dtype=cp.float32)  # what the inserting ops write
         self.out_values = cp.empty((n, dim), dtype=cp.float32)
         self.found = cp.empty(n, dtype=cp.bool_)
+        from sparse_operation_kit import _table
+
+        self.unique_keys = _table.HINT_UNIQUE_KEYS  # the measured batch's keys are distinct
         self.ev_keys = cp.empty(n, dtype=cp.uint64)
         self.ev_values = cp.empty((n, dim), dtype=cp.float32)
         self.ev_scores = cp.empty(n, dtype=cp.uint64)
@@ -679,6 +687,7 @@ class TableBench:
             "find_default": self._find_default,
             "find_or_insert": self._find_or_insert,
             "insert_or_assign": self._insert_or_assign,
+            "insert_or_assign_dedup": self._insert_or_assign_dedup,
             "accum_or_assign": self._accum_or_assign,
             "insert_and_evict": self._insert_and_evict,
             "export_batch": self._export_batch,
@@ -763,6 +772,10 @@ class TableBench:
         self.table.find_or_insert(keys, 0, self.dim, out, found, None, [])
 
     def _insert_or_assign(self, keys: Any, slots: int) -> None:
+        values = self._sliced("keys", keys.shape[0])[2]
+        self.table.insert_or_assign_hinted(keys, 0, self.dim, values, None, [], self.unique_keys)
+
+    def _insert_or_assign_dedup(self, keys: Any, slots: int) -> None:
         values = self._sliced("keys", keys.shape[0])[2]
         self.table.insert_or_assign(keys, 0, self.dim, values, None, [])
 
@@ -1188,6 +1201,9 @@ host: perf_counter around one call + device synchronize, best of {HOST_RUNS} run
 ev: CUDA events around each call (after a 1 ms GPU spin that hides the launch), the mean; finds and export_batch \
 repeat one batch, every inserting call gets a clear + refill first (so each sees 60% hits / 40% new keys).
 find = find_hits (rows of missing keys not written, as HKV's find); find_default = find (missing rows become zeros).
+insert_or_assign = insert_or_assign_hinted with SOK_HINT_UNIQUE_KEYS (the keys are distinct; HKV's benchmark \
+passes unique_key=true); insert_or_assign_dedup = insert_or_assign without it (every key deduplicated; \
+no HKV figure).
 {hkv}. HKV's figures: 2^30 KV/s, best of 2 host-timed calls (HKV's timer). \
 vs HKV = host 2^30/s over it (det's insert_and_evict never evicts; HKV's export wrote keys and rows, no scores, \
 as here).

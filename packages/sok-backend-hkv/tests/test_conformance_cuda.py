@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from sok_backend_hkv import _core
 from sparse_operation_kit.plugins import get_registry
@@ -180,3 +181,34 @@ def test_keys_outside_their_home_window_are_found() -> None:
     table.insert_or_assign(refill, 0, 2, rows(refill), None, [])
     assert table.size() == 128
     check(cp.concatenate([odds, refill]), evens)
+
+
+@pytest.mark.parametrize("device_rows", [8192, 4096], ids=["device-rows", "half-in-host-memory"])
+def test_a_broken_unique_keys_promise_in_a_full_table_keeps_every_key_once(device_rows: int) -> None:
+    """insert_or_assign_hinted with SOK_HINT_UNIQUE_KEYS writes the keys present without
+    deduplicating them. Given 20,000 keys drawn with repeats from 4,096 present and 4,096 new ones
+    (every occurrence's row a value of its own) in a full table of 8,192 slots that evicts: no key is
+    stored twice, the size is what an export finds, each stored key of the batch holds the row of one
+    of its occurrences, and every other stored key keeps its own."""
+    from sparse_operation_kit import _table
+
+    cp = pytest.importorskip("cupy")
+    dim = 8
+    table = hybrid_table(dim, 8192, device_rows)
+    old = cp.arange(8192, dtype=cp.int64)
+    table.insert_or_assign(old, 0, dim, cp.repeat(-old.astype(cp.float32)[:, None], dim, axis=1), None, [])
+    pool = np.concatenate([np.arange(4096), np.arange(10**6, 10**6 + 4096)]).astype(np.int64)
+    batch = np.random.default_rng(7).choice(pool, 20000)
+    values = np.repeat(np.arange(batch.size, dtype=np.float32)[:, None], dim, axis=1)
+    table.insert_or_assign_hinted(cp.asarray(batch), 0, dim, cp.asarray(values), None, [], _table.HINT_UNIQUE_KEYS)
+    keys = cp.empty(8192, dtype=cp.int64)
+    rows = cp.empty((8192, dim), dtype=cp.float32)
+    count = table.export_batch(0, 8192, 0, dim, keys, rows, None, None)
+    keys, rows = cp.asnumpy(keys[:count]), cp.asnumpy(rows[:count])
+    assert np.unique(keys).size == count == table.size()
+    assert (rows == rows[:, :1]).all()
+    occurrences: dict[int, set[float]] = {}
+    for i, k in enumerate(batch.tolist()):
+        occurrences.setdefault(k, set()).add(float(i))
+    for k, value in zip(keys.tolist(), rows[:, 0].tolist()):
+        assert value in occurrences.get(k, {float(-k)}), (k, value)

@@ -5,6 +5,7 @@ std::bad_alloc or a TensorFlow Reshape error), and nothing half-changed.
 
 from __future__ import annotations
 
+import ctypes
 import re
 
 import numpy as np
@@ -247,3 +248,32 @@ def test_bad_constructor_argument_names_it_and_the_valid_values(kwargs, error, p
 def test_optimizer_that_is_not_an_optimizer_object_is_named(optimizer):
     with pytest.raises(ValueError, match=rf"optimizer {re.escape(repr(optimizer))} \(not an optimizer\).*valid: "):
         sok.OptimizerWrapper(optimizer)
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_hint_bits_outside_the_abi_are_refused_by_the_binding_and_the_c_abi(var_type):
+    # The binding (csrc/table/py_table.hpp) and the ABI adapter (sok/kit/abi_adapter.hpp) both name
+    # the bits and what is valid; nothing is written.
+    from sparse_operation_kit import _table, table_ref
+
+    storage = create_storage(var_type, row_width=4)
+    keys, values = np.array([1], np.int64), np.ones((1, 4), np.float32)
+    with pytest.raises(ValueError, match=r"hints=2 has bits the storage ABI does not define; valid: .* 1 "):
+        storage.table.insert_or_assign_hinted(keys, 0, 4, values, None, [], 2)
+    api, handle = table_ref.native_pointers(storage)
+    size = ctypes.c_uint32.from_address(api + 4).value  # sok_storage_api.struct_size
+    word = ctypes.sizeof(ctypes.c_void_p)
+    hinted = ctypes.c_void_p.from_address(api + size - word).value  # the last field
+    last_error = ctypes.c_void_p.from_address(api + 8 + 3 * word).value  # after version, size, name, create, destroy
+    c = ctypes
+    call = c.CFUNCTYPE(
+        c.c_int, c.c_void_p, c.c_void_p, c.c_int64, c.c_void_p, c.c_int32, c.c_int32,
+        c.c_void_p, c.c_void_p, c.c_void_p, c.c_int32, c.c_uint32,
+    )(hinted)  # fmt: skip
+    context = (c.c_int32 * 4)()  # sok_exec_context: CPU, device 0, null stream
+    status = call(handle, c.addressof(context), 1, keys.ctypes.data, 0, 4, values.ctypes.data, None, None, 0, 6)
+    message = c.CFUNCTYPE(c.c_char_p, c.c_void_p)(last_error)(handle).decode()
+    assert status == 1, message  # SOK_ERROR_INVALID_ARGUMENT
+    assert "hints=6 has bits this ABI does not define" in message and "SOK_HINT_UNIQUE_KEYS = 1" in message
+    storage.table.insert_or_assign_hinted(keys, 0, 4, values, None, [], _table.HINT_UNIQUE_KEYS)
+    assert storage.size() == 1

@@ -225,7 +225,8 @@ def without_update_rows(how: str) -> Iterator[None]:
         api, handle = original(storage)
         size = ctypes.c_uint32.from_address(api + 4).value  # sok_storage_api.struct_size
         copy = ctypes.create_string_buffer(ctypes.string_at(api, size), size)
-        field = size - 2 * ctypes.sizeof(ctypes.c_void_p)  # the last two fields: update_rows, find_hits
+        # the last three fields: update_rows, find_hits, insert_or_assign_hinted
+        field = size - 3 * ctypes.sizeof(ctypes.c_void_p)
         if how == "old header":
             ctypes.c_uint32.from_buffer(copy, 4).value = field
         else:

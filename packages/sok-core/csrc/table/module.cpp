@@ -98,6 +98,9 @@ PYBIND11_MODULE(_table, m) {
            py::arg("values"), py::arg("found"), py::arg("scores"), py::arg("inits"), py::kw_only(), stream)
       .def("insert_or_assign", &PyTable::insert_or_assign, py::arg("keys"), py::arg("col_begin"),
            py::arg("col_end"), py::arg("values"), py::arg("scores"), py::arg("inits"), py::kw_only(), stream)
+      .def("insert_or_assign_hinted", &PyTable::insert_or_assign_hinted, py::arg("keys"), py::arg("col_begin"),
+           py::arg("col_end"), py::arg("values"), py::arg("scores"), py::arg("inits"), py::arg("hints"),
+           py::kw_only(), stream)
       .def("accum_or_assign", &PyTable::accum_or_assign, py::arg("keys"), py::arg("col_begin"), py::arg("col_end"),
            py::arg("values"), py::arg("scores"), py::arg("inits"), py::kw_only(), stream)
       .def("erase", &PyTable::erase, py::arg("keys"), py::kw_only(), stream)
@@ -124,6 +127,7 @@ PYBIND11_MODULE(_table, m) {
   m.def("export_chunk_slots", &sok::export_chunk_slots, py::arg("row_bytes"),
         "Slots per export call for rows of row_bytes bytes (key, values, score): the one export chunk size.");
   m.attr("EXPORT_CHUNK_BYTES") = sok::kExportChunkBytes;
+  m.attr("HINT_UNIQUE_KEYS") = static_cast<uint32_t>(SOK_HINT_UNIQUE_KEYS);
   m.def("cuda_device_count", &sok::cuda_device_count, "CUDA devices this process sees (0 in CPU builds).");
 #ifdef SOK_WITH_CUDA
   m.attr("WITH_CUDA") = true;

@@ -197,6 +197,31 @@ class PyTable {
                         const std::vector<InitTuple>& inits, intptr_t stream) {
     write(api_->insert_or_assign, keys, cb, ce, values, scores, inits, stream);
   }
+  // insert_or_assign with the caller's promises about its keys (sok_hint bits). A backend built
+  // without insert_or_assign_hinted gets insert_or_assign: a hint only allows shortcuts, so
+  // dropping it never changes a result.
+  void insert_or_assign_hinted(py::object keys, int cb, int ce, py::object values, py::object scores,
+                               const std::vector<InitTuple>& inits, uint32_t hints, intptr_t stream) {
+    if ((hints & ~SOK_HINTS_ALL) != 0) {
+      throw py::value_error("hints=" + std::to_string(hints) + " has bits the storage ABI does not define; valid: " +
+                            "a combination of " + std::to_string(SOK_HINTS_ALL) + " (1 = unique keys)");
+    }
+    if (!sok_storage_api_has(api_, insert_or_assign_hinted)) {
+      write(api_->insert_or_assign, keys, cb, ce, values, scores, inits, stream);
+      return;
+    }
+    auto ctx = context(stream);
+    ArrayArg k = keys_arg(keys, "keys", ctx);
+    const int64_t n = k.shape[0];
+    ArrayArg v = floats_arg(values, n, ce - cb, "values", false, ctx);
+    ArrayArg sc = scores_arg(scores, n, ctx);
+    auto in = to_inits(inits);
+    call([&] {
+      return api_->insert_or_assign_hinted(handle_, &ctx, n, k.data, cb, ce, static_cast<const float*>(v.data),
+                                           static_cast<const uint64_t*>(sc.data), in.data(),
+                                           static_cast<int32_t>(in.size()), hints);
+    });
+  }
   void accum_or_assign(py::object keys, int cb, int ce, py::object values, py::object scores,
                        const std::vector<InitTuple>& inits, intptr_t stream) {
     write(api_->accum_or_assign, keys, cb, ce, values, scores, inits, stream);

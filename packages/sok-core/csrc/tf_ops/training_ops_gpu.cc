@@ -249,10 +249,15 @@ class SparseApplyGpuOp : public OpKernel {
                             positions.flat<int32_t>().data(), grads.flat<float>().data(), static_cast<int32_t>(n),
                             static_cast<int32_t>(u), static_cast<int32_t>(d), row, rule_, lr.scalar<float>()(), rows,
                             workspace.data(), bytes, stream)));
-    SOK_OK_OR_RETURN(ctx, status_of(ref,
-                                    ref->api->insert_or_assign(ref->storage, &exec, u, distinct.data(), 0, row, rows,
-                                                               nullptr, ref->inits, ref->num_inits),
-                                    "insert_or_assign"));
+    // The keys are distinct (the op's contract: sok_unique_index's output), which spares a table
+    // that takes hints the deduplication of the keys present.
+    const sok_status written =
+        sok_storage_api_has(ref->api, insert_or_assign_hinted)
+            ? ref->api->insert_or_assign_hinted(ref->storage, &exec, u, distinct.data(), 0, row, rows, nullptr,
+                                                ref->inits, ref->num_inits, SOK_HINT_UNIQUE_KEYS)
+            : ref->api->insert_or_assign(ref->storage, &exec, u, distinct.data(), 0, row, rows, nullptr, ref->inits,
+                                         ref->num_inits);
+    SOK_OK_OR_RETURN(ctx, status_of(ref, written, "insert_or_assign"));
   }
 
  private:

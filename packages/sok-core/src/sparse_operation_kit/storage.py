@@ -98,6 +98,9 @@ class Table(Protocol):
     def insert_or_assign(
         self, keys, col_begin: int, col_end: int, values, scores, inits: Sequence[InitTuple]
     ) -> None: ...
+    # Optional: insert_or_assign_hinted(keys, col_begin, col_end, values, scores, inits, hints)
+    # with the C ABI's sok_hint bits (Storage.insert_or_assign(unique_keys=True) falls back to
+    # insert_or_assign where a table lacks it: a hint only allows shortcuts).
     def accum_or_assign(
         self, keys, col_begin: int, col_end: int, values, scores, inits: Sequence[InitTuple]
     ) -> None: ...
@@ -438,10 +441,37 @@ class Storage:
             v = self._values(values, k.size, end - begin)
             write(k, begin, end, v, self._scores(scores, k.size), self._init_tuples, **self._call_options())
 
-    def insert_or_assign(self, keys: Any, values: Any, columns: Any = None, scores: Any = None) -> None:
+    def insert_or_assign(
+        self, keys: Any, values: Any, columns: Any = None, scores: Any = None, *, unique_keys: bool = False
+    ) -> None:
         """Write ``values`` to the columns of ``keys``, inserting new keys (other columns
-        initialised). For duplicate keys the last one wins."""
-        self._write(self.table.insert_or_assign, keys, values, columns, scores)
+        initialised). For duplicate keys the last one wins.
+
+        Args:
+            keys: ``(n,)`` keys.
+            values: ``(n, w)`` rows for the column range.
+            columns: the column range, as for :meth:`find`.
+            scores: ``(n,)`` caller scores, for policies that take them.
+            unique_keys: the caller's promise that no key repeats in ``keys`` (HierarchicalKV's
+                ``unique_key``), as after ``np.unique``: a backend may then skip deduplicating
+                the keys already present (the GPU tables do). If the promise is broken, which
+                occurrence's row a repeated key keeps is unspecified; the table stays whole (no
+                key stored twice, the size right). Tables without the hint ignore it.
+
+        Example:
+            >>> storage.insert_or_assign(np.array([3, 9]), np.ones((2, 4), np.float32), unique_keys=True)
+        """
+        if not isinstance(unique_keys, (bool, np.bool_)):
+            raise TypeError(f"unique_keys must be True or False, got {unique_keys!r}")
+        hinted = getattr(self.table, "insert_or_assign_hinted", None) if unique_keys else None
+        if hinted is None:
+            self._write(self.table.insert_or_assign, keys, values, columns, scores)
+            return
+
+        def write(*args: Any, **options: Any) -> None:
+            hinted(*args, _table.HINT_UNIQUE_KEYS, **options)
+
+        self._write(write, keys, values, columns, scores)
 
     def accum_or_assign(self, keys: Any, values: Any, columns: Any = None, scores: Any = None) -> None:
         """Add ``values`` to existing keys' columns; insert new keys with ``values``.

@@ -85,6 +85,14 @@ typedef struct sok_storage_config {
 
 typedef struct sok_storage sok_storage; /* opaque, owned by the backend */
 
+/* What a caller may promise about a call's keys (bit flags of insert_or_assign_hinted).
+ * SOK_HINT_UNIQUE_KEYS: no key repeats within the batch (as after a deduplication). A backend may
+ * then skip the deduplication of keys already present; if the promise is broken, which occurrence's
+ * values a repeated key keeps is unspecified, but the table stays whole: no key is stored twice
+ * and the size stays right. SOK_HINTS_ALL: every bit this header defines; other bits are refused. */
+typedef enum sok_hint { SOK_HINT_UNIQUE_KEYS = 1 } sok_hint;
+#define SOK_HINTS_ALL 1u
+
 /* The callback of update_rows: called for each key of the batch, with i its position in the batch
  * and row its columns [col_begin, col_end) in the table (w floats, read and written in place). It
  * must not call back into the storage, and may run on several threads at once (for different
@@ -186,6 +194,16 @@ typedef struct sok_storage_api {
    * (API version 1). */
   sok_status (*find_hits)(sok_storage* s, const sok_exec_context* ctx, int64_t n, const void* keys,
                           int32_t col_begin, int32_t col_end, float* values, uint8_t* found);
+  /* insert_or_assign with the caller's promises about its keys: hints is a set of sok_hint bits
+   * (0 = insert_or_assign). Bits outside SOK_HINTS_ALL give SOK_ERROR_INVALID_ARGUMENT; a backend
+   * may ignore the hints it has no use for. Optional: a backend built before this field has a
+   * smaller struct_size (see sok_storage_api_has); callers then use insert_or_assign. Appended in
+   * sok-core 0.1.0 (API version 1). */
+  sok_status (*insert_or_assign_hinted)(sok_storage* s, const sok_exec_context* ctx, int64_t n,
+                                        const void* keys, int32_t col_begin, int32_t col_end,
+                                        const float* values, const uint64_t* scores,
+                                        const sok_initializer* inits, int32_t num_inits,
+                                        uint32_t hints);
 } sok_storage_api;
 
 /* Whether `api` (built against any version of this header) has the function field `field`: its

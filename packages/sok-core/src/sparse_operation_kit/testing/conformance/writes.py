@@ -1,12 +1,14 @@
 """The storage conformance suite, writes: ``insert_or_assign`` (inserts, overwrites, the last
 duplicate wins, a column range leaves the other columns or initializes them for a new key, values
-become float32), ``accum_or_assign`` (adds, duplicates accumulate, a new key gets its initial row
+become float32; with ``unique_keys=True`` the same rows, and a broken promise stores each key
+once), ``accum_or_assign`` (adds, duplicates accumulate, a new key gets its initial row
 plus the sum) and ``import_batch`` (stores the caller's scores).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit.storage import Storage
@@ -59,6 +61,37 @@ class WriteConformance(ConformanceFixtures):
     def test_insert_or_assign_converts_values_to_float32(self, storage: Storage) -> None:
         storage.insert_or_assign(_keys([1]), np.array([[1, 2, 3, 4]], dtype=np.int64))
         np.testing.assert_array_equal(storage.find(_keys([1]))[0], [[1, 2, 3, 4]])
+
+    def test_insert_or_assign_unique_keys_writes_as_without_the_hint(self, make_storage: MakeStorage) -> None:
+        hinted, plain = make_storage(row_width=6), make_storage(row_width=6)
+        present = _keys([5, 1, 9])
+        for storage in (hinted, plain):
+            storage.insert_or_assign(present, _rows_for(present, 6))
+        keys = _keys([9, 4, 1, 7])  # two present, two new
+        values = -_rows_for(keys, 2)
+        hinted.insert_or_assign(keys, values, columns=(2, 4), unique_keys=True)
+        plain.insert_or_assign(keys, values, columns=(2, 4))
+        everything = _keys([1, 4, 5, 7, 9])
+        np.testing.assert_array_equal(hinted.find(everything)[0], plain.find(everything)[0])
+        assert hinted.size() == plain.size() == 5
+
+    def test_insert_or_assign_broken_unique_promise_keeps_each_key_once(self, storage: Storage) -> None:
+        storage.insert_or_assign(_keys([6]), _rows_for(_keys([6]), 4))
+        keys = _keys([6, 8, 6, 8, 2])  # 6 present, 8 new: both repeated
+        values = np.arange(20, dtype=np.float32).reshape(5, 4)
+        storage.insert_or_assign(keys, values, unique_keys=True)
+        assert storage.size() == 3
+        exported = storage.export()[0]
+        assert sorted(exported.tolist()) == sorted(_keys([2, 6, 8]).tolist())
+        rows = storage.find(_keys([6, 8, 2]))[0]
+        assert any(np.array_equal(rows[0], values[i]) for i in (0, 2))
+        assert any(np.array_equal(rows[1], values[i]) for i in (1, 3))
+        np.testing.assert_array_equal(rows[2], values[4])
+
+    def test_insert_or_assign_unique_keys_must_be_a_bool(self, storage: Storage) -> None:
+        with pytest.raises(TypeError, match="unique_keys must be True or False, got 'yes'"):
+            storage.insert_or_assign(_keys([1]), _rows_for(_keys([1]), 4), unique_keys="yes")  # type: ignore[arg-type]
+        assert storage.size() == 0
 
     # -- accum_or_assign ------------------------------------------------------------------------
     def test_accum_or_assign_adds_to_existing_rows(self, storage: Storage) -> None:

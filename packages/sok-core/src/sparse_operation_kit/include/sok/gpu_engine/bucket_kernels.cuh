@@ -748,17 +748,18 @@ __device__ void spill(const Group& g, const UpsertArgs& a, int32_t W, uint64_t k
   if (a.ev_values != nullptr) copy_floats<false, true>(g, a.ev_values + static_cast<int64_t>(idx) * W, row, W);
 }
 
-// Upserts. The keys placed by a call are distinct (callers deduplicate; an LRU find_or_insert
-// deduplicates only the keys its hit pass did not find), so no two groups ever place the same key
-// and keys already present need no lock. The kernels: update_hits_kernel writes the keys present
-// (no slot changes hands) and marks the others missing; list_missing_kernel lists the missing
-// leaders (in bucket order in a hybrid table); place_missing_kernel<false> (pass A) places them in
-// empty slots and, in an evicting table, lists the keys whose home bucket is full;
-// place_missing_kernel<true> (pass B) evicts for those (in a nearly full table it takes the whole
-// list instead, without pass A). Rows updated by the first kernel are complete before anyone
-// evicts, so an evicted row is always whole. A pure device table's pass A publishes new slots
-// without a fence (nobody reads them during that kernel); pass B, and pass A of a hybrid table
-// (whose device_slot_for moves rows placed in the same kernel), publish after a fence.
+// Upserts. The keys placed by a call are distinct (callers deduplicate; an LRU find_or_insert and
+// an insert_or_assign of keys promised unique deduplicate only the keys their hit pass did not
+// find), so no two groups ever place the same key and keys already present need no lock. The
+// kernels: update_hits_kernel writes the keys present (no slot changes hands) and marks the others
+// missing; list_missing_kernel lists the missing leaders (in bucket order in a hybrid table);
+// place_missing_kernel<false> (pass A) places them in empty slots and, in an evicting table, lists
+// the keys whose home bucket is full; place_missing_kernel<true> (pass B) evicts for those (in a
+// nearly full table it takes the whole list instead, without pass A). Rows updated by the first
+// kernel are complete before anyone evicts, so an evicted row is always whole. A pure device
+// table's pass A publishes new slots without a fence (nobody reads them during that kernel); pass
+// B, and pass A of a hybrid table (whose device_slot_for moves rows placed in the same kernel),
+// publish after a fence.
 
 // The mode's write of `in` (w columns) to a row that already holds the key.
 template <class Group>
@@ -876,9 +877,9 @@ __device__ void fill_slot(const Group& g, const View& t, const UpsertArgs& a, in
 
 // One group of kGroup lanes per (leader) key: the mode's write and a new score if the key is
 // present, else missing[i] = 1. Without leaders (a.leader null: find_or_insert under LRU-like
-// policies) every occurrence is looked up: repeated hits copy the same row out and store the same
-// score. kWindowed: keys are looked up home window first (locate), under find's rule
-// (BucketTable::windowed_lookups).
+// policies, where repeated hits copy the same row out and store the same score, and
+// insert_or_assign of keys promised unique) every occurrence is looked up. kWindowed: keys are
+// looked up home window first (locate), under find's rule (BucketTable::windowed_lookups).
 template <bool kWindowed>
 __global__ void __launch_bounds__(kBlock, kHitsMinBlocks) update_hits_kernel(View t, UpsertArgs a, uint8_t* missing) {
   auto block = cg::this_thread_block();
@@ -912,8 +913,9 @@ __global__ void __launch_bounds__(kBlock, kHitsMinBlocks) update_hits_kernel(Vie
 // a block (one atomic per block: one per warp made the kernel slow). A dense list keeps every
 // group of the placing kernel busy: scanning the whole batch, a warp ran its placing path for a
 // few of its keys only and paid a round trip for the others, which made the evicting pass of a
-// full table much slower. With `buckets` (hybrid tables), each entry's home bucket goes there too,
-// for the sort that puts the list in bucket order (order_list_kernel).
+// full table much slower. With `buckets` (hybrid tables), each entry's home bucket goes there
+// instead of its key, for the sort that puts the list in bucket order (order_list_kernel, which
+// then writes todo_keys).
 __global__ void __launch_bounds__(kBlock) list_missing_kernel(int64_t n, const void* keys, int32_t key_type,
                                                               const int32_t* leader, const uint8_t* missing,
                                                               int32_t* todo, uint64_t* todo_keys, unsigned int* count,
@@ -942,8 +944,11 @@ __global__ void __launch_bounds__(kBlock) list_missing_kernel(int64_t n, const v
     const unsigned int at = block_base + warp_base[warp] + __popc(ballot & ((1u << lane) - 1u));
     const uint64_t key = load_key_d(keys, key_type, i);
     todo[at] = static_cast<int32_t>(i);
-    todo_keys[at] = key;
-    if (buckets != nullptr) buckets[at] = static_cast<uint32_t>(sok::hash_key(key) & static_cast<uint64_t>(nb - 1));
+    if (buckets == nullptr) {
+      todo_keys[at] = key;
+    } else {  // order_list_kernel writes the keys, in bucket order
+      buckets[at] = static_cast<uint32_t>(sok::hash_key(key) & static_cast<uint64_t>(nb - 1));
+    }
   }
 }
 

@@ -206,6 +206,27 @@ class BucketTable final : public sok::Storage {
     write(ctx, n, keys, cols, values, scores, inits, num_inits, Mode::kAssign, nullptr);
   }
 
+  // With SOK_HINT_UNIQUE_KEYS, where the batch cannot make the table grow, the keys present are
+  // written before any deduplication, and only the missing ones are deduplicated (assign_unique).
+  void insert_or_assign_hinted(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
+                               const float* values, const uint64_t* scores, const sok_initializer* inits,
+                               int32_t num_inits, uint32_t hints) override {
+    if ((hints & SOK_HINT_UNIQUE_KEYS) == 0) {
+      insert_or_assign(ctx, n, keys, cols, values, scores, inits, num_inits);
+      return;
+    }
+    {
+      Call call(this, ctx);
+      if (n == 0) return;
+      refresh_bound();
+      if (evicting_ || fits_without_growth(n)) {
+        assign_unique(call.stream, n, keys, cols, values, scores, inits, num_inits);
+        return;
+      }
+    }
+    insert_or_assign(ctx, n, keys, cols, values, scores, inits, num_inits);
+  }
+
   void accum_or_assign(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
                        const float* values, const uint64_t* scores, const sok_initializer* inits,
                        int32_t num_inits) override {
@@ -583,6 +604,24 @@ class BucketTable final : public sok::Storage {
     copy_from_leaders_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, cols.width(), batch.leader, values,
                                                                            found);
     check_cuda(cudaGetLastError(), "find_or_insert duplicates");
+    after_insert(stream, n);
+  }
+
+  // insert_or_assign of keys the caller promises are distinct: every key is looked up and, where
+  // present, written (update_hits_kernel without leaders); then only the missing keys are
+  // deduplicated, which is all a broken promise needs to keep every key in one slot (a repeated
+  // present key keeps one of its occurrences' rows). Batch sums the missing keys' LFU increments.
+  void assign_unique(cudaStream_t stream, int64_t n, const void* keys, sok::Columns cols, const float* values,
+                     const uint64_t* scores, const sok_initializer* inits, int32_t num_inits) {
+    UpsertArgs a = base_args(n, keys, cols, Mode::kAssign, inits, num_inits);
+    Upsert upsert(stream, n, a.evicting);
+    a.values = values;
+    a.scores = scores;
+    update_hits(stream, a, upsert.missing);  // a.leader null: every key
+    Batch batch(this, stream, n, keys, scores, upsert.missing);
+    a.leader = batch.leader;
+    a.scores = batch.scores;
+    place(stream, a, upsert);
     after_insert(stream, n);
   }
 

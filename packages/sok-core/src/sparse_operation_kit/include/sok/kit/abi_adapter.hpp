@@ -322,6 +322,19 @@ const sok_storage_api* make_storage_api(const char* name) {
         s.find_hits(c, n, keys, check_cols(s, cb, ce), values, found);
       });
     };
+    a.insert_or_assign_hinted = [](sok_storage* h, const sok_exec_context* ctx, int64_t n, const void* keys,
+                                   int32_t cb, int32_t ce, const float* values, const uint64_t* scores,
+                                   const sok_initializer* inits, int32_t ni, uint32_t hints) {
+      return guarded(h, [&](Storage& s) {
+        const auto& c = check_rows_call(s, ctx, n, keys, values);
+        check_new_rows(s, scores, n, inits, ni);
+        if ((hints & ~SOK_HINTS_ALL) != 0) {
+          invalid("hints=" + std::to_string(hints) + " has bits this ABI does not define; valid: a combination of " +
+                  std::to_string(SOK_HINTS_ALL) + " (SOK_HINT_UNIQUE_KEYS = 1)");
+        }
+        s.insert_or_assign_hinted(c, n, keys, check_cols(s, cb, ce), values, scores, inits, ni, hints);
+      });
+    };
     a.clear = [](sok_storage* h, const sok_exec_context* ctx) {
       return guarded(h, [&](Storage& s) { s.clear(check_ctx(s, ctx)); });
     };

@@ -75,6 +75,13 @@ class Storage {
   virtual void find_hits(const sok_exec_context&, int64_t, const void*, Columns, float*, uint8_t*) {
     fail(SOK_ERROR_UNSUPPORTED, "this backend has no find_hits (a find that leaves missing rows unwritten); use find");
   }
+  // insert_or_assign_hinted of the C ABI (hints: sok_hint bits, already checked). The default
+  // has no use for hints: insert_or_assign, which is right whatever the caller promised.
+  virtual void insert_or_assign_hinted(const sok_exec_context& ctx, int64_t n, const void* keys, Columns cols,
+                                       const float* values, const uint64_t* scores, const sok_initializer* inits,
+                                       int32_t num_inits, uint32_t /*hints*/) {
+    insert_or_assign(ctx, n, keys, cols, values, scores, inits, num_inits);
+  }
   virtual void clear(const sok_exec_context& ctx) = 0;
   virtual void set_global_epoch(uint64_t) {
     fail(SOK_ERROR_UNSUPPORTED, "this backend has no epoch-based eviction policy");
