@@ -210,17 +210,12 @@ class PyTable {
       write(api_->insert_or_assign, keys, cb, ce, values, scores, inits, stream);
       return;
     }
-    auto ctx = context(stream);
-    ArrayArg k = keys_arg(keys, "keys", ctx);
-    const int64_t n = k.shape[0];
-    ArrayArg v = floats_arg(values, n, ce - cb, "values", false, ctx);
-    ArrayArg sc = scores_arg(scores, n, ctx);
-    auto in = to_inits(inits);
-    call([&] {
-      return api_->insert_or_assign_hinted(handle_, &ctx, n, k.data, cb, ce, static_cast<const float*>(v.data),
-                                           static_cast<const uint64_t*>(sc.data), in.data(),
-                                           static_cast<int32_t>(in.size()), hints);
-    });
+    const auto hinted = [this, hints](sok_storage* s, const sok_exec_context* c, int64_t n, const void* k, int32_t b,
+                                      int32_t e, const float* v, const uint64_t* sc, const sok_initializer* in,
+                                      int32_t ni) {
+      return api_->insert_or_assign_hinted(s, c, n, k, b, e, v, sc, in, ni, hints);
+    };
+    write(hinted, keys, cb, ce, values, scores, inits, stream);
   }
   void accum_or_assign(py::object keys, int cb, int ce, py::object values, py::object scores,
                        const std::vector<InitTuple>& inits, intptr_t stream) {
@@ -341,11 +336,9 @@ class PyTable {
     }
   };
 
-  using WriteFn = sok_status (*)(sok_storage*, const sok_exec_context*, int64_t, const void*,
-                                 int32_t, int32_t, const float*, const uint64_t*,
-                                 const sok_initializer*, int32_t);
-
-  void write(WriteFn fn, py::object keys, int cb, int ce, py::object values, py::object scores,
+  // fn: a write of the C ABI's signature (insert_or_assign, accum_or_assign, or one with hints bound).
+  template <class WriteFn>
+  void write(const WriteFn& fn, py::object keys, int cb, int ce, py::object values, py::object scores,
              const std::vector<InitTuple>& inits, intptr_t stream) {
     auto ctx = context(stream);
     ArrayArg k = keys_arg(keys, "keys", ctx);

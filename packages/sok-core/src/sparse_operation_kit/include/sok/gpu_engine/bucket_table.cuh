@@ -594,35 +594,39 @@ class BucketTable final : public sok::Storage {
   void find_or_insert_hits_first(cudaStream_t stream, int64_t n, const void* keys, sok::Columns cols, float* values,
                                  uint8_t* found, const sok_initializer* inits, int32_t num_inits) {
     UpsertArgs a = base_args(n, keys, cols, Mode::kFindOrInsert, inits, num_inits);
-    Upsert upsert(stream, n, a.evicting);
     a.out = values;
     a.found = found;
-    update_hits(stream, a, upsert.missing);  // a.leader null: every key
-    Batch batch(this, stream, n, keys, nullptr, upsert.missing);
-    a.leader = batch.leader;
-    place(stream, a, upsert);
-    copy_from_leaders_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, cols.width(), batch.leader, values,
-                                                                           found);
-    check_cuda(cudaGetLastError(), "find_or_insert duplicates");
-    after_insert(stream, n);
+    upsert_hits_first(stream, a);
   }
 
   // insert_or_assign of keys the caller promises are distinct: every key is looked up and, where
-  // present, written (update_hits_kernel without leaders); then only the missing keys are
-  // deduplicated, which is all a broken promise needs to keep every key in one slot (a repeated
-  // present key keeps one of its occurrences' rows). Batch sums the missing keys' LFU increments.
+  // present, written before any deduplication; deduplicating the missing ones is all a broken
+  // promise needs to keep every key in one slot (a repeated present key keeps one of its
+  // occurrences' rows).
   void assign_unique(cudaStream_t stream, int64_t n, const void* keys, sok::Columns cols, const float* values,
                      const uint64_t* scores, const sok_initializer* inits, int32_t num_inits) {
     UpsertArgs a = base_args(n, keys, cols, Mode::kAssign, inits, num_inits);
-    Upsert upsert(stream, n, a.evicting);
     a.values = values;
     a.scores = scores;
-    update_hits(stream, a, upsert.missing);  // a.leader null: every key
-    Batch batch(this, stream, n, keys, scores, upsert.missing);
+    upsert_hits_first(stream, a);
+  }
+
+  // The upsert `a` (without leaders) with the keys present looked up first (update_hits_kernel:
+  // every occurrence), then only the missing keys deduplicated (Batch, which also sums their LFU
+  // increments) and placed; find_or_insert's duplicates then copy their leader's row.
+  void upsert_hits_first(cudaStream_t stream, UpsertArgs a) {
+    Upsert upsert(stream, a.n, a.evicting);
+    update_hits(stream, a, upsert.missing);
+    Batch batch(this, stream, a.n, a.keys, a.scores, upsert.missing);
     a.leader = batch.leader;
     a.scores = batch.scores;
     place(stream, a, upsert);
-    after_insert(stream, n);
+    if (a.mode == Mode::kFindOrInsert) {
+      copy_from_leaders_kernel<<<blocks_for(a.n, kBlock), kBlock, 0, stream>>>(a.n, a.ce - a.cb, batch.leader, a.out,
+                                                                               a.found);
+      check_cuda(cudaGetLastError(), "find_or_insert duplicates");
+    }
+    after_insert(stream, a.n);
   }
 
   // Lists the missing leaders (in bucket order in a hybrid table: BucketOrder), then places them
