@@ -153,6 +153,14 @@ class NativeTable(Table, Protocol):
         NotImplementedError where the backend lacks ``update_rows``."""
         ...
 
+    def insert_or_assign_hinted(
+        self, keys, col_begin: int, col_end: int, values, scores, inits: Sequence[InitTuple], hints: int
+    ) -> None:
+        """The C ABI's ``insert_or_assign_hinted``: ``insert_or_assign`` with the caller's promises
+        as ``sok_hint`` bits (``_table.HINT_UNIQUE_KEYS``: no key repeats). ValueError for bits the
+        ABI does not define; ``insert_or_assign`` where the backend lacks the function."""
+        ...
+
 
 def _options_as_strings(options: dict[str, Any]) -> dict[str, str]:
     out = {}
