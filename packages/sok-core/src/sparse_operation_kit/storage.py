@@ -42,6 +42,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -474,12 +475,8 @@ class Storage:
         hinted = getattr(self.table, "insert_or_assign_hinted", None) if unique_keys else None
         if hinted is None:
             self._write(self.table.insert_or_assign, keys, values, columns, scores)
-            return
-
-        def write(*args: Any, **options: Any) -> None:
-            hinted(*args, _table.HINT_UNIQUE_KEYS, **options)
-
-        self._write(write, keys, values, columns, scores)
+        else:
+            self._write(functools.partial(hinted, hints=_table.HINT_UNIQUE_KEYS), keys, values, columns, scores)
 
     def accum_or_assign(self, keys: Any, values: Any, columns: Any = None, scores: Any = None) -> None:
         """Add ``values`` to existing keys' columns; insert new keys with ``values``.

@@ -218,8 +218,7 @@ class BucketTable final : public sok::Storage {
     {
       Call call(this, ctx);
       if (n == 0) return;
-      refresh_bound();
-      if (evicting_ || fits_without_growth(n)) {
+      if (cannot_grow(n)) {
         assign_unique(call.stream, n, keys, cols, values, scores, inits, num_inits);
         return;
       }
@@ -586,7 +585,12 @@ class BucketTable final : public sok::Storage {
   // first). Then only the missing keys are deduplicated, which shortens the deduplication and
   // with it find_or_insert.
   bool hits_before_dedup(int64_t n) {
-    if (cfg_.policy != Policy::kLru && cfg_.policy != Policy::kEpochLru) return false;
+    return (cfg_.policy == Policy::kLru || cfg_.policy == Policy::kEpochLru) && cannot_grow(n);
+  }
+
+  // Whether a batch of n keys cannot make the table grow (it evicts instead, or n more keys fit by
+  // the latest size snapshot): a hits-first upsert needs no count of distinct new keys then.
+  bool cannot_grow(int64_t n) {
     refresh_bound();
     return evicting_ || fits_without_growth(n);
   }
