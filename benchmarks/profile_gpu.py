@@ -47,6 +47,7 @@ BENCH_OPS = {
     "find_or_insert": "find_or_insert",
     "insert_or_assign": "insert_or_assign",  # with the unique-keys hint, as storage_gpu
     "insert_or_assign_dedup": "insert_or_assign_dedup",
+    "export_batch": "export_batch",  # over the slots storage_gpu scans at --load
 }
 OPS = tuple(BENCH_OPS)
 
@@ -103,18 +104,20 @@ def profile(cp: Any, profiler: Any, core: Any, kind: str, dim: int, args: argpar
     capacity = args.capacity_mi * MI
     table = create_table(core, kind, args.mode, dim, capacity)
     bench = TableBench(cp, kind, table, dim, capacity)
-    bench.fill(args.load)
+    state = bench.fill(args.load)
     batch = bench.batch()
     for op in args.ops:
         bench_op = BENCH_OPS[op]
-        bench.run(bench_op, batch, 0)  # warm-up
+        slots = bench.export_slots(args.load, state.size) if bench_op == "export_batch" else 0
+        bench.reserve_export(slots)
+        bench.run(bench_op, batch, slots)  # warm-up
         totals: dict[str, list[float]] = {}  # kernel name -> [GPU us, launches] over every call
         for _ in range(args.calls):
             if bench_op in INSERTING_OPS:
                 bench.fill(args.load)
             cp.cuda.runtime.deviceSynchronize()
             with profiler.profile(activities=[profiler.ProfilerActivity.CUDA]) as prof:
-                bench.run(bench_op, batch, 0)
+                bench.run(bench_op, batch, slots)
                 cp.cuda.runtime.deviceSynchronize()
             for event in prof.key_averages():
                 total = totals.setdefault(event.key, [0.0, 0])

@@ -212,3 +212,46 @@ def test_a_broken_unique_keys_promise_in_a_full_table_keeps_every_key_once(devic
         occurrences.setdefault(k, set()).add(float(i))
     for k, value in zip(keys.tolist(), rows[:, 0].tolist()):
         assert value in occurrences.get(k, {float(-k)}), (k, value)
+
+
+@pytest.mark.parametrize("threshold", [None, 2**40], ids=["every-row", "threshold"])
+def test_an_export_over_many_chunks_is_the_exports_of_its_parts_in_order(threshold: int | None) -> None:
+    """export_batch selects live slots 2**24 at a time. Over a table of 2**25 slots holding 200,000
+    keys spread by their hash (scores 0 .. 2**41, so a threshold keeps about half), one export from
+    an offset inside the first chunk to the end returns every such row once, and exactly the rows of
+    three exports of its parts (one ending and one starting mid-chunk) laid end to end."""
+    cp = pytest.importorskip("cupy")
+    slots = 2**25
+    table = get_registry().factory("hybrid")(
+        key_dtype="int64",
+        row_width=2,
+        options={"init_capacity": str(slots), "max_capacity": str(slots), "evict_strategy": "customized"},
+        device=DEVICE,
+    )
+    keys = cp.arange(200_000, dtype=cp.int64) * 104_729 + 3
+    rows = cp.stack([keys.astype(cp.float32), -keys.astype(cp.float32)], axis=1)
+    scores = (keys.astype(cp.uint64) * cp.uint64(7_919)) % cp.uint64(2**41)
+    table.insert_or_assign(keys, 0, 2, rows, scores, [])
+
+    def export(offset: int, limit: int) -> tuple[Any, Any, Any]:
+        limit = min(limit, slots - offset)  # the outputs hold `limit` rows
+        out_keys = cp.empty(limit, dtype=cp.int64)
+        out_rows = cp.empty((limit, 2), dtype=cp.float32)
+        out_scores = cp.empty(limit, dtype=cp.uint64)
+        n = table.export_batch(offset, limit, 0, 2, out_keys, out_rows, out_scores, threshold)
+        return out_keys[:n], out_rows[:n], out_scores[:n]
+
+    start = 12_345
+    whole = export(start, slots)
+    parts = [export(start, 2**24 - 1000 - start), export(2**24 - 1000, 5000), export(2**24 + 4000, slots)]
+    for got, expected in zip(whole, (cp.concatenate([p[i] for p in parts]) for i in range(3)), strict=True):
+        cp.testing.assert_array_equal(got, expected)
+    out_keys, out_rows, out_scores = whole
+    assert out_keys.shape[0] == int(cp.unique(out_keys).shape[0])
+    cp.testing.assert_array_equal(out_rows[:, 0], out_keys.astype(cp.float32))
+    cp.testing.assert_array_equal(out_scores, (out_keys.astype(cp.uint64) * cp.uint64(7_919)) % cp.uint64(2**41))
+    first = export(0, start)[0]
+    kept = keys if threshold is None else keys[scores >= cp.uint64(threshold)]
+    assert first.shape[0] + out_keys.shape[0] == kept.shape[0]
+    cp.testing.assert_array_equal(cp.sort(cp.concatenate([first, out_keys])), cp.sort(kept))
+    assert 0.4 < kept.shape[0] / keys.shape[0] <= 1.0

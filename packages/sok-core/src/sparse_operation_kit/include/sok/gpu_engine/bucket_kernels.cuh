@@ -1174,29 +1174,43 @@ __global__ void rehash_kernel(View from, View to) {
   }
 }
 
-// Export, pass 1: flags[s - offset] = slot s is live (and scored >= threshold).
-__global__ void export_mark_kernel(View t, int64_t offset, int64_t limit, bool filter, uint64_t threshold,
-                                   int32_t* flags) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < limit; j += stride) {
-    const int64_t s = offset + j;
-    flags[j] = t.digests[s] >= 2 && (!filter || *t.score_at(s) >= threshold) ? 1 : 0;
+// Export, pass 1 (cub::DeviceSelect::If over the chunk's slot offsets j): slot from + j is live,
+// and with `filter` scored >= threshold.
+struct LiveSlot {
+  View t;
+  int64_t from;
+  bool filter;
+  uint64_t threshold;
+  __device__ bool operator()(int32_t j) const {
+    const int64_t s = from + j;
+    return t.digests[s] >= 2 && (!filter || t.scores[s] >= threshold);
   }
-}
+};
 
-// Export, pass 2: live slots go to base + their rank; *base advances by the chunk's count.
-__global__ void export_write_kernel(View t, int64_t offset, int64_t limit, const int32_t* flags, const int32_t* ranks,
-                                    int32_t key_type, int32_t cb, int32_t ce, void* keys, float* values,
-                                    uint64_t* scores, const unsigned long long* base) {
+// Export, pass 2: the live slots of chunk `chunk` (their offsets from `from` in `picked`, in slot
+// order, counts[chunk] of them) go to the outputs after the rows of the earlier chunks. kLanes
+// lanes copy a row (export_lanes: about two 16-byte loads each).
+template <int kLanes>
+__global__ void export_gather_kernel(View t, int64_t from, const int32_t* picked, const int32_t* counts, int32_t chunk,
+                                     int32_t key_type, int32_t cb, int32_t ce, void* keys, float* values,
+                                     uint64_t* scores) {
+  __shared__ int64_t start_shared;
+  if (threadIdx.x == 0) {
+    int64_t start = 0;
+    for (int32_t c = 0; c < chunk; ++c) start += counts[c];
+    start_shared = start;
+  }
+  __syncthreads();
   auto block = cg::this_thread_block();
-  auto g = cg::tiled_partition<kGroup>(block);
+  auto g = cg::tiled_partition<kLanes>(block);
+  constexpr int kRowsPerBlock = kBlock / kLanes;
   const int32_t w = ce - cb;
-  const int64_t groups = static_cast<int64_t>(gridDim.x) * kKeysPerBlock;
-  const int64_t start = static_cast<int64_t>(*base);
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kKeysPerBlock + block.thread_rank() / kGroup; j < limit; j += groups) {
-    if (!flags[j]) continue;
-    const int64_t s = offset + j;
-    const int64_t out = start + ranks[j];
+  const int64_t start = start_shared;
+  const int64_t n = counts[chunk];
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + block.thread_rank() / kLanes; i < n; i += groups) {
+    const int64_t s = from + picked[i];
+    const int64_t out = start + i;
     if (g.thread_rank() == 0) {
       store_key_d(keys, key_type, out, *t.key_at(s));
       if (scores != nullptr) scores[out] = *t.score_at(s);
@@ -1205,8 +1219,12 @@ __global__ void export_write_kernel(View t, int64_t offset, int64_t limit, const
   }
 }
 
-__global__ void export_advance_kernel(const int32_t* flags, const int32_t* ranks, int64_t limit, unsigned long long* base) {
-  if (limit > 0) *base += static_cast<unsigned long long>(ranks[limit - 1] + flags[limit - 1]);
+// Lanes per exported row of w floats: a power of two near half its 16-byte pieces, 1 .. 32.
+inline int export_lanes(int32_t w) {
+  const int32_t pieces = (w + 3) / 4;
+  int lanes = 1;
+  while (lanes < 32 && 2 * lanes < pieces) lanes *= 2;
+  return lanes;
 }
 
 // Deduplication index entries: a batch index of the entry's key (the highest so far, once every

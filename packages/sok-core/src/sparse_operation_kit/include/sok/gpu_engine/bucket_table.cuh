@@ -14,7 +14,8 @@
 #pragma once
 
 #include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_scan.cuh>
+#include <cub/device/device_select.cuh>
+#include <thrust/iterator/counting_iterator.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "sok/gpu_engine/bucket_kernels.cuh"
 #include "sok/kit/error.hpp"
@@ -257,6 +259,9 @@ class BucketTable final : public sok::Storage {
     return erased.read();
   }
 
+  // The live slots of [offset, offset + limit) in slot order, a chunk at a time: cub selects a
+  // chunk's live slots (one pass over its state bytes), then a group of export_lanes(width) lanes
+  // per selected slot copies its key, score and row.
   int64_t export_batch(const sok_exec_context& ctx, int64_t offset, int64_t limit, sok::Columns cols,
                        const uint64_t* threshold, void* keys, float* values, uint64_t* scores) override {
     Call call(this, ctx);
@@ -265,33 +270,37 @@ class BucketTable final : public sok::Storage {
     if (end <= begin) return 0;
     constexpr int64_t kChunk = int64_t{1} << 24;  // slots per pass: bounds the scratch memory
     const int64_t span = std::min(kChunk, end - begin);
-    size_t scan_bytes = 0;
-    check_cuda(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<int32_t*>(nullptr),
-                                             static_cast<int32_t*>(nullptr), static_cast<int>(span), call.stream),
-               "cub scan (size)");
-    const size_t flags_bytes = align(sizeof(int32_t) * span);
-    Scratch scratch(call.stream, 2 * flags_bytes + align(sizeof(unsigned long long)) + scan_bytes);
-    int32_t* flags = scratch.as<int32_t>();
-    int32_t* ranks = scratch.as<int32_t>(flags_bytes);
-    auto* base = scratch.as<unsigned long long>(2 * flags_bytes);
-    void* scan_tmp = scratch.as<char>(2 * flags_bytes + align(sizeof(unsigned long long)));
-    check_cuda(cudaMemsetAsync(base, 0, sizeof(unsigned long long), call.stream), "cudaMemsetAsync");
-    for (int64_t from = begin; from < end; from += span) {
+    const int32_t chunks = static_cast<int32_t>((end - begin + span - 1) / span);
+    const LiveSlot live{view_, begin, threshold != nullptr, threshold ? *threshold : 0};
+    const thrust::counting_iterator<int32_t> offsets(0);
+    size_t select_bytes = 0;
+    check_cuda(cub::DeviceSelect::If(nullptr, select_bytes, offsets, static_cast<int32_t*>(nullptr),
+                                     static_cast<int32_t*>(nullptr), span, live, call.stream),
+               "cub select (size)");
+    const size_t picked_bytes = align(sizeof(int32_t) * span);
+    const size_t counts_bytes = align(sizeof(int32_t) * chunks);
+    Scratch scratch(call.stream, picked_bytes + counts_bytes + select_bytes);
+    int32_t* picked = scratch.as<int32_t>();
+    int32_t* counts = scratch.as<int32_t>(picked_bytes);
+    void* select_tmp = scratch.as<char>(picked_bytes + counts_bytes);
+    for (int32_t c = 0; c < chunks; ++c) {
+      const int64_t from = begin + c * span;
       const int64_t m = std::min(span, end - from);
-      export_mark_kernel<<<blocks_for(m, kBlock), kBlock, 0, call.stream>>>(view_, from, m, threshold != nullptr,
-                                                                            threshold ? *threshold : 0, flags);
-      size_t bytes = scan_bytes;
-      check_cuda(cub::DeviceScan::ExclusiveSum(scan_tmp, bytes, flags, ranks, static_cast<int>(m), call.stream),
-                 "cub scan");
-      export_write_kernel<<<blocks_for(m, kKeysPerBlock), kBlock, 0, call.stream>>>(
-          view_, from, m, flags, ranks, key_type(), cols.begin, cols.end, keys, values, scores, base);
-      export_advance_kernel<<<1, 1, 0, call.stream>>>(flags, ranks, m, base);
-      check_cuda(cudaGetLastError(), "export kernels");
+      LiveSlot chunk_live = live;
+      chunk_live.from = from;
+      size_t bytes = select_bytes;
+      check_cuda(cub::DeviceSelect::If(select_tmp, bytes, offsets, picked, counts + c, m, chunk_live, call.stream),
+                 "cub select");
+      export_gather(call.stream, from, m, picked, counts, c, cols, keys, values, scores);
+      check_cuda(cudaGetLastError(), "export kernel");
     }
-    unsigned long long count = 0;
-    check_cuda(cudaMemcpyAsync(&count, base, sizeof(count), cudaMemcpyDeviceToHost, call.stream), "cudaMemcpyAsync");
+    std::vector<int32_t> selected(chunks);
+    check_cuda(cudaMemcpyAsync(selected.data(), counts, sizeof(int32_t) * chunks, cudaMemcpyDeviceToHost, call.stream),
+               "cudaMemcpyAsync");
     check_cuda(cudaStreamSynchronize(call.stream), "cudaStreamSynchronize (export)");
-    return static_cast<int64_t>(count);
+    int64_t count = 0;
+    for (const int32_t n : selected) count += n;
+    return count;
   }
 
   void clear(const sok_exec_context& ctx) override {
@@ -442,6 +451,25 @@ class BucketTable final : public sok::Storage {
       find_kernel<false><<<group_blocks(a.n), kBlock, 0, call.stream>>>(view_, a);
     }
     check_cuda(cudaGetLastError(), "find kernel");
+  }
+
+  void export_gather(cudaStream_t stream, int64_t from, int64_t m, const int32_t* picked, const int32_t* counts,
+                     int32_t chunk, sok::Columns cols, void* keys, float* values, uint64_t* scores) const {
+    const int lanes = export_lanes(cols.width());
+    const auto launch = [&](auto kernel) {
+      const unsigned int blocks =
+          static_cast<unsigned int>(std::min<int64_t>(blocks_for(m, kBlock / lanes), int64_t{8} * sm_count_));
+      kernel<<<blocks, kBlock, 0, stream>>>(view_, from, picked, counts, chunk, key_type(), cols.begin, cols.end, keys,
+                                            values, scores);
+    };
+    switch (lanes) {
+      case 1: launch(export_gather_kernel<1>); break;
+      case 2: launch(export_gather_kernel<2>); break;
+      case 4: launch(export_gather_kernel<4>); break;
+      case 8: launch(export_gather_kernel<8>); break;
+      case 16: launch(export_gather_kernel<16>); break;
+      default: launch(export_gather_kernel<32>); break;
+    }
   }
 
   static size_t align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
