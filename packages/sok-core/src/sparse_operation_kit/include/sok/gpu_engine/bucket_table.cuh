@@ -271,7 +271,7 @@ class BucketTable final : public sok::Storage {
     constexpr int64_t kChunk = int64_t{1} << 24;  // slots per pass: bounds the scratch memory
     const int64_t span = std::min(kChunk, end - begin);
     const int32_t chunks = static_cast<int32_t>((end - begin + span - 1) / span);
-    const LiveSlot live{view_, begin, threshold != nullptr, threshold ? *threshold : 0};
+    LiveSlot live{view_, begin, threshold != nullptr, threshold ? *threshold : 0};  // .from: per chunk
     const thrust::counting_iterator<int32_t> offsets(0);
     size_t select_bytes = 0;
     check_cuda(cub::DeviceSelect::If(nullptr, select_bytes, offsets, static_cast<int32_t*>(nullptr),
@@ -286,10 +286,9 @@ class BucketTable final : public sok::Storage {
     for (int32_t c = 0; c < chunks; ++c) {
       const int64_t from = begin + c * span;
       const int64_t m = std::min(span, end - from);
-      LiveSlot chunk_live = live;
-      chunk_live.from = from;
+      live.from = from;
       size_t bytes = select_bytes;
-      check_cuda(cub::DeviceSelect::If(select_tmp, bytes, offsets, picked, counts + c, m, chunk_live, call.stream),
+      check_cuda(cub::DeviceSelect::If(select_tmp, bytes, offsets, picked, counts + c, m, live, call.stream),
                  "cub select");
       export_gather(call.stream, from, m, picked, counts, c, cols, keys, values, scores);
       check_cuda(cudaGetLastError(), "export kernel");
@@ -457,10 +456,8 @@ class BucketTable final : public sok::Storage {
                      int32_t chunk, sok::Columns cols, void* keys, float* values, uint64_t* scores) const {
     const int lanes = export_lanes(cols.width());
     const auto launch = [&](auto kernel) {
-      const unsigned int blocks =
-          static_cast<unsigned int>(std::min<int64_t>(blocks_for(m, kBlock / lanes), int64_t{8} * sm_count_));
-      kernel<<<blocks, kBlock, 0, stream>>>(view_, from, picked, counts, chunk, key_type(), cols.begin, cols.end, keys,
-                                            values, scores);
+      kernel<<<group_blocks(m, kBlock / lanes), kBlock, 0, stream>>>(view_, from, picked, counts, chunk, key_type(),
+                                                                     cols.begin, cols.end, keys, values, scores);
     };
     switch (lanes) {
       case 1: launch(export_gather_kernel<1>); break;
@@ -473,10 +470,10 @@ class BucketTable final : public sok::Storage {
   }
 
   static size_t align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
-  // Blocks for a kernel with one group per item: enough to fill the GPU, the rest by grid stride
-  // (a grid of many short blocks spends its time starting them).
-  unsigned int group_blocks(int64_t items) const {
-    return static_cast<unsigned int>(std::min<int64_t>(blocks_for(items, kKeysPerBlock), int64_t{8} * sm_count_));
+  // Blocks for a kernel with one group per item (per_block groups a block): enough to fill the
+  // GPU, the rest by grid stride (a grid of many short blocks spends its time starting them).
+  unsigned int group_blocks(int64_t items, int64_t per_block = kKeysPerBlock) const {
+    return static_cast<unsigned int>(std::min<int64_t>(blocks_for(items, per_block), int64_t{8} * sm_count_));
   }
   bool lfu_like() const { return cfg_.policy == Policy::kLfu || cfg_.policy == Policy::kEpochLfu; }
   int64_t capacity_slots() const { return view_.nb << view_.log_b; }
