@@ -47,6 +47,7 @@ BENCH_OPS = {
     "find_or_insert": "find_or_insert",
     "insert_or_assign": "insert_or_assign",  # with the unique-keys hint, as storage_gpu
     "insert_or_assign_dedup": "insert_or_assign_dedup",
+    "insert_and_evict": "insert_and_evict",
     "export_batch": "export_batch",  # over the slots storage_gpu scans at --load
 }
 OPS = tuple(BENCH_OPS)

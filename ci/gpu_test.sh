@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # GPU tests of the storage backends, on a CUDA host with no network (run as root or not, from anywhere):
 #
-#   ci/gpu_test.sh [--build-only] [--tf] [--sanitize] [--bench] [--profile]
+#   ci/gpu_test.sh [--build-only] [--reuse-build] [--tf[=core|hps]] [--sanitize] [--bench] [--profile]
 #
 #   build     sok-core, sok-backend-det, sok-backend-hkv (and the pure-Python sok-hps), with CUDA for CMAKE_CUDA_ARCHITECTURES
 #             (default 90), into $SOK_GPU_WORK/site (default /tmp/sok-gpu/site) with $PYTHON (default
 #             python3: the one holding CuPy, Torch, pybind11, scikit-build-core, pytest). Not a venv:
 #             a venv made from a venv's python sees only the base interpreter's packages, not CuPy.
+#             --reuse-build skips the build when the site already holds this checkout's build (a
+#             second device call after a first that built it); without one it builds as usual.
 #   tests     (not with --build-only) pytest over the backends' tests (their CUDA conformance and device-array modules
 #             included) and sok-core's tests that need no TensorFlow.
 #   tf        (--tf, needs a CUDA TensorFlow importable by $PYTHON: ../shared/tools/tf-gpu) the seed
 #             examples and sok-core's TensorFlow tests on the GPU (every DynamicVariable of them lives
 #             there: optimizer and lookup_sparse oracles, checkpoints, the graph checks) with its
 #             GPU-kernel tests (test_*_gpu.py), and sok-hps's tests (its caches on the GPU); multi-process
-#             tests skip (no Horovod there).
+#             tests skip (no Horovod there). --tf=core runs the examples and sok-core's tests only,
+#             --tf=hps sok-hps's only: with --build-only (no storage tests) and --reuse-build, each
+#             part fits in one 10-minute device call.
 #   sanitize  (--sanitize) compute-sanitizer memcheck and racecheck over the CUDA conformance tests
 #             selected by -k "$SOK_SANITIZE_K" (default find_or_insert), CuPy's memory pool off; with
 #             --tf also memcheck over sok-core's GPU-kernel tests (TF_GPU_ALLOCATOR=cuda_malloc_async,
@@ -25,8 +29,9 @@
 #
 # Logs: build.log, test.log, sanitizer.log, bench.log, profile.log in $OUT when set, else in $SOK_GPU_WORK/logs.
 # Every step runs (tests only after a good build); a summary ends the output; the exit status is
-# non-zero when any step failed. Idempotent: the site is rebuilt each run, the CMake build trees
-# under $SOK_GPU_WORK/build are kept, so a second run recompiles only what changed.
+# non-zero when any step failed. Idempotent: the site is rebuilt each run (unless --reuse-build
+# finds it current), the CMake build trees under $SOK_GPU_WORK/build are kept, so a second run
+# recompiles only what changed.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,15 +42,19 @@ TF_TESTS=0
 BENCH=0
 PROFILE=0
 TESTS=1
+TF_PART=all
+REUSE=0
 for arg in "$@"; do
   case "$arg" in
     --build-only) TESTS=0 ;;
-    --tf) TF_TESTS=1 ;;
+    --reuse-build) REUSE=1 ;;
+    --tf | --tf=all) TF_TESTS=1 ;;
+    --tf=core | --tf=hps) TF_TESTS=1 TF_PART="${arg#--tf=}" ;;
     --sanitize) SANITIZE=1 ;;
     --bench) BENCH=1 ;;
     --profile) PROFILE=1 ;;
-    -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --build-only, --tf, --sanitize, --bench, --profile, --help)" >&2; exit 2 ;;
+    -h | --help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --build-only, --reuse-build, --tf, --tf=core, --tf=hps, --sanitize, --bench, --profile, --help)" >&2; exit 2 ;;
   esac
 done
 
@@ -98,7 +107,16 @@ step() {
   fi
 }
 
+# A checksum of the packages' files: the build's stamp, which --reuse-build compares.
+sources_sum() {
+  find packages -type f -not -path '*/__pycache__/*' -not -path '*.egg-info/*' -print0 | sort -z | xargs -0 cksum | cksum
+}
+
 build() {
+  if [ "$REUSE" = 1 ] && [ -f "$SITE/.sok-sources" ] && [ "$(cat "$SITE/.sok-sources")" = "$(sources_sum)" ]; then
+    echo "--reuse-build: $SITE holds the build of these sources; not rebuilt"
+    return 0
+  fi
   set -x
   "$PYTHON" -c 'import sys; print(sys.executable, sys.version)'
   "$PYTHON" -c 'import cupy, numpy, pybind11, scikit_build_core; print("cupy", cupy.__version__, "numpy", numpy.__version__, "pybind11", pybind11.__version__, "scikit-build-core", scikit_build_core.__version__)'
@@ -127,6 +145,7 @@ for core in (det, hkv):
     print(core.__name__, core.__file__, core.BUILD_INFO)
     assert core.BUILD_INFO["cuda"], f"{core.__name__} was built without CUDA"
 EOF
+  sources_sum >"$SITE/.sok-sources"
 }
 
 run_tests() {
@@ -150,6 +169,10 @@ print("TensorFlow", tf.__version__, "CUDA build:", tf.test.is_built_with_cuda(),
 assert tf.test.is_built_with_cuda() and gpus, "no CUDA TensorFlow with a GPU here"
 assert tf_ops.gpu_build() not in (None, "none"), f"sok-core has no GPU kernels (gpu_build: {tf_ops.gpu_build()})"
 EOF
+  if [ "$TF_PART" = hps ]; then
+    "$PYTHON" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=600 -m "not multiprocess" packages/sok-hps/tests
+    return
+  fi
   local example
   for example in examples/*.py; do
     if grep -q "^import horovod" "$example" && ! "$PYTHON" -c "import horovod.tensorflow" 2>/dev/null; then
@@ -159,7 +182,9 @@ EOF
     echo "== $example"
     "$PYTHON" "$example"
   done
-  "$PYTHON" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=600 -m "not multiprocess" packages/sok-core/tests packages/sok-hps/tests
+  local tests=(packages/sok-core/tests)
+  [ "$TF_PART" = core ] || tests+=(packages/sok-hps/tests)
+  "$PYTHON" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=600 -m "not multiprocess" "${tests[@]}"
 }
 
 sanitize() {

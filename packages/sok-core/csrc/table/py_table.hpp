@@ -24,6 +24,7 @@
 #include <tuple>
 #include <vector>
 
+#include "sok/kit/error.hpp"
 #include "sok/storage_api.h"
 
 #ifdef SOK_WITH_CUDA
@@ -203,8 +204,7 @@ class PyTable {
   void insert_or_assign_hinted(py::object keys, int cb, int ce, py::object values, py::object scores,
                                const std::vector<InitTuple>& inits, uint32_t hints, intptr_t stream) {
     if ((hints & ~SOK_HINTS_ALL) != 0) {
-      throw py::value_error("hints=" + std::to_string(hints) + " has bits the storage ABI does not define; valid: " +
-                            "a combination of " + std::to_string(SOK_HINTS_ALL) + " (1 = unique keys)");
+      throw py::value_error(sok::unknown_hints(hints));
     }
     if (!sok_storage_api_has(api_, insert_or_assign_hinted)) {
       write(api_->insert_or_assign, keys, cb, ce, values, scores, inits, stream);

@@ -217,15 +217,13 @@ class BucketTable final : public sok::Storage {
       insert_or_assign(ctx, n, keys, cols, values, scores, inits, num_inits);
       return;
     }
-    {
-      Call call(this, ctx);
-      if (n == 0) return;
-      if (cannot_grow(n)) {
-        assign_unique(call.stream, n, keys, cols, values, scores, inits, num_inits);
-        return;
-      }
+    Call call(this, ctx);
+    if (n == 0) return;
+    if (cannot_grow(n)) {
+      assign_unique(call.stream, n, keys, cols, values, scores, inits, num_inits);
+    } else {
+      write_on(call.stream, n, keys, cols, values, scores, inits, num_inits, Mode::kAssign, nullptr);
     }
-    insert_or_assign(ctx, n, keys, cols, values, scores, inits, num_inits);
   }
 
   void accum_or_assign(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
@@ -482,23 +480,29 @@ class BucketTable final : public sok::Storage {
              const uint64_t* scores, const sok_initializer* inits, int32_t num_inits, Mode mode, Evicted* ev) {
     Call call(this, ctx);
     if (n == 0) return;
-    Batch batch(this, call.stream, n, keys, mode == Mode::kImport ? nullptr : scores);
+    write_on(call.stream, n, keys, cols, values, scores, inits, num_inits, mode, ev);
+  }
+
+  // The write of n > 0 keys, deduplicated first, on the stream of a Call in progress.
+  void write_on(cudaStream_t stream, int64_t n, const void* keys, sok::Columns cols, const float* values,
+                const uint64_t* scores, const sok_initializer* inits, int32_t num_inits, Mode mode, Evicted* ev) {
+    Batch batch(this, stream, n, keys, mode == Mode::kImport ? nullptr : scores);
     if (mode == Mode::kImport) batch.scores = scores;  // stored as given: never summed
-    prepare_insert(call.stream, batch);
+    prepare_insert(stream, batch);
     UpsertArgs a = upsert_args(batch, cols, mode, inits, num_inits);
     a.values = values;
-    Scratch segments(call.stream, mode == Mode::kAccumulate ? segment_bytes(n) : 0);
-    if (mode == Mode::kAccumulate) order_duplicates(call.stream, batch, segments, &a);
+    Scratch segments(stream, mode == Mode::kAccumulate ? segment_bytes(n) : 0);
+    if (mode == Mode::kAccumulate) order_duplicates(stream, batch, segments, &a);
     std::optional<DeviceCounter> evicted;
     if (ev != nullptr) {
-      evicted.emplace(call.stream);
+      evicted.emplace(stream);
       a.ev_keys = ev->keys;
       a.ev_values = ev->values;
       a.ev_scores = ev->scores;
       a.ev_count = evicted->get();
     }
-    run_upsert(call.stream, a);
-    after_insert(call.stream, n);
+    run_upsert(stream, a);
+    after_insert(stream, n);
     if (ev != nullptr) ev->count = evicted->read();
   }
 

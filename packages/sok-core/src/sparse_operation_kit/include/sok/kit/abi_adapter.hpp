@@ -329,8 +329,7 @@ const sok_storage_api* make_storage_api(const char* name) {
         const auto& c = check_rows_call(s, ctx, n, keys, values);
         check_new_rows(s, scores, n, inits, ni);
         if ((hints & ~SOK_HINTS_ALL) != 0) {
-          invalid("hints=" + std::to_string(hints) + " has bits this ABI does not define; valid: a combination of " +
-                  std::to_string(SOK_HINTS_ALL) + " (SOK_HINT_UNIQUE_KEYS = 1)");
+          invalid(unknown_hints(hints));
         }
         s.insert_or_assign_hinted(c, n, keys, check_cols(s, cb, ce), values, scores, inits, ni, hints);
       });

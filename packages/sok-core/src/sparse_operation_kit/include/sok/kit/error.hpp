@@ -29,6 +29,13 @@ class Error : public std::runtime_error {
   fail(SOK_ERROR_INVALID_ARGUMENT, message);
 }
 
+// What is wrong with hint bits outside SOK_HINTS_ALL: the one wording of the ABI adapter and of
+// sok-core's binding (which checks them itself where a backend has no insert_or_assign_hinted).
+inline std::string unknown_hints(uint32_t hints) {
+  return "hints=" + std::to_string(hints) + " has bits the storage ABI does not define; valid: a combination of " +
+         "SOK_HINT_UNIQUE_KEYS = 1 (SOK_HINTS_ALL = " + std::to_string(SOK_HINTS_ALL) + ")";
+}
+
 // A number for messages ("%g"). Backends build text with std::string, never with iostreams: some
 // toolchains link libstdc++ statically into the module, and their iostreams then crash for want of
 // locale initialisation (seen with the GPU host's GCC).
