@@ -107,9 +107,11 @@ step() {
   fi
 }
 
-# A checksum of the packages' files: the build's stamp, which --reuse-build compares.
+# The build's stamp, which --reuse-build compares: a checksum of the packages' files and where
+# TensorFlow is (sok-core's TensorFlow ops are built only where it is importable).
 sources_sum() {
   find packages -type f -not -path '*/__pycache__/*' -not -path '*.egg-info/*' -print0 | sort -z | xargs -0 cksum | cksum
+  "$PYTHON" -c 'import importlib.util as u; s = u.find_spec("tensorflow"); print(s.origin if s else "no tensorflow")'
 }
 
 build() {
