@@ -19,10 +19,17 @@ a one-key call plus a device synchronize (HKV's timer, as ``storage_gpu.py`` use
 operation against an empty CuPy kernel plus a synchronize, and the parts of a call that happen in
 Python (reading ``__cuda_array_interface__``).
 
+With ``--host-split`` it splits the host time of the 1 Mi-key calls that ``storage_gpu.py``'s ratios
+use: per call, the CPU time until the call returns (``perf_counter``, no synchronize), the GPU time
+between CUDA events recorded just before and after it (no spin kernel first, so the launch's wait
+shows), and the host total with the synchronize; ``--calls`` fresh fills, each timed once ("cold",
+as ``storage_gpu.py`` times), then for the lookups ``--calls`` repeats on the same state ("warm").
+
 Usage::
 
     python3 benchmarks/profile_gpu.py                        # dims 8 and 128, det and hkv
     python3 benchmarks/profile_gpu.py --overhead             # host cost of a one-key call
+    python3 benchmarks/profile_gpu.py --host-split --tables hkv --dims 64 --load 0.75  # a call's host time, split
     python3 benchmarks/profile_gpu.py --dims 64 --tables hkv --ops find_or_insert --calls 5
     python3 benchmarks/profile_gpu.py --tables hkv --load 1.0  # eviction on every insert
     python3 benchmarks/profile_gpu.py --tables hkv --mode hybrid --dims 64 --capacity-mi 16
@@ -31,6 +38,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import statistics
 import sys
@@ -68,6 +76,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="device: rows in device memory (default); hybrid: half of the rows in host memory (hkv only)",
     )
     parser.add_argument("--overhead", action="store_true", help="time one-key calls on the host instead")
+    parser.add_argument(
+        "--host-split", action="store_true", help="split the host time of 1 Mi-key calls (CPU, events, total) instead"
+    )
     args = parser.parse_args(argv)
     if args.mode == "hybrid" and "det" in args.tables:
         parser.error("--mode hybrid needs --tables hkv (det keeps every row in device memory)")
@@ -182,9 +193,50 @@ def table_overhead(cp: Any, core: Any, kind: str, dim: int, base: float) -> None
         print(f"  {spent:7.1f} us  {kind} {op} (+{spent - base:.1f} us over the floor)", flush=True)
 
 
+def host_split(cp: Any, core: Any, kind: str, dim: int, args: argparse.Namespace) -> None:
+    """CPU, event and host time of each operation's 1 Mi-key calls, cold (after a fill) and warm."""
+    capacity = args.capacity_mi * MI
+    table = create_table(core, kind, args.mode, dim, capacity)
+    bench = TableBench(cp, kind, table, dim, capacity)
+    print(f"== {kind} {args.mode} dim {dim} load {args.load}: us per call (cpu: until it returns; events: GPU)")
+    for op in args.ops:
+        bench_op = BENCH_OPS[op]
+        for _ in range(args.calls):
+            state = bench.fill(args.load)
+            slots = bench.export_slots(args.load, state.size) if bench_op == "export_batch" else 0
+            bench.reserve_export(slots)
+            bench.warmup(bench_op)
+            keys = bench.batch()
+            repeats = 1 if bench_op in INSERTING_OPS else 1 + args.calls
+            for rep in range(repeats):
+                cpu, events, host = split_call(cp, functools.partial(bench.run, bench_op, keys, slots))
+                state_name = "cold" if rep == 0 else "warm"
+                print(f"  {op:22s} {state_name}  cpu {cpu:7.1f}  events {events:7.1f}  host {host:7.1f}", flush=True)
+
+
+def split_call(cp: Any, call: Callable[[], Any]) -> tuple[float, float, float]:
+    """(CPU us until ``call`` returns, GPU us between events around it, host us with the synchronize)."""
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    cp.cuda.runtime.deviceSynchronize()
+    began = time.perf_counter()
+    start.record()
+    call()
+    end.record()
+    returned = time.perf_counter()
+    cp.cuda.runtime.deviceSynchronize()
+    done = time.perf_counter()
+    return (returned - began) * 1e6, cp.cuda.get_elapsed_time(start, end) * 1e3, (done - began) * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cp, profiler, cores = modules(args.tables)
+    if args.host_split:
+        for dim in args.dims:
+            for kind, core in cores.items():
+                host_split(cp, core, kind, dim, args)
+                free_device_memory(cp)
+        return 0
     if args.overhead:
         overhead(cp, cores, args.dims[0])
         return 0
