@@ -120,8 +120,7 @@ def profile(cp: Any, profiler: Any, core: Any, kind: str, dim: int, args: argpar
     batch = bench.batch()
     for op in args.ops:
         bench_op = BENCH_OPS[op]
-        slots = bench.export_slots(args.load, state.size) if bench_op == "export_batch" else 0
-        bench.reserve_export(slots)
+        slots = bench.slots_for(bench_op, args.load, state)
         bench.run(bench_op, batch, slots)  # warm-up
         totals: dict[str, list[float]] = {}  # kernel name -> [GPU us, launches] over every call
         for _ in range(args.calls):
@@ -203,8 +202,7 @@ def host_split(cp: Any, core: Any, kind: str, dim: int, args: argparse.Namespace
         bench_op = BENCH_OPS[op]
         for _ in range(args.calls):
             state = bench.fill(args.load)
-            slots = bench.export_slots(args.load, state.size) if bench_op == "export_batch" else 0
-            bench.reserve_export(slots)
+            slots = bench.slots_for(bench_op, args.load, state)
             bench.warmup(bench_op)
             keys = bench.batch()
             repeats = 1 if bench_op in INSERTING_OPS else 1 + args.calls

@@ -733,6 +733,15 @@ class TableBench:
         capacity = self.table.capacity()
         return min(capacity, int(KEYS_PER_CALL * EXPORT_SAFE_RATIO * capacity / max(size, 1)))
 
+    def slots_for(self, op: str, lam: float, state: FillState) -> int:
+        """The slots argument of ``run(op, ...)`` on ``state``: for export_batch the slots it scans
+        (export_slots), with its output buffers reserved; 0 for every other operation."""
+        if op != "export_batch":
+            return 0
+        slots = self.export_slots(lam, state.size)
+        self.reserve_export(slots)
+        return slots
+
     def reserve_export(self, slots: int) -> None:
         if self.export_keys.shape[0] < slots:
             self._views = {k: v for k, v in self._views.items() if k[0] != "export"}
@@ -924,8 +933,7 @@ def measure(cp: Any, bench: TableBench, row: Row, event_calls: int) -> None:
     exact = bench.kind == "det" or row.lam <= 0.5
     for run in range(HOST_RUNS):
         state = bench.fill(row.lam)
-        slots = bench.export_slots(row.lam, state.size) if row.op == "export_batch" else 0
-        bench.reserve_export(slots)
+        slots = bench.slots_for(row.op, row.lam, state)
         bench.warmup(row.op)
         keys = bench.batch()
         seconds, result = host_seconds(cp, functools.partial(bench.run, row.op, keys, slots))

@@ -171,20 +171,18 @@ print("TensorFlow", tf.__version__, "CUDA build:", tf.test.is_built_with_cuda(),
 assert tf.test.is_built_with_cuda() and gpus, "no CUDA TensorFlow with a GPU here"
 assert tf_ops.gpu_build() not in (None, "none"), f"sok-core has no GPU kernels (gpu_build: {tf_ops.gpu_build()})"
 EOF
-  if [ "$TF_PART" = hps ]; then
-    "$PYTHON" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=600 -m "not multiprocess" packages/sok-hps/tests
-    return
+  local example tests=()
+  if [ "$TF_PART" != hps ]; then
+    for example in examples/*.py; do
+      if grep -q "^import horovod" "$example" && ! "$PYTHON" -c "import horovod.tensorflow" 2>/dev/null; then
+        echo "== $example: skipped (it runs under Horovod, which is not installed here)"
+        continue
+      fi
+      echo "== $example"
+      "$PYTHON" "$example"
+    done
+    tests+=(packages/sok-core/tests)
   fi
-  local example
-  for example in examples/*.py; do
-    if grep -q "^import horovod" "$example" && ! "$PYTHON" -c "import horovod.tensorflow" 2>/dev/null; then
-      echo "== $example: skipped (it runs under Horovod, which is not installed here)"
-      continue
-    fi
-    echo "== $example"
-    "$PYTHON" "$example"
-  done
-  local tests=(packages/sok-core/tests)
   [ "$TF_PART" = core ] || tests+=(packages/sok-hps/tests)
   "$PYTHON" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=600 -m "not multiprocess" "${tests[@]}"
 }

@@ -60,11 +60,17 @@ def ps_config(models: list[dict[str, Any]], supportlonglong: bool = True, **top:
     return config
 
 
+def require_rocksdict() -> None:
+    """Skips the calling test (or module) where rocksdict, the rocks_db tier's library, is not
+    installed (CI installs it; a GPU host may not)."""
+    pytest.importorskip("rocksdict", reason="rocksdict is not installed: pip install 'sok-hps[rocksdb]'")
+
+
 def write_config(path: str | os.PathLike, config: dict[str, Any]) -> str:
     """Writes ``config`` as JSON to ``path``; skips the test where it names the ``rocks_db`` tier
-    and rocksdict is not installed (CI installs it; a GPU host may not)."""
+    and rocksdict is not installed (require_rocksdict)."""
     if config.get("persistent_db", {}).get("type") == "rocks_db":
-        pytest.importorskip("rocksdict", reason="rocksdict is not installed: pip install 'sok-hps[rocksdb]'")
+        require_rocksdict()
     with open(path, "w", encoding="utf-8") as f:
         json.dump(config, f)
     return os.fspath(path)

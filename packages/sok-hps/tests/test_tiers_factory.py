@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 from hierarchical_parameter_server.config import PSConfig, load_config
 from hierarchical_parameter_server.tiers import Tier, make_persistent_db, make_volatile_db
 
@@ -54,7 +53,7 @@ def test_redis_cluster_from_config(redis_cluster):
 
 
 def test_rocks_db_from_config(tmp_path):
-    pytest.importorskip("rocksdict", reason="rocksdict is not installed: pip install 'sok-hps[rocksdb]'")
+    support.require_rocksdict()
     cfg = config(persistent_db={"type": "rocksdb", "path": str(tmp_path / "r"), "num_threads": 2})
     tier = make_persistent_db(cfg.persistent_db)
     assert tier.name == "rocks_db" and tier.path == str(tmp_path / "r") and not tier.read_only
