@@ -7,6 +7,10 @@ name the key's path.
   type strings are errors.
 * An unknown key is logged with the nearest valid name; wrong types and impossible values raise
   ConfigError naming e.g. ``models[1].gpucacheper``.
+* Values that would take the server down are refused: ``num_partitions`` above MAX_PARTITIONS, a
+  NaN or infinite number (a default row of NaN, an infinite threshold).
+* A file that is not a ps_config (binary, too deep, too large, not an object, a directory, a FIFO
+  without a writer) raises ConfigError naming the file, and never hangs.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import json
 import logging
 import os
 import tempfile
+import threading
 
 import pytest
-from hierarchical_parameter_server.config import ConfigError, load_config
+from hierarchical_parameter_server import config as config_module
+from hierarchical_parameter_server.config import MAX_PARTITIONS, ConfigError, load_config
 
 
 def minimal(**model_overrides) -> dict:
@@ -261,7 +267,8 @@ def _set(raw: dict, path: str, value) -> dict:
         ("models[0].embedding_cache_type", "fancy", "'dynamic'"),
         ("volatile_db.type", "memcached", "'hash_map'"),
         ("volatile_db.type", "multi_process_hash_map", "parallel_hash_map"),
-        ("volatile_db.num_partitions", 0, ">= 1"),
+        ("volatile_db.num_partitions", 0, f"[1, {MAX_PARTITIONS}]"),
+        ("volatile_db.num_partitions", MAX_PARTITIONS + 1, f"[1, {MAX_PARTITIONS}]"),
         ("volatile_db.overflow_policy", "evict_newest", "'evict_oldest'"),
         ("volatile_db.overflow_resolution_target", 0.0, "(0.0, 1.0]"),
         ("volatile_db.overflow_margin", 0, ">= 1"),
@@ -352,3 +359,127 @@ def test_file_errors_name_the_file(tmp_path):
     bad.write_text("{")
     with pytest.raises(ConfigError, match="is not valid JSON"):
         load_config(str(bad))
+
+
+def test_num_partitions_is_bounded():
+    assert load_config(_set(minimal(), "volatile_db.num_partitions", MAX_PARTITIONS)).volatile_db.num_partitions == (
+        MAX_PARTITIONS
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(_set(minimal(), "volatile_db.num_partitions", 10**8))
+    assert f"volatile_db.num_partitions: expected an integer in [1, {MAX_PARTITIONS}]" in str(e.value)
+    assert "got 100000000 (int)" in str(e.value)
+
+
+def test_redis_connections_cannot_lift_num_partitions_past_the_bound():
+    # An absent num_partitions of redis_cluster is raised to num_node_connections.
+    raw = _set(minimal(), "volatile_db.type", "redis")
+    raw["volatile_db"]["num_node_connections"] = MAX_PARTITIONS + 1
+    with pytest.raises(
+        ConfigError, match=rf"volatile_db\.num_node_connections: expected an integer in \[1, {MAX_PARTITIONS}\]"
+    ):
+        load_config(raw)
+
+
+NON_FINITE = [float("nan"), float("inf"), float("-inf"), 10**400]
+
+
+@pytest.mark.parametrize("value", [*NON_FINITE, 1e39], ids=["nan", "inf", "-inf", "10**400", "beyond-float32"])
+def test_default_value_must_be_a_finite_float32(value):
+    with pytest.raises(ConfigError) as e:
+        load_config(minimal(default_value_for_each_table=[0.5, value]))
+    message = str(e.value)
+    assert "models[0].default_value_for_each_table[1] (model 'm')" in message
+    assert "finite" in message and (repr(value) if value != 10**400 else "int") in message
+
+
+def test_default_value_nan_and_infinity_written_in_the_json_file_are_refused(tmp_path):
+    for literal in ("NaN", "1e999", "-Infinity"):
+        path = tmp_path / f"{literal}.json"
+        path.write_text(json.dumps(minimal()).replace("[1.5]", f"[{literal}]"))
+        with pytest.raises(ConfigError, match=r"models\[0\]\.default_value_for_each_table\[0\] \(model 'm'\)"):
+            load_config(path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "models[0].gpucacheper",
+        "models[0].hit_rate_threshold",
+        "models[0].cache_refresh_percentage_per_iteration",
+        "models[0].refresh_delay",
+        "volatile_db.overflow_resolution_target",
+        "volatile_db.initial_cache_rate",
+    ],
+)
+@pytest.mark.parametrize("value", NON_FINITE, ids=["nan", "inf", "-inf", "10**400"])
+def test_every_float_key_refuses_non_finite_values(path, value):
+    with pytest.raises(ConfigError) as e:
+        load_config(_set(minimal(), path, value))
+    assert str(e.value).startswith(f"{path}: expected a ") and f"got {value!r}" in str(e.value)
+
+
+def test_a_binary_file_is_refused(tmp_path):
+    path = tmp_path / "model.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match=r"model\.bin' is not UTF-8 text .*byte 0x80 at offset 128"):
+        load_config(path)
+
+
+def test_a_too_deeply_nested_file_is_refused(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match=r"deep\.json' nests arrays or objects too deeply"):
+        load_config(path)
+
+
+def test_an_integer_of_too_many_digits_is_refused(tmp_path):
+    path = tmp_path / "digits.json"
+    path.write_text('{"supportlonglong": true, "models": ' + "1" * 5000 + "}")
+    with pytest.raises(ConfigError, match=r"digits\.json' cannot be parsed: .*4300 digits"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(("text", "kind"), [("[1, 2]", "an array"), ('"ps"', "a string"), ("null", "null")])
+def test_a_file_that_is_not_a_json_object_is_refused(tmp_path, text, kind):
+    path = tmp_path / "top.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"top\.json' holds {kind}; a ps_config is a JSON object"):
+        load_config(path)
+
+
+def test_a_directory_and_an_empty_file_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=rf"{tmp_path.name}' cannot be read \(Is a directory\)"):
+        load_config(tmp_path)
+    empty = tmp_path / "empty.json"
+    empty.write_text(" \n")
+    with pytest.raises(ConfigError, match=r"empty\.json' is empty"):
+        load_config(empty)
+
+
+def test_a_device_that_never_ends_is_refused_after_the_size_limit(monkeypatch):
+    monkeypatch.setattr(config_module, "MAX_CONFIG_BYTES", 4096)
+    with pytest.raises(ConfigError, match=r"'/dev/zero' is larger than 4096 bytes"):
+        load_config("/dev/zero")
+
+
+def test_a_fifo_without_a_writer_does_not_hang(tmp_path):
+    fifo = tmp_path / "ps.fifo"
+    os.mkfifo(fifo)
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_config(fifo)
+        except BaseException as e:  # noqa: BLE001 -- handed to the test thread
+            errors.append(e)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY))  # a writer that closes at once: the blocked open returns
+        thread.join(timeout=10)
+        pytest.fail("load_config blocked on a FIFO without a writer")
+    assert len(errors) == 1 and isinstance(errors[0], ConfigError), errors
+    assert "ps.fifo' is empty" in str(errors[0])

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from hierarchical_parameter_server.config import PSConfig, load_config
+import pytest
+from hierarchical_parameter_server.config import MAX_PARTITIONS, ConfigError, PSConfig, load_config
 from hierarchical_parameter_server.tiers import Tier, make_persistent_db, make_volatile_db
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -37,6 +38,18 @@ def test_hash_map_settings_are_passed_on():
         "evict_oldest",
         round(9 * 0.8),
     )
+
+
+def test_num_partitions_up_to_the_bound_builds_a_hash_map_beyond_it_is_refused():
+    cfg = config(volatile_db={"num_partitions": MAX_PARTITIONS, "overflow_margin": 1000})
+    tier = make_volatile_db(cfg.volatile_db)
+    tier.insert("hps_et.m.sparse_embedding0", np.arange(10), np.ones((10, 4), np.float32))
+    assert tier.num_partitions == MAX_PARTITIONS and tier.size("hps_et.m.sparse_embedding0") == 10
+    assert len(tier._tables["hps_et.m.sparse_embedding0"].partitions) <= 10
+    tier.close()
+    bound = rf"volatile_db\.num_partitions: expected an integer in \[1, {MAX_PARTITIONS}\]"
+    with pytest.raises(ConfigError, match=bound):
+        config(volatile_db={"num_partitions": MAX_PARTITIONS + 1})
 
 
 def test_disabled_volatile_db_is_none():

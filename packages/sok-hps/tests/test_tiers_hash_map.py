@@ -7,13 +7,19 @@
 * Overflow: no partition holds more than ``overflow_margin`` rows after an insert; eviction goes
   down to ``round(margin x target)`` and removes the rows the policy names (oldest, least used,
   random); surviving rows keep their values and freed rows are reused.
+* Partitions are made when their first row arrives: MAX_PARTITIONS partitions cost a small table
+  nothing, and the thread pool stays small.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from hierarchical_parameter_server.config import MAX_PARTITIONS
 from hierarchical_parameter_server.tiers.hash_map import HashMapTier
 from hierarchical_parameter_server.tiers.partition import partition_of
 from sparse_operation_kit import tf_ops
@@ -50,7 +56,8 @@ def test_keys_live_in_their_partition():
     keys = np.arange(-50, 50, dtype=np.int64)
     tier.insert(TAG, keys, np.zeros((100, 2), np.float32))
     table = tier._tables[TAG]
-    for p, part in enumerate(table.partitions):
+    assert sorted(table.partitions) == [0, 1, 2, 3]
+    for p, part in table.partitions.items():
         assert part.skeys.tolist() == sorted(k for k in keys.tolist() if rrxmrrxmsx_0(k) % 4 == p)
     tier.close()
 
@@ -143,7 +150,7 @@ def test_every_partition_stays_under_the_margin():
     tier = HashMapTier(num_partitions=4, parallel=True, overflow_margin=5, max_batch_size=8, seed=1)
     keys = np.arange(1000, dtype=np.int64)
     tier.insert(TAG, keys, values_of(keys))
-    assert all(len(p) <= 5 for p in tier._tables[TAG].partitions)
+    assert all(len(p) <= 5 for p in tier._tables[TAG].partitions.values())
     assert 4 * 4 <= len(present(tier, keys)) <= 4 * 5
     tier.close()
 
@@ -151,7 +158,9 @@ def test_every_partition_stays_under_the_margin():
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
-        ({"num_partitions": 0}, "must be >= 1"),
+        ({"num_partitions": 0}, rf"num_partitions must be in \[1, {MAX_PARTITIONS}\], got 0"),
+        ({"num_partitions": MAX_PARTITIONS + 1}, rf"num_partitions must be in \[1, {MAX_PARTITIONS}\]"),
+        ({"max_batch_size": 0}, "must be >= 1"),
         ({"overflow_policy": "evict_newest"}, "evict_newest"),
         ({"overflow_resolution_target": 0.0}, "overflow_resolution_target"),
     ],
@@ -159,3 +168,21 @@ def test_every_partition_stays_under_the_margin():
 def test_bad_settings_are_refused(kwargs, words):
     with pytest.raises(ValueError, match=words):
         HashMapTier(**kwargs)
+
+
+def test_the_largest_num_partitions_costs_a_small_table_nothing():
+    threads_before = threading.active_count()
+    start = time.perf_counter()
+    tier = HashMapTier(num_partitions=MAX_PARTITIONS, parallel=True, overflow_margin=10**6, seed=0)
+    keys = np.arange(100, dtype=np.int64)
+    tier.insert(TAG, keys, values_of(keys))
+    values, found = tier.fetch(TAG, np.arange(200), 3)
+    elapsed = time.perf_counter() - start
+    np.testing.assert_array_equal(found, np.arange(200) < 100)
+    np.testing.assert_array_equal(values[:100], values_of(keys))
+    holding = set(partition_of(keys, MAX_PARTITIONS).tolist())
+    assert set(tier._tables[TAG].partitions) == holding  # one partition per partition with rows
+    assert threading.active_count() - threads_before <= 32  # the pool does not grow with num_partitions
+    assert tier.size(TAG) == 100
+    tier.close()
+    assert elapsed < 2.0, f"{elapsed:.1f} s for 100 rows in {MAX_PARTITIONS} partitions"

@@ -14,7 +14,12 @@ names are the JSON keys: :class:`PSConfig` at the top, one :class:`ModelConfig` 
 * A key this parser does not know is logged as a warning that names the nearest valid key; it is
   otherwise ignored, as the original ignores it.
 * A wrong JSON type or an impossible value raises :class:`ConfigError` naming the key's path
-  (``models[1].gpucacheper``), the value and what is valid.
+  (``models[1].gpucacheper``), the value and what is valid. Every number must be finite (JSON
+  ``NaN`` and ``1e999`` are refused), a ``default_value_for_each_table`` must fit a float32, and
+  ``volatile_db.num_partitions`` is at most :data:`MAX_PARTITIONS`.
+* A file that is not a ps_config (missing, a directory, not UTF-8, empty, over
+  :data:`MAX_CONFIG_BYTES`, nested too deeply to parse, not a JSON object) raises
+  :class:`ConfigError` naming the file. A FIFO without a writer reads as empty instead of blocking.
 
 Where this parser differs from the original on purpose (the original's behaviour in brackets):
 
@@ -57,6 +62,7 @@ import difflib
 import functools
 import json
 import logging
+import math
 import os
 import re
 import tempfile
@@ -81,6 +87,13 @@ log = logging.getLogger(__name__)
 NAME_PATTERN = re.compile(r"[a-zA-Z0-9_\-]{1,120}")
 #: ``overflow_margin``'s default: no limit (the original's ``SIZE_MAX``).
 NO_OVERFLOW_LIMIT = 2**64 - 1
+#: The most partitions per table (``volatile_db.num_partitions``): Redis cluster's 16384 hash slots.
+#: A partition is one Redis hash, which lives in one slot, so more partitions spread no further.
+MAX_PARTITIONS = 16384
+#: The largest float32, the dtype of every row: the bound of ``default_value_for_each_table``.
+FLOAT32_MAX = float.fromhex("0x1.fffffep+127")
+#: The most bytes of a ps_config file read (a ps_config is a few KiB; this stops e.g. ``/dev/zero``).
+MAX_CONFIG_BYTES = 64 * 2**20
 #: Redis pipelines longer than this many commands are not advised (reference §2.3).
 REDIS_MAX_BATCH = 262143
 
@@ -153,6 +166,17 @@ def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
+def _finite(value: Any) -> float | None:
+    """``value`` as a float when it is a finite JSON number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float's range, e.g. 10**400
+        return None
+    return number if math.isfinite(number) else None
+
+
 class _Reader:
     """Reads the keys of one JSON object at ``path``; remembers which keys it was asked for so that
     :meth:`finish` can warn about the others."""
@@ -185,12 +209,14 @@ class _Reader:
             raise self.error(key, value, "expected true or false")
         return value
 
-    def integer(self, key: str, default: Any = _REQUIRED, minimum: int = 0) -> int:
+    def integer(self, key: str, default: Any = _REQUIRED, minimum: int = 0, maximum: int | None = None) -> int:
         value = self.raw(key, default)
+        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        valid = f"expected an integer {bounds}"
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(key, value, f"expected an integer >= {minimum}")
-        if value < minimum:
-            raise self.error(key, value, f"expected an integer >= {minimum}")
+            raise self.error(key, value, valid)
+        if value < minimum or (maximum is not None and value > maximum):
+            raise self.error(key, value, valid)
         return value
 
     def number(
@@ -198,14 +224,13 @@ class _Reader:
     ) -> float:
         value = self.raw(key, default)
         if high == float("inf"):
-            valid = f"expected a number {'>' if low_open else '>='} {low}"
+            valid = f"expected a finite number {'>' if low_open else '>='} {low}"
         else:
-            valid = f"expected a number in {'(' if low_open else '['}{low}, {high}]"
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            valid = f"expected a finite number in {'(' if low_open else '['}{low}, {high}]"
+        number = _finite(value)
+        if number is None or not low <= number <= high or (low_open and number == low):
             raise self.error(key, value, valid)
-        if not low <= value <= high or (low_open and value == low):
-            raise self.error(key, value, valid)
-        return float(value)
+        return number
 
     def string(self, key: str, default: Any = _REQUIRED, nonempty: bool = False) -> str:
         value = self.raw(key, default)
@@ -256,10 +281,20 @@ def _int_item(minimum: int) -> Callable[[str, Any], int]:
     return check
 
 
-def _float_item(where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{where}: expected a number, got {_describe(value)}")
-    return float(value)
+def _default_value_item(model: str) -> Callable[[str, Any], float]:
+    """Checks one entry of ``model``'s ``default_value_for_each_table``: the value of every row of a
+    key no tier holds, so it must be a finite float32."""
+
+    def check(where: str, value: Any) -> float:
+        number = _finite(value)
+        if number is None or abs(number) > FLOAT32_MAX:
+            raise ConfigError(
+                f"{where} (model {model!r}): expected a finite number within float32's range "
+                f"(|value| <= {FLOAT32_MAX:.8g}), got {_describe(value)}; it fills the rows of keys no tier holds"
+            )
+        return number
+
+    return check
 
 
 def _str_item(where: str, value: Any) -> str:
@@ -470,6 +505,7 @@ def parse_address(entry: str) -> tuple[str, int]:
 _Read = Callable[..., Any]
 _POSITIVE: _Read = functools.partial(_Reader.integer, minimum=1)
 _NONEMPTY_STRING: _Read = functools.partial(_Reader.string, nonempty=True)
+_PARTITION_COUNT: _Read = functools.partial(_Reader.integer, minimum=1, maximum=MAX_PARTITIONS)
 _FRACTION: _Read = functools.partial(_Reader.number, high=1.0)  # [0, 1]
 _OPEN_FRACTION: _Read = functools.partial(_Reader.number, high=1.0, low_open=True)  # (0, 1]
 _FILTERS: _Read = functools.partial(_Reader.array, item=_regex_item, nonempty=False)
@@ -502,12 +538,13 @@ _VOLATILE_READS: dict[str, _Read] = {
     "address": _NONEMPTY_STRING,
     "user_name": _Reader.string,
     "password": _Reader.string,
-    "num_partitions": _POSITIVE,
+    "num_partitions": _PARTITION_COUNT,
     "allocation_rate": _POSITIVE,
     "shared_memory_size": _POSITIVE,
     "shared_memory_name": _Reader.string,
     "shared_memory_auto_remove": _Reader.boolean,
-    "num_node_connections": _POSITIVE,
+    # At most num_partitions for Redis, which an absent num_partitions is raised to.
+    "num_node_connections": _PARTITION_COUNT,
     "max_batch_size": _POSITIVE,
     "enable_tls": _Reader.boolean,
     "tls_ca_certificate": _Reader.string,
@@ -575,7 +612,7 @@ def _model(obj: Any, path: str) -> ModelConfig:
 
     dims = tables("embedding_vecsize_per_table", _int_item(1))
     maxnum = tables("maxnum_catfeature_query_per_table_per_sample", _int_item(1))
-    defaults = r.array("default_value_for_each_table", _float_item, nonempty=False)
+    defaults = r.array("default_value_for_each_table", _default_value_item(name), nonempty=False)
     if len(defaults) > n:
         raise ConfigError(
             f"{r.where('default_value_for_each_table')}: has {len(defaults)} entries for {n} table(s); "
@@ -664,6 +701,58 @@ def _parse(obj: Any) -> PSConfig:
     return cfg
 
 
+# What json.loads makes of each JSON type, for messages.
+_JSON_KINDS = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
+
+
+def _read_bytes(path: str) -> bytes:
+    """Up to ``MAX_CONFIG_BYTES + 1`` bytes of the file at ``path``. It is opened non-blocking, so
+    that a FIFO without a writer reads as empty instead of blocking, then read blocking."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            os.set_blocking(fd, True)
+            return f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"ps_config file {path!r} cannot be read ({e.strerror}); pass the path of a JSON file") from e
+
+
+def _read_json(path: str) -> Any:
+    """The JSON value of the file at ``path``, or ConfigError saying why there is none."""
+    data = _read_bytes(path)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"ps_config file {path!r} is larger than {MAX_CONFIG_BYTES} bytes; a ps_config is a small JSON file, "
+            "pass its path"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"ps_config file {path!r} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}); is it a "
+            "binary file? Pass the path of a JSON ps_config"
+        ) from e
+    if not text.strip():
+        raise ConfigError(f"ps_config file {path!r} is empty; write the ps_config's JSON object into it")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"ps_config file {path!r} is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise ConfigError(
+            f"ps_config file {path!r} nests arrays or objects too deeply to parse; a ps_config nests 4 levels deep"
+        ) from e
+    except ValueError as e:  # e.g. an integer of more digits than sys.get_int_max_str_digits()
+        raise ConfigError(f"ps_config file {path!r} cannot be parsed: {e}") from e
+
+
 def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PSConfig:
     """Read and check a ps_config.
 
@@ -674,9 +763,10 @@ def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PSConfig:
         The config, with every absent key at the original's default.
 
     Raises:
-        ConfigError: the file is missing or not JSON, a required key is missing, a value has the
-            wrong type or an impossible value (the message names the key's path, e.g.
-            ``models[1].gpucacheper``).
+        ConfigError: the file cannot be read, is not UTF-8 JSON text of at most
+            :data:`MAX_CONFIG_BYTES` whose top level is an object; a required key is missing, a
+            value has the wrong type or an impossible value (the message names the key's path,
+            e.g. ``models[1].gpucacheper``).
 
     Example::
 
@@ -686,11 +776,10 @@ def load_config(source: str | os.PathLike | Mapping[str, Any]) -> PSConfig:
     if isinstance(source, Mapping):
         return _parse(source)
     path = os.fspath(source)
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except OSError as e:
-        raise ConfigError(f"ps_config file {path!r} cannot be read ({e.strerror}); pass the path of a JSON file") from e
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"ps_config file {path!r} is not valid JSON: {e}") from e
+    obj = _read_json(path)
+    if not isinstance(obj, dict):
+        raise ConfigError(
+            f"ps_config file {path!r} holds {_JSON_KINDS[type(obj)]}; a ps_config is a JSON object "
+            '{"supportlonglong": ..., "models": [...]}'
+        )
     return _parse(obj)

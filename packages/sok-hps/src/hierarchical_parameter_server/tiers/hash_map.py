@@ -9,14 +9,17 @@ Python runs for the keys it holds. The storage is multi-threaded and safe for co
 ``num_partitions`` and ``parallel`` change nothing for such a tier.
 
 With an ``overflow_margin`` the rows evict by policy, per partition, and stay in Python: each table
-is split into ``num_partitions`` partitions by :func:`~.partition.partition_of`. A partition keeps
-its keys sorted (a lookup is a vectorised binary search; an insert of new keys merges them in,
-linear in the partition's size) and maps them to rows of one growable float32 array (grown by at
-most ``allocation_rate`` bytes at a time, so a small table does not take a 256 MiB page as the
-original's does); per row it keeps the time of its last access and an access count.
-``parallel_hash_map`` works on the partitions of a call in a thread pool; ``hash_map`` one after
-another. Each partition has a lock, so any number of threads may fetch and insert at once. Such a
-tier has no :meth:`~HashMapTier.graph_table`: lookups fetch from it through a ``SokPyCall``.
+is split into ``num_partitions`` partitions by :func:`~.partition.partition_of`. A partition is
+made when its first row arrives, so a table costs what its rows need whatever ``num_partitions``
+is (up to :data:`~..config.MAX_PARTITIONS`). A partition keeps its keys sorted (a lookup is a
+vectorised binary search; an insert of new keys merges them in, linear in the partition's size)
+and maps them to rows of one growable float32 array (grown by at most ``allocation_rate`` bytes at
+a time, so a small table does not take a 256 MiB page as the original's does); per row it keeps
+the time of its last access and an access count. ``parallel_hash_map`` works on the partitions of
+a call in a thread pool of at most ``min(32, cores + 4)`` threads (Python's default);
+``hash_map`` one after another. Each partition has a lock, so any number of threads may fetch and
+insert at once. Such a tier has no :meth:`~HashMapTier.graph_table`: lookups fetch from it
+through a ``SokPyCall``.
 
 Overflow (``overflow_margin`` rows per partition): after each ``max_batch_size`` chunk of an
 insert, a partition holding more than ``overflow_margin`` rows is evicted down to
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -49,7 +53,7 @@ import numpy as np
 import tensorflow as tf
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 
-from ..config import NO_OVERFLOW_LIMIT, OVERFLOW_POLICIES, VolatileDBConfig
+from ..config import MAX_PARTITIONS, NO_OVERFLOW_LIMIT, OVERFLOW_POLICIES, VolatileDBConfig
 from .base import check_keys, check_rows, start_fetch
 from .partition import partition_of
 
@@ -58,6 +62,8 @@ __all__ = ["HashMapTier"]
 log = logging.getLogger(__name__)
 
 _MIN_GROWTH_ROWS = 64
+#: The most threads of a ``parallel_hash_map``'s pool (ThreadPoolExecutor's default).
+_POOL_THREADS = min(32, (os.cpu_count() or 1) + 4)
 
 
 class _Partition:
@@ -162,9 +168,27 @@ class _StoredTable:
 
 
 class _Table:
-    def __init__(self, dim: int, growth_rows: int, seeds: np.random.SeedSequence, num_partitions: int) -> None:
+    """The partitions of one table of an evicting tier by number, each made when its first row
+    arrives (:meth:`partition`). Partition ``p`` draws from the child ``p`` of ``seeds``, so its
+    random evictions do not depend on the order partitions are made in."""
+
+    def __init__(self, dim: int, growth_rows: int, seeds: np.random.SeedSequence) -> None:
         self.dim = dim
-        self.partitions = [_Partition(dim, growth_rows, np.random.default_rng(s)) for s in seeds.spawn(num_partitions)]
+        self.growth_rows = growth_rows
+        self.seeds = seeds
+        self.partitions: dict[int, _Partition] = {}
+        self.lock = threading.Lock()
+
+    def partition(self, p: int) -> _Partition:
+        """Partition ``p``, made empty if it has none yet."""
+        part = self.partitions.get(p)
+        if part is None:
+            with self.lock:
+                part = self.partitions.get(p)
+                if part is None:
+                    seed = np.random.SeedSequence(self.seeds.entropy, spawn_key=(*self.seeds.spawn_key, p))
+                    part = self.partitions[p] = _Partition(self.dim, self.growth_rows, np.random.default_rng(seed))
+        return part
 
 
 class HashMapTier:
@@ -172,7 +196,8 @@ class HashMapTier:
     when ``overflow_margin`` is set (see the module docstring).
 
     Args:
-        num_partitions: partitions per table (>= 1); only with an ``overflow_margin``.
+        num_partitions: partitions per table, 1 to :data:`~..config.MAX_PARTITIONS`; only with an
+            ``overflow_margin``. Each is made when its first row arrives.
         parallel: work on a call's partitions in a thread pool (``parallel_hash_map``); only with
             an ``overflow_margin``.
         allocation_rate: the most bytes one partition's row array grows by at a time; only with
@@ -197,10 +222,12 @@ class HashMapTier:
         overflow_resolution_target: float = 0.8,
         seed: int | None = None,
     ) -> None:
-        if num_partitions < 1 or max_batch_size < 1 or overflow_margin < 1 or allocation_rate < 1:
+        if not 1 <= num_partitions <= MAX_PARTITIONS:
+            raise ValueError(f"num_partitions must be in [1, {MAX_PARTITIONS}], got {num_partitions!r}")
+        if max_batch_size < 1 or overflow_margin < 1 or allocation_rate < 1:
             raise ValueError(
-                "num_partitions, max_batch_size, overflow_margin and allocation_rate must be >= 1, got "
-                f"{num_partitions!r}, {max_batch_size!r}, {overflow_margin!r}, {allocation_rate!r}"
+                "max_batch_size, overflow_margin and allocation_rate must be >= 1, got "
+                f"{max_batch_size!r}, {overflow_margin!r}, {allocation_rate!r}"
             )
         if overflow_policy not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow_policy {overflow_policy!r} is not one of {sorted(OVERFLOW_POLICIES)}")
@@ -221,7 +248,7 @@ class HashMapTier:
         #: Whether rows evict by policy (kept in partitions) or never (a det storage per table).
         self.evicts = overflow_margin != NO_OVERFLOW_LIMIT
         threads = parallel and num_partitions > 1 and self.evicts
-        self._pool = ThreadPoolExecutor(num_partitions, "hps-hash-map") if threads else None
+        self._pool = ThreadPoolExecutor(min(num_partitions, _POOL_THREADS), "hps-hash-map") if threads else None
 
     @classmethod
     def from_config(cls, cfg: VolatileDBConfig) -> HashMapTier:
@@ -237,12 +264,12 @@ class HashMapTier:
         )
 
     def _groups(self, keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
-        """``(partition, positions in keys)`` for each partition that has keys."""
+        """``(partition, positions in keys)`` for each partition that has keys (work in the number of
+        keys, not of partitions)."""
         parts = partition_of(keys, self.num_partitions).astype(np.int64)
         order = np.argsort(parts, kind="stable")
-        counts = np.bincount(parts, minlength=self.num_partitions)
-        groups = np.split(order, np.cumsum(counts)[:-1])
-        return [(p, g) for p, g in enumerate(groups) if len(g)]
+        starts = np.flatnonzero(np.diff(parts[order], prepend=-1))
+        return list(zip(parts[order[starts]].tolist(), np.split(order, starts[1:])))
 
     def _run(self, work, groups) -> None:
         if self._pool is None or len(groups) < 2:
@@ -269,7 +296,9 @@ class HashMapTier:
         now = next(self._clock)
 
         def work(p: int, positions: np.ndarray) -> None:
-            part = table.partitions[p]
+            part = table.partitions.get(p)
+            if part is None:  # no row has reached partition p yet
+                return
             with part.lock:
                 slots = part.slots(keys[positions])
                 hit = slots >= 0
@@ -300,7 +329,7 @@ class HashMapTier:
             now = next(self._clock)
 
             def work(p: int, positions: np.ndarray, ck=chunk_keys, cv=chunk_values, now=now) -> None:
-                part = table.partitions[p]
+                part = table.partition(p)
                 part_keys = ck[positions]
                 with part.lock:
                     slots = part.slots(part_keys)
@@ -323,7 +352,7 @@ class HashMapTier:
                 table = self._tables.get(tag)
                 if table is None and self.evicts:
                     growth = max(1, self.allocation_rate // (4 * dim))
-                    table = self._tables[tag] = _Table(dim, growth, self._seeds, self.num_partitions)
+                    table = self._tables[tag] = _Table(dim, growth, self._seeds.spawn(1)[0])
                 elif table is None:
                     table = self._tables[tag] = _StoredTable(tag, dim)
         if table.dim != dim:
@@ -359,7 +388,7 @@ class HashMapTier:
             return 0
         if isinstance(table, _StoredTable):
             return table.variable.storage.size()
-        return sum(len(p) for p in table.partitions)
+        return sum(len(p) for p in list(table.partitions.values()))  # a copy: inserts may add partitions
 
     def close(self) -> None:
         """Drop every row and stop the thread pool; later calls raise RuntimeError."""
