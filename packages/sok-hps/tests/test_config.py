@@ -24,7 +24,13 @@ import threading
 
 import pytest
 from hierarchical_parameter_server import config as config_module
-from hierarchical_parameter_server.config import MAX_PARTITIONS, ConfigError, load_config
+from hierarchical_parameter_server.config import (
+    MAX_PARTITIONS,
+    MAX_POLL_INTERVAL_MS,
+    MAX_THREAD_POOL_SIZE,
+    ConfigError,
+    load_config,
+)
 
 
 def minimal(**model_overrides) -> dict:
@@ -271,7 +277,10 @@ def _set(raw: dict, path: str, value) -> dict:
         ("volatile_db.num_partitions", MAX_PARTITIONS + 1, f"[1, {MAX_PARTITIONS}]"),
         ("volatile_db.overflow_policy", "evict_newest", "'evict_oldest'"),
         ("volatile_db.overflow_resolution_target", 0.0, "(0.0, 1.0]"),
-        ("volatile_db.overflow_margin", 0, ">= 1"),
+        ("volatile_db.overflow_margin", 0, f"[1, {2**64 - 1}]"),
+        ("volatile_db.overflow_margin", 2**64, f"[1, {2**64 - 1}]"),
+        ("models[0].thread_pool_size", MAX_THREAD_POOL_SIZE + 1, f"[1, {MAX_THREAD_POOL_SIZE}]"),
+        ("update_source.poll_interval_ms", 10**13, f"[1, {MAX_POLL_INTERVAL_MS}]"),
         ("volatile_db.address", "host:notaport", "host[:port]"),
         ("volatile_db.update_filters", ["("], "regular expression"),
         ("persistent_db.type", "leveldb", "'rocks_db'"),

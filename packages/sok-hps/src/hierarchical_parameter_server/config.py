@@ -94,6 +94,10 @@ MAX_PARTITIONS = 16384
 FLOAT32_MAX = float.fromhex("0x1.fffffep+127")
 #: The most bytes of a ps_config file read (a ps_config is a few KiB; this stops e.g. ``/dev/zero``).
 MAX_CONFIG_BYTES = 64 * 2**20
+#: The longest ``update_source.poll_interval_ms``: a day (longer waits overflow the poller's timer).
+MAX_POLL_INTERVAL_MS = 24 * 3600 * 1000
+#: The most threads of a model's background pool (``thread_pool_size``).
+MAX_THREAD_POOL_SIZE = 1024
 #: Redis pipelines longer than this many commands are not advised (reference §2.3).
 REDIS_MAX_BATCH = 262143
 
@@ -522,7 +526,7 @@ _MODEL_READS: dict[str, _Read] = {
     "cache_refresh_percentage_per_iteration": _FRACTION,
     "num_of_worker_buffer_in_pool": _POSITIVE,
     "num_of_refresher_buffer_in_pool": _POSITIVE,
-    "thread_pool_size": _POSITIVE,
+    "thread_pool_size": functools.partial(_Reader.integer, minimum=1, maximum=MAX_THREAD_POOL_SIZE),
     "use_context_stream": _Reader.boolean,
     "use_hctr_cache_implementation": _Reader.boolean,
     "init_ec": _Reader.boolean,
@@ -551,7 +555,7 @@ _VOLATILE_READS: dict[str, _Read] = {
     "tls_client_certificate": _Reader.string,
     "tls_client_key": _Reader.string,
     "tls_server_name_identification": _Reader.string,
-    "overflow_margin": _POSITIVE,
+    "overflow_margin": functools.partial(_Reader.integer, minimum=1, maximum=NO_OVERFLOW_LIMIT),
     "overflow_policy": functools.partial(_Reader.choice, choices=OVERFLOW_POLICIES),
     "overflow_resolution_target": _OPEN_FRACTION,
     "initial_cache_rate": _FRACTION,
@@ -571,7 +575,7 @@ _PERSISTENT_READS: dict[str, _Read] = {
 _UPDATE_SOURCE_READS: dict[str, _Read] = {
     "type": functools.partial(_Reader.choice, choices=UPDATE_SOURCE_TYPES),
     "path": _Reader.string,
-    "poll_interval_ms": _POSITIVE,
+    "poll_interval_ms": functools.partial(_Reader.integer, minimum=1, maximum=MAX_POLL_INTERVAL_MS),
 }
 
 
