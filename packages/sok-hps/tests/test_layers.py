@@ -4,7 +4,8 @@ The table is served from its cache alone (no database: the cache holds every row
 the same rows as a dense tensor, with the default value for ids no tier has. Equality is bitwise
 (``np.testing.assert_array_equal``), for int32 and int64 ids, ids of rank 1 to 3, duplicates,
 ``max_norm``, every combiner with and without weights, SparseTensor and RaggedTensor ids, eager and
-in a ``tf.function``. The checks of the call raise.
+in a ``tf.function``. ``SparseLookupLayer`` returns a row per sample, zeros for samples without ids
+(trailing ones too, which ``tf.nn.embedding_lookup_sparse`` leaves out). The checks of the call raise.
 """
 
 from __future__ import annotations
@@ -103,6 +104,46 @@ def test_sparse_lookup_layer_equals_embedding_lookup_sparse(table, combiner, wei
     got = layer(sp_ids, sp_weights, combiner=combiner, max_norm=max_norm)
     assert got.shape == (64, DIM)
     np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+#: Batches with samples that have no ids: (indices, dense_shape).
+EMPTY_SAMPLES = {
+    "trailing": ([[0, 0]], [3, 4]),
+    "all": (np.zeros((0, 2), np.int64), [3, 4]),
+    "inner_and_trailing": ([[0, 0], [0, 1], [2, 0], [2, 1], [4, 0]], [7, 3]),
+}
+
+
+def padded_oracle(weights, sp_ids, sp_weights, combiner):
+    """``tf.nn.embedding_lookup_sparse`` on the dense table, with a zero row for each trailing
+    sample without ids (TF 2.21 returns rows up to the last sample that has one; none if none has)."""
+    batch = int(sp_ids.dense_shape[0])
+    want = tf.nn.embedding_lookup_sparse(weights, sp_ids, sp_weights, combiner=combiner).numpy()
+    return np.concatenate([want, np.zeros((batch - len(want), weights.shape[1]), np.float32)])
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("samples", sorted(EMPTY_SAMPLES))
+def test_sparse_lookup_layer_returns_zeros_for_samples_without_ids(table, combiner, weighted, samples):
+    dtype, w0, _ = table
+    layer = hps.SparseLookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    indices, shape = EMPTY_SAMPLES[samples]
+    rng = np.random.default_rng(len(indices))
+    sp_ids = tf.SparseTensor(indices, tf.constant(rng.integers(0, ROWS + EXTRA, len(indices)), dtype), shape)
+    sp_weights = (
+        tf.SparseTensor(indices, tf.constant(rng.random(len(indices)), tf.float32), shape) if weighted else None
+    )
+    want = padded_oracle(w0, sp_ids, sp_weights, combiner)
+    assert want.shape == (shape[0], DIM)
+    step = tf.function(lambda ids, weights: layer(ids, weights, combiner=combiner))
+    ragged_weights = None if sp_weights is None else tf.RaggedTensor.from_sparse(sp_weights)
+    ragged = tf.RaggedTensor.from_sparse(sp_ids)
+    for ids, weights in [(sp_ids, sp_weights), (ragged, ragged_weights)]:
+        for call in (lambda ids, weights: layer(ids, weights, combiner=combiner), step):
+            got = call(ids, weights)
+            assert got.shape == (shape[0], DIM)
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])

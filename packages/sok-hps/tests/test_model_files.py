@@ -4,7 +4,7 @@
 * Empty, truncated and wrong-dim files are refused with the file named.
 * A ``sok.dump`` checkpoint table reads as the variable's rows (weights only), checked against its
   manifest; NVIDIA SOK's layout with uint64 keys keeps the keys' bits; a corrupt weight file is
-  found by its checksum.
+  found by its checksum, by ``verify()`` before any row is read.
 """
 
 from __future__ import annotations
@@ -158,6 +158,18 @@ def test_sok_dump_corrupt_weights_fail_the_checksum(tmp_path):
     table = open_table(tmp_path / "ck" / "dyn_0", DIM)
     with pytest.raises(ModelFileError, match="does not match the checkpoint's checksum"):
         read_all(table, 16)
+
+
+def test_verify_finds_corrupt_weights_before_any_row_is_read(tmp_path):
+    sok_dump(tmp_path / "ck")
+    open_table(tmp_path / "ck" / "dyn_0", DIM).verify()  # the checkpoint as dumped
+    weight = tmp_path / "ck" / "dyn_0-weight"
+    data = bytearray(weight.read_bytes())
+    data[fmt.HEADER_BYTES] ^= 0x01  # the first row
+    weight.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="dyn_0: the weight file does not match the checkpoint's checksum"):
+        open_table(tmp_path / "ck" / "dyn_0", DIM).verify()
+    open_table(write_hps(tmp_path / "t", np.arange(3), np.zeros((3, DIM))), DIM).verify()  # no checksum
 
 
 def test_sok_dump_truncated_weights_are_refused_at_open(tmp_path):

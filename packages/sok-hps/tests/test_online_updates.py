@@ -134,3 +134,36 @@ def test_an_update_a_database_refuses_is_applied_again(serve, monkeypatch):
     tag = server.table("m", 0).tag
     wait_until(lambda: np.array_equal(server.volatile_db.fetch(tag, keys, DIM)[0], rows))
     assert refused
+
+
+def rejected_lines(caplog, path: str) -> list[str]:
+    name = path.rsplit("/", 1)[-1]
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and name in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    ("supportlonglong", "bad_keys", "bad_width", "why"),
+    [
+        (True, [5], DIM + 1, "width"),  # rows one column too wide
+        (False, [5, 2**40], DIM, "outside int32"),  # a key int32 ids cannot name
+    ],
+)
+def test_an_update_that_cannot_apply_is_rejected_whole_and_later_ones_apply(
+    serve, caplog, supportlonglong, bad_keys, bad_width, why
+):
+    top = {"volatile_db": {"type": "hash_map"}, "supportlonglong": supportlonglong}
+    server, weights, directory = serve(top)
+    tag = server.table("m", 0).tag
+    keys, rows = np.array([6], np.int64), np.full((1, DIM), 4.0, np.float32)
+    with caplog.at_level(logging.INFO, logger="hierarchical_parameter_server"):
+        bad = updates.write_update(directory, "m", TABLE, np.array(bad_keys), np.ones((len(bad_keys), bad_width)))
+        updates.write_update(directory, "m", TABLE, keys, rows)
+        wait_until(lambda: np.array_equal(server.volatile_db.fetch(tag, keys, DIM)[0], rows), timeout=5)
+    (line,) = rejected_lines(caplog, bad)
+    assert why in line
+    assert (Path(directory) / "rejected" / Path(bad).name).exists() and not Path(bad).exists()
+    np.testing.assert_array_equal(server.volatile_db.fetch(tag, np.array([5]), DIM)[0], weights[[5]])  # none of it
+    served = server.table("m", 0)
+    cached, found = served.cache.find(tf.constant([5], served.key_dtype))
+    assert bool(found.numpy().all())
+    np.testing.assert_array_equal(cached.numpy(), weights[[5]])

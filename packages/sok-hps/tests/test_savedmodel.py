@@ -8,12 +8,17 @@ the same numbers:
   ``SokPyCall``), and its first lookup initialises HPS from the ps_config file it recorded.
 
 A graph traced before ``init.shutdown()`` serves the server started after it, and a lookup graph
-with nothing to initialise HPS from says to call hps.Init.
+with nothing to initialise HPS from says to call hps.Init. A graph traced for a table of one width
+(or key dtype), served after the ps_config changed it, fails with an error saying to re-export
+(in a fresh process and in-process, whichever way it was saved). A SavedModel naming a function
+HPS did not register (``builtins:exec``) is refused where HPS serves, the function never run.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -28,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import hierarchical_parameter_server as hps  # noqa: E402
 import serve_support as support  # noqa: E402
 from hierarchical_parameter_server import graph_calls, init  # noqa: E402
-from sparse_operation_kit import python_ops  # noqa: E402
+from sparse_operation_kit import python_ops, tf_ops  # noqa: E402
 
 DIM0, DIM1, ROWS = 8, 4, 500
 
@@ -246,6 +251,161 @@ def test_a_lookup_graph_with_nothing_to_start_hps_from_says_to_call_init():
         python_ops.py_call(graph_calls.FETCH, context, [tf.constant([1], tf.int64)], [tf.float32])
     with pytest.raises(tf.errors.FailedPreconditionError, match="call hps.Init"):
         python_ops.resolved_table_inputs(graph_calls.CACHE_TABLE, context)
+
+
+# -- a table whose width changed after the graph was traced -------------------------------------
+WIDE = 8  # the width the ps_config gives the table after the model was exported at DIM1
+
+
+def write_model_files(tmp_path, dim, kind="cache", supportlonglong=True):
+    """The ps_config ``tmp_path/ps.json`` and the table files under ``tmp_path/t0``, table 0 of
+    model ``dlrm`` of width ``dim`` (overwritten by a later call): ``(ps_config path, weights)``."""
+    folder, weights = support.write_table(tmp_path / "t0", ROWS, dim, seed=dim)
+    model_kw, top = support.tier_setup(kind, tmp_path)
+    entry = support.model_entry("dlrm", [folder], [dim], **model_kw)
+    config = support.ps_config([entry], supportlonglong=supportlonglong, **top)
+    return support.write_config(tmp_path / "ps.json", config), weights
+
+
+def save_lookup(saved, path, how):
+    """A model of a LookupLayer of width DIM1 over table 0 of ``dlrm``, served by ``path``, saved
+    to ``saved`` by ``model.export`` or ``tf.saved_model.save``; HPS shut down after."""
+    lookup = hps.LookupLayer(
+        model_name="dlrm", table_id=0, emb_vec_size=DIM1, ps_config_file=path, global_batch_size=64
+    )
+    ids = tf.constant([[1, 2, ROWS + 1]], tf.int64)
+    try:
+        if how == "export":
+            ids_in = keras.Input(shape=(3,), dtype="int64")
+            model = keras.Model(ids_in, keras.layers.Flatten()(lookup(ids_in)))
+            assert model(ids).shape == (1, 3 * DIM1)
+            model.export(saved, verbose=False)
+        else:
+            module = tf.Module()
+            module.lookup = tf.function(lookup, input_signature=[tf.TensorSpec([None, 3], tf.int64)])
+            assert module.lookup(ids).shape == (1, 3, DIM1)
+            tf.saved_model.save(module, str(saved))
+    finally:
+        init.shutdown()
+
+
+#: What a graph of width DIM1 served a table of width WIDE fails with.
+WIDTH_CHANGED = (
+    rf"model 'dlrm' table 0 was traced for width {DIM1} .*the ps_config '.*ps\.json' serves it at width {WIDE}"
+    r".*[Rr]e-export the model"
+)
+
+
+@pytest.mark.parametrize("how", ["export", "saved_model.save"])
+def test_a_savedmodel_of_another_width_than_the_served_table_fails_clearly(tmp_path, how):
+    """Exported at width DIM1; the ps_config and files then make the table WIDE: the SavedModel
+    fails (no first DIM1 columns of WIDE) in a fresh process and in-process after shutdown + Init."""
+    path, _ = write_model_files(tmp_path, DIM1)
+    save_lookup(tmp_path / "saved", path, how)
+    write_model_files(tmp_path, WIDE)
+    save_batch(tmp_path / "batch.npz", np.array([[1, 2, ROWS + 1]], np.int64))
+    run = subprocess.run(
+        [sys.executable, "-c", SERVE, str(tmp_path / "saved"), str(tmp_path / "batch.npz"), str(tmp_path / "out.npy")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode != 0, "served a table of another width"
+    assert "InvalidArgumentError" in run.stderr, run.stderr[-3000:]
+    assert re.search(WIDTH_CHANGED, run.stderr), run.stderr[-3000:]
+    with support.served(path):
+        served = tf.saved_model.load(str(tmp_path / "saved"))
+        endpoint = served.serve if how == "export" else served.lookup
+        with pytest.raises(tf.errors.InvalidArgumentError, match=WIDTH_CHANGED):
+            endpoint(tf.constant([[1, 2, ROWS + 1]], tf.int64))
+
+
+@pytest.mark.parametrize("kind", ["cache", "hash_map", "evicting_hash_map"])
+def test_a_graph_traced_before_the_table_changed_width_fails_clearly(tmp_path, kind):
+    """The same tf.function after shutdown and an Init whose table is WIDE, over each way a graph
+    reaches its table: the cache (SokResolveTable), the hash map read in the graph
+    (SokResolveTable), the databases (SokPyCall)."""
+    ids = tf.constant([[0, 5, ROWS + 1]], tf.int64)
+    path, weights = write_model_files(tmp_path, DIM1, kind)
+    with support.served(path):
+        lookup = hps.LookupLayer(model_name="dlrm", table_id=0, emb_vec_size=DIM1)
+        step = tf.function(lambda ids: lookup(ids))
+        np.testing.assert_array_equal(step(ids).numpy(), support.oracle(weights, 0.5, 10)[ids.numpy()])
+    write_model_files(tmp_path, WIDE, kind)
+    with support.served(path), pytest.raises(tf.errors.InvalidArgumentError, match=WIDTH_CHANGED):
+        step(ids)
+
+
+def test_a_graph_traced_before_the_key_dtype_changed_fails_clearly(tmp_path):
+    """Traced with int64 keys (supportlonglong true); the ps_config then says int32 keys."""
+    ids = tf.constant([[0, 5, ROWS + 1]], tf.int64)
+    path, _ = write_model_files(tmp_path, DIM1)
+    with support.served(path):
+        lookup = hps.LookupLayer(model_name="dlrm", table_id=0, emb_vec_size=DIM1)
+        step = tf.function(lambda ids: lookup(ids))
+        step(ids)
+    write_model_files(tmp_path, DIM1, supportlonglong=False)
+    key_dtype_changed = (
+        rf"table 0 was traced for width {DIM1} and keys of int64, .*at width {DIM1} with keys of int32.*Re-export"
+    )
+    with support.served(path), pytest.raises(tf.errors.InvalidArgumentError, match=key_dtype_changed):
+        step(ids)
+
+
+def test_a_context_saved_before_widths_were_recorded_still_serves(tmp_path):
+    """Graphs saved before contexts recorded the traced width name only the server, model and
+    table: they still resolve their table (no check is possible)."""
+    path, _ = write_model_files(tmp_path, DIM1)
+    with support.served(path) as server:
+        served = server.table("dlrm", 0)
+        old = {k: v for k, v in json.loads(served.context).items() if k not in ("dim", "key_dtype")}
+        assert graph_calls.served_table(json.dumps(old)) is served
+
+
+# -- a graph naming a function HPS did not register --------------------------------------------
+SERVE_ANY_CODE = textwrap.dedent(
+    """
+    import sys
+    import tensorflow as tf
+    import hierarchical_parameter_server  # loads the ops and registers the functions HPS's graphs name
+    loaded = tf.saved_model.load(sys.argv[1])
+    for endpoint in ("exec", "system", "resolve"):
+        try:
+            getattr(loaded, endpoint)()
+            print(endpoint, "ran")
+        except tf.errors.InvalidArgumentError as error:
+            print(endpoint, "refused:", " ".join(error.message.split()))
+    """
+)
+
+
+def test_a_savedmodel_naming_an_unregistered_function_is_refused_where_hps_serves(tmp_path):
+    """A SavedModel made with the raw ops (no check where the graph is made), naming
+    ``builtins:exec`` and ``os:system`` with code that creates a file: loaded in a fresh process that
+    imported hierarchical_parameter_server, every call is refused and the file never appears."""
+    marker = str(tmp_path / "ran")
+    code = f"open({marker!r}, 'w').close()"
+    raw = tf_ops.python_library()
+    module = tf.Module()
+    module.exec = tf.function(
+        lambda: raw.sok_py_call(args=[], Tout=[tf.int32], function="builtins:exec", context=code), input_signature=[]
+    )
+    module.system = tf.function(
+        lambda: raw.sok_py_call(args=[], Tout=[tf.int32], function="os:system", context=f"touch {shlex.quote(marker)}"),
+        input_signature=[],
+    )
+    module.resolve = tf.function(
+        lambda: raw.sok_resolve_table(function="builtins:exec", context=code), input_signature=[]
+    )
+    tf.saved_model.save(module, str(tmp_path / "saved"))
+    run = subprocess.run(
+        [sys.executable, "-c", SERVE_ANY_CODE, str(tmp_path / "saved")], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()[-3:]
+    assert [line.split(" ", 2)[:2] for line in lines] == [[e, "refused:"] for e in ("exec", "system", "resolve")], lines
+    assert all("is not registered: only functions registered with" in line for line in lines), lines
+    assert not (tmp_path / "ran").exists()
 
 
 # -- SavedModels of NVIDIA's plugin: its ops Init and Lookup ----------------------------------------

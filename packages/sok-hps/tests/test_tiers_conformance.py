@@ -8,6 +8,8 @@ parallel_hash_map, a hash map with an overflow_margin, redis_cluster, rocks_db),
 * Tables of different dims live side by side; a fetch with another dim is refused.
 * Batches longer than ``max_batch_size`` (7 here) are split; empty batches work.
 * 8 threads inserting and fetching at once get the right rows (NumPy oracle).
+* The tiers whose rows outlive the server (redis_cluster, rocks_db: ``SharedTier``) record a
+  table's width (else report a stored row's) and erase the rows of keys a re-deploy lacks.
 """
 
 from __future__ import annotations
@@ -133,6 +135,34 @@ class TierConformance:
         assert tier.size(tag) == len(all_keys)
 
 
+class SharedTierConformance(TierConformance):
+    """Subclasses provide the ``tier`` fixture of a :class:`~.tiers.SharedTier`."""
+
+    def test_is_a_shared_tier(self, tier):
+        from hierarchical_parameter_server.tiers import SharedTier
+
+        assert isinstance(tier, SharedTier) and tier.location
+
+    def test_stored_dim_is_recorded_else_a_rows(self, tier, tag):
+        assert tier.stored_dim(tag) is None
+        tier.insert(tag, np.arange(3), rows(3, 6))
+        assert tier.stored_dim(tag) == 6
+        tier.set_stored_dim(tag, 5)
+        assert tier.stored_dim(tag) == 5
+
+    def test_retain_only_erases_the_other_keys(self, tier, tag):
+        keys = np.random.default_rng(11).permutation(10**6)[: 5 * BATCH + 2].astype(np.int64)
+        values = rows(len(keys), 3, seed=12)
+        tier.insert(tag, keys, values)
+        keep = np.concatenate([keys[::3], [-5]])  # and a key the tier lacks
+        assert tier.retain_only(tag, keep) == len(keys) - len(keys[::3])
+        got, found = tier.fetch(tag, keys, 3)
+        np.testing.assert_array_equal(found, np.isin(keys, keep))
+        np.testing.assert_array_equal(got[found], values[found])
+        assert tier.size(tag) == len(keys[::3])
+        assert tier.retain_only(tag + "x", keep) == 0
+
+
 class TestHashMap(TierConformance):
     @pytest.fixture
     def tier(self):
@@ -159,7 +189,7 @@ class TestEvictingHashMap(TierConformance):
         tier.close()
 
 
-class TestRedisCluster(TierConformance):
+class TestRedisCluster(SharedTierConformance):
     @pytest.fixture
     def tier(self, redis_cluster):
         from hierarchical_parameter_server.tiers.redis_cluster import RedisClusterTier
@@ -169,7 +199,7 @@ class TestRedisCluster(TierConformance):
         tier.close()
 
 
-class TestRocksDB(TierConformance):
+class TestRocksDB(SharedTierConformance):
     @pytest.fixture
     def tier(self, tmp_path):
         pytest.importorskip("rocksdict", reason="rocksdict is not installed: pip install 'sok-hps[rocksdb]'")

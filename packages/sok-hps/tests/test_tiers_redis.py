@@ -98,3 +98,97 @@ def test_overflow_evicts_random_rows_down_to_the_target(redis_cluster):
 def test_other_overflow_policies_are_refused():
     with pytest.raises(ValueError, match="supports overflow_policy 'evict_random' only"):
         RedisClusterTier(overflow_margin=10, overflow_policy="evict_oldest")
+
+
+@pytest.mark.parametrize("error", [TypeError("'NoneType' object is not subscriptable"), AttributeError("closed")])
+def test_errors_of_a_client_reset_under_a_command_are_unavailable(redis_cluster, monkeypatch, error):
+    """redis-py raises TypeError / AttributeError when its connections are reset under a command:
+    the tier reports TierUnavailable, as for any redis-py error, and drops the client without
+    closing it (other threads may be in a command on it)."""
+    tier = RedisClusterTier(redis_cluster.address, num_partitions=2)
+    tier.insert(TAG + "reset", np.arange(3), np.ones((3, 2), np.float32))
+    client = tier._connect()
+    closed = []
+    monkeypatch.setattr(client, "close", lambda: closed.append(1))
+
+    def broken(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(client, "pipeline", broken)
+    with pytest.raises(TierUnavailable, match=type(error).__name__):
+        tier.fetch(TAG + "reset", np.arange(3), 2)
+    assert closed == []
+    assert tier.fetch(TAG + "reset", np.arange(3), 2)[1].all()  # a new client
+    tier.close()
+
+
+def test_a_node_killed_under_four_threads_of_server_lookups(tmp_path, fresh_redis_cluster):
+    """Redis volatile DB, RocksDB persistent DB with every row: 4 threads fetch through the server
+    while a node is killed; every fetch returns the right rows (RocksDB's for the keys Redis cannot
+    give), none raises."""
+    pytest.importorskip("rocksdict", reason="rocksdict is not installed: pip install 'sok-hps[rocksdb]'")
+    pytest.importorskip("tensorflow")
+    from hierarchical_parameter_server.config import load_config
+    from hierarchical_parameter_server.server import ParameterServer
+
+    rows, dim = 2000, 8
+    folder = tmp_path / "t0"
+    folder.mkdir()
+    weights = np.random.default_rng(4).random((rows, dim), dtype=np.float32)
+    np.arange(rows, dtype=np.int64).tofile(folder / "key")
+    weights.tofile(folder / "emb_vector")
+    config = load_config(
+        {
+            "supportlonglong": True,
+            "volatile_db": {"type": "redis_cluster", "address": fresh_redis_cluster.address, "num_partitions": 8},
+            "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "rocks")},
+            "models": [
+                {
+                    "model": "killed",
+                    "sparse_files": [str(folder)],
+                    "embedding_vecsize_per_table": [dim],
+                    "maxnum_catfeature_query_per_table_per_sample": [64],
+                    "default_value_for_each_table": [0.5],
+                    "deployed_device_list": [0],
+                    "max_batch_size": 1024,
+                    "gpucache": False,
+                }
+            ],
+        }
+    )
+    server = ParameterServer(config)
+    served = server.table("killed", 0)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    counts = [0] * 4
+
+    def work(index: int) -> None:
+        rng = np.random.default_rng(index)
+        while not stop.is_set():
+            keys = rng.choice(rows, size=200, replace=False).astype(np.int64)
+            try:
+                got, known = server.fetch_from_databases(served, keys)
+                assert known.all()
+                np.testing.assert_array_equal(got, weights[keys])
+            except BaseException as error:  # noqa: BLE001 -- reported below
+                errors.append(error)
+                return
+            counts[index] += 1
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.5)
+        fresh_redis_cluster.kill(1)
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline and not errors:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        server.close()
+    assert not any(thread.is_alive() for thread in threads), "a fetch hung"
+    assert not errors, repr(errors[0])
+    assert min(counts) > 0

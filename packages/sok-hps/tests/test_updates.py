@@ -1,11 +1,17 @@
 """Online-update files and the directory update source.
 
 * write_update / read_update round trip (int64 and uint64 keys, any dim); the file is the
-  documented layout (header fields read back with struct, not through read_update).
+  documented layout, version 2 with its sequence (header fields read back with struct, not through
+  read_update); version-1 files are still read, ordered by the time in their names.
 * Atomic: a failed write leaves no visible file and no temporary; a reader polling while a writer
   writes never sees part of a file.
-* poll() returns each file once, in name (time) order; bad files (wrong magic, truncated, corrupt,
-  bad tag) go to rejected/ with a warning; filters are full matches on the model name.
+* poll() returns each file once, in sequence order (not name or arrival order); a file older than
+  the newest one returned for its table, and a duplicate of one returned (another name, same
+  sequence and content), go to rejected/, so a live source and a replay agree.
+* bad files (wrong magic, corrupt, bad tag, a symbolic link) go to rejected/ with an error line;
+  a file shorter than its header says waits until it is complete (rejected when its size has not
+  changed for incomplete_timeout_s); a junk file costs a small read, not the file in memory.
+* filters are full matches on the model name.
 * start()/stop() apply updates in a thread; an apply that fails is retried, in order.
 * dump_increment writes the rows sok.incremental_model_dump returns.
 """
@@ -14,15 +20,18 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import struct
 import sys
 import threading
 import time
+import tracemalloc
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hierarchical_parameter_server import updates as updates_module
 from hierarchical_parameter_server.config import load_config
 from hierarchical_parameter_server.updates import (
     DirectoryUpdateSource,
@@ -59,11 +68,15 @@ def test_round_trip(tmp_path, dim):
 def test_file_layout_is_the_documented_one(tmp_path):
     keys = np.array([2**64 - 1, 7], np.uint64)
     values = rows(2, 3)
-    data = open(write_update(tmp_path, "m", "t", keys, values), "rb").read()
-    magic, value_size, version, key_size, tag_len = struct.unpack_from("<IIHHI", data)
-    assert (magic, value_size, version, key_size) == (0x52544348, 12, 1, 8) and data[:4] == b"HCTR"
-    assert data[16 : 16 + tag_len] == b"hps_et.m.t"
-    offset = 16 + tag_len
+    before = time.time_ns()
+    path = write_update(tmp_path, "m", "t", keys, values)
+    data = open(path, "rb").read()
+    magic, value_size, version, key_size, tag_len, sequence = struct.unpack_from("<IIHHIQ", data)
+    assert (magic, value_size, version, key_size) == (0x52544348, 12, 2, 8) and data[:4] == b"HCTR"
+    assert before <= sequence <= time.time_ns() and os.path.basename(path).startswith(f"{sequence:020d}-")
+    assert read_update(path).sequence == sequence
+    assert data[24 : 24 + tag_len] == b"hps_et.m.t"
+    offset = 24 + tag_len
     assert struct.unpack_from("<Q", data, offset) == (2,)
     offset += 8
     for i in range(2):
@@ -116,7 +129,7 @@ def test_reader_never_sees_part_of_a_file(tmp_path):
         np.testing.assert_array_equal(update.values, big)
 
 
-def test_poll_returns_each_file_once_in_name_order(tmp_path):
+def test_poll_returns_each_file_once_in_sequence_order(tmp_path):
     source = DirectoryUpdateSource(tmp_path)
     paths = [write_update(tmp_path, "m", "t", [i], rows(1, 2, seed=i)) for i in range(5)]
     assert paths == sorted(paths)
@@ -139,7 +152,7 @@ def corrupt(path: str, how: str) -> None:
     elif how == "version":
         data[8] = 9
     elif how == "tag":
-        data[16:22] = b"xx_et."
+        data[24:30] = b"xx_et."
     open(path, "wb").write(bytes(data))
 
 
@@ -153,7 +166,7 @@ def corrupt(path: str, how: str) -> None:
         ("tag", "is not hps_et.<model>.<table>"),
     ],
 )
-def test_bad_files_are_rejected_with_a_warning(tmp_path, caplog, how, words):
+def test_bad_files_are_rejected_with_an_error_line(tmp_path, caplog, how, words):
     good_before = write_update(tmp_path, "m", "t", [1], rows(1, 2))
     bad = write_update(tmp_path, "m", "t", [2], rows(1, 2))
     write_update(tmp_path, "m", "t", [3], rows(1, 2))
@@ -161,9 +174,10 @@ def test_bad_files_are_rejected_with_a_warning(tmp_path, caplog, how, words):
     with pytest.raises(UpdateFileError, match=words):
         read_update(bad)
     with caplog.at_level(logging.WARNING, logger="hierarchical_parameter_server.updates"):
-        got = DirectoryUpdateSource(tmp_path).poll()
+        got = DirectoryUpdateSource(tmp_path, incomplete_timeout_s=0).poll()
     assert [u.keys[0] for u in got] == [1, 3]
-    assert words in caplog.text and os.path.basename(bad) in caplog.text
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert words in line and os.path.basename(bad) in line
     assert os.listdir(tmp_path / "rejected") == [os.path.basename(bad)]
     assert os.path.exists(good_before)
 
@@ -174,6 +188,165 @@ def test_filters_match_the_whole_model_name(tmp_path):
     got = DirectoryUpdateSource(tmp_path, model_filters=["foo", "ba."]).poll()
     assert [u.model for u in got] == ["foo", "bar", "baz"]
     assert not os.path.exists(tmp_path / "rejected")
+
+
+def keys_of(updates) -> list[int]:
+    return [int(k) for u in updates for k in u.keys]
+
+
+def errors(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+
+
+def write_version_1(path, tag: bytes, keys: list[int], values: np.ndarray) -> None:
+    """A file of format version 1 (no sequence in the header), as sok-hps 0.x wrote it."""
+    pairs = b"".join(struct.pack("<q", k) + v.astype("<f4").tobytes() for k, v in zip(keys, values))
+    body = struct.pack("<IIHHI", 0x52544348, 4 * values.shape[1], 1, 8, len(tag)) + tag
+    body += struct.pack("<Q", len(keys)) + pairs
+    open(path, "wb").write(body + struct.pack("<I", zlib.crc32(body)))
+
+
+def test_version_1_files_are_read_and_ordered_by_the_time_in_their_names(tmp_path, caplog):
+    sequence = read_update(write_update(tmp_path, "m", "t", [2], rows(1, 2))).sequence
+    write_version_1(tmp_path / f"{sequence - 1:020d}-7-000000.hpsu", b"hps_et.m.t", [1], rows(1, 2))
+    write_version_1(tmp_path / f"{sequence + 1:020d}-7-000001.hpsu", b"hps_et.m.t", [3], rows(1, 2))
+    source = DirectoryUpdateSource(tmp_path)
+    got = source.poll()
+    assert keys_of(got) == [1, 2, 3] and [u.version for u in got] == [1, 2, 1]
+    assert [u.sequence for u in got] == [sequence - 1, sequence, sequence + 1]
+    write_version_1(tmp_path / "renamed.hpsu", b"hps_et.m.t", [4], rows(1, 2))
+    with caplog.at_level(logging.WARNING, logger="hierarchical_parameter_server.updates"):
+        assert source.poll() == []
+    (line,) = errors(caplog)
+    assert "renamed.hpsu" in line and "version 1" in line
+    assert os.listdir(tmp_path / "rejected") == ["renamed.hpsu"]
+
+
+def test_files_apply_in_sequence_order_not_name_order(tmp_path):
+    first = write_update(tmp_path, "m", "t", [1], rows(1, 2))
+    second = write_update(tmp_path, "m", "t", [2], rows(1, 2))
+    os.replace(first, tmp_path / "zz-first.hpsu")  # the later name holds the older update
+    os.replace(second, tmp_path / "aa-second.hpsu")
+    assert keys_of(DirectoryUpdateSource(tmp_path).poll()) == [1, 2]
+
+
+def test_an_older_file_arriving_late_is_refused_so_live_and_replay_agree(tmp_path, caplog):
+    elsewhere, directory = tmp_path / "elsewhere", tmp_path / "u"
+    old = write_update(elsewhere, "m", "t", [1], rows(1, 2))
+    old_of_another_table = write_update(elsewhere, "m", "other", [3], rows(1, 2))
+    write_update(directory, "m", "t", [2], rows(1, 2))
+    live = DirectoryUpdateSource(directory)
+    applied = live.poll()
+    for path in (old, old_of_another_table):  # arrive late, under their (older) names
+        shutil.move(path, directory / os.path.basename(path))
+    with caplog.at_level(logging.WARNING, logger="hierarchical_parameter_server.updates"):
+        applied += live.poll()
+    assert [(u.table, int(u.keys[0])) for u in applied] == [("t", 2), ("other", 3)]  # each table: its own order
+    (line,) = errors(caplog)
+    assert os.path.basename(old) in line and "older than" in line
+    assert os.listdir(directory / "rejected") == [os.path.basename(old)]
+    replayed = DirectoryUpdateSource(directory).poll()
+    assert sorted((u.table, int(u.keys[0])) for u in replayed) == sorted((u.table, int(u.keys[0])) for u in applied)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_copy_under_another_name_is_refused_as_a_duplicate(tmp_path, caplog, version):
+    directory = tmp_path / "u"
+    os.makedirs(directory)
+    original = directory / f"{time.time_ns():020d}-1-000000.hpsu"
+    if version == 1:
+        write_version_1(original, b"hps_et.m.t", [1], rows(1, 2))
+    else:
+        os.replace(write_update(tmp_path / "w", "m", "t", [1], rows(1, 2)), original)
+    source = DirectoryUpdateSource(directory)
+    assert keys_of(source.poll()) == [1]
+    copy = directory / f"{time.time_ns() + 10**9:020d}-1-000000.hpsu"  # a later name
+    shutil.copyfile(original, copy)
+    with caplog.at_level(logging.WARNING, logger="hierarchical_parameter_server.updates"):
+        assert source.poll() == []
+    (line,) = errors(caplog)
+    assert copy.name in line and "duplicate" in line and original.name in line
+    assert os.listdir(directory / "rejected") == [copy.name]
+    shutil.copyfile(original, copy)  # a new source (a restart) finds both: the copy is refused again
+    assert keys_of(DirectoryUpdateSource(directory).poll()) == [1]
+
+
+def test_a_symbolic_link_is_refused(tmp_path, caplog):
+    target = write_update(tmp_path / "outside", "m", "t", [1], rows(1, 2))
+    directory = tmp_path / "u"
+    os.makedirs(directory)
+    os.symlink(target, directory / "link.hpsu")
+    with caplog.at_level(logging.WARNING, logger="hierarchical_parameter_server.updates"):
+        assert DirectoryUpdateSource(directory).poll() == []
+    (line,) = errors(caplog)
+    assert "link.hpsu" in line and "symbolic link" in line
+    assert os.listdir(directory / "rejected") == ["link.hpsu"] and os.path.exists(target)
+
+
+def test_a_half_written_file_waits_until_it_is_complete(tmp_path):
+    data = open(write_update(tmp_path / "w", "m", "t", [1, 2], rows(2, 2)), "rb").read()
+    directory = tmp_path / "u"
+    source = DirectoryUpdateSource(directory)
+    part = directory / "00000000000000000001-1-000000.hpsu"
+    for cut in (0, 3, 20, len(data) // 2, len(data) - 1):  # as cp or scp leave it meanwhile
+        part.write_bytes(data[:cut])
+        assert source.poll() == []
+    assert not os.path.exists(directory / "rejected")
+    part.write_bytes(data)
+    assert keys_of(source.poll()) == [1, 2]
+
+
+def test_an_incomplete_file_is_rejected_when_its_size_stays_for_the_timeout(tmp_path, monkeypatch, caplog):
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    data = open(write_update(tmp_path / "w", "m", "t", [1, 2], rows(2, 2)), "rb").read()
+    directory = tmp_path / "u"
+    source = DirectoryUpdateSource(directory, incomplete_timeout_s=300)
+    part = directory / "00000000000000000001-1-000000.hpsu"
+    part.write_bytes(data[:10])
+    assert source.poll() == []
+    now[0] += 200
+    part.write_bytes(data[:30])  # it grew: the 300 s start again
+    assert source.poll() == []
+    now[0] += 299
+    assert source.poll() == [] and not os.path.exists(directory / "rejected")
+    now[0] += 2
+    with caplog.at_level(logging.WARNING, logger="hierarchical_parameter_server.updates"):
+        assert source.poll() == []
+    (line,) = errors(caplog)
+    assert part.name in line and "incomplete" in line and "300" in line
+    assert os.listdir(directory / "rejected") == [part.name]
+
+
+def peak_memory_of(fn):
+    tracemalloc.start()
+    try:
+        result = fn()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_big_junk_file_costs_a_small_read(tmp_path, caplog):
+    with open(tmp_path / "junk.hpsu", "wb") as f:
+        f.write(b"JUNK" * 8)
+        f.truncate(64 << 20)
+    with caplog.at_level(logging.WARNING, logger="hierarchical_parameter_server.updates"):
+        got, peak = peak_memory_of(DirectoryUpdateSource(tmp_path).poll)
+    assert got == [] and peak < 1 << 20
+    assert "not an update file" in errors(caplog)[0]
+
+
+def test_a_huge_declared_size_is_checked_against_the_file_size(tmp_path):
+    path = write_update(tmp_path, "m", "t", [1], rows(1, 2))
+    data = bytearray(open(path, "rb").read())
+    struct.pack_into("<Q", data, 24 + len(b"hps_et.m.t"), 2**40)  # the row count
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(updates_module.UpdateIncomplete, match="header says 1099511627776 rows") as caught:
+        peak_memory_of(lambda: read_update(path))
+    assert isinstance(caught.value, UpdateFileError)
+    _, peak = peak_memory_of(lambda: DirectoryUpdateSource(tmp_path, incomplete_timeout_s=0).poll())
+    assert peak < 1 << 20 and os.listdir(tmp_path / "rejected") == [os.path.basename(path)]
 
 
 def test_background_thread_applies_in_order_and_retries(tmp_path):

@@ -6,6 +6,12 @@ return ``"OK"`` and change nothing. A call that fails (a missing or invalid conf
 model file) leaves nothing behind, so the next call tries again. The layers initialise implicitly
 from their ``ps_config_file`` and ``global_batch_size`` on their first call.
 
+To serve another ps_config (or new model files) under traffic, call :func:`reload`: it starts the
+new server while the old one serves, swaps them, and closes the old one once the lookups in
+flight on it are done; no lookup fails, and graphs traced before read the new tables.
+:func:`shutdown` then :func:`Init` works too, but lookups that run between the two (or while the
+old server closes) fail ("not initialised", "table not alive"): use it when nothing serves.
+
 Where this differs from NVIDIA HPS: the checks of ``init_check`` (reference §1.6) raise
 ``ValueError`` instead of only being logged, and unknown keyword arguments raise ``TypeError``.
 One replica per process: ``deployed_device_list`` must be ``[0]`` (the caches live on the first GPU
@@ -32,15 +38,40 @@ from hierarchical_parameter_server.server import ParameterServer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Init", "get_server", "is_initialized", "shutdown"]
+__all__ = ["Init", "get_server", "is_initialized", "reload", "shutdown"]
 
 _lock = threading.Lock()
 _server: ParameterServer | None = None
 _ARGS = ("ps_config_file", "global_batch_size")
+#: How long the storages of a replaced server outlive it, for the lookup ops that read them then.
+_GRACE_S = 5.0
+
+
+def _arguments(name: str, kwargs: dict[str, Any]) -> tuple[str, Any]:
+    """``(ps_config_file, global_batch_size)`` of a call of ``name``, or TypeError."""
+    unknown = sorted(set(kwargs) - set(_ARGS))
+    missing = [arg for arg in _ARGS if arg not in kwargs]
+    if unknown or missing:
+        raise TypeError(
+            f"{name} takes the keyword arguments ps_config_file and global_batch_size; "
+            f"{'missing: ' + ', '.join(missing) if missing else ''}{'; ' if unknown and missing else ''}"
+            f"{'unknown: ' + ', '.join(unknown) if unknown else ''}. Example: "
+            f"{name}(ps_config_file='ps.json', global_batch_size=1024)"
+        )
+    return kwargs["ps_config_file"], kwargs["global_batch_size"]
+
+
+def _start(path: Any, batch: Any, predecessor: ParameterServer | None = None) -> ParameterServer:
+    config = load_config(os.fspath(path))
+    _check(config, batch)
+    return ParameterServer(config, origin=(os.path.abspath(path), batch), predecessor=predecessor)
 
 
 def Init(**kwargs: Any) -> tf.Tensor:  # noqa: N802 (the seed API's name)
     """Initialise HPS for this process from a ps_config JSON file; returns the string tensor ``"OK"``.
+
+    Once per process: to serve another ps_config under traffic, use :func:`reload` (not
+    :func:`shutdown` then ``Init``, which fails the lookups that run in between).
 
     Keyword Args:
         ps_config_file (str): path of the ps_config JSON (relative paths are relative to the working
@@ -59,21 +90,10 @@ def Init(**kwargs: Any) -> tf.Tensor:  # noqa: N802 (the seed API's name)
         assert status.numpy() == b"OK"
     """
     global _server
-    unknown = sorted(set(kwargs) - set(_ARGS))
-    missing = [name for name in _ARGS if name not in kwargs]
-    if unknown or missing:
-        raise TypeError(
-            f"hps.Init takes the keyword arguments ps_config_file and global_batch_size; "
-            f"{'missing: ' + ', '.join(missing) if missing else ''}{'; ' if unknown and missing else ''}"
-            f"{'unknown: ' + ', '.join(unknown) if unknown else ''}. Example: "
-            f"hps.Init(ps_config_file='ps.json', global_batch_size=1024)"
-        )
+    path, batch = _arguments("hps.Init", kwargs)
     with _lock:
         if _server is None:
-            path, batch = kwargs["ps_config_file"], kwargs["global_batch_size"]
-            config = load_config(os.fspath(path))
-            _check(config, batch)
-            _server = ParameterServer(config, origin=(os.path.abspath(path), batch))
+            _server = _start(path, batch)
             logger.info("HPS initialised from %s", os.path.abspath(path))
         else:
             logger.debug("hps.Init: HPS is initialised already; this call changes nothing")
@@ -122,9 +142,46 @@ def get_server(ps_config_file: str = "", global_batch_size: int = 1) -> Paramete
     return _server
 
 
+def reload(**kwargs: Any) -> tf.Tensor:
+    """Serve a ps_config afresh with no failed lookup; returns the string tensor ``"OK"``.
+
+    The new parameter server loads while the old one serves (sharing its persistent DB when both
+    configs give the same ``persistent_db``), then becomes the process's server in one step; the
+    old one hands over (:meth:`.server.ParameterServer.hand_over`): graphs traced on it read the
+    new tables from then on, and it closes once the lookups in flight on it are done. Lookups that
+    run during the reload get the old model's rows or the new one's; after it, the new one's. While
+    the new server loads a shared database the old one reads on a cache miss, a key gets the row
+    of either model, and a key the new model lacks the default value. A graph whose table changes
+    width, key dtype or cache kind resolves it again (a width it was not traced for fails: trace it
+    again). Without a server yet, it is :func:`Init`. A failed reload (an invalid config, a
+    corrupt model file, another width in a database) raises and leaves the old server serving.
+
+    Keyword Args:
+        ps_config_file (str), global_batch_size (int): as :func:`Init`'s.
+
+    Raises:
+        As :func:`Init`.
+
+    Example::
+
+        hps.init.reload(ps_config_file="ps_v2.json", global_batch_size=1024)   # under traffic
+    """
+    global _server
+    path, batch = _arguments("hps.init.reload", kwargs)
+    with _lock:
+        old = _server
+        new = _start(path, batch, predecessor=old)
+        _server = new
+        if old is not None:
+            old.hand_over(new, grace_s=_GRACE_S)
+    logger.info("HPS reloaded from %s", os.path.abspath(path))
+    return tf.constant("OK")
+
+
 def shutdown() -> None:
     """Close the process's parameter server (stop its update source, close its databases); the next
-    :func:`Init` (or a layer's implicit one) loads a ps_config afresh.
+    :func:`Init` (or a layer's implicit one) loads a ps_config afresh. Lookups that run meanwhile
+    fail: to change what is served under traffic, use :func:`reload`.
 
     Example::
 

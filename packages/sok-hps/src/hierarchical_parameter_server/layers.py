@@ -14,7 +14,8 @@ Where this differs from NVIDIA HPS: the checks of ``forward_check`` (reference Â
 ``ValueError`` (at the call: unknown model, ``table_id`` out of range, ``emb_vec_size`` or the ids'
 dtype not the config's) or ``tf.errors.InvalidArgumentError`` (in the graph: more keys than
 ``max_batch_size`` x ``maxnum_catfeature_query_per_table_per_sample``) instead of returning
-uninitialised memory; ``SparseLookupLayer`` also takes ``tf.RaggedTensor`` ids and weights.
+uninitialised memory; ``SparseLookupLayer`` also takes ``tf.RaggedTensor`` ids and weights, and
+returns a row per sample even where samples have no ids (zeros; the seed assumes none is empty).
 
 Example::
 
@@ -94,6 +95,13 @@ def _check_ids_dtype(dtype: tf.DType, layer: str) -> None:
         raise ValueError(f"ids of {layer} must be tf.int32 or tf.int64, got {dtype.name}")
 
 
+def _with_trailing_zero_rows(rows: tf.Tensor, samples: tf.Tensor) -> tf.Tensor:
+    """``rows`` followed by zero rows up to ``samples`` rows (int64 scalar): the combined rows of
+    ``tf.nn.embedding_lookup_sparse``, whose segment ops stop at the last sample that has an id."""
+    missing = samples - tf.shape(rows, out_type=tf.int64)[0]
+    return tf.pad(rows, [[0, missing], [0, 0]])
+
+
 @keras.saving.register_keras_serializable(package="hps")
 class LookupLayer(_HpsLayer):
     """HPS's equivalent of ``tf.nn.embedding_lookup``: rows of one table of a model.
@@ -171,7 +179,8 @@ class SparseLookupLayer(_HpsLayer):
         max_norm: Any = None,
     ) -> tf.Tensor:
         """The combined rows of each row of ``sp_ids`` (``[d0, emb_vec_size]``), as
-        ``tf.nn.embedding_lookup_sparse`` combines them.
+        ``tf.nn.embedding_lookup_sparse`` combines them; zeros for a row without ids, wherever it
+        is (``tf.nn.embedding_lookup_sparse`` leaves out the rows after the last that has one).
 
         Args:
             sp_ids: ``tf.SparseTensor`` (rank 2, indices in row-major order) or ``tf.RaggedTensor``
@@ -209,6 +218,8 @@ class SparseLookupLayer(_HpsLayer):
         else:
             by_position = sp_ids.with_flat_values(positions)
         out = tf.nn.embedding_lookup_sparse(rows, by_position, sp_weights, combiner=combiner, max_norm=max_norm)
+        samples = sp_ids.dense_shape[0] if kind is tf.SparseTensor else sp_ids.nrows(out_type=tf.int64)
+        out = _with_trailing_zero_rows(out, samples)
         out.set_shape([sp_ids.shape[0], self.emb_vec_size])
         return out
 

@@ -8,6 +8,8 @@ An entry of ``sparse_files`` is one of:
   files ``<checkpoint dir>/<table>-key`` and ``<table>-weight``, read and checked through
   sok-core's :mod:`~sparse_operation_kit.checkpoint_format` (headers, sizes, the manifest, and the
   CRC-32 checksums; only the weights, never optimizer state). No conversion step is needed.
+  The key file is checksummed at open; the weight file by :meth:`TableSource.verify`, which a
+  loader calls before it stores any row, so a corrupt checkpoint leaves its databases untouched.
 
 Keys come out as int64; uint64 keys keep their bits (``2**64 - 1`` reads as ``-1``).
 
@@ -20,6 +22,7 @@ Example::
 
     table = open_table("model/emb0", dim=16)
     table.rows                                  # 30000
+    table.verify()                              # ModelFileError if the weights are corrupt
     for keys, rows in table.chunks(4096):       # int64 [n], float32 [n, 16]
         tier.insert("hps_et.foo.emb0", keys, rows)
 """
@@ -41,6 +44,8 @@ log = logging.getLogger(__name__)
 
 KEY_FILE = "key"
 VECTOR_FILE = "emb_vector"
+#: Rows per read of :meth:`TableSource.verify`.
+_VERIFY_ROWS = 1 << 16
 
 
 class ModelFileError(ValueError):
@@ -67,13 +72,46 @@ class TableSource:
     _header: bytes  # the checkpoint weight file's header (empty for "hps")
     _crc32: str | None  # the manifest's checksum of the weight file, or None
 
+    @property
+    def keys(self) -> np.ndarray:
+        """Every key of the table, int64 ``[rows]`` in file order (read-only)."""
+        keys = self._keys.view()
+        keys.flags.writeable = False
+        return keys
+
+    def verify(self) -> None:
+        """Check a checkpoint's weight file against the manifest's checksum, reading it once;
+        nothing to check for a sparse-model directory (it has no checksum). Call it before storing
+        any row: :meth:`chunks` finds a mismatch only after its last chunk.
+
+        Raises:
+            ModelFileError: the weight file does not match the manifest's checksum.
+
+        Example::
+
+            table = open_table("ckpt/emb_0", 8)
+            table.verify()                      # before the first row goes anywhere
+        """
+        if self._crc32 is None:
+            return
+        crc = fmt.update_crc32(self._header)
+        for first in range(0, self.rows, _VERIFY_ROWS):
+            crc = fmt.update_crc32(np.ascontiguousarray(self._vectors[first : first + _VERIFY_ROWS]), crc)
+        self._check_crc(crc)
+
+    def _check_crc(self, crc: int) -> None:
+        if f"{crc:08x}" != self._crc32:
+            raise ModelFileError(
+                f"{self.path}: the weight file does not match the checkpoint's checksum ({crc:08x} != "
+                f"{self._crc32}): the file is corrupt; dump the checkpoint again"
+            )
+
     def chunks(self, chunk_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The table's rows in file order, ``chunk_rows`` at a time: ``(int64 [n], float32 [n, dim])``,
         fresh arrays the caller may keep.
 
-        A checkpoint's weight file is checksummed while it is read: a mismatch raises
-        :class:`ModelFileError` after the last chunk, so a caller that stored the chunks must drop
-        them then.
+        A checkpoint's weight file is checksummed while it is read too: a mismatch (a file changed
+        since :meth:`verify`) raises :class:`ModelFileError` after the last chunk.
 
         Raises:
             ValueError: ``chunk_rows`` is below 1.
@@ -87,11 +125,8 @@ class TableSource:
             if self._crc32 is not None:
                 crc = fmt.update_crc32(vectors, crc)
             yield self._keys[first : first + chunk_rows].copy(), vectors
-        if self._crc32 is not None and f"{crc:08x}" != self._crc32:
-            raise ModelFileError(
-                f"{self.path}: the weight file does not match the checkpoint's checksum ({crc:08x} != "
-                f"{self._crc32}): the file is corrupt; dump the checkpoint again"
-            )
+        if self._crc32 is not None:
+            self._check_crc(crc)
 
 
 def open_table(entry: str | os.PathLike, dim: int) -> TableSource:

@@ -7,6 +7,19 @@ table (:mod:`hierarchical_parameter_server.cache`), pre-fills it when
 ``cache_refresh_percentage_per_iteration`` > 0 and ``init_ec``, and starts the config's update
 source.
 
+The start checks before it writes: every model file is opened and verified first (a
+checkpoint's weights against their checksum, int32 keys in range), then the width each shared
+database (Redis, RocksDB: :class:`.tiers.SharedTier`) records for each table; a corrupt file or
+a width other than the config's fails the start with the databases as they were. A table is then
+loaded into the writable databases (a ``persistent_db`` with ``read_only: true`` is served as it
+is and never written) and the rows they hold of keys the model files lack are erased, so a
+re-deploy over the same databases serves exactly the new model.
+
+:meth:`ParameterServer.hand_over` replaces a server by another under traffic (what
+:func:`hierarchical_parameter_server.init.reload` does): graphs traced on the old one read the
+new one's tables from then on (their table references are pointed at the new storages), the
+Python calls in flight on the old one finish before it closes, and later ones go to the new one.
+
 A lookup of one table (:meth:`ServedTable.lookup`) is built in the graph. Where the cache holds
 every row and no database can hold more (:attr:`ServedTable.cache_answers_all`), it is one
 ``SokFindOrDefault`` (the default value for keys the cache lacks). Otherwise the keys are found in
@@ -45,6 +58,9 @@ Where this differs from NVIDIA HPS (deliberately):
   with no barrier between the lookups of a fused group (the results are the same).
 * A database that cannot be reached (e.g. a Redis node down) is skipped with a warning, and the
   lookup goes on to the next tier; it is used again as soon as it answers.
+* A deploy writes the databases only after every model file is verified, records each table's
+  width there and refuses another width; a re-deploy erases the rows the new model lacks (the
+  original kept serving them).
 * ``cache_missed_embeddings`` copies back to the volatile DB only the rows the persistent DB had,
   not the default values of keys no tier has.
 * Keys: every int64 (or int32) value is valid, none is reserved. With ``supportlonglong: false``
@@ -61,11 +77,12 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import re
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -75,7 +92,7 @@ from sparse_operation_kit.table_ref import TableRef
 
 from hierarchical_parameter_server import graph_calls, model_files, tiers
 from hierarchical_parameter_server.cache import EmbeddingCache
-from hierarchical_parameter_server.config import ModelConfig, PSConfig
+from hierarchical_parameter_server.config import ConfigError, ModelConfig, PSConfig
 from hierarchical_parameter_server.tiers.hash_map import HashMapTier
 
 logger = logging.getLogger(__name__)
@@ -114,8 +131,12 @@ class ServedTable:
         self.hit_rate_threshold = float(model.hit_rate_threshold)
         self.rows = rows
         #: What the lookup graph names the table by (:mod:`.graph_calls`).
-        self.context = graph_calls.context_of(server, self.model, table_id)
+        self.context = graph_calls.context_of(server, self.model, table_id, self.dim, self.key_dtype.name)
         self.lock = threading.RLock()
+        #: Table references of graphs traced on earlier servers, pointed at this table's storages
+        #: (:meth:`take_over`), by tier; released with this table's own.
+        self._aliases: dict[str, list[TableRef]] = {}
+        self._handed_over = False
         self.cache: EmbeddingCache | None = None
         if model.gpucache:
             # static and uvm (as the original's, which never evict) and gpucacheper 1.0: every row
@@ -284,9 +305,33 @@ class ServedTable:
 
     def release(self) -> None:
         """Mark the tables that graphs resolve dead (the server closes): a graph then resolves the
-        table again, in the process's server."""
-        for variable in self._graph_variables().values():
-            variable.table_ref.release()
+        table again, in the process's server. Nothing to do once :meth:`take_over` moved them."""
+        if self._handed_over:
+            return
+        for tier, variable in self._graph_variables().items():
+            for ref in [variable.table_ref, *self._aliases.get(tier, [])]:
+                ref.release()
+
+    def take_over(self, old: ServedTable, retired: list[Any]) -> None:
+        """Point the table references of ``old`` (the same table of the server this one replaces)
+        and those it took over at this table's storages, so that graphs that hold them read this
+        table with no failed lookup; the storages they pointed at are appended to ``retired``
+        (ops in flight may still read them: keep them a while). A reference this table has no
+        matching storage for (another width, key dtype, cache kind or device) is released: its
+        graphs resolve the table again, in the process's server."""
+        mine = self._graph_variables()
+        for tier, variable in old._graph_variables().items():
+            refs = [variable.table_ref, *old._aliases.get(tier, [])]
+            target = mine.get(tier)
+            if target is None or _storage_kind(target.storage) != _storage_kind(variable.storage):
+                for ref in refs:
+                    ref.release()
+                continue
+            for ref in refs:
+                retired.append(ref.storage)
+                ref.swap(target.table_ref.storage, target.table_ref.initializers)
+            self._aliases.setdefault(tier, []).extend(refs)
+        old._handed_over = True
 
     def _graph_variables(self) -> dict[str, Any]:
         """The tables lookup graphs read, by tier (``"cache"``, ``"volatile"``), those the table has."""
@@ -294,13 +339,16 @@ class ServedTable:
         return {tier: v for tier, v in variables.items() if v is not None}
 
     def schedule_fill(self, keys: np.ndarray) -> None:
-        """:meth:`fill` in the server's background pool."""
-        self._server.submit(self.fill, np.asarray(keys))
+        """:meth:`fill` in the server's background pool (the successor's, once this server has
+        handed over)."""
+        with self._server.serving(self) as table:
+            table._server.submit(table.fill, np.asarray(keys))
 
     def fetch(self, keys: np.ndarray) -> np.ndarray:
         """The rows of ``keys`` from the databases, the default value where no tier has a key:
-        ``float32 [n, dim]``."""
-        return self._server.fetch_from_databases(self, np.asarray(keys).astype(np.int64, copy=False))[0]
+        ``float32 [n, dim]`` (from the successor's table once this server has handed over)."""
+        with self._server.serving(self) as table:
+            return table._server.fetch_from_databases(table, np.asarray(keys).astype(np.int64, copy=False))[0]
 
     def fill(self, keys: np.ndarray) -> np.ndarray:
         """Fetch the rows of ``keys`` from the databases and write them into an evicting cache
@@ -308,8 +356,11 @@ class ServedTable:
         database that could not be reached may hold); returns them. A cache that holds every row
         takes nothing: it was loaded with every row of the model files, so its misses are keys
         those lack (defaults, or rows another writer put into a shared database), and it must not
-        grow with them."""
-        keys = np.asarray(keys)
+        grow with them. Once this server has handed over, the successor's table fills."""
+        with self._server.serving(self) as table:
+            return table._fill(np.asarray(keys))
+
+    def _fill(self, keys: np.ndarray) -> np.ndarray:
         with self.lock:
             rows, known = self._server.fetch_from_databases(self, keys.astype(np.int64, copy=False))
             if self.cache is not None and self.cache.evicting and known.any():
@@ -317,11 +368,11 @@ class ServedTable:
             return rows
 
     def apply_update(self, keys: np.ndarray, values: np.ndarray) -> None:
-        """Write an online update's rows (int64 ``keys``, ``values [n, dim]``) to the cache: the
-        rows it holds are overwritten (every row, where the cache is the only store)."""
+        """Write an online update's rows (``keys`` of the table's key dtype, checked by
+        :meth:`ParameterServer.table_keys`; ``values [n, dim]``) to the cache: the rows it holds
+        are overwritten (every row, where the cache is the only store)."""
         if self.cache is None:
             return
-        keys = self._server.table_keys(self, keys)
         if self.cache.evicting:
             cached = self.cache.update_present(keys, values)
             logger.debug("update of %s: %d of %d rows were cached and are updated", self.tag, cached, len(keys))
@@ -339,10 +390,16 @@ class ParameterServer:
         origin: the ps_config file (absolute path) and ``global_batch_size`` that ``hps.Init``
             started it from. A lookup graph records them, so that a SavedModel loaded in another
             process starts HPS from them (:mod:`.graph_calls`).
+        predecessor: the server this one is to replace (:meth:`hand_over`), which serves while
+            this one loads: its persistent DB is shared when both configs give the same
+            ``persistent_db`` (a RocksDB path opens once per process).
 
     Raises:
         ValueError: a model with ``gpucache: false`` and no database (its rows would be nowhere).
-        hierarchical_parameter_server.config.ConfigError: a model file does not match its config.
+        hierarchical_parameter_server.config.ConfigError: a model file does not match its config,
+            or a database holds a table with another width than the config's.
+        hierarchical_parameter_server.model_files.ModelFileError: a model file is corrupt (no
+            database was written).
 
     Example::
 
@@ -350,13 +407,26 @@ class ParameterServer:
         rows = server.table("foo", 0).fetch(np.array([1, 2], np.int64))
     """
 
-    def __init__(self, config: PSConfig, origin: tuple[str, int] | None = None) -> None:
+    def __init__(
+        self, config: PSConfig, origin: tuple[str, int] | None = None, predecessor: ParameterServer | None = None
+    ) -> None:
         self.config = config
         self.id = uuid.uuid4().hex
         self.origin = origin
         self.key_dtype = tf.int64 if config.supportlonglong else tf.int32
+        self._calls = 0
+        self._calls_done = threading.Condition()
+        self._successor: ParameterServer | None = None
         self._volatile = tiers.make_volatile_db(config.volatile_db)
-        self._persistent = tiers.make_persistent_db(config.persistent_db)
+        shared = (
+            predecessor is not None
+            and predecessor.persistent_db is not None
+            and predecessor.config.persistent_db == config.persistent_db
+        )
+        #: Whether close() closes the persistent DB (not one shared with the predecessor before
+        #: the hand-over, nor one handed to the successor).
+        self._owns_persistent = not shared
+        self._persistent = predecessor.persistent_db if shared else tiers.make_persistent_db(config.persistent_db)
         self._volatile_filters = _filters(config.volatile_db.update_filters)
         self._persistent_filters = _filters(config.persistent_db.update_filters)
         self._unavailable: set[str] = set()
@@ -378,8 +448,7 @@ class ParameterServer:
                         f"(volatile_db and persistent_db disabled): its rows would be nowhere. Set gpucache: true "
                         f"(the cache then holds every row) or configure a volatile_db or persistent_db"
                     )
-                for table_id in range(model.num_tables):
-                    self._load(model, table_id)
+            self._load_models()
             self._start_updates()
             graph_calls.register(self)
         except BaseException:
@@ -426,11 +495,53 @@ class ParameterServer:
         return list(self._tables.values())
 
     # -- start -----------------------------------------------------------------------------------
-    def _load(self, model: ModelConfig, table_id: int) -> None:
+    def _load_models(self) -> None:
+        """Every table of every model: all model files verified and every database's recorded
+        width checked before the first row is written anywhere."""
+        sources = []
+        for model in self.config.models:
+            for table_id in range(model.num_tables):
+                dim = int(model.embedding_vecsize_per_table[table_id])
+                source = model_files.open_table(model.sparse_files[table_id], dim)
+                source.verify()
+                self._check_key_range(model.table_tag(table_id), source.keys, f"the model file {source.path}")
+                sources.append((model, table_id, source))
+        for model, table_id, _ in sources:
+            self._check_stored_dim(model, table_id)
+        for model, table_id, source in sources:
+            self._load(model, table_id, source)
+
+    def _shared_dbs(self, writable: bool) -> list[Any]:
+        """The databases whose rows outlive this server (:class:`.tiers.SharedTier`); with
+        ``writable``, only those a deploy writes (not a read-only persistent DB)."""
+        dbs = self._writable_dbs() if writable else [self._volatile, self._persistent]
+        return [db for db in dbs if isinstance(db, tiers.SharedTier)]
+
+    def _writable_dbs(self) -> list[Any]:
+        """The databases a deploy loads the model files into."""
+        read_only = self.config.persistent_db.read_only
+        return [db for db in (self._volatile, None if read_only else self._persistent) if db is not None]
+
+    def _check_stored_dim(self, model: ModelConfig, table_id: int) -> None:
+        """ConfigError when a shared database holds the table with another width than the config's."""
+        tag, dim = model.table_tag(table_id), int(model.embedding_vecsize_per_table[table_id])
+        for db in self._shared_dbs(writable=False):
+            stored = db.stored_dim(tag)
+            if stored is not None and stored != dim:
+                raise ConfigError(
+                    f"{db.name} at {db.location} holds table {tag} (table {table_id} of model {model.model!r}) "
+                    f"with rows of {stored} floats, but embedding_vecsize_per_table gives {dim}; nothing was "
+                    f"written. Set embedding_vecsize_per_table to {stored}, or serve the new width from "
+                    f"another database (persistent_db.path, volatile_db.address) or under another model name, "
+                    f"or remove the table's rows from {db.location}"
+                )
+
+    def _load(self, model: ModelConfig, table_id: int, source: model_files.TableSource) -> None:
         tag = model.table_tag(table_id)
         dim = int(model.embedding_vecsize_per_table[table_id])
-        source = model_files.open_table(model.sparse_files[table_id], dim)
         served = ServedTable(self, model, table_id, source.rows, self.key_dtype)
+        for db in self._shared_dbs(writable=True):
+            db.set_stored_dim(tag, dim)
         self._tables[(model.model, table_id)] = served
         self._by_tag[tag] = served
         prefill = (
@@ -441,23 +552,25 @@ class ParameterServer:
         )
         room = served.cache.capacity if prefill and served.cache is not None else 0
         loaded = 0
+        writable = self._writable_dbs()
         for keys, values in source.chunks(_LOAD_CHUNK_ROWS):
             table_keys = self.table_keys(served, keys, where=f"the model file {model.sparse_files[table_id]}")
-            for db in (self._volatile, self._persistent):
-                if db is not None:
-                    db.insert(tag, keys, values)
+            for db in writable:
+                db.insert(tag, keys, values)
             if served.cache is not None and not served.cache.evicting:
                 served.cache.insert(table_keys, values)
             elif loaded < room and served.cache is not None:
                 take = min(len(keys), room - loaded)
                 served.cache.insert(table_keys[:take], values[:take])
             loaded += len(keys)
+        stale = sum(db.retain_only(tag, source.keys) for db in self._shared_dbs(writable=True))
         logger.info(
-            "HPS table %s: %d rows loaded (%s)%s",
+            "HPS table %s: %d rows loaded (%s)%s%s",
             tag,
             loaded,
-            ", ".join(db.name for db in (self._volatile, self._persistent) if db is not None) or "cache only",
+            ", ".join(db.name for db in writable) or "cache only",
             f"; cache pre-filled with {min(loaded, room)} rows" if room else "",
+            f"; {stale} rows of keys the model files lack erased" if stale else "",
         )
 
     def table_keys(self, served: ServedTable, keys: np.ndarray, where: str = "an update") -> np.ndarray:
@@ -465,13 +578,19 @@ class ParameterServer:
         keys = np.asarray(keys, dtype=np.int64)
         if served.key_dtype == tf.int64:
             return keys
-        if len(keys) and (keys.min() < _INT32.min or keys.max() > _INT32.max):
+        self._check_key_range(served.tag, keys, where)
+        return keys.astype(np.int32)
+
+    def _check_key_range(self, tag: str, keys: np.ndarray, where: str) -> None:
+        """ValueError when int32 keys (``supportlonglong: false``) do not hold ``keys``."""
+        if self.key_dtype == tf.int64 or not len(keys):
+            return
+        if keys.min() < _INT32.min or keys.max() > _INT32.max:
             bad = keys[(keys < _INT32.min) | (keys > _INT32.max)][0]
             raise ValueError(
-                f"{where} of {served.tag} has key {int(bad)}, outside int32, but supportlonglong is false "
+                f"{where} of {tag} has key {int(bad)}, outside int32, but supportlonglong is false "
                 f'(int32 keys); set "supportlonglong": true in the ps_config and look up int64 ids'
             )
-        return keys.astype(np.int32)
 
     def _start_updates(self) -> None:
         cfg = self.config.update_source
@@ -563,18 +682,33 @@ class ParameterServer:
         """Apply one online update (``update.tag``, int64 ``update.keys``, ``update.values``) to
         the databases whose ``update_filters`` match its model, then to the table's cache.
 
-        Updates of a table this server does not serve are skipped with a warning.
+        Updates of a table this server does not serve are skipped with a warning. The rows'
+        width and the keys' range are checked before anything is written.
 
         Raises:
+            hierarchical_parameter_server.updates.UpdateRejected: rows of another width than the
+                table's, or (``supportlonglong: false``) a key outside int32: nothing of the update
+                is written, and the update source moves its file to ``rejected/``.
             tiers.TierUnavailable: a database could not be reached; the others and the cache have
                 the update, and the update source applies it again later (writes are idempotent).
         """
+        from hierarchical_parameter_server.updates import UpdateRejected  # only a server with updates needs it
+
         served = self._by_tag.get(update.tag)
         if served is None:
             logger.warning("HPS update of %s skipped: no model of the ps_config has that table", update.tag)
             return
         keys = np.asarray(update.keys, dtype=np.int64)
-        values = np.asarray(update.values, dtype=np.float32).reshape(len(keys), served.dim)
+        values = np.asarray(update.values, dtype=np.float32)
+        if values.shape != (len(keys), served.dim):
+            raise UpdateRejected(
+                f"update of {update.tag} has values of shape {values.shape} for {len(keys)} keys, but the table's "
+                f"rows have width {served.dim}; write the update with [{len(keys)}, {served.dim}] rows"
+            )
+        try:
+            table_keys = self.table_keys(served, keys)
+        except ValueError as error:
+            raise UpdateRejected(str(error)) from error
         targets = [
             db
             for db, filters in ((self._volatile, self._volatile_filters), (self._persistent, self._persistent_filters))
@@ -594,25 +728,94 @@ class ParameterServer:
                     db.insert(update.tag, keys, values)
                 except tiers.TierUnavailable as error:
                     unreachable.append(error)
-            served.apply_update(keys, values)
+            served.apply_update(table_keys, values)
         if unreachable:
             raise tiers.TierUnavailable(f"update of {update.tag} not written everywhere: {unreachable[0]}")
         logger.info("HPS applied an update of %d rows to %s", len(keys), update.tag)
+
+    # -- replacing the server ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def serving(self, served: ServedTable) -> Iterator[ServedTable]:
+        """``served`` (a table of this server) for one Python call of a lookup (a fetch, a fill),
+        counted so that :meth:`hand_over` closes this server only after it; once this server has
+        handed over, the successor's table of the same model and ``table_id``.
+
+        Raises:
+            ValueError: the successor serves no such table.
+        """
+        with self._calls_done:
+            successor = self._successor
+            if successor is None:
+                self._calls += 1
+        if successor is not None:
+            with successor.serving(successor.table(served.model, served.table_id)) as table:
+                yield table
+            return
+        try:
+            yield served
+        finally:
+            with self._calls_done:
+                self._calls -= 1
+                self._calls_done.notify_all()
+
+    def hand_over(self, successor: ParameterServer, grace_s: float = 5.0) -> None:
+        """Replace this server by ``successor`` (started with ``predecessor=self``, registered)
+        under traffic, then close this one; no lookup fails.
+
+        In order: this server's update source stops; Python calls of lookups (fetches, fills)
+        that have begun here finish here, later ones go to the successor (:meth:`serving`); then
+        the table references of graphs traced on this server are pointed at the successor's tables
+        of the same model and ``table_id`` (:meth:`ServedTable.take_over`), the storages they
+        pointed at kept alive ``grace_s`` seconds for the ops that read them at that moment; then
+        this server closes (a persistent DB it shares with the successor stays open).
+
+        Example::
+
+            new = ParameterServer(load_config("ps_v2.json"), predecessor=old)
+            old.hand_over(new)          # graphs traced on old now read new's tables
+        """
+        self._stop_updates()
+        graph_calls.unregister(self)
+        with self._calls_done:
+            self._successor = successor
+            self._calls_done.wait_for(lambda: self._calls == 0)
+        # No Python call writes through this server's tables from here on: point them at the
+        # successor's (a fill still running here would write this model's rows there).
+        retired: list[Any] = []
+        for key, served in self._tables.items():
+            target = successor._tables.get(key)
+            if target is not None:
+                target.take_over(served, retired)
+        if successor.persistent_db is self._persistent:
+            self._owns_persistent, successor._owns_persistent = False, True
+        self.close()
+        keeper = threading.Timer(grace_s, retired.clear)
+        keeper.daemon = True
+        keeper.start()
+        logger.info("HPS server %s handed over to %s", self.id, successor.id)
+
+    def _stop_updates(self) -> None:
+        if self._source is not None:
+            self._source.stop()
+            self._source = None
 
     def close(self) -> None:
         """Stop the update source and the background work, close the databases; lookup graphs it
         traced resolve their tables in the process's server from now on."""
         graph_calls.unregister(self)
-        if self._source is not None:
-            self._source.stop()
-            self._source = None
+        self._stop_updates()
         self._pool.shutdown(wait=True)
         for served in self._tables.values():
             served.release()
-        for db in (self._volatile, self._persistent):
+        for db in (self._volatile, self._persistent if self._owns_persistent else None):
             if db is not None:
                 db.close()
         self._volatile = self._persistent = None
+
+
+def _storage_kind(storage: Any) -> tuple[Any, ...]:
+    """What a table reference may be swapped between: the same backend, width, key dtype, device."""
+    return (storage.var_type, storage.row_width, storage.key_dtype, storage.device)
 
 
 def _patched(values: tf.Tensor, where: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:

@@ -7,7 +7,8 @@
   ``pip install sok-hps[rocksdb]``).
 
 Every tier follows :class:`~.base.Tier`; a service that cannot be reached raises
-:class:`~.base.TierUnavailable`.
+:class:`~.base.TierUnavailable`. Redis and RocksDB, whose rows outlive the server, are also
+:class:`~.base.SharedTier`: they record each table's width and drop rows a re-deploy lacks.
 
 Example::
 
@@ -21,9 +22,9 @@ from __future__ import annotations
 import importlib
 
 from ..config import PersistentDBConfig, VolatileDBConfig
-from .base import Tier, TierUnavailable
+from .base import SharedTier, Tier, TierUnavailable
 
-__all__ = ["Tier", "TierUnavailable", "make_persistent_db", "make_volatile_db"]
+__all__ = ["SharedTier", "Tier", "TierUnavailable", "make_persistent_db", "make_volatile_db"]
 
 
 #: Per type: the module and class of its tier, and for a tier that needs an optional dependency,

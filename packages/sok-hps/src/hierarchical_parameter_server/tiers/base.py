@@ -3,6 +3,12 @@
 A tier stores float32 rows per table tag (``hps_et.<model>.<table>``) by int64 key. Every tier is
 safe for concurrent ``fetch`` and ``insert`` from many threads.
 
+A tier whose rows outlive the server that wrote them (Redis, RocksDB) is also a
+:class:`SharedTier`: it records each table's row width, so that a deploy of another width is
+refused instead of serving rows of the wrong size, and it can drop the rows of keys a re-deployed
+model no longer has (:meth:`SharedTier.retain_only`). The in-process hash map starts empty with
+every server and needs neither.
+
 Example::
 
     values, found = tier.fetch("hps_et.foo.sparse_embedding0", np.array([3, 9], np.int64), 16)
@@ -15,7 +21,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Tier", "TierUnavailable", "check_keys", "check_rows", "fill_rows", "start_fetch"]
+__all__ = ["SharedTier", "Tier", "TierUnavailable", "check_keys", "check_rows", "fill_rows", "start_fetch"]
 
 
 class TierUnavailable(RuntimeError):
@@ -59,6 +65,45 @@ class Tier(Protocol):
 
     def close(self) -> None:
         """Release what the tier holds open (connections, files); the data of a persistent tier stay."""
+        ...
+
+
+@runtime_checkable
+class SharedTier(Tier, Protocol):
+    """A tier whose rows outlive the server (another server, process or deploy may read them).
+
+    Attributes:
+        location: where the rows are, for messages (a RocksDB path, Redis addresses).
+    """
+
+    location: str
+
+    def stored_dim(self, tag: str) -> int | None:
+        """The row width the tier records for ``tag`` (:meth:`set_stored_dim`, else the size of
+        one stored row), None when it holds no row and no width of ``tag``.
+
+        Raises:
+            TierUnavailable: the service cannot be reached.
+        """
+        ...
+
+    def set_stored_dim(self, tag: str, dim: int) -> None:
+        """Record ``dim`` as the row width of ``tag``.
+
+        Raises:
+            PermissionError: the tier is read-only.
+            TierUnavailable: the service cannot be reached.
+        """
+        ...
+
+    def retain_only(self, tag: str, keys: np.ndarray) -> int:
+        """Erase every row of ``tag`` whose key is not in ``keys`` (int64 ``[n]``); returns how
+        many were erased. Rows of ``keys`` stay readable throughout.
+
+        Raises:
+            PermissionError: the tier is read-only.
+            TierUnavailable: the service cannot be reached.
+        """
         ...
 
 

@@ -5,9 +5,14 @@ Layout (the original's, reference §3.3): the rows of partition ``p`` of table `
 float32 bytes. The ``{...}`` hash tag keeps a partition on one node. Writes are pipelined ``HSET``
 and reads ``HMGET``, ``max_batch_size`` fields per command.
 
-When a node cannot be reached (down, restarting, the cluster not ``ok``), ``fetch`` and ``insert``
-raise :class:`~.base.TierUnavailable` naming the address; the client is dropped and made anew on
-the next call, so the tier works again once the node is back.
+When a node cannot be reached (down, restarting, the cluster not ``ok``), every call raises
+:class:`~.base.TierUnavailable` naming the address: any error of redis-py during a command is
+mapped to it. The failed client is swapped for a new one on the next call, so the tier works
+again once the node is back; it is never closed while other threads may still use it (it is
+collected when the last of them is done), only by :meth:`RedisClusterTier.close`.
+
+The width of each table is recorded in the string key ``hps_et{<tag>}dim`` (decimal text), so
+that a server refuses a deploy of another width (:class:`~.base.SharedTier`).
 
 Overflow (``overflow_margin`` rows per partition): after an insert, a partition above the margin
 loses random rows (``HRANDFIELD``) down to ``round(overflow_margin * overflow_resolution_target)``.
@@ -26,6 +31,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import redis
@@ -34,26 +41,30 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
 from ..config import NO_OVERFLOW_LIMIT, VolatileDBConfig, parse_address
-from .base import TierUnavailable, check_rows, fill_rows, start_fetch
+from .base import TierUnavailable, check_keys, check_rows, fill_rows, start_fetch
 from .partition import partition_of
 
 __all__ = ["RedisClusterTier"]
 
 log = logging.getLogger(__name__)
 
-#: Exceptions of redis-py that mean the cluster cannot serve now (rather than a bad request).
-_UNAVAILABLE = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.ClusterError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.RedisClusterException,
-)
+#: What redis-py raises when the cluster cannot serve: its errors (RedisClusterException is not a
+#: RedisError), and the TypeError / AttributeError of a client whose connections were reset under a
+#: command.
+_REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+_UNAVAILABLE = (*_REDIS_ERRORS, TypeError, AttributeError)
+
+T = TypeVar("T")
 
 
 def value_hash(tag: str, partition: int) -> str:
     """The Redis hash holding partition ``partition`` of table ``tag``: ``hps_et{<tag>/p<p>}v``."""
     return f"hps_et{{{tag}/p{partition}}}v"
+
+
+def dim_key(tag: str) -> str:
+    """The Redis string holding the row width of table ``tag``: ``hps_et{<tag>}dim``."""
+    return f"hps_et{{{tag}}}dim"
 
 
 class RedisClusterTier:
@@ -149,19 +160,31 @@ class RedisClusterTier:
             if self._client is None:
                 try:
                     self._client = RedisCluster(startup_nodes=self.nodes, **self._options)
-                except _UNAVAILABLE as e:
+                except _REDIS_ERRORS as e:
                     raise TierUnavailable(f"redis_cluster at {self.address} cannot be reached: {e}") from e
             return self._client
 
     def _failed(self, client: RedisCluster, error: Exception) -> TierUnavailable:
+        """Drop ``client`` (the next call makes a new one) without closing it: other threads may be
+        in a command on it; it is collected once they are done."""
         with self._lock:
             if self._client is client:
                 self._client = None
-        try:
-            client.close()
-        except Exception:  # noqa: BLE001 -- closing a broken client must not hide why it broke
-            log.debug("closing the broken Redis client failed", exc_info=True)
         return TierUnavailable(f"redis_cluster at {self.address} cannot serve: {type(error).__name__}: {error}")
+
+    def _run(self, command: Callable[[RedisCluster], T]) -> T:
+        """``command(client)`` with a connection slot held; any error of redis-py is TierUnavailable."""
+        client = self._connect()
+        try:
+            with self._calls:
+                return command(client)
+        except _UNAVAILABLE as e:
+            raise self._failed(client, e) from e
+
+    @property
+    def location(self) -> str:
+        """The cluster's addresses."""
+        return self.address
 
     def _commands(self, keys: np.ndarray):
         """``(hash name, positions in keys, field bytes)`` per partition and chunk."""
@@ -180,16 +203,15 @@ class RedisClusterTier:
         keys, out, found = start_fetch(tag, keys, dim)
         if not len(keys):
             return out, found
-        client = self._connect()
         commands = list(self._commands(keys))
-        try:
-            with self._calls:
-                pipe = client.pipeline(transaction=False)
-                for p, _, fields in commands:
-                    pipe.hmget(value_hash(tag, p), fields)
-                replies = pipe.execute()
-        except _UNAVAILABLE as e:
-            raise self._failed(client, e) from e
+
+        def read(client: RedisCluster) -> list:
+            pipe = client.pipeline(transaction=False)
+            for p, _, fields in commands:
+                pipe.hmget(value_hash(tag, p), fields)
+            return pipe.execute()
+
+        replies = self._run(read)
         for (_, positions, _), values in zip(commands, replies):
             fill_rows(self.name, tag, values, positions, out, found)
         return out, found
@@ -198,22 +220,23 @@ class RedisClusterTier:
         keys, values = check_rows(tag, keys, values)
         if not len(keys):
             return
-        client = self._connect()
         raw = values.tobytes()
         row_bytes = values.shape[1] * 4
-        commands = list(self._commands(keys))
-        try:
-            with self._calls:
-                pipe = client.pipeline(transaction=False)
-                for p, positions, fields in commands:
-                    # Positions ascend within a partition, so a repeated key's last row is set last.
-                    mapping = {f: raw[row_bytes * i : row_bytes * (i + 1)] for f, i in zip(fields, positions.tolist())}
-                    pipe.hset(value_hash(tag, p), mapping=mapping)
-                pipe.execute()
-                if self.overflow_margin != NO_OVERFLOW_LIMIT:
-                    self._resolve_overflow(client, tag, sorted({p for p, _, _ in commands}))
-        except _UNAVAILABLE as e:
-            raise self._failed(client, e) from e
+        # Positions ascend within a partition, so a repeated key's last row is set last.
+        mappings = [
+            (p, {f: raw[row_bytes * i : row_bytes * (i + 1)] for f, i in zip(fields, positions.tolist())})
+            for p, positions, fields in self._commands(keys)
+        ]
+
+        def write(client: RedisCluster) -> None:
+            pipe = client.pipeline(transaction=False)
+            for p, mapping in mappings:
+                pipe.hset(value_hash(tag, p), mapping=mapping)
+            pipe.execute()
+            if self.overflow_margin != NO_OVERFLOW_LIMIT:
+                self._resolve_overflow(client, tag, sorted({p for p, _ in mappings}))
+
+        self._run(write)
 
     def _resolve_overflow(self, client: RedisCluster, tag: str, partitions: list[int]) -> None:
         pipe = client.pipeline(transaction=False)
@@ -228,15 +251,50 @@ class RedisClusterTier:
                 log.debug("redis_cluster: %s overflowed; evicted %d rows", name, len(victims))
 
     def size(self, tag: str) -> int:
-        client = self._connect()
-        try:
-            with self._calls:
-                pipe = client.pipeline(transaction=False)
-                for p in range(self.num_partitions):
-                    pipe.hlen(value_hash(tag, p))
-                return int(sum(pipe.execute()))
-        except _UNAVAILABLE as e:
-            raise self._failed(client, e) from e
+        def count(client: RedisCluster) -> int:
+            pipe = client.pipeline(transaction=False)
+            for p in range(self.num_partitions):
+                pipe.hlen(value_hash(tag, p))
+            return int(sum(pipe.execute()))
+
+        return self._run(count)
+
+    def stored_dim(self, tag: str) -> int | None:
+        """The recorded width of ``tag``, else the size of one of its rows, else None."""
+
+        def read(client: RedisCluster) -> int | None:
+            recorded = client.get(dim_key(tag))
+            if recorded is not None:
+                return int(recorded.decode())
+            pipe = client.pipeline(transaction=False)
+            for p in range(self.num_partitions):
+                pipe.hrandfield(value_hash(tag, p), 1, withvalues=True)
+            rows = [reply[1] for reply in pipe.execute() if reply]
+            return len(rows[0]) // 4 if rows else None
+
+        return self._run(read)
+
+    def set_stored_dim(self, tag: str, dim: int) -> None:
+        self._run(lambda client: client.set(dim_key(tag), str(int(dim)).encode()))
+
+    def retain_only(self, tag: str, keys: np.ndarray) -> int:
+        """Erase the rows of ``tag`` whose key is not in ``keys`` (``HKEYS`` and ``HDEL`` per partition)."""
+        keep = np.unique(check_keys(tag, keys, 1))
+
+        def erase(client: RedisCluster) -> int:
+            erased = 0
+            for p in range(self.num_partitions):
+                name = value_hash(tag, p)
+                fields = client.hkeys(name)
+                if not fields:
+                    continue
+                stored = np.frombuffer(b"".join(fields), "<i8")
+                absent = [fields[i] for i in np.flatnonzero(~np.isin(stored, keep)).tolist()]
+                for first in range(0, len(absent), self.max_batch_size):
+                    erased += client.hdel(name, *absent[first : first + self.max_batch_size])
+            return erased
+
+        return self._run(erase)
 
     def close(self) -> None:
         """Close the connections (the rows stay in Redis)."""

@@ -7,6 +7,10 @@ row written before :meth:`RocksDBTier.close` (or a crash) is there when the path
 ``read_only`` opens the database for reading only (e.g. one shared over NFS); ``insert`` then
 raises ``PermissionError``.
 
+The width of each table is recorded in the default column family (key ``hps_dim:<tag>``, value
+the width as decimal text; :meth:`RocksDBTier.set_stored_dim`), so that a server refuses a
+deploy of another width; a database written without it reports the size of a stored row.
+
 Example::
 
     tier = RocksDBTier("/tmp/hps_rocksdb")
@@ -25,13 +29,18 @@ import numpy as np
 from rocksdict import AccessType, Options, Rdict, WriteBatch
 
 from ..config import PersistentDBConfig
-from .base import TierUnavailable, check_rows, fill_rows, start_fetch
+from .base import TierUnavailable, check_keys, check_rows, fill_rows, start_fetch
 
 __all__ = ["RocksDBTier"]
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_FAMILY = "default"
+_DIM_KEY = "hps_dim:"
+
+
+def _dim_key(tag: str) -> bytes:
+    return (_DIM_KEY + tag).encode()
 
 
 def _family_options() -> Options:
@@ -110,10 +119,7 @@ class RocksDBTier:
     def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
         self._check_open()
         keys, values = check_rows(tag, keys, values)
-        if self.read_only:
-            raise PermissionError(
-                f"rocks_db at {self.path!r} is opened read-only (persistent_db.read_only); {tag} not written"
-            )
+        self._check_writable(tag)
         if not len(keys):
             return
         self._family(tag)
@@ -126,6 +132,58 @@ class RocksDBTier:
             for i in range(first, min(len(keys), first + self.max_batch_size)):
                 batch.put(raw_keys[8 * i : 8 * i + 8], raw_values[row_bytes * i : row_bytes * (i + 1)])
             self._db.write(batch)
+
+    def _check_writable(self, tag: str) -> None:
+        if self.read_only:
+            raise PermissionError(
+                f"rocks_db at {self.path!r} is opened read-only (persistent_db.read_only); {tag} not written"
+            )
+
+    @property
+    def location(self) -> str:
+        """The database's path."""
+        return self.path
+
+    def stored_dim(self, tag: str) -> int | None:
+        """The recorded width of ``tag``, else the size of one of its rows, else None."""
+        self._check_open()
+        recorded = self._db.get(_dim_key(tag))
+        if recorded is not None:
+            return int(recorded.decode())
+        family = self._families.get(tag)
+        row = next(iter(family.values()), None) if family is not None else None
+        return None if row is None else len(row) // 4
+
+    def set_stored_dim(self, tag: str, dim: int) -> None:
+        self._check_open()
+        self._check_writable(tag)
+        self._db.put(_dim_key(tag), str(int(dim)).encode())
+
+    def retain_only(self, tag: str, keys: np.ndarray) -> int:
+        """Erase the rows of ``tag`` whose key is not in ``keys`` (one pass over the table's keys)."""
+        self._check_open()
+        self._check_writable(tag)
+        keep = check_keys(tag, keys, 1)
+        family = self._families.get(tag)
+        if family is None:
+            return 0
+        handle = self._db.get_column_family_handle(tag)
+        erased, stored = 0, []
+        for raw in family.keys():
+            stored.append(raw)
+            if len(stored) == self.max_batch_size:
+                erased += self._erase_absent(handle, stored, keep)
+                stored = []
+        return erased + (self._erase_absent(handle, stored, keep) if stored else 0)
+
+    def _erase_absent(self, handle, stored: list[bytes], keep: np.ndarray) -> int:
+        absent = np.flatnonzero(~np.isin(np.frombuffer(b"".join(stored), "<i8"), keep))
+        batch = WriteBatch(raw_mode=True)
+        batch.set_default_column_family(handle)
+        for i in absent.tolist():
+            batch.delete(stored[i])
+        self._db.write(batch)
+        return len(absent)
 
     def _family(self, tag: str) -> Rdict:
         family = self._families.get(tag)
