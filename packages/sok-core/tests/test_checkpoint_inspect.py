@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -222,3 +223,82 @@ def test_cli_convert_without_sok_hps_names_the_extra_to_install(tmp_path, monkey
     err = capsys.readouterr().err
     assert "sok ckpt convert needs sok-hps" in err and "pip install sok-core[hps]" in err
     assert not os.path.exists(tmp_path / "hps")
+
+
+# -- names stay inside the checkpoint ---------------------------------------------------------------
+#: Paths opened by this process while a test records them (an audit hook sees every open, os.open too).
+_opened: list[str] | None = None
+
+
+def _record_opens(event: str, args: tuple) -> None:
+    if event == "open" and _opened is not None and isinstance(args[0], (str, bytes)):
+        _opened.append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_record_opens)
+
+
+@pytest.fixture
+def opened() -> list[str]:
+    """The paths this process opens during the test (relative ones as given, e.g. to a directory fd)."""
+    global _opened
+    _opened = []
+    try:
+        yield _opened
+    finally:
+        _opened = None
+
+
+BAD_NAMES = {
+    "parent": ("..", r"it is '\.' or '\.\.'"),
+    "dot": (".", r"it is '\.' or '\.\.'"),
+    "outside": ("../../x", r"it contains a path separator"),
+    "absolute": ("/etc/passwd", r"it contains a path separator"),
+    "nul": ("a\0b", r"it contains a NUL character"),
+    "empty": ("", r"it is empty"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_NAMES)
+def test_check_name_refuses_names_that_leave_their_directory(case):
+    name, rule = BAD_NAMES[case]
+    with pytest.raises(fmt.CheckpointError, match=rf"table {re.escape(repr(name))} is refused: {rule}"):
+        fmt.check_name(name, "table")
+    assert fmt.check_name("emb_0-key", "file") == "emb_0-key"
+
+
+@pytest.mark.parametrize("where", ["table", "checksum"])
+def test_manifest_naming_entries_outside_the_checkpoint_is_refused(where):
+    data = json.loads(TODAYS_MANIFEST)
+    if where == "table":
+        data["tables"][".."] = data["tables"].pop("dyn_0")
+        match = r"manifest.json: table '\.\.' is refused: it is '\.' or '\.\.'"
+    else:
+        data["tables"]["dyn_0"]["crc32"]["../../x"] = "00000000"
+        match = r"manifest.json: tables.dyn_0.crc32 file '\.\./\.\./x' is refused: it contains a path separator"
+    with pytest.raises(fmt.CheckpointError, match=match):
+        fmt.Manifest.from_dict(data, "manifest.json")
+
+
+def test_inspect_never_reads_a_file_the_manifest_names_outside_the_checkpoint(tmp_path, opened):
+    path = str(tmp_path / "deep" / "ck")
+    os.makedirs(os.path.dirname(path))
+    write_checkpoint(path)
+    outside = tmp_path / "x"  # path/../../x
+    outside.write_bytes(b"not part of the checkpoint")
+    manifest = json.loads((tmp_path / "deep" / "ck" / fmt.MANIFEST).read_text())
+    manifest["tables"]["a_0"]["crc32"]["../../x"] = fmt.crc32(str(outside))  # would even verify
+    (tmp_path / "deep" / "ck" / fmt.MANIFEST).write_text(json.dumps(manifest))
+    opened.clear()  # what inspect opens, from here on
+    with pytest.raises(fmt.CheckpointError, match=r"crc32 file '\.\./\.\./x' is refused: it contains a path separator"):
+        ckpt_inspect(path)
+    resolved = {os.path.normpath(os.path.join(path, p)) for p in opened}
+    assert str(outside) not in resolved
+
+
+def test_inspect_refuses_a_table_named_dot_dot(tmp_path):
+    path = str(tmp_path / "ck")
+    os.makedirs(path)
+    write_table(path, "..", np.array([1, 2], np.int64), np.ones((2, DIM), np.float32))  # files ..-key, ..-weight
+    with pytest.raises(fmt.CheckpointError, match=r"table '\.\.' is refused: it is '\.' or '\.\.'"):
+        ckpt_inspect(path)

@@ -304,6 +304,11 @@ MANIFEST_CORRUPTIONS = {
     "checksum not hex": (lambda m: table_entry(m)["crc32"].update({"emb_0-key": "xyz"}), r"crc32.emb_0-key is"),
     "table not listed": (lambda m: m.update(tables={}), r"does not list table 'emb_0'"),
     "entry lacks rows": (lambda m: table_entry(m).pop("rows"), r"lacks the field 'rows'"),
+    "checksum of a file outside": (
+        lambda m: table_entry(m)["crc32"].update({"../../x": "00000000"}),
+        r"crc32 file '\.\./\.\./x' is refused: it contains a path separator",
+    ),
+    "table named ..": (lambda m: m["tables"].update({"..": dict(table_entry(m))}), r"table '\.\.' is refused"),
 }
 
 

@@ -124,3 +124,38 @@ def test_conversion_imports_no_tensorflow(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "wrote 1 HPS table directories" in result.stdout
+
+
+def snapshot(root) -> dict[str, bytes | None]:
+    """Every entry under ``root``: a file's bytes, None for a directory."""
+    out: dict[str, bytes | None] = {}
+    for parent, dirs, names in os.walk(root):
+        out.update({os.path.relpath(os.path.join(parent, d), root): None for d in dirs})
+        for name in names:
+            with open(os.path.join(parent, name), "rb") as f:
+                out[os.path.relpath(os.path.join(parent, name), root)] = f.read()
+    return out
+
+
+@pytest.mark.parametrize("with_manifest", [True, False], ids=["manifest", "nvidia-layout"])
+def test_convert_refuses_a_table_named_dot_dot_and_writes_nothing(tmp_path, with_manifest):
+    """A table named ``..`` would put its files in the output's parent: refused before anything is written."""
+    path = str(tmp_path / "ck")
+    os.makedirs(path)
+    keys, rows = np.array([1, 2], np.int64), np.ones((2, DIM), np.float32)
+    crc32 = {}
+    for name, head, data in [
+        (fmt.key_file(".."), fmt.header(fmt.FILE_KEY, "int64"), keys),
+        (fmt.weight_file(".."), fmt.header(fmt.FILE_WEIGHT, "float32"), rows),
+    ]:
+        with open(os.path.join(path, name), "wb") as f:
+            f.write(head + data.tobytes())
+        crc32[name] = fmt.crc32(os.path.join(path, name))
+    if with_manifest:
+        entry = fmt.TableEntry(dim=DIM, rows=2, key_dtype="int64", slots=[], crc32=crc32)
+        fmt.write_manifest(path, fmt.Manifest(tables={"..": entry}, world_size=1))
+    output = tmp_path / "out" / "hps"
+    before = snapshot(tmp_path)
+    with pytest.raises(fmt.CheckpointError, match=r"table '\.\.' is refused: it is '\.' or '\.\.'"):
+        convert_to_hps(path, str(output))
+    assert snapshot(tmp_path) == before

@@ -89,17 +89,30 @@ class Agreement:
         if not failed:
             return
         text = "" if self.error is None else f"{type(self.error).__name__}: {self.error}"
-        sizes = self._allgather(np.array([len(text.encode())], np.int64), "message-size")
-        raw = self._allgather(np.frombuffer(text.encode(), np.uint8), "message").tobytes()
-        messages, start = {}, 0
-        for r, size in enumerate(sizes):
-            messages[r] = raw[start : start + int(size)].decode(errors="replace")
-            start += int(size)
+        messages = dict(enumerate(self.texts(text)))
         if self.error is not None:
             raise self.error
         detail = "; ".join(f"rank {r}: {messages[r]}" for r in failed)
         kind = _CheckpointRankFailure if any("CheckpointError" in messages[r] for r in failed) else RankFailure
         raise kind(f"{self.call} failed on rank(s) {failed}, so it stopped on every rank ({detail})")
+
+    def texts(self, text: str) -> list[str]:
+        """Collective: every rank's ``text``, rank by rank (``[text]`` with one rank).
+
+        Example::
+
+            paths = agreement.texts(path)   # ["ckpt", "ckpt"] when two ranks agree
+        """
+        if not self.collective:
+            return [text]
+        data = text.encode()
+        sizes = self._allgather(np.array([len(data)], np.int64), "text-size")
+        raw = self._allgather(np.frombuffer(data, np.uint8), "text").tobytes()
+        out, start = [], 0
+        for size in sizes:
+            out.append(raw[start : start + int(size)].decode(errors="replace"))
+            start += int(size)
+        return out
 
     def _allgather(self, values: np.ndarray, what: str) -> np.ndarray:
         return self.comm.allgather(tf.constant(values)).numpy()

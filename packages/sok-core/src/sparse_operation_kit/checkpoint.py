@@ -3,13 +3,19 @@
 Files follow NVIDIA SOK's layout (``checkpoint_format``). ``dump`` is collective: every rank sends
 its shard to rank 0 in rounds of at most 64 MiB, and rank 0 writes a new directory beside ``path``
 and swaps it in only when every file is written and synced, so a crash leaves the previous
-checkpoint intact. ``load`` gives each rank the rows it owns under the *current* world size and
-layout (any world size to any other, distributed and localized, det to hkv and back), all or
-nothing: it checks every file (headers, sizes, dims, slot files, the manifest's checksums) on every
-rank before any variable keeps a row. Most tables are read into memory and assigned once every
-file is verified; a dynamic table that is empty when the load starts (and needs no new optimizer
-columns) is filled while its files are read, which hides the inserts behind the reads, and is
-emptied again if any file of the checkpoint turns out bad.
+checkpoint intact; dumps of one path from several processes take turns (``checkpoint_dir``).
+Every rank must pass the same ``path`` to ``dump`` and ``load``: the ranks check it, and all raise
+CheckpointError naming each rank's path when they differ.
+
+``load`` gives each rank the rows it owns under the *current* world size and layout (any world
+size to any other, distributed and localized, det to hkv and back), all or nothing: it checks
+every file (headers, sizes, dims, slot files, the manifest's checksums) on every rank before any
+variable keeps a row. It reads the checkpoint directory through one handle, so a dump that
+replaces ``path`` meanwhile cannot mix two checkpoints; when that dump deletes the files being
+read, the load starts again (``checkpoint_dir.read_consistently``). Most tables are read into
+memory and assigned once every file is verified; a dynamic table that is empty when the load
+starts (and needs no new optimizer columns) is filled while its files are read, which hides the
+inserts behind the reads, and is emptied again if any file of the checkpoint turns out bad.
 
 The manifest is :class:`~sparse_operation_kit.checkpoint_format.Manifest`, built here and read
 through it. Reading a checkpoint without TensorFlow (``sok ckpt inspect``) is
@@ -182,11 +188,13 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
     """Write the variables (and the optimizer state: of dynamic ones in the wrapper's rows, of static
     ones in the wrapped Keras optimizer) to directory ``path``.
 
-    Collective: every rank calls it with the same variables. ``path`` must be new, an empty
-    directory or a previous SOK checkpoint, which is replaced atomically (``checkpoint_dir``); a
-    directory holding anything else, or a file, is refused and left as it is. A failure on any rank
-    (a full disk, a table that cannot be exported) stops the dump on every rank, with an error on
-    each, and leaves ``path`` as it was.
+    Collective: every rank calls it with the same ``path`` and variables. ``path`` must be new, an
+    empty directory or a previous SOK checkpoint, which is replaced atomically (``checkpoint_dir``);
+    a directory holding anything else, or a file, is refused and left as it is. A failure on any
+    rank (a full disk, a table that cannot be exported) stops the dump on every rank, with an error
+    on each, and leaves ``path`` as it was. Another process's dump of the same path may run at the
+    same time: the two take turns to create their staging directories and to swap (waiting at
+    most ``checkpoint_dir.LOCK_WAIT_S`` seconds each time), and the last to swap wins.
 
     Args:
         path: the checkpoint directory.
@@ -200,7 +208,9 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
         callback: progress (one step per table).
 
     Raises:
-        CheckpointError: ``path`` holds files that are not SOK's, or is a file.
+        CheckpointError: ``path`` holds files that are not SOK's, or is a file; the ranks passed
+            different paths (on every rank, naming them); another dump of ``path`` held its lock
+            for ``checkpoint_dir.LOCK_WAIT_S`` seconds (naming that process).
         RankFailure: another rank failed (its message is included).
         TypeError: ``optimizer`` is none of those.
         ValueError: the dynamic variables are updated by several wrappers of the Keras optimizer.
@@ -211,15 +221,10 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
     rank, n = comm.rank(), comm.num_ranks()
     callback = callback or NoOpCallback()
     agreement = Agreement(comm, f"sok.dump to {path}")
+    _check_same_path(agreement, path, "rank 0 writes the checkpoint, the other ranks' paths would be ignored")
     staging: ckdir.Staging | None = None
-
-    def prepare() -> ckdir.Staging:
-        ckdir.check_replaceable(path)
-        ckdir.remove_leftovers(path)
-        return ckdir.Staging(path)
-
     if rank == 0:
-        staging = agreement.run(prepare)
+        staging = agreement.run(ckdir.Staging, path)
     manifest = fmt.Manifest(
         world_size=n,
         optimizer=wrapper.name if wrapper else None,
@@ -246,6 +251,18 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
         if staging is not None:
             staging.close()
     logger.info("SOK dump to %s done: %d tables", path, len(variables))
+
+
+def _check_same_path(agreement: Agreement, path: str, why: str) -> None:
+    """Collective: every rank raises CheckpointError, naming each rank's path, unless all passed the
+    same one (compared as ``os.path.normpath`` makes them)."""
+    paths = agreement.texts(os.path.normpath(os.fspath(path)))
+    if len(set(paths)) > 1:
+        listed = ", ".join(f"rank {r}: {p!r}" for r, p in enumerate(paths))
+        raise fmt.CheckpointError(
+            f"{agreement.call}: the ranks passed different paths ({listed}); every rank must pass the same path "
+            f"({why}). Nothing was read or written"
+        )
 
 
 def _dump_variable(
@@ -351,14 +368,12 @@ def _start_writeback(fd: int, start: int, length: int) -> None:
         os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
 
 
-def _plan(
-    path: str, var: Any, slots: list[str], wrapper: OptimizerWrapper | None, manifest: fmt.Manifest | None
-) -> dict:
+def _plan(ckpt: ckdir.OpenCheckpoint, var: Any, slots: list[str], wrapper: OptimizerWrapper | None) -> dict:
     """Check one table's headers, sizes, dims and slot files, and the manifest's entry of it; return
     what to read. Raises CheckpointError before anything is read (the contents are checked by
     :func:`_stage`)."""
-    table, dim = fmt.table_name(var.name), var.dimension
-    key_info, weight_info, rows = fmt.table_files(path, table)
+    table, dim, manifest = fmt.table_name(var.name), var.dimension, ckpt.manifest
+    key_info, weight_info, rows = ckpt.table_files(table)
     if rows and weight_info.elements // rows != dim:
         raise fmt.CheckpointError(
             f"{weight_info.path} has rows of width {weight_info.elements // rows} but {var.name} has dimension {dim}"
@@ -370,13 +385,13 @@ def _plan(
         candidates = [fmt.state_file(table, wrapper.name, slot)] + [
             fmt.state_file(table, opt, alias) for opt, alias in fmt.SLOT_ALIASES.get((wrapper.name, slot), [])
         ]
-        found = [c for c in candidates if os.path.exists(os.path.join(path, c))]
+        found = [c for c in candidates if ckpt.exists(c)]
         if not found:
             raise fmt.CheckpointError(
-                f"optimizer state file {os.path.join(path, candidates[0])} is missing ({wrapper.name} "
+                f"optimizer state file {ckpt.file(candidates[0])} is missing ({wrapper.name} "
                 f"slot {slot!r} of {var.name}); load without the optimizer to skip its state"
             )
-        info = fmt.read_header(os.path.join(path, found[0]))
+        info = ckpt.read_header(found[0])
         if info.elements != rows * dim or info.dtype != "float32":
             raise fmt.CheckpointError(
                 f"{info.path} holds {info.elements} {info.dtype} values; expected {rows} x {dim} float32"
@@ -384,7 +399,7 @@ def _plan(
         files.append(info)
     if not isinstance(var, DynamicVariable) and rows != int(var.global_shape[0]):
         raise fmt.CheckpointError(f"{key_info.path} has {rows} rows but {var.name} has {int(var.global_shape[0])}")
-    entry = fmt.check_against_manifest(path, table, manifest, files, dim)
+    entry = fmt.check_against_manifest(ckpt.path, table, manifest, files, dim)
     crc32 = entry.crc32 if entry is not None else {}
     return {"files": files, "rows": rows, "dim": dim, "slots": slots, "crc32": crc32}
 
@@ -535,15 +550,24 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
             NVIDIA SOK takes it; see :func:`dump`), or None (weights only).
         callback: progress (two steps per table: read, assign).
 
-    Collective with several ranks: each rank reads what it needs, and the ranks agree that every one
-    of them verified its files before any assigns a row, so a problem found on one rank stops the
-    load on all of them (RankFailure, or CheckpointError when it was one, on the others).
+    Collective with several ranks: every rank passes the same ``path``; each reads what it needs, and
+    the ranks agree that every one of them verified its files before any assigns a row, so a problem
+    found on one rank stops the load on all of them (RankFailure, or CheckpointError when it was one,
+    on the others).
+
+    A dump of ``path`` (from another process) may run meanwhile: the directory is opened once and
+    every file read relative to it, so the rows come from one checkpoint. When that dump deletes the
+    directory being read, what this load did is undone and it starts again, at most
+    ``checkpoint_dir.READ_ATTEMPTS`` times (each rank on its own: with several ranks, load while no
+    dump of ``path`` runs, or ranks may read different checkpoints).
 
     Raises:
-        CheckpointError: ``path`` is missing or is a dump's staging directory; the manifest is
+        CheckpointError: the ranks passed different paths (on every rank, naming them);
+            ``path`` is missing or is a dump's staging directory; the manifest is
             corrupt (any field: it is validated whole before anything is read); a file is missing,
             truncated, corrupt or does not match its variable or the manifest; a key does not fit
             the variable's key type.
+        CheckpointChanged: dumps replaced ``path`` during each of its reads.
         ValueError: a variable holds another wrapper's state, or a static table's optimizer state
             has nowhere to go yet.
     """
@@ -554,22 +578,15 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     callback = callback or NoOpCallback()
     callback.set_size(2 * len(variables))
     agreement = Agreement(comm, f"sok.load from {path}")
+    _check_same_path(agreement, path, "each rank would read its own checkpoint")
     filled: list[DynamicVariable] = []
-    staged: list[tuple[np.ndarray, list[np.ndarray]] | None] = []
+
+    def read(ckpt: ckdir.OpenCheckpoint) -> tuple:
+        return _read(ckpt, variables, wrapper, rank, n, callback)
+
     try:
-        manifest, plans, slot_names, static_state, streamed = _prepare_load(path, variables, wrapper)
-        for var, plan, stream in zip(variables, plans, streamed):
-            if stream:
-                filled.append(var)
-                _fill_while_reading(var, plan, rank, n)
-                staged.append(None)
-            else:
-                staged.append(_stage(var, plan, rank, n))
-            callback.relative_update(1)
-    except BaseException as error:
-        _clear(filled)
-        if not isinstance(error, Exception):
-            raise
+        manifest, slot_names, static_state, staged, filled = ckdir.read_consistently(path, read)
+    except Exception as error:
         agreement.fail(error)  # raises it with one rank
     try:
         agreement.check()  # every rank verified every file it read, or every rank stops here
@@ -594,13 +611,43 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     logger.info("SOK load from %s done: %d tables", path, len(variables))
 
 
-def _prepare_load(path: str, variables: list, wrapper: OptimizerWrapper | None) -> tuple:
-    """What :func:`load` checks before reading any row: the directory, the manifest, each table's
-    files (:func:`_plan`) and where each table's rows go. Returns ``(manifest, plans, slot names,
-    static optimizer targets, streamed flags)``; raises CheckpointError / ValueError."""
-    manifest = ckdir.open_checkpoint(path)
+def _read(
+    ckpt: ckdir.OpenCheckpoint,
+    variables: list,
+    wrapper: OptimizerWrapper | None,
+    rank: int,
+    n: int,
+    callback: Callback,
+) -> tuple:
+    """Read and verify every file of the open checkpoint that :func:`load` needs: returns ``(manifest,
+    slot names, static optimizer targets, staged rows (None for a table filled while reading),
+    tables filled while reading)``. On any exception (KeyboardInterrupt too) the tables it filled
+    are emptied again before it propagates, so it may be called again."""
+    manifest, plans, slot_names, static_state, streamed = _prepare_load(ckpt, variables, wrapper)
+    filled: list[DynamicVariable] = []
+    staged: list[tuple[np.ndarray, list[np.ndarray]] | None] = []
+    try:
+        for var, plan, stream in zip(variables, plans, streamed):
+            if stream:
+                filled.append(var)
+                _fill_while_reading(var, plan, rank, n)
+                staged.append(None)
+            else:
+                staged.append(_stage(var, plan, rank, n))
+            callback.relative_update(1)
+    except BaseException:
+        _clear(filled)
+        raise
+    return manifest, slot_names, static_state, staged, filled
+
+
+def _prepare_load(ckpt: ckdir.OpenCheckpoint, variables: list, wrapper: OptimizerWrapper | None) -> tuple:
+    """What :func:`load` checks before reading any row: the manifest, each table's files
+    (:func:`_plan`) and where each table's rows go. Returns ``(manifest, plans, slot names, static
+    optimizer targets, streamed flags)``; raises CheckpointError / ValueError."""
+    manifest = ckpt.manifest
     slot_names = [wrapper.get_slot_names() if wrapper is not None else [] for _ in variables]
-    plans = [_plan(path, v, s, wrapper, manifest) for v, s in zip(variables, slot_names)]
+    plans = [_plan(ckpt, v, s, wrapper) for v, s in zip(variables, slot_names)]
     slot_names = [plan["slots"] for plan in plans]
     for var, slots in zip(variables, slot_names):
         owner = var.optimizer_wrapper if isinstance(var, DynamicVariable) else None

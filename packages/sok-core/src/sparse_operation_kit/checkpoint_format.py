@@ -17,7 +17,11 @@ writes it (:meth:`Manifest.to_json`) and reads it, validated whole (:meth:`Manif
 :data:`FORMAT_VERSION` is its version.
 
 Everything here reads and writes files only (no TensorFlow): ``sok ckpt inspect`` and sok-hps's
-converter read checkpoints through it.
+converter read checkpoints through it. Table and file names (from a manifest or a directory
+listing) are plain names inside their directory, checked by :func:`check_name`. A reader may pass
+``dir_fd`` (a directory opened once, :class:`~sparse_operation_kit.checkpoint_dir.OpenCheckpoint`):
+every file is then opened relative to it, so a dump that replaces the path meanwhile cannot mix
+the files of two checkpoints.
 
 Checksums use ISA-L's CRC-32 when the ``isal`` package is installed (the same checksum as zlib's,
 computed faster: ``pip install sok-core[fast-crc]``; CI and the benchmarks install it) and zlib's
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import string
 import struct
 from collections.abc import Callable
@@ -73,6 +78,44 @@ class CheckpointError(ValueError):
     """A checkpoint file is missing, truncated, corrupt or does not match the variables."""
 
 
+class CheckpointChanged(CheckpointError):
+    """Another ``sok.dump`` replaced the checkpoint while it was read: read it again."""
+
+
+def check_name(name: str, what: str, where: str = "") -> str:
+    """Return ``name`` when it is a plain name inside one directory (a table, or a checkpoint file).
+
+    Args:
+        name: the name (a table's, from a manifest or a file name; or a file's, from a manifest).
+        what: what it names, for the message (``"table"``, ``"file"``).
+        where: where it comes from, for the message (a manifest's path), or ``""``.
+
+    Raises:
+        CheckpointError: ``name`` is empty, ``.`` or ``..``, or holds a path separator or NUL: it
+            names the name and the rule.
+
+    Example::
+
+        check_name("emb_0", "table")          # "emb_0"
+        check_name("../../x", "file")         # CheckpointError: ... it contains a path separator
+    """
+    if not name:
+        rule = "it is empty"
+    elif name in (".", ".."):
+        rule = "it is '.' or '..'"
+    elif any(sep in name for sep in (os.sep, os.altsep) if sep):
+        rule = "it contains a path separator"
+    elif "\0" in name:
+        rule = "it contains a NUL character"
+    else:
+        return name
+    raise CheckpointError(
+        f"{where + ': ' if where else ''}{what} {name!r} is refused: {rule}; table and file names of a "
+        f"checkpoint are plain names inside its directory (not empty, not '.' or '..', no path separator, no "
+        f"NUL). The checkpoint is corrupt or was not written by sok.dump"
+    )
+
+
 def table_name(variable_name: str) -> str:
     """NVIDIA SOK's file prefix of a variable: punctuation becomes ``_`` (``"emb:0"`` -> ``"emb_0"``)."""
     return "".join("_" if c in string.punctuation else c for c in variable_name)
@@ -101,25 +144,59 @@ def header(file_type: int, dtype: str, slot: str = "") -> bytes:
 
 @dataclass(frozen=True)
 class FileInfo:
-    """What a file's header and size say."""
+    """What a file's header and size say.
+
+    Attributes:
+        path: the file's path (in messages; opened when ``dir_fd`` is None).
+        dir_fd: the checkpoint directory opened by the reader, or None: the file is then opened as
+            ``basename(path)`` relative to it (valid only while the reader holds it open).
+    """
 
     path: str
     file_type: int
     slot: str
     dtype: str
     elements: int
+    dir_fd: int | None = field(default=None, compare=False, repr=False)
 
 
-def read_header(path: str) -> FileInfo:
-    """Parse and check a file's header; CheckpointError names the file and the problem."""
-    if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint file {path} is missing")
-    size = os.path.getsize(path)
-    if size < HEADER_BYTES:
-        raise CheckpointError(
-            f"checkpoint file {path} is truncated: {size} bytes, shorter than the {HEADER_BYTES}-byte header"
-        )
-    with open(path, "rb") as f:
+def open_file(path: str, dir_fd: int | None = None) -> BinaryIO:
+    """Open a checkpoint file for reading, unbuffered: ``path``, or ``basename(path)`` relative to the
+    directory ``dir_fd``. It must be a regular file (a FIFO or device is refused without blocking).
+
+    Raises:
+        CheckpointError: the file is missing or not a regular file; it names ``path``.
+    """
+    name = path if dir_fd is None else os.path.basename(path)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except (FileNotFoundError, NotADirectoryError) as error:
+        raise CheckpointError(f"checkpoint file {path} is missing") from error
+    f = os.fdopen(fd, "rb", buffering=0)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise CheckpointError(f"checkpoint file {path} is missing (it is not a regular file)")
+    return f
+
+
+def exists(path: str, dir_fd: int | None = None) -> bool:
+    """Whether ``path`` (``basename(path)`` relative to ``dir_fd`` when given) names an entry."""
+    try:
+        os.stat(path if dir_fd is None else os.path.basename(path), dir_fd=dir_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
+
+
+def read_header(path: str, dir_fd: int | None = None) -> FileInfo:
+    """Parse and check a file's header (the file ``basename(path)`` of directory ``dir_fd`` when
+    given); CheckpointError names the file and the problem."""
+    with open_file(path, dir_fd) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < HEADER_BYTES:
+            raise CheckpointError(
+                f"checkpoint file {path} is truncated: {size} bytes, shorter than the {HEADER_BYTES}-byte header"
+            )
         raw = f.read(HEADER_BYTES)
     file_type = struct.unpack(">I", raw[256:260])[0]
     slot = raw[260:292].decode(errors="replace").strip()
@@ -135,12 +212,13 @@ def read_header(path: str) -> FileInfo:
         raise CheckpointError(
             f"checkpoint file {path} is truncated: {payload} payload bytes is not a whole number of {dtype}"
         )
-    return FileInfo(path, file_type, slot, dtype, payload // itemsize)
+    return FileInfo(path, file_type, slot, dtype, payload // itemsize, dir_fd)
 
 
 def payload(info: FileInfo, rows: int | None = None, dim: int | None = None) -> np.ndarray:
     """The file's data as a read-only memory map (``[rows, dim]`` when given)."""
-    data = np.memmap(info.path, dtype=info.dtype, mode="r", offset=HEADER_BYTES, shape=(info.elements,))
+    with open_file(info.path, info.dir_fd) as f:
+        data = np.memmap(f, dtype=info.dtype, mode="r", offset=HEADER_BYTES, shape=(info.elements,))
     return data.reshape(rows, dim) if rows is not None and dim is not None else data
 
 
@@ -234,7 +312,7 @@ def _read_rows(
     if select is not None and out is None:
         picked = [np.empty((min(step, int(np.count_nonzero(select))), width), info.dtype) for _ in range(2)]
     pending: list[list[Future]] = [[], []]  # per buffer: its CRC-32 and its work, both to finish before reuse
-    with open(info.path, "rb", buffering=0) as f, ThreadPoolExecutor(1) as checksums:
+    with open_file(info.path, info.dir_fd) as f, ThreadPoolExecutor(1) as checksums:
         worker = ThreadPoolExecutor(1)
         try:
             if hasattr(os, "posix_fadvise"):
@@ -312,13 +390,13 @@ def _chain_crc(data: memoryview, previous: Future) -> int:
     return update_crc32(data, previous.result())
 
 
-def crc32(path: str, chunk: int = READ_CHUNK) -> str:
-    """The CRC-32 of a whole file, as 8 hex digits. Two buffers: a thread reads the next chunk from
-    disk while this one checksums the last (both release the GIL), so a cold read costs about the
-    read alone."""
+def crc32(path: str, chunk: int = READ_CHUNK, dir_fd: int | None = None) -> str:
+    """The CRC-32 of a whole file (``basename(path)`` of directory ``dir_fd`` when given), as 8 hex
+    digits. Two buffers: a thread reads the next chunk from disk while this one checksums the last
+    (both release the GIL), so a cold read costs about the read alone."""
     value = 0
     buffers = [bytearray(chunk), bytearray(chunk)]
-    with open(path, "rb", buffering=0) as f, ThreadPoolExecutor(1) as reader:
+    with open_file(path, dir_fd) as f, ThreadPoolExecutor(1) as reader:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         pending = reader.submit(f.readinto, buffers[0])
@@ -449,6 +527,7 @@ class TableEntry:
         if not all(isinstance(s, str) and s for s in data["slots"]):
             raise _bad(path, f"tables.{table}.slots", data["slots"], _TABLE_FIELDS["slots"][2])
         for name, digest in data.get("crc32", {}).items():
+            check_name(name, f"tables.{table}.crc32 file", path)
             if not isinstance(digest, str) or len(digest) != 8 or any(c not in string.hexdigits for c in digest):
                 raise _bad(path, f"tables.{table}.crc32.{name}", digest, "8 hex digits")
         return cls(**{name: data[name] for name in _TABLE_FIELDS if name in data})
@@ -520,6 +599,8 @@ class Manifest:
         tables = data.get("tables")
         if not isinstance(tables, dict):
             raise _bad(path, "tables", tables, "an object of table name -> entry")
+        for table in tables:
+            check_name(table, "table", path)
         entries = {table: TableEntry.from_dict(table, entry, path) for table, entry in tables.items()}
         return cls(tables=entries, **{name: data[name] for name in _MANIFEST_FIELDS if name in data})
 
@@ -546,33 +627,44 @@ def write_manifest(directory: str, manifest: Manifest) -> None:
         os.fsync(f.fileno())
 
 
-def read_manifest(directory: str) -> Manifest | None:
+def read_manifest(directory: str, dir_fd: int | None = None) -> Manifest | None:
     """The checked manifest of a checkpoint directory, or None when it has none (NVIDIA SOK's layout).
+
+    Args:
+        directory: the checkpoint directory.
+        dir_fd: that directory opened by the reader (the manifest is read relative to it), or None.
 
     Raises:
         CheckpointError: the manifest is not UTF-8 JSON, has another format version, or a field of
             the wrong type or value (:meth:`Manifest.from_dict`); it names the file and the field.
     """
     path = os.path.join(directory, MANIFEST)
-    if not os.path.exists(path):
+    if not exists(path, dir_fd):
         return None  # NVIDIA SOK writes none
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        with open_file(path, dir_fd) as f:
+            raw = f.readall()
     except OSError as error:
         raise CheckpointError(f"{path} is not a valid manifest (UTF-8 JSON): {error}") from error
     return Manifest.from_json(raw, path)
 
 
-def table_files(path: str, table: str) -> tuple[FileInfo, FileInfo, int]:
+def table_files(path: str, table: str, dir_fd: int | None = None) -> tuple[FileInfo, FileInfo, int]:
     """Check a table's key and weight files against each other: ``(key info, weight info, rows)``.
 
+    Args:
+        path: the checkpoint directory.
+        table: the table's name (``<table>`` of its files): a plain name (:func:`check_name`).
+        dir_fd: that directory opened by the reader (the files are opened relative to it), or None.
+
     Raises:
-        CheckpointError: a file is missing, truncated, of the wrong type or dtype, or the weight
-            file is not a whole number of rows for the keys; it names the file.
+        CheckpointError: ``table`` is not a plain name; a file is missing, truncated, of the wrong
+            type or dtype, or the weight file is not a whole number of rows for the keys; it names
+            the file.
     """
-    key_info = read_header(os.path.join(path, key_file(table)))
-    weight_info = read_header(os.path.join(path, weight_file(table)))
+    check_name(table, "table", path)
+    key_info = read_header(os.path.join(path, key_file(table)), dir_fd)
+    weight_info = read_header(os.path.join(path, weight_file(table)), dir_fd)
     if key_info.file_type != FILE_KEY or weight_info.file_type != FILE_WEIGHT:
         raise CheckpointError(f"{key_info.path} / {weight_info.path} have the wrong file types")
     if key_info.dtype not in KEY_FILE_DTYPES or weight_info.dtype != "float32":

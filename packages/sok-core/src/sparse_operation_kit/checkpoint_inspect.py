@@ -4,7 +4,10 @@ Read-only and free of TensorFlow: it reads the manifest and the files' headers (
 checksums, the files) through :mod:`~sparse_operation_kit.checkpoint_format` and
 :mod:`~sparse_operation_kit.checkpoint_dir`, and never renames, deletes or writes anything. What an
 interrupted ``sok.dump`` left beside the checkpoint is reported as it is found; the next
-``sok.dump`` of the same path deletes it.
+``sok.dump`` of the same path deletes it. The directory is opened once and every file read relative
+to it, so a dump that replaces the checkpoint meanwhile never makes a good checkpoint look corrupt
+(the inspection starts again instead, :func:`~sparse_operation_kit.checkpoint_dir.read_consistently`);
+table and file names stay inside the directory (:func:`~sparse_operation_kit.checkpoint_format.check_name`).
 
 Example::
 
@@ -21,7 +24,7 @@ from typing import Any
 from sparse_operation_kit import checkpoint_dir as ckdir
 from sparse_operation_kit import checkpoint_format as fmt
 
-__all__ = ["inspect"]
+__all__ = ["describe", "inspect"]
 
 
 def inspect(path: str, verify: bool = True) -> dict[str, Any]:
@@ -41,28 +44,39 @@ def inspect(path: str, verify: bool = True) -> dict[str, Any]:
 
     Raises:
         CheckpointError: as :func:`sparse_operation_kit.load`'s checks (``path`` missing, with the
-            leftovers named, or a dump's staging directory included), or the directory holds no
-            table.
+            leftovers named, or a dump's staging directory included; a table or file name that is not
+            a plain name), or the directory holds no table.
+        CheckpointChanged: dumps replaced ``path`` during each of its reads.
 
     Example::
 
         >>> inspect("ckpt", verify=False)["tables"]
         {'emb_0': {'rows': 8, 'dim': 4, 'key_dtype': 'int64', 'state_files': ['emb_0-Adagrad-accumulator']}}
     """
-    manifest = ckdir.open_checkpoint(path)
+    return ckdir.read_consistently(path, lambda ckpt: describe(ckpt, verify))
+
+
+def describe(ckpt: ckdir.OpenCheckpoint, verify: bool = True) -> dict[str, Any]:
+    """:func:`inspect` of a checkpoint opened with :func:`~sparse_operation_kit.checkpoint_dir.open_for_reading`
+    (to read its files afterwards through the same handle, as ``sok ckpt convert`` does).
+
+    Example::
+
+        with ckdir.open_for_reading("ckpt") as ckpt:
+            tables = describe(ckpt)["tables"]
+    """
+    manifest, path, names = ckpt.manifest, ckpt.path, sorted(ckpt.listdir())
     tables: dict[str, dict[str, Any]] = {}
-    for name in sorted(os.listdir(path)):
+    for name in names:
         if not name.endswith("-key"):
             continue
         table = name[: -len("-key")]
-        key_info, weight_info, rows = fmt.table_files(path, table)
+        key_info, weight_info, rows = ckpt.table_files(table)
         dim = weight_info.elements // rows if rows else None
-        states = sorted(
-            n for n in os.listdir(path) if n.startswith(f"{table}-") and n not in (name, fmt.weight_file(table))
-        )
+        states = [n for n in names if n.startswith(f"{table}-") and n not in (name, fmt.weight_file(table))]
         infos = [key_info, weight_info]
         for state in states:
-            info = fmt.read_header(os.path.join(path, state))
+            info = ckpt.read_header(state)
             if info.elements != weight_info.elements or info.dtype != "float32":
                 raise fmt.CheckpointError(
                     f"{info.path} holds {info.elements} {info.dtype} values; expected {rows} x {dim} float32 "
@@ -82,10 +96,8 @@ def inspect(path: str, verify: bool = True) -> dict[str, Any]:
     if verify and manifest is not None:
         for entry in manifest.tables.values():
             for name, digest in entry.crc32.items():
-                if fmt.crc32(os.path.join(path, name)) != digest:
-                    raise fmt.CheckpointError(
-                        f"{os.path.join(path, name)} does not match its checksum: the file is corrupt"
-                    )
+                if ckpt.crc32(name) != digest:
+                    raise fmt.CheckpointError(f"{ckpt.file(name)} does not match its checksum: the file is corrupt")
     return {
         "path": path,
         "manifest": None if manifest is None else manifest.to_dict(),

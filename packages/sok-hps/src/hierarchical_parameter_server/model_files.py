@@ -185,24 +185,33 @@ def _open_hps(path: str, dim: int) -> TableSource:
 
 
 def _open_checkpoint(path: str, directory: str, table: str, dim: int) -> TableSource:
-    try:
-        manifest = ckdir.open_checkpoint(directory)
-        key_info, weight_info, rows = fmt.table_files(directory, table)
+    """The table read through one handle of the checkpoint directory
+    (:func:`~sparse_operation_kit.checkpoint_dir.read_consistently`): a ``sok.dump`` that replaces the
+    checkpoint meanwhile makes it read the new one again, never mix the files of two."""
+
+    def read(ckpt: ckdir.OpenCheckpoint) -> TableSource:
+        key_info, weight_info, rows = ckpt.table_files(table)
         found = weight_info.elements // rows if rows else dim
         if found != dim:
             raise ModelFileError(
                 f"{weight_info.path} holds rows of {found} floats, but the ps_config gives dim {dim}: set "
                 "embedding_vecsize_per_table to the table's dim"
             )
-        entry = fmt.check_against_manifest(directory, table, manifest, [key_info, weight_info], dim)
+        entry = fmt.check_against_manifest(directory, table, ckpt.manifest, [key_info, weight_info], dim)
         crcs = entry.crc32 if entry is not None else {}
         key_crc = crcs.get(os.path.basename(key_info.path))
         keys = fmt.read_payload(key_info, 1, key_crc).reshape(-1) if rows else np.empty(0, key_info.dtype)
+        keys = keys.view(np.int64) if keys.dtype == np.uint64 else keys.astype(np.int64)
+        with fmt.open_file(weight_info.path, weight_info.dir_fd) as f:
+            header = f.read(fmt.HEADER_BYTES)
+        # a memory map stays valid after the directory handle closes
+        vectors = fmt.payload(weight_info, rows, dim) if rows else np.empty((0, dim), np.float32)
+        weight_crc = crcs.get(os.path.basename(weight_info.path))
+        return TableSource(path, rows, dim, "sok", keys, vectors, header, weight_crc)
+
+    try:
+        source = ckdir.read_consistently(directory, read)
     except fmt.CheckpointError as e:
         raise ModelFileError(f"{path}: {e}") from e
-    keys = keys.view(np.int64) if keys.dtype == np.uint64 else keys.astype(np.int64)
-    with open(weight_info.path, "rb") as f:
-        header = f.read(fmt.HEADER_BYTES)
-    vectors = fmt.payload(weight_info, rows, dim) if rows else np.empty((0, dim), np.float32)
-    log.debug("opened checkpoint table %s: %d rows x %d", path, rows, dim)
-    return TableSource(path, rows, dim, "sok", keys, vectors, header, crcs.get(os.path.basename(weight_info.path)))
+    log.debug("opened checkpoint table %s: %d rows x %d", path, source.rows, dim)
+    return source
