@@ -160,7 +160,10 @@ def reload(**kwargs: Any) -> tf.Tensor:
         ps_config_file (str), global_batch_size (int): as :func:`Init`'s.
 
     Raises:
-        As :func:`Init`.
+        TypeError: an argument is missing or unknown (as :func:`Init`).
+        ValueError: ``global_batch_size`` or ``deployed_device_list`` is not valid for this process.
+        hierarchical_parameter_server.config.ConfigError: the ps_config is not valid, or a database
+            holds another width for a table.
 
     Example::
 
