@@ -19,7 +19,7 @@ tf = pytest.importorskip("tensorflow")
 sys.path.insert(0, str(Path(__file__).parent))
 import hierarchical_parameter_server as hps  # noqa: E402
 import serve_support as support  # noqa: E402
-from hierarchical_parameter_server import init  # noqa: E402
+from hierarchical_parameter_server import graph_calls, init  # noqa: E402
 
 ROWS, EXTRA, DIM, THREADS, RELOADS = 2000, 50, 8, 4, 4
 
@@ -90,4 +90,23 @@ def test_reload_with_a_bad_config_keeps_the_old_server(tmp_path):
     assert init.get_server() is server
     layer = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
     np.testing.assert_array_equal(layer(tf.constant([3, 1], tf.int64)).numpy(), weights[[3, 1]])
+    init.shutdown()
+
+
+def test_a_fetch_handed_over_to_a_table_of_another_width_fails_clearly(tmp_path):
+    """A Python call of a graph traced on the old server that reaches the successor after the
+    hand-over is refused when the successor's table has another width (it would return rows the
+    graph cannot take)."""
+    paths = []
+    for version, dim in enumerate((DIM, 2 * DIM)):
+        folder, _ = support.write_table(tmp_path / f"v{version}", ROWS, dim)
+        entry = support.model_entry("m", [folder], [dim], gpucache=False)
+        top = {"volatile_db": {"type": "hash_map", "overflow_margin": 10 * ROWS}}
+        paths.append(support.write_config(tmp_path / f"ps{version}.json", support.ps_config([entry], **top)))
+    init.shutdown()
+    hps.Init(ps_config_file=paths[0], global_batch_size=16)
+    old = init.get_server().table("m", 0)
+    hps.init.reload(ps_config_file=paths[1], global_batch_size=16)
+    with pytest.raises(graph_calls.TracedTableChangedError, match=f"width {DIM}.*width {2 * DIM}"):
+        old.fetch(np.array([1, 2], np.int64))
     init.shutdown()

@@ -49,6 +49,7 @@ __all__ = [
     "SCHEDULE_FILL",
     "VOLATILE_TABLE",
     "TracedTableChangedError",
+    "check_traced",
     "context_of",
     "load_ops",
     "nvidia_init",
@@ -127,11 +128,11 @@ def served_table(context: str) -> ServedTable:
     if server is None:
         server = init.get_server(fields["ps_config_file"], fields["global_batch_size"])
     table = server.table(fields["model"], fields["table_id"])
-    _check_traced(fields, table, server)
+    check_traced(fields, table, server)
     return table
 
 
-def _check_traced(fields: dict[str, Any], table: ServedTable, server: ParameterServer) -> None:
+def check_traced(fields: dict[str, Any], table: ServedTable, server: ParameterServer) -> None:
     """Raises :class:`TracedTableChangedError` where ``table`` is not of the width and key dtype
     the context ``fields`` records (a context without them passes)."""
     traced = (fields.get("dim", table.dim), fields.get("key_dtype", table.key_dtype.name))

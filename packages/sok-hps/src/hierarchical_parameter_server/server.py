@@ -742,13 +742,17 @@ class ParameterServer:
 
         Raises:
             ValueError: the successor serves no such table.
+            graph_calls.TracedTableChangedError: the successor serves it at another width or key
+                dtype (the graph calling was traced for ``served``'s).
         """
         with self._calls_done:
             successor = self._successor
             if successor is None:
                 self._calls += 1
         if successor is not None:
-            with successor.serving(successor.table(served.model, served.table_id)) as table:
+            table = successor.table(served.model, served.table_id)
+            graph_calls.check_traced({"dim": served.dim, "key_dtype": served.key_dtype.name}, table, successor)
+            with successor.serving(table) as table:
                 yield table
             return
         try:
