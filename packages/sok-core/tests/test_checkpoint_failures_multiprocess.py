@@ -1,4 +1,5 @@
-"""A failure on one of two ranks inside sok.dump / sok.load stops the call on both, and no rank hangs.
+"""A failure on one of two ranks inside sok.dump / sok.load stops the call on both, and no rank hangs;
+ranks passing different paths are refused on both.
 
 One ``horovodrun -np 2 --gloo`` launch of ``distributed/ckpt_failure_worker.py`` runs every scenario
 (its docstring says what each checks); each test below reads one scenario's result on both ranks.

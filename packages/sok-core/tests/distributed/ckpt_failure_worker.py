@@ -8,13 +8,16 @@ own directory under BASE, and prints one line per scenario and rank::
 Each scenario makes one rank fail inside a collective checkpoint call (sok.dump, sok.load) and checks
 that every rank raises (the failing one its own error, the other a RankFailure naming it), that the
 checkpoint on disk and the tables are as they were, and that the next call works on every rank
-(the ranks are still in step: nobody is left waiting in a collective).
+(the ranks are still in step: nobody is left waiting in a collective). The ``*_different_paths``
+scenarios pass each rank its own path: every rank must refuse, naming every rank's path, and
+nothing be read or written.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import sys
 import traceback
 
@@ -176,11 +179,59 @@ def load_fails_on_rank1(base: str) -> str | None:
     return None
 
 
+def expect_path_refusal(call, paths: list[str]) -> str | None:
+    """``call`` must raise CheckpointError naming every rank's path and saying to pass the same one."""
+    try:
+        call()
+    except fmt.CheckpointError as error:
+        missing = [p for p in paths if repr(p) not in str(error)]
+        if missing or "the ranks passed different paths" not in str(error):
+            return f"the error does not name the paths {missing} or the problem: {error}"
+        return None
+    except Exception as error:  # noqa: BLE001 - the scenario checks the type
+        return f"raised {type(error).__name__}: {error}; expected CheckpointError"
+    return "did not raise"
+
+
+def dump_to_different_paths(base: str) -> str | None:
+    var = table("dump_paths")
+    paths = [os.path.join(base, f"ck_{r}") for r in range(hvd.size())]
+    problem = expect_path_refusal(lambda: sok.dump(paths[hvd.rank()], [var]), paths)
+    if problem:
+        return problem
+    if hvd.rank() == 0 and os.listdir(base):
+        return f"the refused dump wrote {sorted(os.listdir(base))}"
+    sok.dump(os.path.join(base, "same"), [var])  # the ranks are in step again
+    return None
+
+
+def load_from_different_paths(base: str) -> str | None:
+    source = table("load_paths")
+    paths = [os.path.join(base, f"ck_{r}") for r in range(hvd.size())]
+    sok.dump(paths[0], [source])
+    if hvd.rank() == 0:
+        for path in paths[1:]:
+            shutil.copytree(paths[0], path)  # valid checkpoints, one per rank
+    hvd.allreduce(tf.constant(0))  # the copies exist before the other ranks read them
+    var = sok.DynamicVariable(dimension=DIM, var_type="hbm", name="load_paths", initializer="0")
+    problem = expect_path_refusal(lambda: sok.load(paths[hvd.rank()], [var]), paths)
+    if problem:
+        return problem
+    if contents(var):
+        return "the refused load changed the variable"
+    sok.load(paths[0], [var])  # in step again
+    if contents(var) != contents(source):
+        return "the load after the refusal did not restore the rows"
+    return None
+
+
 SCENARIOS = {
     "dump_fails_on_rank1": dump_fails_on_rank1,
     "dump_disk_full_on_rank0": dump_disk_full_on_rank0,
     "dump_refuses_foreign_directory": dump_refuses_foreign_directory,
     "load_fails_on_rank1": load_fails_on_rank1,
+    "dump_to_different_paths": dump_to_different_paths,
+    "load_from_different_paths": load_from_different_paths,
 }
 
 
