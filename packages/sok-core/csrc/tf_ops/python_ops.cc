@@ -2,7 +2,8 @@
 //
 // * SokPyCall: a py_function that a SavedModel keeps. tf.py_function records a token that only
 //   the process that traced it knows; SokPyCall records "module:qualname" and a context string, and
-//   its kernel imports the module wherever the graph runs (sparse_operation_kit.python_ops.kernel_call).
+//   its kernel calls the function registered under that name where the graph runs; a name nobody
+//   registered is refused, nothing imported (sparse_operation_kit.python_ops.kernel_call).
 // * SokResolveTable: the table input of the storage ops, found by such a function (it returns a
 //   sparse_operation_kit.table_ref.TableRef) the first time the kernel runs, then cached for as
 //   long as the reference is alive. A graph that holds it instead of an address works in another
