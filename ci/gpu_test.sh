@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU tests of the storage backends, on a CUDA host with no network (run as root or not, from anywhere):
 #
-#   ci/gpu_test.sh [--build-only] [--reuse-build] [--tf[=core|hps]] [--sanitize] [--bench] [--profile]
+#   ci/gpu_test.sh [--build-only] [--reuse-build] [--tf[=core|hps]] [--multi-gpu] [--sanitize] [--bench] [--profile]
 #
 #   build     sok-core, sok-backend-det, sok-backend-hkv (and the pure-Python sok-hps), with CUDA for CMAKE_CUDA_ARCHITECTURES
 #             (default 90), into $SOK_GPU_WORK/site (default /tmp/sok-gpu/site) with $PYTHON (default
@@ -18,6 +18,11 @@
 #             tests skip (no Horovod there). --tf=core runs the examples and sok-core's tests only,
 #             --tf=hps sok-hps's only: with --build-only (no storage tests) and --reuse-build, each
 #             part fits in one 10-minute device call.
+#   multi-gpu (--multi-gpu, needs a CUDA TensorFlow as --tf does, and the Horovod sdist at $SOK_HOROVOD_SDIST where
+#             the host has no package index) Horovod with NCCL built by ci/build_horovod.sh into the site (its
+#             wheel cached under $SOK_GPU_WORK/cache), then sok-core's multi-process tests with their ranks on
+#             the host's GPUs (SOK_MULTIPROCESS_ON_GPUS=1: each rank pinned to its GPU by sok.init, NCCL for GPU
+#             tensors, NCCL_NVLS_ENABLE=0), the GPU pinning test among them.
 #   sanitize  (--sanitize) compute-sanitizer memcheck and racecheck over the CUDA conformance tests
 #             selected by -k "$SOK_SANITIZE_K" (default find_or_insert), CuPy's memory pool off; with
 #             --tf also memcheck over sok-core's GPU-kernel tests (TF_GPU_ALLOCATOR=cuda_malloc_async,
@@ -27,7 +32,7 @@
 #   profile   (--profile) python benchmarks/profile_gpu.py $SOK_PROFILE_ARGS: kernel time per operation
 #             (CUPTI); several runs when SOK_PROFILE_ARGS holds several argument lists separated by ';'.
 #
-# Logs: build.log, test.log, sanitizer.log, bench.log, profile.log in $OUT when set, else in $SOK_GPU_WORK/logs.
+# Logs: build.log, test.log, tf.log, multi_gpu.log, sanitizer.log, bench.log, profile.log in $OUT when set, else in $SOK_GPU_WORK/logs.
 # Every step runs (tests only after a good build); a summary ends the output; the exit status is
 # non-zero when any step failed. Idempotent: the site is rebuilt each run (unless --reuse-build
 # finds it current), the CMake build trees under $SOK_GPU_WORK/build are kept, so a second run
@@ -44,17 +49,19 @@ PROFILE=0
 TESTS=1
 TF_PART=all
 REUSE=0
+MULTI_GPU=0
 for arg in "$@"; do
   case "$arg" in
     --build-only) TESTS=0 ;;
     --reuse-build) REUSE=1 ;;
     --tf | --tf=all) TF_TESTS=1 ;;
     --tf=core | --tf=hps) TF_TESTS=1 TF_PART="${arg#--tf=}" ;;
+    --multi-gpu) MULTI_GPU=1 ;;
     --sanitize) SANITIZE=1 ;;
     --bench) BENCH=1 ;;
     --profile) PROFILE=1 ;;
-    -h | --help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --build-only, --reuse-build, --tf, --tf=core, --tf=hps, --sanitize, --bench, --profile, --help)" >&2; exit 2 ;;
+    -h | --help) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --build-only, --reuse-build, --tf, --tf=core, --tf=hps, --multi-gpu, --sanitize, --bench, --profile, --help)" >&2; exit 2 ;;
   esac
 done
 
@@ -187,6 +194,15 @@ EOF
   "$PYTHON" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=600 -m "not multiprocess" "${tests[@]}"
 }
 
+# sok-core's multi-process tests with one rank per GPU (Horovod with NCCL installed into the site).
+multi_gpu() {
+  SOK_CACHE_DIR="$WORK/cache" bash ci/build_horovod.sh "$PYTHON" --gpu nccl --target "$SITE" \
+    ${SOK_HOROVOD_SDIST:+--sdist "$SOK_HOROVOD_SDIST"}
+  nvidia-smi topo -m || true
+  PATH="$SITE/bin:$PATH" SOK_MULTIPROCESS_ON_GPUS=1 NCCL_NVLS_ENABLE=0 TF_FORCE_GPU_ALLOW_GROWTH=true \
+    "$PYTHON" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=600 -m multiprocess packages/sok-core/tests
+}
+
 sanitize() {
   local sanitizer tool rc=0
   sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
@@ -238,6 +254,10 @@ if [ "$OK" = 1 ]; then
   if [ "$TF_TESTS" = 1 ]; then
     step tf "$LOGS/tf.log" tf_tests
     tail -n 25 "$LOGS/tf.log"
+  fi
+  if [ "$MULTI_GPU" = 1 ]; then
+    step multi-gpu "$LOGS/multi_gpu.log" multi_gpu
+    tail -n 40 "$LOGS/multi_gpu.log"
   fi
   if [ "$SANITIZE" = 1 ]; then step sanitizer "$LOGS/sanitizer.log" sanitize; fi
   if [ "$BENCH" = 1 ]; then

@@ -9,7 +9,7 @@ VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 CACHE="${SOK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sok-dev}"
 TF_VERSION="2.21.0"
-HOROVOD_VERSION="0.28.1"
+HOROVOD_VERSION=$(sed -n 's/^HOROVOD_VERSION="\(.*\)"$/\1/p' "$ROOT/ci/build_horovod.sh")  # its one home
 PACKAGES=(sok-core sok-backend-det sok-backend-hkv sok-hps)
 STEPS=6
 START=$(date +%s)
@@ -60,45 +60,17 @@ if ! "$PY" -c "import tf_keras" 2>/dev/null; then
   pip_q --no-deps "tf_keras==$TF_VERSION"
 fi
 
-step 4 "Horovod $HOROVOD_VERSION (TensorFlow + Gloo, built from the patched sdist)"
-# Our patches of the sdist (below); a new patch set gets a new number, so no older wheel is reused.
-HVD_PATCHES="p2"
+step 4 "Horovod $HOROVOD_VERSION (TensorFlow + Gloo, and NCCL where CUDA and NCCL are found)"
+# ci/build_horovod.sh builds it from the patched sdist (its header lists the patches) and caches the
+# wheel; the stamp names the script's contents, so a new patch set or GPU mode rebuilds.
 HVD_STAMP="$VENV/.sok-horovod-built"
-HVD_BUILT="horovod $HOROVOD_VERSION ($HVD_PATCHES)"
+HVD_BUILT="horovod $HOROVOD_VERSION $(sha256sum "$ROOT/ci/build_horovod.sh" | cut -c1-16)"
 if [[ -f "$HVD_STAMP" ]] && [[ "$(cat "$HVD_STAMP")" == "$HVD_BUILT"* ]] \
   && "$PY" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('horovod') else 1)"; then
   echo "found $(cat "$HVD_STAMP")"
 else
-  TF_TAG=$("$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
-  PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-  WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-$HVD_PATCHES-tf$TF_TAG-$PY_TAG"
-  if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
-    SRC="$CACHE/src"
-    rm -rf "$SRC" && mkdir -p "$SRC" "$WHEEL_DIR"
-    "$PY" -m pip download --disable-pip-version-check --no-deps --no-binary :all: \
-      "horovod==$HOROVOD_VERSION" -d "$SRC"
-    tar -xzf "$SRC"/horovod-$HOROVOD_VERSION.tar.gz -C "$SRC"
-    # XLA headers moved in TF 2.21; the XLA ops are optional, drop them from the build.
-    sed -i '/xla_mpi_ops.cc/d' "$SRC/horovod-$HOROVOD_VERSION/horovod/tensorflow/CMakeLists.txt"
-    # The Gloo controller reserves its rank list instead of sizing it, so the stall inspector checks
-    # no rank and HOROVOD_STALL_SHUTDOWN_TIME_SECONDS never ends a job whose rank skipped a collective.
-    GLOO_CONTROLLER="$SRC/horovod-$HOROVOD_VERSION/horovod/common/gloo/gloo_controller.cc"
-    sed -i 's/global_ranks_.reserve(size_);/global_ranks_.resize(size_);/' "$GLOO_CONTROLLER"
-    grep -q 'global_ranks_.resize(size_);' "$GLOO_CONTROLLER"  # fail here if the patch no longer applies
-    echo "building the Horovod wheel (about 2-4 minutes on 2 cores)"
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-      HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 CMAKE_POLICY_VERSION_MINIMUM=3.5 \
-      MAKEFLAGS="-j$(nproc)" \
-      "$PY" -m pip wheel --disable-pip-version-check --no-deps --no-build-isolation \
-      "$SRC/horovod-$HOROVOD_VERSION" -w "$WHEEL_DIR"
-  else
-    echo "using the cached wheel in $WHEEL_DIR"
-  fi
-  # Forced: a wheel of the same version with other patches must replace the installed one.
-  pip_q --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
-  pip_q "$WHEEL_DIR"/horovod-*.whl  # its Python dependencies (psutil, cloudpickle, ...)
-  "$PY" -c "import horovod.tensorflow" # fail here, not in the tests, if the build is broken
-  echo "$HVD_BUILT for TensorFlow $TF_TAG" >"$HVD_STAMP"
+  SOK_CACHE_DIR="$CACHE" bash "$ROOT/ci/build_horovod.sh" "$PY"
+  echo "$HVD_BUILT for TensorFlow $("$PY" -c 'import tensorflow as tf; print(tf.__version__)')" >"$HVD_STAMP"
 fi
 
 step 5 "system packages: redis-server (the Redis tests of sok-hps)"

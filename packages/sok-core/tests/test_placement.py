@@ -45,3 +45,62 @@ def test_a_device_that_is_neither_cpu_nor_gpu_is_an_error_naming_the_valid_ones(
 @cpu_tensorflow
 def test_default_home_says_why_not_a_gpu():
     assert placement.default_home("hbm") == "cpu (TensorFlow is built without CUDA)"
+
+
+class _FakeGpus:
+    """tf.config's device functions over ``count`` fake GPUs (``set_visible_devices`` recorded, or
+    raising as TensorFlow does once it has set up its GPUs)."""
+
+    def __init__(self, count: int, visible: int | None = None, initialised: bool = False) -> None:
+        self.gpus = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(count)]
+        self.visible = self.gpus[: count if visible is None else visible]
+        self.initialised = initialised
+        self.pinned: list = []
+
+    def install(self, monkeypatch) -> None:
+        monkeypatch.setattr(placement.tf.test, "is_built_with_cuda", lambda: True)
+        monkeypatch.setattr(placement.tf.config, "list_physical_devices", lambda kind=None: list(self.gpus))
+        monkeypatch.setattr(placement.tf.config, "get_visible_devices", lambda kind=None: list(self.visible))
+        monkeypatch.setattr(placement.tf.config, "set_visible_devices", self._set)
+
+    def _set(self, devices, kind=None) -> None:
+        if self.initialised:
+            raise RuntimeError("Visible devices cannot be modified after being initialized")
+        self.pinned.append(list(devices))
+
+
+@pytest.mark.parametrize("local_rank", [0, 1, 2])
+def test_each_rank_of_a_host_is_pinned_to_its_own_gpu(monkeypatch, caplog, local_rank):
+    fake = _FakeGpus(4)
+    fake.install(monkeypatch)
+    with caplog.at_level(logging.INFO, logger=placement.__name__):
+        name = placement.pin_local_gpu(local_rank, 3)
+    assert fake.pinned == [[fake.gpus[local_rank]]] and name == fake.gpus[local_rank].name
+    assert f"rank {local_rank} of this host uses /physical_device:GPU:{local_rank} only" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("gpus", "visible", "local_size"),
+    [(2, 1, 2), (1, None, 2), (4, None, 1)],
+    ids=["user-chose", "one-gpu", "one-rank"],
+)
+def test_a_choice_already_made_or_nothing_to_share_is_kept(monkeypatch, gpus, visible, local_size):
+    fake = _FakeGpus(gpus, visible)
+    fake.install(monkeypatch)
+    assert placement.pin_local_gpu(0, local_size) is None and fake.pinned == []
+
+
+def test_ranks_that_outnumber_the_gpus_share_them_with_a_warning(monkeypatch, caplog):
+    fake = _FakeGpus(2)
+    fake.install(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger=placement.__name__):
+        placement.pin_local_gpu(3, 4)
+    assert fake.pinned == [[fake.gpus[1]]] and "4 ranks share this host's 2 GPUs" in caplog.text
+
+
+def test_gpus_already_set_up_warn_how_to_pin_the_rank(monkeypatch, caplog):
+    fake = _FakeGpus(2, initialised=True)
+    fake.install(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger=placement.__name__):
+        assert placement.pin_local_gpu(1, 2) is None
+    assert "call sok.init() before anything runs on a GPU" in caplog.text and "CUDA_VISIBLE_DEVICES" in caplog.text

@@ -125,6 +125,14 @@ class CommunicationTool:
     def num_ranks(self) -> int:
         raise NotImplementedError
 
+    def local_rank(self) -> int:
+        """This process's rank among those of its host."""
+        raise NotImplementedError
+
+    def local_size(self) -> int:
+        """How many ranks run on this process's host."""
+        raise NotImplementedError
+
     def allgather(self, tensor: Any, name: str | None = None) -> Any:
         raise NotImplementedError
 
@@ -147,6 +155,12 @@ class SingleProcess(CommunicationTool):
         return 0
 
     def num_ranks(self) -> int:
+        return 1
+
+    def local_rank(self) -> int:
+        return 0
+
+    def local_size(self) -> int:
         return 1
 
     def allgather(self, tensor: Any, name: str | None = None) -> Any:
@@ -184,6 +198,12 @@ class HorovodTool(CommunicationTool):
 
     def num_ranks(self) -> int:
         return self._hvd.size()
+
+    def local_rank(self) -> int:
+        return self._hvd.local_rank()
+
+    def local_size(self) -> int:
+        return self._hvd.local_size()
 
     def _run(self, what: str, name: str | None, collective: Callable[[str | None], Any]) -> Any:
         """``collective(op_name)``; eagerly, Horovod's shutdown during it becomes a CollectiveError
@@ -264,7 +284,10 @@ def init(comm_tool: str = "horovod", use_legacy_optimizer: bool = True) -> None:
             the new optimizers. Under Keras 3 nothing changes (it has no such module).
 
     Under a CUDA TensorFlow it also turns on memory growth on every GPU
-    (:func:`placement.share_gpu_memory`): SOK's GPU tables allocate beside TensorFlow.
+    (:func:`placement.share_gpu_memory`): SOK's GPU tables allocate beside TensorFlow. Where
+    several ranks share a host that has several GPUs and TensorFlow still sees all of them, each
+    rank is pinned to its own (``local_rank``'s, :func:`placement.pin_local_gpu`), with a log line:
+    its tables and ops then run there, and it opens no context on another rank's GPU.
 
     Example::
 
@@ -274,6 +297,8 @@ def init(comm_tool: str = "horovod", use_legacy_optimizer: bool = True) -> None:
     set_comm_tool(comm_tool)
     from sparse_operation_kit import placement
 
+    assert _tool is not None
+    placement.pin_local_gpu(_tool.local_rank(), _tool.local_size())
     placement.share_gpu_memory()
     if use_legacy_optimizer:
         _use_legacy_keras_optimizers()

@@ -31,7 +31,7 @@ from sparse_operation_kit.plugins.registry import get_registry
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Placement", "default_home", "of_scope", "share_gpu_memory"]
+__all__ = ["Placement", "default_home", "of_scope", "pin_local_gpu", "share_gpu_memory"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +123,51 @@ def default_home(var_type: str) -> str:
     ``"cuda:N"``, or ``"cpu (why not a GPU)"``."""
     reason = _why_not_gpu(var_type)
     return f"cpu ({reason})" if reason else f"cuda:{_gpu_ordinals()[0]}"
+
+
+def pin_local_gpu(local_rank: int, local_size: int) -> str | None:
+    """Make this rank's GPU the only one TensorFlow sees, where ``local_size`` ranks share a host
+    with several GPUs and nobody has chosen yet (TensorFlow sees every GPU of the host). Rank
+    ``local_rank`` of the host gets GPU ``local_rank`` (modulo the GPUs, with a warning when ranks
+    must share one). ``sok.init`` calls it before anything runs on a GPU; a choice made before it
+    (``CUDA_VISIBLE_DEVICES``, ``tf.config.set_visible_devices``) is kept.
+
+    Returns:
+        The name of the GPU pinned (``"/physical_device:GPU:1"``), or None where nothing changed.
+
+    Example::
+
+        placement.pin_local_gpu(hvd.local_rank(), hvd.local_size())   # rank 1 of 2: GPU 1 only
+    """
+    if local_size < 2 or not tf.test.is_built_with_cuda():
+        return None
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) < 2 or len(tf.config.get_visible_devices("GPU")) != len(gpus):
+        return None  # one GPU per process already, or the user chose
+    gpu = gpus[local_rank % len(gpus)]
+    try:
+        tf.config.set_visible_devices([gpu], "GPU")
+    except RuntimeError:
+        logger.warning(
+            "sok.init: TensorFlow has already set up its GPUs, so rank %d of this host sees all %d and may open "
+            "contexts on the other ranks' GPUs: call sok.init() before anything runs on a GPU, or pin the rank "
+            'yourself first (tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU"), or CUDA_VISIBLE_DEVICES)',
+            local_rank,
+            len(gpus),
+        )
+        return None
+    _gpu_ordinals.cache_clear()
+    if local_size > len(gpus):
+        logger.warning(
+            "sok.init: %d ranks share this host's %d GPUs, so some GPUs serve several ranks", local_size, len(gpus)
+        )
+    logger.info(
+        "sok.init: rank %d of this host uses %s only (set CUDA_VISIBLE_DEVICES or tf.config.set_visible_devices "
+        "before sok.init() to choose another)",
+        local_rank,
+        gpu.name,
+    )
+    return gpu.name
 
 
 def share_gpu_memory() -> None:

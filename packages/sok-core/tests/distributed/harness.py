@@ -3,6 +3,11 @@
 Workers print one line per check and rank, ``CHECK <name> rank=<r> PASS|FAIL <detail>``; a launch
 that runs past its timeout is killed with every rank it started and fails the test (no test hangs).
 
+The ranks run on the CPU (``CUDA_VISIBLE_DEVICES`` empty) unless :data:`ON_GPUS` is set to 1 in the
+environment (``ci/gpu_test.sh --multi-gpu``): then each rank sees the host's GPUs, ``sok.init``
+pins it to its own, and Horovod moves GPU tensors through NCCL (``NCCL_NVLS_ENABLE=0`` in every
+rank's environment: NVLink multicast can take shared hosts' GPUs out of service).
+
 Example::
 
     returncode, output = launch(WORKER, 2, "--fast", env={"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"})
@@ -15,6 +20,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,20 +33,34 @@ LINE = re.compile(r"CHECK (\S+) rank=(\d+) (PASS|FAIL)(.*)$")
 #: Seconds before a launch's timeout at which each rank prints the stacks of its threads.
 STACKS_BEFORE_TIMEOUT = 20
 STACKS_AFTER = "SOK_TEST_STACKS_AFTER_S"
+#: The environment variable that runs the ranks on the host's GPUs (1) instead of the CPU.
+ON_GPUS = "SOK_MULTIPROCESS_ON_GPUS"
+
+
+def on_gpus() -> bool:
+    """Whether the launches run their ranks on GPUs (:data:`ON_GPUS`)."""
+    return os.environ.get(ON_GPUS) == "1"
 
 
 def horovodrun() -> Path:
-    """The horovodrun next to this interpreter; skips the test when Horovod is not installed."""
+    """The horovodrun next to this interpreter, else on PATH (a ``pip install --target`` folder's
+    ``bin``); skips the test when Horovod is not installed."""
     path = Path(sys.executable).parent / "horovodrun"
-    if not path.exists():
-        pytest.skip(f"horovodrun not found next to {sys.executable} (install Horovod with TensorFlow: ci/setup.sh)")
-    return path
+    found = path if path.exists() else shutil.which("horovodrun")
+    if found is None:
+        pytest.skip(
+            f"horovodrun is neither next to {sys.executable} nor on PATH (install Horovod with TensorFlow: "
+            "ci/setup.sh, or ci/build_horovod.sh)"
+        )
+    return Path(found)
 
 
 def launch(worker: Path, np_: int, *args: str, env: dict | None = None, timeout: int = 300) -> tuple[int, str]:
-    """Run ``worker`` on ``np_`` Gloo ranks (CPU); ``(exit status, stdout and stderr)``."""
+    """Run ``worker`` on ``np_`` ranks (Gloo controller; CPU ranks, or GPU ranks with NCCL data where
+    :func:`on_gpus`); ``(exit status, stdout and stderr)``."""
     stacks_after = str(max(1, timeout - STACKS_BEFORE_TIMEOUT))
-    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **{STACKS_AFTER: stacks_after})
+    devices = {"NCCL_NVLS_ENABLE": "0"} if on_gpus() else {"CUDA_VISIBLE_DEVICES": ""}
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **devices, **{STACKS_AFTER: stacks_after})
     full_env.update(env or {})
     command = [str(horovodrun()), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, str(worker)]
     command += list(args)
