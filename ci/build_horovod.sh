@@ -128,11 +128,11 @@ fi
 
 if [[ -n "$TARGET" ]]; then
   "$PY" -m pip install --disable-pip-version-check --no-deps --no-index --upgrade --target "$TARGET" "$WHEEL_DIR"/horovod-*.whl
-  PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c "import horovod.tensorflow as hvd; print('horovod', hvd.__version__, 'nccl_built:', hvd.nccl_built())"
+  PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c "import horovod, horovod.tensorflow as hvd; print('horovod', horovod.__version__, 'nccl_built:', hvd.nccl_built())"
 else
   # Forced: a wheel of the same version with other patches must replace the installed one.
   "$PY" -m pip install --disable-pip-version-check --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
   "$PY" -m pip install --disable-pip-version-check "$WHEEL_DIR"/horovod-*.whl  # its dependencies (psutil, cloudpickle, ...)
-  "$PY" -c "import horovod.tensorflow as hvd; print('horovod', hvd.__version__, 'nccl_built:', hvd.nccl_built())"
+  "$PY" -c "import horovod, horovod.tensorflow as hvd; print('horovod', horovod.__version__, 'nccl_built:', hvd.nccl_built())"
 fi
 echo "horovod $HOROVOD_VERSION ($HVD_PATCHES, $GPU) for TensorFlow $TF_TAG"

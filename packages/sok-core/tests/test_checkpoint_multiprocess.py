@@ -1,12 +1,12 @@
 """sok.dump / sok.load across world sizes (reference §1.10: dynamic load reshards; static load must
 too here): a checkpoint written by 2 ranks loads in 1 process and in 3 ranks, and the one the 3
-ranks write loads in 1 process. Two horovodrun launches (Gloo, CPU) of distributed/ckpt_worker.py.
+ranks write loads in 1 process. Two horovodrun launches (Gloo; CPU ranks, or GPU ranks under
+``ci/gpu_test.sh --multi-gpu``) of distributed/ckpt_worker.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -29,10 +29,11 @@ if HOROVODRUN is None:
 
 sys.path.insert(0, str(WORKER.parent))
 import ckpt_worker as worker  # noqa: E402
+from harness import rank_environment  # noqa: E402
 
 
 def horovodrun(np_: int, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env = rank_environment()
     command = [HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, str(WORKER), *args]
     try:
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -41,13 +42,15 @@ def horovodrun(np_: int, *args: str) -> subprocess.CompletedProcess:
 
 
 def rank_errors(out: Path, np_: int, run: subprocess.CompletedProcess) -> list[str]:
-    errors = []
+    errors, silent = [], []
     for rank in range(np_):
         path = out / f"result-{rank}.json"
-        if not path.exists():
-            errors.append(f"rank {rank} wrote no result (exit status {run.returncode})")
-            continue
-        errors += json.loads(path.read_text())["errors"]
+        if path.exists():
+            errors += json.loads(path.read_text())["errors"]
+        else:
+            silent.append(rank)
+    if silent:
+        errors.append(f"ranks {silent} wrote no result (exit status {run.returncode}); output tail:\n{tail(run)}")
     return errors
 
 

@@ -55,12 +55,20 @@ def horovodrun() -> Path:
     return Path(found)
 
 
+def rank_environment(stacks_after: int | None = None) -> dict[str, str]:
+    """The environment of the ranks a test launches: this one, quiet, on the CPU or (:func:`on_gpus`)
+    the host's GPUs with NVLink multicast off."""
+    devices = {"NCCL_NVLS_ENABLE": "0"} if on_gpus() else {"CUDA_VISIBLE_DEVICES": ""}
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **devices)
+    if stacks_after is not None:
+        env[STACKS_AFTER] = str(stacks_after)
+    return env
+
+
 def launch(worker: Path, np_: int, *args: str, env: dict | None = None, timeout: int = 300) -> tuple[int, str]:
     """Run ``worker`` on ``np_`` ranks (Gloo controller; CPU ranks, or GPU ranks with NCCL data where
     :func:`on_gpus`); ``(exit status, stdout and stderr)``."""
-    stacks_after = str(max(1, timeout - STACKS_BEFORE_TIMEOUT))
-    devices = {"NCCL_NVLS_ENABLE": "0"} if on_gpus() else {"CUDA_VISIBLE_DEVICES": ""}
-    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **devices, **{STACKS_AFTER: stacks_after})
+    full_env = rank_environment(stacks_after=max(1, timeout - STACKS_BEFORE_TIMEOUT))
     full_env.update(env or {})
     command = [str(horovodrun()), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, str(worker)]
     command += list(args)
