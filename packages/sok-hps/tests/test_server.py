@@ -30,6 +30,8 @@ import hierarchical_parameter_server as hps  # noqa: E402
 import serve_support as support  # noqa: E402
 from hierarchical_parameter_server import tiers  # noqa: E402
 from hierarchical_parameter_server.cache import capacity_of  # noqa: E402
+from hierarchical_parameter_server.config import load_config  # noqa: E402
+from hierarchical_parameter_server.server import ParameterServer  # noqa: E402
 
 ROWS, EXTRA, DIM = 4000, 50, 8
 
@@ -320,3 +322,22 @@ def test_defaults_served_while_the_only_database_is_down_are_not_cached(serve, m
         np.testing.assert_array_equal(lookup(ids).numpy(), np.full((3, DIM), 0.5, np.float32))
     assert "is unavailable" in caplog.text
     np.testing.assert_array_equal(lookup(ids).numpy(), tf.nn.embedding_lookup(oracle, ids).numpy())
+
+
+def test_a_persistent_db_that_cannot_open_closes_the_volatile_db_it_opened(tmp_path, monkeypatch):
+    """The volatile DB (a Redis client, say) is opened first; a persistent DB that fails to open
+    must not leave it open."""
+    closed = []
+    volatile = types.SimpleNamespace(name="fake volatile", close=lambda: closed.append(True))
+    monkeypatch.setattr(tiers, "make_volatile_db", lambda cfg: volatile)
+
+    def refuse(cfg):
+        raise OSError("the persistent database cannot be opened")
+
+    monkeypatch.setattr(tiers, "make_persistent_db", refuse)
+    folder, _ = support.write_table(tmp_path / "t0", ROWS, DIM)
+    entry = support.model_entry("m", [folder], [DIM])
+    config = load_config(support.ps_config([entry]))
+    with pytest.raises(OSError, match="cannot be opened"):
+        ParameterServer(config)
+    assert closed == [True]

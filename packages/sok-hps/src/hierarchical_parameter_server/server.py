@@ -426,7 +426,12 @@ class ParameterServer:
         #: Whether close() closes the persistent DB (not one shared with the predecessor before
         #: the hand-over, nor one handed to the successor).
         self._owns_persistent = not shared
-        self._persistent = predecessor.persistent_db if shared else tiers.make_persistent_db(config.persistent_db)
+        try:
+            self._persistent = predecessor.persistent_db if shared else tiers.make_persistent_db(config.persistent_db)
+        except BaseException:
+            if self._volatile is not None:
+                self._volatile.close()  # e.g. a Redis client, which nothing else would close
+            raise
         self._volatile_filters = _filters(config.volatile_db.update_filters)
         self._persistent_filters = _filters(config.persistent_db.update_filters)
         self._unavailable: set[str] = set()
