@@ -20,7 +20,7 @@ redis = pytest.importorskip("redis", reason="redis-py is not installed: pip inst
 
 from hierarchical_parameter_server.tiers.base import TierUnavailable  # noqa: E402
 from hierarchical_parameter_server.tiers.partition import partition_of  # noqa: E402
-from hierarchical_parameter_server.tiers.redis_cluster import RedisClusterTier  # noqa: E402
+from hierarchical_parameter_server.tiers.redis_cluster import RedisClusterTier, value_hash  # noqa: E402
 
 TAG = "hps_et.model.sparse_embedding0"
 
@@ -192,3 +192,29 @@ def test_a_node_killed_under_four_threads_of_server_lookups(tmp_path, fresh_redi
     assert not any(thread.is_alive() for thread in threads), "a fetch hung"
     assert not errors, repr(errors[0])
     assert min(counts) > 0
+
+
+def test_retain_only_clears_what_a_deploy_with_more_partitions_left(redis_cluster):
+    """A re-deploy with fewer partitions serves exactly the new rows: the hashes of the old
+    partitions past the new count, and rows left in a partition their key no longer maps to,
+    are erased."""
+    tag = "hps_et.partitions.t0"
+    keys = np.arange(200, dtype=np.int64)
+    values = np.repeat(keys[:, None], 2, 1).astype(np.float32)
+    wide = RedisClusterTier(redis_cluster.address, num_partitions=8, max_batch_size=64)
+    narrow = RedisClusterTier(redis_cluster.address, num_partitions=3, max_batch_size=64)
+    try:
+        wide.insert(tag, keys, values)
+        narrow.insert(tag, keys[:100], values[:100])
+        client = narrow._connect()
+        before = sum(client.hlen(value_hash(tag, p)) for p in range(8))
+        assert narrow.retain_only(tag, keys[:100]) == before - 100
+        assert narrow.size(tag) == 100 and wide.size(tag) == 100
+        assert [p for p in range(8) if client.exists(value_hash(tag, p))] == [0, 1, 2]
+        got, found = narrow.fetch(tag, keys, 2)
+        np.testing.assert_array_equal(found, keys < 100)
+        np.testing.assert_array_equal(got[:100], values[:100])
+    finally:
+        narrow.retain_only(tag, keys[:0])
+        wide.close()
+        narrow.close()

@@ -57,7 +57,7 @@ _UNAVAILABLE = (*_REDIS_ERRORS, TypeError, AttributeError)
 T = TypeVar("T")
 
 
-def value_hash(tag: str, partition: int) -> str:
+def value_hash(tag: str, partition: int | str) -> str:
     """The Redis hash holding partition ``partition`` of table ``tag``: ``hps_et{<tag>/p<p>}v``."""
     return f"hps_et{{{tag}/p{partition}}}v"
 
@@ -278,7 +278,10 @@ class RedisClusterTier:
         self._run(lambda client: client.set(dim_key(tag), str(int(dim)).encode()))
 
     def retain_only(self, tag: str, keys: np.ndarray) -> int:
-        """Erase the rows of ``tag`` whose key is not in ``keys`` (``HKEYS`` and ``HDEL`` per partition)."""
+        """Erase the rows of ``tag`` whose key is not in ``keys`` (``HKEYS`` and ``HDEL`` per
+        partition), and those a deploy with another ``num_partitions`` left: rows in a partition
+        other than their key's now, and the hashes of partitions past this tier's count (found by
+        ``SCAN`` over every node). Returns how many rows were erased."""
         keep = np.unique(check_keys(tag, keys, 1))
 
         def erase(client: RedisCluster) -> int:
@@ -289,9 +292,15 @@ class RedisClusterTier:
                 if not fields:
                     continue
                 stored = np.frombuffer(b"".join(fields), "<i8")
-                absent = [fields[i] for i in np.flatnonzero(~np.isin(stored, keep)).tolist()]
+                stale = ~np.isin(stored, keep) | (partition_of(stored, self.num_partitions) != p)
+                absent = [fields[i] for i in np.flatnonzero(stale).tolist()]
                 for first in range(0, len(absent), self.max_batch_size):
                     erased += client.hdel(name, *absent[first : first + self.max_batch_size])
+            ours = {value_hash(tag, p).encode() for p in range(self.num_partitions)}
+            for name in client.scan_iter(match=value_hash(tag, "*")):
+                if name not in ours:
+                    erased += client.hlen(name)
+                    client.delete(name)
             return erased
 
         return self._run(erase)
