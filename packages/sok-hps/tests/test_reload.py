@@ -7,9 +7,12 @@ old and the new server)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +22,8 @@ tf = pytest.importorskip("tensorflow")
 sys.path.insert(0, str(Path(__file__).parent))
 import hierarchical_parameter_server as hps  # noqa: E402
 import serve_support as support  # noqa: E402
-from hierarchical_parameter_server import graph_calls, init  # noqa: E402
+from hierarchical_parameter_server import graph_calls, init, tiers  # noqa: E402
+from hierarchical_parameter_server.config import ConfigError  # noqa: E402
 
 ROWS, EXTRA, DIM, THREADS, RELOADS = 2000, 50, 8, 4, 4
 
@@ -109,4 +113,114 @@ def test_a_fetch_handed_over_to_a_table_of_another_width_fails_clearly(tmp_path)
     hps.init.reload(ps_config_file=paths[1], global_batch_size=16)
     with pytest.raises(graph_calls.TracedTableChangedError, match=f"width {DIM}.*width {2 * DIM}"):
         old.fetch(np.array([1, 2], np.int64))
+    init.shutdown()
+
+
+def rocks_versions(tmp_path, sizes=(100, 50), **persistent):
+    """(config paths, weights) of model 'm' v0 and v1 (``sizes`` keys each) over the RocksDB
+    ``tmp_path/rocks`` (no cache row but those fetched, no volatile DB); ``persistent`` replaces
+    keys of v1's persistent_db, and ``update_source`` v1's update_source."""
+    paths, weights = [], []
+    update_source = persistent.pop("update_source", None)
+    for version, rows in enumerate(sizes):
+        folder, w = support.write_table(tmp_path / f"v{version}", rows, DIM, seed=20 + version)
+        entry = support.model_entry("m", [folder], [DIM], gpucache=False)
+        top = {
+            "volatile_db": {"type": "disabled"},
+            "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "rocks"), **(persistent if version else {})},
+        }
+        if version and update_source:
+            top["update_source"] = update_source
+        paths.append(support.write_config(tmp_path / f"ps{version}.json", support.ps_config([entry], **top)))
+        weights.append(w)
+    return paths, weights
+
+
+def lookup_m(ids):
+    layer = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+    return layer(tf.constant(ids, tf.int64)).numpy()
+
+
+def test_a_reload_whose_update_source_cannot_start_writes_no_database(tmp_path):
+    """update_source.path is a regular file: the reload fails with a ConfigError naming it before
+    any database is written, and the old server serves the old model's rows, all of them."""
+    blocker = tmp_path / "not_a_directory"
+    blocker.write_text("x")
+    source = {"type": "directory", "path": str(blocker), "poll_interval_ms": 50}
+    support.require_rocksdict()
+    paths, (v0, _) = rocks_versions(tmp_path, update_source=source)
+    init.shutdown()
+    hps.Init(ps_config_file=paths[0], global_batch_size=16)
+    server = init.get_server()
+    with pytest.raises(ConfigError, match=f"update_source.path.*{blocker}"):
+        hps.init.reload(ps_config_file=paths[1], global_batch_size=16)
+    assert init.get_server() is server
+    ids = np.array([3, 75, 99], np.int64)
+    np.testing.assert_array_equal(lookup_m(ids), v0[ids])
+    init.shutdown()
+
+
+def test_a_reload_failing_after_a_database_write_says_it_left_them_partly_redeployed(tmp_path, monkeypatch, caplog):
+    """A database that fails mid-load: the reload raises, the old server serves on, and an error
+    says that the shared databases are partly re-deployed."""
+    support.require_rocksdict()
+    paths, _ = rocks_versions(tmp_path)
+    init.shutdown()
+    hps.Init(ps_config_file=paths[0], global_batch_size=16)
+    server = init.get_server()
+    shared = server.persistent_db
+    real_insert = shared.insert
+
+    def insert_then_fail(tag, keys, values):
+        real_insert(tag, keys[:10], values[:10])
+        raise tiers.TierUnavailable("rocks_db went down")
+
+    monkeypatch.setattr(shared, "insert", insert_then_fail)
+    with caplog.at_level(logging.ERROR), pytest.raises(tiers.TierUnavailable, match="went down"):
+        hps.init.reload(ps_config_file=paths[1], global_batch_size=16)
+    assert init.get_server() is server
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("partly re-deployed" in e and str(tmp_path / "rocks") in e for e in errors), errors
+    init.shutdown()
+
+
+def test_a_reload_that_changes_persistent_db_options_shares_the_open_database(tmp_path, caplog):
+    """Another num_threads / max_batch_size for the same RocksDB path: the reload shares the open
+    database (a second open in the process fails on RocksDB's lock) and warns that those options
+    take effect at the next restart; read_only: true is honoured over the shared handle; from a
+    read-only database the reload to a writable one opens it for writing."""
+    support.require_rocksdict()
+    paths, (v0, v1) = rocks_versions(tmp_path, num_threads=2, max_batch_size=7)
+    read_only = json.loads(Path(paths[0]).read_text())  # v0 read-only
+    read_only["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rocks"), "read_only": True}
+    ro_config = support.write_config(tmp_path / "ps_ro.json", read_only)
+    init.shutdown()
+    hps.Init(ps_config_file=paths[0], global_batch_size=16)
+    with caplog.at_level(logging.WARNING):
+        hps.init.reload(ps_config_file=paths[1], global_batch_size=16)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("max_batch_size" in w and "num_threads" in w and "restart" in w for w in warnings), warnings
+    ids = np.array([3, 49, 75], np.int64)
+    want = support.oracle(v1, 0.5, 50)
+    np.testing.assert_array_equal(lookup_m(ids), want[ids])
+    # v0 read-only: nothing loaded into the database, which keeps v1's rows (v0's key 75 stays absent)
+    shared = init.get_server().persistent_db
+    hps.init.reload(ps_config_file=ro_config, global_batch_size=16)
+    server = init.get_server()
+    assert server.persistent_db is shared
+    np.testing.assert_array_equal(lookup_m(ids), want[ids])
+    tag = server.table("m", 0).tag
+    server.apply_update(types.SimpleNamespace(tag=tag, keys=ids[:1], values=np.full((1, DIM), 9.0, np.float32)))
+    assert shared.size(tag) == 50
+    np.testing.assert_array_equal(shared.fetch(tag, ids[:1], DIM)[0], v1[ids[:1]])
+    # writable again: v0's 100 rows are written
+    hps.init.reload(ps_config_file=paths[0], global_batch_size=16)
+    np.testing.assert_array_equal(lookup_m(ids), v0[ids])
+    assert init.get_server().persistent_db.size(tag) == 100
+    # a database open read-only (a fresh start) opens again for writing: v1 is written
+    init.shutdown()
+    hps.Init(ps_config_file=ro_config, global_batch_size=16)
+    hps.init.reload(ps_config_file=paths[1], global_batch_size=16)
+    np.testing.assert_array_equal(lookup_m(ids), want[ids])
+    assert init.get_server().persistent_db.size(tag) == 50
     init.shutdown()

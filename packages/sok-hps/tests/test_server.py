@@ -341,3 +341,25 @@ def test_a_persistent_db_that_cannot_open_closes_the_volatile_db_it_opened(tmp_p
     with pytest.raises(OSError, match="cannot be opened"):
         ParameterServer(config)
     assert closed == [True]
+
+
+def test_a_copy_back_fetched_before_an_update_does_not_overwrite_it(serve, monkeypatch):
+    """cache_missed_embeddings: a row the persistent DB had is copied back to the volatile DB in
+    the background. When an update of that key lands between the fetch and the copy-back, the
+    copy-back (of the stale row) is skipped: the lookup returns the update's row."""
+    server, oracle = serve(
+        "hash_map+rocks_db", volatile={"overflow_margin": 10, "num_partitions": 1, "cache_missed_embeddings": True}
+    )
+    table = server.table("m", 0)
+    queued = []
+    monkeypatch.setattr(server, "submit", lambda fn, *args: queued.append((fn, args)))  # run them below
+    _, found = server.volatile_db.fetch(table.tag, np.arange(ROWS, dtype=np.int64), DIM)
+    key = np.flatnonzero(~found)[:1].astype(np.int64)  # a key only RocksDB has
+    np.testing.assert_array_equal(table.fetch(key), oracle[key])
+    assert len(queued) == 1, "the copy-back was not queued"
+    fresh = np.full((1, DIM), 9.0, np.float32)
+    server.apply_update(types.SimpleNamespace(tag=table.tag, keys=key, values=fresh))
+    fn, args = queued.pop()
+    fn(*args)  # the copy-back of the row fetched before the update
+    np.testing.assert_array_equal(table.fetch(key), fresh)
+    np.testing.assert_array_equal(server.volatile_db.fetch(table.tag, key, DIM)[0], fresh)

@@ -1,7 +1,8 @@
 """The background poller of DirectoryUpdateSource survives the filesystem and bad updates.
 
-* An update that can never apply (apply raises a ValueError: UpdateRejected) goes to rejected/
-  with one error line, and the updates after it are applied.
+* An update this server cannot apply (apply raises a ValueError: UpdateRejected) is left in place
+  for other readers, recorded and never retried by this source, with one error line; the updates
+  after it are applied.
 * A directory, a FIFO or a symbolic link named ``*.hpsu`` is never opened: it goes to rejected/
   with one error line, and the thread goes on.
 * The update directory removed and made again: the thread logs it and goes on.
@@ -56,25 +57,30 @@ def errors_naming(caplog, name: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.levelno == logging.ERROR and name in r.getMessage()]
 
 
-def test_an_update_apply_refuses_is_rejected_and_the_stream_goes_on(tmp_path, running, caplog):
-    applied = []
+def test_an_update_apply_refuses_is_left_for_other_readers_and_the_stream_goes_on(tmp_path, running, caplog):
+    applied, refused = [], []
 
     def apply(update):
         if update.keys[0] == 2:
+            refused.append(2)
             raise UpdateRejected("rows of width 3, but the table's dim is 2")
         applied.append(int(update.keys[0]))
 
     directory = tmp_path / "u"
     paths = [write_update(directory, "m", "t", *row(i)) for i in range(4)]
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        running(apply)
+        source = running(apply)
         wait_for(lambda: applied == [0, 1, 3])
         write_update(directory, "m", "t", *row(4))
         wait_for(lambda: applied == [0, 1, 3, 4])
+        time.sleep(0.1)  # ten more polls: the refused file is not tried again
     bad = os.path.basename(paths[2])
-    assert os.listdir(directory / "rejected") == [bad]
+    assert os.path.exists(paths[2]) and not os.path.exists(directory / "rejected")  # another server may apply it
+    assert refused == [2] and list(source.unapplied) == [bad] and "width 3" in source.unapplied[bad]
     (line,) = errors_naming(caplog, bad)
     assert "width 3" in line.getMessage()
+    other_readers = DirectoryUpdateSource(directory).poll()
+    assert [int(u.keys[0]) for u in other_readers] == [0, 1, 2, 3, 4]
 
 
 def test_a_directory_named_like_an_update_does_not_stop_the_thread(tmp_path, running, caplog):

@@ -5,12 +5,17 @@
   read_update); version-1 files are still read, ordered by the time in their names.
 * Atomic: a failed write leaves no visible file and no temporary; a reader polling while a writer
   writes never sees part of a file.
-* poll() returns each file once, in sequence order (not name or arrival order); a file older than
-  the newest one returned for its table, and a duplicate of one returned (another name, same
-  sequence and content), go to rejected/, so a live source and a replay agree.
-* bad files (wrong magic, corrupt, bad tag, a symbolic link) go to rejected/ with an error line;
-  a file shorter than its header says waits until it is complete (rejected when its size has not
-  changed for incomplete_timeout_s); a junk file costs a small read, not the file in memory.
+* poll() returns each file once, in sequence order (not name or arrival order); the order is per
+  writer (a thread of a process, its id in the header): a late file of another process or thread
+  applies, a file older than the newest one returned of its writer and table, and a duplicate of
+  one returned (another name, same writer, sequence and content), go to rejected/, so a live source
+  and a replay agree.
+* bad files (wrong magic, corrupt, bad tag, a symbolic link) go to rejected/ with an error line,
+  under a free name (x.hpsu.1, ...) when theirs is taken there; a file shorter than its header says
+  waits until it is complete (rejected when its size has not changed for incomplete_timeout_s); a
+  junk file costs a small read, not the file in memory.
+* a replay reads the headers to order the files, then one file at a time: its peak memory is about
+  one file's rows, and an error while reading loses no file.
 * filters are full matches on the model name.
 * start()/stop() apply updates in a thread; an apply that fails is retried, in order.
 * dump_increment writes the rows sok.incremental_model_dump returns.
@@ -22,6 +27,7 @@ import logging
 import os
 import shutil
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -71,12 +77,12 @@ def test_file_layout_is_the_documented_one(tmp_path):
     before = time.time_ns()
     path = write_update(tmp_path, "m", "t", keys, values)
     data = open(path, "rb").read()
-    magic, value_size, version, key_size, tag_len, sequence = struct.unpack_from("<IIHHIQ", data)
+    magic, value_size, version, key_size, tag_len, sequence, writer = struct.unpack_from("<IIHHIQQ", data)
     assert (magic, value_size, version, key_size) == (0x52544348, 12, 2, 8) and data[:4] == b"HCTR"
     assert before <= sequence <= time.time_ns() and os.path.basename(path).startswith(f"{sequence:020d}-")
-    assert read_update(path).sequence == sequence
-    assert data[24 : 24 + tag_len] == b"hps_et.m.t"
-    offset = 24 + tag_len
+    assert (read_update(path).sequence, read_update(path).writer) == (sequence, writer) and writer != 0
+    assert data[32 : 32 + tag_len] == b"hps_et.m.t"
+    offset = 32 + tag_len
     assert struct.unpack_from("<Q", data, offset) == (2,)
     offset += 8
     for i in range(2):
@@ -152,7 +158,7 @@ def corrupt(path: str, how: str) -> None:
     elif how == "version":
         data[8] = 9
     elif how == "tag":
-        data[24:30] = b"xx_et."
+        data[32:38] = b"xx_et."
     open(path, "wb").write(bytes(data))
 
 
@@ -249,6 +255,68 @@ def test_an_older_file_arriving_late_is_refused_so_live_and_replay_agree(tmp_pat
     assert sorted((u.table, int(u.keys[0])) for u in replayed) == sorted((u.table, int(u.keys[0])) for u in applied)
 
 
+WRITE_IN_ANOTHER_PROCESS = (
+    "import sys, numpy as np; from hierarchical_parameter_server.updates import write_update; "
+    "print(write_update(sys.argv[1], 'm', 't', [int(sys.argv[2])], np.ones((1, 2))))"
+)
+
+
+def write_in_another_process(directory, key: int) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", WRITE_IN_ANOTHER_PROCESS, str(directory), str(key)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def write_in_another_thread(directory, key: int) -> str:
+    paths = []
+    thread = threading.Thread(target=lambda: paths.append(write_update(directory, "m", "t", [key], rows(1, 2))))
+    thread.start()
+    thread.join(timeout=30)
+    (path,) = paths
+    return path
+
+
+@pytest.mark.parametrize("other_writer", [write_in_another_process, write_in_another_thread])
+def test_a_late_file_of_another_writer_of_the_table_is_applied(tmp_path, caplog, other_writer):
+    elsewhere, directory = tmp_path / "elsewhere", tmp_path / "u"
+    old = other_writer(elsewhere, 1)  # e.g. another rank's shard of the table, or another thread's dump
+    newer = write_update(directory, "m", "t", [2], rows(1, 2))
+    assert read_update(old).sequence < read_update(newer).sequence
+    assert read_update(old).writer != read_update(newer).writer
+    live = DirectoryUpdateSource(directory)
+    applied = live.poll()
+    shutil.move(old, directory / os.path.basename(old))  # lands after the newer file of the other writer
+    with caplog.at_level(logging.WARNING, logger="hierarchical_parameter_server.updates"):
+        applied += live.poll()
+    assert keys_of(applied) == [2, 1] and errors(caplog) == []
+    assert not os.path.exists(directory / "rejected")
+    assert keys_of(DirectoryUpdateSource(directory).poll()) == [1, 2]  # a replay: in sequence order
+
+
+def test_a_forked_child_is_another_writer(tmp_path):
+    parent = read_update(write_update(tmp_path, "m", "t", [1], rows(1, 2))).writer
+    pid = os.fork()
+    if pid == 0:  # the child: write one file and leave at once
+        try:
+            write_update(tmp_path / "child", "m", "t", [2], rows(1, 2))
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 30
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked writer did not end in 30 s")
+        time.sleep(0.01)
+    (name,) = os.listdir(tmp_path / "child")
+    assert read_update(tmp_path / "child" / name).writer not in (0, parent)
+
+
 @pytest.mark.parametrize("version", [1, 2])
 def test_a_copy_under_another_name_is_refused_as_a_duplicate(tmp_path, caplog, version):
     directory = tmp_path / "u"
@@ -340,7 +408,7 @@ def test_a_big_junk_file_costs_a_small_read(tmp_path, caplog):
 def test_a_huge_declared_size_is_checked_against_the_file_size(tmp_path):
     path = write_update(tmp_path, "m", "t", [1], rows(1, 2))
     data = bytearray(open(path, "rb").read())
-    struct.pack_into("<Q", data, 24 + len(b"hps_et.m.t"), 2**40)  # the row count
+    struct.pack_into("<Q", data, 32 + len(b"hps_et.m.t"), 2**40)  # the row count
     open(path, "wb").write(bytes(data))
     with pytest.raises(updates_module.UpdateIncomplete, match="header says 1099511627776 rows") as caught:
         peak_memory_of(lambda: read_update(path))
@@ -405,3 +473,59 @@ def test_dump_increment_writes_the_changed_rows(tmp_path):
     np.testing.assert_array_equal(update.values[order], rows(3, 4, seed=5))
     with pytest.raises(ValueError, match="one per variable"):
         dump_increment(tmp_path / "u", "foo", ["a", "b"], [dyn], since)
+
+
+def test_a_rejected_file_never_overwrites_one_of_the_same_name(tmp_path):
+    for junk in (b"JNK1", b"JNK2", b"JNK3"):
+        (tmp_path / "x.hpsu").write_bytes(junk * 8)
+        assert DirectoryUpdateSource(tmp_path).poll() == []
+    rejected = tmp_path / "rejected"
+    assert sorted(os.listdir(rejected)) == ["x.hpsu", "x.hpsu.1", "x.hpsu.2"]
+    assert [(rejected / n).read_bytes()[:4] for n in ("x.hpsu", "x.hpsu.1", "x.hpsu.2")] == [b"JNK1", b"JNK2", b"JNK3"]
+
+
+def test_a_replay_holds_one_file_at_a_time(tmp_path):
+    files, size, dim = 6, 4 << 20, 256
+    count = size // (8 + 4 * dim)
+    for i in range(files):
+        write_update(tmp_path, "m", "t", np.arange(count) + i * count, np.full((count, dim), i, np.float32))
+    applied = []
+    source = DirectoryUpdateSource(tmp_path, poll_interval_s=0.01)
+    tracemalloc.start()
+    try:
+        source.start(lambda u: applied.append((int(u.keys[0]), float(u.values[0, 0]))))
+        deadline = time.monotonic() + 60
+        while len(applied) < files and time.monotonic() < deadline:
+            time.sleep(0.01)
+        source.stop(timeout_s=10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert applied == [(i * count, float(i)) for i in range(files)]
+    assert peak < 3 * size, f"peak {peak / 2**20:.1f} MiB while replaying {files} files of {size / 2**20:g} MiB"
+
+
+def test_an_error_while_reading_loses_no_file(tmp_path, monkeypatch, caplog):
+    for i in range(3):
+        write_update(tmp_path, "m", "t", [i], rows(1, 2))
+    read_into, calls = updates_module._read_into, []
+
+    def fails_at_the_second_file(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise MemoryError("no memory for the rows (test)")
+        return read_into(*args)
+
+    monkeypatch.setattr(updates_module, "_read_into", fails_at_the_second_file)
+    applied = []
+    source = DirectoryUpdateSource(tmp_path, poll_interval_s=0.01)
+    with caplog.at_level(logging.WARNING, logger="hierarchical_parameter_server.updates"):
+        source.start(lambda u: applied.append(int(u.keys[0])))
+        deadline = time.monotonic() + 5
+        while len(applied) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        source.stop(timeout_s=5)
+    assert applied == [0, 1, 2]
+    assert any(
+        "no memory" in r.getMessage() or (r.exc_info and "no memory" in str(r.exc_info[1])) for r in caplog.records
+    )

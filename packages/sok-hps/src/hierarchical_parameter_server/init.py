@@ -146,15 +146,22 @@ def reload(**kwargs: Any) -> tf.Tensor:
     """Serve a ps_config afresh with no failed lookup; returns the string tensor ``"OK"``.
 
     The new parameter server loads while the old one serves (sharing its persistent DB when both
-    configs give the same ``persistent_db``), then becomes the process's server in one step; the
+    configs give the same ``persistent_db`` type and path; the open database keeps its other
+    settings, such as ``num_threads``, until the process restarts, with a warning; ``read_only``
+    and ``update_filters`` are the new config's), then becomes the process's server in one step; the
     old one hands over (:meth:`.server.ParameterServer.hand_over`): graphs traced on it read the
     new tables from then on, and it closes once the lookups in flight on it are done. Lookups that
     run during the reload get the old model's rows or the new one's; after it, the new one's. While
     the new server loads a shared database the old one reads on a cache miss, a key gets the row
     of either model, and a key the new model lacks the default value. A graph whose table changes
     width, key dtype or cache kind resolves it again (a width it was not traced for fails: trace it
-    again). Without a server yet, it is :func:`Init`. A failed reload (an invalid config, a
-    corrupt model file, another width in a database) raises and leaves the old server serving.
+    again). Without a server yet, it is :func:`Init`. A failed reload raises and leaves the old
+    server serving. When it fails before the first database write (an invalid config, an
+    ``update_source.path`` that cannot be a directory, a corrupt model file, another width in a
+    database) the databases are as they were. When it fails after it (a database going down
+    mid-load), the shared databases (Redis, RocksDB) are partly re-deployed: the old server then
+    serves a mix of both models' rows, and keys the new model lacks may read the default value;
+    an error line says so, and a reload that succeeds (of either config) serves one model again.
 
     Keyword Args:
         ps_config_file (str), global_batch_size (int): as :func:`Init`'s.
@@ -162,8 +169,9 @@ def reload(**kwargs: Any) -> tf.Tensor:
     Raises:
         TypeError: an argument is missing or unknown (as :func:`Init`).
         ValueError: ``global_batch_size`` or ``deployed_device_list`` is not valid for this process.
-        hierarchical_parameter_server.config.ConfigError: the ps_config is not valid, or a database
-            holds another width for a table.
+        hierarchical_parameter_server.config.ConfigError: the ps_config is not valid, a database
+            holds another width for a table, or ``update_source.path`` cannot be a directory.
+        hierarchical_parameter_server.tiers.TierUnavailable: a database failed mid-load (see above).
 
     Example::
 

@@ -7,10 +7,13 @@ table (:mod:`hierarchical_parameter_server.cache`), pre-fills it when
 ``cache_refresh_percentage_per_iteration`` > 0 and ``init_ec``, and starts the config's update
 source.
 
-The start checks before it writes: every model file is opened and verified first (a
-checkpoint's weights against their checksum, int32 keys in range), then the width each shared
-database (Redis, RocksDB: :class:`.tiers.SharedTier`) records for each table; a corrupt file or
-a width other than the config's fails the start with the databases as they were. A table is then
+The start checks before it writes: the update source's directory is made first (not yet
+watched), every model file is opened and verified (a checkpoint's weights against their checksum,
+int32 keys in range), then the width each shared database (Redis, RocksDB:
+:class:`.tiers.SharedTier`) records for each table; an unusable ``update_source.path``, a corrupt
+file or a width other than the config's fails the start with the databases as they were. A
+failure after the first write (a database going down mid-load) leaves the shared databases partly
+re-deployed, with an error line saying so. A table is then
 loaded into the writable databases (a ``persistent_db`` with ``read_only: true`` is served as it
 is and never written) and the rows they hold of keys the model files lack are erased, so a
 re-deploy over the same databases serves exactly the new model.
@@ -62,7 +65,8 @@ Where this differs from NVIDIA HPS (deliberately):
   width there and refuses another width; a re-deploy erases the rows the new model lacks (the
   original kept serving them).
 * ``cache_missed_embeddings`` copies back to the volatile DB only the rows the persistent DB had,
-  not the default values of keys no tier has.
+  not the default values of keys no tier has, and none of a table an online update was applied to
+  between the fetch and the copy-back (it may be older than the update's).
 * Keys: every int64 (or int32) value is valid, none is reserved. With ``supportlonglong: false``
   the keys of the model files must fit int32.
 
@@ -78,7 +82,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
+import os
 import re
 import threading
 import uuid
@@ -92,7 +98,7 @@ from sparse_operation_kit.table_ref import TableRef
 
 from hierarchical_parameter_server import graph_calls, model_files, tiers
 from hierarchical_parameter_server.cache import EmbeddingCache
-from hierarchical_parameter_server.config import ConfigError, ModelConfig, PSConfig
+from hierarchical_parameter_server.config import ConfigError, ModelConfig, PersistentDBConfig, PSConfig
 from hierarchical_parameter_server.tiers.hash_map import HashMapTier
 
 logger = logging.getLogger(__name__)
@@ -102,6 +108,9 @@ __all__ = ["ParameterServer", "ServedTable"]
 #: Rows per chunk when the model files are loaded into the tiers.
 _LOAD_CHUNK_ROWS = 1 << 16
 _INT32 = np.iinfo(np.int32)
+#: The persistent_db settings that are not the open database's: which database it is (type, path)
+#: and what the server reads from its own config (read_only, update_filters).
+_SERVER_SETTINGS = ("type", "path", "read_only", "update_filters")
 
 
 class ServedTable:
@@ -133,6 +142,9 @@ class ServedTable:
         #: What the lookup graph names the table by (:mod:`.graph_calls`).
         self.context = graph_calls.context_of(server, self.model, table_id, self.dim, self.key_dtype.name)
         self.lock = threading.RLock()
+        #: How many online updates were applied to the table (incremented under :attr:`lock`): a
+        #: copy-back of rows fetched before an update is skipped (:meth:`ParameterServer.fetch_from_databases`).
+        self.generation = 0
         #: Table references of graphs traced on earlier servers, pointed at this table's storages
         #: (:meth:`take_over`), by tier; released with this table's own.
         self._aliases: dict[str, list[TableRef]] = {}
@@ -392,14 +404,19 @@ class ParameterServer:
             process starts HPS from them (:mod:`.graph_calls`).
         predecessor: the server this one is to replace (:meth:`hand_over`), which serves while
             this one loads: its persistent DB is shared when both configs give the same
-            ``persistent_db`` (a RocksDB path opens once per process).
+            ``persistent_db`` type and path (a RocksDB path opens once per process), unless it is
+            open read-only and this config writes it; its other settings then stay as opened until
+            the process restarts (a warning names those that differ).
 
     Raises:
         ValueError: a model with ``gpucache: false`` and no database (its rows would be nowhere).
         hierarchical_parameter_server.config.ConfigError: a model file does not match its config,
-            or a database holds a table with another width than the config's.
+            a database holds a table with another width than the config's, or
+            ``update_source.path`` cannot be made a directory (no database was written).
         hierarchical_parameter_server.model_files.ModelFileError: a model file is corrupt (no
             database was written).
+        hierarchical_parameter_server.tiers.TierUnavailable: a database failed during the load:
+            the shared databases are partly re-deployed (an error line says so).
 
     Example::
 
@@ -418,16 +435,14 @@ class ParameterServer:
         self._calls_done = threading.Condition()
         self._successor: ParameterServer | None = None
         self._volatile = tiers.make_volatile_db(config.volatile_db)
-        shared = (
-            predecessor is not None
-            and predecessor.persistent_db is not None
-            and predecessor.config.persistent_db == config.persistent_db
-        )
+        shared = self._sharable_persistent(predecessor)
         #: Whether close() closes the persistent DB (not one shared with the predecessor before
         #: the hand-over, nor one handed to the successor).
-        self._owns_persistent = not shared
+        self._owns_persistent = shared is None
+        #: The persistent_db config the persistent DB was opened with (the predecessor's when shared).
+        self._persistent_config = config.persistent_db if shared is None else predecessor._persistent_config
         try:
-            self._persistent = predecessor.persistent_db if shared else tiers.make_persistent_db(config.persistent_db)
+            self._persistent = shared if shared is not None else tiers.make_persistent_db(config.persistent_db)
         except BaseException:
             if self._volatile is not None:
                 self._volatile.close()  # e.g. a Redis client, which nothing else would close
@@ -445,6 +460,8 @@ class ParameterServer:
         self._tables: dict[tuple[str, int], ServedTable] = {}
         self._by_tag: dict[str, ServedTable] = {}
         self._source: Any = None
+        #: Whether the start has written a database that outlives the server (:meth:`_load`).
+        self._wrote_shared = False
         try:
             for model in config.models:
                 if not model.gpucache and not self.has_database:
@@ -453,12 +470,51 @@ class ParameterServer:
                         f"(volatile_db and persistent_db disabled): its rows would be nowhere. Set gpucache: true "
                         f"(the cache then holds every row) or configure a volatile_db or persistent_db"
                     )
+            self._source = self._make_update_source()
             self._load_models()
             self._start_updates()
             graph_calls.register(self)
-        except BaseException:
+        except BaseException as error:
+            if self._wrote_shared:
+                logger.error(
+                    "HPS start failed after it began writing %s (%s): the databases are partly re-deployed "
+                    "(the tables' rows of both models, rows the new model lacks possibly erased) and lookups "
+                    "that read them get either; deploy again (Init or reload) once the cause is fixed",
+                    " and ".join(f"{db.name} at {db.location}" for db in self._shared_dbs(writable=True)),
+                    error,
+                )
             self.close()
             raise
+
+    def _sharable_persistent(self, predecessor: ParameterServer | None) -> Any:
+        """The predecessor's persistent DB where this server shares it (None where it opens its own):
+        one of the same type and path (a RocksDB path opens once per process), unless that is open
+        read-only and this config writes it (a read-only open takes no lock: the path then opens
+        again, for writing). Its other settings (``num_threads``, ``max_batch_size``, ...) stay those
+        it was opened with, with a warning where this config's differ; ``read_only`` and
+        ``update_filters`` are read from this server's config."""
+        if predecessor is None or predecessor.persistent_db is None:
+            return None
+        mine, opened = self.config.persistent_db, predecessor._persistent_config
+        if mine.type != opened.type or os.path.realpath(mine.path) != os.path.realpath(opened.path):
+            return None
+        if opened.read_only and not mine.read_only:
+            return None
+        differ = [
+            f.name
+            for f in dataclasses.fields(PersistentDBConfig)
+            if f.name not in _SERVER_SETTINGS and getattr(mine, f.name) != getattr(opened, f.name)
+        ]
+        if differ:
+            logger.warning(
+                "HPS: persistent_db %s at %s stays open with the settings it was opened with (%s); the ps_config's "
+                "(%s) take effect at the next restart of the process",
+                mine.type,
+                mine.path,
+                ", ".join(f"{name}: {getattr(opened, name)!r}" for name in differ),
+                ", ".join(f"{name}: {getattr(mine, name)!r}" for name in differ),
+            )
+        return predecessor.persistent_db
 
     @property
     def volatile_db(self) -> Any:
@@ -546,6 +602,7 @@ class ParameterServer:
         dim = int(model.embedding_vecsize_per_table[table_id])
         served = ServedTable(self, model, table_id, source.rows, self.key_dtype)
         for db in self._shared_dbs(writable=True):
+            self._wrote_shared = True
             db.set_stored_dim(tag, dim)
         self._tables[(model.model, table_id)] = served
         self._by_tag[tag] = served
@@ -597,15 +654,31 @@ class ParameterServer:
                 f'(int32 keys); set "supportlonglong": true in the ps_config and look up int64 ids'
             )
 
-    def _start_updates(self) -> None:
+    def _make_update_source(self) -> Any:
+        """The config's update source, made (its directory too) but not started; None without one.
+
+        Raises:
+            ConfigError: ``update_source.path`` cannot be made a directory (nothing was written).
+        """
         cfg = self.config.update_source
         if cfg.type != "directory":
-            return
+            return None
         from hierarchical_parameter_server import updates  # only a config with an update source needs it
 
-        self._source = updates.DirectoryUpdateSource.from_config(cfg)
+        try:
+            return updates.DirectoryUpdateSource.from_config(cfg)
+        except OSError as error:
+            raise ConfigError(
+                f"update_source.path {cfg.path!r} cannot be the directory of online updates: "
+                f"{error.strerror or error}; nothing was written. Give the path of a directory this process "
+                f"can create or write (not a file), or remove what is in the way"
+            ) from error
+
+    def _start_updates(self) -> None:
+        if self._source is None:
+            return
         self._source.start(self.apply_update)
-        logger.info("HPS applies the online updates written to %s", cfg.path)
+        logger.info("HPS applies the online updates written to %s", self.config.update_source.path)
 
     # -- the databases -----------------------------------------------------------------------------
     def _guarded(self, db: Any, what: str, fn: Any, *args: Any) -> Any:
@@ -634,6 +707,7 @@ class ParameterServer:
         bool [n])``: ``known`` is False for keys that got the default while a database could not
         be reached (they may exist there: such a default must not be cached)."""
         n = len(keys)
+        generation = served.generation  # before the rows are read: an update after it voids a copy-back
         rows = np.full((n, served.dim), served.default_value, dtype=np.float32)
         missing = np.ones(n, dtype=bool)
         answered = True
@@ -655,11 +729,20 @@ class ParameterServer:
                 rows[idx[found]] = values[found]
                 missing[idx[found]] = False
                 if self._volatile is not None and self.config.volatile_db.cache_missed_embeddings and found.any():
-                    self.submit(self._copy_back, served.tag, keys[idx[found]], values[found])
+                    self.submit(self._copy_back, served, keys[idx[found]], values[found], generation)
         return rows, ~missing | answered
 
-    def _copy_back(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
-        self._guarded(self._volatile, "copy back of persistent rows", self._volatile.insert, tag, keys, values)
+    def _copy_back(self, served: ServedTable, keys: np.ndarray, values: np.ndarray, generation: int) -> None:
+        """Write rows the persistent DB had into the volatile DB (``cache_missed_embeddings``),
+        unless an update of the table was applied since they were read (``generation``): they may
+        be older than the update's."""
+        with served.lock:
+            if served.generation != generation:
+                logger.debug("HPS copy-back of %d rows of %s skipped: an update came after", len(keys), served.tag)
+                return
+            self._guarded(
+                self._volatile, "copy back of persistent rows", self._volatile.insert, served.tag, keys, values
+            )
 
     # -- background work ---------------------------------------------------------------------------
     def submit(self, fn: Any, *args: Any) -> None:
@@ -693,7 +776,8 @@ class ParameterServer:
         Raises:
             hierarchical_parameter_server.updates.UpdateRejected: rows of another width than the
                 table's, or (``supportlonglong: false``) a key outside int32: nothing of the update
-                is written, and the update source moves its file to ``rejected/``.
+                is written, and the update source leaves its file in place (for servers that can
+                apply it), records it and does not try it again.
             tiers.TierUnavailable: a database could not be reached; the others and the cache have
                 the update, and the update source applies it again later (writes are idempotent).
         """
@@ -728,6 +812,7 @@ class ParameterServer:
             return
         unreachable = []
         with served.lock:
+            served.generation += 1
             for db in targets:
                 try:
                     db.insert(update.tag, keys, values)

@@ -14,41 +14,58 @@ u16       format version (2)
 u16       key size in bytes (8: int64 keys; uint64 keys keep their bits)
 u32       length of the tag in bytes (at most 248)
 u64       sequence: :func:`time.time_ns` at the write, strictly increasing in the writing process
+u64       writer: 8 random bytes (never 0) drawn once per writing thread (again in a forked child)
 tag       UTF-8, ``hps_et.<model>.<table>``
 u64       number of rows ``n``
 n x       ``[key: 8 bytes][value: value size bytes of float32]``
 u32       CRC-32 (zlib's) of every byte before it
 ========  ==========================================================
 
-Version 1 (sok-hps before the sequence) has no sequence field; it is still read, and its sequence
-is the time its name starts with (``<20 digits>-...``).
+Version 1 (sok-hps before the sequence) has no sequence or writer field; it is still read, its
+sequence is the time its name starts with (``<20 digits>-...``) and its writer is 0 (every
+version-1 file, one writer).
 
 Names are ``<sequence, 20 digits>-<pid>-<counter>.hpsu``. A file is written under a hidden
 temporary name in the same directory and renamed into place (``os.replace``). Files stay after
 they are applied: a new source replays the directory from the start, as a new Kafka consumer group
 does; delete old files to compact it.
 
-**Order.** Updates apply in the order of their sequence (then name), never of their names or of
-their arrival, and the same live as on a replay: an update whose sequence is older than the newest
-one already applied to its table (tag) is refused, and so is a duplicate (a file with the sequence
-and checksum of one applied, under another name; version 1: the same content). A refused file is
-moved to ``<directory>/rejected/``, so a replay never sees it either.
+**Order.** The order is kept per writer: one thread of one process calling :func:`write_update`
+(each rank dumping its shard of a table, or two threads, are several writers). The files found at
+one poll apply in the order of their sequence (then name), never of their names; files of
+different writers apply as they arrive, so writers of disjoint rows (the shards of a table) agree
+live and on a replay, which applies every file in sequence order. One writer's order is kept: a
+file whose sequence is older than that of an update of the same writer and table (tag) already
+applied arrives late (copied in after its successors) and is refused, since applying it would undo
+the newer rows and a replay would apply it before them. A duplicate is refused too (a file with the
+writer, sequence and checksum of one applied, under another name; version 1: the same content).
+A refused file is moved to ``<directory>/rejected/``, so a replay never sees it either. Writers of
+the same rows in different threads or processes are not ordered against each other: write them
+from one thread.
 
-**Rejected files** go to ``<directory>/rejected/`` with one error line that names the file and
-why, and the updates after them go on: a file that is not an update (bad magic, version, tag,
-checksum, data after its end), anything named ``*.hpsu`` that is not a regular file (a directory,
-FIFO, device, or any symbolic link: none is opened or followed), a refused one (above), and one
-that the ``apply`` callable refuses by raising a :class:`ValueError` (:class:`UpdateRejected`:
-rows of the wrong width, keys the table cannot hold; nothing of it is applied). Any other error of
-``apply`` (``tiers.TierUnavailable``: a database down) is retried at every poll, it and the
-updates after it, with one warning.
+**Rejected files**: a file bad for every reader goes to ``<directory>/rejected/`` (with a suffix
+``.1``, ``.2``, ... when the name is taken there) with one error line that names the file and why,
+and the updates after it go on: a file that is not an update (bad magic, version, tag, checksum,
+data after its end), anything named ``*.hpsu`` that is not a regular file (a directory, FIFO,
+device, or any symbolic link: none is opened or followed), and a refused one (above).
+
+**Updates this server cannot apply**: the ``apply`` callable refuses one by raising a
+:class:`ValueError` (:class:`UpdateRejected`: rows of another width than this server's table, keys
+its table cannot hold; nothing of it is applied). Its file is left in place for the other servers
+reading the directory; this source logs one error line naming it and why, records it
+(:attr:`DirectoryUpdateSource.unapplied`) and never tries it again (a new source, at a restart,
+tries it once more). Any other error of ``apply`` (``tiers.TierUnavailable``: a database down) is
+retried at every poll, it and the updates after it, with one warning.
 
 **Incomplete files.** A file shorter than its header says (copied in with ``cp`` or ``scp``, not
 renamed into place) is left where it is and read again at every poll until it is complete; it is
 rejected only when its size and modification time have not changed for ``incomplete_timeout_s``
 (default 300 s). A file is checked from its header first (a 32-byte read tells a junk file; the
 size the header declares is compared with the file's before anything else is read) and the rows
-are read in chunks of 8 MiB into the array that holds them.
+are read in chunks of 8 MiB into the array that holds them. A poll reads the headers of the new
+files to order them, then reads, checks and applies one file at a time: a replay of a large
+directory holds one file's rows in memory, not all of them (:meth:`DirectoryUpdateSource.poll`,
+which returns them all, holds them all).
 
 Example::
 
@@ -72,7 +89,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, NamedTuple
 
@@ -100,10 +117,10 @@ FORMAT_VERSION = 2
 SUFFIX = ".hpsu"
 REJECTED = "rejected"
 _HEAD = struct.Struct("<IIHHI")  # magic, value size, version, key size, tag length (every version)
-_SEQUENCE = struct.Struct("<Q")  # version 2: after _HEAD
+_ORDER = struct.Struct("<QQ")  # version 2, after _HEAD: sequence, writer
 _COUNT = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
-_PROBE = 32  # the first read of a file: the fixed header of every version
+_PROBE = _HEAD.size + _ORDER.size  # the first read of a file: the fixed header of every version
 _MAX_TAG = len("hps_et..") + 2 * 120
 _CHUNK = 8 << 20
 _TAG = re.compile(rf"hps_et\.({NAME_PATTERN.pattern})\.({NAME_PATTERN.pattern})")
@@ -111,6 +128,16 @@ _NAME_TIME = re.compile(r"(\d{20})-")
 _counter = itertools.count()
 _sequence_lock = threading.Lock()
 _last_sequence = 0
+_writers = threading.local()
+
+
+def _new_writers() -> None:
+    """Every thread of a forked child draws a new writer id (its parent's thread keeps the old one)."""
+    global _writers
+    _writers = threading.local()
+
+
+os.register_at_fork(after_in_child=_new_writers)
 
 
 class UpdateFileError(ValueError):
@@ -122,8 +149,8 @@ class UpdateIncomplete(UpdateFileError):
 
 
 class UpdateRejected(ValueError):
-    """An update that can never apply (raised by the ``apply`` of :meth:`DirectoryUpdateSource.start`):
-    its file goes to ``rejected/`` and the updates after it go on.
+    """An update this server can never apply (raised by the ``apply`` of :meth:`DirectoryUpdateSource.start`):
+    its file stays for other readers, this source never tries it again, and the updates after it go on.
 
     Example::
 
@@ -144,6 +171,7 @@ class Update:
         sequence: its place in the order of updates (the module docstring).
         version: the file's format version.
         checksum: the file's CRC-32.
+        writer: the id of the thread that wrote it (0: version 1); the order is kept per writer.
     """
 
     tag: str
@@ -153,6 +181,7 @@ class Update:
     sequence: int = 0
     version: int = FORMAT_VERSION
     checksum: int = 0
+    writer: int = 0
 
     @property
     def model(self) -> str:
@@ -177,9 +206,18 @@ def _next_sequence() -> int:
         return _last_sequence
 
 
+def _writer_id() -> int:
+    """The writer id of this thread: 8 random bytes, never 0, drawn at its first write."""
+    writer = getattr(_writers, "id", 0)
+    while writer == 0:
+        writer = _writers.id = int.from_bytes(os.urandom(_ORDER.size // 2), "little")
+    return writer
+
+
 def write_update(directory: str | os.PathLike, model: str, table: str, keys: np.ndarray, values: np.ndarray) -> str:
     """Write one update file atomically into ``directory`` (made when missing); returns its path.
-    Its sequence is the time of the write, later than any this process wrote before.
+    Its sequence is the time of the write, later than any this process wrote before; its writer is
+    this thread's id (the order of updates is kept per writer: the module docstring).
 
     Args:
         model, table: the names of the ps_config (the tag is ``hps_et.<model>.<table>``).
@@ -209,7 +247,7 @@ def write_update(directory: str | os.PathLike, model: str, table: str, keys: np.
     pairs["key"] = keys.view(np.int64) if keys.dtype == np.uint64 else keys.astype(np.int64)
     pairs["value"] = values
     sequence = _next_sequence()
-    body = _HEAD.pack(MAGIC, 4 * dim, FORMAT_VERSION, 8, len(tag)) + _SEQUENCE.pack(sequence) + tag
+    body = _HEAD.pack(MAGIC, 4 * dim, FORMAT_VERSION, 8, len(tag)) + _ORDER.pack(sequence, _writer_id()) + tag
     body += _COUNT.pack(len(keys)) + pairs.tobytes()
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
@@ -247,17 +285,40 @@ def read_update(path: str | os.PathLike) -> Update:
         update.tag, update.keys, update.values     # 'hps_et.foo.t', int64 [n], float32 [n, dim]
     """
     path = os.fspath(path)
+    f, size = _open_regular(path)
+    with f:
+        head = _read_header(f, size, path)
+        pairs = np.empty(head.count, _pairs(head.dim))
+        crc = _read_into(f, pairs.view(np.uint8), head.crc, lambda what: _incomplete(path, size, what))
+        if f.read(_CRC.size) != _CRC.pack(crc):
+            raise UpdateFileError(f"update file {path}: checksum mismatch: the file is corrupt")
+    keys, values = pairs["key"].copy(), np.ascontiguousarray(pairs["value"])
+    return Update(head.tag, keys, values, path, head.sequence, head.version, crc, head.writer)
+
+
+def _read_header_of(path: str) -> _Header:
+    """The checked header of the update file at ``path`` (the errors of :func:`read_update` but
+    a checksum mismatch); reads the header alone."""
+    f, size = _open_regular(path)
+    with f:
+        return _read_header(f, size, path)
+
+
+def _open_regular(path: str) -> tuple[BinaryIO, int]:
+    """The regular file at ``path`` opened unbuffered, and its size; a symbolic link is not
+    followed, a FIFO not waited on (both an :class:`UpdateFileError`)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise UpdateFileError(f"update file {path}: {_not_regular(stat.S_IFLNK)}") from error
         raise
-    with os.fdopen(fd, "rb", buffering=0) as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UpdateFileError(f"update file {path}: {_not_regular(info.st_mode)}")
-        return _read(f, info.st_size, path)
+    f = os.fdopen(fd, "rb", buffering=0)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        f.close()
+        raise UpdateFileError(f"update file {path}: {_not_regular(info.st_mode)}")
+    return f, info.st_size
 
 
 def _not_regular(mode: int) -> str:
@@ -266,43 +327,26 @@ def _not_regular(mode: int) -> str:
     return f"{kind}, not a regular file: an update is a file written with write_update, never followed or waited on"
 
 
+def _incomplete(path: str, size: int, expected: str) -> UpdateIncomplete:
+    return UpdateIncomplete(
+        f"update file {path}: {size} bytes, but {expected}: incomplete (truncated, or still being copied in)"
+    )
+
+
 class _Header(NamedTuple):
+    path: str
     version: int
     dim: int
     tag: str
     count: int
-    size: int  # of the header, in bytes
     crc: int  # CRC-32 of the header
-    sequence: int  # version 2; 0 in version 1
+    sequence: int  # version 1: the time its name starts with
+    writer: int  # 0 in version 1
 
 
-def _read(f: BinaryIO, size: int, path: str) -> Update:
-    """The update in the open regular file ``f`` of ``size`` bytes."""
-
-    def incomplete(expected: str) -> UpdateIncomplete:
-        return UpdateIncomplete(
-            f"update file {path}: {size} bytes, but {expected}: incomplete (truncated, or still being copied in)"
-        )
-
-    head = _read_header(f, size, path, incomplete)
-    expected = head.size + head.count * (8 + 4 * head.dim) + _CRC.size
-    what = f"its header says {head.count} rows of dim {head.dim} ({expected} bytes)"
-    if size < expected:
-        raise incomplete(what)
-    if size > expected:
-        raise UpdateFileError(f"update file {path}: {size} bytes, but {what}: data after the end")
-    sequence = head.sequence if head.version >= 2 else _sequence_of_name(path)
-    pairs = np.empty(head.count, _pairs(head.dim))
-    crc = _read_into(f, pairs.view(np.uint8), head.crc, incomplete)
-    if f.read(_CRC.size) != _CRC.pack(crc):
-        raise UpdateFileError(f"update file {path}: checksum mismatch: the file is corrupt")
-    keys, values = pairs["key"].copy(), np.ascontiguousarray(pairs["value"])
-    return Update(head.tag, keys, values, path, sequence=sequence, version=head.version, checksum=crc)
-
-
-def _read_header(f: BinaryIO, size: int, path: str, incomplete: Callable[[str], Exception]) -> _Header:
-    """The checked header of ``f`` (a 32-byte read, then the rest of the tag if it is longer);
-    leaves ``f`` at the first row."""
+def _read_header(f: BinaryIO, size: int, path: str) -> _Header:
+    """The checked header of ``f`` of ``size`` bytes (a 32-byte read, then the rest of the tag if
+    it is longer), the size it declares checked against ``size``; leaves ``f`` at the first row."""
 
     def bad(what: str) -> UpdateFileError:
         return UpdateFileError(f"update file {path}: {what}")
@@ -311,7 +355,7 @@ def _read_header(f: BinaryIO, size: int, path: str, incomplete: Callable[[str], 
     if len(head) < _HEAD.size:
         if not _MAGIC_BYTES.startswith(head[:4]):
             raise bad(f"it starts with {head[:4]!r}, not {_MAGIC_BYTES!r}: not an update file")
-        raise incomplete(f"the header alone is {_HEAD.size} bytes")
+        raise _incomplete(path, size, f"the header alone is {_HEAD.size} bytes")
     magic, value_size, version, key_size, tag_len = _HEAD.unpack_from(head)
     if magic != MAGIC:
         raise bad(f"magic {magic:#010x} is not {MAGIC:#010x}: not an update file")
@@ -321,18 +365,25 @@ def _read_header(f: BinaryIO, size: int, path: str, incomplete: Callable[[str], 
         raise bad(f"key size {key_size} / value size {value_size}: expected 8-byte keys and float32 rows")
     if tag_len > _MAX_TAG:
         raise bad(f"tag length {tag_len} is over {_MAX_TAG}: not an update file")
-    fixed = _HEAD.size + (_SEQUENCE.size if version >= 2 else 0)
+    fixed = _HEAD.size + (_ORDER.size if version >= 2 else 0)
     header_size = fixed + tag_len + _COUNT.size
     if size < header_size:
-        raise incomplete(f"its header is {header_size} bytes")
+        raise _incomplete(path, size, f"its header is {header_size} bytes")
     head = (head + f.read(max(0, header_size - len(head))))[:header_size]
     f.seek(header_size)
     tag = head[fixed : fixed + tag_len].decode(errors="replace")
     if not _TAG.fullmatch(tag):
         raise bad(f"tag {tag!r} is not hps_et.<model>.<table>")
     (count,) = _COUNT.unpack_from(head, fixed + tag_len)
-    (sequence,) = _SEQUENCE.unpack_from(head, _HEAD.size) if version >= 2 else (0,)
-    return _Header(version, value_size // 4, tag, count, header_size, zlib.crc32(head), sequence)
+    dim = value_size // 4
+    expected = header_size + count * (8 + 4 * dim) + _CRC.size
+    what = f"its header says {count} rows of dim {dim} ({expected} bytes)"
+    if size < expected:
+        raise _incomplete(path, size, what)
+    if size > expected:
+        raise bad(f"{size} bytes, but {what}: data after the end")
+    sequence, writer = _ORDER.unpack_from(head, _HEAD.size) if version >= 2 else (_sequence_of_name(path), 0)
+    return _Header(path, version, dim, tag, count, zlib.crc32(head), sequence, writer)
 
 
 def _read_into(f: BinaryIO, buffer: np.ndarray, crc: int, incomplete: Callable[[str], Exception]) -> int:
@@ -362,8 +413,8 @@ def _sequence_of_name(path: str) -> int:
 
 
 class DirectoryUpdateSource:
-    """Update files of a directory, each applied once, in the order of their sequence (the module
-    docstring tells the rules: order, rejected and incomplete files).
+    """Update files of a directory, each applied once, in the order of their sequence per writer
+    (the module docstring tells the rules: order, rejected, refused and incomplete files).
 
     Args:
         directory: where training writes the files (made when missing).
@@ -396,13 +447,13 @@ class DirectoryUpdateSource:
         self.model_filters = tuple(model_filters)
         self.incomplete_timeout_s = incomplete_timeout_s
         self._filters = [re.compile(f) for f in self.model_filters]
-        self._seen: set[str] = set()  # names read (returned or filtered out) or rejected
+        self._seen: set[str] = set()  # names applied (or returned), filtered out, rejected or unapplied
+        self._unapplied: dict[str, str] = {}  # name -> why ``apply`` refused it (the file is left in place)
         self._waiting: dict[str, tuple[tuple[int, int], float]] = {}  # incomplete: (size, mtime), since
-        self._newest: dict[str, int] = {}  # tag -> the sequence of its newest update applied
+        self._newest: dict[tuple[int, str], int] = {}  # (writer, tag) -> the sequence of its newest update applied
         self._applied: dict[tuple[Any, ...], str] = {}  # fingerprint -> the name it was applied from
-        self._warned: set[str] = set()  # paths that failed (read or apply) and are tried again
+        self._warned: set[tuple[str, str]] = set()  # ("read" or "apply", path) that failed and is tried again
         self._unlisted = False
-        self._pending: list[Update] = []
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -415,26 +466,51 @@ class DirectoryUpdateSource:
             raise ValueError(f"update_source.type is {cfg.type!r}; a DirectoryUpdateSource needs 'directory'")
         return cls(cfg.path, cfg.poll_interval_ms / 1000.0, tuple(model_filters))
 
+    @property
+    def unapplied(self) -> dict[str, str]:
+        """The files the ``apply`` of :meth:`start` refused (left in the directory, never tried
+        again by this source): name -> why."""
+        with self._lock:
+            return dict(self._unapplied)
+
     def _wanted(self, model: str) -> bool:
         return any(f.fullmatch(model) for f in self._filters)
 
     def poll(self) -> list[Update]:
         """The updates of files not seen before, in sequence order, each taken as applied. Files
-        that cannot apply are moved to ``<directory>/rejected/`` with an error line; one whose
-        model no filter matches is skipped; an incomplete one is read again at a later poll."""
+        bad for every reader are moved to ``<directory>/rejected/`` with an error line; one whose
+        model no filter matches is skipped; an incomplete one is read again at a later poll. The
+        list holds every new file's rows: :meth:`start` holds one file's at a time."""
         with self._lock:
             ready = []
-            for update in self._collect():
+            for update in self._updates():
                 if self._admit(update):
                     self._record(update)
                     ready.append(update)
             return ready
 
     # -- reading the directory ------------------------------------------------------------------
-    def _collect(self) -> list[Update]:
-        """The complete, wanted updates of the files not seen before, in order."""
-        updates = (self._take(name) for name in self._new_names())
-        return sorted((u for u in updates if u is not None), key=_order)
+    def _updates(self) -> Iterator[Update]:
+        """The complete, wanted updates of the files not seen before, in order: the headers of all
+        are read to order them, then each file whole when its turn comes (one in memory at a time).
+        A name joins the seen ones when its update is applied, rejected, refused or filtered out,
+        never before: a file left when the caller stops (or an error stops the caller) is read again
+        at the next poll."""
+        heads = []
+        for name in self._new_names():
+            head = self._open(name, _read_header_of)
+            if head is None:
+                continue
+            if self._wanted(head.tag.split(".")[1]):
+                heads.append(head)
+            else:
+                log.debug("update %s of tag %s matches no filter %s", name, head.tag, self.model_filters)
+                self._seen.add(name)
+        for head in sorted(heads, key=_order):
+            update = self._open(os.path.basename(head.path), read_update)
+            if update is not None:
+                yield update
+                del update  # not held while the next file is read
 
     def _new_names(self) -> list[str]:
         try:
@@ -451,15 +527,16 @@ class DirectoryUpdateSource:
             self._unlisted = False
         return sorted(n for n in names if n.endswith(SUFFIX) and n not in self._seen)
 
-    def _take(self, name: str) -> Update | None:
-        """The update of file ``name``, or None: rejected, incomplete, unreadable for now, or not wanted."""
+    def _open(self, name: str, read: Callable[[str], Any]) -> Any:
+        """``read(path)`` of file ``name`` (its header or its update), or None: rejected, incomplete,
+        gone, or unreadable for now."""
         path = os.path.join(self.directory, name)
         try:
             info = os.lstat(path)
             if not stat.S_ISREG(info.st_mode):
                 self._reject(path, f"update file {path}: {_not_regular(info.st_mode)}")
                 return None
-            update = read_update(path)
+            result = read(path)
         except FileNotFoundError:  # another source moved it aside meanwhile
             self._waiting.pop(name, None)
             return None
@@ -470,15 +547,13 @@ class DirectoryUpdateSource:
             self._reject(path, str(error))
             return None
         except OSError as error:
-            self._warn_once(path, "update file %s cannot be read (%s); trying again at every poll", path, error)
+            self._warn_once(
+                ("read", path), "update file %s cannot be read (%s); trying again at every poll", path, error
+            )
             return None
-        self._seen.add(name)
         self._waiting.pop(name, None)
-        self._warned.discard(path)
-        if self._wanted(update.model):
-            return update
-        log.debug("update %s of model %s matches no filter %s", name, update.model, self.model_filters)
-        return None
+        self._warned.discard(("read", path))
+        return result
 
     def _wait(self, path: str, info: os.stat_result, error: UpdateIncomplete) -> None:
         """Keep the incomplete file for a later poll; reject it once it has kept its size too long."""
@@ -493,57 +568,86 @@ class DirectoryUpdateSource:
 
     # -- order ------------------------------------------------------------------------------------
     def _admit(self, update: Update) -> bool:
-        """Whether ``update`` may apply now: not a duplicate, not older than its table's newest
-        update applied (otherwise its file is rejected)."""
+        """Whether ``update`` may apply now: not a duplicate, not older than an update of its writer
+        and table applied (otherwise its file is rejected)."""
         original = self._applied.get(_fingerprint(update))
         if original is not None:
             self._reject(
                 update.path,
-                f"update file {update.path}: a duplicate of {original}, applied already (the same sequence "
-                f"{update.sequence} and checksum {update.checksum:#010x}); write its rows again to apply them again",
+                f"update file {update.path}: a duplicate of {original}, applied already (the same writer "
+                f"{update.writer:#018x}, sequence {update.sequence} and checksum {update.checksum:#010x}); write its "
+                f"rows again to apply them again",
             )
             return False
-        newest = self._newest.get(update.tag, -1)
+        newest = self._newest.get((update.writer, update.tag), -1)
         if update.sequence < newest:
             self._reject(
                 update.path,
                 f"update file {update.path}: its sequence {update.sequence} is older than {newest}, that of the "
-                f"newest update of {update.tag} applied; applied now it would undo newer rows (and a replay would "
-                f"apply it before them). Write its rows again with write_update to apply them",
+                f"newest update of {update.tag} by the same writer ({update.writer:#018x}) applied: it arrived "
+                f"late; applied now it would undo newer rows (and a replay would apply it before them). Write its "
+                f"rows again with write_update to apply them",
             )
             return False
         return True
 
     def _record(self, update: Update) -> None:
-        self._newest[update.tag] = max(update.sequence, self._newest.get(update.tag, -1))
-        self._applied[_fingerprint(update)] = os.path.basename(update.path)
+        """Take ``update`` as applied."""
+        name = os.path.basename(update.path)
+        key = (update.writer, update.tag)
+        self._newest[key] = max(update.sequence, self._newest.get(key, -1))
+        self._applied[_fingerprint(update)] = name
+        self._seen.add(name)
+        if ("apply", update.path) in self._warned:
+            self._warned.discard(("apply", update.path))
+            log.warning("update %s applied after it failed", update.path)
 
     def _reject(self, path: str, why: str) -> None:
-        """Move the file at ``path`` to ``rejected/`` (never seen again), with one error line."""
+        """Move the file at ``path`` to ``rejected/`` (never seen again; a suffix ``.1``, ``.2``, ...
+        when its name is taken there), with one error line."""
         name = os.path.basename(path)
         self._seen.add(name)
         self._waiting.pop(name, None)
-        self._warned.discard(path)
-        target = os.path.join(self.directory, REJECTED)
+        self._warned -= {("read", path), ("apply", path)}
+        folder = os.path.join(self.directory, REJECTED)
         try:
-            os.makedirs(target, exist_ok=True)
-            os.replace(path, os.path.join(target, name))
+            os.makedirs(folder, exist_ok=True)
+            target = os.path.join(folder, name)
+            for suffix in itertools.count(1):
+                if not os.path.lexists(target):
+                    break
+                target = os.path.join(folder, f"{name}.{suffix}")
+            os.replace(path, target)
         except OSError as error:
-            log.error("%s; skipped (moving it to %s failed: %s)", why, target, error)
+            log.error("%s; skipped (moving it to %s failed: %s)", why, folder, error)
             return
         log.error("%s; moved it to %s", why, target)
 
-    def _warn_once(self, path: str, message: str, *args: Any) -> None:
-        """``message`` as a warning the first time ``path`` fails, then as a debug line."""
-        first = path not in self._warned
-        self._warned.add(path)
+    def _refuse(self, update: Update, error: ValueError) -> None:
+        """``apply`` refused ``update``: leave its file for other readers and never try it again."""
+        name = os.path.basename(update.path)
+        self._seen.add(name)
+        self._warned.discard(("apply", update.path))
+        self._unapplied[name] = str(error)
+        log.error(
+            "update file %s cannot be applied by this server: %s; nothing of it applied, the file left in place for "
+            "other readers and not tried again by this source (restart the server to try it again)",
+            update.path,
+            error,
+        )
+
+    def _warn_once(self, failure: tuple[str, str], message: str, *args: Any) -> None:
+        """``message`` as a warning the first time ``failure`` (what, path) happens, then as a debug line."""
+        first = failure not in self._warned
+        self._warned.add(failure)
         log.log(logging.WARNING if first else logging.DEBUG, message, *args)
 
     # -- the background thread ----------------------------------------------------------------------
     def start(self, apply: Callable[[Update], Any]) -> None:
-        """Poll in a background thread and call ``apply`` on each update, in order. ``apply``
-        raising a :class:`ValueError` (:class:`UpdateRejected`) rejects the update for good; any
-        other error retries it (it and those after it) at the next poll, with one warning.
+        """Poll in a background thread and call ``apply`` on each update, in order, reading one
+        file at a time. ``apply`` raising a :class:`ValueError` (:class:`UpdateRejected`) refuses
+        the update for this source (its file stays, one error line); any other error retries it
+        (it and those after it) at the next poll, with one warning.
 
         Raises:
             RuntimeError: the source runs already.
@@ -564,39 +668,32 @@ class DirectoryUpdateSource:
                 return
 
     def _step(self, apply: Callable[[Update], Any]) -> None:
-        """One poll: the new updates join those waiting, in order, and are applied until one fails."""
+        """One poll: the new updates are applied in order, until one fails or the source stops."""
         with self._lock:
-            self._pending = sorted(self._pending + self._collect(), key=_order)
-        while self._pending and not self._stop.is_set():
-            if not self._apply(self._pending[0], apply):
-                return
-            self._pending.pop(0)
+            for update in self._updates():
+                if self._stop.is_set() or not self._apply(update, apply):
+                    return
+                del update  # not held while the next file is read
 
     def _apply(self, update: Update, apply: Callable[[Update], Any]) -> bool:
-        """Apply ``update``, or reject it; False when it is to be tried again at the next poll."""
-        with self._lock:
-            if not self._admit(update):
-                return True
+        """Apply ``update``, or reject or refuse it; False when it is to be tried again at the next poll."""
+        if not self._admit(update):
+            return True
         try:
             apply(update)
-        except ValueError as error:  # UpdateRejected and its like: it can never apply
-            with self._lock:
-                self._reject(update.path, f"update file {update.path} cannot be applied: {error}")
+        except ValueError as error:  # UpdateRejected and its like: this server can never apply it
+            self._refuse(update, error)
             return True
         except Exception as error:  # noqa: BLE001 -- e.g. tiers.TierUnavailable: tried again later
             self._warn_once(
-                update.path,
+                ("apply", update.path),
                 "applying update %s failed (%s: %s); trying it again at every poll",
                 update.path,
                 type(error).__name__,
                 error,
             )
             return False
-        with self._lock:
-            self._record(update)
-            if update.path in self._warned:
-                self._warned.discard(update.path)
-                log.warning("update %s applied after it failed", update.path)
+        self._record(update)
         return True
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -615,14 +712,14 @@ class DirectoryUpdateSource:
             )
 
 
-def _order(update: Update) -> tuple[int, str]:
-    return update.sequence, os.path.basename(update.path)
+def _order(head: _Header) -> tuple[int, str]:
+    return head.sequence, os.path.basename(head.path)
 
 
 def _fingerprint(update: Update) -> tuple[Any, ...]:
-    """What makes two files the same update: tag, sequence and checksum (version 1: its content)."""
+    """What makes two files the same update: tag, writer, sequence and checksum (version 1: its content)."""
     sequence = update.sequence if update.version >= 2 else None
-    return update.tag, sequence, update.checksum, len(update.keys)
+    return update.tag, update.writer, sequence, update.checksum, len(update.keys)
 
 
 def dump_increment(
