@@ -114,7 +114,7 @@ def test_two_processes_dumping_one_path_never_fail_with_a_raw_error(tmp_path):
         assert outcome["ok"] + len(outcome["refused"]) == DUMPS_PER_WRITER
     assert sum(outcome["ok"] for outcome in outcomes) > 0
     assert_whole(loaded_rows(path))
-    assert sorted(os.listdir(tmp_path)) == ["ck"]  # no staging directory or lock file left
+    assert sorted(os.listdir(tmp_path)) == [".ck.sok-lock", "ck"]  # no staging directory; the lock file is kept
 
 
 def test_a_dump_waits_for_the_dump_lock_at_most_lock_wait_s_and_names_its_holder(tmp_path, monkeypatch):
@@ -129,7 +129,7 @@ def test_a_dump_waits_for_the_dump_lock_at_most_lock_wait_s_and_names_its_holder
         with pytest.raises(fmt.CheckpointError, match=refusal):
             sok.dump(path, [var])
         assert time.monotonic() - started < 30
-    assert os.listdir(tmp_path) == []  # no staging directory; the lock file goes with its holder
+    assert os.listdir(tmp_path) == [".ck.sok-lock"]  # no staging directory; the lock file is kept
     sok.dump(path, [var])  # released: the next dump proceeds
     assert_whole(loaded_rows(path))
 

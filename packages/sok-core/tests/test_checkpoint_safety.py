@@ -53,11 +53,18 @@ def contents(var) -> dict[int, list[float]]:
     return {int(k): r.tolist() for k, r in zip(keys, rows)}
 
 
+def entries(path) -> list[str]:
+    """The names in ``path`` but dump lock files (``.<name>.sok-lock``, kept once made)."""
+    return sorted(n for n in os.listdir(path) if not n.endswith(ckdir.LOCK_SUFFIX))
+
+
 def tree(path) -> dict[str, bytes]:
-    """Every file under ``path`` (relative name -> bytes), hidden ones too."""
+    """Every file under ``path`` (relative name -> bytes), hidden ones too, but dump lock files."""
     out = {}
     for root, _, names in os.walk(path):
         for name in names:
+            if name.endswith(ckdir.LOCK_SUFFIX):
+                continue
             full = os.path.join(root, name)
             with open(full, "rb") as f:
                 out[os.path.relpath(full, path)] = f.read()
@@ -92,7 +99,7 @@ def test_dump_onto_a_regular_file_refuses_and_keeps_it(tmp_path):
     target.write_text("my file")
     with pytest.raises(fmt.CheckpointError, match=r"model.ckpt: it is a file"):
         sok.dump(str(target), [filled()])
-    assert sorted(os.listdir(tmp_path)) == ["model.ckpt"] and target.read_text() == "my file"
+    assert entries(tmp_path) == ["model.ckpt"] and target.read_text() == "my file"
 
 
 def test_dump_next_to_a_previous_checkpoint_with_a_user_subdirectory_refuses(tmp_path):
@@ -121,7 +128,7 @@ def test_dump_replaces_an_empty_directory_or_a_previous_checkpoint(tmp_path, pre
     fresh = make_var()
     sok.load(str(path), [fresh])
     assert contents(fresh) == contents(var)
-    assert sorted(os.listdir(tmp_path)) == ["ck"]
+    assert entries(tmp_path) == ["ck"]
 
 
 def test_dump_through_a_symbolic_link_replaces_its_target_and_keeps_the_link(tmp_path):
@@ -132,7 +139,7 @@ def test_dump_through_a_symbolic_link_replaces_its_target_and_keeps_the_link(tmp
     var = filled()
     sok.dump(str(link), [var])
     assert link.is_symlink() and sorted(os.listdir(target)) == ["emb_0-key", "emb_0-weight", fmt.MANIFEST]
-    assert sorted(os.listdir(tmp_path)) == ["latest", "real"]
+    assert entries(tmp_path) == ["latest", "real"]
 
 
 def test_dump_makes_missing_parent_directories(tmp_path):
@@ -208,7 +215,7 @@ def test_next_dump_deletes_leftovers_but_not_a_running_dumps_staging(tmp_path, m
         assert ckdir.leftovers(path) == [running.directory]
     finally:
         running.close()
-    assert ckdir.leftovers(path) == [] and sorted(os.listdir(tmp_path)) == ["ck"]
+    assert ckdir.leftovers(path) == [] and entries(tmp_path) == ["ck"]
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])

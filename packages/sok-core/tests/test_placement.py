@@ -58,6 +58,7 @@ class _FakeGpus:
         self.pinned: list = []
 
     def install(self, monkeypatch) -> None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
         monkeypatch.setattr(placement.tf.test, "is_built_with_cuda", lambda: True)
         monkeypatch.setattr(placement.tf.config, "list_physical_devices", lambda kind=None: list(self.gpus))
         monkeypatch.setattr(placement.tf.config, "get_visible_devices", lambda kind=None: list(self.visible))
@@ -104,3 +105,11 @@ def test_gpus_already_set_up_warn_how_to_pin_the_rank(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger=placement.__name__):
         assert placement.pin_local_gpu(1, 2) is None
     assert "call sok.init() before anything runs on a GPU" in caplog.text and "CUDA_VISIBLE_DEVICES" in caplog.text
+
+
+@pytest.mark.parametrize("chosen", ["1,0", "0,1,2,3", ""])
+def test_a_cuda_visible_devices_of_the_users_is_kept(monkeypatch, chosen):
+    fake = _FakeGpus(4)
+    fake.install(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", chosen)
+    assert placement.pin_local_gpu(1, 2) is None and fake.pinned == []

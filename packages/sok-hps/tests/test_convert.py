@@ -159,3 +159,69 @@ def test_convert_refuses_a_table_named_dot_dot_and_writes_nothing(tmp_path, with
     with pytest.raises(fmt.CheckpointError, match=r"table '\.\.' is refused: it is '\.' or '\.\.'"):
         convert_to_hps(path, str(output))
     assert snapshot(tmp_path) == before
+
+
+def two_table_checkpoint(path: str, tables: list[str]) -> None:
+    """NVIDIA SOK's layout with ``tables``, each of two int64 keys."""
+    os.makedirs(path)
+    for table in tables:
+        for name, head, data in [
+            (fmt.key_file(table), fmt.header(fmt.FILE_KEY, "int64"), np.array([1, 2], np.int64)),
+            (fmt.weight_file(table), fmt.header(fmt.FILE_WEIGHT, "float32"), np.ones((2, DIM), np.float32)),
+        ]:
+            with open(os.path.join(path, name), "wb") as f:
+                f.write(head + data.tobytes())
+
+
+def failing_on(monkeypatch, table: str, error: BaseException, before=lambda: None) -> None:
+    """The first read of ``table``'s weight file (``before()``, then) raises ``error``."""
+    real, failed = fmt.payload, []
+
+    def payload(info):
+        if info.path.endswith(fmt.weight_file(table)) and not failed:
+            failed.append(table)
+            before()
+            raise error
+        return real(info)
+
+    monkeypatch.setattr(fmt, "payload", payload)
+
+
+def test_a_retried_conversion_leaves_no_table_of_the_checkpoint_it_first_read(tmp_path, monkeypatch):
+    path, output = str(tmp_path / "ck"), tmp_path / "hps"
+    two_table_checkpoint(path, ["emb_0", "emb_1"])
+    two_table_checkpoint(str(tmp_path / "next"), ["emb_2"])
+
+    def dump_replaces_it() -> None:
+        os.rename(path, str(tmp_path / "gone"))
+        os.rename(str(tmp_path / "next"), path)
+
+    failing_on(monkeypatch, "emb_1", fmt.CheckpointChanged("replaced while read"), dump_replaces_it)
+    assert convert_to_hps(path, str(output)) == [str(output / "emb_2")]
+    assert sorted(os.listdir(output)) == ["emb_2"]
+    assert sorted(os.listdir(tmp_path)) == ["ck", "gone", "hps"]  # no temporary directory left
+
+
+def test_a_failed_conversion_leaves_the_output_as_it_was(tmp_path, monkeypatch):
+    path, output = str(tmp_path / "ck"), tmp_path / "hps"
+    two_table_checkpoint(path, ["emb_0", "emb_1"])
+    (output / "emb_0").mkdir(parents=True)
+    (output / "emb_0" / "key").write_bytes(b"old keys")
+    (output / "dense").mkdir()
+    before = snapshot(tmp_path)
+    failing_on(monkeypatch, "emb_1", OSError(28, "No space left on device"))
+    with pytest.raises(OSError, match="No space left"):
+        convert_to_hps(path, str(output))
+    assert snapshot(tmp_path) == before
+
+
+def test_a_conversion_replaces_its_tables_and_keeps_the_other_entries_of_the_output(tmp_path):
+    path, output = str(tmp_path / "ck"), tmp_path / "hps"
+    two_table_checkpoint(path, ["emb_0", "emb_1"])
+    (output / "emb_0").mkdir(parents=True)
+    (output / "emb_0" / "stale").write_bytes(b"old")
+    (output / "dense").mkdir()
+    assert convert_to_hps(path, str(output)) == [str(output / "emb_0"), str(output / "emb_1")]
+    assert sorted(os.listdir(output)) == ["dense", "emb_0", "emb_1"]
+    assert sorted(os.listdir(output / "emb_0")) == ["emb_vector", "key"]
+    assert sorted(os.listdir(tmp_path)) == ["ck", "hps"]

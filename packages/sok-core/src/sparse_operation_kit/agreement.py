@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -29,9 +30,20 @@ from sparse_operation_kit import communication
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Agreement", "RankFailure"]
+__all__ = ["Agreement", "RankFailure", "decode", "encode"]
 
 T = TypeVar("T")
+
+
+def encode(text: str) -> bytes:
+    """``text`` as bytes for the other ranks, as the file system encodes names (``os.fsencode``:
+    surrogate escapes, e.g. an undecodable path's ``"ck\\udcff"``, become their bytes, never an error)."""
+    return os.fsencode(text)
+
+
+def decode(data: bytes) -> str:
+    """The text that :func:`encode` made ``data`` from (``os.fsdecode``)."""
+    return os.fsdecode(data)
 
 
 class RankFailure(RuntimeError):
@@ -105,12 +117,12 @@ class Agreement:
         """
         if not self.collective:
             return [text]
-        data = text.encode()
+        data = encode(text)
         sizes = self._allgather(np.array([len(data)], np.int64), "text-size")
         raw = self._allgather(np.frombuffer(data, np.uint8), "text").tobytes()
         out, start = [], 0
         for size in sizes:
-            out.append(raw[start : start + int(size)].decode(errors="replace"))
+            out.append(decode(raw[start : start + int(size)]))
             start += int(size)
         return out
 

@@ -51,7 +51,12 @@ from sparse_operation_kit.progress import Callback, NoOpCallback
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["dump", "load", "incremental_model_dump"]
+__all__ = ["TableNotRestored", "dump", "load", "incremental_model_dump"]
+
+
+class TableNotRestored(RuntimeError):
+    """A failed ``sok.load`` could not empty again a table it had filled while reading: the table
+    holds part of a checkpoint. Fatal: the load is not retried; recreate the variable."""
 
 
 def _variables(variables: Any) -> list:
@@ -447,13 +452,25 @@ def _owned_keys(var: Any, plan: dict, rank: int, n: int) -> tuple[np.ndarray, np
     return (keys, None) if mine.all() else (keys[mine], mine)
 
 
-def _clear(filled: list[DynamicVariable]) -> None:
-    """Empty again the tables a failed load filled while reading (they were empty before)."""
+def _clear(filled: list[DynamicVariable], cause: BaseException) -> None:
+    """Empty again the tables a failed load filled while reading (they were empty before).
+
+    Raises:
+        TableNotRestored: a table could not be emptied (the others are emptied first); names the
+            tables, their errors and ``cause``, the load's failure.
+    """
+    failures = []
     for var in filled:
         try:
             var.storage.clear()
-        except Exception:  # clear the others, then the load's own error propagates
-            logger.exception("sok.load failed and could not clear %s again", var.name)
+        except Exception as error:  # clear the others first
+            failures.append((var.name, error))
+    if failures:
+        listed = "; ".join(f"{name}: {type(error).__name__}: {error}" for name, error in failures)
+        raise TableNotRestored(
+            f"sok.load failed ({type(cause).__name__}: {cause}) and could not empty again the table(s) it had "
+            f"filled ({listed}); they hold part of the checkpoint. Recreate those variables, then load again"
+        ) from failures[0][1]
 
 
 def _fills_while_reading(var: Any, slots: list[str], wrapper: OptimizerWrapper | None) -> bool:
@@ -558,8 +575,11 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     A dump of ``path`` (from another process) may run meanwhile: the directory is opened once and
     every file read relative to it, so the rows come from one checkpoint. When that dump deletes the
     directory being read, what this load did is undone and it starts again, at most
-    ``checkpoint_dir.READ_ATTEMPTS`` times (each rank on its own: with several ranks, load while no
-    dump of ``path`` runs, or ranks may read different checkpoints).
+    ``checkpoint_dir.READ_ATTEMPTS`` times (each rank on its own). Before any row is assigned, the
+    ranks check that they all read the same directory (its inode and its manifest's checksum): if a
+    dump replaced it between their reads, every rank undoes what it did and raises
+    CheckpointChanged (load again). The progress counts a table's read once (after the read that
+    succeeded), whatever the attempts.
 
     Raises:
         CheckpointError: the ranks passed different paths (on every rank, naming them);
@@ -567,7 +587,10 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
             corrupt (any field: it is validated whole before anything is read); a file is missing,
             truncated, corrupt or does not match its variable or the manifest; a key does not fit
             the variable's key type.
-        CheckpointChanged: dumps replaced ``path`` during each of its reads.
+        CheckpointChanged: dumps replaced ``path`` during each of its reads; or the ranks read
+            different checkpoints (on every rank; nothing was loaded).
+        TableNotRestored: a failed attempt could not empty again a table it had filled (fatal, no
+            retry; the table holds part of the checkpoint).
         ValueError: a variable holds another wrapper's state, or a static table's optimizer state
             has nowhere to go yet.
     """
@@ -582,17 +605,26 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     filled: list[DynamicVariable] = []
 
     def read(ckpt: ckdir.OpenCheckpoint) -> tuple:
-        return _read(ckpt, variables, wrapper, rank, n, callback)
+        return (ckpt.identity, *_read(ckpt, variables, wrapper, rank, n))
 
+    identity = ""
     try:
-        manifest, slot_names, static_state, staged, filled = ckdir.read_consistently(path, read)
+        identity, manifest, slot_names, static_state, staged, filled = ckdir.read_consistently(path, read)
     except Exception as error:
         agreement.fail(error)  # raises it with one rank
     try:
         agreement.check()  # every rank verified every file it read, or every rank stops here
-    except Exception:
-        _clear(filled)
+        identities = agreement.texts(identity)
+        if not ckdir.same_checkpoint(identities):
+            raise fmt.CheckpointChanged(
+                f"{agreement.call}: the ranks read different checkpoints (directory identities "
+                f"{', '.join(f'rank {r}: {i}' for r, i in enumerate(identities))}): a dump replaced it during the "
+                f"load; nothing was loaded, load again"
+            )
+    except BaseException as error:
+        _clear(filled, error)
         raise
+    callback.relative_update(len(variables))  # the reads, counted once one of them succeeded
     # Every file of every table is verified: assign the staged rows.
     for var, slots, item in zip(variables, slot_names, staged):
         if item is not None:
@@ -611,18 +643,12 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     logger.info("SOK load from %s done: %d tables", path, len(variables))
 
 
-def _read(
-    ckpt: ckdir.OpenCheckpoint,
-    variables: list,
-    wrapper: OptimizerWrapper | None,
-    rank: int,
-    n: int,
-    callback: Callback,
-) -> tuple:
+def _read(ckpt: ckdir.OpenCheckpoint, variables: list, wrapper: OptimizerWrapper | None, rank: int, n: int) -> tuple:
     """Read and verify every file of the open checkpoint that :func:`load` needs: returns ``(manifest,
     slot names, static optimizer targets, staged rows (None for a table filled while reading),
     tables filled while reading)``. On any exception (KeyboardInterrupt too) the tables it filled
-    are emptied again before it propagates, so it may be called again."""
+    are emptied again before it propagates, so it may be called again; when one cannot be emptied,
+    :class:`TableNotRestored` propagates instead (never retried)."""
     manifest, plans, slot_names, static_state, streamed = _prepare_load(ckpt, variables, wrapper)
     filled: list[DynamicVariable] = []
     staged: list[tuple[np.ndarray, list[np.ndarray]] | None] = []
@@ -634,9 +660,8 @@ def _read(
                 staged.append(None)
             else:
                 staged.append(_stage(var, plan, rank, n))
-            callback.relative_update(1)
-    except BaseException:
-        _clear(filled)
+    except BaseException as error:
+        _clear(filled, error)
         raise
     return manifest, slot_names, static_state, staged, filled
 

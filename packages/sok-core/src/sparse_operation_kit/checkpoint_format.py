@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -162,27 +163,37 @@ class FileInfo:
 
 def open_file(path: str, dir_fd: int | None = None) -> BinaryIO:
     """Open a checkpoint file for reading, unbuffered: ``path``, or ``basename(path)`` relative to the
-    directory ``dir_fd``. It must be a regular file (a FIFO or device is refused without blocking).
+    directory ``dir_fd``. It must be a regular file: a symbolic link is not followed (so every file
+    read is inside the checkpoint), and a FIFO or device is refused without blocking.
 
     Raises:
         CheckpointError: the file is missing or not a regular file; it names ``path``.
     """
     name = path if dir_fd is None else os.path.basename(path)
+    not_regular = (
+        f"checkpoint file {path} is not a regular file (a symbolic link, a directory or a special file); "
+        f"sok reads only the files inside the checkpoint: put the file itself there"
+    )
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except (FileNotFoundError, NotADirectoryError) as error:
         raise CheckpointError(f"checkpoint file {path} is missing") from error
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise CheckpointError(not_regular) from error
+        raise
     f = os.fdopen(fd, "rb", buffering=0)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         f.close()
-        raise CheckpointError(f"checkpoint file {path} is missing (it is not a regular file)")
+        raise CheckpointError(not_regular)
     return f
 
 
 def exists(path: str, dir_fd: int | None = None) -> bool:
-    """Whether ``path`` (``basename(path)`` relative to ``dir_fd`` when given) names an entry."""
+    """Whether ``path`` (``basename(path)`` relative to ``dir_fd`` when given) names an entry (a
+    symbolic link too, dangling or not: it is not followed)."""
     try:
-        os.stat(path if dir_fd is None else os.path.basename(path), dir_fd=dir_fd)
+        os.stat(path if dir_fd is None else os.path.basename(path), dir_fd=dir_fd, follow_symlinks=False)
     except (FileNotFoundError, NotADirectoryError):
         return False
     return True

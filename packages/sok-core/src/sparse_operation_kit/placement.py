@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 
 import tensorflow as tf
 from tensorflow.python.eager import context
@@ -130,7 +131,8 @@ def pin_local_gpu(local_rank: int, local_size: int) -> str | None:
     with several GPUs and nobody has chosen yet (TensorFlow sees every GPU of the host). Rank
     ``local_rank`` of the host gets GPU ``local_rank`` (modulo the GPUs, with a warning when ranks
     must share one). ``sok.init`` calls it before anything runs on a GPU; a choice made before it
-    (``CUDA_VISIBLE_DEVICES``, ``tf.config.set_visible_devices``) is kept.
+    is kept: it does nothing when ``CUDA_VISIBLE_DEVICES`` is set in the environment at all (any
+    value, e.g. ``"1,0"`` or ``""``), or when ``tf.config.set_visible_devices`` already hid GPUs.
 
     Returns:
         The name of the GPU pinned (``"/physical_device:GPU:1"``), or None where nothing changed.
@@ -139,7 +141,7 @@ def pin_local_gpu(local_rank: int, local_size: int) -> str | None:
 
         placement.pin_local_gpu(hvd.local_rank(), hvd.local_size())   # rank 1 of 2: GPU 1 only
     """
-    if local_size < 2 or not tf.test.is_built_with_cuda():
+    if local_size < 2 or "CUDA_VISIBLE_DEVICES" in os.environ or not tf.test.is_built_with_cuda():
         return None
     gpus = tf.config.list_physical_devices("GPU")
     if len(gpus) < 2 or len(tf.config.get_visible_devices("GPU")) != len(gpus):

@@ -10,7 +10,9 @@ that every rank raises (the failing one its own error, the other a RankFailure n
 checkpoint on disk and the tables are as they were, and that the next call works on every rank
 (the ranks are still in step: nobody is left waiting in a collective). The ``*_different_paths``
 scenarios pass each rank its own path: every rank must refuse, naming every rank's path, and
-nothing be read or written.
+nothing be read or written. ``load_of_different_checkpoints`` makes rank 1 open a copy of the
+checkpoint (as if a dump had replaced it between the ranks' reads): every rank must raise
+CheckpointChanged and no table change.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import sparse_operation_kit as sok  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from harness import print_stacks_before_timeout  # noqa: E402
 from sparse_operation_kit import checkpoint as ckpt  # noqa: E402
+from sparse_operation_kit import checkpoint_dir as ckdir  # noqa: E402
 from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
 from sparse_operation_kit.agreement import RankFailure  # noqa: E402
 
@@ -225,6 +228,41 @@ def load_from_different_paths(base: str) -> str | None:
     return None
 
 
+def load_of_different_checkpoints(base: str) -> str | None:
+    sources = [table("copy_held"), table("copy_empty")]
+    path, copy = os.path.join(base, "ckpt"), os.path.join(base, "copy")
+    sok.dump(path, sources)
+    if hvd.rank() == 0:
+        shutil.copytree(path, copy)  # the same files, another directory
+    hvd.allreduce(tf.constant(0))  # the copy exists before rank 1 reads it
+    held = sok.DynamicVariable(dimension=DIM, var_type="hbm", name="copy_held", initializer="0")
+    sok.assign(held, tf.constant([1, 2]), np.full((2, DIM), 5.0, np.float32))  # staged path
+    held_before = contents(held)
+    empty = sok.DynamicVariable(dimension=DIM, var_type="hbm", name="copy_empty", initializer="0")  # streamed
+
+    def opens_the_copy(real):
+        return lambda opened: real(copy)
+
+    with patched(ckdir, "OpenCheckpoint", opens_the_copy, on_rank=1):
+        try:
+            sok.load(path, [held, empty])
+        except fmt.CheckpointChanged as error:
+            if "the ranks read different checkpoints" not in str(error):
+                return f"the message does not say the ranks read different checkpoints: {error}"
+        except Exception as error:  # noqa: BLE001 - the scenario checks the type
+            return f"raised {type(error).__name__}: {error}; expected CheckpointChanged"
+        else:
+            return "did not raise"
+    if contents(held) != held_before:
+        return "a table holding rows changed although the load failed"
+    if contents(empty):
+        return "an empty table kept rows although the load failed"
+    sok.load(path, [empty])  # in step again: both ranks load the same checkpoint
+    if contents(empty) != contents(sources[1]):
+        return "the load after the failure did not restore the rows"
+    return None
+
+
 SCENARIOS = {
     "dump_fails_on_rank1": dump_fails_on_rank1,
     "dump_disk_full_on_rank0": dump_disk_full_on_rank0,
@@ -232,6 +270,7 @@ SCENARIOS = {
     "load_fails_on_rank1": load_fails_on_rank1,
     "dump_to_different_paths": dump_to_different_paths,
     "load_from_different_paths": load_from_different_paths,
+    "load_of_different_checkpoints": load_of_different_checkpoints,
 }
 
 

@@ -57,9 +57,12 @@ def horovodrun() -> Path:
 
 def rank_environment(stacks_after: int | None = None) -> dict[str, str]:
     """The environment of the ranks a test launches: this one, quiet, on the CPU or (:func:`on_gpus`)
-    the host's GPUs with NVLink multicast off."""
+    every GPU of the host (no ``CUDA_VISIBLE_DEVICES``: ``sok.init`` pins each rank) with NVLink
+    multicast off."""
     devices = {"NCCL_NVLS_ENABLE": "0"} if on_gpus() else {"CUDA_VISIBLE_DEVICES": ""}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **devices)
+    if on_gpus():
+        env.pop("CUDA_VISIBLE_DEVICES", None)
     if stacks_after is not None:
         env[STACKS_AFTER] = str(stacks_after)
     return env
