@@ -48,6 +48,9 @@ class TableRef {
   // (sok_key_type), rows of `row_width` floats and new rows filled by `inits`.
   void point(uintptr_t api, uintptr_t storage, int32_t key_type, int32_t row_width,
              const std::vector<InitTuple>& inits) {
+    // An op may have read ref_->inits just before this swap: the initializers it points at stay
+    // alive with this object (a few bytes per swap) instead of being freed under it.
+    if (!inits_.empty()) retired_inits_.push_back(std::move(inits_));
     inits_ = to_inits(inits);
     ref_->api = reinterpret_cast<const sok_storage_api*>(api);
     ref_->storage = reinterpret_cast<sok_storage*>(storage);
@@ -65,6 +68,7 @@ class TableRef {
  private:
   sok_table_ref* ref_;  // never freed (see above)
   std::vector<sok_initializer> inits_;
+  std::vector<std::vector<sok_initializer>> retired_inits_;  // of earlier point()s (see there)
 };
 
 }  // namespace
