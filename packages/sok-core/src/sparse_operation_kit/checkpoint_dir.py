@@ -292,9 +292,10 @@ class OpenCheckpoint:
             ) from error
         try:
             _refuse_staging(path, fmt.exists(STAGING_MARK, self.fd))
-            self.manifest = fmt.read_manifest(path, self.fd)
+            raw = fmt.read_manifest_bytes(path, self.fd)  # read once: parsed here, checksummed for identity
+            self.manifest = None if raw is None else fmt.Manifest.from_json(raw, os.path.join(path, fmt.MANIFEST))
             opened = os.fstat(self.fd)
-            crc = "none" if self.manifest is None else self.crc32(fmt.MANIFEST)
+            crc = "none" if raw is None else f"{fmt.update_crc32(raw):08x}"
             self.identity = f"{socket.gethostname()} {opened.st_dev} {opened.st_ino} {crc}"
         except (fmt.CheckpointError, OSError) as error:
             replaced = self.replaced()

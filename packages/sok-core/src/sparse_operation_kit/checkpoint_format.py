@@ -649,15 +649,25 @@ def read_manifest(directory: str, dir_fd: int | None = None) -> Manifest | None:
         CheckpointError: the manifest is not UTF-8 JSON, has another format version, or a field of
             the wrong type or value (:meth:`Manifest.from_dict`); it names the file and the field.
     """
+    raw = read_manifest_bytes(directory, dir_fd)
+    return None if raw is None else Manifest.from_json(raw, os.path.join(directory, MANIFEST))
+
+
+def read_manifest_bytes(directory: str, dir_fd: int | None = None) -> bytes | None:
+    """The bytes of a checkpoint directory's manifest file, unchecked, or None when it has none
+    (NVIDIA SOK's layout); :func:`read_manifest` checks them (``Manifest.from_json``).
+
+    Raises:
+        CheckpointError: the file cannot be read, or is not a regular file.
+    """
     path = os.path.join(directory, MANIFEST)
     if not exists(path, dir_fd):
         return None  # NVIDIA SOK writes none
     try:
         with open_file(path, dir_fd) as f:
-            raw = f.readall()
+            return f.readall()
     except OSError as error:
         raise CheckpointError(f"{path} is not a valid manifest (UTF-8 JSON): {error}") from error
-    return Manifest.from_json(raw, path)
 
 
 def table_files(path: str, table: str, dir_fd: int | None = None) -> tuple[FileInfo, FileInfo, int]:

@@ -616,7 +616,7 @@ class ParameterServer:
         loaded = 0
         writable = self._writable_dbs()
         for keys, values in source.chunks(_LOAD_CHUNK_ROWS):
-            table_keys = self.table_keys(served, keys, where=f"the model file {model.sparse_files[table_id]}")
+            table_keys = keys.astype(served.key_dtype.as_numpy_dtype, copy=False)  # range: _load_models
             for db in writable:
                 db.insert(tag, keys, values)
             if served.cache is not None and not served.cache.evicting:
