@@ -1,5 +1,5 @@
 """The one-rank path of sok.lookup_sparse (pooled_lookup.py): SokPooledLookup and its gradient equal
-the per-table TensorFlow ops of lookup.py to the bit, weight gradients equal TensorFlow's; the shards
+the per-table TensorFlow ops of lookup/local_lookup.py to the bit, weight gradients equal TensorFlow's; the shards
 of the several-rank path sum the ids they hold (NumPy oracles)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 import sparse_operation_kit as sok  # noqa: E402
-from sparse_operation_kit import communication, lookup, pooled_lookup  # noqa: E402
+from sparse_operation_kit import communication, pooled_lookup  # noqa: E402
+from sparse_operation_kit.lookup import sparse as lookup_call  # noqa: E402
 
 SHAPES = [(3, 16), (1000, 16), (20000, 128), (7, 1), (300, 3)]  # dense-slot and hashed distinct ids
 
@@ -58,7 +59,7 @@ def test_equals_the_tf_op_path_to_the_bit(combiner: str, weighted: bool, monkeyp
     combiners = [combiner] * len(tables)
     fused, fused_grads = _forward_and_gradients(tables, ids, weights, combiners, cotangents)
     assert all(isinstance(g, tf.IndexedSlices) for g in fused_grads[: len(tables)])
-    monkeypatch.setattr(lookup, "_fused_tables", lambda *args: [])
+    monkeypatch.setattr(lookup_call, "fused_tables", lambda *args: [])
     plain, plain_grads = _forward_and_gradients(tables, ids, weights, combiners, cotangents)
     # TensorFlow's GPU segment sums add in another order than its CPU ones: equal within rounding there.
     same = np.testing.assert_array_equal
@@ -108,7 +109,7 @@ def test_ids_outside_the_rows_name_the_table() -> None:
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 @pytest.mark.parametrize("stride,offset", [(2, 0), (2, 1), (3, 2), (1, -1)])
 def test_shards_pool_the_ids_they_hold(stride: int, offset: int, weighted: bool) -> None:
-    """The several-rank step (lookup.py): a shard sums the rows of the ids it holds, and its
+    """The several-rank step (lookup/local_lookup.py): a shard sums the rows of the ids it holds, and its
     gradients are IndexedSlices of its own rows; NumPy oracles on the full table."""
     rng = np.random.default_rng(3)
     full = rng.random((50, 4), dtype=np.float32)

@@ -26,7 +26,8 @@ os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 tf = pytest.importorskip("tensorflow")
 
 import sparse_operation_kit as sok  # noqa: E402
-from sparse_operation_kit import communication, lookup, pooled_lookup, tf_ops  # noqa: E402
+from sparse_operation_kit import communication, pooled_lookup, tf_ops  # noqa: E402
+from sparse_operation_kit.lookup.plan import fused_tables  # noqa: E402
 from sparse_operation_kit.testing.device import skip_unless_gpu_tensorflow  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -314,7 +315,7 @@ def test_lookup_sparse_of_gpu_tables_equals_tensorflow(combiner: str) -> None:
     shapes = [(300, 16), (20, 3), (1000, 128)]
     with tf.device(GPU):
         tables = [sok.Variable(rng.random(s, dtype=np.float32) - 0.5, dtype=tf.float32) for s in shapes]
-    assert lookup._fused_tables(tables, ["distributed"] * 3) == [0, 1, 2]
+    assert fused_tables(tables, ["distributed"] * 3) == [0, 1, 2]
     lengths = [rng.integers(1, 9, 32) for _ in shapes]  # no empty sample: TF's ragged path drops trailing ones
     ids = [tf.RaggedTensor.from_row_lengths(rng.integers(0, rows, n.sum()), n) for (rows, _), n in zip(shapes, lengths)]
     weights = [tf.RaggedTensor.from_row_lengths(rng.uniform(0.1, 2, n.sum()).astype(np.float32), n) for n in lengths]
@@ -344,8 +345,8 @@ def test_host_tables_are_fused_before_gpu_tables_and_stay_on_the_host() -> None:
         host = sok.Variable(np.ones((10, 2), np.float32), dtype=tf.float32)
     with tf.device(GPU):
         device = sok.Variable(np.ones((10, 2), np.float32), dtype=tf.float32)
-    assert lookup._fused_tables([device, host, device], ["distributed"] * 3) == [1]
-    assert lookup._fused_tables([device, host], ["dynamic", "distributed"]) == [1]
+    assert fused_tables([device, host, device], ["distributed"] * 3) == [1]
+    assert fused_tables([device, host], ["dynamic", "distributed"]) == [1]
     ids = tf.ragged.constant([[1, 2], [3]], dtype=tf.int64)
     host_out, device_out = sok.lookup_sparse([host, device], [ids, ids], combiners=["sum", "sum"])
     assert "CPU" in host_out.device, host_out.device

@@ -1,6 +1,7 @@
 // Pooled lookups of static tables: every table of a sok.lookup_sparse call in one op instead of ~10
 // TensorFlow ops per table. At world size 1 it pools the local batch with the full tables; with
-// several ranks it pools the global batch into partial sums of the rows this rank holds (lookup.py).
+// several ranks it pools the global batch into partial sums of the rows this rank holds
+// (lookup/local_lookup.py).
 //
 // SokPooledLookup: embeddings_t[s] = combine(sum_j w_j * params_t[ids_t[j]]) for j in
 //   row_splits_t[s] .. row_splits_t[s + 1] (w_j = 1 when unweighted), summed in id order; "mean"

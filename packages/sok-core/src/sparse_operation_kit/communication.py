@@ -136,7 +136,9 @@ class CommunicationTool:
     def allgather(self, tensor: Any, name: str | None = None) -> Any:
         raise NotImplementedError
 
-    def alltoall(self, tensor: Any, splits: Any, name: str | None = None) -> Any:
+    def alltoall(self, tensor: Any, splits: Any, name: str | None = None) -> tuple[Any, Any]:
+        """Rows ``splits[r]`` (in order) of ``tensor`` to rank ``r``: returns the rows received from
+        every rank, in rank order, and how many came from each (an int32 ``[num_ranks]``)."""
         raise NotImplementedError
 
     def allreduce_sum(self, tensor: Any, name: str | None = None) -> Any:
@@ -166,8 +168,8 @@ class SingleProcess(CommunicationTool):
     def allgather(self, tensor: Any, name: str | None = None) -> Any:
         return tensor
 
-    def alltoall(self, tensor: Any, splits: Any, name: str | None = None) -> Any:
-        return tensor
+    def alltoall(self, tensor: Any, splits: Any, name: str | None = None) -> tuple[Any, Any]:
+        return tensor, splits
 
     def allreduce_sum(self, tensor: Any, name: str | None = None) -> Any:
         return tensor
@@ -252,10 +254,10 @@ class HorovodTool(CommunicationTool):
     def allgather(self, tensor: Any, name: str | None = None) -> Any:
         return self._run("allgather", name, lambda op: self._hvd.allgather(tensor, name=op))
 
-    def alltoall(self, tensor: Any, splits: Any, name: str | None = None) -> Any:
+    def alltoall(self, tensor: Any, splits: Any, name: str | None = None) -> tuple[Any, Any]:
         def collective(op: str | None) -> Any:
-            received = self._hvd.alltoall(tensor, splits=splits, name=op)
-            return received[0] if isinstance(received, tuple) else received
+            received, received_splits = self._hvd.alltoall(tensor, splits=splits, name=op)
+            return received, received_splits
 
         return self._run("all-to-all", name, collective)
 

@@ -7,10 +7,11 @@ the rows of its distinct ids as a ``tf.IndexedSlices``, in ``tf.unique``'s order
 device of the tables (all on one).
 
 At world size 1 nothing is exchanged and a table's shard is the full table: results equal those of
-the per-table TensorFlow ops of ``lookup.py`` to the bit, and ids outside a table's rows fail
-inside the op with ``sp_ids[i] has ids outside [0, rows)``. With several ranks ``lookup.py`` gives
-it the global batch and each table's shard (``shards``): the op sums the rows of the ids this rank
-holds into partial sums, and the gradients are IndexedSlices of the shard's rows.
+the per-table TensorFlow ops of ``lookup/local_lookup.py`` to the bit, and ids outside a table's
+rows fail inside the op with ``sp_ids[i] has ids outside [0, rows)``. With several ranks,
+``lookup/local_lookup.py`` gives it the ids this rank received for the global batch and each
+table's shard (``shards``): the op sums the rows of the ids this rank holds into partial sums, and
+the gradients are IndexedSlices of the shard's rows.
 
 Example::
 

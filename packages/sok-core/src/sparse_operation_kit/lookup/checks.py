@@ -1,0 +1,180 @@
+"""Checks of one ``sok.lookup_sparse`` call that every rank passes or fails together.
+
+Each rank counts its problems (ids outside a static table, int64 ids that do not fit an int32 key
+type, weights whose rows differ from the ids', samples longer than ``hotness``); with several ranks
+one allgather carries ``[fingerprint of the call, number of counts, counts...]`` of every rank, so
+a rank that passes other tables, or a bad id on one rank, fails the call on every rank before the
+exchange moves anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from sparse_operation_kit import communication
+
+__all__ = ["agreed_checks", "raise_unless"]
+
+
+def _call_description(
+    params: Sequence[Any],
+    kinds: Sequence[str],
+    combiners: Sequence[str],
+    weighted: bool,
+    hotness: Sequence[int] | None,
+) -> str:
+    """What every rank's call must agree on: the tables (names, kinds, shapes), the combiners, and
+    whether sp_weights and hotness are given; they decide which collectives the call makes."""
+    tables = []
+    for i, (param, kind) in enumerate(zip(params, kinds)):
+        if kind == "dynamic":
+            shape = f"dim {param.dimension}, key_type {param.key_type.name}, mode {param.mode}"
+        else:
+            shape = f"shape {list(param.global_shape.as_list())}" + (
+                f", localized:{param.target_gpu}" if kind == "localized" else ""
+            )
+        tables.append(f"params[{i}] = {param.name} ({kind}, {shape}, combiner {combiners[i]})")
+    return (
+        f"{len(tables)} table(s): {'; '.join(tables)}; sp_weights {'given' if weighted else 'None'}; "
+        f"hotness {None if hotness is None else list(hotness)}"
+    )
+
+
+def agreed_checks(
+    params: Sequence[Any],
+    kinds: Sequence[str],
+    ragged: Sequence[tf.RaggedTensor],
+    weights: Sequence[tf.RaggedTensor] | None,
+    comm: communication.CommunicationTool,
+    hotness: Sequence[int] | None,
+    *,
+    checked_by_op: Sequence[int],
+    combiners: Sequence[str],
+) -> list[tf.Operation | tf.Tensor]:
+    """Checks that fail on every rank together, in one collective: each rank sends
+    ``[fingerprint of its call, number of counts, its count of each problem]`` (one allgather, which
+    tolerates records of different lengths); every rank first asserts that all records carry its
+    own fingerprint (the same tables, combiners and options in the same order, so that the ranks
+    make the same collectives), then asserts on the counts summed over the ranks (so no rank enters
+    the exchange alone). The id ranges of the tables in ``checked_by_op`` are left to
+    ``pooled_lookup``'s op (one rank)."""
+    problems: list[tuple[tf.Tensor, str]] = []
+    for i, (param, kind, ids) in enumerate(zip(params, kinds, ragged)):
+        values = tf.cast(ids.values, tf.int64)
+        if kind != "dynamic" and i not in checked_by_op:
+            rows = int(param.global_shape[0])
+            problems.append(
+                (
+                    tf.reduce_sum(tf.cast((values < 0) | (values >= rows), tf.int64)),
+                    f"sp_ids[{i}] has ids outside [0, {rows}) for table {param.name} (count over all ranks "
+                    f"follows); static tables take ids 0 .. rows-1",
+                )
+            )
+        elif kind == "dynamic" and param.key_type == tf.int32:
+            # Counted (0 for int32 ids) whatever the ids' dtype, so the records of all ranks have one length.
+            outside = (values < -(2**31)) | (values >= 2**31)
+            problems.append(
+                (
+                    tf.reduce_sum(tf.cast(outside, tf.int64)),
+                    f"sp_ids[{i}] has int64 ids that do not fit the int32 keys of {param.name} (count over all "
+                    f"ranks follows)",
+                )
+            )
+        if weights is not None:
+            mismatch = tf.reduce_sum(
+                tf.abs(tf.cast(ids.row_lengths(), tf.int64) - tf.cast(weights[i].row_lengths(), tf.int64))
+            )
+            problems.append(
+                (
+                    mismatch,
+                    f"sp_weights[{i}] does not have the row lengths of sp_ids[{i}] (differences over all ranks follow)",
+                )
+            )
+        if hotness is not None:
+            longest = tf.cast(ids.row_lengths(), tf.int64)
+            problems.append(
+                (
+                    tf.reduce_sum(tf.cast(longest > hotness[i], tf.int64)),
+                    f"sp_ids[{i}] has a sample with more ids than hotness[{i}] = {hotness[i]} (count over all "
+                    f"ranks follows)",
+                )
+            )
+    n = comm.num_ranks()
+    if n == 1:
+        if not problems:
+            return []
+        counts = tf.stack([count for count, _ in problems])
+    else:
+        description = _call_description(params, kinds, combiners, weights is not None, hotness)
+        fingerprint = communication.fingerprint(description.encode())
+        record = tf.concat(
+            [tf.constant([fingerprint, len(problems)], tf.int64)] + [tf.reshape(c, [1]) for c, _ in problems], 0
+        )
+        gathered = comm.allgather(record, name="sok.lookup_sparse: allgather of the call's fingerprint and checks")
+        agreement = _assert_same_call(gathered, fingerprint, len(problems), n, comm.rank(), description)
+        if not problems:
+            return [agreement]
+        # Every record has this rank's layout once the ranks agree: [fingerprint, count, counts...] per
+        # rank. A data dependency on the agreement (a control dependency on a tf.cond's output does
+        # not wait for the ops inside its branches once TensorFlow lowers it).
+        gathered = gathered * tf.cast(agreement, tf.int64)
+        counts = tf.reduce_sum(_as_records(gathered, n, 2 + len(problems))[:, 2:], axis=0)
+    return ([agreement] if n > 1 else []) + [
+        tf.debugging.assert_equal(counts[j], tf.constant(0, tf.int64), message=message)
+        for j, (_, message) in enumerate(problems)
+    ]
+
+
+def _assert_same_call(
+    gathered: tf.Tensor, fingerprint: int, length: int, n: int, rank: int, description: str
+) -> tf.Tensor:
+    """Asserts that the ``n`` records of ``gathered`` (``[fingerprint, length, length counts]`` each,
+    rank after rank) all carry this rank's fingerprint; the message names the ranks that differ."""
+    width = 2 + length
+    same_size = tf.equal(tf.size(gathered, out_type=tf.int64), n * width)
+    table = _as_records(gathered, n, width)
+    agree = same_size & tf.reduce_all(tf.equal(table[:, 0], fingerprint)) & tf.reduce_all(tf.equal(table[:, 1], length))
+
+    def fail() -> tf.Tensor:
+        # Walk the records (their lengths may differ): rank r's starts after those of ranks < r.
+        start = tf.constant(0, tf.int64)
+        differs = []
+        for _ in range(n):
+            differs.append(tf.not_equal(gathered[start], fingerprint))
+            start = start + 2 + gathered[start + 1]
+        ranks = tf.strings.reduce_join(tf.strings.as_string(tf.where(tf.stack(differs))[:, 0]), separator=", ")
+        message = tf.strings.join(
+            [
+                f"sok.lookup_sparse: the ranks called it with different arguments. Rank {rank} called it with "
+                f"{description}. Every rank must pass the same tables (names, kinds, shapes), combiners, and "
+                f"sp_weights / hotness (given or not) in the same order; only the ids, weights and batch size may "
+                f"differ. The ranks whose call differs from rank {rank}'s (each rank's error shows its own call): [",
+                ranks,
+                "]",
+            ]
+        )
+        check = raise_unless(agree, message)
+        with tf.control_dependencies([check]):
+            return tf.identity(agree)
+
+    return tf.cond(agree, lambda: tf.identity(agree), fail)
+
+
+def _as_records(gathered: tf.Tensor, n: int, width: int) -> tf.Tensor:
+    """``gathered`` as ``[n, width]`` records, cut or padded with zeros to ``n * width`` values first:
+    a shape that never fails, whatever the ranks sent (TensorFlow may run a tf.cond branch ahead)."""
+    values = tf.concat([gathered, tf.zeros([n * width], gathered.dtype)], 0)[: n * width]
+    return tf.reshape(values, [n, width])
+
+
+def raise_unless(condition: tf.Tensor, message: tf.Tensor) -> tf.Operation | None:
+    """An InvalidArgumentError with the string tensor ``message`` unless ``condition``: raised now
+    when eager, else the assert op to gate on."""
+    if tf.executing_eagerly():
+        if not bool(condition):
+            raise tf.errors.InvalidArgumentError(None, None, message.numpy().decode(errors="replace"))
+        return None
+    return tf.debugging.Assert(condition, [message])

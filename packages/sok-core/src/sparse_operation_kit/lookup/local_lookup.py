@@ -1,0 +1,154 @@
+"""Local lookup: the owner reads the rows of the ids it holds and pools them per sample.
+
+Each distinct id is read once (a dynamic table inserts it once; the gradient has one row per
+distinct id: for a dynamic table it carries its distinct index to the optimizer), then the rows
+are summed per sample, weighted, with no division (the requester divides: it knows its samples'
+lengths and weights). The static tables this rank holds on one device are pooled by one
+``pooled_lookup`` op for all of them; dynamic tables and static ones elsewhere by TensorFlow ops.
+With ``low_frequency_filter`` the occurrences of a dynamic table's keys that ``_admitted`` drops are
+left out before the read: not inserted, not summed, no gradient.
+
+Example::
+
+    partial, statuses = pool_held(plan, owned, low_frequency_filter=False)
+    partial[t]   # [global_batch, dim_t]: this rank's share of table t's sums
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from sparse_operation_kit import pooled_lookup, tf_ops
+from sparse_operation_kit.dynamic_variable import DynamicVariable, try_sparse_read
+from sparse_operation_kit.lookup.input_dist import OwnedIds
+from sparse_operation_kit.lookup.plan import ExchangePlan, TablePlan, fused_tables, on_gpu, shard
+
+__all__ = ["Status", "pool_held", "pool_rows"]
+
+#: A dynamic table's lookup on this rank: TensorFlow's error code (0: it worked) and the message.
+Status = tuple[tf.Tensor, tf.Tensor]
+
+
+def _as_table_keys(keys: tf.Tensor, param: DynamicVariable) -> tf.Tensor:
+    """Ids as the table's key dtype (int32/int64 ids for int64 tables, int64 bits for uint64 ones;
+    int64 ids for int32 tables were range-checked by checks.agreed_checks)."""
+    if keys.dtype == param.key_type:
+        return keys
+    if param.key_type == tf.uint64:
+        return tf.bitcast(tf.cast(keys, tf.int64), tf.uint64)
+    return tf.cast(keys, param.key_type)
+
+
+def _admitted(param: DynamicVariable, keys: tf.Tensor) -> tf.Tensor | None:
+    """SOK's low-frequency filter: a bool mask of the occurrences of ``keys`` to look up, or None
+    (all of them) when the table's ``filter_ratio`` is 1. An occurrence of a key the table holds is
+    kept; one of a key it does not hold is kept with probability ``filter_ratio``, independently
+    per occurrence (``tf.random.uniform``: reproducible under ``tf.random.set_seed``). The table is
+    read without inserting anything."""
+    ratio = param.filter_ratio
+    if ratio >= 1.0:
+        return None
+    unique, position = tf.unique(keys, out_idx=tf.int64)
+    _, found = tf_ops.library().sok_find(*param.table_inputs, _as_table_keys(unique, param), col_begin=0, col_end=1)
+    held = tf.gather(found, position)
+    if ratio <= 0.0:
+        return held
+    return held | (tf.random.uniform(tf.shape(keys), dtype=tf.float32) < ratio)
+
+
+def pool_rows(
+    param: Any,
+    kind: str,
+    keys: tf.Tensor,
+    samples: tf.Tensor,
+    weights: tf.Tensor | None,
+    num_samples: tf.Tensor,
+    n: int,
+    low_frequency_filter: bool = False,
+    report_status: bool = False,
+) -> tuple[tf.Tensor, Status | None]:
+    """Sums ``[num_samples, dim]`` of the rows of ``keys`` (ids this rank holds; ``samples`` sorted),
+    and with ``report_status``, for a dynamic table, the ``(code, message)`` of its lookup (else
+    None): there a failed lookup does not raise (its rows are zeros), so that the rank still joins
+    the exchange."""
+    status = None
+    if kind == "dynamic" and low_frequency_filter:
+        mask = _admitted(param, keys)
+        if mask is not None:
+            keys, samples = tf.boolean_mask(keys, mask), tf.boolean_mask(samples, mask)
+            if weights is not None:
+                weights = tf.boolean_mask(weights, mask)
+    unique, position = tf.unique(keys, out_idx=tf.int64)
+    if kind == "dynamic" and report_status:
+        rows, code, message = try_sparse_read(param, _as_table_keys(unique, param), distinct=True)
+        status = (code, message)
+    elif kind == "dynamic":
+        rows = param.sparse_read(_as_table_keys(unique, param))
+    else:
+        local = tf.cast(unique, tf.int64) // n if kind == "distributed" else tf.cast(unique, tf.int64)
+        rows = tf.gather(param, local)
+    if weights is None and not on_gpu(param):
+        return tf.sparse.segment_sum(rows, position, samples, num_segments=num_samples), status
+    # TensorFlow's GPU kernel of sparse.segment_sum refuses some valid edge batches ("segment ids must
+    # be >= 0"); the sum of gathered rows is the same sum.
+    gathered = tf.gather(rows, position) if weights is None else tf.gather(rows, position) * weights[:, None]
+    return tf.math.unsorted_segment_sum(gathered, samples, num_samples), status
+
+
+def pool_held(
+    plan: ExchangePlan, owned: OwnedIds, low_frequency_filter: bool
+) -> tuple[dict[int, tf.Tensor], dict[int, Status], list[tf.Tensor]]:
+    """This rank's partial sums ``[global_batch, dim_t]`` of each table ``t`` it holds, from the ids
+    it received (``owned``), the status of each dynamic table's lookup, and an empty read (``[0,
+    dim]`` rows) of each table it does not hold: sent along, so that every table still has a
+    gradient on this rank (an empty ``tf.IndexedSlices``, not None, as Keras optimizers and
+    Horovod's gradient tape expect)."""
+    held = plan.held(plan.rank)
+    params = [table.param for table in plan.tables]
+    fused = [t for t in fused_tables(params, [table.kind for table in plan.tables]) if t in held]
+    partial: dict[int, tf.Tensor] = {}
+    statuses: dict[int, Status] = {}
+    if fused:
+        positions = tf.range(owned.global_batch + 1, dtype=tf.int64)
+
+        def ragged(values: list[tf.Tensor], t: int) -> tf.RaggedTensor:
+            splits = tf.searchsorted(owned.samples[t], positions, side="left", out_type=tf.int64)
+            return tf.RaggedTensor.from_row_splits(values[t], splits, validate=False)
+
+        pooled = pooled_lookup.pooled_lookup(
+            [params[t] for t in fused],
+            [ragged(owned.keys, t) for t in fused],
+            None if owned.weights is None else [ragged(owned.weights, t) for t in fused],
+            ["sum"] * len(fused),
+            fused,
+            [shard(plan.tables[t], plan.rank, plan.n) for t in fused],
+        )
+        partial.update(zip(fused, pooled))
+    for t in held:
+        if t in partial:
+            continue
+        table = plan.tables[t]
+        partial[t], status = pool_rows(
+            table.param,
+            table.kind,
+            owned.keys[t],
+            owned.samples[t],
+            None if owned.weights is None else owned.weights[t],
+            owned.global_batch,
+            plan.n,
+            low_frequency_filter,
+            report_status=True,
+        )
+        if status is not None:
+            statuses[t] = status
+    empty = [_empty_read(table) for t, table in enumerate(plan.tables) if t not in partial]
+    return partial, statuses, empty
+
+
+def _empty_read(table: TablePlan) -> tf.Tensor:
+    """``[0, dim]`` rows read from ``table``: no row, but a gradient path to it."""
+    if table.kind == "dynamic":
+        return try_sparse_read(table.param, tf.zeros([0], table.param.key_type), distinct=True)[0]
+    return tf.gather(table.param, tf.zeros([0], tf.int64))

@@ -1,0 +1,132 @@
+"""Output distribution: each owner sends every rank the sums of that rank's samples, for the tables
+it holds only.
+
+Rank ``o`` sends rank ``r`` a ``[batch of r, width(o)]`` block: the columns of the tables ``o``
+holds (``ExchangePlan.width``), flattened, in one all-to-all for the whole call. A localized table
+travels from its rank alone, whole sums; a distributed table's partial sums come from every rank and
+the requester adds them up. When ``o`` holds a dynamic table, its block ends with one more row:
+the TensorFlow error code of its lookup of each dynamic table, in that table's first column, so a
+rank whose lookup failed (a full ``"hbm"`` table, say) still joins the exchange and every rank then
+raises an error naming the table and the failing ranks.
+
+Example::
+
+    pooled = return_sums(plan, partial, statuses, owned.batch_sizes, local_batch, comm)
+    pooled[t]   # [local_batch, dim_t], not yet divided by the combiner
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from sparse_operation_kit import communication
+from sparse_operation_kit.lookup.checks import raise_unless
+from sparse_operation_kit.lookup.local_lookup import Status
+from sparse_operation_kit.lookup.plan import ExchangePlan
+
+__all__ = ["return_sums"]
+
+
+def return_sums(
+    plan: ExchangePlan,
+    partial: dict[int, tf.Tensor],
+    statuses: dict[int, Status],
+    empty: list[tf.Tensor],
+    batch_sizes: tf.Tensor,
+    local_batch: tf.Tensor,
+    comm: communication.CommunicationTool,
+) -> list[tf.Tensor]:
+    """Sends each rank its samples' rows of ``partial`` (this rank's sums over the global batch, per
+    table it holds) and returns the sums ``[local_batch, dim_t]`` of every table of the call.
+    ``empty`` (``[0, dim]`` reads of the tables this rank does not hold) travel along, adding no
+    element: their gradient comes back empty."""
+    n, rank = plan.n, plan.rank
+    width = plan.width(rank)
+    send = tf.concat([partial[t] for t in plan.held(rank)], axis=1) if width else None
+    extra = 1 if plan.reports_status(rank) else 0
+    if send is None:
+        send = tf.zeros([0], tf.float32)
+        splits = tf.zeros([n], tf.int32)
+    else:
+        if extra:
+            row = _status_row(plan, statuses)
+            chunks = tf.split(send, batch_sizes, num=n)
+            send = tf.concat([part for chunk in chunks for part in (chunk, row)], axis=0)
+        send = tf.reshape(send, [-1])
+        splits = tf.cast((batch_sizes + extra) * width, tf.int32)
+    send = tf.concat([send] + [tf.reshape(rows, [-1]) for rows in empty], 0)
+    received, _ = comm.alltoall(send, splits, name="sok.lookup_sparse: all-to-all of the pooled rows")
+
+    # The block of each source rank: [local_batch (+ its status row), its width].
+    extras = [1 if plan.reports_status(o) else 0 for o in range(n)]
+    widths = [plan.width(o) for o in range(n)]
+    sizes = tf.stack([(local_batch + extras[o]) * widths[o] for o in range(n)])
+    blocks = [
+        tf.reshape(part, tf.stack([local_batch + extras[o], widths[o]]))
+        for o, part in enumerate(tf.split(received, sizes, num=n))
+    ]
+    columns = [plan.columns(o) for o in range(n)]
+    checks = _assert_lookups_worked(plan, blocks, columns, statuses, local_batch)
+    outputs = []
+    for t, table in enumerate(plan.tables):
+        parts = [blocks[o][:local_batch, columns[o][t] : columns[o][t] + table.dim] for o in table.holders]
+        outputs.append(parts[0] if len(parts) == 1 else tf.add_n(parts))
+    if checks:
+        with tf.control_dependencies(checks):
+            outputs = [tf.identity(out) for out in outputs]
+    return outputs
+
+
+def _status_row(plan: ExchangePlan, statuses: dict[int, Status]) -> tf.Tensor:
+    """``[1, width]``: zeros, but the first column of each dynamic table's block holds the TensorFlow
+    error code of this rank's lookup of it (0: it worked)."""
+    blocks = []
+    for t in plan.held(plan.rank):
+        dim = plan.tables[t].dim
+        if t in statuses:
+            code = tf.reshape(tf.cast(statuses[t][0], tf.float32), [1])
+            blocks.append(tf.concat([code, tf.zeros([dim - 1], tf.float32)], 0))
+        else:
+            blocks.append(tf.zeros([dim], tf.float32))
+    return tf.reshape(tf.concat(blocks, 0), [1, -1])
+
+
+def _assert_lookups_worked(
+    plan: ExchangePlan,
+    blocks: list[tf.Tensor],
+    columns: list[dict[int, int]],
+    statuses: dict[int, Status],
+    local_batch: tf.Tensor,
+) -> list[tf.Operation]:
+    """Asserts, on every rank, that every holder's lookup of each dynamic table worked (the status
+    rows at the end of the holders' blocks). The error names the table and the failing ranks; on a
+    failing rank it also gives the backend's message."""
+    checks = []
+    for t, table in enumerate(plan.tables):
+        if table.kind != "dynamic":
+            continue
+        codes = tf.cast(tf.stack([blocks[o][local_batch, columns[o][t]] for o in table.holders]), tf.int32)
+        holders = tf.constant(table.holders, tf.int64)
+        failed = tf.strings.reduce_join(
+            tf.strings.as_string(tf.gather(holders, tf.where(tf.not_equal(codes, 0))[:, 0])), separator=", "
+        )
+        own = statuses.get(t)
+        local = (
+            tf.constant("none (it does not hold this table)")
+            if own is None
+            else tf.where(tf.equal(own[0], 0), tf.constant("none (its lookup worked)"), own[1])
+        )
+        message = tf.strings.join(
+            [
+                f"sok.lookup_sparse: the lookup of table {table.param.name} (params[{t}], var_type "
+                f"{table.param.backend_type}) failed on rank(s) [",
+                failed,
+                f"], so the call fails on every rank; later calls work again. Fix the cause (e.g. a larger "
+                f"max_capacity, or a var_type with eviction). The error on rank {plan.rank}: ",
+                local,
+            ]
+        )
+        check = raise_unless(tf.reduce_all(tf.equal(codes, 0)), message)
+        if check is not None:
+            checks.append(check)
+    return checks

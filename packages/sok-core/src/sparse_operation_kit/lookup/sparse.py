@@ -1,0 +1,229 @@
+"""``sok.lookup_sparse``: a fused, model-parallel ``tf.nn.embedding_lookup_sparse`` over many tables.
+
+One call takes any mix of static distributed, static localized and dynamic tables. With one rank
+nothing is exchanged: the static tables are pooled by one op for all of them (``pooled_lookup.py``:
+on TensorFlow's intra-op threads, or in one sequence of CUDA kernels when the tables are on a GPU),
+the others by TensorFlow ops. With several ranks (each step is a module of this package):
+
+1. ``checks``: every rank checks its ids, and the ranks agree (one allgather of a fingerprint of
+   the call and of each rank's count of bad ids) that they make the same call with valid ids
+   before anything else moves, so a bad id, or a rank that passes other tables, fails everywhere;
+2. ``input_dist``: each id goes to the rank that holds it (``plan``: row ``i`` of a distributed
+   table on rank ``i % n``, a localized table on its rank, dynamic keys by ``key mod n``), in one
+   all-to-all for all tables;
+3. ``local_lookup``: each rank reads the rows of the ids it received, once per distinct id, and
+   sums them per sample of the global batch (weighted, no division); with
+   ``use_low_frequency_filter=True`` the owner of a dynamic table first drops the occurrences of new
+   keys it does not admit (§1.12 of SOK);
+4. ``output_dist``: one all-to-all returns each rank the sums of its own samples, only the columns
+   of the tables the sender holds; the rank adds the partial sums of distributed tables and applies
+   the combiner (``sum``, ``mean``, ``sqrtn``; the divisor of ``mean`` is the sample's sum of
+   weights, which may be negative: only a sum of 0 gives zeros, as in
+   ``tf.nn.embedding_lookup_sparse``). A failed lookup of a dynamic table (a full ``"hbm"`` table,
+   say) travels as a status row, so every rank raises an error naming the table and the ranks.
+
+What a rank sends grows with its own batch, not with the number of ranks, except the partial sums
+of distributed tables (``[batch, dim]`` to each rank, as a reduce-scatter of them would); localized
+tables travel whole from their rank alone. Gradients come from TensorFlow's autodiff through the
+same ops (Horovod's collectives have gradients): ``tf.IndexedSlices`` per table, local rows for
+static tables and raw keys for dynamic ones, summed over the global batch.
+
+Example::
+
+    v1 = sok.Variable(np.arange(17 * 3).reshape(17, 3), dtype=tf.float32)
+    v2 = sok.Variable(np.arange(7 * 5).reshape(7, 5), dtype=tf.float32)
+    ids1 = tf.ragged.constant([[1, 1], [3, 4, 5]], dtype=tf.int64)
+    ids2 = tf.ragged.constant([[1], [2, 3]], dtype=tf.int64)
+    emb1, emb2 = sok.lookup_sparse([v1, v2], [ids1, ids2], combiners=["sum", "sum"])
+    # emb1 = [[6, 8, 10], [36, 39, 42]], emb2 = [[5, 6, 7, 8, 9], [25, 27, 29, 31, 33]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from sparse_operation_kit import communication, pooled_lookup
+from sparse_operation_kit.lookup import arguments
+from sparse_operation_kit.lookup.checks import agreed_checks
+from sparse_operation_kit.lookup.input_dist import send_ids_to_owners
+from sparse_operation_kit.lookup.local_lookup import pool_held, pool_rows
+from sparse_operation_kit.lookup.output_dist import return_sums
+from sparse_operation_kit.lookup.plan import ExchangePlan, fused_tables
+
+__all__ = ["lookup_sparse", "all2all_dense_embedding"]
+
+
+def lookup_sparse(
+    params: Any,
+    sp_ids: Any,
+    sp_weights: Any = None,
+    combiners: Any = None,
+    use_low_frequency_filter: bool = False,
+    *,
+    hotness: Sequence[int] | None = None,
+) -> Any:
+    """Pooled lookups of several tables in one collective call.
+
+    Args:
+        params: a table or a list of tables: ``sok.Variable`` (distributed or localized) and
+            ``sok.DynamicVariable``, in any mix; the same table may appear twice.
+        sp_ids: one 2-D ``tf.SparseTensor`` or ``tf.RaggedTensor`` of int32/int64 ids per table,
+            ``[local_batch, None]``. Empty rows give zeros.
+        sp_weights: None, or one float32 tensor of the same layout per table.
+        combiners: None (all ``"mean"``) or one of ``"sum"``, ``"mean"``, ``"sqrtn"`` per table.
+            ``"mean"`` divides by the sample's number of ids (weighted: by its sum of weights, which
+            may be negative), ``"sqrtn"`` by the square root of the number (of the sum of squared
+            weights); a divisor of 0 (an empty sample, weights summing to 0) gives zeros, as in
+            ``tf.nn.embedding_lookup_sparse``.
+        use_low_frequency_filter: SOK's low-frequency filter, for the ``sok.DynamicVariable``
+            tables of the call (any var_type; static tables are not filtered): each occurrence of a
+            key the table does not hold yet is looked up with probability ``filter_ratio`` (an
+            option of the variable, 1.0 by default: no effect), else dropped: not inserted, adding
+            nothing to its sample, no gradient. ``"mean"`` and ``"sqrtn"`` still divide by the
+            whole sample (all its ids or weights). Random under ``tf.random.set_seed``'s seed.
+
+    Returns:
+        A list of ``[local_batch, dim_i]`` float32 tensors (a single tensor when ``sp_ids`` is not
+        a list or tuple), equal to ``tf.nn.embedding_lookup_sparse`` on the full tables.
+
+    Every rank must call it with the same tables and combiners in the same order; batch sizes may
+    differ between ranks. ``hotness`` (one int per table, the most ids a sample may have) is the
+    ``sparse_operation_kit.experiment`` argument, checked on every rank together.
+    """
+    single = not isinstance(sp_ids, (list, tuple))
+    low_frequency_filter = arguments.flag(use_low_frequency_filter, "use_low_frequency_filter")
+    params, ids_list = arguments.as_list(params), arguments.as_list(sp_ids)
+    if not params:
+        raise ValueError("params is empty; give at least one table")
+    if len(params) != len(ids_list):
+        raise ValueError(
+            f"params has {len(params)} tables but sp_ids has {len(ids_list)}; give one id tensor per table"
+        )
+    weights_list = None if sp_weights is None else arguments.as_list(sp_weights)
+    if weights_list is not None and len(weights_list) != len(ids_list):
+        raise ValueError(f"sp_weights has {len(weights_list)} entries but sp_ids has {len(ids_list)}")
+    names = ["mean"] * len(params) if combiners is None else arguments.as_list(combiners)
+    if len(names) != len(params):
+        raise ValueError(f"combiners has {len(names)} entries but params has {len(params)}")
+    names = [arguments.combiner(c, i) for i, c in enumerate(names)]
+    kinds = [arguments.table_kind(p, i) for i, p in enumerate(params)]
+    ragged = [arguments.ragged(ids, i, "sp_ids") for i, ids in enumerate(ids_list)]
+    for i, ids in enumerate(ragged):
+        arguments.check_id_dtype(ids, i, params[i], kinds[i])
+    weights = None
+    if weights_list is not None:
+        weights = [arguments.ragged(w, i, "sp_weights") for i, w in enumerate(weights_list)]
+        for i, w in enumerate(weights):
+            if w.dtype != tf.float32:
+                raise TypeError(f"sp_weights[{i}] has dtype {w.dtype.name}; weights must be float32")
+    batch_sizes = {int(ids.shape[0]) for ids in ragged if ids.shape[0] is not None}
+    if len(batch_sizes) > 1:
+        raise ValueError(f"all sp_ids of one call must have the same batch size, got {sorted(batch_sizes)}")
+
+    if hotness is not None:
+        hotness = arguments.as_list(hotness)
+        if len(hotness) != len(ragged):
+            raise ValueError(f"hotness has {len(hotness)} entries but sp_ids has {len(ragged)}")
+        for i, limit in enumerate(hotness):
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ValueError(f"hotness[{i}] = {limit!r} must be an integer >= 1")
+
+    comm = communication.tool()
+    n = comm.num_ranks()
+    arguments.validate_placement(params, kinds, n)
+    fused = fused_tables(params, kinds) if n == 1 else []
+    checks = agreed_checks(params, kinds, ragged, weights, comm, hotness, checked_by_op=fused, combiners=names)
+    outputs: list[Any] = [None] * len(params)
+    if fused:
+        with tf.control_dependencies(checks):
+            pooled = pooled_lookup.pooled_lookup(
+                arguments.subset(params, fused),
+                arguments.subset(ragged, fused),
+                arguments.subset(weights, fused),
+                arguments.subset(names, fused),
+                fused,
+            )
+        for i, embedding in zip(fused, pooled):
+            outputs[i] = embedding
+    rest = [i for i in range(len(params)) if i not in fused]
+    if rest:
+        pooled = _lookup_with_tf_ops(
+            arguments.subset(params, rest),
+            arguments.subset(kinds, rest),
+            arguments.subset(ragged, rest),
+            arguments.subset(weights, rest),
+            arguments.subset(names, rest),
+            comm,
+            checks,
+            low_frequency_filter,
+        )
+        for i, embedding in zip(rest, pooled):
+            outputs[i] = embedding
+    return outputs[0] if single else outputs
+
+
+def _lookup_with_tf_ops(
+    params: list[Any],
+    kinds: list[str],
+    ragged: list[tf.RaggedTensor],
+    weights: list[tf.RaggedTensor] | None,
+    names: list[str],
+    comm: communication.CommunicationTool,
+    checks: list[tf.Operation],
+    low_frequency_filter: bool = False,
+) -> list[tf.Tensor]:
+    """Pooled lookups through TensorFlow ops (and the exchange when there are several ranks), after
+    ``checks``: steps 2-4 of the module docstring."""
+    n, rank = comm.num_ranks(), comm.rank()
+    with tf.control_dependencies(checks):
+        # Everything below, collectives included, waits for the checks.
+        keys = [tf.identity(ids.values) for ids in ragged]
+        lengths = [tf.cast(tf.identity(ids.row_lengths()), tf.int64) for ids in ragged]
+        if weights is not None:
+            weights = [tf.RaggedTensor.from_row_lengths(tf.identity(w.values), w.row_lengths()) for w in weights]
+    local_batch = tf.shape(lengths[0], out_type=tf.int64)[0]
+    samples = [ids.value_rowids() for ids in ragged]
+    values = None if weights is None else [w.values for w in weights]
+    if n == 1:
+        partial = [
+            pool_rows(
+                p, k, keys[i], samples[i], None if values is None else values[i], local_batch, 1, low_frequency_filter
+            )[0]
+            for i, (p, k) in enumerate(zip(params, kinds))
+        ]
+    else:
+        plan = ExchangePlan.of(params, kinds, rank, n)
+        as_int64 = [tf.bitcast(k, tf.int64) if k.dtype == tf.uint64 else tf.cast(k, tf.int64) for k in keys]
+        owned = send_ids_to_owners(plan, as_int64, [tf.cast(s, tf.int64) for s in samples], values, local_batch, comm)
+        held, statuses, empty = pool_held(plan, owned, low_frequency_filter)
+        partial = return_sums(plan, held, statuses, empty, owned.batch_sizes, local_batch, comm)
+    return [
+        _combine(pooled, name, lengths[i], None if weights is None else weights[i])
+        for i, (pooled, name) in enumerate(zip(partial, names))
+    ]
+
+
+def _combine(pooled: tf.Tensor, name: str, lengths: tf.Tensor, weights: tf.RaggedTensor | None) -> tf.Tensor:
+    """The combiner ``name`` applied to a table's sums ``[local_batch, dim]``, from the local batch's
+    lengths and weights (before any exchange and filter): ``tf.nn.embedding_lookup_sparse``'s
+    division, zeros only where the divisor is 0 (a sum of weights may be negative)."""
+    if name == "sum":
+        return pooled
+    if weights is None:
+        total = tf.cast(lengths, tf.float32) if name == "mean" else tf.sqrt(tf.cast(lengths, tf.float32))
+    else:
+        total = tf.reduce_sum(weights, axis=1) if name == "mean" else tf.sqrt(tf.reduce_sum(tf.square(weights), axis=1))
+    return tf.math.divide_no_nan(pooled, total[:, None])
+
+
+def all2all_dense_embedding(param: Any, indices: Any) -> tf.Tensor:
+    """Rows of a distributed table (or DynamicVariable) for 1-D ids, each rank its own ids:
+    a model-parallel ``tf.nn.embedding_lookup``. Returns ``[len(indices), dim]``."""
+    ids = tf.convert_to_tensor(indices)
+    if ids.shape.rank != 1:
+        raise ValueError(f"indices must be 1-D, got shape {ids.shape}")
+    ragged = tf.RaggedTensor.from_tensor(tf.reshape(ids, [-1, 1]))
+    return lookup_sparse([param], [ragged], combiners=["sum"])[0]
