@@ -62,6 +62,7 @@ HEADERS = [
     ),
     "gpu_engine/bucket_kernels.cuh",
     "gpu_engine/bucket_table.cuh",
+    "gpu_engine/device_guard.hpp",
 ]
 
 

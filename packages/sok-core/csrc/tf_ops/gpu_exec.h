@@ -11,6 +11,7 @@
 
 #include <cstddef>
 
+#include "sok/gpu_engine/device_guard.hpp"
 #include "sok/storage_api.h"
 #include "storage_ops.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -26,24 +27,14 @@ inline Status cuda_status(cudaError_t e, const char* call, const char* file, int
 // A CUDA call (or a launcher returning cudaError_t) as a Status naming the call, file and line.
 #define SOK_CUDA(call) ::sok_tf::cuda_status((call), #call, __FILE__, __LINE__)
 
-// Makes exec's device current for this thread (our own CUDA calls) and restores the previous one.
+// Makes exec's device current for this thread (our own CUDA calls) until it goes out of scope;
+// sok::gpu::DeviceGuard (sok/gpu_engine/device_guard.hpp) says when it switches and restores.
 class DeviceGuard {
  public:
-  Status enter(int device_id) {
-    TF_RETURN_IF_ERROR(SOK_CUDA(cudaGetDevice(&previous_)));
-    if (previous_ != device_id) {
-      TF_RETURN_IF_ERROR(SOK_CUDA(cudaSetDevice(device_id)));
-      restore_ = true;
-    }
-    return Status();
-  }
-  ~DeviceGuard() {
-    if (restore_) cudaSetDevice(previous_);
-  }
+  Status enter(int device_id) { return SOK_CUDA(guard_.enter(device_id)); }
 
  private:
-  int previous_ = 0;
-  bool restore_ = false;
+  sok::gpu::DeviceGuard guard_;
 };
 
 inline cudaStream_t stream_of(const sok_exec_context& exec) { return static_cast<cudaStream_t>(exec.stream); }

@@ -24,7 +24,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -110,7 +112,7 @@ def as_device(obj: Any, what: str, device_id: int) -> Any:
         ValueError: ``obj`` cannot be read as a device array (the message names ``what``).
     """
     cupy = cupy_module()
-    with cupy.cuda.Device(device_id):
+    with on_device(device_id):
         try:
             if isinstance(obj, cupy.ndarray):
                 return cupy.asarray(obj)
@@ -119,6 +121,29 @@ def as_device(obj: Any, what: str, device_id: int) -> Any:
             return cupy.asarray(obj)
         except Exception as error:
             raise ValueError(f"{what} could not be read as a CUDA device array: {error}") from error
+
+
+@contextlib.contextmanager
+def on_device(device_id: int) -> Iterator[None]:
+    """Make GPU ``device_id`` current for this thread (CuPy's ``with cupy.cuda.Device(i)``, but a
+    thread that had no current CUDA context is not switched back to device 0 on leaving: that would
+    open a context on another rank's GPU where each rank sees every GPU of the host).
+
+    Example::
+
+        with on_device(1):
+            keys = cupy.arange(4)   # on GPU 1
+    """
+    cuda = cupy_module().cuda
+    had_context = cuda.driver.ctxGetCurrent() != 0
+    previous = cuda.runtime.getDevice() if had_context else None
+    if previous != device_id:
+        cuda.runtime.setDevice(device_id)
+    try:
+        yield
+    finally:
+        if previous is not None and previous != device_id:
+            cuda.runtime.setDevice(previous)
 
 
 def to_host(array: Any) -> np.ndarray:

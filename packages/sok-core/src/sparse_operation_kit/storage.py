@@ -57,6 +57,7 @@ from sparse_operation_kit.device_arrays import (
     device_floats,
     device_integers,
     is_device_array,
+    on_device,
     parse_device,
     to_host,
 )
@@ -712,7 +713,7 @@ class CudaStorage(Storage):
 
     # -- where the arrays live ------------------------------------------------------------------
     def _scope(self) -> contextlib.AbstractContextManager:
-        return self._cupy.cuda.Device(self.device_id)
+        return on_device(self.device_id)
 
     def _empty(self, shape: Any, dtype: Any) -> Any:
         return self._cupy.empty(shape, dtype=dtype)

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "sok/gpu_engine/bucket_kernels.cuh"
+#include "sok/gpu_engine/device_guard.hpp"
 #include "sok/kit/error.hpp"
 #include "sok/kit/keys.hpp"
 #include "sok/kit/rows.hpp"
@@ -99,20 +100,13 @@ class DeviceCounter {
   Scratch memory_;
 };
 
-// Makes the table's device current for the scope.
+// Makes the table's device current for the scope (see sok/gpu_engine/device_guard.hpp).
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceScope() {
-    int now = previous_;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
-  }
+  explicit DeviceScope(int device) { check_cuda(guard_.enter(device), "making the table's CUDA device current"); }
 
  private:
-  int previous_ = 0;
+  DeviceGuard guard_;
 };
 
 class BucketTable final : public sok::Storage {
