@@ -16,21 +16,73 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow")
+tf = pytest.importorskip("tensorflow")
 
 from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
 from sparse_operation_kit.demo import serve as serve_module  # noqa: E402
-from sparse_operation_kit.demo.dlrm import dynamic_keys, table_plan  # noqa: E402
+from sparse_operation_kit.demo.dlrm import DenseTower, dynamic_keys, float32_matmuls, table_plan  # noqa: E402
 from sparse_operation_kit.demo.train import CHECKPOINT_DIR, CONFIG_FILE, DemoConfig, train  # noqa: E402
 
 SMALL = {"steps": 30, "epochs": 2, "batch_size": 256, "eval_batches": 2, "dim": 4, "max_rows": 2048}
 
 
+#: Serves a demo run (argv[1]) in a fresh process with a spy on ``DenseTower.call`` and prints whether
+#: TF32 was on at its calls.
+SPY_SERVE = """
+import sys
+import tensorflow as tf
+from sparse_operation_kit.demo import dlrm, serve
+seen, call = set(), dlrm.DenseTower.call
+def spy(self, inputs):
+    seen.add(tf.config.experimental.tensor_float_32_execution_enabled())
+    return call(self, inputs)
+dlrm.DenseTower.call = spy
+serve.serve(sys.argv[1])
+print("TF32 at tower calls:", sorted(seen))
+"""
+
+
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def tf32_in_training():
+    """Whether TF32 was on before training, at each call of the tower during it, and after it."""
+    record = {"before": tf.config.experimental.tensor_float_32_execution_enabled(), "calls": set()}
+    call = DenseTower.call
+
+    def spy(self, inputs):
+        record["calls"].add(tf.config.experimental.tensor_float_32_execution_enabled())
+        return call(self, inputs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DenseTower, "call", spy)
+        yield record
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tf32_in_training):
     output = str(tmp_path_factory.mktemp("demo"))
     config = DemoConfig(**SMALL, dynamic_rows=512, var_types=["hbm", "hybrid"])
-    return output, config, train(config, output)
+    results = train(config, output)
+    tf32_in_training["after"] = tf.config.experimental.tensor_float_32_execution_enabled()
+    return output, config, results
+
+
+def test_training_computes_the_tower_without_tf32_and_restores_it(trained, tf32_in_training):
+    # Traces and eager calls alike: the evaluation's predictions are what serving must reproduce.
+    assert tf32_in_training["calls"] == {False}
+    assert tf32_in_training["after"] == tf32_in_training["before"]
+
+
+def test_float32_matmuls_restores_the_setting_on_error():
+    before = tf.config.experimental.tensor_float_32_execution_enabled()
+    try:
+        for setting in (True, False):
+            tf.config.experimental.enable_tensor_float_32_execution(setting)
+            with pytest.raises(RuntimeError, match="inside"), float32_matmuls():
+                assert not tf.config.experimental.tensor_float_32_execution_enabled()
+                raise RuntimeError("inside")
+            assert tf.config.experimental.tensor_float_32_execution_enabled() == setting
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(before)
 
 
 def test_training_learns(trained):
@@ -84,6 +136,16 @@ def test_serving_through_hps_equals_the_trained_model(trained):
     assert trained_auc == pytest.approx(record["results"]["eval_auc"][-1], abs=1e-6)
     assert abs(served - trained_auc) <= serve_module.AUC_TOLERANCE
     assert difference <= serve_module.AUC_TOLERANCE
+
+
+def test_serving_computes_the_tower_without_tf32(trained):
+    reason = serve_module.hps_serving_available()
+    if reason is not None:
+        pytest.skip(f"HPS serving is not available: {reason}")
+    output, _, _ = trained
+    done = subprocess.run([sys.executable, "-c", SPY_SERVE, output], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "TF32 at tower calls: [False]" in done.stdout, done.stdout[-3000:]
 
 
 def test_ps_config_names_the_checkpoint_tables(trained):

@@ -22,7 +22,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,12 +36,37 @@ from sparse_operation_kit.distributed_variable import Variable
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.lookup import lookup_sparse
 
-__all__ = ["TABLE_KINDS", "SokEmbeddings", "DenseTower", "dynamic_keys", "table_plan"]
+__all__ = ["TABLE_KINDS", "SokEmbeddings", "DenseTower", "dynamic_keys", "table_plan", "float32_matmuls"]
 
 #: Values of ``tables``.
 TABLE_KINDS = ("static", "dynamic", "mixed")
 #: Multiplier of :func:`dynamic_keys` (odd, so the map is a bijection of int64).
 _SPREAD = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15 as int64
+
+
+@contextlib.contextmanager
+def float32_matmuls() -> Iterator[None]:
+    """Within the scope, TensorFlow's float32 matmuls compute in float32, not TF32; the setting
+    before the scope is restored after it.
+
+    On Ampere and later GPUs TensorFlow runs float32 matmuls in TF32 by default (inputs rounded to
+    a 10-bit mantissa), and cuBLAS picks TF32 or float32 kernels per shape. Training evaluates
+    ``batch_size / N`` samples per rank and serving the whole batch, so under TF32 the same model's
+    predictions differ by far more than ``serve.AUC_TOLERANCE``; in float32 only the order of the
+    sums differs. :func:`~.train.train` and :func:`~.serve.serve` run inside this scope. (TF32 does
+    not exist on CPUs: there it changes nothing.)
+
+    Example::
+
+        with float32_matmuls():
+            logits = tower((dense, embeddings(ids)))
+    """
+    previous = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    try:
+        yield
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(previous)
 
 
 def dynamic_keys(ids: Any) -> Any:

@@ -73,7 +73,8 @@ def ps_config(output: str, record: dict[str, Any], batch_size: int) -> dict[str,
 
 def serve(output: str) -> dict[str, float]:
     """Serve the eval set of the demo run in ``output`` through HPS and compare with the trained
-    model's predictions. Returns ``auc``, ``trained_auc`` and ``max_abs_diff``.
+    model's predictions. Returns ``auc``, ``trained_auc`` and ``max_abs_diff``. Float32 matmuls
+    compute in float32, not TF32, as in :func:`~.train.train` (:func:`~.dlrm.float32_matmuls`).
 
     Raises:
         ImportError: HPS's layers are not available (:func:`hps_serving_available` says why).
@@ -83,8 +84,6 @@ def serve(output: str) -> dict[str, float]:
     reason = hps_serving_available()
     if reason is not None:
         raise ImportError(f"cannot serve through HPS: {reason}")
-    import hierarchical_parameter_server as hps
-    import tensorflow as tf
     from hierarchical_parameter_server import init as hps_init
 
     if hps_init.is_initialized():
@@ -92,6 +91,17 @@ def serve(output: str) -> dict[str, float]:
             "HPS is initialised in this process already (hps.Init is once per process, and a later Init keeps the "
             "first ps_config): serve the demo in a fresh process, python -m sparse_operation_kit.demo.serve OUTPUT"
         )
+
+    from sparse_operation_kit.demo.dlrm import float32_matmuls
+
+    with float32_matmuls():  # as train() computed the predictions it saved
+        return _serve(output)
+
+
+def _serve(output: str) -> dict[str, float]:
+    """:func:`serve` after its checks, inside :func:`~.dlrm.float32_matmuls`."""
+    import hierarchical_parameter_server as hps
+    import tensorflow as tf
 
     from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL
     from sparse_operation_kit.demo.dlrm import DenseTower, dynamic_keys

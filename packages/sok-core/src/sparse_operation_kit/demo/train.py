@@ -138,8 +138,17 @@ def train(config: DemoConfig, output: str) -> dict[str, Any]:
     (``loss`` per step, ``eval_auc`` / ``eval_loss`` per epoch, ``auc_ceiling``, ``samples_per_s``).
 
     Under ``horovodrun`` it calls ``sok.init()`` when not done yet. Every rank must call it with the
-    same config and output.
+    same config and output. Float32 matmuls compute in float32, not TF32, throughout
+    (:func:`~.dlrm.float32_matmuls`), so that serving reproduces the saved predictions.
     """
+    from sparse_operation_kit.demo.dlrm import float32_matmuls
+
+    with float32_matmuls():
+        return _train(config, output)
+
+
+def _train(config: DemoConfig, output: str) -> dict[str, Any]:
+    """:func:`train`, inside :func:`~.dlrm.float32_matmuls`."""
     import tensorflow as tf
     from tqdm.auto import tqdm
 
