@@ -2,6 +2,7 @@
 # GPU tests of the storage backends, on a CUDA host with no network (run as root or not, from anywhere):
 #
 #   ci/gpu_test.sh [--build-only] [--reuse-build] [--tf[=core|hps]] [--multi-gpu] [--sanitize] [--bench] [--profile]
+#                  [--scaling]
 #
 #   build     sok-core, sok-backend-det, sok-backend-hkv (and the pure-Python sok-hps), with CUDA for CMAKE_CUDA_ARCHITECTURES
 #             (default 90), into $SOK_GPU_WORK/site (default /tmp/sok-gpu/site) with $PYTHON (default
@@ -31,8 +32,18 @@
 #             benchmark beside ours: a driver built by benchmarks/build_hkv.sh, or an HKV source tree).
 #   profile   (--profile) python benchmarks/profile_gpu.py $SOK_PROFILE_ARGS: kernel time per operation
 #             (CUPTI); several runs when SOK_PROFILE_ARGS holds several argument lists separated by ';'.
+#   scaling   (--scaling, needs what --multi-gpu needs) Horovod with NCCL installed as --multi-gpu does, then
+#             benchmarks/scaling_gpu.py under horovodrun --gloo at np $SOK_SCALING_NP (default "1 2", and 4 where
+#             the host has 4 GPUs; np above the GPU count is skipped), then, where /tmp/torchrec/env.sh exists
+#             (ci/stage_torchrec.sh), benchmarks/scaling_torchrec.py under torchrun at the same np (its
+#             all-to-all at SOK's bytes), and the table of scaling_gpu.py --summarize. Default matrix: static and
+#             dynamic tables, dims 32 and 128, hotness 2, batch 65536 per GPU, 20 steps, best of 3. Extra
+#             arguments: $SOK_SCALING_ARGS to both scripts (e.g. "--dims 32 --hotness 1,multi --steps 10"),
+#             $SOK_SCALING_SOK_ARGS to scaling_gpu.py only (e.g. "--kinds static,localized,dynamic --ids
+#             gpu,host"), $SOK_SCALING_TORCHREC_ARGS to scaling_torchrec.py only (e.g. "--sharding tw").
 #
-# Logs: build.log, test.log, tf.log, multi_gpu.log, sanitizer.log, bench.log, profile.log in $OUT when set, else in $SOK_GPU_WORK/logs.
+# Logs: build.log, test.log, tf.log, multi_gpu.log, sanitizer.log, bench.log, profile.log, scaling.log (and the
+# scaling runs' scaling_*.log, scaling_*.json, scaling_summary.md) in $OUT when set, else in $SOK_GPU_WORK/logs.
 # Every step runs (tests only after a good build); a summary ends the output; the exit status is
 # non-zero when any step failed. Idempotent: the site is rebuilt each run (unless --reuse-build
 # finds it current), the CMake build trees under $SOK_GPU_WORK/build are kept, so a second run
@@ -50,6 +61,7 @@ TESTS=1
 TF_PART=all
 REUSE=0
 MULTI_GPU=0
+SCALING=0
 for arg in "$@"; do
   case "$arg" in
     --build-only) TESTS=0 ;;
@@ -60,8 +72,9 @@ for arg in "$@"; do
     --sanitize) SANITIZE=1 ;;
     --bench) BENCH=1 ;;
     --profile) PROFILE=1 ;;
-    -h | --help) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --build-only, --reuse-build, --tf, --tf=core, --tf=hps, --multi-gpu, --sanitize, --bench, --profile, --help)" >&2; exit 2 ;;
+    --scaling) SCALING=1 ;;
+    -h | --help) sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "ci/gpu_test.sh: unknown argument '$arg' (valid: --build-only, --reuse-build, --tf, --tf=core, --tf=hps, --multi-gpu, --sanitize, --bench, --profile, --scaling, --help)" >&2; exit 2 ;;
   esac
 done
 
@@ -194,11 +207,16 @@ EOF
   "$PYTHON" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=600 -m "not multiprocess" "${tests[@]}"
 }
 
-# sok-core's multi-process tests with one rank per GPU (Horovod with NCCL installed into the site).
-multi_gpu() {
+# Horovod with NCCL into the site (its wheel cached under $WORK/cache), and the GPUs' links.
+install_horovod() {
   SOK_CACHE_DIR="$WORK/cache" bash ci/build_horovod.sh "$PYTHON" --gpu nccl --target "$SITE" \
     ${SOK_HOROVOD_SDIST:+--sdist "$SOK_HOROVOD_SDIST"}
   nvidia-smi topo -m || true
+}
+
+# sok-core's multi-process tests with one rank per GPU (Horovod with NCCL installed into the site).
+multi_gpu() {
+  install_horovod
   PATH="$SITE/bin:$PATH" SOK_MULTIPROCESS_ON_GPUS=1 NCCL_NVLS_ENABLE=0 TF_FORCE_GPU_ALLOW_GROWTH=true \
     "$PYTHON" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=600 -m multiprocess packages/sok-core/tests
 }
@@ -245,6 +263,52 @@ profile() {
   done
 }
 
+# SOK's training step at np 1, 2 (4) with one Horovod rank per GPU, TorchRec's beside it, and their table.
+scaling() {
+  install_horovod
+  local gpus n rc=0 nps jsons=()
+  gpus=$(nvidia-smi --list-gpus | wc -l)
+  nps="1 2"
+  if [ "$gpus" -ge 4 ]; then nps="1 2 4"; fi
+  nps="${SOK_SCALING_NP:-$nps}"
+  # shellcheck disable=SC2206  # the settings are split into their arguments
+  local common=(${SOK_SCALING_ARGS:-}) sok_args=(${SOK_SCALING_SOK_ARGS:-}) rec_args=(${SOK_SCALING_TORCHREC_ARGS:-})
+  export NCCL_NVLS_ENABLE=0 TF_FORCE_GPU_ALLOW_GROWTH=true HOROVOD_STALL_CHECK_TIME_SECONDS=60 \
+    HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=300
+  for n in $nps; do
+    if [ "$n" -gt "$gpus" ]; then
+      echo "== np $n: skipped (the host has $gpus GPU(s))"
+      continue
+    fi
+    echo "== scaling_gpu.py, np $n (log: $LOGS/scaling_sok_np$n.log)"
+    PATH="$SITE/bin:$PATH" horovodrun -np "$n" -H "localhost:$n" --gloo "$PYTHON" benchmarks/scaling_gpu.py \
+      "${common[@]}" "${sok_args[@]}" --json "$LOGS/scaling_sok_np$n.json" >"$LOGS/scaling_sok_np$n.log" 2>&1 || rc=1
+    grep -v '<stderr>' "$LOGS/scaling_sok_np$n.log" | tail -n 30 || true
+    [ -f "$LOGS/scaling_sok_np$n.json" ] && jsons+=("$LOGS/scaling_sok_np$n.json")
+  done
+  if [ -f /tmp/torchrec/env.sh ]; then
+    for n in $nps; do
+      [ "$n" -le "$gpus" ] || continue
+      echo "== scaling_torchrec.py, np $n (log: $LOGS/scaling_torchrec_np$n.log)"
+      local a2a_from=()
+      if [ -f "$LOGS/scaling_sok_np$n.json" ]; then a2a_from=(--a2a-from "$LOGS/scaling_sok_np$n.json"); fi
+      (
+        source /tmp/torchrec/env.sh
+        "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$n" benchmarks/scaling_torchrec.py \
+          "${common[@]}" "${rec_args[@]}" --json "$LOGS/scaling_torchrec_np$n.json" "${a2a_from[@]}"
+      ) >"$LOGS/scaling_torchrec_np$n.log" 2>&1 || rc=1
+      tail -n 30 "$LOGS/scaling_torchrec_np$n.log"
+      [ -f "$LOGS/scaling_torchrec_np$n.json" ] && jsons+=("$LOGS/scaling_torchrec_np$n.json")
+    done
+  else
+    echo "== scaling_torchrec.py: skipped (no /tmp/torchrec/env.sh: stage TorchRec with ci/stage_torchrec.sh first)"
+  fi
+  if [ "${#jsons[@]}" -gt 0 ]; then
+    "$PYTHON" benchmarks/scaling_gpu.py --summarize "${jsons[@]}" | tee "$LOGS/scaling_summary.md" || rc=1
+  fi
+  return "$rc"
+}
+
 step build "$LOGS/build.log" build
 if [ "$OK" = 1 ]; then
   if [ "$TESTS" = 1 ]; then
@@ -267,6 +331,10 @@ if [ "$OK" = 1 ]; then
   if [ "$PROFILE" = 1 ]; then
     step profile "$LOGS/profile.log" profile
     cat "$LOGS/profile.log"
+  fi
+  if [ "$SCALING" = 1 ]; then
+    step scaling "$LOGS/scaling.log" scaling
+    cat "$LOGS/scaling.log"
   fi
 else
   RESULTS+=("SKIP  tests, sanitizer, bench (the build failed)")

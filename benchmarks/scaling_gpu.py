@@ -1,0 +1,432 @@
+#!/usr/bin/env python
+"""SOK's training step on 1, 2, 4 GPUs (one Horovod rank per GPU), for comparison with TorchRec.
+
+Run it under ``horovodrun -np N`` (or as one process). Per configuration (table kind x dim x
+hotness x ids placement): 26 tables of Criteo Kaggle's cardinalities capped at ``--cap`` rows
+(``--tables uniform``: 26 tables of ``--cap`` rows, the issue's setting), batch ``--batch`` per
+rank, power-law ids (each rank its own seed), one ``sok.lookup_sparse`` (combiner sum) over all
+tables, loss = sum of squares of the concatenated pooled rows over the batch, gradients and
+``sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.01))``, one ``tf.function`` per step:
+
+* kinds: ``static`` (``sok.Variable``, distributed: row i on rank i % N), ``localized``
+  (``sok.Variable(mode="localized:t % N")``: table t whole on one rank, like TorchRec's table-wise),
+  ``dynamic`` (``sok.DynamicVariable(var_type="hbm")``);
+* hotness: ``1`` (one id per sample), ``2`` (two, the issue's), ``multi`` (table t: 1 .. 1 + 7t mod 20
+  ids per sample, as ``train_gpu.py``);
+* ids: ``gpu`` (a pool of 8 batches made beforehand as RaggedTensors in GPU memory) or ``host``
+  (the pool in host memory, fed through ``tf.data`` with ``prefetch_to_device``: the copy of the
+  next batch overlaps the step).
+
+Each figure is the best of ``--repeat`` rounds of ``--steps`` steps after ``--warmup``; a round
+ends when its last loss is on the host, its time is the slowest rank's, and the ranks meet before
+each round. Printed per configuration: ms per step, total samples/s (N x batch / step), and the
+bytes each rank puts into SOK's collectives per step, measured: during two extra steps the
+methods of ``sparse_operation_kit.communication.tool()`` (``allgather``, ``alltoall``,
+``allreduce_sum``) are wrapped so that each adds ``tf.size(input) x itemsize`` to counters in the
+graph (the second step's increase is the figure; an exchange that bypasses the tool counts 0).
+``sent`` is what leaves the rank by each collective's meaning: an allgather's input to N - 1
+ranks, an all-to-all's input less its own split, a ring allreduce 2 (N - 1) / N of its input.
+
+TorchRec's step and Torch's NCCL ``all_to_all_single`` bandwidth at the same bytes are measured by
+``scaling_torchrec.py`` in the same device call; ``--summarize`` reads the JSONs of both and prints
+the table with E(n) = total(n) / (n x total(1)).
+
+Usage::
+
+    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/scaling_gpu.py --json sok_np2.json
+    python benchmarks/scaling_gpu.py --kinds static --dims 32 --ids gpu,host --json sok_np1.json
+    python benchmarks/scaling_gpu.py --quick --json q.json        # tiny sizes: a smoke test (CPU too)
+    python benchmarks/scaling_gpu.py --summarize sok_np*.json torchrec_np*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+from train_gpu import CRITEO, POOL, power_law  # noqa: E402
+
+KINDS = ("static", "localized", "dynamic")
+HOTNESS = ("1", "2", "multi")
+COLLECTIVES = ("allgather", "alltoall", "allreduce_sum")
+
+
+def csv(kind: type, choices: tuple[str, ...] | None = None) -> Any:
+    """An argparse type: a comma-separated list of ``kind`` (each one of ``choices`` when given)."""
+
+    def parse(text: str) -> list[Any]:
+        values = [kind(part) for part in text.split(",") if part]
+        bad = [v for v in values if choices is not None and v not in choices]
+        if bad or not values:
+            valid = ", ".join(choices or ["integers"])
+            raise argparse.ArgumentTypeError(f"{text!r}: give a comma-separated list of {valid}")
+        return values
+
+    return parse
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kinds", type=csv(str, KINDS), default=["static", "dynamic"], help="static,localized,dynamic")
+    p.add_argument("--dims", type=csv(int), default=[32, 128], help="comma-separated, default 32,128")
+    p.add_argument("--hotness", type=csv(str, HOTNESS), default=["2"], help="1,2,multi (default 2)")
+    p.add_argument("--ids", type=csv(str, ("gpu", "host")), default=["gpu"], help="gpu,host (default gpu)")
+    p.add_argument("--host-ids", action="store_true", help="the same as --ids host")
+    p.add_argument("--tables", choices=["criteo", "uniform"], default="criteo",
+                   help="criteo: Criteo Kaggle's 26 sizes capped at --cap; uniform: 26 x --cap rows")  # fmt: skip
+    p.add_argument("--cap", type=int, default=2**20)
+    p.add_argument("--batch", type=int, default=65536, help="samples per rank and step")
+    p.add_argument("--zipf", type=float, default=1.1, help="power-law exponent of the ids (bounded Pareto)")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--seed", type=int, default=37)
+    p.add_argument("--quick", action="store_true", help="tiny sizes: batch 512, cap 4 Ki, dim 8, 3 steps (CPU too)")
+    p.add_argument("--json", help="write the figures to this file too")
+    p.add_argument("--summarize", nargs="+", metavar="JSON", help="print the table of these results files and exit")
+    args = p.parse_args(argv)
+    if args.host_ids:
+        args.ids = ["host"]
+    if args.quick:
+        args.batch, args.cap, args.dims, args.steps, args.warmup, args.repeat = 512, 2**12, [8], 3, 1, 1
+    return args
+
+
+def table_rows(tables: str, cap: int) -> list[int]:
+    """Rows of each of the 26 tables."""
+    return [cap] * len(CRITEO) if tables == "uniform" else [min(c, cap) for c in CRITEO]
+
+
+def sample_lengths(rng: np.random.Generator, hotness: str, table: int, batch: int) -> np.ndarray:
+    """Ids per sample of table ``table``: fixed 1 or 2, or the multi-hot mix 1 .. 1 + 7t mod 20."""
+    if hotness == "multi":
+        return rng.integers(1, 1 + (7 * table) % 20 + 1, batch).astype(np.int64)
+    return np.full(batch, int(hotness), np.int64)
+
+
+def make_pool(args: argparse.Namespace, rows: list[int], hotness: str, rank: int) -> list[list[tuple]]:
+    """POOL batches, each a (values, row_lengths) pair of NumPy arrays per table; seeded per rank."""
+    rng = np.random.default_rng([args.seed, rank, HOTNESS.index(hotness)])
+    pool = []
+    for _ in range(POOL):
+        batch = []
+        for t, r in enumerate(rows):
+            lengths = sample_lengths(rng, hotness, t, args.batch)
+            batch.append((power_law(rng, int(lengths.sum()), r, args.zipf), lengths))
+        pool.append(batch)
+    return pool
+
+
+def device() -> str:
+    import tensorflow as tf
+
+    return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
+
+
+def device_name() -> str:
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        return str(tf.config.experimental.get_device_details(gpus[0]).get("device_name", gpus[0].name))
+    return f"no GPU: CPU ({platform.processor() or platform.machine()})"
+
+
+class Ranks:
+    """The ranks of the job through SOK's communication tool (eager collectives on host tensors)."""
+
+    def __init__(self) -> None:
+        from sparse_operation_kit import communication
+
+        self.comm = communication.tool()
+        self.rank, self.size = self.comm.rank(), self.comm.num_ranks()
+
+    def gather(self, values: list[float]) -> np.ndarray:
+        """``values`` of every rank, ``[size, len(values)]`` (also a barrier)."""
+        import tensorflow as tf
+
+        with tf.device("/CPU:0"):
+            return self.comm.allgather(tf.constant([values], tf.float64)).numpy()
+
+    def barrier(self) -> None:
+        self.gather([0.0])
+
+
+class ExchangeCounter:
+    """Counts, in the graph, the bytes that go into the communication tool's collectives."""
+
+    def __init__(self, comm: Any) -> None:
+        import tensorflow as tf
+
+        self.comm = comm
+        with tf.device("/CPU:0"):
+            self.bytes_in = {c: tf.Variable(0, dtype=tf.int64, trainable=False) for c in COLLECTIVES}
+            self.calls = {c: tf.Variable(0, dtype=tf.int64, trainable=False) for c in COLLECTIVES}
+            self.sent = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def read(self) -> dict[str, int]:
+        figures = {f"{c}_bytes": int(v.numpy()) for c, v in self.bytes_in.items()}
+        figures.update({f"{c}_calls": int(v.numpy()) for c, v in self.calls.items()})
+        figures["sent_bytes"] = int(self.sent.numpy())
+        return figures
+
+    def _sent(self, collective: str, tensor: Any, nbytes: Any, splits: Any) -> Any:
+        import tensorflow as tf
+
+        n, rank = self.comm.num_ranks(), self.comm.rank()
+        if collective == "allgather":
+            return nbytes * (n - 1)
+        if collective == "allreduce_sum":
+            return nbytes * 2 * (n - 1) // n
+        rows = tf.maximum(tf.cast(tf.shape(tensor, out_type=tf.int64)[0], tf.int64), 1)
+        own = tf.cast(tf.reshape(splits, [-1])[rank], tf.int64)
+        return nbytes - nbytes // rows * own
+
+    def _wrap(self, collective: str, original: Any) -> Any:
+        import tensorflow as tf
+
+        def counted(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            t = tf.convert_to_tensor(tensor)
+            splits = kwargs.get("splits", args[0] if args else None)
+            with tf.device("/CPU:0"):
+                nbytes = tf.size(t, out_type=tf.int64) * t.dtype.size
+                sent = self._sent(collective, t, nbytes, splits)
+                self.bytes_in[collective].assign_add(nbytes)
+                self.calls[collective].assign_add(1)
+                self.sent.assign_add(sent)
+            return original(tensor, *args, **kwargs)
+
+        return counted
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        """While inside, the tool's collectives count (as instance attributes over its methods)."""
+        for c in COLLECTIVES:
+            setattr(self.comm, c, self._wrap(c, getattr(self.comm, c)))
+        try:
+            yield
+        finally:
+            for c in COLLECTIVES:
+                vars(self.comm).pop(c, None)
+
+
+def make_tables(kind: str, rows: list[int], dim: int, n: int) -> list[Any]:
+    import sparse_operation_kit as sok
+    import tensorflow as tf
+
+    init = tf.keras.initializers.RandomUniform(-0.05, 0.05)
+    tables = []
+    with tf.device(device()):
+        for t, r in enumerate(rows):
+            if kind == "dynamic":
+                capacity = 1 << max(14, (r - 1).bit_length())
+                tables.append(sok.DynamicVariable(dimension=dim, var_type="hbm", initializer="uniform",
+                                                  init_capacity=capacity, max_capacity=capacity))  # fmt: skip
+            else:
+                mode = f"localized:{t % n}" if kind == "localized" else None
+                tables.append(sok.Variable(shape=[r, dim], initializer=init, mode=mode))
+    return tables
+
+
+def make_step(tables: list[Any], batch: int) -> Any:
+    """The training step's body, ``body(ragged_ids) -> loss`` (not yet a tf.function)."""
+    import sparse_operation_kit as sok
+    import tensorflow as tf
+
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.01))
+    combiners = ["sum"] * len(tables)
+
+    def body(ids: list[Any]) -> Any:
+        with tf.GradientTape() as tape:
+            pooled = sok.lookup_sparse(tables, ids, combiners=combiners)
+            loss = tf.reduce_sum(tf.square(tf.concat(pooled, axis=1))) / batch
+        grads = tape.gradient(loss, tables)
+        optimizer.apply_gradients(zip(grads, tables))
+        return loss
+
+    return body
+
+
+def step_caller(body: Any, pool: list[list[tuple]], ids: str, batch: int) -> Any:
+    """``call(i)``: one step on the pool's batch ``i % POOL``, ``ids`` in GPU memory or fed from the host.
+
+    Each call makes a new tf.function over ``body`` (the counted step needs a trace of its own); its
+    input signature leaves the number of ids open, so the batches of a multi-hot pool share one trace."""
+    import tensorflow as tf
+
+    tables = len(pool[0])
+    values, lengths = tf.TensorSpec([None], tf.int64), tf.TensorSpec([batch], tf.int64)
+
+    def ragged(flat: Any) -> list[Any]:
+        return [tf.RaggedTensor.from_row_lengths(v, n, validate=False) for v, n in zip(flat[0::2], flat[1::2])]
+
+    if ids == "gpu":
+        with tf.device(device()):
+            batches = [ragged([tf.identity(tf.constant(a)) for pair in b for a in pair]) for b in pool]
+        spec = tf.RaggedTensorSpec([batch, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64)
+        step = tf.function(body, input_signature=[[spec] * tables], autograph=False)
+        return lambda i: step(batches[i % POOL])
+    with tf.device("/CPU:0"):
+        dataset = None
+        for b in pool:
+            one = tf.data.Dataset.from_tensors(tuple(a for pair in b for a in pair))
+            dataset = one if dataset is None else dataset.concatenate(one)
+        dataset = dataset.repeat().apply(tf.data.experimental.prefetch_to_device(device(), buffer_size=2))
+    iterator = iter(dataset)
+    step = tf.function(lambda *flat: body(ragged(flat)), input_signature=[values, lengths] * tables, autograph=False)
+    return lambda i: step(*next(iterator))
+
+
+def best_round(call: Any, ranks: Ranks, steps: int, warmup: int, repeat: int) -> tuple[float, list[float]]:
+    """The best round's seconds per step (each round's time the slowest rank's) and every round's."""
+    for i in range(warmup):
+        call(i).numpy()
+    rounds = []
+    for _ in range(repeat):
+        ranks.barrier()
+        start = time.perf_counter()
+        loss = None
+        for i in range(steps):
+            loss = call(i)
+        loss.numpy()
+        rounds.append(float(ranks.gather([(time.perf_counter() - start) / steps]).max()))
+    return min(rounds), rounds
+
+
+def measure(args: argparse.Namespace, ranks: Ranks, kind: str, dim: int, hotness: str, ids: str,
+            pool: list[list[tuple]], rows: list[int]) -> dict[str, Any]:  # fmt: skip
+    """One configuration: its time and its bytes per rank and step."""
+    tables = make_tables(kind, rows, dim, ranks.size)
+    body = make_step(tables, args.batch)
+    counter = ExchangeCounter(ranks.comm)
+    with counter.counting():
+        counted = step_caller(body, pool, ids, args.batch)
+        counted(0).numpy()  # traces (collectives made only while tracing count here too)
+        before = counter.read()
+        counted(1).numpy()
+    after = counter.read()
+    exchange = {k: after[k] - before[k] for k in after}
+    per_rank = ranks.gather([exchange["sent_bytes"], exchange["alltoall_bytes"]])
+    seconds, rounds = best_round(step_caller(body, pool, ids, args.batch), ranks, args.steps, args.warmup, args.repeat)
+    row = {
+        "tool": "sok", "kind": kind, "dim": dim, "hotness": hotness, "ids": ids, "np": ranks.size,
+        "batch": args.batch, "cap": args.cap, "tables": args.tables, "ms": seconds * 1e3,
+        "rounds_ms": [r * 1e3 for r in rounds], "samples_per_s": ranks.size * args.batch / seconds,
+        "exchange_rank0": exchange, "sent_bytes_max": int(per_rank[:, 0].max()),
+        "alltoall_bytes_max": int(per_rank[:, 1].max()),
+    }  # fmt: skip
+    del tables, body, counted
+    gc.collect()
+    return row
+
+
+def config_key(row: dict[str, Any]) -> tuple:
+    """What SOK's and TorchRec's rows share: the tables, the dim, the hotness, the batch."""
+    return (row["tables"], row["cap"], row["dim"], str(row["hotness"]), row["batch"])
+
+
+def summarize(paths: list[str]) -> str:
+    """The markdown table of the results files of scaling_gpu.py and scaling_torchrec.py."""
+    sok_rows, rec_rows, a2a = [], [], {}
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        for row in data["rows"]:
+            (sok_rows if row["tool"] == "sok" else rec_rows).append(row)
+        for point in data.get("a2a", []):
+            a2a.setdefault(data["np"], []).append(point)
+    if not sok_rows:
+        raise SystemExit(f"--summarize: no SOK rows in {paths} (give the JSONs of scaling_gpu.py runs)")
+
+    def one_process(rows: list[dict], row: dict) -> float | None:
+        run = (*config_key(row), row["kind"], row["ids"])
+        base = [r for r in rows if r["np"] == 1 and (*config_key(r), r["kind"], r["ids"]) == run]
+        return base[0]["samples_per_s"] if base else None
+
+    def efficiency(rows: list[dict], row: dict) -> str:
+        base = one_process(rows, row)
+        return f"{row['samples_per_s'] / (row['np'] * base):.2f}" if base else "-"
+
+    def bandwidth(n: int, nbytes: int) -> str:
+        points = [p for p in a2a.get(n, []) if nbytes > 0]
+        if n == 1 or not points:
+            return "-"
+        near = min(points, key=lambda p: abs(p["bytes"] - nbytes))
+        return f"{near['busbw_GBps']:.0f} (at {near['bytes'] / 2**20:.1f} MiB)"
+
+    lines = [
+        "| config | np | SOK ms | TorchRec ms | SOK/TorchRec samples/s | E(n) SOK | E(n) TorchRec | bytes/rank | "
+        "NCCL a2a GB/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in sorted(sok_rows, key=lambda r: (config_key(r), r["kind"], r["ids"], r["np"])):
+        rivals = [r for r in rec_rows if r["np"] == row["np"] and config_key(r) == config_key(row)]
+        rival = min(rivals, key=lambda r: r["ms"]) if rivals else None
+        config = f"{row['kind']} dim {row['dim']} hot {row['hotness']} ids {row['ids']}"
+        rec_ms = f"{rival['ms']:.2f} ({rival['kind']})" if rival else "-"
+        ratio = f"{row['samples_per_s'] / rival['samples_per_s']:.2f}x" if rival else "-"
+        rec_e = efficiency(rec_rows, rival) if rival else "-"
+        sent = row["sent_bytes_max"]
+        lines.append(
+            f"| {config} | {row['np']} | {row['ms']:.2f} | {rec_ms} | {ratio} | {efficiency(sok_rows, row)} | "
+            f"{rec_e} | {sent / 2**20:.1f} MiB | {bandwidth(row['np'], row['alltoall_bytes_max'])} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.summarize:
+        print(summarize(args.summarize))
+        return 0
+    import sparse_operation_kit as sok
+    import tensorflow as tf
+
+    sok.init()
+    ranks = Ranks()
+    rows = table_rows(args.tables, args.cap)
+    date = dt.datetime.now().isoformat(timespec="minutes")
+    name = device_name()
+    if ranks.rank == 0:
+        print(f"# scaling_gpu.py on {name} x {ranks.size} rank(s), {date}; TensorFlow {tf.__version__}, "
+              f"SOK {sok.__version__}, {args.tables} tables (cap {args.cap:,}, {sum(rows):,} rows), batch "
+              f"{args.batch:,} per rank, zipf {args.zipf}, best of {args.repeat} x {args.steps} steps "
+              f"after {args.warmup}", flush=True)  # fmt: skip
+        print(f"{'kind':10} {'dim':>4} {'hot':>5} {'ids':>4} {'np':>3} {'ms/step':>9} {'samples/s':>14} "
+              f"{'sent MiB/rank':>13} {'a2a in MiB':>10}  calls (gather/a2a/reduce)", flush=True)  # fmt: skip
+    results = []
+    for hotness in args.hotness:
+        pool = make_pool(args, rows, hotness, ranks.rank)
+        for kind in args.kinds:
+            for dim in args.dims:
+                for ids in args.ids:
+                    row = measure(args, ranks, kind, dim, hotness, ids, pool, rows)
+                    results.append(row)
+                    x = row["exchange_rank0"]
+                    calls = "/".join(str(x[f"{c}_calls"]) for c in COLLECTIVES)
+                    if ranks.rank == 0:
+                        print(f"{kind:10} {dim:4} {hotness:>5} {ids:>4} {ranks.size:3} {row['ms']:9.2f} "
+                              f"{row['samples_per_s']:14,.0f} {row['sent_bytes_max'] / 2**20:13.2f} "
+                              f"{row['alltoall_bytes_max'] / 2**20:10.2f}  {calls}", flush=True)  # fmt: skip
+    if args.json and ranks.rank == 0:
+        with open(args.json, "w") as f:
+            json.dump({"tool": "sok", "np": ranks.size, "device": name, "date": date, "argv": sys.argv[1:],
+                       "rows": results}, f, indent=1)  # fmt: skip
+    ranks.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

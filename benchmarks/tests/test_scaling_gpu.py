@@ -1,0 +1,110 @@
+"""scaling_gpu.py on CPU: a --quick run in one process and its --summarize table, the table's
+E(n) and ratios from given results, and the exchange counter's bytes on a stand-in tool."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import scaling_gpu
+
+SCRIPT = Path(scaling_gpu.__file__)
+
+
+def test_quick_run_writes_a_row_per_configuration_and_summarizes_them(tmp_path: Path) -> None:
+    out = tmp_path / "quick.json"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--kinds", "static,dynamic", "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = [line.split() for line in done.stdout.splitlines() if line.startswith(("static", "dynamic"))]
+    assert [row[:5] for row in printed] == [["static", "8", "2", "gpu", "1"], ["dynamic", "8", "2", "gpu", "1"]]
+    data = json.loads(out.read_text())
+    assert (data["tool"], data["np"]) == ("sok", 1)
+    assert [(r["kind"], r["dim"], r["hotness"], r["batch"]) for r in data["rows"]] == [
+        ("static", 8, "2", 512),
+        ("dynamic", 8, "2", 512),
+    ]
+    assert all(r["ms"] > 0 and r["samples_per_s"] == pytest.approx(512e3 / r["ms"]) for r in data["rows"])
+    table = scaling_gpu.summarize([str(out)]).splitlines()
+    assert table[0].startswith("| config | np | SOK ms | TorchRec ms |")
+    assert [line.split("|")[1].strip() for line in table[2:]] == [
+        "dynamic dim 8 hot 2 ids gpu",
+        "static dim 8 hot 2 ids gpu",
+    ]
+
+
+def row(tool: str, kind: str, n: int, ms: float, **extra: object) -> dict:
+    base = {"tool": tool, "kind": kind, "dim": 32, "hotness": "2", "ids": "gpu", "np": n, "batch": 1000,
+            "cap": 64, "tables": "criteo", "ms": ms, "samples_per_s": n * 1000 / (ms / 1e3)}  # fmt: skip
+    return base | extra
+
+
+def test_summary_gives_efficiency_ratio_to_the_fastest_torchrec_and_the_nearest_a2a(tmp_path: Path) -> None:
+    sok = {1: row("sok", "static", 1, 2.0, sent_bytes_max=0, alltoall_bytes_max=0),
+           2: row("sok", "static", 2, 4.0, sent_bytes_max=3 * 2**20, alltoall_bytes_max=2**20)}  # fmt: skip
+    rec = {1: [row("torchrec", "tw", 1, 1.0), row("torchrec", "rw", 1, 1.5)],
+           2: [row("torchrec", "tw", 2, 2.5), row("torchrec", "rw", 2, 1.6)]}  # fmt: skip
+    paths = []
+    for n in (1, 2):
+        for tool, rows, extra in (("sok", [sok[n]], {}), ("torchrec", rec[n], {"a2a": []})):
+            if tool == "torchrec" and n == 2:
+                extra = {"a2a": [{"bytes": 2**20 + 64, "busbw_GBps": 42.0}, {"bytes": 2**27, "busbw_GBps": 240.0}]}
+            path = tmp_path / f"{tool}_{n}.json"
+            path.write_text(json.dumps({"tool": tool, "np": n, "rows": rows} | extra))
+            paths.append(str(path))
+    lines = scaling_gpu.summarize(paths).splitlines()[2:]
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines]
+    # np 1: SOK 2.0 ms vs TorchRec tw 1.0 ms; np 2: SOK 4.0 ms (E = 0.5) vs rw 1.6 ms (E(2) of rw = 1.5 / 1.6).
+    config = "static dim 32 hot 2 ids gpu"
+    assert cells[0] == [config, "1", "2.00", "1.00 (tw)", "0.50x", "1.00", "1.00", "0.0 MiB", "-"]
+    assert cells[1] == [config, "2", "4.00", "1.60 (rw)", "0.40x", "0.50", "0.94", "3.0 MiB", "42 (at 1.0 MiB)"]
+
+
+class StandIn:
+    """Two ranks' collectives as identities, rank 0."""
+
+    def num_ranks(self) -> int:
+        return 2
+
+    def rank(self) -> int:
+        return 0
+
+    def allgather(self, tensor: object, name: str | None = None) -> object:
+        return tensor
+
+    def alltoall(self, tensor: object, splits: object, name: str | None = None) -> object:
+        return tensor
+
+    def allreduce_sum(self, tensor: object, name: str | None = None) -> object:
+        return tensor
+
+
+def test_counter_adds_input_bytes_and_what_leaves_the_rank_inside_a_tf_function() -> None:
+    import tensorflow as tf
+
+    tool = StandIn()
+    counter = scaling_gpu.ExchangeCounter(tool)
+
+    def step(x: tf.Tensor) -> tf.Tensor:
+        gathered = tool.allgather(x)  # 12 float32: 48 bytes in, sent to the other rank
+        exchanged = tool.alltoall(tf.reshape(gathered, [4, 3]), splits=tf.constant([1, 3]))  # own row 12 bytes
+        return tool.allreduce_sum(tf.cast(exchanged, tf.float64))  # 96 bytes, ring: 96 x 2 x 1 / 2 sent
+
+    with counter.counting():
+        traced = tf.function(step)
+        traced(tf.zeros([12]))
+    assert "allgather" not in vars(tool)
+    assert counter.read() == {
+        "allgather_bytes": 48, "alltoall_bytes": 48, "allreduce_sum_bytes": 96,
+        "allgather_calls": 1, "alltoall_calls": 1, "allreduce_sum_calls": 1,
+        "sent_bytes": 48 + 36 + 96,
+    }  # fmt: skip
+    traced(tf.zeros([12]))  # the wrappers are in the graph: a second run counts again
+    assert counter.read()["sent_bytes"] == 2 * (48 + 36 + 96)
