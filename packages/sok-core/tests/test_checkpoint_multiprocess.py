@@ -1,7 +1,8 @@
 """sok.dump / sok.load across world sizes (reference §1.10: dynamic load reshards; static load must
 too here): a checkpoint written by 2 ranks loads in 1 process and in 3 ranks, and the one the 3
 ranks write loads in 1 process. Two horovodrun launches (Gloo; CPU ranks, or GPU ranks under
-``ci/gpu_test.sh --multi-gpu``) of distributed/ckpt_worker.py.
+``ci/gpu_test.sh --multi-gpu``: then a checkpoint dumped on 2 GPUs loads on 3 CPU ranks where the
+host has fewer than 3 GPUs) of distributed/ckpt_worker.py.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from harness import rank_environment  # noqa: E402
 
 
 def horovodrun(np_: int, *args: str) -> subprocess.CompletedProcess:
-    env = rank_environment()
+    env = rank_environment(ranks=np_)
     command = [HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, str(WORKER), *args]
     try:
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)

@@ -9,14 +9,13 @@ host has two or more.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "distributed"))
-from harness import assert_passed, launch, on_gpus, results  # noqa: E402
+from harness import assert_passed, gpu_count, launch, on_gpus, results  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.gpu]
 
@@ -24,19 +23,11 @@ WORKER = Path(__file__).parent / "distributed" / "gpu_pinning_worker.py"
 CHECKS = ["table_on_own_gpu", "nccl_allreduce", "contexts_on_own_gpu_only"]
 
 
-def _gpu_count() -> int:
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(line.startswith("GPU ") for line in listing.splitlines())
-
-
 @pytest.fixture(scope="module")
 def worker_run(tmp_path_factory) -> tuple[int, int, str, dict]:
     if not on_gpus():
         pytest.skip("the ranks run on the CPU here (set SOK_MULTIPROCESS_ON_GPUS=1 on a multi-GPU host)")
-    ranks = min(_gpu_count(), 4)
+    ranks = min(gpu_count(), 4)
     if ranks < 2:
         pytest.skip(f"needs a host with 2 or more GPUs; nvidia-smi lists {ranks}")
     returncode, output = launch(WORKER, ranks, timeout=240)

@@ -255,9 +255,29 @@ class HorovodTool(CommunicationTool):
         return self._run("allgather", name, lambda op: self._hvd.allgather(tensor, name=op))
 
     def alltoall(self, tensor: Any, splits: Any, name: str | None = None) -> tuple[Any, Any]:
+        """Horovod's all-to-all; for floats, its gradient (the all-to-all back) is named after
+        ``name`` too. Horovod's own gradient is named after the incoming gradient tensor, whose
+        name depends on the ops each rank built before it: ranks that build different graphs (a
+        rank that holds a dynamic table, another that does not) would wait for each other's
+        differently named collectives forever."""
+        import tensorflow as tf
+
         def collective(op: str | None) -> Any:
-            received, received_splits = self._hvd.alltoall(tensor, splits=splits, name=op)
-            return received, received_splits
+            values = tf.convert_to_tensor(tensor)
+            if not values.dtype.is_floating:
+                return self._hvd.alltoall(values, splits=splits, name=op)
+
+            @tf.custom_gradient
+            def exchange(x: Any) -> Any:
+                received, received_splits = self._hvd.alltoall(x, splits=splits, name=op)
+
+                def gradient(d_received: Any, _d_splits: Any = None) -> Any:
+                    back = None if op is None else f"{op}_gradient"
+                    return self._hvd.alltoall(d_received, splits=received_splits, name=back)[0]
+
+                return (received, received_splits), gradient
+
+            return exchange(values)
 
         return self._run("all-to-all", name, collective)
 

@@ -206,7 +206,8 @@ class DistributedVariable(_StaticVariable):
         name = name or f"sok_static_Variable_{next(_counter)}"
         value = _global_value_agreed(name, -1, initial_value, shape, initializer, dtype)
         self._create(
-            tf.gather(value, tf.range(g, int(value.shape[0]), n, dtype=tf.int64)),
+            # Rows g, g + n, ...: none on a rank beyond the table's last row (a 1-row table at np 3).
+            tf.gather(value, tf.range(g, max(g, int(value.shape[0])), n, dtype=tf.int64)),
             value.shape,
             -1,
             dtype,

@@ -161,7 +161,12 @@ def pin_local_gpu(local_rank: int, local_size: int) -> str | None:
     _gpu_ordinals.cache_clear()
     if local_size > len(gpus):
         logger.warning(
-            "sok.init: %d ranks share this host's %d GPUs, so some GPUs serve several ranks", local_size, len(gpus)
+            "sok.init: %d ranks share this host's %d GPUs, so some GPUs serve several ranks; Horovod built with "
+            "NCCL then fails in its first collective of GPU tensors ('ncclCommInitRank failed: invalid usage': NCCL "
+            "takes one rank per GPU): start at most one rank per GPU, or run the ranks on the CPU "
+            "(CUDA_VISIBLE_DEVICES='')",
+            local_size,
+            len(gpus),
         )
     logger.info(
         "sok.init: rank %d of this host uses %s only (set CUDA_VISIBLE_DEVICES or tf.config.set_visible_devices "

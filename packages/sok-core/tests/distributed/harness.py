@@ -55,13 +55,24 @@ def horovodrun() -> Path:
     return Path(found)
 
 
-def rank_environment(stacks_after: int | None = None) -> dict[str, str]:
+def gpu_count() -> int:
+    """The GPUs ``nvidia-smi -L`` lists on this host (0 without it)."""
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def rank_environment(stacks_after: int | None = None, ranks: int | None = None) -> dict[str, str]:
     """The environment of the ranks a test launches: this one, quiet, on the CPU or (:func:`on_gpus`)
     every GPU of the host (no ``CUDA_VISIBLE_DEVICES``: ``sok.init`` pins each rank) with NVLink
-    multicast off."""
-    devices = {"NCCL_NVLS_ENABLE": "0"} if on_gpus() else {"CUDA_VISIBLE_DEVICES": ""}
+    multicast off. More ``ranks`` than the host has GPUs run on the CPU: NCCL refuses two ranks
+    of one communicator on one GPU ("ncclCommInitRank failed: invalid usage")."""
+    gpus = on_gpus() and (ranks is None or ranks <= gpu_count())
+    devices = {"NCCL_NVLS_ENABLE": "0"} if gpus else {"CUDA_VISIBLE_DEVICES": ""}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **devices)
-    if on_gpus():
+    if gpus:
         env.pop("CUDA_VISIBLE_DEVICES", None)
     if stacks_after is not None:
         env[STACKS_AFTER] = str(stacks_after)
@@ -70,8 +81,8 @@ def rank_environment(stacks_after: int | None = None) -> dict[str, str]:
 
 def launch(worker: Path, np_: int, *args: str, env: dict | None = None, timeout: int = 300) -> tuple[int, str]:
     """Run ``worker`` on ``np_`` ranks (Gloo controller; CPU ranks, or GPU ranks with NCCL data where
-    :func:`on_gpus`); ``(exit status, stdout and stderr)``."""
-    full_env = rank_environment(stacks_after=max(1, timeout - STACKS_BEFORE_TIMEOUT))
+    :func:`on_gpus` and the host has ``np_`` GPUs); ``(exit status, stdout and stderr)``."""
+    full_env = rank_environment(stacks_after=max(1, timeout - STACKS_BEFORE_TIMEOUT), ranks=np_)
     full_env.update(env or {})
     command = [str(horovodrun()), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, str(worker)]
     command += list(args)

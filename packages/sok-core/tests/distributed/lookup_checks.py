@@ -155,7 +155,8 @@ def _dynamic_keys(rng: np.random.Generator, rows: int, key_type: tf.DType, id_dt
     if tf.int32 in (key_type, id_dtype):
         keys, low, high = {0, -5, 2**31 - 2, -(2**31) + 3, 6}, -(2**31), 2**31 - 1
     elif key_type == tf.uint64:
-        keys, low, high = {0, 2**40 + 3, 2**62 + 9, 6}, 0, 2**62
+        # As int64 bits: -(2**62) - 11 is the key 2**64 - 2**62 - 11 (>= 2**63).
+        keys, low, high = {0, 2**40 + 3, 2**62 + 9, -(2**62) - 11, 6}, 0, 2**62
     else:
         keys, low, high = {0, -5, 2**40 + 3, -(2**50) - 7, 6}, -(2**60), 2**60
     while len(keys) < rows:
@@ -336,6 +337,8 @@ def sok_grad_to_global(b: Built, grad: Any, comm: Comm, m: Mismatches, label: st
         m.true(f"{label}: row indices {indices[~ok][:5].tolist()} outside the table", bool(ok.all()))
         rows, values = indices[ok], values[ok]
     else:
+        if indices.dtype == np.uint64:
+            indices = indices.view(np.int64)  # b.keys holds a uint64 table's keys as their int64 bits
         row_of = {int(k): i for i, k in enumerate(b.keys)}
         known = np.array([int(k) in row_of for k in indices], bool)
         m.true(f"{label}: gradient keys {indices[~known][:5].tolist()} were never looked up", bool(known.all()))
@@ -1120,6 +1123,43 @@ def check_hotness_one_rank(comm: Comm) -> None:
     )
     m = Mismatches()
     _still_in_step(comm, m, "hotness error on one rank")
+    m.raise_if_any()
+
+
+@check("weighted-function-ranks-build-different-graphs")
+def check_weighted_function_different_graphs(comm: Comm) -> None:
+    """A dynamic table localized on the last rank and a static table, weighted, in one tf.function
+    that takes the gradient of a variable scaling the weights: the ranks build different graphs
+    (only the last one reads the dynamic table), yet the backward collectives match on every rank
+    (before: Horovod named the weights' backward all-to-all after each rank's own graph, and the
+    ranks waited for each other forever). Outputs and the variable's gradient equal NumPy's."""
+    m = Mismatches()
+    full = np.arange(40 * 4, dtype=np.float32).reshape(40, 4)
+    dynamic = sok.DynamicVariable(dimension=4, var_type="hbm", initializer=1.0, mode=f"localized:{comm.n - 1}")
+    static = sok.Variable(full, dtype=tf.float32)
+    scale = tf.Variable(1.5)
+    spec = tf.TensorSpec([None], tf.int64)
+
+    @tf.function(input_signature=[spec, spec])
+    def step(values: tf.Tensor, lengths: tf.Tensor) -> tuple:
+        ids = tf.RaggedTensor.from_row_lengths(values, lengths)
+        with tf.GradientTape() as tape:
+            weights = tf.RaggedTensor.from_row_lengths(tf.cast(values % 3 + 1, tf.float32) * scale, lengths)
+            out = sok.lookup_sparse([dynamic, static], [ids, ids], [weights, weights], combiners=["sum", "sum"])
+            loss = tf.add_n([tf.reduce_sum(o) for o in out])
+        return out, tape.gradient(loss, scale)
+
+    lengths = np.array([1, 2, 0] + [1] * comm.rank, np.int64)
+    values = (np.arange(lengths.sum(), dtype=np.int64) * 7 + comm.rank) % 40
+    (got_dynamic, got_static), got_grad = step(tf.constant(values), tf.constant(lengths))
+    weights = (values % 3 + 1).astype(np.float64)
+    samples = np.repeat(np.arange(len(lengths)), lengths)
+    want_dynamic, want_static = np.zeros([len(lengths), 4]), np.zeros([len(lengths), 4])
+    np.add.at(want_dynamic, samples, 1.5 * weights[:, None])
+    np.add.at(want_static, samples, 1.5 * weights[:, None] * full[values])
+    m.close("dynamic table's sums", got_dynamic.numpy(), want_dynamic)
+    m.close("static table's sums", got_static.numpy(), want_static)
+    m.close("gradient of the weights' scale", float(got_grad), float(np.sum(weights * (4 + full[values].sum(1)))))
     m.raise_if_any()
 
 
