@@ -67,34 +67,26 @@ def test_summary_gives_efficiency_ratio_to_the_fastest_torchrec_and_the_nearest_
     assert cells[1] == [config, "2", "4.00", "1.60 (rw)", "0.40x", "0.50", "0.94", "3.0 MiB", "42 (at 1.0 MiB)"]
 
 
-class StandIn:
-    """Two ranks' collectives as identities, rank 0."""
+def _stand_in() -> object:
+    """Rank 0 of two whose collectives are identities (SOK's one-process tool, told two ranks)."""
+    from sparse_operation_kit import communication
 
-    def num_ranks(self) -> int:
-        return 2
+    class StandIn(communication.SingleProcess):
+        def num_ranks(self) -> int:
+            return 2
 
-    def rank(self) -> int:
-        return 0
-
-    def allgather(self, tensor: object, name: str | None = None) -> object:
-        return tensor
-
-    def alltoall(self, tensor: object, splits: object, name: str | None = None) -> object:
-        return tensor
-
-    def allreduce_sum(self, tensor: object, name: str | None = None) -> object:
-        return tensor
+    return StandIn()
 
 
 def test_counter_adds_input_bytes_and_what_leaves_the_rank_inside_a_tf_function() -> None:
     import tensorflow as tf
 
-    tool = StandIn()
+    tool = _stand_in()
     counter = scaling_gpu.ExchangeCounter(tool)
 
     def step(x: tf.Tensor) -> tf.Tensor:
         gathered = tool.allgather(x)  # 12 float32: 48 bytes in, sent to the other rank
-        exchanged = tool.alltoall(tf.reshape(gathered, [4, 3]), splits=tf.constant([1, 3]))  # own row 12 bytes
+        exchanged, _ = tool.alltoall(tf.reshape(gathered, [4, 3]), splits=tf.constant([1, 3]))  # own row 12 bytes
         return tool.allreduce_sum(tf.cast(exchanged, tf.float64))  # 96 bytes, ring: 96 x 2 x 1 / 2 sent
 
     with counter.counting():

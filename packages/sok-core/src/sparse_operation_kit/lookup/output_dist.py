@@ -41,25 +41,22 @@ def return_sums(
     ``empty`` (``[0, dim]`` reads of the tables this rank does not hold) travel along, adding no
     element: their gradient comes back empty."""
     n, rank = plan.n, plan.rank
-    width = plan.width(rank)
-    send = tf.concat([partial[t] for t in plan.held(rank)], axis=1) if width else None
-    extra = 1 if plan.reports_status(rank) else 0
-    if send is None:
-        send = tf.zeros([0], tf.float32)
-        splits = tf.zeros([n], tf.int32)
-    else:
-        if extra:
+    # What rank o sends each rank: [that rank's batch (+ o's status row), o's width], flattened.
+    widths = [plan.width(o) for o in range(n)]
+    extras = [1 if plan.reports_status(o) else 0 for o in range(n)]
+    if widths[rank]:
+        send = tf.concat([partial[t] for t in plan.held(rank)], axis=1)
+        if extras[rank]:
             row = _status_row(plan, statuses)
             chunks = tf.split(send, batch_sizes, num=n)
             send = tf.concat([part for chunk in chunks for part in (chunk, row)], axis=0)
         send = tf.reshape(send, [-1])
-        splits = tf.cast((batch_sizes + extra) * width, tf.int32)
+    else:
+        send = tf.zeros([0], tf.float32)
+    splits = tf.cast((batch_sizes + extras[rank]) * widths[rank], tf.int32)
     send = tf.concat([send] + [tf.reshape(rows, [-1]) for rows in empty], 0)
     received, _ = comm.alltoall(send, splits, name="sok.lookup_sparse: all-to-all of the pooled rows")
 
-    # The block of each source rank: [local_batch (+ its status row), its width].
-    extras = [1 if plan.reports_status(o) else 0 for o in range(n)]
-    widths = [plan.width(o) for o in range(n)]
     sizes = tf.stack([(local_batch + extras[o]) * widths[o] for o in range(n)])
     blocks = [
         tf.reshape(part, tf.stack([local_batch + extras[o], widths[o]]))

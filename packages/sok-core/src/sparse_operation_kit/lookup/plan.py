@@ -85,11 +85,9 @@ def owner(keys: tf.Tensor, table: TablePlan, n: int) -> tf.Tensor:
 
 
 def shard(table: TablePlan, rank: int, n: int) -> tuple[int, int]:
-    """``(stride, offset)`` of ``pooled_lookup``: which ids of a static table ``rank`` holds (offset
-    -1: none)."""
-    if table.kind == "distributed":
-        return n, rank
-    return 1, 0 if rank in table.holders else -1
+    """``(stride, offset)`` of ``pooled_lookup`` for a static table that ``rank`` holds: a distributed
+    table holds id ``i`` at row ``i // n`` when ``i % n == rank``, a localized one every id."""
+    return (n, rank) if table.kind == "distributed" else (1, 0)
 
 
 def fused_tables(params: Sequence[Any], kinds: Sequence[str]) -> list[int]:
