@@ -363,25 +363,38 @@ _LEGACY_SLOT_NAMES: dict[str, dict[str, str]] = {
 }
 
 
-def _adagrad_rows(optimizer: Any, gradient: tf.IndexedSlices, variable: tf.Variable, learning_rate: Any) -> None:
-    """Keras 3 ``Adagrad.update_step`` restricted to the rows of an ``IndexedSlices`` gradient.
+def _from_sok_gradient(indices: tf.Tensor) -> bool:
+    """Whether ``indices`` are, in a graph, an output of SOK's pooled lookup gradient op: rows of the
+    shard already checked by that op, so the update need not check them again."""
+    return not tf.executing_eagerly() and getattr(getattr(indices, "op", None), "type", None) == "SokPooledLookupGrad"
 
-    The same ops in the same order as Keras' TensorFlow backend: the squared gradient is
-    scatter-added to the accumulator (duplicate ids one after the other), ``sqrt(acc + eps)`` is
-    computed after that for the gradient's distinct rows (Keras: for the whole table) and gathered
-    at each id, and ``lr * g / that`` is scatter-subtracted from the variable. The gather between
-    ``sqrt`` and the division is Keras' too; it also keeps Grappler from turning ``x / sqrt(y)``
-    into ``x * rsqrt(y)`` inside ``tf.function``, which rounds differently.
-    """
-    lr = tf.cast(learning_rate, variable.dtype)
-    values = tf.cast(gradient.values, variable.dtype)
-    accumulator = optimizer._accumulators[optimizer._get_variable_index(variable)]
-    optimizer.assign_add(accumulator, tf.IndexedSlices(tf.square(values), gradient.indices, gradient.dense_shape))
-    epsilon = tf.convert_to_tensor(optimizer.epsilon, variable.dtype)
-    rows, position = tf.unique(gradient.indices)
-    denominator = tf.gather(tf.sqrt(tf.add(tf.gather(accumulator.value, rows), epsilon)), position)
-    update = tf.divide(tf.multiply(lr, values), denominator)
-    optimizer.assign_sub(variable, tf.IndexedSlices(update, gradient.indices, gradient.dense_shape))
+
+def _adagrad_tables(optimizer: Any, steps: list[tuple[tf.IndexedSlices, tf.Variable, Any]]) -> None:
+    """Keras 3 ``Adagrad.update_step`` on the rows of ``IndexedSlices`` gradients of ``sok.Variable``
+    shards: one ``SokSparseApplyAdagradTables`` op per device and learning rate for all of them.
+
+    The op computes what Keras' TensorFlow ops do for such a gradient, in their order: the squared
+    gradient added to the accumulator row by row (a repeated row adds twice), then ``lr * g /
+    sqrt(acc + eps)`` subtracted from each row with the accumulator after all additions. On the CPU
+    the results are Keras' to the bit; on a GPU there is no host round trip (Keras: ``tf.unique`` per
+    table) and no copy of whole accumulators (Keras' reads of a sparsely updated variable)."""
+    groups: dict[tuple[str, int], list[tuple[tf.IndexedSlices, tf.Variable, Any]]] = {}
+    for step in steps:
+        groups.setdefault((step[1].device, id(step[2])), []).append(step)
+    epsilon = float(optimizer.epsilon)
+    for (device, _), group in groups.items():
+        accumulators = [optimizer._accumulators[optimizer._get_variable_index(v)] for _, v, _ in group]
+        with tf.device(device):
+            tf_ops.library().sok_sparse_apply_adagrad_tables(
+                tables=[v.handle for _, v, _ in group],
+                accumulators=[a.value.handle for a in accumulators],
+                learning_rate=tf.cast(group[0][2], tf.float32),
+                indices=[tf.cast(g.indices, tf.int64) for g, _, _ in group],
+                grads=[tf.cast(g.values, tf.float32) for g, _, _ in group],
+                epsilon=epsilon,
+                check_indices=not all(_from_sok_gradient(g.indices) for g, _, _ in group),
+                names=[v.name for _, v, _ in group],
+            )
 
 
 #: Every live OptimizerWrapper, so that sok.dump / sok.load given a Keras optimizer find its wrapper.
@@ -447,18 +460,19 @@ class OptimizerWrapper:
 
     Static tables (``sok.Variable`` shards) and other dense variables are updated by the wrapped
     optimizer itself (its ``apply_gradients``: its step counter, learning rate and state variables,
-    which ``static_slots`` and ``sok.dump`` read). One exception, for speed: with Keras 3's
-    ``Adagrad``, the step of a ``sok.Variable`` shard whose gradient is ``tf.IndexedSlices`` is
-    computed for the gradient's rows only, as Keras' TensorFlow backend computes them (the squared
-    gradient scatter-added to the optimizer's accumulator, duplicate ids in turn; then
-    ``lr * g / sqrt(accumulator + epsilon)`` at each id scatter-subtracted from the shard), where
-    Keras' step computes ``sqrt(accumulator + epsilon)`` over the whole table: the results are
-    bitwise Keras' own. They differ only where Keras' sparse division meets a zero or NaN
-    ``sqrt(accumulator + epsilon)`` outside the batch (``epsilon=0`` with a zero accumulator, or a
-    NaN already there): Keras then also writes to those rows (``0 / 0`` is NaN), the row-wise step
-    leaves them as they were. The other optimizers keep Keras' step: Keras 3's SGD without
-    momentum already writes only the gradient's rows (it scatter-subtracts ``lr * g``); with
-    momentum, and Adam, Adamax, Adadelta, Ftrl, RMSprop, change rows whose gradient is zero.
+    which ``static_slots`` and ``sok.dump`` read). One exception, for speed: with Keras 3's ``Adagrad``,
+    the steps of the ``sok.Variable`` shards whose gradients are ``tf.IndexedSlices`` are computed for
+    the gradients' rows only, by one op for all of them, as Keras' TensorFlow backend computes them (the
+    squared gradient added to the optimizer's accumulator, duplicate ids in turn; then ``lr * g /
+    sqrt(accumulator + epsilon)`` at each id subtracted from the shard), where Keras' step computes
+    ``sqrt(accumulator + epsilon)`` over the whole table: on the CPU the results are bitwise Keras' own
+    (on a GPU, where the rows of repeated ids are added with atomics as Keras' scatter kernels do,
+    within float rounding of them). They differ only where Keras' sparse division meets a zero or NaN
+    ``sqrt(accumulator + epsilon)`` outside the batch (``epsilon=0`` with a zero accumulator, or a NaN
+    already there): Keras then also writes to those rows (``0 / 0`` is NaN), the row-wise step leaves
+    them as they were. The other optimizers keep Keras' step: Keras 3's SGD without momentum already
+    writes only the gradient's rows (it scatter-subtracts ``lr * g``); with momentum, and Adam, Adamax,
+    Adadelta, Ftrl, RMSprop, change rows whose gradient is zero.
 
     What the wrapper relies on of a dynamic variable is the contract in
     :class:`~sparse_operation_kit.dynamic_variable.DynamicVariable`'s docstring (``keys_of``, the
@@ -777,23 +791,28 @@ class OptimizerWrapper:
     @contextlib.contextmanager
     def _row_wise_static_tables(self) -> Iterator[None]:
         """While the wrapped optimizer applies its step: if it is Keras 3's ``Adagrad`` (its own
-        ``update_step``), its step on a ``sok.Variable`` shard with an ``IndexedSlices`` gradient is
-        :func:`_adagrad_rows`; every other variable and gradient keeps the optimizer's step."""
+        ``update_step``), its steps on ``sok.Variable`` shards with ``IndexedSlices`` gradients are
+        collected and made at the end by one op for all of them (:func:`_adagrad_tables`); every
+        other variable and gradient keeps the optimizer's step."""
         optimizer = self._optimizer
         keras_adagrad = importlib.import_module("keras").optimizers.Adagrad
         if self._settings.flavor is not Flavor.KERAS or type(optimizer).update_step is not keras_adagrad.update_step:
             yield
             return
         keras_step = optimizer.update_step
+        collected: list[tuple[tf.IndexedSlices, tf.Variable, Any]] = []
 
         def update_step(gradient: Any, variable: Any, learning_rate: Any) -> None:
             if getattr(variable, "is_sok_variable", False) and isinstance(gradient, tf.IndexedSlices):
-                return _adagrad_rows(optimizer, gradient, variable, learning_rate)
+                collected.append((gradient, variable, learning_rate))
+                return None
             return keras_step(gradient, variable, learning_rate)
 
         optimizer.update_step = update_step
         try:
             yield
+            if collected:
+                _adagrad_tables(optimizer, collected)
         finally:
             del optimizer.update_step
 

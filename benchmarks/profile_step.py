@@ -1,0 +1,328 @@
+#!/usr/bin/env python
+"""Where one process's SOK training step spends its time: its phases timed apart, and a trace of it.
+
+``scaling_gpu.py`` times the whole step; this script splits the same step (its tables, ids and
+optimizer) in one process, per table kind:
+
+* phases, each a ``tf.function`` of its own over the same batches (ids in GPU memory), best of
+  ``--repeat`` rounds of ``--steps`` steps: ``forward`` (``sok.lookup_sparse`` and the loss),
+  ``backward`` (the forward and the tables' gradients, each reduced to one number so that none is
+  pruned) and ``step`` (forward, backward and ``sok.OptimizerWrapper(Adagrad)``: the benchmark's
+  step). The differences are the backward's and the optimizer's shares.
+* a trace of ``--trace-steps`` calls of each phase under TensorFlow's profiler, summarised from its
+  XPlane: per step, the GPU's busy time (union of its kernels and copies) against the wall time,
+  the number of kernels, the device-to-host copies (count and bytes), the stream and event
+  synchronisations the host made (CUDA API calls), the kernels that take the most time, and the
+  host's TensorFlow ops that take the most time. A GPU that is idle most of the step means the
+  host launches too slowly or waits for the GPU (a synchronisation), not that a kernel is slow.
+
+Not a benchmark (no baseline, no ratio): it finds what to work on. The raw traces are written to
+``--trace-dir`` (TensorBoard's profile plugin reads them; ``--summarize-trace FILE`` prints the
+summary of one again).
+
+Usage::
+
+    python benchmarks/profile_step.py --kinds static,dynamic --dims 32
+    python benchmarks/profile_step.py --quick                     # tiny sizes (CPU too)
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from scaling_gpu import HOTNESS, KINDS, device, device_name, make_pool, make_tables, table_rows  # noqa: E402
+from train_gpu import POOL  # noqa: E402
+
+PHASES = ("forward", "backward", "step")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kinds", default="static,dynamic", help="comma-separated of " + ",".join(KINDS))
+    p.add_argument("--dims", default="32", help="comma-separated")
+    p.add_argument("--hotness", choices=HOTNESS, default="2")
+    p.add_argument("--tables", choices=["criteo", "uniform"], default="criteo")
+    p.add_argument("--cap", type=int, default=2**20)
+    p.add_argument("--batch", type=int, default=65536)
+    p.add_argument("--zipf", type=float, default=1.1)
+    p.add_argument("--seed", type=int, default=37)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--trace-steps", type=int, default=5)
+    p.add_argument("--trace-dir", default=None, help="where the raw trace goes (default: a temporary folder)")
+    p.add_argument("--top", type=int, default=20, help="rows of each top list")
+    p.add_argument("--json", help="write the figures to this file too")
+    p.add_argument("--summarize-trace", metavar="XPLANE", help="print the summary of this .xplane.pb and exit")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: batch 512, cap 4 Ki, dim 8, 3 steps")
+    args = p.parse_args(argv)
+    args.kinds = [k for k in args.kinds.split(",") if k]
+    unknown = sorted(set(args.kinds) - set(KINDS))
+    if unknown:
+        p.error(f"--kinds: {unknown} are not kinds; valid: {', '.join(KINDS)}")
+    args.dims = [int(d) for d in args.dims.split(",") if d]
+    if args.quick:
+        args.batch, args.cap, args.dims, args.steps, args.warmup, args.repeat = 512, 2**12, [8], 3, 1, 1
+        args.trace_steps = 2
+    return args
+
+
+def phase_bodies(tables: list[Any], batch: int) -> dict[str, Any]:
+    """``phase -> body(ragged_ids) -> scalar``: the three nested parts of the benchmark's step."""
+    import sparse_operation_kit as sok
+    import tensorflow as tf
+
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.01))
+    combiners = ["sum"] * len(tables)
+
+    def loss_of(ids: list[Any]) -> Any:
+        pooled = sok.lookup_sparse(tables, ids, combiners=combiners)
+        return tf.reduce_sum(tf.square(tf.concat(pooled, axis=1))) / batch
+
+    def backward(ids: list[Any]) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_of(ids)
+        grads = tape.gradient(loss, tables)
+        return loss + tf.add_n([tf.reduce_sum(g.values if isinstance(g, tf.IndexedSlices) else g) for g in grads])
+
+    def step(ids: list[Any]) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_of(ids)
+        grads = tape.gradient(loss, tables)
+        optimizer.apply_gradients(zip(grads, tables))
+        return loss
+
+    return {"forward": loss_of, "backward": backward, "step": step}
+
+
+def compiled(body: Any, pool: list[list[tuple]], batch: int) -> Any:
+    """``call(i)``: ``body`` as a tf.function on the pool's batch ``i % POOL``, ids in GPU memory."""
+    import tensorflow as tf
+
+    with tf.device(device()):
+        batches = [
+            [tf.RaggedTensor.from_row_lengths(tf.identity(v), tf.identity(n), validate=False) for v, n in b]
+            for b in pool
+        ]
+    spec = tf.RaggedTensorSpec([batch, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64)
+    fn = tf.function(body, input_signature=[[spec] * len(pool[0])], autograph=False)
+    return lambda i: fn(batches[i % POOL])
+
+
+def best_ms(call: Any, steps: int, warmup: int, repeat: int) -> float:
+    for i in range(warmup):
+        call(i).numpy()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        out = None
+        for i in range(steps):
+            out = call(i)
+        out.numpy()
+        best = min(best, (time.perf_counter() - start) / steps)
+    return best * 1e3
+
+
+def trace(call: Any, steps: int, logdir: str) -> str:
+    """Runs ``steps`` calls under TensorFlow's profiler; the path of the XPlane it wrote."""
+    import tensorflow as tf
+
+    call(0).numpy()
+    tf.profiler.experimental.start(logdir, tf.profiler.experimental.ProfilerOptions(host_tracer_level=3))
+    out = None
+    for i in range(steps):
+        out = call(i)
+    out.numpy()
+    tf.profiler.experimental.stop()
+    paths = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True), key=os.path.getmtime)
+    if not paths:
+        raise RuntimeError(f"the profiler wrote no .xplane.pb under {logdir}")
+    return paths[-1]
+
+
+def _union_us(intervals: list[tuple[int, int]]) -> float:
+    total, end = 0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total / 1e6
+
+
+def _stats(plane: Any, event: Any) -> dict[str, Any]:
+    """The stats of an event and of its metadata, by name (str, int or float values)."""
+    out = {}
+    for stat in list(plane.event_metadata[event.metadata_id].stats) + list(event.stats):
+        kind = stat.WhichOneof("value")
+        value = getattr(stat, kind) if kind else None
+        if kind == "ref_value":
+            value = plane.stat_metadata[value].name
+        out[plane.stat_metadata[stat.metadata_id].name] = value
+    return out
+
+
+def _copy_bytes(stats: dict[str, Any]) -> int:
+    """The size of a copy event from its stats (``memcpy_details``' ``size:`` or a byte count; 0 when
+    it names none)."""
+    details = stats.get("memcpy_details")
+    if isinstance(details, str):
+        for part in details.replace(",", " ").split():
+            if part.startswith(("size:", "num_bytes:")):
+                return int(part.split(":", 1)[1])
+    for name in ("num_bytes", "bytes", "size"):
+        if isinstance(stats.get(name), int):
+            return int(stats[name])
+    return 0
+
+
+#: A TensorFlow op's host event: "scope/name:OpType".
+_OP_EVENT = re.compile(r"^[^ :]+:[A-Za-z0-9_]+$")
+
+
+def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
+    """Per step figures of a trace (see the module docstring)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    out: dict[str, Any] = {"steps": steps}
+    host_ops: Counter = Counter()
+    host_counts: Counter = Counter()
+    api: Counter = Counter()
+    for plane in space.planes:
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        if plane.name.startswith("/device:GPU"):
+            kernels: Counter = Counter()
+            counts: Counter = Counter()
+            spans: list[tuple[int, int]] = []
+            d2h = d2h_bytes = h2d = 0
+            example: dict[str, str] = {}
+            for line in plane.lines:
+                for ev in line.events:
+                    name = names.get(ev.metadata_id, "?")
+                    begin = line.timestamp_ns * 1000 + ev.offset_ps
+                    spans.append((begin, begin + ev.duration_ps))
+                    kernels[name] += ev.duration_ps / 1e6
+                    counts[name] += 1
+                    lowered = name.lower()
+                    if "memcpy" in lowered and ("dtoh" in lowered or "d2h" in lowered):
+                        d2h += 1
+                        stats = _stats(plane, ev)
+                        d2h_bytes += _copy_bytes(stats)
+                        example = example or {k: str(v)[:80] for k, v in stats.items()}
+                    elif "memcpy" in lowered and ("htod" in lowered or "h2d" in lowered):
+                        h2d += 1
+            if not spans:
+                continue
+            window = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e6
+            out[plane.name] = {
+                "window_us_per_step": window / steps,
+                "busy_us_per_step": _union_us(spans) / steps,
+                "events_per_step": sum(counts.values()) / steps,
+                "d2h_copies_per_step": d2h / steps,
+                "d2h_bytes_per_step": d2h_bytes / steps,
+                "h2d_copies_per_step": h2d / steps,
+                "d2h_example_stats": example,
+                "top": [(n, us / steps, counts[n] / steps) for n, us in kernels.most_common(top)],
+            }
+        elif plane.name.startswith("/host:CUPTI"):
+            for line in plane.lines:
+                for ev in line.events:
+                    api[names.get(ev.metadata_id, "?")] += 1
+        elif plane.name.startswith("/host:CPU"):
+            for line in plane.lines:
+                for ev in line.events:
+                    name = names.get(ev.metadata_id, "?")
+                    host_ops[name] += ev.duration_ps / 1e6
+                    host_counts[name] += 1
+    out["cuda_api_per_step"] = {n: c / steps for n, c in api.most_common(top)}
+    out["syncs_per_step"] = sum(c for n, c in api.items() if "Synchronize" in n) / steps
+    out["host_top"] = [(n, us / steps, host_counts[n] / steps) for n, us in host_ops.most_common(top)]
+    by_type: Counter = Counter()
+    type_counts: Counter = Counter()
+    for name, us in host_ops.items():
+        if _OP_EVENT.match(name):
+            op_type = name.rsplit(":", 1)[1]
+            by_type[op_type] += us
+            type_counts[op_type] += host_counts[name]
+    out["ops_per_step"] = sum(type_counts.values()) / steps
+    out["op_types"] = [(t, us / steps, type_counts[t] / steps) for t, us in by_type.most_common(top)]
+    return out
+
+
+def print_summary(title: str, summary: dict[str, Any]) -> None:
+    print(f"\n== trace of {title}: per step")
+    for plane, s in summary.items():
+        if not plane.startswith("/device:GPU"):
+            continue
+        busy, window = s["busy_us_per_step"], s["window_us_per_step"]
+        print(f"{plane}: GPU busy {busy:.0f} us of {window:.0f} us ({busy / window:.0%}), "
+              f"{s['events_per_step']:.0f} kernels and copies, {s['d2h_copies_per_step']:.1f} device-to-host "
+              f"copies ({s['d2h_bytes_per_step']:.0f} B), {s['h2d_copies_per_step']:.1f} host-to-device")  # fmt: skip
+        for name, us, count in s["top"]:
+            print(f"  {us:9.1f} us {count:6.1f}x  {name[:110]}")
+    print(f"host synchronisations (CUDA API calls with Synchronize): {summary['syncs_per_step']:.1f}")
+    for name, count in summary["cuda_api_per_step"].items():
+        print(f"  {count:8.1f}x  {name}")
+    print(f"TensorFlow ops run per step: {summary['ops_per_step']:.0f}; by type (host time):")
+    for name, us, count in summary["op_types"]:
+        print(f"  {us:9.1f} us {count:6.1f}x  {name}")
+    print("host events (TensorFlow ops and others), by time:")
+    for name, us, count in summary["host_top"]:
+        print(f"  {us:9.1f} us {count:6.1f}x  {name[:110]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.summarize_trace:
+        print_summary(args.summarize_trace, summarize_xplane(args.summarize_trace, args.trace_steps, args.top))
+        return 0
+    import sparse_operation_kit as sok
+
+    sok.init()
+    rows = table_rows(args.tables, args.cap)
+    pool = make_pool(args, rows, args.hotness, 0)
+    logroot = args.trace_dir or tempfile.mkdtemp(prefix="sok-profile-")
+    print(f"device: {device_name()}; 26 tables ({args.tables}, cap {args.cap}), batch {args.batch}, "
+          f"hotness {args.hotness}, Adagrad")  # fmt: skip
+    results = []
+    for kind in args.kinds:
+        for dim in args.dims:
+            tables = make_tables(kind, rows, dim, 1)
+            bodies = phase_bodies(tables, args.batch)
+            times = {p: best_ms(compiled(bodies[p], pool, args.batch), args.steps, args.warmup, args.repeat)
+                     for p in PHASES}  # fmt: skip
+            print(f"\n{kind} dim {dim}: " + ", ".join(f"{p} {ms:.2f} ms" for p, ms in times.items())
+                  + f" (backward {times['backward'] - times['forward']:.2f}, optimizer "
+                  f"{times['step'] - times['backward']:.2f})")  # fmt: skip
+            traces = {}
+            for phase in PHASES:
+                path = trace(compiled(bodies[phase], pool, args.batch), args.trace_steps,
+                             os.path.join(logroot, f"{kind}_dim{dim}_{phase}"))  # fmt: skip
+                traces[phase] = summarize_xplane(path, args.trace_steps, args.top)
+                print_summary(f"{kind} dim {dim}, {phase}", traces[phase])
+            results.append({"kind": kind, "dim": dim, "ms": times, "traces": traces})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device_name(), "args": {k: v for k, v in vars(args).items() if k != "json"},
+                       "results": results}, f, indent=1)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

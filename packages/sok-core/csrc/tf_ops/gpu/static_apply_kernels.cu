@@ -1,0 +1,122 @@
+// Kernels of static_apply_kernels.h. Each launch takes up to kApplyTables tables: blockIdx.y picks
+// the table, the blocks along x stride over its count * dim gradient elements. Rounding as Keras'
+// ops: each product, sum, square root and quotient rounded on its own (no fused multiply-add).
+#include <climits>
+#include <cstdint>
+
+#include "gpu/static_apply_kernels.h"
+
+namespace sok_gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 4096;  // per table and launch; the blocks stride over the rest
+
+struct Batch {
+  AdagradTable t[kApplyTables];
+};
+
+__global__ void accumulate_kernel(Batch batch) {
+  const AdagradTable& x = batch.t[blockIdx.y];
+  const int64_t total = x.count * x.dim;
+  for (int64_t e = blockIdx.x * int64_t{kThreads} + threadIdx.x; e < total; e += int64_t{gridDim.x} * kThreads) {
+    const int64_t i = e / x.dim;
+    const int64_t c = e - i * x.dim;
+    const float g = x.grads[e];
+    atomicAdd(x.accumulator + x.indices[i] * x.dim + c, __fmul_rn(g, g));
+  }
+}
+
+__global__ void update_kernel(Batch batch, float lr, float epsilon) {
+  const AdagradTable& x = batch.t[blockIdx.y];
+  const int64_t total = x.count * x.dim;
+  for (int64_t e = blockIdx.x * int64_t{kThreads} + threadIdx.x; e < total; e += int64_t{gridDim.x} * kThreads) {
+    const int64_t i = e / x.dim;
+    const int64_t at = x.indices[i] * x.dim + (e - i * x.dim);
+    const float denominator = __fsqrt_rn(__fadd_rn(x.accumulator[at], epsilon));
+    atomicAdd(x.table + at, -__fdiv_rn(__fmul_rn(lr, x.grads[e]), denominator));
+  }
+}
+
+__global__ void check_kernel(Batch batch, int first, int64_t* first_bad, int64_t* bad_count) {
+  const AdagradTable& x = batch.t[blockIdx.y];
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < x.count; i += int64_t{gridDim.x} * kThreads) {
+    if (static_cast<uint64_t>(x.indices[i]) >= static_cast<uint64_t>(x.rows)) {
+      atomicMin(reinterpret_cast<unsigned long long*>(first_bad + first + blockIdx.y),
+                static_cast<unsigned long long>(i));
+      atomicAdd(reinterpret_cast<unsigned long long*>(bad_count + first + blockIdx.y), 1ull);
+    }
+  }
+}
+
+__global__ void init_checks_kernel(int64_t* first_bad, int64_t* bad_count, int n) {
+  const int t = blockIdx.x * kThreads + threadIdx.x;
+  if (t < n) {
+    first_bad[t] = INT64_MAX;
+    bad_count[t] = 0;
+  }
+}
+
+// Blocks along x for the largest of `per_table` over the batch's tables.
+template <class Size>
+unsigned blocks_for(const Batch& b, int count, Size per_table) {
+  int64_t most = 0;
+  for (int t = 0; t < count; ++t) {
+    const int64_t n = per_table(b.t[t]);
+    most = n > most ? n : most;
+  }
+  const int64_t blocks = (most + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+// Calls launch(batch, count, first) for each group of up to kApplyTables tables.
+template <class Launch>
+cudaError_t for_each_batch(const AdagradTable* tables, int num_tables, Launch launch) {
+  for (int first = 0; first < num_tables; first += kApplyTables) {
+    Batch b{};
+    const int count = num_tables - first < kApplyTables ? num_tables - first : kApplyTables;
+    for (int t = 0; t < count; ++t) b.t[t] = tables[first + t];
+    const cudaError_t e = launch(b, count, first);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t sparse_apply_adagrad(const AdagradTable* tables, int num_tables, float lr, float epsilon,
+                                 cudaStream_t stream) {
+  const auto elements = [](const AdagradTable& x) { return x.count * x.dim; };
+  cudaError_t e = for_each_batch(tables, num_tables, [&](const Batch& b, int count, int) {
+    const unsigned blocks = blocks_for(b, count, elements);
+    if (blocks == 0) return cudaSuccess;
+    accumulate_kernel<<<dim3(blocks, static_cast<unsigned>(count)), kThreads, 0, stream>>>(b);
+    return cudaGetLastError();
+  });
+  if (e != cudaSuccess) return e;
+  // Every accumulator is complete before any table row reads it: the second kernels follow the first.
+  return for_each_batch(tables, num_tables, [&](const Batch& b, int count, int) {
+    const unsigned blocks = blocks_for(b, count, elements);
+    if (blocks == 0) return cudaSuccess;
+    update_kernel<<<dim3(blocks, static_cast<unsigned>(count)), kThreads, 0, stream>>>(b, lr, epsilon);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t check_adagrad_indices(const AdagradTable* tables, int num_tables, int64_t* first_bad,
+                                  int64_t* bad_count, cudaStream_t stream) {
+  if (num_tables <= 0) return cudaSuccess;
+  init_checks_kernel<<<(num_tables + kThreads - 1) / kThreads, kThreads, 0, stream>>>(first_bad, bad_count,
+                                                                                       num_tables);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  return for_each_batch(tables, num_tables, [&](const Batch& b, int count, int first) {
+    const unsigned blocks = blocks_for(b, count, [](const AdagradTable& x) { return x.count; });
+    if (blocks == 0) return cudaSuccess;
+    check_kernel<<<dim3(blocks, static_cast<unsigned>(count)), kThreads, 0, stream>>>(b, first, first_bad,
+                                                                                    bad_count);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace sok_gpu
