@@ -20,9 +20,13 @@ Not a benchmark (no baseline, no ratio): it finds what to work on. The raw trace
 ``--trace-dir`` (TensorBoard's profile plugin reads them; ``--summarize-trace FILE`` prints the
 summary of one again).
 
+Under ``horovodrun -np N`` each rank runs the same steps on its own ids and rank 0 prints its
+figures and traces its steps (the exchange's collectives included).
+
 Usage::
 
     python benchmarks/profile_step.py --kinds static,dynamic --dims 32
+    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/profile_step.py --kinds static
     python benchmarks/profile_step.py --quick                     # tiny sizes (CPU too)
 """
 
@@ -41,6 +45,7 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import numpy as np  # noqa: E402
 from scaling_gpu import HOTNESS, KINDS, device, device_name, make_pool, make_tables, table_rows  # noqa: E402
 from train_gpu import POOL  # noqa: E402
 
@@ -106,18 +111,30 @@ def phase_bodies(tables: list[Any], batch: int) -> dict[str, Any]:
     return {"forward": loss_of, "backward": backward, "step": step}
 
 
-def compiled(body: Any, pool: list[list[tuple]], batch: int) -> Any:
-    """``call(i)``: ``body`` as a tf.function on the pool's batch ``i % POOL``, ids in GPU memory."""
+def compiled(body: Any, pool: list[list[tuple]], batch: int, ragged_args: bool = False) -> Any:
+    """``call(i)``: ``body`` as a tf.function on the pool's batch ``i % POOL``, ids in GPU memory,
+    given as flat tensors (values and row splits per table, as ``scaling_gpu.py`` gives them) or,
+    with ``ragged_args``, as one RaggedTensor per table (TensorFlow's composite-argument handling
+    then runs on every call)."""
     import tensorflow as tf
 
     with tf.device(device()):
-        batches = [
-            [tf.RaggedTensor.from_row_lengths(tf.identity(v), tf.identity(n), validate=False) for v, n in b]
-            for b in pool
+        flat = [
+            [tf.identity(tf.constant(a)) for v, n in b for a in (v, np.concatenate([[0], np.cumsum(n)]))] for b in pool
         ]
-    spec = tf.RaggedTensorSpec([batch, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64)
-    fn = tf.function(body, input_signature=[[spec] * len(pool[0])], autograph=False)
-    return lambda i: fn(batches[i % POOL])
+    if ragged_args:
+        batches = [[tf.RaggedTensor.from_row_splits(v, s, validate=False) for v, s in zip(b[0::2], b[1::2])]
+                   for b in flat]  # fmt: skip
+        spec = tf.RaggedTensorSpec([batch, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64)
+        fn = tf.function(body, input_signature=[[spec] * len(pool[0])], autograph=False)
+        return lambda i: fn(batches[i % POOL])
+
+    def from_flat(*args: Any) -> Any:
+        return body([tf.RaggedTensor.from_row_splits(v, s, validate=False) for v, s in zip(args[0::2], args[1::2])])
+
+    signature = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([batch + 1], tf.int64)] * len(pool[0])
+    fn = tf.function(from_flat, input_signature=signature, autograph=False)
+    return lambda i: fn(*flat[i % POOL])
 
 
 def best_ms(call: Any, steps: int, warmup: int, repeat: int) -> float:
@@ -293,34 +310,45 @@ def main(argv: list[str] | None = None) -> int:
         print_summary(args.summarize_trace, summarize_xplane(args.summarize_trace, args.trace_steps, args.top))
         return 0
     import sparse_operation_kit as sok
+    from sparse_operation_kit import communication
 
     sok.init()
+    comm = communication.tool()
+    rank, n = comm.rank(), comm.num_ranks()
+    say = print if rank == 0 else (lambda *a, **k: None)
     rows = table_rows(args.tables, args.cap)
-    pool = make_pool(args, rows, args.hotness, 0)
+    pool = make_pool(args, rows, args.hotness, rank)
     logroot = args.trace_dir or tempfile.mkdtemp(prefix="sok-profile-")
-    print(f"device: {device_name()}; 26 tables ({args.tables}, cap {args.cap}), batch {args.batch}, "
-          f"hotness {args.hotness}, Adagrad")  # fmt: skip
+    say(f"device: {device_name()}; {n} rank(s); 26 tables ({args.tables}, cap {args.cap}), batch {args.batch} "
+        f"per rank, hotness {args.hotness}, Adagrad; figures of rank 0")  # fmt: skip
     results = []
     for kind in args.kinds:
         for dim in args.dims:
-            tables = make_tables(kind, rows, dim, 1)
+            tables = make_tables(kind, rows, dim, n)
             bodies = phase_bodies(tables, args.batch)
             times = {p: best_ms(compiled(bodies[p], pool, args.batch), args.steps, args.warmup, args.repeat)
                      for p in PHASES}  # fmt: skip
-            print(f"\n{kind} dim {dim}: " + ", ".join(f"{p} {ms:.2f} ms" for p, ms in times.items())
-                  + f" (backward {times['backward'] - times['forward']:.2f}, optimizer "
-                  f"{times['step'] - times['backward']:.2f})")  # fmt: skip
+            times["forward, RaggedTensor arguments"] = best_ms(
+                compiled(bodies["forward"], pool, args.batch, ragged_args=True), args.steps, args.warmup, args.repeat
+            )
+            say(f"\n{kind} dim {dim}: " + ", ".join(f"{p} {ms:.2f} ms" for p, ms in times.items())
+                + f" (backward {times['backward'] - times['forward']:.2f}, optimizer "
+                f"{times['step'] - times['backward']:.2f})")  # fmt: skip
             traces = {}
             for phase in PHASES:
-                path = trace(compiled(bodies[phase], pool, args.batch), args.trace_steps,
-                             os.path.join(logroot, f"{kind}_dim{dim}_{phase}"))  # fmt: skip
+                call = compiled(bodies[phase], pool, args.batch)
+                if rank != 0:  # the other ranks take part in the traced steps, untraced
+                    for i in range(args.trace_steps + 1):
+                        call(i).numpy()
+                    continue
+                path = trace(call, args.trace_steps, os.path.join(logroot, f"{kind}_dim{dim}_{phase}"))
                 traces[phase] = summarize_xplane(path, args.trace_steps, args.top)
                 print_summary(f"{kind} dim {dim}, {phase}", traces[phase])
             results.append({"kind": kind, "dim": dim, "ms": times, "traces": traces})
-    if args.json:
+    if args.json and rank == 0:
         with open(args.json, "w") as f:
-            json.dump({"device": device_name(), "args": {k: v for k, v in vars(args).items() if k != "json"},
-                       "results": results}, f, indent=1)  # fmt: skip
+            settings = {k: v for k, v in vars(args).items() if k != "json"}
+            json.dump({"device": device_name(), "ranks": n, "args": settings, "results": results}, f, indent=1)
     return 0
 
 

@@ -262,30 +262,32 @@ def make_step(tables: list[Any], batch: int) -> Any:
 def step_caller(body: Any, pool: list[list[tuple]], ids: str, batch: int) -> Any:
     """``call(i)``: one step on the pool's batch ``i % POOL``, ``ids`` in GPU memory or fed from the host.
 
+    The step's tf.function takes each table's ids as two flat tensors (values and row splits) and
+    makes the RaggedTensors inside: TensorFlow's handling of composite arguments costs about 0.25 ms
+    per RaggedTensor per call on the host (``profile_step.py``'s "forward, RaggedTensor arguments").
     Each call makes a new tf.function over ``body`` (the counted step needs a trace of its own); its
     input signature leaves the number of ids open, so the batches of a multi-hot pool share one trace."""
     import tensorflow as tf
 
     tables = len(pool[0])
-    values, lengths = tf.TensorSpec([None], tf.int64), tf.TensorSpec([batch], tf.int64)
+    values, splits = tf.TensorSpec([None], tf.int64), tf.TensorSpec([batch + 1], tf.int64)
+    flat_pool = [[a for v, n in b for a in (v, np.concatenate([[0], np.cumsum(n)]))] for b in pool]
 
     def ragged(flat: Any) -> list[Any]:
-        return [tf.RaggedTensor.from_row_lengths(v, n, validate=False) for v, n in zip(flat[0::2], flat[1::2])]
+        return [tf.RaggedTensor.from_row_splits(v, s, validate=False) for v, s in zip(flat[0::2], flat[1::2])]
 
+    step = tf.function(lambda *flat: body(ragged(flat)), input_signature=[values, splits] * tables, autograph=False)
     if ids == "gpu":
         with tf.device(device()):
-            batches = [ragged([tf.identity(tf.constant(a)) for pair in b for a in pair]) for b in pool]
-        spec = tf.RaggedTensorSpec([batch, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64)
-        step = tf.function(body, input_signature=[[spec] * tables], autograph=False)
-        return lambda i: step(batches[i % POOL])
+            batches = [[tf.identity(tf.constant(a)) for a in b] for b in flat_pool]
+        return lambda i: step(*batches[i % POOL])
     with tf.device("/CPU:0"):
         dataset = None
-        for b in pool:
-            one = tf.data.Dataset.from_tensors(tuple(a for pair in b for a in pair))
+        for b in flat_pool:
+            one = tf.data.Dataset.from_tensors(tuple(b))
             dataset = one if dataset is None else dataset.concatenate(one)
         dataset = dataset.repeat().apply(tf.data.experimental.prefetch_to_device(device(), buffer_size=2))
     iterator = iter(dataset)
-    step = tf.function(lambda *flat: body(ragged(flat)), input_signature=[values, lengths] * tables, autograph=False)
     return lambda i: step(*next(iterator))
 
 

@@ -5,7 +5,8 @@
 // (forward) or a distinct id (gradient) gets `lanes` threads (a power of two up to a block, from its
 // table's dim), each summing the columns lane, lane + lanes, ... alone, in the CPU kernel's order.
 // The loops load kUnroll ids' rows before they add them, so the adds stay in order while the loads
-// overlap.
+// overlap; the forward loads 4 columns at once (float4) where it can, and each of its blocks reads
+// its table's descriptor once, into shared memory (block_table).
 //
 // The gradient of a hot id (more than kHotOccurrences occurrences) is not summed by one thread per
 // column, a serial chain as long as its occurrences: accumulate_kernel lists it, and
@@ -53,6 +54,8 @@ struct TableDev {
   int64_t distinct;             // its distinct ids (pooled_grad_accumulate)
   int32_t shift;                // log2(stride) when stride is a power of two, else -1
   int32_t lanes;                // threads per sample or distinct id
+  int32_t pool_lanes;           // the forward's threads per sample (lanes, or dim / 4 with pool_vec 4)
+  int32_t pool_vec;             // the forward's columns per load: 4 (float4) or 1
 };
 
 #define SOK_CUDA_RETURN(expr)              \
@@ -92,6 +95,12 @@ std::vector<TableDev> describe(const PooledTable* tables, int num_tables, int64_
     }
     d.lanes = 1;
     while (d.lanes < d.t.dim && d.lanes < kThreads) d.lanes <<= 1;
+    // The forward loads 4 columns at once where rows and outputs are float4-aligned and unweighted.
+    const bool vec = d.t.dim % 4 == 0 && d.t.weights == nullptr && reinterpret_cast<uintptr_t>(d.t.params) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(d.t.out) % 16 == 0;
+    d.pool_vec = vec ? 4 : 1;
+    d.pool_lanes = 1;
+    while (d.pool_lanes < d.t.dim / d.pool_vec && d.pool_lanes < kThreads) d.pool_lanes <<= 1;
   }
   return out;
 }
@@ -142,6 +151,16 @@ __device__ int table_of(const TableDev* tables, int num_tables, Kind kind) {
   return lo;
 }
 
+// The block's table, read once into shared memory: every thread of the block calls it first (a
+// barrier), so that no thread reads the descriptor from global memory itself. (The forward's
+// pool_kernel; the gradient's kernels keep their own copies, measured no faster this way.)
+__device__ const TableDev& block_table(const TableDev* tables, int num_tables, Kind kind) {
+  __shared__ TableDev shared;
+  if (threadIdx.x == 0) shared = tables[table_of(tables, num_tables, kind)];
+  __syncthreads();
+  return shared;
+}
+
 __device__ int64_t id_at(const PooledTable& t, int64_t j) {
   return t.ids_int64 ? static_cast<const int64_t*>(t.ids)[j] : static_cast<const int32_t*>(t.ids)[j];
 }
@@ -184,6 +203,10 @@ __device__ float divisor(const PooledTable& t, int64_t begin, int64_t end) {
   return t.combiner == kPooledSqrtn ? __fsqrt_rn(total) : total;
 }
 
+__device__ float4 add4(float4 a, float4 b) {
+  return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
 // Column k of the sum of the held rows of [begin, end) (num of them) in sum_rows' order: the first
 // `head` one after another, then each further 8 summed apart and added.
 __device__ float sum_rows(const TableDev& d, int64_t begin, int64_t end, int64_t head, int64_t k) {
@@ -213,6 +236,41 @@ __device__ float sum_rows(const TableDev& d, int64_t begin, int64_t end, int64_t
         const int64_t m = (count - head) & 7;
         group = m == 0 ? x[u] : __fadd_rn(group, x[u]);
         if (m == 7) out = __fadd_rn(out, group);
+      }
+      ++count;
+    }
+  }
+  return out;
+}
+
+// Columns k .. k + 3 of sum_rows at once (float4 loads; each column added in sum_rows' order).
+__device__ float4 sum_rows4(const TableDev& d, int64_t begin, int64_t end, int64_t head, int64_t k) {
+  const PooledTable& t = d.t;
+  float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 group = out;
+  int64_t count = 0;
+  for (int64_t j0 = begin; j0 < end; j0 += kUnroll) {
+    float4 x[kUnroll];
+    bool held[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      held[u] = false;
+      x[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (j0 + u < end) {
+        const int64_t row = local_row(d, id_at(t, j0 + u));
+        held[u] = valid_row(row, t.rows);
+        if (held[u]) x[u] = *reinterpret_cast<const float4*>(t.params + row * t.dim + k);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (!held[u]) continue;
+      if (count < head) {
+        out = add4(out, x[u]);
+      } else {
+        const int64_t m = (count - head) & 7;
+        group = m == 0 ? x[u] : add4(group, x[u]);
+        if (m == 7) out = add4(out, group);
       }
       ++count;
     }
@@ -310,11 +368,12 @@ __global__ void validate_kernel(const TableDev* tables, int num_tables, int64_t 
   out.samples[p] = static_cast<uint32_t>(lo < 0 ? 0 : lo);
 }
 
-// out (batch, dim) of each table: one sample per `lanes` threads.
+// out (batch, dim) of each table: one sample per `pool_lanes` threads, each `pool_vec` columns at a
+// time.
 __global__ void pool_kernel(const TableDev* tables, int num_tables, int64_t batch) {
-  const TableDev d = tables[table_of(tables, num_tables, kPool)];
+  const TableDev& d = block_table(tables, num_tables, kPool);
   const PooledTable& t = d.t;
-  const int lanes = d.lanes;
+  const int lanes = d.pool_lanes;
   const int lane = threadIdx.x & (lanes - 1);
   const int64_t s =
       (static_cast<int64_t>(blockIdx.x) - d.first_block[kPool]) * (kThreads / lanes) + threadIdx.x / lanes;
@@ -331,10 +390,18 @@ __global__ void pool_kernel(const TableDev* tables, int num_tables, int64_t batc
     const int64_t rest = num & 7;
     head = num == 1 ? 1 : (rest == 0 ? (num < 8 ? num : 8) : (rest == 1 ? 9 : rest));
   }
+  const auto combine = [&](float sum) {
+    return t.combiner == kPooledSum ? sum : (div != 0.0f ? __fdiv_rn(sum, div) : 0.0f);
+  };
+  if (d.pool_vec == 4) {
+    for (int64_t k = 4 * lane; k < t.dim; k += 4 * lanes) {
+      const float4 sum = sum_rows4(d, begin, end, head, k);
+      *reinterpret_cast<float4*>(out + k) = make_float4(combine(sum.x), combine(sum.y), combine(sum.z), combine(sum.w));
+    }
+    return;
+  }
   for (int64_t k = lane; k < t.dim; k += lanes) {
-    float sum = t.weights == nullptr ? sum_rows(d, begin, end, head, k) : sum_weighted_rows(d, begin, end, k);
-    if (t.combiner != kPooledSum) sum = div != 0.0f ? __fdiv_rn(sum, div) : 0.0f;
-    out[k] = sum;
+    out[k] = combine(t.weights == nullptr ? sum_rows(d, begin, end, head, k) : sum_weighted_rows(d, begin, end, k));
   }
 }
 
@@ -597,7 +664,7 @@ cudaError_t pooled_forward(const PooledTable* tables, int num_tables, int64_t ba
   std::vector<TableDev> d = describe(tables, num_tables, batch);
   const int64_t validate = plan(&d, kValidate, [batch](const TableDev& x) { return validate_blocks(x, batch); });
   const int64_t pool = plan(&d, kPool, [batch](const TableDev& x) {
-    return x.t.dim > 0 ? ceil_div(batch, kThreads / x.lanes) : int64_t{0};
+    return x.t.dim > 0 ? ceil_div(batch, kThreads / x.pool_lanes) : int64_t{0};
   });
   auto* dev = static_cast<TableDev*>(workspace);
   SOK_CUDA_RETURN(upload(d, dev, stream));
