@@ -39,7 +39,6 @@ import os
 import re
 import sys
 import tempfile
-import time
 from collections import Counter
 from typing import Any
 
@@ -47,7 +46,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 from scaling_gpu import HOTNESS, KINDS, device, device_name, make_pool, make_tables, table_rows  # noqa: E402
-from train_gpu import POOL  # noqa: E402
+from train_gpu import POOL, best_time  # noqa: E402
 
 PHASES = ("forward", "backward", "step")
 
@@ -138,17 +137,8 @@ def compiled(body: Any, pool: list[list[tuple]], batch: int, ragged_args: bool =
 
 
 def best_ms(call: Any, steps: int, warmup: int, repeat: int) -> float:
-    for i in range(warmup):
-        call(i).numpy()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = None
-        for i in range(steps):
-            out = call(i)
-        out.numpy()
-        best = min(best, (time.perf_counter() - start) / steps)
-    return best * 1e3
+    """Best milliseconds per call of ``call(i)`` (train_gpu.py's timing: the last result on the host)."""
+    return best_time(call, lambda out: out.numpy(), steps, warmup, repeat) * 1e3
 
 
 def trace(call: Any, steps: int, logdir: str) -> str:

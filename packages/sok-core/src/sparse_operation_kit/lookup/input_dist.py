@@ -80,12 +80,18 @@ def send_ids_to_owners(
     received_tables = tf.bitwise.right_shift(received[:, 0], _SAMPLE_BITS)
     global_samples = tf.bitwise.bitwise_and(received[:, 0], (1 << _SAMPLE_BITS) - 1) + tf.gather(first_sample, sources)
     by_table = tf.argsort(received_tables, stable=True)
+    # int32 counts and float64 bits: TensorFlow's GPU kernels of Bincount and SplitV take no int64
+    # values, and the placer would run them on the CPU, with copies of every id to the host and back.
     counts = tf.math.bincount(
-        tf.cast(received_tables, tf.int32), minlength=num_tables, maxlength=num_tables, dtype=tf.int64
+        tf.cast(received_tables, tf.int32), minlength=num_tables, maxlength=num_tables, dtype=tf.int32
     )
 
     def per_table(values: tf.Tensor) -> list[tf.Tensor]:
-        return tf.split(tf.gather(values, by_table), counts, num=num_tables)
+        ordered = tf.gather(values, by_table)
+        if ordered.dtype != tf.int64:
+            return tf.split(ordered, counts, num=num_tables)
+        parts = tf.split(tf.bitcast(ordered, tf.float64), counts, num=num_tables)
+        return [tf.bitcast(part, tf.int64) for part in parts]
 
     return OwnedIds(
         keys=per_table(received[:, 1]),
