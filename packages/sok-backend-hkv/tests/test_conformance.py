@@ -81,12 +81,29 @@ def test_bulk_insert_and_evict_accounts_for_every_key():
 
 
 @pytest.mark.parametrize(
-    ("option", "value"),
-    [("init_capacity", 1000), ("max_capacity", 1000), ("max_bucket_size", 100), ("init_capacity", 64)],
+    ("option", "value", "rounded"),
+    [("init_capacity", 1000, 1024), ("max_capacity", 1000, 1024), ("init_capacity", 64, 128), ("max_capacity", 3, 128)],
 )
-def test_capacities_must_be_powers_of_two_and_fit(option, value):
+def test_capacities_are_rounded_up_to_powers_of_two_that_fit(option, value, rounded):
     options = {"init_capacity": 128, "max_capacity": 4096, "max_bucket_size": 128, option: value}
-    with pytest.raises(ValueError, match=f"{option}={value}"):
+    storage = create_storage("hybrid", row_width=1, **options)
+    assert storage.adjustments == (f"{option}={value} rounded up to {rounded} (hkv takes powers of two >= "
+                                   f"max_bucket_size 128)",)  # fmt: skip
+    assert storage.capacity() == (rounded if option == "init_capacity" else 128)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("max_bucket_size", 100, "max_bucket_size=100 is not valid"),
+        ("init_capacity", 0, "init_capacity=0 must be a power of two"),
+        ("max_capacity", -4, "max_capacity=-4 must be a power of two"),
+        ("init_capacity", "lots", "init_capacity='lots' is not an integer"),
+    ],
+)
+def test_capacities_that_cannot_be_served_are_refused(option, value, named):
+    options = {"init_capacity": 128, "max_capacity": 4096, "max_bucket_size": 128, option: value}
+    with pytest.raises(ValueError, match=named):
         create_storage("hybrid", row_width=1, **options)
 
 

@@ -231,9 +231,9 @@ def test_ids_of_another_key_type_suggest_that_key_type():
         ({"initializer": "gaussian"}, ValueError, r"initializer 'gaussian' is not valid; valid: random, "),
         ({"mode": "local"}, ValueError, r"mode 'local' is not valid; valid: None, 'distributed' or 'localized:N'"),
         (
-            {"var_type": "hybrid", "init_capacity": 1000},
+            {"var_type": "hybrid", "init_capacity": 0},
             ValueError,
-            r"init_capacity=1000 must be a power of two .*; for example 1024",
+            r"init_capacity=0 must be a power of two between max_bucket_size \(128\) .*; for example 128",
         ),
         ({"init_capacity": -1}, ValueError, r"init_capacity=-1 is out of range; valid: 1 \.\. 2\*\*40"),
         ({"no_such_option": 1}, ValueError, r"unknown option 'no_such_option' for backend det; valid options: "),

@@ -17,6 +17,46 @@ def _lookups_distinct(options: Mapping[str, str]) -> bool:
     return options.get("evict_strategy", "lru") in _REPEAT_FREE_POLICIES
 
 
+#: hkv_table.cpp's default max_bucket_size: the smallest capacity it takes.
+_DEFAULT_BUCKET_SIZE = 128
+
+
+def _positive_int(text: str | None) -> int | None:
+    try:
+        value = int(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and value > 0 else None
+
+
+def _round_capacities(options: Mapping[str, str]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """hkv's table takes capacities that are powers of two >= max_bucket_size; NVIDIA SOK rounds
+    others up (its own scripts pass, e.g., ``randint(1000, 1200)`` or 64), so this does too: each
+    positive ``init_capacity`` / ``max_capacity`` that is not such a power is rounded up to the next
+    one, and an ``init_capacity`` that rounding alone took past ``max_capacity`` becomes it. Zero,
+    negative and malformed values are left for hkv_table.cpp to refuse, as are sizes beyond memory.
+    """
+    out = dict(options)
+    bucket = _positive_int(options.get("max_bucket_size")) or _DEFAULT_BUCKET_SIZE
+    notes = []
+    rounded = {}
+    for name in ("max_capacity", "init_capacity"):
+        value = _positive_int(options.get(name))
+        if value is None:
+            continue
+        target = max(bucket, 1 << (value - 1).bit_length())
+        if target != value:
+            out[name] = str(target)
+            rounded[name] = value
+            notes.append(f"{name}={value} rounded up to {target} (hkv takes powers of two >= max_bucket_size {bucket})")
+    given_init, given_max = _positive_int(options.get("init_capacity")), _positive_int(options.get("max_capacity"))
+    new_init, new_max = _positive_int(out.get("init_capacity")), _positive_int(out.get("max_capacity"))
+    if rounded and given_init and given_max and given_init <= given_max and new_init > new_max:
+        out["init_capacity"] = str(new_max)
+        notes.append(f"init_capacity={given_init} set to max_capacity {new_max}")
+    return out, tuple(notes)
+
+
 @hookimpl
 def sok_register_backends(registry):
     registry.register(
@@ -30,6 +70,7 @@ def sok_register_backends(registry):
                 devices=("cpu", "cuda"),
                 eviction_policies=("lru", "lfu", "epoch_lru", "epoch_lfu", "custom"),
                 distinct_lookups=_lookups_distinct,
+                adjust_options=_round_capacities,
             ),
             package="sok-backend-hkv",
             version=__version__,

@@ -379,9 +379,13 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         return tf.stack([rows, tf.constant(self._dimension, tf.int32)])
 
     def __repr__(self) -> str:
+        storage = getattr(self, "storage", None)
+        adjusted = "; ".join(getattr(storage, "adjustments", ()))
         return (
             f"<sok.DynamicVariable '{self.name}' shape=(None, {self._dimension}) dtype=float32 "
-            f"var_type={self._var_type!r} device={self._placement.storage!r}>"
+            f"var_type={self._var_type!r} device={self._placement.storage!r}"
+            + (f" options: {adjusted}" if adjusted else "")
+            + ">"
         )
 
     # -- reads ----------------------------------------------------------------------------------

@@ -237,6 +237,8 @@ class Storage:
         device: where the table lives: ``"cpu"`` here, ``"cuda:N"`` for a :class:`CudaStorage`.
         distinct_lookups: lookups may pass each distinct key once (the backend's
             ``Capabilities.lookups_distinct`` for this table's options).
+        adjustments: what the backend changed in the options it was given
+            (``Capabilities.adjusted_options``' notes; shown in a DynamicVariable's ``repr``).
     """
 
     def __init__(
@@ -247,12 +249,14 @@ class Storage:
         initializers: Sequence[inits.Initializer] = (),
         device: str = "cpu",
         distinct_lookups: bool = False,
+        adjustments: tuple[str, ...] = (),
     ) -> None:
         self.table = table
         self.spec = spec
         self.var_type = var_type
         self.device = device
         self.distinct_lookups = distinct_lookups
+        self.adjustments = tuple(adjustments)
         self.row_width = int(table.row_width)
         self.key_dtype = np.dtype(table.key_dtype)
         self.initializers = tuple(initializers)
@@ -641,6 +645,7 @@ class CudaStorage(Storage):
         initializers: how new rows are filled (zeros when empty).
         device: ``"cuda:N"``.
         distinct_lookups: as for :class:`Storage`.
+        adjustments: as for :class:`Storage`.
     """
 
     def __init__(
@@ -651,12 +656,13 @@ class CudaStorage(Storage):
         initializers: Sequence[inits.Initializer] = (),
         device: str = "cuda:0",
         distinct_lookups: bool = False,
+        adjustments: tuple[str, ...] = (),
     ) -> None:
         kind, self.device_id = parse_device(device)
         if kind != "cuda":
             raise ValueError(f"a CudaStorage lives on a GPU, not on {device!r}")
         self._cupy = cupy_module()
-        super().__init__(table, spec, var_type, initializers, f"cuda:{self.device_id}", distinct_lookups)
+        super().__init__(table, spec, var_type, initializers, f"cuda:{self.device_id}", distinct_lookups, adjustments)
 
     # -- arguments to the device ----------------------------------------------------------------
     def _keys(self, keys: Any) -> Any:
@@ -802,7 +808,9 @@ def create_storage(
         )
     init_list = _initializers(initializer, int(row_width), seed)
     make = factory or registry.factory(var_type)
-    texts = _options_as_strings(options)
+    texts, adjustments = spec.capabilities.adjusted_options(_options_as_strings(options))
+    for note in adjustments:
+        logger.info("%s table (backend %s): %s", var_type, spec.name, note)
     distinct = spec.capabilities.lookups_distinct(texts)
     if kind == "cpu":  # no device argument: three-argument factories keep working
         try:
@@ -810,7 +818,7 @@ def create_storage(
         except MemoryError as error:
             raise _out_of_memory(error, make, spec, var_type, dtype.name, int(row_width), texts) from error
         logger.debug("created %s storage: %s", var_type, table.describe())
-        return Storage(table, spec, var_type, init_list, distinct_lookups=distinct)
+        return Storage(table, spec, var_type, init_list, distinct_lookups=distinct, adjustments=adjustments)
     device = f"cuda:{device_id}"
     if "cuda" not in spec.capabilities.devices:
         raise NotImplementedError(
@@ -825,7 +833,7 @@ def create_storage(
     reported = getattr(table, "device", device)
     if reported != device:
         raise RuntimeError(f"backend {spec.name!r} made a table on {reported!r} when asked for one on {device!r}")
-    storage = CudaStorage(table, spec, var_type, init_list, device, distinct_lookups=distinct)
+    storage = CudaStorage(table, spec, var_type, init_list, device, distinct_lookups=distinct, adjustments=adjustments)
     if logger.isEnabledFor(logging.DEBUG):  # describe() waits for the GPU
         logger.debug("created %s storage on %s: %s", var_type, device, storage.describe())
     return storage

@@ -88,6 +88,11 @@ class Capabilities:
             in a batch or not (no per-occurrence counts), so lookups may pass each distinct key once;
             or a function of a storage's backend options (strings) that says so for that storage
             (hkv: under LRU policies, not LFU ones). See :meth:`lookups_distinct`.
+        adjust_options: None, or the backend's own reading of options it serves in another form: a
+            function of a storage's backend options (strings) that returns the options to create it
+            with and one note per change (hkv rounds a capacity up to a power of two). The core logs
+            each note and shows it in the table's ``repr``; options it cannot serve, the backend
+            still refuses. See :meth:`adjusted_options`.
     """
 
     eviction: bool = False
@@ -97,6 +102,7 @@ class Capabilities:
     key_dtypes: tuple[str, ...] = KEY_DTYPES
     eviction_policies: tuple[str, ...] = ()
     distinct_lookups: bool | Callable[[Mapping[str, str]], bool] = False
+    adjust_options: Callable[[Mapping[str, str]], tuple[dict[str, str], tuple[str, ...]]] | None = None
 
     def lookups_distinct(self, options: Mapping[str, str]) -> bool:
         """``distinct_lookups`` of a storage made with these backend options.
@@ -109,6 +115,19 @@ class Capabilities:
         if callable(self.distinct_lookups):
             return bool(self.distinct_lookups(options))
         return self.distinct_lookups
+
+    def adjusted_options(self, options: Mapping[str, str]) -> tuple[dict[str, str], tuple[str, ...]]:
+        """``(options to create the storage with, notes on what changed)`` by ``adjust_options``.
+
+        Example::
+
+            >>> Capabilities().adjusted_options({"init_capacity": "1100"})
+            ({'init_capacity': '1100'}, ())
+        """
+        if self.adjust_options is None:
+            return dict(options), ()
+        adjusted, notes = self.adjust_options(options)
+        return dict(adjusted), tuple(notes)
 
 
 @dataclass(frozen=True)
