@@ -37,9 +37,12 @@ Policy parse_policy(const std::string& name) {
                "kEpochLru, kEpochLfu, kCustomized)");
 }
 
+// The smallest power of two >= v, for error messages; the largest int64 one (2**62) when v is
+// above it (doubling past it would overflow and never end).
 std::string pow2_hint(int64_t v) {
+  constexpr int64_t kLargest = int64_t{1} << 62;
   int64_t p = 1;
-  while (p < v) p <<= 1;
+  while (p < v && p < kLargest) p <<= 1;
   return std::to_string(p);
 }
 

@@ -44,7 +44,9 @@ def test_an_init_capacity_past_max_capacity_is_still_refused():
     # init 1100 rounds to 2048, past the given max_capacity 1024 (which needs no rounding): the user's
     # init_capacity was already larger than max_capacity, and hkv refuses it.
     with pytest.raises(
-        ValueError, match=r"init_capacity=2048 must be a power of two between .* and max_capacity \(1024\)"
+        ValueError,
+        match=r"init_capacity=2048 must be a power of two between .* and max_capacity \(1024\).*"
+        r"\(the options given were adjusted first: init_capacity=1100 rounded up to 2048 ",
     ):
         sok.DynamicVariable(dimension=2, var_type="hybrid", init_capacity=1100, max_capacity=1024)
 
@@ -60,3 +62,10 @@ def test_a_backend_without_the_capability_gets_the_options_unchanged():
     v = sok.DynamicVariable(dimension=2, var_type="hbm", init_capacity=1000)
     assert v.storage.adjustments == () and "options:" not in repr(v)
     assert Capabilities().adjusted_options({"init_capacity": "1000"}) == ({"init_capacity": "1000"}, ())
+
+
+def test_a_capacity_too_large_to_round_is_refused_as_given():
+    too_large = 2**62 + 1
+    with pytest.raises(ValueError, match=rf"max_capacity={too_large} must be a power of two") as caught:
+        sok.DynamicVariable(dimension=2, var_type="hybrid", max_capacity=too_large)
+    assert "adjusted" not in str(caught.value)

@@ -19,6 +19,8 @@ def _lookups_distinct(options: Mapping[str, str]) -> bool:
 
 #: hkv_table.cpp's default max_bucket_size: the smallest capacity it takes.
 _DEFAULT_BUCKET_SIZE = 128
+#: The largest power of two a capacity is rounded up to (an int64 holds it); larger ones are refused.
+_LARGEST_ROUNDED = 1 << 62
 
 
 def _positive_int(text: str | None) -> int | None:
@@ -33,8 +35,9 @@ def _round_capacities(options: Mapping[str, str]) -> tuple[dict[str, str], tuple
     """hkv's table takes capacities that are powers of two >= max_bucket_size; NVIDIA SOK rounds
     others up (its own scripts pass, e.g., ``randint(1000, 1200)`` or 64), so this does too: each
     positive ``init_capacity`` / ``max_capacity`` that is not such a power is rounded up to the next
-    one, and an ``init_capacity`` that rounding alone took past ``max_capacity`` becomes it. Zero,
-    negative and malformed values are left for hkv_table.cpp to refuse, as are sizes beyond memory.
+    one (up to 2**62), and an ``init_capacity`` that rounding alone took past ``max_capacity`` becomes
+    it. Zero, negative, malformed and larger values are left for hkv_table.cpp to refuse, as are
+    sizes beyond memory.
     """
     out = dict(options)
     bucket = _positive_int(options.get("max_bucket_size")) or _DEFAULT_BUCKET_SIZE
@@ -45,7 +48,7 @@ def _round_capacities(options: Mapping[str, str]) -> tuple[dict[str, str], tuple
         if value is None:
             continue
         target = max(bucket, 1 << (value - 1).bit_length())
-        if target != value:
+        if target != value and target <= _LARGEST_ROUNDED:
             out[name] = str(target)
             rounded[name] = value
             notes.append(f"{name}={value} rounded up to {target} (hkv takes powers of two >= max_bucket_size {bucket})")

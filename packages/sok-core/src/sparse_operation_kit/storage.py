@@ -817,6 +817,8 @@ def create_storage(
             table = make(dtype.name, int(row_width), texts)
         except MemoryError as error:
             raise _out_of_memory(error, make, spec, var_type, dtype.name, int(row_width), texts) from error
+        except ValueError as error:
+            raise _with_adjustments(error, adjustments) from error
         logger.debug("created %s storage: %s", var_type, table.describe())
         return Storage(table, spec, var_type, init_list, distinct_lookups=distinct, adjustments=adjustments)
     device = f"cuda:{device_id}"
@@ -830,6 +832,8 @@ def create_storage(
         table = make(dtype.name, int(row_width), texts, device=device)
     except MemoryError as error:
         raise _out_of_memory(error, make, spec, var_type, dtype.name, int(row_width), texts, device) from error
+    except ValueError as error:
+        raise _with_adjustments(error, adjustments) from error
     reported = getattr(table, "device", device)
     if reported != device:
         raise RuntimeError(f"backend {spec.name!r} made a table on {reported!r} when asked for one on {device!r}")
@@ -837,6 +841,14 @@ def create_storage(
     if logger.isEnabledFor(logging.DEBUG):  # describe() waits for the GPU
         logger.debug("created %s storage on %s: %s", var_type, device, storage.describe())
     return storage
+
+
+def _with_adjustments(error: ValueError, adjustments: tuple[str, ...]) -> ValueError:
+    """The backend's refusal of adjusted options, saying what was adjusted from what the caller gave
+    (the refusal names the adjusted values); the error itself when nothing was adjusted."""
+    if not adjustments:
+        return error
+    return ValueError(f"{error} (the options given were adjusted first: {'; '.join(adjustments)})")
 
 
 def _bytes_text(n: int) -> str:
