@@ -211,6 +211,7 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
     host_ops: Counter = Counter()
     host_counts: Counter = Counter()
     api: Counter = Counter()
+    cupti = False
     for plane in space.planes:
         names = {k: v.name for k, v in plane.event_metadata.items()}
         if plane.name.startswith("/device:GPU"):
@@ -248,6 +249,7 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
                 "top": [(n, us / steps, counts[n] / steps) for n, us in kernels.most_common(top)],
             }
         elif plane.name.startswith("/host:CUPTI"):
+            cupti = True
             for line in plane.lines:
                 for ev in line.events:
                     api[names.get(ev.metadata_id, "?")] += 1
@@ -258,7 +260,9 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
                     host_ops[name] += ev.duration_ps / 1e6
                     host_counts[name] += 1
     out["cuda_api_per_step"] = {n: c / steps for n, c in api.most_common(top)}
-    out["syncs_per_step"] = sum(c for n, c in api.items() if "Synchronize" in n) / steps
+    # None, not 0, when the trace has no CUDA API calls to count (TensorFlow 2.21's GPU traces keep
+    # none): then the device-to-host copies are the sign of the host's waits.
+    out["syncs_per_step"] = sum(c for n, c in api.items() if "Synchronize" in n) / steps if cupti else None
     out["host_top"] = [(n, us / steps, host_counts[n] / steps) for n, us in host_ops.most_common(top)]
     by_type: Counter = Counter()
     type_counts: Counter = Counter()
@@ -283,7 +287,11 @@ def print_summary(title: str, summary: dict[str, Any]) -> None:
               f"copies ({s['d2h_bytes_per_step']:.0f} B), {s['h2d_copies_per_step']:.1f} host-to-device")  # fmt: skip
         for name, us, count in s["top"]:
             print(f"  {us:9.1f} us {count:6.1f}x  {name[:110]}")
-    print(f"host synchronisations (CUDA API calls with Synchronize): {summary['syncs_per_step']:.1f}")
+    syncs = summary["syncs_per_step"]
+    if syncs is None:
+        print("host synchronisations: not in this trace (no CUDA API calls); see the device-to-host copies")
+    else:
+        print(f"host synchronisations (CUDA API calls with Synchronize): {syncs:.1f}")
     for name, count in summary["cuda_api_per_step"].items():
         print(f"  {count:8.1f}x  {name}")
     print(f"TensorFlow ops run per step: {summary['ops_per_step']:.0f}; by type (host time):")

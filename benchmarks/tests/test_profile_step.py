@@ -37,3 +37,4 @@ def test_quick_run_times_every_phase_and_summarizes_its_traces(tmp_path: Path) -
     xplanes = sorted((tmp_path / "traces" / "static_dim8_step").rglob("*.xplane.pb"))
     summary = profile_step.summarize_xplane(str(xplanes[-1]), steps=2, top=5)
     assert summary["ops_per_step"] == result["traces"]["step"]["ops_per_step"]
+    assert summary["syncs_per_step"] is None  # a CPU trace has no CUDA API calls: not counted as 0
