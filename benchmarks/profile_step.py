@@ -44,8 +44,20 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-from scaling_gpu import HOTNESS, KINDS, device, device_name, make_pool, make_tables, table_rows  # noqa: E402
+from scaling_gpu import (  # noqa: E402
+    HOTNESS,
+    KINDS,
+    device,
+    device_name,
+    flat_pool,
+    flat_signature,
+    make_pool,
+    make_step,
+    make_tables,
+    pooled_loss,
+    ragged_ids,
+    table_rows,
+)
 from train_gpu import POOL, best_time  # noqa: E402
 
 PHASES = ("forward", "backward", "step")
@@ -84,30 +96,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def phase_bodies(tables: list[Any], batch: int) -> dict[str, Any]:
     """``phase -> body(ragged_ids) -> scalar``: the three nested parts of the benchmark's step."""
-    import sparse_operation_kit as sok
     import tensorflow as tf
 
-    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.01))
-    combiners = ["sum"] * len(tables)
-
-    def loss_of(ids: list[Any]) -> Any:
-        pooled = sok.lookup_sparse(tables, ids, combiners=combiners)
-        return tf.reduce_sum(tf.square(tf.concat(pooled, axis=1))) / batch
+    def forward(ids: list[Any]) -> Any:
+        return pooled_loss(tables, ids, batch)
 
     def backward(ids: list[Any]) -> Any:
         with tf.GradientTape() as tape:
-            loss = loss_of(ids)
+            loss = pooled_loss(tables, ids, batch)
         grads = tape.gradient(loss, tables)
         return loss + tf.add_n([tf.reduce_sum(g.values if isinstance(g, tf.IndexedSlices) else g) for g in grads])
 
-    def step(ids: list[Any]) -> Any:
-        with tf.GradientTape() as tape:
-            loss = loss_of(ids)
-        grads = tape.gradient(loss, tables)
-        optimizer.apply_gradients(zip(grads, tables))
-        return loss
-
-    return {"forward": loss_of, "backward": backward, "step": step}
+    return {"forward": forward, "backward": backward, "step": make_step(tables, batch)}
 
 
 def compiled(body: Any, pool: list[list[tuple]], batch: int, ragged_args: bool = False) -> Any:
@@ -118,21 +118,14 @@ def compiled(body: Any, pool: list[list[tuple]], batch: int, ragged_args: bool =
     import tensorflow as tf
 
     with tf.device(device()):
-        flat = [
-            [tf.identity(tf.constant(a)) for v, n in b for a in (v, np.concatenate([[0], np.cumsum(n)]))] for b in pool
-        ]
+        flat = [[tf.identity(tf.constant(a)) for a in b] for b in flat_pool(pool)]
     if ragged_args:
-        batches = [[tf.RaggedTensor.from_row_splits(v, s, validate=False) for v, s in zip(b[0::2], b[1::2])]
-                   for b in flat]  # fmt: skip
+        batches = [ragged_ids(b) for b in flat]
         spec = tf.RaggedTensorSpec([batch, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64)
         fn = tf.function(body, input_signature=[[spec] * len(pool[0])], autograph=False)
         return lambda i: fn(batches[i % POOL])
-
-    def from_flat(*args: Any) -> Any:
-        return body([tf.RaggedTensor.from_row_splits(v, s, validate=False) for v, s in zip(args[0::2], args[1::2])])
-
-    signature = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([batch + 1], tf.int64)] * len(pool[0])
-    fn = tf.function(from_flat, input_signature=signature, autograph=False)
+    fn = tf.function(lambda *args: body(ragged_ids(args)), input_signature=flat_signature(len(pool[0]), batch),
+                     autograph=False)  # fmt: skip
     return lambda i: fn(*flat[i % POOL])
 
 

@@ -240,23 +240,50 @@ def make_tables(kind: str, rows: list[int], dim: int, n: int) -> list[Any]:
     return tables
 
 
+def pooled_loss(tables: list[Any], ids: list[Any], batch: int) -> Any:
+    """The benchmark's loss: one ``sok.lookup_sparse`` (sum) over all tables, the mean over the batch
+    of the sum of squares of the concatenated pooled rows."""
+    import sparse_operation_kit as sok
+    import tensorflow as tf
+
+    pooled = sok.lookup_sparse(tables, ids, combiners=["sum"] * len(tables))
+    return tf.reduce_sum(tf.square(tf.concat(pooled, axis=1))) / batch
+
+
 def make_step(tables: list[Any], batch: int) -> Any:
     """The training step's body, ``body(ragged_ids) -> loss`` (not yet a tf.function)."""
     import sparse_operation_kit as sok
     import tensorflow as tf
 
     optimizer = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.01))
-    combiners = ["sum"] * len(tables)
 
     def body(ids: list[Any]) -> Any:
         with tf.GradientTape() as tape:
-            pooled = sok.lookup_sparse(tables, ids, combiners=combiners)
-            loss = tf.reduce_sum(tf.square(tf.concat(pooled, axis=1))) / batch
+            loss = pooled_loss(tables, ids, batch)
         grads = tape.gradient(loss, tables)
         optimizer.apply_gradients(zip(grads, tables))
         return loss
 
     return body
+
+
+def flat_pool(pool: list[list[tuple]]) -> list[list[np.ndarray]]:
+    """Each batch of the pool as the step's flat arguments: per table its ids and row splits."""
+    return [[a for v, n in b for a in (v, np.concatenate([[0], np.cumsum(n)]))] for b in pool]
+
+
+def flat_signature(tables: int, batch: int) -> list[Any]:
+    """The input signature of a step that takes :func:`flat_pool`'s arguments."""
+    import tensorflow as tf
+
+    return [tf.TensorSpec([None], tf.int64), tf.TensorSpec([batch + 1], tf.int64)] * tables
+
+
+def ragged_ids(flat: Any) -> list[Any]:
+    """The RaggedTensors of :func:`flat_pool`'s arguments (inside the step)."""
+    import tensorflow as tf
+
+    return [tf.RaggedTensor.from_row_splits(v, s, validate=False) for v, s in zip(flat[0::2], flat[1::2])]
 
 
 def step_caller(body: Any, pool: list[list[tuple]], ids: str, batch: int) -> Any:
@@ -269,21 +296,16 @@ def step_caller(body: Any, pool: list[list[tuple]], ids: str, batch: int) -> Any
     input signature leaves the number of ids open, so the batches of a multi-hot pool share one trace."""
     import tensorflow as tf
 
-    tables = len(pool[0])
-    values, splits = tf.TensorSpec([None], tf.int64), tf.TensorSpec([batch + 1], tf.int64)
-    flat_pool = [[a for v, n in b for a in (v, np.concatenate([[0], np.cumsum(n)]))] for b in pool]
-
-    def ragged(flat: Any) -> list[Any]:
-        return [tf.RaggedTensor.from_row_splits(v, s, validate=False) for v, s in zip(flat[0::2], flat[1::2])]
-
-    step = tf.function(lambda *flat: body(ragged(flat)), input_signature=[values, splits] * tables, autograph=False)
+    flat = flat_pool(pool)
+    signature = flat_signature(len(pool[0]), batch)
+    step = tf.function(lambda *args: body(ragged_ids(args)), input_signature=signature, autograph=False)
     if ids == "gpu":
         with tf.device(device()):
-            batches = [[tf.identity(tf.constant(a)) for a in b] for b in flat_pool]
+            batches = [[tf.identity(tf.constant(a)) for a in b] for b in flat]
         return lambda i: step(*batches[i % POOL])
     with tf.device("/CPU:0"):
         dataset = None
-        for b in flat_pool:
+        for b in flat:
             one = tf.data.Dataset.from_tensors(tuple(b))
             dataset = one if dataset is None else dataset.concatenate(one)
         dataset = dataset.repeat().apply(tf.data.experimental.prefetch_to_device(device(), buffer_size=2))

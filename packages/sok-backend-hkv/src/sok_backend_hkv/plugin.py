@@ -42,7 +42,6 @@ def _round_capacities(options: Mapping[str, str]) -> tuple[dict[str, str], tuple
     out = dict(options)
     bucket = _positive_int(options.get("max_bucket_size")) or _DEFAULT_BUCKET_SIZE
     notes = []
-    rounded = {}
     for name in ("max_capacity", "init_capacity"):
         value = _positive_int(options.get(name))
         if value is None:
@@ -50,11 +49,11 @@ def _round_capacities(options: Mapping[str, str]) -> tuple[dict[str, str], tuple
         target = max(bucket, 1 << (value - 1).bit_length())
         if target != value and target <= _LARGEST_ROUNDED:
             out[name] = str(target)
-            rounded[name] = value
             notes.append(f"{name}={value} rounded up to {target} (hkv takes powers of two >= max_bucket_size {bucket})")
     given_init, given_max = _positive_int(options.get("init_capacity")), _positive_int(options.get("max_capacity"))
     new_init, new_max = _positive_int(out.get("init_capacity")), _positive_int(out.get("max_capacity"))
-    if rounded and given_init and given_max and given_init <= given_max and new_init > new_max:
+    # Only rounding can take an init_capacity that was <= max_capacity past it.
+    if given_init and given_max and given_init <= given_max and new_init > new_max:
         out["init_capacity"] = str(new_max)
         notes.append(f"init_capacity={given_init} set to max_capacity {new_max}")
     return out, tuple(notes)

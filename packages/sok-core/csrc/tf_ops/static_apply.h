@@ -86,9 +86,10 @@ class LockedVariables {
   std::vector<Var*> locked_;
 };
 
-// Checks the inputs (names[t] in messages) and fills `tables`; looks up and locks the variables.
+// Checks the inputs (names[t] in messages), fills `tables` and reads the learning rate; looks up
+// and locks the variables.
 inline Status gather(OpKernelContext* ctx, const std::vector<std::string>& names, LockedVariables* locks,
-                     std::vector<Table>* tables) {
+                     std::vector<Table>* tables, float* learning_rate) {
   OpInputList indices, grads;
   TF_RETURN_IF_ERROR(ctx->input_list("indices", &indices));
   TF_RETURN_IF_ERROR(ctx->input_list("grads", &grads));
@@ -100,6 +101,7 @@ inline Status gather(OpKernelContext* ctx, const std::vector<std::string>& names
   if (!::tensorflow::TensorShapeUtils::IsScalar(lr.shape())) {
     return errors::InvalidArgument("learning_rate must be a float32 scalar, got shape ", lr.shape().DebugString());
   }
+  *learning_rate = lr.scalar<float>()();
   tables->assign(n, Table());
   for (int t = 0; t < n; ++t) {
     Table& x = (*tables)[t];
@@ -169,6 +171,16 @@ Status prepare_in_place_write(OpKernelContext* ctx, Var* v, Copy copy) {
   TF_RETURN_IF_ERROR(copy(tensor->tensor_data().data(), const_cast<char*>(fresh.tensor_data().data()),
                           tensor->TotalBytes()));
   *tensor = fresh;
+  return Status();
+}
+
+// prepare_in_place_write for every table and accumulator of the call.
+template <class Copy>
+Status prepare_in_place_writes(OpKernelContext* ctx, const std::vector<Table>& tables, Copy copy) {
+  for (const Table& x : tables) {
+    TF_RETURN_IF_ERROR(prepare_in_place_write(ctx, x.var, copy));
+    TF_RETURN_IF_ERROR(prepare_in_place_write(ctx, x.accumulator, copy));
+  }
   return Status();
 }
 

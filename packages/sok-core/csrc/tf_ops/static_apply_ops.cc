@@ -48,7 +48,8 @@ class SparseApplyAdagradTablesOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     static_apply::LockedVariables locks;
     std::vector<Table> tables;
-    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, &locks, &tables));
+    float lr = 0.0f;
+    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, &locks, &tables, &lr));
     // Every index of every table is checked before anything is written (on the CPU it costs little).
     for (size_t t = 0; t < tables.size(); ++t) {
       const Table& x = tables[t];
@@ -69,12 +70,8 @@ class SparseApplyAdagradTablesOp : public OpKernel {
       std::memcpy(to, from, bytes);
       return Status();
     };
-    for (Table& x : tables) {
-      OP_REQUIRES_OK(ctx, static_apply::prepare_in_place_write(ctx, x.var, copy));
-      OP_REQUIRES_OK(ctx, static_apply::prepare_in_place_write(ctx, x.accumulator, copy));
-    }
-    const float lr = ctx->input(2 * static_cast<int>(tables.size())).scalar<float>()();
-    for (Table& x : tables) apply(x, lr);
+    OP_REQUIRES_OK(ctx, static_apply::prepare_in_place_writes(ctx, tables, copy));
+    for (const Table& x : tables) apply(x, lr);
   }
 
  private:

@@ -31,7 +31,8 @@ class SparseApplyAdagradTablesGpuOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     static_apply::LockedVariables locks;
     std::vector<Table> tables;
-    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, &locks, &tables));
+    float lr = 0.0f;
+    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, &locks, &tables, &lr));
     DeviceGuard guard;
     const sok_exec_context exec = GpuExec::of(ctx);
     OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
@@ -44,13 +45,11 @@ class SparseApplyAdagradTablesGpuOp : public OpKernel {
     const auto copy = [stream](const char* from, char* to, size_t bytes) {
       return SOK_CUDA(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream));
     };
-    for (size_t t = 0; t < tables.size(); ++t) {
-      OP_REQUIRES_OK(ctx, static_apply::prepare_in_place_write(ctx, tables[t].var, copy));
-      OP_REQUIRES_OK(ctx, static_apply::prepare_in_place_write(ctx, tables[t].accumulator, copy));
+    OP_REQUIRES_OK(ctx, static_apply::prepare_in_place_writes(ctx, tables, copy));
+    for (size_t t = 0; t < tables.size(); ++t) {  // the buffers after any copy
       device[t].table = tables[t].var->tensor()->flat<float>().data();
       device[t].accumulator = tables[t].accumulator->tensor()->flat<float>().data();
     }
-    const float lr = ctx->input(2 * static_cast<int>(tables.size())).scalar<float>()();
     OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::sparse_apply_adagrad(device.data(), static_cast<int>(device.size()), lr,
                                                                epsilon_, stream)));
   }
