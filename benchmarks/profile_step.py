@@ -212,7 +212,7 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
             counts: Counter = Counter()
             spans: list[tuple[int, int]] = []
             d2h = d2h_bytes = h2d = 0
-            example: dict[str, str] = {}
+            copies: dict[str, Counter] = {"d2h": Counter(), "d2h_bytes": Counter(), "h2d": Counter()}
             for line in plane.lines:
                 for ev in line.events:
                     name = names.get(ev.metadata_id, "?")
@@ -224,10 +224,14 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
                     if "memcpy" in lowered and ("dtoh" in lowered or "d2h" in lowered):
                         d2h += 1
                         stats = _stats(plane, ev)
-                        d2h_bytes += _copy_bytes(stats)
-                        example = example or {k: str(v)[:80] for k, v in stats.items()}
+                        size = _copy_bytes(stats)
+                        d2h_bytes += size
+                        op = str(stats.get("tf_op", "?"))
+                        copies["d2h"][op] += 1
+                        copies["d2h_bytes"][op] += size
                     elif "memcpy" in lowered and ("htod" in lowered or "h2d" in lowered):
                         h2d += 1
+                        copies["h2d"][str(_stats(plane, ev).get("tf_op", "?"))] += 1
             if not spans:
                 continue
             window = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e6
@@ -238,7 +242,11 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
                 "d2h_copies_per_step": d2h / steps,
                 "d2h_bytes_per_step": d2h_bytes / steps,
                 "h2d_copies_per_step": h2d / steps,
-                "d2h_example_stats": example,
+                # The TensorFlow op of each copy (its "name:type"): where the host waits or moves data.
+                "d2h_by_op": [
+                    (op, count / steps, copies["d2h_bytes"][op] / steps) for op, count in copies["d2h"].most_common(top)
+                ],
+                "h2d_by_op": [(op, count / steps) for op, count in copies["h2d"].most_common(top)],
                 "top": [(n, us / steps, counts[n] / steps) for n, us in kernels.most_common(top)],
             }
         elif plane.name.startswith("/host:CUPTI"):
@@ -280,6 +288,12 @@ def print_summary(title: str, summary: dict[str, Any]) -> None:
               f"copies ({s['d2h_bytes_per_step']:.0f} B), {s['h2d_copies_per_step']:.1f} host-to-device")  # fmt: skip
         for name, us, count in s["top"]:
             print(f"  {us:9.1f} us {count:6.1f}x  {name[:110]}")
+        print("  device-to-host copies by TensorFlow op:")
+        for op, count, size in s["d2h_by_op"]:
+            print(f"  {count:6.1f}x {size:12.0f} B  {op[:100]}")
+        print("  host-to-device copies by TensorFlow op:")
+        for op, count in s["h2d_by_op"]:
+            print(f"  {count:6.1f}x  {op[:100]}")
     syncs = summary["syncs_per_step"]
     if syncs is None:
         print("host synchronisations: not in this trace (no CUDA API calls); see the device-to-host copies")

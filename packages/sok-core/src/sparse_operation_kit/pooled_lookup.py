@@ -28,7 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from sparse_operation_kit import tf_ops
+from sparse_operation_kit import device_ops, tf_ops
 
 __all__ = ["pooled_lookup"]
 
@@ -85,7 +85,7 @@ def _held_products(op: tf.Operation, t: int, n: int, scaled: tf.Tensor, samples:
     if not strides:
         return tf.reduce_sum(tf.gather(scaled, samples) * tf.gather(params, ids), axis=1)
     stride, offset = strides[t], offsets[t]
-    held = tf.reshape(tf.where(tf.math.floormod(ids, stride) == offset), [-1])
+    held = tf.reshape(tf.where(device_ops.floormod(ids, stride) == offset), [-1])
     products = tf.reduce_sum(
         tf.gather(scaled, tf.gather(samples, held)) * tf.gather(params, tf.gather(ids, held) // stride), axis=1
     )
@@ -100,7 +100,7 @@ def _weight_gradients(op: tf.Operation, grads: list[tf.Tensor], n: int) -> list[
     result = []
     for t, combiner in enumerate(c.decode() for c in op.get_attr("combiners")):
         splits, w = op.inputs[2 * n + t], op.inputs[3 * n + t]
-        samples = tf.ragged.row_splits_to_segment_ids(splits)
+        samples = device_ops.sample_ids(splits, w)
         g = grads[t]
         if combiner == "sum":
             inverse = tf.ones(tf.shape(splits)[:1] - 1)

@@ -9,7 +9,7 @@ exchange moves anything.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -56,11 +56,12 @@ def agreed_checks(
 ) -> list[tf.Operation | tf.Tensor]:
     """Checks that fail on every rank together, in one collective: each rank sends
     ``[fingerprint of its call, number of counts, its count of each problem]`` (one allgather, which
-    tolerates records of different lengths); every rank first asserts that all records carry its
-    own fingerprint (the same tables, combiners and options in the same order, so that the ranks
-    make the same collectives), then asserts on the counts summed over the ranks (so no rank enters
-    the exchange alone). The id ranges of the tables in ``checked_by_op`` are left to
-    ``pooled_lookup``'s op (one rank)."""
+    tolerates records of different lengths); every rank checks that all records carry its own
+    fingerprint (the same tables, combiners and options in the same order, so that the ranks make
+    the same collectives) and that the counts summed over the ranks are 0 (so no rank enters the
+    exchange alone). The host reads one flag of all that; only when it is False do the asserts
+    run that name the problem: the disagreement first, then each count. The id ranges of the
+    tables in ``checked_by_op`` are left to ``pooled_lookup``'s op (one rank)."""
     problems: list[tuple[tf.Tensor, str]] = []
     for i, (param, kind, ids) in enumerate(zip(params, kinds, ragged)):
         values = tf.cast(ids.values, tf.int64)
@@ -103,40 +104,60 @@ def agreed_checks(
                 )
             )
     n = comm.num_ranks()
+    if n == 1 and not problems:
+        return []
+    messages = [message for _, message in problems]
     if n == 1:
-        if not problems:
-            return []
         counts = tf.stack([count for count, _ in problems])
-    else:
-        description = _call_description(params, kinds, combiners, weights is not None, hotness)
-        fingerprint = communication.fingerprint(description.encode())
-        record = tf.concat(
-            [tf.constant([fingerprint, len(problems)], tf.int64)] + [tf.reshape(c, [1]) for c, _ in problems], 0
-        )
-        gathered = comm.allgather(record, name="sok.lookup_sparse: allgather of the call's fingerprint and checks")
-        agreement = _assert_same_call(gathered, fingerprint, len(problems), n, comm.rank(), description)
-        if not problems:
-            return [agreement]
-        # Every record has this rank's layout once the ranks agree: [fingerprint, count, counts...] per
-        # rank. A data dependency on the agreement (a control dependency on a tf.cond's output does
-        # not wait for the ops inside its branches once TensorFlow lowers it).
-        gathered = gathered * tf.cast(agreement, tf.int64)
-        counts = tf.reduce_sum(_as_records(gathered, n, 2 + len(problems))[:, 2:], axis=0)
-    return ([agreement] if n > 1 else []) + [
+        return [_gate(tf.reduce_all(tf.equal(counts, 0)), lambda: _assert_none(counts, messages))]
+    description = _call_description(params, kinds, combiners, weights is not None, hotness)
+    fingerprint = communication.fingerprint(description.encode())
+    record = tf.concat(
+        [tf.constant([fingerprint, len(problems)], tf.int64)] + [tf.reshape(c, [1]) for c, _ in problems], 0
+    )
+    gathered = comm.allgather(record, name="sok.lookup_sparse: allgather of the call's fingerprint and checks")
+    width = 2 + len(problems)
+    table = _as_records(gathered, n, width)
+    agree = (
+        tf.equal(tf.size(gathered, out_type=tf.int64), n * width)
+        & tf.reduce_all(tf.equal(table[:, 0], fingerprint))
+        & tf.reduce_all(tf.equal(table[:, 1], len(problems)))
+    )
+    # Summed over the ranks: meaningful once they agree (every record then has this rank's layout).
+    counts = tf.reduce_sum(table[:, 2:], axis=0)
+
+    def report() -> tf.Tensor:
+        # The ranks' disagreement first: their counts mean nothing then.
+        agreement = _assert_same_call(gathered, agree, fingerprint, n, comm.rank(), description)
+        with tf.control_dependencies([agreement]):
+            return _assert_none(counts, messages)
+
+    return [_gate(agree & tf.reduce_all(tf.equal(counts, 0)), report)]
+
+
+def _gate(ok: tf.Tensor, report: Callable[[], tf.Tensor]) -> tf.Tensor:
+    """``ok``, after ``report`` (which raises the errors) when it is False: the step's one read of a
+    check on the host (a ``tf.cond``'s predicate), however many problems the call counts."""
+    return tf.cond(ok, lambda: tf.identity(ok), report)
+
+
+def _assert_none(counts: tf.Tensor, messages: Sequence[str]) -> tf.Tensor:
+    """Asserts that every count is 0, each failure with its message; returns True after them."""
+    asserts = [
         tf.debugging.assert_equal(counts[j], tf.constant(0, tf.int64), message=message)
-        for j, (_, message) in enumerate(problems)
+        for j, message in enumerate(messages)
     ]
+    true = tf.constant(True)
+    with tf.control_dependencies([a for a in asserts if a is not None]):
+        return tf.identity(true)
 
 
 def _assert_same_call(
-    gathered: tf.Tensor, fingerprint: int, length: int, n: int, rank: int, description: str
+    gathered: tf.Tensor, agree: tf.Tensor, fingerprint: int, n: int, rank: int, description: str
 ) -> tf.Tensor:
-    """Asserts that the ``n`` records of ``gathered`` (``[fingerprint, length, length counts]`` each,
-    rank after rank) all carry this rank's fingerprint; the message names the ranks that differ."""
-    width = 2 + length
-    same_size = tf.equal(tf.size(gathered, out_type=tf.int64), n * width)
-    table = _as_records(gathered, n, width)
-    agree = same_size & tf.reduce_all(tf.equal(table[:, 0], fingerprint)) & tf.reduce_all(tf.equal(table[:, 1], length))
+    """Asserts ``agree``: that the ``n`` records of ``gathered`` (``[fingerprint, length, length
+    counts]`` each, rank after rank) all carry this rank's fingerprint; the message names the ranks
+    that differ."""
 
     def fail() -> tf.Tensor:
         # Walk the records (their lengths may differ): rank r's starts after those of ranks < r.

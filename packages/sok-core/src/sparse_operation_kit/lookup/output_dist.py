@@ -64,9 +64,16 @@ def return_sums(
     ]
     columns = [plan.columns(o) for o in range(n)]
     checks = _assert_lookups_worked(plan, blocks, columns, statuses, local_batch)
+    # One split per block, not a slice per table: the gradient of a split is one concat, that of a
+    # slice a whole block of zeros per table.
+    parts_of: list[dict[int, tf.Tensor]] = []
+    for o, block in enumerate(blocks):
+        held = plan.held(o)
+        rows = block[:local_batch] if extras[o] else block
+        parts_of.append(dict(zip(held, tf.split(rows, [plan.tables[t].dim for t in held], axis=1) if held else [])))
     outputs = []
     for t, table in enumerate(plan.tables):
-        parts = [blocks[o][:local_batch, columns[o][t] : columns[o][t] + table.dim] for o in table.holders]
+        parts = [parts_of[o][t] for o in table.holders]
         outputs.append(parts[0] if len(parts) == 1 else tf.add_n(parts))
     if checks:
         with tf.control_dependencies(checks):

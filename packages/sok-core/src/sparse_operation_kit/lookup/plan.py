@@ -23,7 +23,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from sparse_operation_kit import tf_ops
+from sparse_operation_kit import device_ops, tf_ops
 
 __all__ = ["ExchangePlan", "TablePlan", "fused_tables", "owner", "shard"]
 
@@ -81,7 +81,7 @@ def owner(keys: tf.Tensor, table: TablePlan, n: int) -> tf.Tensor:
     """The rank (int32) that holds each id of ``keys`` (int64, a uint64 table's keys as their bits)."""
     if len(table.holders) == 1:
         return tf.fill(tf.shape(keys), tf.constant(table.holders[0], tf.int32))
-    return tf.cast(tf.math.floormod(keys, n), tf.int32)  # negative ids and keys too, as sok.load places them
+    return tf.cast(device_ops.floormod(keys, n), tf.int32)  # negative ids and keys too, as sok.load places them
 
 
 def shard(table: TablePlan, rank: int, n: int) -> tuple[int, int]:

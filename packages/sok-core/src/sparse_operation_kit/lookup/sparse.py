@@ -45,7 +45,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from sparse_operation_kit import communication, pooled_lookup
+from sparse_operation_kit import communication, device_ops, pooled_lookup
 from sparse_operation_kit.lookup import arguments
 from sparse_operation_kit.lookup.checks import agreed_checks
 from sparse_operation_kit.lookup.input_dist import send_ids_to_owners
@@ -185,7 +185,7 @@ def _lookup_with_tf_ops(
         if weights is not None:
             weights = [tf.RaggedTensor.from_row_lengths(tf.identity(w.values), w.row_lengths()) for w in weights]
     local_batch = tf.shape(lengths[0], out_type=tf.int64)[0]
-    samples = [ids.value_rowids() for ids in ragged]
+    samples = [device_ops.sample_ids(ids.row_splits, ids.values) for ids in ragged]
     values = None if weights is None else [w.values for w in weights]
     if n == 1:
         partial = [

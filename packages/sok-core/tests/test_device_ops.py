@@ -1,0 +1,39 @@
+"""device_ops against the TensorFlow ops they stand in for (which run on the host under a GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from sparse_operation_kit import device_ops
+
+
+@pytest.mark.parametrize("lengths", [[2, 0, 3, 1], [0, 0, 0], [], [5], [0, 4, 0]])
+@pytest.mark.parametrize("split_dtype", [tf.int32, tf.int64])
+def test_sample_ids_are_value_rowids(lengths: list[int], split_dtype: tf.DType) -> None:
+    values = tf.range(sum(lengths), dtype=tf.int64) * 7
+    ragged = tf.RaggedTensor.from_row_lengths(values, tf.constant(lengths, tf.int64), validate=True)
+    splits = tf.cast(ragged.row_splits, split_dtype)
+    got = device_ops.sample_ids(splits, ragged.values)
+    assert got.dtype == tf.int64
+    np.testing.assert_array_equal(got.numpy(), ragged.value_rowids().numpy())
+
+
+def test_sample_ids_in_a_function_with_unknown_sizes() -> None:
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64)])
+    def rows(splits: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        return device_ops.sample_ids(splits, values)
+
+    lengths = np.random.default_rng(3).integers(0, 5, size=200)
+    ragged = tf.RaggedTensor.from_row_lengths(tf.zeros([int(lengths.sum())], tf.int64), lengths)
+    np.testing.assert_array_equal(rows(ragged.row_splits, ragged.values).numpy(), ragged.value_rowids().numpy())
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 8])
+def test_floormod_is_tf_floormod(n: int) -> None:
+    edges = [0, 1, -1, n - 1, -n, n, 2**62, -(2**62), 2**63 - 1, -(2**63), 2**63 - n]
+    random = np.random.default_rng(n).integers(-(2**63), 2**63 - 1, size=1000, dtype=np.int64)
+    ids = tf.constant(np.concatenate([np.array(edges, np.int64), random]))
+    got = device_ops.floormod(ids, n)
+    np.testing.assert_array_equal(got.numpy(), tf.math.floormod(ids, tf.constant(n, tf.int64)).numpy())
+    assert got.numpy().min() >= 0 and got.numpy().max() < n
