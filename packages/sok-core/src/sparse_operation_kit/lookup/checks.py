@@ -2,7 +2,7 @@
 
 Each rank counts its problems (ids outside a static table, int64 ids that do not fit an int32 key
 type, weights whose rows differ from the ids', samples longer than ``hotness``); with several ranks
-one allgather carries ``[fingerprint of the call, number of counts, counts...]`` of every rank, so
+one allgather carries ``[fingerprint of the call, number of counts, batch size, counts...]`` of every rank, so
 a rank that passes other tables, or a bad id on one rank, fails the call on every rank before the
 exchange moves anything.
 """
@@ -17,6 +17,9 @@ import tensorflow as tf
 from sparse_operation_kit import communication
 
 __all__ = ["agreed_checks", "raise_unless"]
+
+#: The values of a rank's record before its counts: fingerprint, number of counts, batch size.
+_HEAD = 3
 
 
 def _call_description(
@@ -53,9 +56,10 @@ def agreed_checks(
     *,
     checked_by_op: Sequence[int],
     combiners: Sequence[str],
-) -> list[tf.Operation | tf.Tensor]:
-    """Checks that fail on every rank together, in one collective: each rank sends
-    ``[fingerprint of its call, number of counts, its count of each problem]`` (one allgather, which
+) -> tuple[list[tf.Operation | tf.Tensor], tf.Tensor | None]:
+    """Checks that fail on every rank together, in one collective, and every rank's batch size
+    (int64 ``[n]``; None with one rank) from the same collective: each rank sends ``[fingerprint
+    of its call, number of counts, its batch size, its count of each problem]`` (one allgather, which
     tolerates records of different lengths); every rank checks that all records carry its own
     fingerprint (the same tables, combiners and options in the same order, so that the ranks make
     the same collectives) and that the counts summed over the ranks are 0 (so no rank enters the
@@ -105,18 +109,21 @@ def agreed_checks(
             )
     n = comm.num_ranks()
     if n == 1 and not problems:
-        return []
+        return [], None
     messages = [message for _, message in problems]
     if n == 1:
         counts = tf.stack([count for count, _ in problems])
-        return [_gate(tf.reduce_all(tf.equal(counts, 0)), lambda: _assert_none(counts, messages))]
+        return [_gate(tf.reduce_all(tf.equal(counts, 0)), lambda: _assert_none(counts, messages))], None
     description = _call_description(params, kinds, combiners, weights is not None, hotness)
     fingerprint = communication.fingerprint(description.encode())
+    batch = tf.reshape(ragged[0].nrows(out_type=tf.int64), [1])
     record = tf.concat(
-        [tf.constant([fingerprint, len(problems)], tf.int64)] + [tf.reshape(c, [1]) for c, _ in problems], 0
+        [tf.constant([fingerprint, len(problems)], tf.int64), batch] + [tf.reshape(c, [1]) for c, _ in problems], 0
     )
-    gathered = comm.allgather(record, name="sok.lookup_sparse: allgather of the call's fingerprint and checks")
-    width = 2 + len(problems)
+    gathered = comm.allgather(
+        record, name="sok.lookup_sparse: allgather of the call's fingerprint, batch sizes and checks"
+    )
+    width = _HEAD + len(problems)
     table = _as_records(gathered, n, width)
     agree = (
         tf.equal(tf.size(gathered, out_type=tf.int64), n * width)
@@ -124,7 +131,7 @@ def agreed_checks(
         & tf.reduce_all(tf.equal(table[:, 1], len(problems)))
     )
     # Summed over the ranks: meaningful once they agree (every record then has this rank's layout).
-    counts = tf.reduce_sum(table[:, 2:], axis=0)
+    counts = tf.reduce_sum(table[:, _HEAD:], axis=0)
 
     def report() -> tf.Tensor:
         # The ranks' disagreement first: their counts mean nothing then.
@@ -132,7 +139,7 @@ def agreed_checks(
         with tf.control_dependencies([agreement]):
             return _assert_none(counts, messages)
 
-    return [_gate(agree & tf.reduce_all(tf.equal(counts, 0)), report)]
+    return [_gate(agree & tf.reduce_all(tf.equal(counts, 0)), report)], table[:, 2]
 
 
 def _gate(ok: tf.Tensor, report: Callable[[], tf.Tensor]) -> tf.Tensor:
@@ -155,8 +162,8 @@ def _assert_none(counts: tf.Tensor, messages: Sequence[str]) -> tf.Tensor:
 def _assert_same_call(
     gathered: tf.Tensor, agree: tf.Tensor, fingerprint: int, n: int, rank: int, description: str
 ) -> tf.Tensor:
-    """Asserts ``agree``: that the ``n`` records of ``gathered`` (``[fingerprint, length, length
-    counts]`` each, rank after rank) all carry this rank's fingerprint; the message names the ranks
+    """Asserts ``agree``: that the ``n`` records of ``gathered`` (``[fingerprint, length, batch,
+    length counts]`` each, rank after rank) all carry this rank's fingerprint; the message names the ranks
     that differ."""
 
     def fail() -> tf.Tensor:
@@ -165,7 +172,7 @@ def _assert_same_call(
         differs = []
         for _ in range(n):
             differs.append(tf.not_equal(gathered[start], fingerprint))
-            start = start + 2 + gathered[start + 1]
+            start = start + _HEAD + gathered[start + 1]
         ranks = tf.strings.reduce_join(tf.strings.as_string(tf.where(tf.stack(differs))[:, 0]), separator=", ")
         message = tf.strings.join(
             [

@@ -12,7 +12,7 @@ samples of the whole call's batch with the sources in rank order (source ``r``'s
 
 Example::
 
-    owned = send_ids_to_owners(plan, keys, samples, None, local_batch, comm)
+    owned = send_ids_to_owners(plan, keys, samples, None, batch_sizes, comm)
     owned.keys[t], owned.samples[t]   # the ids of table t this rank holds, from every rank
 """
 
@@ -51,13 +51,13 @@ def send_ids_to_owners(
     keys: Sequence[tf.Tensor],
     samples: Sequence[tf.Tensor],
     weights: Sequence[tf.Tensor] | None,
-    local_batch: tf.Tensor,
+    batch_sizes: tf.Tensor,
     comm: communication.CommunicationTool,
 ) -> OwnedIds:
     """Sends each id (``keys[t]``: int64, of local samples ``samples[t]``: int64, in sample order)
-    to the rank that holds it; returns what this rank received (see ``OwnedIds``)."""
+    to the rank that holds it; returns what this rank received (see ``OwnedIds``). ``batch_sizes``:
+    every rank's local batch (int64 ``[n]``, gathered with the call's checks)."""
     n, num_tables = plan.n, len(plan.tables)
-    batch_sizes = comm.allgather(tf.reshape(local_batch, [1]), name="sok.lookup_sparse: allgather of the batch sizes")
     destinations = tf.concat([owner(k, table, n) for k, table in zip(keys, plan.tables)], 0)
     tables = tf.concat(
         [tf.fill(tf.shape(k, out_type=tf.int64), tf.constant(t, tf.int64)) for t, k in enumerate(keys)], 0

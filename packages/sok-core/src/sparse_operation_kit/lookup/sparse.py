@@ -6,7 +6,7 @@ on TensorFlow's intra-op threads, or in one sequence of CUDA kernels when the ta
 the others by TensorFlow ops. With several ranks (each step is a module of this package):
 
 1. ``checks``: every rank checks its ids, and the ranks agree (one allgather of a fingerprint of
-   the call and of each rank's count of bad ids) that they make the same call with valid ids
+   the call, of each rank's batch size and of its count of bad ids) that they make the same call with valid ids
    before anything else moves, so a bad id, or a rank that passes other tables, fails everywhere;
 2. ``input_dist``: each id goes to the rank that holds it (``plan``: row ``i`` of a distributed
    table on rank ``i % n``, a localized table on its rank, dynamic keys by ``key mod n``), in one
@@ -135,7 +135,9 @@ def lookup_sparse(
     n = comm.num_ranks()
     arguments.validate_placement(params, kinds, n)
     fused = fused_tables(params, kinds) if n == 1 else []
-    checks = agreed_checks(params, kinds, ragged, weights, comm, hotness, checked_by_op=fused, combiners=names)
+    checks, batch_sizes = agreed_checks(
+        params, kinds, ragged, weights, comm, hotness, checked_by_op=fused, combiners=names
+    )
     outputs: list[Any] = [None] * len(params)
     if fused:
         with tf.control_dependencies(checks):
@@ -158,6 +160,7 @@ def lookup_sparse(
             arguments.subset(names, rest),
             comm,
             checks,
+            batch_sizes,
             low_frequency_filter,
         )
         for i, embedding in zip(rest, pooled):
@@ -173,10 +176,12 @@ def _lookup_with_tf_ops(
     names: list[str],
     comm: communication.CommunicationTool,
     checks: list[tf.Operation],
+    batch_sizes: tf.Tensor | None,
     low_frequency_filter: bool = False,
 ) -> list[tf.Tensor]:
     """Pooled lookups through TensorFlow ops (and the exchange when there are several ranks), after
-    ``checks``: steps 2-4 of the module docstring."""
+    ``checks``: steps 2-4 of the module docstring. ``batch_sizes``: every rank's (from the checks'
+    allgather; None with one rank)."""
     n, rank = comm.num_ranks(), comm.rank()
     with tf.control_dependencies(checks):
         # Everything below, collectives included, waits for the checks.
@@ -197,7 +202,7 @@ def _lookup_with_tf_ops(
     else:
         plan = ExchangePlan.of(params, kinds, rank, n)
         as_int64 = [tf.bitcast(k, tf.int64) if k.dtype == tf.uint64 else tf.cast(k, tf.int64) for k in keys]
-        owned = send_ids_to_owners(plan, as_int64, [tf.cast(s, tf.int64) for s in samples], values, local_batch, comm)
+        owned = send_ids_to_owners(plan, as_int64, [tf.cast(s, tf.int64) for s in samples], values, batch_sizes, comm)
         held, statuses, empty = pool_held(plan, owned, low_frequency_filter)
         partial = return_sums(plan, held, statuses, empty, owned.batch_sizes, local_batch, comm)
     return [
