@@ -17,9 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/platform/strcat.h"
 
 namespace sok_tf {
 namespace static_apply {
@@ -51,38 +53,50 @@ class LockedVariables {
   LockedVariables& operator=(const LockedVariables&) = delete;
   ~LockedVariables() {
     for (Var* v : locked_) v->mu()->unlock();
-    for (Var* v : all_) v->Unref();
+    for (const Entry& e : all_) e.var->Unref();
   }
 
-  // Looks up the resource variable of input `index` (a reference is kept until destruction).
-  Status add(OpKernelContext* ctx, int index, Var** out) {
+  // Looks up the resource variable of input `index`, `label` naming it in messages (a reference is
+  // kept until destruction). A handle with no variable behind it (never assigned, or deleted) is a
+  // FailedPrecondition, as for a variable not initialized.
+  Status add(OpKernelContext* ctx, int index, const std::string& label, Var** out) {
     Var* v = nullptr;
-    TF_RETURN_IF_ERROR(::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, index), &v));
-    all_.push_back(v);
+    const Status found = ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, index), &v);
+    if (absl::IsNotFound(found)) {
+      return errors::FailedPrecondition(label, " has no variable: it was never assigned a value, or was deleted; ",
+                                        "assign it one before the step (", found.message(), ")");
+    }
+    if (!found.ok()) return Status(found.code(), ::tensorflow::strings::StrCat(label, ": ", found.message()));
+    all_.push_back({v, label});
     *out = v;
     return Status();
   }
 
-  // Locks every variable added, in address order; refuses a variable given twice.
-  Status lock(const std::vector<std::string>& names) {
-    std::vector<Var*> sorted = all_;
-    std::sort(sorted.begin(), sorted.end());
+  // Locks every variable added, in address order; refuses a variable given twice (before locking).
+  Status lock() {
+    std::vector<Entry> sorted = all_;
+    std::stable_sort(sorted.begin(), sorted.end(), [](const Entry& a, const Entry& b) { return a.var < b.var; });
     for (size_t i = 1; i < sorted.size(); ++i) {
-      if (sorted[i] == sorted[i - 1]) {
-        return errors::InvalidArgument("a table or an accumulator appears twice in one call (tables: ",
-                                       ::tensorflow::str_util::Join(names, ", "),
-                                       "); give each variable once, its gradients summed");
+      if (sorted[i].var == sorted[i - 1].var) {
+        return errors::InvalidArgument(sorted[i - 1].label, " and ", sorted[i].label,
+                                       " are the same variable; nothing was updated. Every table and every "
+                                       "accumulator of one call must be a different variable: give each table "
+                                       "once, its gradients concatenated, with its own accumulator");
       }
     }
-    for (Var* v : sorted) {
-      v->mu()->lock();
-      locked_.push_back(v);
+    for (const Entry& e : sorted) {
+      e.var->mu()->lock();
+      locked_.push_back(e.var);
     }
     return Status();
   }
 
  private:
-  std::vector<Var*> all_;
+  struct Entry {
+    Var* var;
+    std::string label;
+  };
+  std::vector<Entry> all_;
   std::vector<Var*> locked_;
 };
 
@@ -95,7 +109,8 @@ inline Status gather(OpKernelContext* ctx, const std::vector<std::string>& names
   TF_RETURN_IF_ERROR(ctx->input_list("grads", &grads));
   const int n = indices.size();
   if (static_cast<int>(names.size()) != n) {
-    return errors::InvalidArgument("SokSparseApplyAdagradTables: ", n, " tables but ", names.size(), " names");
+    return errors::InvalidArgument("SokSparseApplyAdagradTables has ", n, " tables but ", names.size(),
+                                   " names; give one name per table");
   }
   const Tensor& lr = ctx->input(2 * n);
   if (!::tensorflow::TensorShapeUtils::IsScalar(lr.shape())) {
@@ -105,31 +120,33 @@ inline Status gather(OpKernelContext* ctx, const std::vector<std::string>& names
   tables->assign(n, Table());
   for (int t = 0; t < n; ++t) {
     Table& x = (*tables)[t];
-    TF_RETURN_IF_ERROR(locks->add(ctx, t, &x.var));
-    TF_RETURN_IF_ERROR(locks->add(ctx, n + t, &x.accumulator));
+    const std::string position = ::tensorflow::strings::StrCat("[", t, "] (table ", names[t], ")");
+    TF_RETURN_IF_ERROR(locks->add(ctx, t, "tables" + position, &x.var));
+    TF_RETURN_IF_ERROR(locks->add(ctx, n + t, "accumulators" + position, &x.accumulator));
     x.indices = &indices[t];
     x.grads = &grads[t];
   }
-  TF_RETURN_IF_ERROR(locks->lock(names));
+  TF_RETURN_IF_ERROR(locks->lock());
   for (int t = 0; t < n; ++t) {
     Table& x = (*tables)[t];
     const std::string& name = names[t];
     for (Var* v : {x.var, x.accumulator}) {
       if (!v->is_initialized) {
-        return errors::FailedPrecondition("the ", v == x.var ? "table " : "accumulator of table ", name,
-                                          " is not initialized");
+        return errors::FailedPrecondition(v == x.var ? "tables[" : "accumulators[", t, "] (table ", name,
+                                          ") is not initialized; assign it a value before the step");
       }
     }
     const Tensor& w = *x.var->tensor();
     const Tensor& a = *x.accumulator->tensor();
     if (w.dtype() != ::tensorflow::DT_FLOAT || w.dims() != 2) {
-      return errors::InvalidArgument("table ", name, " must be a float32 [rows, dim] variable, got ",
+      return errors::InvalidArgument("tables[", t, "] (table ", name, ") must be a float32 [rows, dim] variable, got ",
                                      ::tensorflow::DataTypeString(w.dtype()), " ", w.shape().DebugString());
     }
     if (a.dtype() != w.dtype() || a.shape() != w.shape()) {
-      return errors::InvalidArgument("the accumulator of table ", name, " is ",
+      return errors::InvalidArgument("accumulators[", t, "] (table ", name, ") is ",
                                      ::tensorflow::DataTypeString(a.dtype()), " ", a.shape().DebugString(),
-                                     "; it must have the table's dtype and shape ", w.shape().DebugString());
+                                     "; it must have the table's dtype and shape, ",
+                                     ::tensorflow::DataTypeString(w.dtype()), " ", w.shape().DebugString());
     }
     x.rows = w.dim_size(0);
     x.dim = w.dim_size(1);
