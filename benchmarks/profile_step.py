@@ -244,7 +244,7 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
                 "h2d_copies_per_step": h2d / steps,
                 # The TensorFlow op of each copy (its "name:type"): where the host waits or moves data.
                 "d2h_by_op": [
-                    (op, count / steps, copies["d2h_bytes"][op] / steps) for op, count in copies["d2h"].most_common(top)
+                    (op, copies["d2h"][op] / steps, size / steps) for op, size in copies["d2h_bytes"].most_common(top)
                 ],
                 "h2d_by_op": [(op, count / steps) for op, count in copies["h2d"].most_common(top)],
                 "top": [(n, us / steps, counts[n] / steps) for n, us in kernels.most_common(top)],
@@ -288,7 +288,7 @@ def print_summary(title: str, summary: dict[str, Any]) -> None:
               f"copies ({s['d2h_bytes_per_step']:.0f} B), {s['h2d_copies_per_step']:.1f} host-to-device")  # fmt: skip
         for name, us, count in s["top"]:
             print(f"  {us:9.1f} us {count:6.1f}x  {name[:110]}")
-        print("  device-to-host copies by TensorFlow op:")
+        print("  device-to-host copies by TensorFlow op, by bytes:")
         for op, count, size in s["d2h_by_op"]:
             print(f"  {count:6.1f}x {size:12.0f} B  {op[:100]}")
         print("  host-to-device copies by TensorFlow op:")

@@ -764,9 +764,14 @@ class OptimizerWrapper:
         Every gradient of a dynamic variable is checked (type, width) before anything is updated;
         with ``check_finite``, every gradient is also checked for NaN and Inf first."""
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
-        dynamic_ids = [id(v) for _, v in pairs if isinstance(v, DynamicVariable)]
-        if len(set(dynamic_ids)) != len(dynamic_ids):
-            raise ValueError("a variable appears twice in one apply_gradients call; sum its gradients first")
+        # Refused before anything changes, the wrapped optimizer's step counter included.
+        seen: set[int] = set()
+        for _, v in pairs:
+            if id(v) in seen:
+                raise ValueError(
+                    f"variable {v.name} appears twice in one apply_gradients call; sum its gradients first"
+                )
+            seen.add(id(v))
         pairs = [(self._checked_gradient(g, v), v) if isinstance(v, DynamicVariable) else (g, v) for g, v in pairs]
         checks: list[Tensor] = []
         if self._check_finite:

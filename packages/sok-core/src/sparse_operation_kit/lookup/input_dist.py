@@ -77,14 +77,13 @@ def send_ids_to_owners(
     ends = tf.cumsum(tf.cast(received_splits, tf.int64))
     sources = tf.searchsorted(ends, tf.range(tf.shape(received, out_type=tf.int64)[0]), side="right", out_type=tf.int64)
     first_sample = tf.cumsum(batch_sizes, exclusive=True)
-    received_tables = tf.bitwise.right_shift(received[:, 0], _SAMPLE_BITS)
+    # int32 tables, counts and sort keys, float64 bits: TensorFlow's GPU kernels of Bincount, SplitV
+    # and TopKV2 (argsort) take no int64 values, and the placer would run them on the CPU, with
+    # copies of every id to the host and back.
+    received_tables = tf.cast(tf.bitwise.right_shift(received[:, 0], _SAMPLE_BITS), tf.int32)
     global_samples = tf.bitwise.bitwise_and(received[:, 0], (1 << _SAMPLE_BITS) - 1) + tf.gather(first_sample, sources)
     by_table = tf.argsort(received_tables, stable=True)
-    # int32 counts and float64 bits: TensorFlow's GPU kernels of Bincount and SplitV take no int64
-    # values, and the placer would run them on the CPU, with copies of every id to the host and back.
-    counts = tf.math.bincount(
-        tf.cast(received_tables, tf.int32), minlength=num_tables, maxlength=num_tables, dtype=tf.int32
-    )
+    counts = tf.math.bincount(received_tables, minlength=num_tables, maxlength=num_tables, dtype=tf.int32)
 
     def per_table(values: tf.Tensor) -> list[tf.Tensor]:
         ordered = tf.gather(values, by_table)
