@@ -40,11 +40,12 @@ CHECK_NAMES = [
     "different-calls-in-tf-function",
 ]
 
-#: Checks that fail because of library gaps: strict, so a fix turns them into failures to remove here.
+#: Checks that fail because of library gaps (not strict: whether the ranks hang depends on TensorFlow's
+#: scheduling, so a passing run does not prove the gap closed).
 KNOWN_BUGS = {
     "different-calls-in-tf-function": (
         "bounded by the stall shutdown (STALL_BOUND), not yet a clear error: "
-        "inside tf.function TensorFlow may start the exchange's allgathers before the agreement check fails (a "
+        "inside tf.function TensorFlow may start the exchange's collectives before the agreement check fails (a "
         "control dependency on a lowered cond/assert does not wait for its branch), so a rank with other "
         "collectives (sp_weights, other tables) can leave both ranks waiting; gating the allgathers' inputs on the "
         "agreement by data fixed this check but hung all2all_dense_embedding in tf.function (empty batch on one rank)"
@@ -64,7 +65,6 @@ def worker_run() -> tuple[int, str, dict]:
 
 
 def _known_bug(name: str) -> list:
-    # not strict: whether the ranks hang depends on TensorFlow's scheduling
     return [pytest.mark.xfail(reason=KNOWN_BUGS[name], strict=False)] if name in KNOWN_BUGS else []
 
 
