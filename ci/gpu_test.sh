@@ -41,9 +41,13 @@
 #             arguments: $SOK_SCALING_ARGS to both scripts (e.g. "--dims 32 --hotness 1,multi --steps 10"),
 #             $SOK_SCALING_SOK_ARGS to scaling_gpu.py only (e.g. "--kinds static,localized,dynamic --ids
 #             gpu,host"), $SOK_SCALING_TORCHREC_ARGS to scaling_torchrec.py only (e.g. "--sharding tw").
+#             With SOK_SCALING_DLRM=1 also the demo's DLRM end to end (benchmarks/dlrm_scaling.py): one
+#             process at $SOK_SCALING_DLRM_BATCH (default 65536) and, per np N, one process and N ranks
+#             at N times that; dim $SOK_SCALING_DLRM_DIM (128), $SOK_SCALING_DLRM_STEPS (100) steps.
 #
 # Logs: build.log, test.log, tf.log, multi_gpu.log, sanitizer.log, bench.log, profile.log, scaling.log (and the
-# scaling runs' scaling_*.log, scaling_*.json, scaling_summary.md) in $OUT when set, else in $SOK_GPU_WORK/logs.
+# scaling runs' scaling_*.log, scaling_*.json, scaling_summary.md, dlrm_*.{log,json}, dlrm_scaling.md) in $OUT
+# when set, else in $SOK_GPU_WORK/logs.
 # Every step runs (tests only after a good build); a summary ends the output; the exit status is
 # non-zero when any step failed. Idempotent: the site is rebuilt each run (unless --reuse-build
 # finds it current), the CMake build trees under $SOK_GPU_WORK/build are kept, so a second run
@@ -305,6 +309,35 @@ scaling() {
   fi
   if [ "${#jsons[@]}" -gt 0 ]; then
     "$PYTHON" benchmarks/scaling_gpu.py --summarize "${jsons[@]}" | tee "$LOGS/scaling_summary.md" || rc=1
+  fi
+  if [ "${SOK_SCALING_DLRM:-0}" = 1 ]; then dlrm_scaling "$gpus" $nps || rc=1; fi
+  return "$rc"
+}
+
+# The demo's DLRM trained end to end (benchmarks/dlrm_scaling.py): one process at the batch per rank,
+# and for each np N > 1 one process and N ranks at N x that batch (the same training: their AUCs agree).
+dlrm_scaling() {
+  local gpus="$1" n b runs=() per_rank="${SOK_SCALING_DLRM_BATCH:-65536}" rc=0
+  shift
+  local jobs=("1 $per_rank")
+  for n in "$@"; do
+    if [ "$n" -gt 1 ] && [ "$n" -le "$gpus" ]; then jobs+=("1 $((n * per_rank))" "$n $((n * per_rank))"); fi
+  done
+  for job in "${jobs[@]}"; do
+    read -r n b <<<"$job"
+    local out="$WORK/dlrm/np${n}_b${b}"
+    rm -rf "$out"
+    echo "== the demo's DLRM, np $n, global batch $b (log: $LOGS/dlrm_np${n}_b${b}.log)"
+    PATH="$SITE/bin:$PATH" horovodrun -np "$n" -H "localhost:$n" --gloo "$PYTHON" -m sparse_operation_kit.cli demo \
+      --part train --output "$out" --dim "${SOK_SCALING_DLRM_DIM:-128}" --batch-size "$b" \
+      --steps "${SOK_SCALING_DLRM_STEPS:-100}" --epochs 1 --eval-batches 4 >"$LOGS/dlrm_np${n}_b${b}.log" 2>&1 || rc=1
+    if [ -f "$out/demo.json" ]; then
+      cp "$out/demo.json" "$LOGS/dlrm_np${n}_b${b}.json"
+      runs+=("$out")
+    fi
+  done
+  if [ "${#runs[@]}" -gt 0 ]; then
+    "$PYTHON" benchmarks/dlrm_scaling.py "${runs[@]}" | tee "$LOGS/dlrm_scaling.md" || rc=1
   fi
   return "$rc"
 }
