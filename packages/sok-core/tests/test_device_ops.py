@@ -37,3 +37,14 @@ def test_floormod_is_tf_floormod(n: int) -> None:
     got = device_ops.floormod(ids, n)
     np.testing.assert_array_equal(got.numpy(), tf.math.floormod(ids, tf.constant(n, tf.int64)).numpy())
     assert got.numpy().min() >= 0 and got.numpy().max() < n
+
+
+@pytest.mark.parametrize("size", [0, 1, 5])
+def test_length_is_the_number_of_values_as_int64(size: int) -> None:
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+    def count(values: tf.Tensor) -> tf.Tensor:
+        return device_ops.length(values)
+
+    got = count(tf.zeros([size, 3]))
+    assert got.dtype == tf.int64 and int(got) == size
+    assert int(device_ops.length(tf.zeros([size, 3]))) == size

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from sparse_operation_kit import communication
+from sparse_operation_kit import communication, device_ops
 from sparse_operation_kit.lookup.plan import ExchangePlan, owner
 
 __all__ = ["OwnedIds", "send_ids_to_owners"]
@@ -58,6 +58,9 @@ def send_ids_to_owners(
     to the rank that holds it; returns what this rank received (see ``OwnedIds``). ``batch_sizes``:
     every rank's local batch (int64 ``[n]``, gathered with the call's checks)."""
     n, num_tables = plan.n, len(plan.tables)
+    with device_ops.on_host():  # one copy of the batch sizes to the host, for every size below
+        batch_sizes = tf.identity(batch_sizes)
+        global_batch = tf.reduce_sum(batch_sizes)
     destinations = tf.concat([owner(k, table, n) for k, table in zip(keys, plan.tables)], 0)
     tables = tf.concat(
         [tf.fill(tf.shape(k, out_type=tf.int64), tf.constant(t, tf.int64)) for t, k in enumerate(keys)], 0
@@ -75,7 +78,8 @@ def send_ids_to_owners(
 
     # By table (stable: then by source rank, then by sample), samples numbered over the global batch.
     ends = tf.cumsum(tf.cast(received_splits, tf.int64))
-    sources = tf.searchsorted(ends, tf.range(tf.shape(received, out_type=tf.int64)[0]), side="right", out_type=tf.int64)
+    positions = tf.range(device_ops.length(received), dtype=tf.int64)
+    sources = tf.searchsorted(ends, positions, side="right", out_type=tf.int64)
     first_sample = tf.cumsum(batch_sizes, exclusive=True)
     # int32 tables, counts and sort keys, float64 bits: TensorFlow's GPU kernels of Bincount, SplitV
     # and TopKV2 (argsort) take no int64 values, and the placer would run them on the CPU, with
@@ -97,5 +101,5 @@ def send_ids_to_owners(
         samples=per_table(global_samples),
         weights=None if received_weights is None else per_table(received_weights),
         batch_sizes=batch_sizes,
-        global_batch=tf.reduce_sum(batch_sizes),
+        global_batch=global_batch,
     )

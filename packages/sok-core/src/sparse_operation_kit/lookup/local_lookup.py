@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from sparse_operation_kit import pooled_lookup, tf_ops
+from sparse_operation_kit import device_ops, pooled_lookup, tf_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable, try_sparse_read
 from sparse_operation_kit.lookup.input_dist import OwnedIds
 from sparse_operation_kit.lookup.plan import ExchangePlan, TablePlan, fused_tables, on_gpu, shard
@@ -111,7 +111,9 @@ def pool_held(
     partial: dict[int, tf.Tensor] = {}
     statuses: dict[int, Status] = {}
     if fused:
-        positions = tf.range(owned.global_batch + 1, dtype=tf.int64)
+        with device_ops.on_host():
+            limit = owned.global_batch + 1
+        positions = tf.range(limit, dtype=tf.int64)
 
         def ragged(values: list[tf.Tensor], t: int) -> tf.RaggedTensor:
             splits = tf.searchsorted(owned.samples[t], positions, side="left", out_type=tf.int64)

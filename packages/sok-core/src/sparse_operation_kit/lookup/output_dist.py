@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparse_operation_kit import communication
+from sparse_operation_kit import communication, device_ops
 from sparse_operation_kit.lookup.checks import raise_unless
 from sparse_operation_kit.lookup.local_lookup import Status
 from sparse_operation_kit.lookup.plan import ExchangePlan
@@ -53,15 +53,15 @@ def return_sums(
         send = tf.reshape(send, [-1])
     else:
         send = tf.zeros([0], tf.float32)
-    splits = tf.cast((batch_sizes + extras[rank]) * widths[rank], tf.int32)
+    with device_ops.on_host():
+        splits = tf.cast((batch_sizes + extras[rank]) * widths[rank], tf.int32)
     send = tf.concat([send] + [tf.reshape(rows, [-1]) for rows in empty], 0)
     received, _ = comm.alltoall(send, splits, name="sok.lookup_sparse: all-to-all of the pooled rows")
 
-    sizes = tf.stack([(local_batch + extras[o]) * widths[o] for o in range(n)])
-    blocks = [
-        tf.reshape(part, tf.stack([local_batch + extras[o], widths[o]]))
-        for o, part in enumerate(tf.split(received, sizes, num=n))
-    ]
+    with device_ops.on_host():
+        sizes = tf.stack([(local_batch + extras[o]) * widths[o] for o in range(n)])
+        shapes = [tf.stack([local_batch + extras[o], widths[o]]) for o in range(n)]
+    blocks = [tf.reshape(part, shape) for part, shape in zip(tf.split(received, sizes, num=n), shapes)]
     columns = [plan.columns(o) for o in range(n)]
     checks = _assert_lookups_worked(plan, blocks, columns, statuses, local_batch)
     # One split per block, not a slice per table: the gradient of a split is one concat, that of a

@@ -189,7 +189,7 @@ def _lookup_with_tf_ops(
         lengths = [tf.cast(tf.identity(ids.row_lengths()), tf.int64) for ids in ragged]
         if weights is not None:
             weights = [tf.RaggedTensor.from_row_lengths(tf.identity(w.values), w.row_lengths()) for w in weights]
-    local_batch = tf.shape(lengths[0], out_type=tf.int64)[0]
+    local_batch = device_ops.length(lengths[0])
     samples = [device_ops.sample_ids(ids.row_splits, ids.values) for ids in ragged]
     values = None if weights is None else [w.values for w in weights]
     if n == 1:
