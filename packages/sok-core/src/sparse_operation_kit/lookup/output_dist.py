@@ -24,7 +24,28 @@ from sparse_operation_kit.lookup.checks import raise_unless
 from sparse_operation_kit.lookup.local_lookup import Status
 from sparse_operation_kit.lookup.plan import ExchangePlan
 
-__all__ = ["return_sums"]
+__all__ = ["int32_counts", "return_sums"]
+
+#: The largest count Horovod's all-to-all takes: its counts and offsets are int32.
+INT32_MAX = 2**31 - 1
+
+
+def int32_counts(counts: tf.Tensor, what: str) -> tf.Tensor:
+    """``counts`` (int64 values per rank, on the host) as int32, once their sum is known to fit:
+    a larger count would wrap around in Horovod's all-to-all, not fail. ``what`` names the data in
+    the error."""
+    total = tf.reduce_sum(counts)
+    message = tf.strings.join(
+        [
+            f"sok.lookup_sparse: {what} are ",
+            tf.strings.as_string(total),
+            f" floats in one all-to-all; Horovod's all-to-all takes at most {INT32_MAX} per rank and call "
+            f"(its counts are int32). Use a smaller batch per rank, or split the tables over several calls",
+        ]
+    )
+    check = raise_unless(total <= INT32_MAX, message)
+    with tf.control_dependencies([] if check is None else [check]):
+        return tf.cast(counts, tf.int32)
 
 
 def return_sums(
@@ -54,12 +75,14 @@ def return_sums(
     else:
         send = tf.zeros([0], tf.float32)
     with device_ops.on_host():
-        splits = tf.cast((batch_sizes + extras[rank]) * widths[rank], tf.int32)
+        splits = int32_counts((batch_sizes + extras[rank]) * widths[rank], "the pooled rows this rank sends")
     send = tf.concat([send] + [tf.reshape(rows, [-1]) for rows in empty], 0)
     received, _ = comm.alltoall(send, splits, name="sok.lookup_sparse: all-to-all of the pooled rows")
 
     with device_ops.on_host():
-        sizes = tf.stack([(local_batch + extras[o]) * widths[o] for o in range(n)])
+        sizes = int32_counts(
+            tf.stack([(local_batch + extras[o]) * widths[o] for o in range(n)]), "the pooled rows this rank receives"
+        )
         shapes = [tf.stack([local_batch + extras[o], widths[o]]) for o in range(n)]
     blocks = [tf.reshape(part, shape) for part, shape in zip(tf.split(received, sizes, num=n), shapes)]
     columns = [plan.columns(o) for o in range(n)]
