@@ -4,6 +4,7 @@ Example::
 
     $ sok info
     $ sok demo                                 # train, dump, serve (build/demo), storage tour
+    $ sok demo --model dcnv2 --steps 50 --batch-size 512   # MLPerf's DLRM-DCNv2 (multi-hot), training
     $ horovodrun -np 2 -H localhost:2 --gloo sok demo --part train && sok demo --part serve
     $ sok ckpt inspect ckpt          # read-only; imports no TensorFlow
     $ sok ckpt convert ckpt hps_out  # HPS's sparse-model layout (needs sok-hps)
@@ -12,10 +13,15 @@ Example::
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import subprocess
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sparse_operation_kit.demo.train import DemoConfig
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -25,36 +31,79 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``sok demo`` options whose value is taken from ``--mlperf``'s sizes when not given.
+_SIZE_OPTIONS = ("batch_size", "dim", "max_rows", "bottom", "top", "hotness", "cross_layers", "low_rank")
+#: ``sok demo`` options of the DCNv2 only.
+_DCNV2_OPTIONS = ("hotness", "cross_layers", "low_rank", "mlperf")
+
+
+def _demo_part(args: argparse.Namespace) -> str:
+    """The part of the demo to run; ValueError for a part or an option the model does not have."""
+    from sparse_operation_kit.demo.train import CONFIG_FILE
+
+    part = args.part or ("train" if args.model == "dcnv2" else "all")
+    if args.model == "dlrm":
+        given = [f"--{name.replace('_', '-')}" for name in _DCNV2_OPTIONS if getattr(args, name) not in (None, False)]
+        if given:
+            raise ValueError(f"{', '.join(given)} are options of --model dcnv2, not valid with --model dlrm")
+    elif part in ("serve", "all"):
+        raise ValueError(
+            f"--part {part} is not valid with --model dcnv2: the demo serves through HPS the DLRM's checkpoints "
+            f"only; use --part train (the default with --model dcnv2) or --part storage, or --model dlrm to train "
+            f"and serve"
+        )
+    record = os.path.join(args.output, CONFIG_FILE)
+    if part == "serve" and os.path.isfile(record):
+        with open(record, encoding="utf-8") as f:
+            model = json.load(f).get("config", {}).get("model", "dlrm")
+        if model != "dlrm":
+            raise ValueError(
+                f"--output {args.output} holds a --model {model} run, which the demo does not serve through HPS "
+                f"(it serves the DLRM's checkpoints only); give the --output of a --model dlrm run"
+            )
+    return part
+
+
+def _demo_config(args: argparse.Namespace) -> DemoConfig:
+    """The ``DemoConfig`` of ``sok demo``'s options: given sizes, else ``--mlperf``'s, else the defaults."""
+    from sparse_operation_kit.demo.train import MLPERF_DCNV2, DemoConfig
+
+    sizes = dict(MLPERF_DCNV2) if args.mlperf else {}
+    sizes.update({name: getattr(args, name) for name in _SIZE_OPTIONS if getattr(args, name) is not None})
+    return DemoConfig(
+        model=args.model,
+        steps=args.steps,
+        epochs=args.epochs,
+        eval_batches=args.eval_batches,
+        tables=args.tables,
+        var_types=args.var_types,
+        seed=args.seed,
+        train_tsv=args.train_tsv,
+        eval_tsv=args.eval_tsv,
+        **sizes,
+    )
+
+
 def _demo(args: argparse.Namespace) -> int:
     status = 0
-    if args.part in ("storage", "all"):
+    part = _demo_part(args)
+    if part in ("storage", "all"):
         from sparse_operation_kit.demo.storage import check_arguments
 
         check_arguments(args.keys, args.storage_dim, args.batch)
-    if args.part in ("train", "all"):
-        from sparse_operation_kit.demo.train import DemoConfig, train
+    if part in ("train", "all"):
+        from sparse_operation_kit.demo.train import train
 
-        config = DemoConfig(
-            steps=args.steps,
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            eval_batches=args.eval_batches,
-            dim=args.dim,
-            max_rows=args.max_rows,
-            tables=args.tables,
-            var_types=args.var_types,
-            seed=args.seed,
-            train_tsv=args.train_tsv,
-            eval_tsv=args.eval_tsv,
-        )
+        config = _demo_config(args)
+        config.check(1)  # before TensorFlow starts (train checks again with the number of ranks)
         train(config, args.output)
-    if args.part in ("serve", "all"):
+    if part in ("serve", "all"):
         from sparse_operation_kit.demo.serve import hps_serving_available
 
         reason = hps_serving_available()
         if reason is not None:
             print(f"\n== serving through HPS skipped: {reason}")
-        elif args.part == "serve":
+        elif part == "serve":
             from sparse_operation_kit.demo.serve import serve
 
             serve(args.output)
@@ -70,7 +119,7 @@ def _demo(args: argparse.Namespace) -> int:
                 args.output,
             ]
             status = subprocess.run(command).returncode
-    if args.part in ("storage", "all"):
+    if part in ("storage", "all"):
         from sparse_operation_kit.demo.storage import run_storage_demo
 
         run_storage_demo(num_keys=args.keys, dim=args.storage_dim, batch=args.batch, var_types=args.var_types)
@@ -129,7 +178,8 @@ def _ckpt_convert(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sparse_operation_kit.demo.train import DemoConfig  # NumPy only; TensorFlow is imported when training
+    from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL  # NumPy only, as train: TensorFlow comes later
+    from sparse_operation_kit.demo.train import MLPERF_DCNV2, MODELS, DemoConfig
 
     defaults = DemoConfig()
     parser = argparse.ArgumentParser(prog="sok", description="SparseOperationKit command line")
@@ -144,22 +194,56 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="train a DLRM on Criteo-shaped data, dump it, serve it through HPS; tour the storages"
     )
     demo.add_argument(
+        "--model",
+        choices=MODELS,
+        default=defaults.model,
+        help="dlrm: the DLRM, one id per feature (default); dcnv2: MLPerf's DLRM-DCNv2 on multi-hot data "
+        "(training only)",
+    )
+    demo.add_argument(
         "--part",
         choices=("storage", "train", "serve", "all"),
-        default="all",
-        help="storage tour, training (+ dump and plot), HPS serving of a trained --output, or all (default)",
+        default=None,
+        help="storage tour, training (+ dump and plot), HPS serving of a trained --output, or all (default; "
+        "train with --model dcnv2)",
     )
     demo.add_argument("--output", default="build/demo", help="where training writes (default build/demo)")
     for option, what in (
         ("steps", "training steps"),
         ("epochs", "evaluations during training"),
-        ("batch_size", "global batch"),
         ("eval_batches", "global batches of the eval set"),
-        ("dim", "embedding width"),
-        ("max_rows", "rows of the largest table"),
     ):
         value = getattr(defaults, option)
         demo.add_argument(f"--{option.replace('_', '-')}", type=int, default=value, help=f"{what} (default {value})")
+
+    def shown(value: object) -> str:
+        return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+    for option, what, many in (
+        ("batch_size", "global batch", False),
+        ("dim", "embedding width", False),
+        ("max_rows", "rows of the largest table (dcnv2: the cap on every table's rows)", False),
+        ("bottom", "hidden widths of the bottom MLP", True),
+        ("top", "hidden widths of the top MLP", True),
+        ("hotness", f"dcnv2: ids per sample of each of the {NUM_CATEGORICAL} features", True),
+        ("cross_layers", "dcnv2: cross layers", False),
+        ("low_rank", "dcnv2: rank of the cross layers", False),
+    ):
+        value = "MLPerf's" if option == "hotness" else shown(getattr(defaults, option))
+        mlperf = f"; --mlperf: {shown(MLPERF_DCNV2[option])}" if option in MLPERF_DCNV2 and option != "hotness" else ""
+        demo.add_argument(
+            f"--{option.replace('_', '-')}",
+            type=int,
+            nargs="+" if many else None,
+            default=None,  # the default, or --mlperf's size (_demo_config)
+            help=f"{what} (default {value}{mlperf})",
+        )
+    demo.add_argument(
+        "--mlperf",
+        action="store_true",
+        help="dcnv2: MLPerf's sizes (dim 128, MLPs 512-256-128 and 1024-1024-512-256-1, 3 cross layers of rank "
+        "512, tables capped at 4 Mi rows) for the size options not given",
+    )
     demo.add_argument(
         "--tables",
         choices=("static", "dynamic", "mixed"),

@@ -1,5 +1,6 @@
-"""Criteo-shaped click data: a seeded generator with a hidden click model, and a reader of the real
-Criteo TSV day files. Both stream through ``tf.data`` as the same elements.
+"""Criteo-shaped click data: a seeded generator with a hidden click model (one id per feature, or
+MLPerf's multi-hot bags), and a reader of the real Criteo TSV day files. They stream through
+``tf.data`` as the same elements.
 
 A sample has 13 dense features (non-negative counts, as Criteo's integer columns), 26 categorical
 features (one id each, feature ``i`` in ``[0, rows[i])``; the table sizes follow Criteo's relative
@@ -18,12 +19,23 @@ A batch ``(dense, categorical, label)`` as the datasets yield it::
     categorical  int64   [B, 26]  column i in [0, rows[i])
     label        float32 [B, 1]   0 or 1
 
+:class:`MultiHotGenerator` makes the data of MLPerf's DLRM-DCNv2: feature ``i`` has a bag of
+``hotness[i]`` ids per sample (:data:`MLPERF_HOTNESS`, 214 ids in all; ids may repeat within a
+bag), tables of :data:`MLPERF_ROWS` rows capped at ``max_rows`` (:func:`capped_cardinalities`).
+Its ``categorical`` is the bags side by side, feature ``i`` in columns ``offsets[i]:offsets[i + 1]``::
+
+    categorical  int64   [B, sum(hotness)]  columns of feature i in [0, rows[i])
+
+and its hidden model takes, for feature ``i``, the sum of its bag's effects over
+``sqrt(hotness[i])`` (what a sum-pooled embedding can learn).
+
 Example::
 
     gen = CriteoGenerator(seed=0, max_rows=1 << 16)
     counts, ids, labels = gen.batch(0, 4096)            # NumPy, deterministic by (seed, stream, index)
     ds = gen.dataset(steps=100, batch_size=4096)        # tf.data, the same batches, preprocessed
     ds = read_criteo_tsv(["day_0"], 4096, gen.rows)     # the real files, the same element layout
+    multi = MultiHotGenerator(seed=0, max_rows=1 << 16)  # MLPerf's hotness: ids int64 [B, 214]
 """
 
 from __future__ import annotations
@@ -38,8 +50,13 @@ __all__ = [
     "NUM_DENSE",
     "NUM_CATEGORICAL",
     "MIN_ROWS",
+    "MLPERF_HOTNESS",
+    "MLPERF_ROWS",
     "scaled_cardinalities",
+    "capped_cardinalities",
+    "check_hotness",
     "CriteoGenerator",
+    "MultiHotGenerator",
     "preprocess_dense",
     "read_criteo_tsv",
 ]
@@ -52,6 +69,15 @@ CRITEO_CARDINALITIES = (
     39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10,
     2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36,
 )  # fmt: skip
+#: Rows of each feature's table in MLPerf Training's DLRM-DCNv2 (Criteo 1TB, categories hashed into
+#: at most 40 M rows: the reference's ``--num_embeddings_per_feature``).
+MLPERF_ROWS = (
+    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
+    2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+)  # fmt: skip
+#: Ids per sample of each feature in MLPerf's multi-hot Criteo (the reference's
+#: ``--multi_hot_sizes``): 214 in all.
+MLPERF_HOTNESS = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 #: The fewest rows a scaled table gets (a feature with fewer values keeps its own count).
 MIN_ROWS = 8
 #: Exponent of the power law of the ids (P(rank k) ~ k^-a).
@@ -73,6 +99,36 @@ def scaled_cardinalities(max_rows: int) -> tuple[int, ...]:
         raise ValueError(f"max_rows {max_rows!r} is not valid; valid: an integer >= {MIN_ROWS}")
     largest = max(CRITEO_CARDINALITIES)
     return tuple(min(c, max(MIN_ROWS, round(c * int(max_rows) / largest))) for c in CRITEO_CARDINALITIES)
+
+
+def capped_cardinalities(max_rows: int) -> tuple[int, ...]:
+    """MLPerf's DLRM-DCNv2 table sizes (:data:`MLPERF_ROWS`) capped at ``max_rows``:
+    ``min(rows, max_rows)`` per feature (ids of a capped feature are hashed into ``max_rows`` rows).
+
+    Example::
+
+        capped_cardinalities(1 << 22)[:3]   # (4194304, 39060, 17295)
+    """
+    if isinstance(max_rows, bool) or not isinstance(max_rows, (int, np.integer)) or max_rows < 1:
+        raise ValueError(f"max_rows {max_rows!r} is not valid; valid: an integer >= 1")
+    return tuple(min(r, int(max_rows)) for r in MLPERF_ROWS)
+
+
+def check_hotness(hotness: Sequence[int]) -> tuple[int, ...]:
+    """``hotness`` as a tuple after checking it: one integer >= 1 per categorical feature (26).
+
+    Raises:
+        ValueError: a length other than 26 or an entry that is not an integer >= 1.
+    """
+    values = list(hotness)
+    if len(values) != NUM_CATEGORICAL or any(
+        isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1 for h in values
+    ):
+        raise ValueError(
+            f"hotness {values!r} is not valid ({len(values)} entries); valid: {NUM_CATEGORICAL} integers >= 1, "
+            f"the ids per sample of each categorical feature (MLPerf's: {' '.join(map(str, MLPERF_HOTNESS))})"
+        )
+    return tuple(int(h) for h in values)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -107,6 +163,7 @@ class CriteoGenerator:
 
     Attributes:
         rows: rows of each of the 26 tables.
+        ids_per_sample: columns of a batch's ids (26: one per feature).
 
     Example::
 
@@ -121,7 +178,7 @@ class CriteoGenerator:
         if not zipf_exponent > 1.0:
             raise ValueError(f"zipf_exponent {zipf_exponent!r} is not valid; valid: a number > 1")
         self.seed = int(seed)
-        self.rows = scaled_cardinalities(max_rows)
+        self.rows = self._table_rows(max_rows)
         self.zipf_exponent = float(zipf_exponent)
         rng = np.random.default_rng([self.seed, 0])
         # The hidden model: which features matter and how much.
@@ -136,19 +193,37 @@ class CriteoGenerator:
         self._pairs = [tuple(int(f) for f in rng.choice(NUM_CATEGORICAL, size=2, replace=False)) for _ in range(2)]
         self._bias = -2.3  # about 25% clicks, as Criteo
 
+    def _table_rows(self, max_rows: int) -> tuple[int, ...]:
+        """The 26 table sizes for ``max_rows``: Criteo's cardinalities scaled."""
+        return scaled_cardinalities(max_rows)
+
+    @property
+    def ids_per_sample(self) -> int:
+        """Columns of a batch's ids."""
+        return NUM_CATEGORICAL
+
+    def _column_features(self) -> np.ndarray:
+        """The feature of each column of a batch's ids (int64 [ids_per_sample])."""
+        return np.arange(NUM_CATEGORICAL, dtype=np.int64)
+
     # -- the hidden model -------------------------------------------------------------------
     def _effects(self, ids: np.ndarray) -> np.ndarray:
-        """[B, 26] standard-normal effect of each (feature, id), a function of the seed only."""
-        feature = np.arange(NUM_CATEGORICAL, dtype=np.uint64)[None, :]
+        """Standard-normal effect of each (feature, id) of ids [B, ids_per_sample], the same shape, a
+        function of the seed only."""
+        feature = self._column_features().astype(np.uint64)[None, :]
         with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
             base = _mix(np.uint64(self.seed) * _GOLDEN + feature * np.uint64(0x632BE59BD9B4E019))
             bits = _mix(base ^ (ids.astype(np.uint64) * _GOLDEN))
             u1, u2 = _uniform(bits), _uniform(_mix(bits + _GOLDEN))
         return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
 
+    def _feature_effects(self, ids: np.ndarray) -> np.ndarray:
+        """[B, 26] effect of each feature of a sample: the effect of its one id."""
+        return self._effects(ids)
+
     def click_logit(self, counts: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """The hidden model's logit [B] for counts [B, 13] and ids [B, 26]."""
-        effects = self._effects(ids)
+        """The hidden model's logit [B] for counts [B, 13] and ids [B, ids_per_sample]."""
+        effects = self._feature_effects(ids)
         dense = preprocess_dense(counts).astype(np.float64)
         logit = self._bias + (dense - 2.0) @ self._dense_weight + effects @ self._effect_scale
         for a, b in self._pairs:
@@ -162,7 +237,8 @@ class CriteoGenerator:
     # -- samples ---------------------------------------------------------------------------
     def batch(self, index: int, batch_size: int, stream: str = "train") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Batch ``index`` of ``stream`` (``"train"`` or ``"eval"``): ``(counts int64 [B, 13], ids int64
-        [B, 26], labels float32 [B])``, the same for the same (seed, stream, index, batch_size)."""
+        [B, ids_per_sample], labels float32 [B])``, the same for the same (seed, stream, index,
+        batch_size)."""
         if stream not in STREAMS:
             raise ValueError(f"stream {stream!r} is not valid; valid: {', '.join(map(repr, STREAMS))}")
         if batch_size < 1 or index < 0:
@@ -171,18 +247,19 @@ class CriteoGenerator:
         normal = rng.standard_normal((batch_size, NUM_DENSE))
         counts = np.floor(np.expm1(np.maximum(self._dense_mu + self._dense_sigma * normal, 0.0)))
         counts[rng.random((batch_size, NUM_DENSE)) < self._dense_missing] = 0  # Criteo's empty fields
-        ids = self._power_law(rng.random((batch_size, NUM_CATEGORICAL)))
+        ids = self._power_law(rng.random((batch_size, self.ids_per_sample)))
         counts = counts.astype(np.int64)
         labels = (rng.random(batch_size) < self.click_probability(counts, ids)).astype(np.float32)
         return counts, ids, labels
 
     def _power_law(self, u: np.ndarray) -> np.ndarray:
-        """Ids from uniforms [B, 26]: the inverse CDF of a power law with exponent a on [1, rows + 1),
-        minus 1 (id 0 is the most frequent)."""
-        rows = np.asarray(self.rows, dtype=np.float64)[None, :]
+        """Ids from uniforms [B, ids_per_sample]: the inverse CDF of a power law with exponent a on
+        [1, rows + 1) of the column's feature, minus 1 (id 0 is the most frequent)."""
+        column_rows = np.asarray(self.rows, dtype=np.int64)[self._column_features()]
+        rows = column_rows.astype(np.float64)[None, :]
         a = 1.0 - self.zipf_exponent
         x = ((np.power(rows + 1.0, a) - 1.0) * u + 1.0) ** (1.0 / a)
-        return np.minimum(np.floor(x).astype(np.int64) - 1, np.asarray(self.rows, np.int64) - 1)
+        return np.minimum(np.floor(x).astype(np.int64) - 1, column_rows - 1)
 
     def dataset(self, steps: int, batch_size: int, stream: str = "train", rank: int = 0, num_ranks: int = 1) -> Any:
         """``steps`` batches of ``stream`` as a ``tf.data.Dataset`` of ``(dense, categorical, label)``
@@ -206,11 +283,65 @@ class CriteoGenerator:
         def to_tensors(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
             dense, ids, labels = tf.numpy_function(make, [index], (tf.float32, tf.int64, tf.float32), stateful=False)
             dense.set_shape([local, NUM_DENSE])
-            ids.set_shape([local, NUM_CATEGORICAL])
+            ids.set_shape([local, self.ids_per_sample])
             labels.set_shape([local, 1])
             return dense, ids, labels
 
         return tf.data.Dataset.range(steps).map(to_tensors, num_parallel_calls=2, deterministic=True).prefetch(2)
+
+
+class MultiHotGenerator(CriteoGenerator):
+    """MLPerf DLRM-DCNv2's multi-hot samples: feature ``i`` a bag of ``hotness[i]`` power-law ids
+    per sample, tables of :data:`MLPERF_ROWS` rows capped at ``max_rows``; a hidden click model as
+    :class:`CriteoGenerator`'s, with a feature's effect the sum of its bag's effects over
+    ``sqrt(hotness[i])``. Deterministic by seed.
+
+    Args:
+        seed: fixes the hidden model and every batch.
+        max_rows: the cap on the tables' rows (:func:`capped_cardinalities`).
+        hotness: ids per sample of each of the 26 features (:data:`MLPERF_HOTNESS` by default).
+        zipf_exponent: the power law of the ids.
+
+    Attributes:
+        rows: rows of each of the 26 tables.
+        hotness: ids per sample of each feature.
+        offsets: feature ``i``'s ids are the columns ``offsets[i]:offsets[i + 1]`` of a batch's ids.
+        ids_per_sample: ``sum(hotness)``.
+
+    Example::
+
+        gen = MultiHotGenerator(seed=0, max_rows=1 << 16)
+        counts, ids, labels = gen.batch(0, 1024)          # ids int64 [1024, 214]
+        bag = ids[:, gen.offsets[20] : gen.offsets[21]]   # feature 21's 100 ids per sample
+    """
+
+    def __init__(
+        self,
+        seed: int = 0,
+        max_rows: int = 1 << 16,
+        hotness: Sequence[int] = MLPERF_HOTNESS,
+        zipf_exponent: float = ZIPF_EXPONENT,
+    ) -> None:
+        self.hotness = check_hotness(hotness)
+        self.offsets = tuple(int(o) for o in np.concatenate([[0], np.cumsum(self.hotness)]))
+        super().__init__(seed, max_rows, zipf_exponent)
+
+    def _table_rows(self, max_rows: int) -> tuple[int, ...]:
+        """MLPerf's table sizes capped at ``max_rows``."""
+        return capped_cardinalities(max_rows)
+
+    @property
+    def ids_per_sample(self) -> int:
+        """Columns of a batch's ids: ``sum(hotness)``."""
+        return self.offsets[-1]
+
+    def _column_features(self) -> np.ndarray:
+        return np.repeat(np.arange(NUM_CATEGORICAL, dtype=np.int64), self.hotness)
+
+    def _feature_effects(self, ids: np.ndarray) -> np.ndarray:
+        """[B, 26] effect of each feature: the sum of its bag's effects over ``sqrt(hotness)``."""
+        summed = np.add.reduceat(self._effects(ids), np.asarray(self.offsets[:-1]), axis=1)
+        return summed / np.sqrt(np.asarray(self.hotness, dtype=np.float64))[None, :]
 
 
 # -- the real data ----------------------------------------------------------------------------

@@ -4,12 +4,13 @@ and a top MLP.
 
 The model is two parts so that serving can swap the embeddings and keep the rest:
 
-* :class:`SokEmbeddings`: the 26 tables and their lookup. ``tables="static"``: every feature a
-  ``sok.Variable`` (row ``i`` on rank ``i % n``); ``"dynamic"``: every feature a
-  ``sok.DynamicVariable``; ``"mixed"`` (default): features of at least ``dynamic_rows`` rows
-  dynamic, the others static. Dynamic tables take the ``var_types`` in turn (``("hbm", "hybrid")``:
-  det and hkv tables in one model), and their keys are the ids spread over the int64 range
-  (:func:`dynamic_keys`), as hashed ids are.
+* :class:`SokEmbeddings`: the 26 tables and their lookup (one id per feature, or bags of ids per
+  feature through :meth:`SokEmbeddings.lookup`, as the DCNv2 of :mod:`~.dcnv2` uses them).
+  ``tables="static"``: every feature a ``sok.Variable`` (row ``i`` on rank ``i % n``);
+  ``"dynamic"``: every feature a ``sok.DynamicVariable``; ``"mixed"`` (default): features of at
+  least ``dynamic_rows`` rows dynamic, the others static. Dynamic tables take the ``var_types`` in
+  turn (``("hbm", "hybrid")``: det and hkv tables in one model), and their keys are the ids spread
+  over the int64 range (:func:`dynamic_keys`), as hashed ids are.
 * :class:`DenseTower`: a Keras model of the bottom MLP, the dot interaction and the top MLP,
   ``(dense [B, 13], embeddings 26 x [B, dim]) -> logits [B, 1]``.
 
@@ -103,8 +104,8 @@ def table_plan(
 
 
 class SokEmbeddings:
-    """The 26 embedding tables of the DLRM and their one ``sok.lookup_sparse`` (see the module
-    docstring for ``tables``).
+    """The 26 embedding tables of the DLRM (and of the DCNv2, :mod:`~.dcnv2`) and their one
+    ``sok.lookup_sparse`` (see the module docstring for ``tables``).
 
     Args:
         rows: rows of each feature's table (ids of feature ``i`` are in ``[0, rows[i])``).
@@ -164,11 +165,32 @@ class SokEmbeddings:
 
     def __call__(self, ids: tf.Tensor) -> list[tf.Tensor]:
         """26 embeddings ``[B, dim]`` of ids ``int64 [B, 26]`` (one id per feature and sample)."""
-        ragged = []
-        for i, dynamic in enumerate(self.dynamic):
-            column = ids[:, i : i + 1]
-            ragged.append(tf.RaggedTensor.from_tensor(dynamic_keys(column) if dynamic else column))
-        return lookup_sparse(self.tables, ragged, combiners=["sum"] * NUM_CATEGORICAL)
+        return self.lookup([tf.RaggedTensor.from_tensor(ids[:, i : i + 1]) for i in range(NUM_CATEGORICAL)])
+
+    def lookup(self, sp_ids: Sequence[Any]) -> list[tf.Tensor]:
+        """26 embeddings ``[B, dim]``: per feature, the sum of the rows of its ids.
+
+        Args:
+            sp_ids: one ``tf.RaggedTensor`` or ``tf.SparseTensor`` of int64 ids ``[B, None]`` per
+                feature (ids of feature ``i`` in ``[0, rows[i])``; a dynamic table is fed
+                :func:`dynamic_keys` of them). All 26 go through one ``sok.lookup_sparse``.
+
+        Example::
+
+            bags = [tf.ragged.constant([[0, 3], [5]], tf.int64)] * 26
+            pooled = embeddings.lookup(bags)    # 26 x [2, dim]: rows 0 + 3, row 5
+        """
+        if len(sp_ids) != NUM_CATEGORICAL:
+            raise ValueError(f"sp_ids must hold one id tensor per feature ({NUM_CATEGORICAL}), got {len(sp_ids)}")
+        keyed = []
+        for ids, dynamic in zip(sp_ids, self.dynamic):
+            if not dynamic:
+                keyed.append(ids)
+            elif isinstance(ids, tf.SparseTensor):
+                keyed.append(tf.SparseTensor(ids.indices, dynamic_keys(ids.values), ids.dense_shape))
+            else:
+                keyed.append(ids.with_flat_values(dynamic_keys(ids.flat_values)))
+        return lookup_sparse(self.tables, keyed, combiners=["sum"] * NUM_CATEGORICAL)
 
 
 class DenseTower(tf.keras.Model):

@@ -1,5 +1,7 @@
-"""Training of the demo's DLRM: epochs of Criteo-shaped batches, evaluation AUC after each, then
-``sok.dump`` of the tables and a PNG of loss and AUC next to the checkpoint.
+"""Training of the demo's model (``model="dlrm"``: the DLRM of :mod:`~.dlrm` on one-hot data;
+``"dcnv2"``: MLPerf's DLRM-DCNv2 of :mod:`~.dcnv2` on multi-hot data): epochs of Criteo-shaped
+batches, evaluation AUC after each, then ``sok.dump`` of the tables and a PNG of loss and AUC next
+to the checkpoint.
 
 On one process, or under ``horovodrun -np N``: then the ranks train one model together, data
 parallel for the dense layers (``sok.broadcast_dense_variables`` at the start,
@@ -11,7 +13,7 @@ the same global batches.
 What :func:`train` writes into ``output``::
 
     checkpoint/         sok.dump of the 26 tables (and the sparse optimizer's state)
-    dense.npz           the DenseTower's weights (arrays w0, w1, ... in tower.weights order)
+    dense.npz           the tower's weights (arrays w0, w1, ... in tower.weights order)
     eval_predictions.npy  P(click) of the final evaluation, in eval-set order
     demo.json           the configuration, the table names and kinds, and the results
     training.png        loss over steps and evaluation AUC over epochs
@@ -20,6 +22,7 @@ Example::
 
     results = train(DemoConfig(steps=300), "build/demo")
     results["eval_auc"][-1]
+    train(DemoConfig(model="dcnv2", steps=50, batch_size=512), "build/dcnv2")   # multi-hot, 214 ids a sample
 """
 
 from __future__ import annotations
@@ -33,7 +36,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DemoConfig", "train", "CONFIG_FILE", "CHECKPOINT_DIR", "DENSE_FILE", "PREDICTIONS_FILE", "PLOT_FILE"]
+from sparse_operation_kit.demo.criteo import MLPERF_HOTNESS, check_hotness
+
+__all__ = [
+    "MODELS",
+    "MLPERF_DCNV2",
+    "DemoConfig",
+    "train",
+    "CONFIG_FILE",
+    "CHECKPOINT_DIR",
+    "DENSE_FILE",
+    "PREDICTIONS_FILE",
+    "PLOT_FILE",
+]
 
 CONFIG_FILE = "demo.json"
 CHECKPOINT_DIR = "checkpoint"
@@ -42,11 +57,29 @@ PREDICTIONS_FILE = "eval_predictions.npy"
 PLOT_FILE = "training.png"
 #: Thresholds of the Keras AUC metric (of training and of serving alike).
 AUC_THRESHOLDS = 2000
+#: Values of ``DemoConfig.model``: the DLRM (one-hot data) and MLPerf's DLRM-DCNv2 (multi-hot data).
+MODELS = ("dlrm", "dcnv2")
+#: MLPerf Training's DLRM-DCNv2 sizes (``sok demo --model dcnv2 --mlperf``): dim 128, bottom MLP
+#: 512-256-128, top MLP 1024-1024-512-256-1, 3 cross layers of rank 512, MLPerf's hotness, and the
+#: tables capped at 4 Mi rows: uncapped, MLPerf's 204 M rows take 209 GB at dim 128 with Adagrad's
+#: accumulator (rows x 128 x 4 bytes x 2); capped at 4 Mi, 25.2 M rows take 25.8 GB, which leaves room
+#: on one 80 GB GPU for the hkv tables' headroom (twice their rows), the lookups of a large batch and
+#: the dense part (capped at 8 Mi, 46.1 M rows would take 47.2 GB before any of those).
+MLPERF_DCNV2: dict[str, Any] = {
+    "dim": 128,
+    "bottom": [512, 256],
+    "top": [1024, 1024, 512, 256],
+    "cross_layers": 3,
+    "low_rank": 512,
+    "hotness": list(MLPERF_HOTNESS),
+    "max_rows": 1 << 22,
+}
 
 
 @dataclass
 class DemoConfig:
-    """What the demo trains. The defaults finish ``make demo`` in a few minutes on 2 CPU cores.
+    """What the demo trains. The defaults finish ``make demo`` in a few minutes on 2 CPU cores; they
+    are small for either model (:data:`MLPERF_DCNV2` holds MLPerf's sizes of the DCNv2).
 
     Args:
         steps: training steps (global batches) in all.
@@ -54,16 +87,22 @@ class DemoConfig:
         batch_size: the global batch (split over the ranks).
         eval_batches: global batches of the evaluation set.
         dim: embedding width.
-        max_rows: rows of the largest table (Criteo's cardinalities scaled to it).
+        max_rows: ``"dlrm"``: rows of the largest table (Criteo's cardinalities scaled to it);
+            ``"dcnv2"``: the cap on each table's rows (MLPerf's table sizes capped at it).
         tables: ``"static"``, ``"dynamic"`` or ``"mixed"`` (:class:`~.dlrm.SokEmbeddings`).
         var_types: the var_types of the dynamic tables, in turn.
         dynamic_rows: with ``"mixed"``, features of at least this many rows are dynamic.
         bottom / top: hidden widths of the MLPs.
+        hotness: ``"dcnv2"``: ids per sample of each of the 26 features (MLPerf's by default).
+        cross_layers / low_rank: ``"dcnv2"``: layers and rank of the cross network.
         sparse_lr / dense_lr: learning rates of Adagrad (tables) and Adam (dense layers).
         seed: data, hidden model and initial weights.
         train_tsv / eval_tsv: Criteo TSV day files (:func:`~.criteo.read_criteo_tsv`) to train and
             evaluate on instead of generated data (both or neither; the training files are read
             again from the start when ``steps`` needs more lines). Real data has no known ceiling.
+            ``"dlrm"`` only: the day files are one-hot.
+        model: ``"dlrm"`` (:mod:`~.dlrm`, one id per feature) or ``"dcnv2"`` (:mod:`~.dcnv2`,
+            MLPerf's DLRM-DCNv2 on multi-hot data, :class:`~.criteo.MultiHotGenerator`).
     """
 
     steps: int = 1200
@@ -77,11 +116,15 @@ class DemoConfig:
     dynamic_rows: int = 4096
     bottom: list[int] = field(default_factory=lambda: [64, 32])
     top: list[int] = field(default_factory=lambda: [128, 64])
+    hotness: list[int] = field(default_factory=lambda: list(MLPERF_HOTNESS))
+    cross_layers: int = 3
+    low_rank: int = 64
     sparse_lr: float = 0.05
     dense_lr: float = 0.001
     seed: int = 0
     train_tsv: list[str] = field(default_factory=list)
     eval_tsv: list[str] = field(default_factory=list)
+    model: str = "dlrm"
 
     def eval_dataset(self, rank: int = 0, num_ranks: int = 1) -> Any:
         """The evaluation batches (this rank's slice of each): the generator's eval stream, or the
@@ -104,17 +147,33 @@ class DemoConfig:
         return self.generator().dataset(steps, self.batch_size, "train", rank, num_ranks)
 
     def generator(self) -> Any:
-        """The Criteo-shaped generator of this config (its ``rows`` are the table sizes either way)."""
-        from sparse_operation_kit.demo.criteo import CriteoGenerator
+        """The Criteo-shaped generator of this config (its ``rows`` are the table sizes either way):
+        one-hot for ``"dlrm"``, multi-hot of ``hotness`` for ``"dcnv2"``."""
+        from sparse_operation_kit.demo.criteo import CriteoGenerator, MultiHotGenerator
 
+        if self.model == "dcnv2":
+            return MultiHotGenerator(seed=self.seed, max_rows=self.max_rows, hotness=self.hotness)
         return CriteoGenerator(seed=self.seed, max_rows=self.max_rows)
 
     def check(self, num_ranks: int) -> None:
         """Raise ValueError naming the first setting that is not valid."""
-        for name in ("steps", "epochs", "batch_size", "eval_batches", "dim", "max_rows"):
+        if self.model not in MODELS:
+            raise ValueError(f"model {self.model!r} is not valid; valid: {', '.join(map(repr, MODELS))}")
+        for name in ("steps", "epochs", "batch_size", "eval_batches", "dim", "max_rows", "cross_layers", "low_rank"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} {value!r} is not valid; valid: an integer >= 1")
+        for name in ("bottom", "top"):
+            widths = list(getattr(self, name))
+            if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+                raise ValueError(f"{name} {widths!r} is not valid; valid: hidden widths, integers >= 1")
+        if self.model == "dcnv2":
+            check_hotness(self.hotness)
+            if self.train_tsv or self.eval_tsv:
+                raise ValueError(
+                    "train_tsv / eval_tsv are not valid with model 'dcnv2': Criteo's day files hold one id per "
+                    "feature and the DCNv2 trains on multi-hot bags (generated); train on the files with model 'dlrm'"
+                )
         if bool(self.train_tsv) != bool(self.eval_tsv):
             raise ValueError(
                 f"give both train_tsv and eval_tsv (Criteo day files to train and to evaluate on) or neither, "
@@ -154,7 +213,7 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
 
     from sparse_operation_kit import communication
     from sparse_operation_kit.checkpoint import dump
-    from sparse_operation_kit.demo.dlrm import DenseTower, SokEmbeddings
+    from sparse_operation_kit.demo.dlrm import SokEmbeddings
     from sparse_operation_kit.dense_sync import allreduce_dense_gradients, broadcast_dense_variables
     from sparse_operation_kit.optimizer import OptimizerWrapper
 
@@ -168,7 +227,7 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
     embeddings = SokEmbeddings(
         gen.rows, config.dim, config.tables, config.var_types, config.dynamic_rows, seed=config.seed
     )
-    tower = DenseTower(config.dim, config.bottom, config.top, seed=config.seed)
+    tower, embed, title = _model(config, embeddings)
     tower.build_for()
     broadcast_dense_variables(tower.variables)  # equal already (seeded); what a user's model needs
     sparse_opt = OptimizerWrapper(tf.keras.optimizers.Adagrad(learning_rate=config.sparse_lr))
@@ -177,7 +236,7 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
     dense_opt.build(dense_vars)
     global_batch = float(config.batch_size)
     say(
-        f"\n== DLRM on Criteo-shaped data, {ranks} rank(s): {len(tables)} tables "
+        f"\n== {title}, {ranks} rank(s): {len(tables)} tables "
         f"({', '.join(f'{embeddings.kinds.count(k)} {k}' for k in sorted(set(embeddings.kinds)))}; "
         f"{sum(gen.rows):,} ids in all, largest {max(gen.rows):,}), dim {config.dim}, "
         f"{config.steps} steps of {config.batch_size} samples"
@@ -186,7 +245,7 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
     @tf.function(autograph=False)  # no Python control flow to convert (and none of SOK's)
     def train_step(dense: tf.Tensor, ids: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
-            logits = tower((dense, embeddings(ids)))
+            logits = tower((dense, embed(ids)))
             summed = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
             loss = summed / global_batch  # this rank's share of the global mean
         grads = tape.gradient(loss, tables + dense_vars)
@@ -197,7 +256,7 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
 
     @tf.function(autograph=False)
     def predict(dense: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
-        return tf.sigmoid(tower((dense, embeddings(ids))))
+        return tf.sigmoid(tower((dense, embed(ids))))
 
     auc = tf.keras.metrics.AUC(num_thresholds=AUC_THRESHOLDS)
 
@@ -277,6 +336,20 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
     # Every rank returns once rank 0 has written the files, so that the ranks also end together.
     comm.allreduce_sum(tf.constant(0), name="demo: files written")
     return results
+
+
+def _model(config: DemoConfig, embeddings: Any) -> tuple[Any, Any, str]:
+    """The tower of ``config.model``, the function from a batch's ids to the 26 embeddings, and the
+    title the demo prints."""
+    if config.model == "dcnv2":
+        from sparse_operation_kit.demo.dcnv2 import DCNv2Tower, split_bags
+
+        tower = DCNv2Tower(config.dim, config.bottom, config.top, config.cross_layers, config.low_rank, config.seed)
+        title = f"DLRM-DCNv2 on multi-hot Criteo-shaped data ({sum(config.hotness)} ids per sample)"
+        return tower, lambda ids: embeddings.lookup(split_bags(ids, config.hotness)), title
+    from sparse_operation_kit.demo.dlrm import DenseTower
+
+    return DenseTower(config.dim, config.bottom, config.top, seed=config.seed), embeddings, "DLRM on Criteo-shaped data"
 
 
 def _auc_ceiling(gen: Any, config: DemoConfig, auc: Any) -> float:
