@@ -81,9 +81,9 @@ def send_ids_to_owners(
     positions = tf.range(device_ops.length(received), dtype=tf.int64)
     sources = tf.searchsorted(ends, positions, side="right", out_type=tf.int64)
     first_sample = tf.cumsum(batch_sizes, exclusive=True)
-    # int32 tables, counts and sort keys, float64 bits: TensorFlow's GPU kernels of Bincount, SplitV
-    # and TopKV2 (argsort) take no int64 values, and the placer would run them on the CPU, with
-    # copies of every id to the host and back.
+    # int32 tables, counts and sort keys, float64 bits: TensorFlow's GPU kernels of Bincount and
+    # SplitV take no int64 values (nor, we suspect, the TopKV2 under argsort), and the placer would
+    # run them on the CPU, with copies of every id to the host and back.
     received_tables = tf.cast(tf.bitwise.right_shift(received[:, 0], _SAMPLE_BITS), tf.int32)
     global_samples = tf.bitwise.bitwise_and(received[:, 0], (1 << _SAMPLE_BITS) - 1) + tf.gather(first_sample, sources)
     by_table = tf.argsort(received_tables, stable=True)
