@@ -216,8 +216,6 @@ def test_cli_refuses_an_unknown_model(capsys):
         (["--hotness", "1", "2", "3"], "hotness [1, 2, 3] is not valid (3 entries); valid: 26 integers >= 1"),
         (["--low-rank", "0"], "low_rank 0 is not valid"),
         (["--batch-size", "0"], "batch_size 0 is not valid"),
-        (["--part", "all"], "--part all is not valid with --model dcnv2"),
-        (["--part", "serve"], "--part serve is not valid with --model dcnv2"),
     ],
 )
 def test_cli_refuses_bad_dcnv2_options_before_training(argv, message, capsys, tmp_path):
@@ -226,17 +224,14 @@ def test_cli_refuses_bad_dcnv2_options_before_training(argv, message, capsys, tm
     assert not os.listdir(tmp_path)  # refused before anything ran
 
 
-def test_cli_refuses_dcnv2_options_with_dlrm_and_serving_a_dcnv2_run(capsys, tmp_path):
+def test_cli_refuses_dcnv2_options_with_dlrm(capsys):
     assert main(["demo", "--part", "train", "--hotness", *["1"] * 26, "--mlperf"]) == 2
     assert "--hotness, --mlperf are options of --model dcnv2" in capsys.readouterr().err
-    (tmp_path / CONFIG_FILE).write_text(json.dumps({"config": {"model": "dcnv2"}}), encoding="utf-8")
-    assert main(["demo", "--part", "serve", "--output", str(tmp_path)]) == 2
-    assert "holds a --model dcnv2 run" in capsys.readouterr().err
 
 
-def test_cli_dcnv2_trains_by_default_and_mlperf_sets_the_sizes_not_given():
+def test_cli_dcnv2_runs_all_parts_by_default_and_mlperf_sets_the_sizes_not_given():
     args = build_parser().parse_args(["demo", "--model", "dcnv2", "--mlperf", "--dim", "64"])
-    assert _demo_part(args) == "train"
+    assert _demo_part(args) == "all"  # as the DLRM: train, serve, storage tour
     config = _demo_config(args)
     assert config.model == "dcnv2" and config.dim == 64  # given: kept
     for option in ("bottom", "top", "cross_layers", "low_rank", "hotness", "max_rows"):
@@ -253,7 +248,8 @@ def test_cli_dcnv2_trains_by_default_and_mlperf_sets_the_sizes_not_given():
 
 def test_cli_trains_a_tiny_dcnv2(capsys, tmp_path):
     sizes = ["--steps", "4", "--epochs", "1", "--batch-size", "64", "--eval-batches", "1", "--dim", "4"]
-    assert main(["demo", "--model", "dcnv2", "--output", str(tmp_path), "--max-rows", "512", *sizes]) == 0
+    command = ["demo", "--model", "dcnv2", "--part", "train", "--output", str(tmp_path), "--max-rows", "512"]
+    assert main([*command, *sizes]) == 0
     out = capsys.readouterr().out
     assert "DLRM-DCNv2 on multi-hot Criteo-shaped data (214 ids per sample)" in out and "epoch 1: eval AUC" in out
     assert (tmp_path / "checkpoint").is_dir()

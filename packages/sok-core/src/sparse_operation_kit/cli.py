@@ -4,7 +4,7 @@ Example::
 
     $ sok info
     $ sok demo                                 # train, dump, serve (build/demo), storage tour
-    $ sok demo --model dcnv2 --steps 50 --batch-size 512   # MLPerf's DLRM-DCNv2 (multi-hot), training
+    $ sok demo --model dcnv2 --steps 50 --batch-size 512   # MLPerf's DLRM-DCNv2 (multi-hot): train, serve, tour
     $ horovodrun -np 2 -H localhost:2 --gloo sok demo --part train && sok demo --part serve
     $ sok ckpt inspect ckpt          # read-only; imports no TensorFlow
     $ sok ckpt convert ckpt hps_out  # HPS's sparse-model layout (needs sok-hps)
@@ -13,7 +13,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import subprocess
@@ -38,30 +37,14 @@ _DCNV2_OPTIONS = ("hotness", "cross_layers", "low_rank", "mlperf")
 
 
 def _demo_part(args: argparse.Namespace) -> str:
-    """The part of the demo to run; ValueError for a part or an option the model does not have."""
-    from sparse_operation_kit.demo.train import CONFIG_FILE
-
-    part = args.part or ("train" if args.model == "dcnv2" else "all")
+    """The part of the demo to run (``all`` unless ``--part`` is given, for either model); ValueError
+    for an option of the DCNv2 given with ``--model dlrm``. ``--part serve`` serves the model that
+    ``--output`` was trained with (its ``demo.json`` names it), whatever ``--model`` says."""
     if args.model == "dlrm":
         given = [f"--{name.replace('_', '-')}" for name in _DCNV2_OPTIONS if getattr(args, name) not in (None, False)]
         if given:
             raise ValueError(f"{', '.join(given)} are options of --model dcnv2, not valid with --model dlrm")
-    elif part in ("serve", "all"):
-        raise ValueError(
-            f"--part {part} is not valid with --model dcnv2: the demo serves through HPS the DLRM's checkpoints "
-            f"only; use --part train (the default with --model dcnv2) or --part storage, or --model dlrm to train "
-            f"and serve"
-        )
-    record = os.path.join(args.output, CONFIG_FILE)
-    if part == "serve" and os.path.isfile(record):
-        with open(record, encoding="utf-8") as f:
-            model = json.load(f).get("config", {}).get("model", "dlrm")
-        if model != "dlrm":
-            raise ValueError(
-                f"--output {args.output} holds a --model {model} run, which the demo does not serve through HPS "
-                f"(it serves the DLRM's checkpoints only); give the --output of a --model dlrm run"
-            )
-    return part
+    return args.part or "all"
 
 
 def _demo_config(args: argparse.Namespace) -> DemoConfig:
@@ -197,15 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         choices=MODELS,
         default=defaults.model,
-        help="dlrm: the DLRM, one id per feature (default); dcnv2: MLPerf's DLRM-DCNv2 on multi-hot data "
-        "(training only)",
+        help="dlrm: the DLRM, one id per feature (default); dcnv2: MLPerf's DLRM-DCNv2 on multi-hot data",
     )
     demo.add_argument(
         "--part",
         choices=("storage", "train", "serve", "all"),
         default=None,
-        help="storage tour, training (+ dump and plot), HPS serving of a trained --output, or all (default; "
-        "train with --model dcnv2)",
+        help="storage tour, training (+ dump and plot), HPS serving of a trained --output (of either model), or "
+        "all (default)",
     )
     demo.add_argument("--output", default="build/demo", help="where training writes (default build/demo)")
     for option, what in (

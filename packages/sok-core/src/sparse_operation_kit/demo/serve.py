@@ -2,6 +2,12 @@
 the ``sok.dump`` checkpoint, the dense layers from ``dense.npz``; the eval set is served and its
 predictions must equal those of the trained model (and so its AUC, to 1e-6).
 
+Both models of the demo are served, the one ``demo.json`` names (``record["config"]["model"]``):
+the DLRM (:mod:`~.dlrm`) looks up one id per feature, the DLRM-DCNv2 (:mod:`~.dcnv2`) a bag of
+``hotness[i]`` ids per feature (multi-hot lookups, sum-pooled as in training). The tower and the
+function from a batch's ids to the 26 embeddings are built as training builds them
+(``train.build_model``), with HPS's lookups (:class:`HpsEmbeddings`) in place of SOK's tables.
+
 HPS reads the checkpoint's tables directly: each ``sparse_files`` entry of the ``ps_config`` is
 ``<checkpoint>/<table name>``. Static tables' keys in the checkpoint are their row ids; dynamic
 tables' are the keys they were trained with (:func:`~.dlrm.dynamic_keys` of the ids), so serving
@@ -10,6 +16,7 @@ feeds each table what training fed it.
 Example::
 
     python -m sparse_operation_kit.demo.serve build/demo      # after sok demo --part train
+    python -m sparse_operation_kit.demo.serve build/dcnv2     # after sok demo --model dcnv2 --part train
 """
 
 from __future__ import annotations
@@ -17,15 +24,25 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MODEL_NAME", "PS_CONFIG_FILE", "ps_config", "serve", "hps_serving_available", "AUC_TOLERANCE"]
+__all__ = [
+    "MODEL_NAME",
+    "PS_CONFIG_FILE",
+    "read_record",
+    "ps_config",
+    "serve",
+    "hps_serving_available",
+    "HpsEmbeddings",
+    "AUC_TOLERANCE",
+]
 
 MODEL_NAME = "dlrm_demo"
 PS_CONFIG_FILE = "ps_config.json"
-#: How far the served AUC may be from the trained model's.
+#: How far the served AUC, and each served prediction, may be from the trained model's.
 AUC_TOLERANCE = 1e-6
 
 
@@ -44,13 +61,52 @@ def hps_serving_available() -> str | None:
     return None
 
 
+def read_record(output: str) -> dict[str, Any]:
+    """The ``demo.json`` of the demo run in ``output``, checked for what serving reads of it: the
+    ``config``'s ``model`` (one of :data:`~.train.MODELS`) and, for ``"dcnv2"``, its ``hotness``.
+
+    Raises:
+        FileNotFoundError: ``output`` holds no ``demo.json`` (no training wrote into it).
+        ValueError: ``demo.json`` is not JSON, or its model or hotness is missing or not valid.
+    """
+    from sparse_operation_kit.demo.criteo import check_hotness
+    from sparse_operation_kit.demo.train import CONFIG_FILE, MODELS
+
+    path = os.path.join(output, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{path} does not exist: {output!r} is not the --output of a demo run; train first "
+            f"(sok demo --part train --output {output}) or give the --output of a trained run"
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); train again to rewrite it") from error
+    config = record.get("config") if isinstance(record, dict) else None
+    model = config.get("model") if isinstance(config, dict) else None
+    if model not in MODELS:
+        raise ValueError(
+            f"{path} names no model the demo serves: config.model is {model!r}; valid: "
+            f"{', '.join(map(repr, MODELS))} (the file is corrupted or not written by sok demo; train again)"
+        )
+    if model == "dcnv2":
+        try:
+            check_hotness(config.get("hotness"))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{path}: config.hotness of the dcnv2 run is not valid: {error}; train again") from error
+    return record
+
+
 def ps_config(output: str, record: dict[str, Any], batch_size: int) -> dict[str, Any]:
     """HPS's ``ps_config`` for the checkpoint of a demo run (``record`` is its ``demo.json``): one
-    model, one table per feature, int64 keys, one key per sample and table, exact lookups."""
+    model, one table per feature, int64 keys, exact lookups; per sample and table, one key (the
+    DLRM) or the feature's hotness (the DCNv2's bags)."""
     from sparse_operation_kit.demo.train import CHECKPOINT_DIR
 
     names = record["table_names"]
-    dim = record["config"]["dim"]
+    config = record["config"]
+    hotness = list(config["hotness"]) if config["model"] == "dcnv2" else [1] * len(names)
     return {
         "supportlonglong": True,
         "models": [
@@ -58,8 +114,8 @@ def ps_config(output: str, record: dict[str, Any], batch_size: int) -> dict[str,
                 "model": MODEL_NAME,
                 "sparse_files": [os.path.join(os.path.abspath(output), CHECKPOINT_DIR, name) for name in names],
                 "embedding_table_names": names,
-                "embedding_vecsize_per_table": [dim] * len(names),
-                "maxnum_catfeature_query_per_table_per_sample": [1] * len(names),
+                "embedding_vecsize_per_table": [config["dim"]] * len(names),
+                "maxnum_catfeature_query_per_table_per_sample": hotness,
                 "default_value_for_each_table": [0.0] * len(names),
                 "deployed_device_list": [0],
                 "max_batch_size": batch_size,
@@ -71,19 +127,60 @@ def ps_config(output: str, record: dict[str, Any], batch_size: int) -> dict[str,
     }
 
 
+class HpsEmbeddings:
+    """The 26 tables of a served demo run, one ``hps.SparseLookupLayer`` each, with the lookups of
+    :class:`~.dlrm.SokEmbeddings` (one id per feature, or sum-pooled bags of ids per feature), so
+    that training's function from ids to embeddings runs on them unchanged.
+
+    Args:
+        layers: the 26 lookup layers, table ``i`` of the served model in ``layers[i]``.
+        dynamic: whether each feature's table is dynamic (fed :func:`~.dlrm.dynamic_keys` of the ids).
+
+    Example::
+
+        pooled = HpsEmbeddings(layers, dynamic).lookup(split_bags(ids, hotness))   # 26 x [B, dim]
+    """
+
+    def __init__(self, layers: Sequence[Any], dynamic: Sequence[bool]) -> None:
+        self.layers = list(layers)
+        self.dynamic = [bool(d) for d in dynamic]
+
+    def __call__(self, ids: Any) -> list[Any]:
+        """26 embeddings ``[B, dim]`` of ids ``int64 [B, 26]`` (one id per feature and sample)."""
+        import tensorflow as tf
+
+        return self.lookup([tf.RaggedTensor.from_tensor(ids[:, i : i + 1]) for i in range(len(self.layers))])
+
+    def lookup(self, sp_ids: Sequence[Any]) -> list[Any]:
+        """26 embeddings ``[B, dim]``: per feature, the sum of the served rows of its ids (one
+        ``tf.RaggedTensor`` of int64 ids ``[B, None]`` per feature, as training's lookup takes)."""
+        from sparse_operation_kit.demo.dlrm import dynamic_keys
+
+        if len(sp_ids) != len(self.layers):
+            raise ValueError(f"sp_ids must hold one id tensor per feature ({len(self.layers)}), got {len(sp_ids)}")
+        out = []
+        for ids, layer, dynamic in zip(sp_ids, self.layers, self.dynamic):
+            keyed = ids.with_flat_values(dynamic_keys(ids.flat_values)) if dynamic else ids
+            out.append(layer(keyed, None, combiner="sum"))
+        return out
+
+
 def serve(output: str) -> dict[str, float]:
-    """Serve the eval set of the demo run in ``output`` through HPS and compare with the trained
-    model's predictions. Returns ``auc``, ``trained_auc`` and ``max_abs_diff``. Float32 matmuls
-    compute in float32, not TF32, as in :func:`~.train.train` (:func:`~.dlrm.float32_matmuls`).
+    """Serve the eval set of the demo run in ``output`` (either model) through HPS and compare with
+    the trained model's predictions. Returns ``auc``, ``trained_auc`` and ``max_abs_diff``. Float32
+    matmuls compute in float32, not TF32, as in :func:`~.train.train` (:func:`~.dlrm.float32_matmuls`).
 
     Raises:
         ImportError: HPS's layers are not available (:func:`hps_serving_available` says why).
+        FileNotFoundError / ValueError: ``output``'s ``demo.json`` is missing or not valid
+            (:func:`read_record`), or ``dense.npz`` does not fit the model it names.
         RuntimeError: HPS is initialised in this process already (serve in a fresh one).
         AssertionError: the served predictions or AUC differ from the trained model's.
     """
     reason = hps_serving_available()
     if reason is not None:
         raise ImportError(f"cannot serve through HPS: {reason}")
+    record = read_record(output)
     from hierarchical_parameter_server import init as hps_init
 
     if hps_init.is_initialized():
@@ -95,22 +192,37 @@ def serve(output: str) -> dict[str, float]:
     from sparse_operation_kit.demo.dlrm import float32_matmuls
 
     with float32_matmuls():  # as train() computed the predictions it saved
-        return _serve(output)
+        return _serve(output, record)
 
 
-def _serve(output: str) -> dict[str, float]:
+def _load_weights(tower: Any, path: str, model: str) -> None:
+    """Assign ``dense.npz``'s arrays to the tower's weights, in order; ValueError where they do not fit."""
+    with np.load(path) as weights:
+        if len(weights.files) != len(tower.weights):
+            raise ValueError(
+                f"{path} holds {len(weights.files)} arrays, the {model} tower of its demo.json has "
+                f"{len(tower.weights)} weights; the files are not of one run: train again"
+            )
+        for i, var in enumerate(tower.weights):
+            value = weights[f"arr_{i}"]
+            if tuple(value.shape) != tuple(var.shape):
+                raise ValueError(
+                    f"{path}: array arr_{i} has shape {value.shape}, the {model} tower's weight {var.name} "
+                    f"{tuple(var.shape)}; the files are not of one run: train again"
+                )
+            var.assign(value)
+
+
+def _serve(output: str, record: dict[str, Any]) -> dict[str, float]:
     """:func:`serve` after its checks, inside :func:`~.dlrm.float32_matmuls`."""
     import hierarchical_parameter_server as hps
     import tensorflow as tf
 
     from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL
-    from sparse_operation_kit.demo.dlrm import DenseTower, dynamic_keys
-    from sparse_operation_kit.demo.train import AUC_THRESHOLDS, CONFIG_FILE, DENSE_FILE, PREDICTIONS_FILE, DemoConfig
+    from sparse_operation_kit.demo.train import AUC_THRESHOLDS, DENSE_FILE, PREDICTIONS_FILE, DemoConfig, build_model
 
-    with open(os.path.join(output, CONFIG_FILE), encoding="utf-8") as f:
-        record = json.load(f)
-    config = record["config"]
-    batch = config["batch_size"]
+    config = DemoConfig(**record["config"])
+    batch = config.batch_size
     config_path = os.path.join(output, PS_CONFIG_FILE)
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(ps_config(output, record, batch), f, indent=2)
@@ -119,37 +231,22 @@ def _serve(output: str) -> dict[str, float]:
         hps.SparseLookupLayer(
             model_name=MODEL_NAME,
             table_id=i,
-            emb_vec_size=config["dim"],
+            emb_vec_size=config.dim,
             emb_vec_dtype=tf.float32,
             ps_config_file=config_path,
             global_batch_size=batch,
         )
         for i in range(NUM_CATEGORICAL)
     ]
-    dynamic = [kind != "static" for kind in record["table_kinds"]]
-    tower = DenseTower(config["dim"], config["bottom"], config["top"])
+    embeddings = HpsEmbeddings(layers, [kind != "static" for kind in record["table_kinds"]])
+    tower, embed, title = build_model(config, embeddings)  # training's tower and ids -> embeddings
     tower.build_for()
-    with np.load(os.path.join(output, DENSE_FILE)) as weights:
-        for i, var in enumerate(tower.weights):
-            var.assign(weights[f"arr_{i}"])
-
-    def embeddings(ids: tf.Tensor) -> list[tf.Tensor]:
-        out = []
-        for i, layer in enumerate(layers):
-            column = dynamic_keys(ids[:, i]) if dynamic[i] else ids[:, i]
-            # One id per sample (tf.sparse.from_dense would drop the ids that are 0).
-            sparse = tf.SparseTensor(
-                tf.stack([tf.range(tf.shape(column, out_type=tf.int64)[0]), tf.zeros_like(column)], axis=1),
-                column,
-                [tf.shape(column, out_type=tf.int64)[0], 1],
-            )
-            out.append(layer(sparse, None, combiner="sum"))
-        return out
+    _load_weights(tower, os.path.join(output, DENSE_FILE), config.model)
 
     auc = tf.keras.metrics.AUC(num_thresholds=AUC_THRESHOLDS)
     served = []
-    for dense, ids, labels in DemoConfig(**config).eval_dataset():
-        p = tf.sigmoid(tower((dense, embeddings(ids))))
+    for dense, ids, labels in config.eval_dataset():
+        p = tf.sigmoid(tower((dense, embed(ids))))
         auc.update_state(labels, p)
         served.append(p.numpy()[:, 0])
     served = np.concatenate(served)
@@ -160,8 +257,9 @@ def _serve(output: str) -> dict[str, float]:
         "max_abs_diff": float(np.max(np.abs(served - trained))),
     }
     print(
-        f"\n== served the eval set ({served.size:,} samples) through HPS from {output}: AUC {result['auc']:.6f} "
-        f"(trained model {result['trained_auc']:.6f}), largest difference of a prediction {result['max_abs_diff']:.2e}"
+        f"\n== served the eval set ({served.size:,} samples) of the {title} through HPS from {output}: "
+        f"AUC {result['auc']:.6f} (trained model {result['trained_auc']:.6f}), largest difference of a prediction "
+        f"{result['max_abs_diff']:.2e}"
     )
     if abs(result["auc"] - result["trained_auc"]) > AUC_TOLERANCE or result["max_abs_diff"] > AUC_TOLERANCE:
         raise AssertionError(
@@ -173,12 +271,17 @@ def _serve(output: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sparse_operation_kit.demo.serve OUTPUT``: serve a demo run (exit 0 when it passes)."""
+    """``python -m sparse_operation_kit.demo.serve OUTPUT``: serve a demo run of either model (exit 0
+    when it passes; 2, with the reason, for a run it cannot serve)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m sparse_operation_kit.demo.serve OUTPUT (the directory of a demo run)", file=sys.stderr)
         return 2
-    serve(args[0])
+    try:
+        serve(args[0])
+    except (ValueError, ImportError, OSError) as error:
+        print(f"cannot serve {args[0]}: {type(error).__name__}: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

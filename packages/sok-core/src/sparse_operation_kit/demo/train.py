@@ -43,6 +43,7 @@ __all__ = [
     "MLPERF_DCNV2",
     "DemoConfig",
     "train",
+    "build_model",
     "CONFIG_FILE",
     "CHECKPOINT_DIR",
     "DENSE_FILE",
@@ -227,7 +228,7 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
     embeddings = SokEmbeddings(
         gen.rows, config.dim, config.tables, config.var_types, config.dynamic_rows, seed=config.seed
     )
-    tower, embed, title = _model(config, embeddings)
+    tower, embed, title = build_model(config, embeddings)
     tower.build_for()
     broadcast_dense_variables(tower.variables)  # equal already (seeded); what a user's model needs
     sparse_opt = OptimizerWrapper(tf.keras.optimizers.Adagrad(learning_rate=config.sparse_lr))
@@ -338,9 +339,17 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
     return results
 
 
-def _model(config: DemoConfig, embeddings: Any) -> tuple[Any, Any, str]:
+def build_model(config: DemoConfig, embeddings: Any) -> tuple[Any, Any, str]:
     """The tower of ``config.model``, the function from a batch's ids to the 26 embeddings, and the
-    title the demo prints."""
+    title the demo prints: training builds its model with it from SOK's tables, serving from HPS's
+    lookups (``embeddings``: an object with ``__call__(ids)`` and ``lookup(bags)``, as
+    :class:`~.dlrm.SokEmbeddings`).
+
+    Example::
+
+        tower, embed, _ = build_model(config, SokEmbeddings(gen.rows, config.dim))
+        logits = tower((preprocess_dense(counts), embed(tf.constant(ids))))
+    """
     if config.model == "dcnv2":
         from sparse_operation_kit.demo.dcnv2 import DCNv2Tower, split_bags
 
