@@ -1,0 +1,97 @@
+"""The exchange's graph, on the CPU, holds no op that TensorFlow would run on the host under a GPU.
+
+A CUDA TensorFlow places an op without a GPU kernel for its dtype on the CPU and copies its inputs
+there and back: for an op on every id, megabytes per step and a wait for the GPU (issue 37's
+profiles showed it for int64 ``FloorMod``, ``SplitV`` and ``Bincount``). The graph of
+``sok.lookup_sparse`` at two ranks (rank 0 of a stand-in tool whose collectives are identities;
+traced, not run) is read here op by op, so such an op fails the CPU suite, not only a GPU profile.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import sparse_operation_kit as sok  # noqa: E402
+from sparse_operation_kit import communication  # noqa: E402
+
+#: Op types whose GPU kernels take no int64 values (``T``; ``Bincount``'s ``T`` is its weights',
+#: ``DenseBincount``'s ``Tidx`` its input's): under a GPU TensorFlow runs them on the host.
+NO_INT64_GPU_KERNEL = {"FloorMod": "T", "SplitV": "T", "Bincount": "T", "DenseBincount": "Tidx"}
+
+
+class _TwoRanks(communication.SingleProcess):
+    """Rank 0 of two ranks that make the same calls: an allgather gives this rank's tensor twice,
+    every other collective is the identity (enough to create tables and trace the exchange)."""
+
+    def num_ranks(self) -> int:
+        return 2
+
+    def allgather(self, tensor, name=None):
+        return tf.concat([tensor, tensor], 0)
+
+
+def _ops_of(graph: tf.Graph) -> list[tf.Operation]:
+    """Every op of ``graph`` and of the functions it calls (tf.cond branches among them)."""
+    ops = list(graph.get_operations())
+    for function in graph._functions.values():  # noqa: SLF001 - the branches' graphs
+        ops.extend(function.graph.get_operations() if hasattr(function, "graph") else [])
+    return ops
+
+
+def _host_bound(ops: list[tf.Operation]) -> list[str]:
+    found = []
+    for op in ops:
+        attr = NO_INT64_GPU_KERNEL.get(op.type)
+        if attr is not None and op.get_attr(attr) == tf.int64:
+            found.append(f"{op.name} ({op.type}, {attr}=int64)")
+    return found
+
+
+@pytest.fixture
+def two_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(communication, "_tool", _TwoRanks())
+
+
+def _traced_step(params: list, weighted: bool) -> tf.Graph:
+    batch = 4
+    signature = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([batch + 1], tf.int64)] * len(params)
+
+    @tf.function(input_signature=signature)
+    def step(*flat: tf.Tensor) -> tf.Tensor:
+        ids = [tf.RaggedTensor.from_row_splits(v, s, validate=False) for v, s in zip(flat[0::2], flat[1::2])]
+        weights = [tf.ones_like(x, tf.float32) for x in ids] if weighted else None
+        with tf.GradientTape() as tape:
+            pooled = sok.lookup_sparse(params, ids, weights, combiners=["sum"] * len(params))
+            loss = tf.add_n([tf.reduce_sum(p * p) for p in pooled])
+        grads = tape.gradient(loss, params)
+        rows = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]  # a dynamic table's: keys
+        return loss + tf.add_n([tf.reduce_sum(r) for r in rows])
+
+    return step.get_concrete_function().graph
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_exchange_of_static_and_dynamic_tables_keeps_int64_ids_off_host_bound_ops(two_ranks, weighted):
+    params = [
+        sok.Variable(tf.zeros([64, 4])),
+        sok.Variable(tf.zeros([32, 8]), mode="localized:1"),
+        sok.DynamicVariable(dimension=4, var_type="hbm"),
+    ]
+    ops = _ops_of(_traced_step(params, weighted))
+    assert any(op.type == "SokPooledLookup" for op in ops), "the traced graph is not the exchange's"
+    assert _host_bound(ops) == []
+
+
+def test_the_lint_finds_such_an_op() -> None:
+    """The check itself: a graph with int64 FloorMod and SplitV is reported, their int32 forms not."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    def bad(ids: tf.Tensor) -> tf.Tensor:
+        parts = tf.split(ids, tf.constant([1, 1], tf.int64) * 0 + tf.shape(ids, out_type=tf.int64) // 2, num=2)
+        small = tf.math.floormod(tf.cast(ids, tf.int32), 3)
+        return tf.math.floormod(parts[0], 3) + tf.cast(tf.reduce_sum(small), tf.int64)
+
+    found = _host_bound(_ops_of(bad.get_concrete_function().graph))
+    assert [entry.split(" ", 1)[1] for entry in found] == ["(SplitV, T=int64)", "(FloorMod, T=int64)"]
