@@ -320,6 +320,12 @@ def _rule_for(settings: Settings) -> Rule:
             return RULES[klass.__name__](settings)
     optimizer = settings.optimizer
     what = type(optimizer).__name__ if hasattr(optimizer, "apply_gradients") else f"{optimizer!r} (not an optimizer)"
+    if "LossScale" in what:
+        raise ValueError(
+            f"optimizer {what} is not supported by sok.OptimizerWrapper: it does not unscale gradients or skip "
+            f"non-finite steps of the tables yet. Wrap the inner optimizer instead; for mixed precision use the "
+            f"'mixed_bfloat16' policy, which needs no loss scaling (SOK's tables and lookups stay float32)"
+        )
     raise ValueError(
         f"optimizer {what} is not supported by sok.OptimizerWrapper; pass an optimizer object, valid: "
         f"{', '.join(sorted(RULES))} of Keras 3 (tf.keras.optimizers.*), tf_keras (tf_keras.optimizers.*) "
