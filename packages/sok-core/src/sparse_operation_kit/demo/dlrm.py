@@ -37,7 +37,16 @@ from sparse_operation_kit.distributed_variable import Variable
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.lookup import lookup_sparse
 
-__all__ = ["TABLE_KINDS", "SokEmbeddings", "DenseTower", "dynamic_keys", "table_plan", "float32_matmuls"]
+__all__ = [
+    "TABLE_KINDS",
+    "SokEmbeddings",
+    "DenseTower",
+    "dynamic_keys",
+    "single_id_bags",
+    "table_keys",
+    "table_plan",
+    "float32_matmuls",
+]
 
 #: Values of ``tables``.
 TABLE_KINDS = ("static", "dynamic", "mixed")
@@ -78,6 +87,33 @@ def dynamic_keys(ids: Any) -> Any:
         with np.errstate(over="ignore"):
             return (ids.astype(np.int64) + 1) * _SPREAD
     return (tf.cast(ids, tf.int64) + 1) * tf.constant(_SPREAD, tf.int64)
+
+
+def single_id_bags(ids: tf.Tensor) -> list[tf.RaggedTensor]:
+    """The 26 features of ids ``int64 [B, 26]`` (one id per feature and sample) as one-id bags, one
+    ``tf.RaggedTensor`` ``[B, 1]`` per feature: what the embeddings' ``lookup`` takes."""
+    return [tf.RaggedTensor.from_tensor(ids[:, i : i + 1]) for i in range(NUM_CATEGORICAL)]
+
+
+def table_keys(sp_ids: Sequence[Any], dynamic: Sequence[bool]) -> list[Any]:
+    """Each feature's ids as its table takes them: :func:`dynamic_keys` of them for a dynamic table,
+    the ids for a static one (one ``tf.RaggedTensor`` or ``tf.SparseTensor`` per feature; training
+    and serving feed the tables through it, so the checkpoint's keys are what serving asks for).
+
+    Raises:
+        ValueError: ``sp_ids`` does not hold one tensor per feature.
+    """
+    if len(sp_ids) != len(dynamic):
+        raise ValueError(f"sp_ids must hold one id tensor per feature ({len(dynamic)}), got {len(sp_ids)}")
+    keyed = []
+    for ids, is_dynamic in zip(sp_ids, dynamic):
+        if not is_dynamic:
+            keyed.append(ids)
+        elif isinstance(ids, tf.SparseTensor):
+            keyed.append(tf.SparseTensor(ids.indices, dynamic_keys(ids.values), ids.dense_shape))
+        else:
+            keyed.append(ids.with_flat_values(dynamic_keys(ids.flat_values)))
+    return keyed
 
 
 def table_plan(
@@ -165,7 +201,7 @@ class SokEmbeddings:
 
     def __call__(self, ids: tf.Tensor) -> list[tf.Tensor]:
         """26 embeddings ``[B, dim]`` of ids ``int64 [B, 26]`` (one id per feature and sample)."""
-        return self.lookup([tf.RaggedTensor.from_tensor(ids[:, i : i + 1]) for i in range(NUM_CATEGORICAL)])
+        return self.lookup(single_id_bags(ids))
 
     def lookup(self, sp_ids: Sequence[Any]) -> list[tf.Tensor]:
         """26 embeddings ``[B, dim]``: per feature, the sum of the rows of its ids.
@@ -180,17 +216,7 @@ class SokEmbeddings:
             bags = [tf.ragged.constant([[0, 3], [5]], tf.int64)] * 26
             pooled = embeddings.lookup(bags)    # 26 x [2, dim]: rows 0 + 3, row 5
         """
-        if len(sp_ids) != NUM_CATEGORICAL:
-            raise ValueError(f"sp_ids must hold one id tensor per feature ({NUM_CATEGORICAL}), got {len(sp_ids)}")
-        keyed = []
-        for ids, dynamic in zip(sp_ids, self.dynamic):
-            if not dynamic:
-                keyed.append(ids)
-            elif isinstance(ids, tf.SparseTensor):
-                keyed.append(tf.SparseTensor(ids.indices, dynamic_keys(ids.values), ids.dense_shape))
-            else:
-                keyed.append(ids.with_flat_values(dynamic_keys(ids.flat_values)))
-        return lookup_sparse(self.tables, keyed, combiners=["sum"] * NUM_CATEGORICAL)
+        return lookup_sparse(self.tables, table_keys(sp_ids, self.dynamic), combiners=["sum"] * NUM_CATEGORICAL)
 
 
 class DenseTower(tf.keras.Model):

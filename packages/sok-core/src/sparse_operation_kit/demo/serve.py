@@ -147,22 +147,17 @@ class HpsEmbeddings:
 
     def __call__(self, ids: Any) -> list[Any]:
         """26 embeddings ``[B, dim]`` of ids ``int64 [B, 26]`` (one id per feature and sample)."""
-        import tensorflow as tf
+        from sparse_operation_kit.demo.dlrm import single_id_bags
 
-        return self.lookup([tf.RaggedTensor.from_tensor(ids[:, i : i + 1]) for i in range(len(self.layers))])
+        return self.lookup(single_id_bags(ids))
 
     def lookup(self, sp_ids: Sequence[Any]) -> list[Any]:
         """26 embeddings ``[B, dim]``: per feature, the sum of the served rows of its ids (one
-        ``tf.RaggedTensor`` of int64 ids ``[B, None]`` per feature, as training's lookup takes)."""
-        from sparse_operation_kit.demo.dlrm import dynamic_keys
+        ``tf.RaggedTensor`` or ``tf.SparseTensor`` of int64 ids ``[B, None]`` per feature, as
+        training's lookup takes; keyed as training keyed them, :func:`~.dlrm.table_keys`)."""
+        from sparse_operation_kit.demo.dlrm import table_keys
 
-        if len(sp_ids) != len(self.layers):
-            raise ValueError(f"sp_ids must hold one id tensor per feature ({len(self.layers)}), got {len(sp_ids)}")
-        out = []
-        for ids, layer, dynamic in zip(sp_ids, self.layers, self.dynamic):
-            keyed = ids.with_flat_values(dynamic_keys(ids.flat_values)) if dynamic else ids
-            out.append(layer(keyed, None, combiner="sum"))
-        return out
+        return [layer(keys, None, combiner="sum") for keys, layer in zip(table_keys(sp_ids, self.dynamic), self.layers)]
 
 
 def serve(output: str) -> dict[str, float]:
