@@ -37,14 +37,14 @@ _DCNV2_OPTIONS = ("hotness", "cross_layers", "low_rank", "mlperf")
 
 
 def _demo_part(args: argparse.Namespace) -> str:
-    """The part of the demo to run (``all`` unless ``--part`` is given, for either model); ValueError
-    for an option of the DCNv2 given with ``--model dlrm``. ``--part serve`` serves the model that
+    """The part of the demo to run (``--part``, ``all`` by default for either model); ValueError for
+    an option of the DCNv2 given with ``--model dlrm``. ``--part serve`` serves the model that
     ``--output`` was trained with (its ``demo.json`` names it), whatever ``--model`` says."""
     if args.model == "dlrm":
         given = [f"--{name.replace('_', '-')}" for name in _DCNV2_OPTIONS if getattr(args, name) not in (None, False)]
         if given:
             raise ValueError(f"{', '.join(given)} are options of --model dcnv2, not valid with --model dlrm")
-    return args.part or "all"
+    return args.part
 
 
 def _demo_config(args: argparse.Namespace) -> DemoConfig:
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--part",
         choices=("storage", "train", "serve", "all"),
-        default=None,
+        default="all",
         help="storage tour, training (+ dump and plot), HPS serving of a trained --output (of either model), or "
         "all (default)",
     )
