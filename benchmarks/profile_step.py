@@ -211,7 +211,6 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
             kernels: Counter = Counter()
             counts: Counter = Counter()
             spans: list[tuple[int, int]] = []
-            d2h = d2h_bytes = h2d = 0
             copies: dict[str, Counter] = {"d2h": Counter(), "d2h_bytes": Counter(), "h2d": Counter()}
             for line in plane.lines:
                 for ev in line.events:
@@ -222,15 +221,11 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
                     counts[name] += 1
                     lowered = name.lower()
                     if "memcpy" in lowered and ("dtoh" in lowered or "d2h" in lowered):
-                        d2h += 1
                         stats = _stats(plane, ev)
-                        size = _copy_bytes(stats)
-                        d2h_bytes += size
                         op = str(stats.get("tf_op", "?"))
                         copies["d2h"][op] += 1
-                        copies["d2h_bytes"][op] += size
+                        copies["d2h_bytes"][op] += _copy_bytes(stats)
                     elif "memcpy" in lowered and ("htod" in lowered or "h2d" in lowered):
-                        h2d += 1
                         copies["h2d"][str(_stats(plane, ev).get("tf_op", "?"))] += 1
             if not spans:
                 continue
@@ -239,9 +234,9 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
                 "window_us_per_step": window / steps,
                 "busy_us_per_step": _union_us(spans) / steps,
                 "events_per_step": sum(counts.values()) / steps,
-                "d2h_copies_per_step": d2h / steps,
-                "d2h_bytes_per_step": d2h_bytes / steps,
-                "h2d_copies_per_step": h2d / steps,
+                "d2h_copies_per_step": sum(copies["d2h"].values()) / steps,
+                "d2h_bytes_per_step": sum(copies["d2h_bytes"].values()) / steps,
+                "h2d_copies_per_step": sum(copies["h2d"].values()) / steps,
                 # The TensorFlow op of each copy (its "name:type"): where the host waits or moves data.
                 "d2h_by_op": [
                     (op, copies["d2h"][op] / steps, size / steps) for op, size in copies["d2h_bytes"].most_common(top)

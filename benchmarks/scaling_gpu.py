@@ -290,8 +290,8 @@ def step_caller(body: Any, pool: list[list[tuple]], ids: str, batch: int) -> Any
     """``call(i)``: one step on the pool's batch ``i % POOL``, ``ids`` in GPU memory or fed from the host.
 
     The step's tf.function takes each table's ids as two flat tensors (values and row splits) and
-    makes the RaggedTensors inside: TensorFlow's handling of composite arguments costs about 0.25 ms
-    per RaggedTensor per call on the host (``profile_step.py``'s "forward, RaggedTensor arguments").
+    makes the RaggedTensors inside: TensorFlow's handling of composite arguments runs on the host on
+    every call (``profile_step.py``'s "forward, RaggedTensor arguments" measures it).
     Each call makes a new tf.function over ``body`` (the counted step needs a trace of its own); its
     input signature leaves the number of ids open, so the batches of a multi-hot pool share one trace."""
     import tensorflow as tf
