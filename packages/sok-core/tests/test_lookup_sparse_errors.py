@@ -87,16 +87,16 @@ def test_pooled_rows_beyond_horovods_int32_counts_are_refused_not_wrapped():
     """Horovod's all-to-all counts are int32: a rank's pooled rows of more floats than that (a batch
     of 2**21 samples over tables of total width 1024, say) would wrap around, so the exchange
     refuses them, naming the count; counts that fit come back as int32, unchanged."""
-    from sparse_operation_kit.lookup.output_dist import INT32_MAX, int32_counts
+    from sparse_operation_kit.lookup.exchange import INT32_MAX, int32_counts
 
     fits = int32_counts(tf.constant([INT32_MAX - 5, 5], tf.int64), "the pooled rows this rank sends")
     assert fits.dtype == tf.int32 and fits.numpy().tolist() == [INT32_MAX - 5, 5]
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"the pooled rows this rank sends are 2147483648 floats"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"the pooled rows this rank sends are 2147483648 values"):
         int32_counts(tf.constant([2**30, 2**30], tf.int64), "the pooled rows this rank sends")
 
     @tf.function
     def in_a_graph(counts: tf.Tensor) -> tf.Tensor:
         return int32_counts(counts, "the pooled rows this rank receives")
 
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"receives are 3221225472 floats.*at most 2147483647"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"receives are 3221225472 values.*at most 2147483647"):
         in_a_graph(tf.constant([2**31, 2**30], tf.int64))

@@ -43,6 +43,7 @@ __all__ = [
     "CollectiveError",
     "set_comm_tool",
     "fingerprint",
+    "op_name",
     "STALL_SHUTDOWN_SETTING",
 ]
 
@@ -55,6 +56,12 @@ _STALL_CHECK_DEFAULT_S = 60  # Horovod's default warning time
 # The start of Horovod's SHUT_DOWN_ERROR (horovod/common/common.h).
 _HOROVOD_SHUT_DOWN = "Horovod has been shut down"
 _OP_NAME = re.compile(r"[^A-Za-z0-9_.\-/]")
+
+
+def op_name(name: str) -> str:
+    """``name`` (a SOK call, e.g. ``"sok.dump: allgather of sizes"``) as a TensorFlow op name:
+    characters other than letters, digits and ``_.-/`` become ``_``."""
+    return _OP_NAME.sub("_", name)
 
 
 def fingerprint(*parts: bytes) -> int:
@@ -218,11 +225,11 @@ class HorovodTool(CommunicationTool):
         matches them in call order."""
         import tensorflow as tf
 
-        op_name = None if name is None else _OP_NAME.sub("_", name)
+        op = None if name is None else op_name(name)
         if not tf.executing_eagerly():
-            return collective(op_name)
+            return collective(op)
         try:
-            return collective(op_name)
+            return collective(op)
         except tf.errors.OpError as error:
             if _HOROVOD_SHUT_DOWN not in str(error):
                 raise

@@ -5,7 +5,9 @@ another TensorFlow version fails with a message naming both versions and the fix
 are a second library (``libsok_tf_ops_gpu.so``, built when a CUDA toolkit was found), loaded only by
 a CUDA build of TensorFlow. The ops whose kernels call Python are a third (``libsok_tf_python.so``,
 :func:`python_library`), and the ops of SavedModels exported with NVIDIA's HPS plugin a fourth
-(``libsok_tf_hps_compat.so``, :func:`hps_compat_library`).
+(``libsok_tf_hps_compat.so``, :func:`hps_compat_library`). SOK's own NCCL collectives, for the
+lookup's exchange on GPU ranks, are a fifth (``libsok_tf_nccl.so``, built where NCCL was found;
+:func:`nccl_library`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ _LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
 GPU_LIBRARY = "libsok_tf_ops_gpu.so"
 PYTHON_LIBRARY = "libsok_tf_python.so"
 HPS_COMPAT_LIBRARY = "libsok_tf_hps_compat.so"
+NCCL_LIBRARY = "libsok_tf_nccl.so"
 # What the build recorded about the GPU kernels: the CUDA toolkit version, or "none".
 _GPU_STAMP = "gpu_build.txt"
 _REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps sok-core (or: make setup in the repository)"
@@ -72,6 +75,19 @@ def hps_compat_library() -> Any:
     """The loaded library of the two ops of SavedModels exported with NVIDIA's HPS plugin (``Init``,
     ``Lookup``, with the plugin's signatures; their kernels call ``hierarchical_parameter_server``)."""
     return _load_beside(HPS_COMPAT_LIBRARY)
+
+
+@functools.cache
+def nccl_library() -> Any | None:
+    """The loaded library of SOK's NCCL collectives (``SokNcclInit``, ``SokNcclAllToAll``,
+    ``SokNcclAllGather``; :mod:`sparse_operation_kit.lookup.exchange`), or None where they cannot run:
+    a TensorFlow without CUDA, or sok-core built without NCCL (no ``lib/libsok_tf_nccl.so``)."""
+    import tensorflow as tf
+
+    library()
+    if not tf.test.is_built_with_cuda() or not os.path.exists(os.path.join(_LIB_DIR, NCCL_LIBRARY)):
+        return None
+    return _load_beside(NCCL_LIBRARY)
 
 
 def _load_beside(name: str) -> Any:

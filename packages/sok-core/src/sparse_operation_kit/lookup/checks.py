@@ -2,23 +2,28 @@
 
 Each rank counts its problems (ids outside a static table, int64 ids that do not fit an int32 key
 type, weights whose rows differ from the ids', samples longer than ``hotness``); with several ranks
-one allgather carries ``[fingerprint of the call, number of counts, batch size, counts...]`` of every rank, so
-a rank that passes other tables, or a bad id on one rank, fails the call on every rank before the
-exchange moves anything.
+one allgather carries ``[fingerprint of the call, number of counts, batch size, sum of the counts, ids
+per owner...]`` of every rank, so a rank that passes other tables, or a bad id on one rank, fails the
+call on every rank before the exchange moves anything; the same allgather tells every rank how many
+ids it receives from each.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from sparse_operation_kit import communication
+from sparse_operation_kit import communication, device_ops
+
+if TYPE_CHECKING:
+    from sparse_operation_kit.lookup.exchange import Exchange
 
 __all__ = ["agreed_checks", "raise_unless"]
 
 #: The values of a rank's record before its counts: fingerprint, number of counts, batch size.
+#: (The record of the call's allgather then has the sum of the counts and the ids per owner.)
 _HEAD = 3
 
 
@@ -56,16 +61,24 @@ def agreed_checks(
     *,
     checked_by_op: Sequence[int],
     combiners: Sequence[str],
-) -> tuple[list[tf.Operation | tf.Tensor], tf.Tensor | None]:
-    """Checks that fail on every rank together, in one collective, and every rank's batch size
-    (int64 ``[n]``; None with one rank) from the same collective: each rank sends ``[fingerprint
-    of its call, number of counts, its batch size, its count of each problem]`` (one allgather, which
-    tolerates records of different lengths); every rank checks that all records carry its own
-    fingerprint (the same tables, combiners and options in the same order, so that the ranks make
-    the same collectives) and that the counts summed over the ranks are 0 (so no rank enters the
-    exchange alone). The host reads one flag of all that; only when it is False do the asserts
-    run that name the problem: the disagreement first, then each count. The id ranges of the
-    tables in ``checked_by_op`` are left to ``pooled_lookup``'s op (one rank)."""
+    exchange: Exchange | None,
+    sends: tf.Tensor | None,
+) -> tuple[list[tf.Operation | tf.Tensor], tf.Tensor | None, tf.Tensor | None]:
+    """Checks that fail on every rank together, in one collective, and what the exchange needs to
+    know of every rank from the same collective: returns ``(checks, batch_sizes, sends)``, the
+    batch sizes int64 ``[n]`` and ``sends[r, o]`` how many ids rank ``r`` sends rank ``o`` (int64
+    ``[n, n]``), both in host memory (None with one rank).
+
+    Each rank sends ``[fingerprint of its call, number of counts, its batch size, the sum of its
+    counts of problems, sends (this rank's ids per owner, int64 [n], from ``exchange``'s caller)]``,
+    a record of one length whatever the call, in one allgather of ``exchange``; the host reads the
+    gathered records once. Every rank checks that all records carry its own fingerprint (the same
+    tables, combiners and options in the same order, so that the ranks make the same collectives)
+    and that no rank counted a problem (so no rank enters the exchange alone). Only when that
+    fails (on every rank: they read the same records) does a second allgather, of the
+    communication tool, bring every count, and the asserts run that name the problem: the
+    disagreement first, then each count. The id ranges of the tables in ``checked_by_op`` are left
+    to ``pooled_lookup``'s op (one rank)."""
     problems: list[tuple[tf.Tensor, str]] = []
     for i, (param, kind, ids) in enumerate(zip(params, kinds, ragged)):
         values = tf.cast(ids.values, tf.int64)
@@ -109,37 +122,49 @@ def agreed_checks(
             )
     n = comm.num_ranks()
     if n == 1 and not problems:
-        return [], None
+        return [], None, None
     messages = [message for _, message in problems]
+    counts = tf.stack([count for count, _ in problems]) if problems else tf.zeros([0], tf.int64)
     if n == 1:
-        counts = tf.stack([count for count, _ in problems])
-        return [_gate(tf.reduce_all(tf.equal(counts, 0)), lambda: _assert_none(counts, messages))], None
+        return [_gate(tf.reduce_all(tf.equal(counts, 0)), lambda: _assert_none(counts, messages))], None, None
     description = _call_description(params, kinds, combiners, weights is not None, hotness)
     fingerprint = communication.fingerprint(description.encode())
-    batch = tf.reshape(ragged[0].nrows(out_type=tf.int64), [1])
-    record = tf.concat(
-        [tf.constant([fingerprint, len(problems)], tf.int64), batch] + [tf.reshape(c, [1]) for c, _ in problems], 0
+    head = tf.concat(
+        [tf.constant([fingerprint, len(problems)], tf.int64), tf.reshape(ragged[0].nrows(out_type=tf.int64), [1])], 0
     )
-    gathered = comm.allgather(
-        record, name="sok.lookup_sparse: allgather of the call's fingerprint, batch sizes and checks"
+    if exchange is None or sends is None:
+        raise ValueError(f"agreed_checks at {n} ranks takes the call's exchange and its ids per owner")
+    record = tf.concat([head, tf.reshape(tf.reduce_sum(counts), [1]), tf.cast(sends, tf.int64)], 0)
+    gathered = exchange.allgather(
+        record, name="sok.lookup_sparse: allgather of the call's fingerprint, batch sizes, checks and id counts"
     )
-    width = _HEAD + len(problems)
-    table = _as_records(gathered, n, width)
-    agree = (
-        tf.equal(tf.size(gathered, out_type=tf.int64), n * width)
-        & tf.reduce_all(tf.equal(table[:, 0], fingerprint))
-        & tf.reduce_all(tf.equal(table[:, 1], len(problems)))
-    )
-    # Summed over the ranks: meaningful once they agree (every record then has this rank's layout).
-    counts = tf.reduce_sum(table[:, _HEAD:], axis=0)
+    with device_ops.on_host():  # the call's one copy to the host
+        table = tf.reshape(tf.identity(gathered), [n, _HEAD + 1 + n])
+        ok = (
+            tf.reduce_all(tf.equal(table[:, 0], fingerprint))
+            & tf.reduce_all(tf.equal(table[:, 1], len(problems)))
+            & tf.reduce_all(tf.equal(table[:, _HEAD], 0))
+        )
 
     def report() -> tf.Tensor:
-        # The ranks' disagreement first: their counts mean nothing then.
-        agreement = _assert_same_call(gathered, agree, fingerprint, n, comm.rank(), description)
+        # Every rank gets here together (they read the same table): the records with every count,
+        # whose lengths may differ, through the communication tool, then the disagreement first
+        # (the counts mean nothing then), then each count.
+        detailed = comm.allgather(
+            tf.concat([head, counts], 0), name="sok.lookup_sparse: allgather of the call's fingerprint and checks"
+        )
+        width = _HEAD + len(problems)
+        records = _as_records(detailed, n, width)
+        agree = (
+            tf.equal(tf.size(detailed, out_type=tf.int64), n * width)
+            & tf.reduce_all(tf.equal(records[:, 0], fingerprint))
+            & tf.reduce_all(tf.equal(records[:, 1], len(problems)))
+        )
+        agreement = _assert_same_call(detailed, agree, fingerprint, n, comm.rank(), description)
         with tf.control_dependencies([agreement]):
-            return _assert_none(counts, messages)
+            return _assert_none(tf.reduce_sum(records[:, _HEAD:], axis=0), messages)
 
-    return [_gate(agree & tf.reduce_all(tf.equal(counts, 0)), report)], table[:, 2]
+    return [_gate(ok, report)], table[:, 2], table[:, _HEAD + 1 :]
 
 
 def _gate(ok: tf.Tensor, report: Callable[[], tf.Tensor]) -> tf.Tensor:

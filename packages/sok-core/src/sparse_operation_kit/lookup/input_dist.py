@@ -10,9 +10,14 @@ The owner orders what it received by table, then by source rank, then by sample,
 samples of the whole call's batch with the sources in rank order (source ``r``'s sample ``s`` is
 ``s + sum(batch of ranks < r)``), so the pooling of each table sees sorted samples.
 
+Each rank counts its ids per owner first (``route``); the call's checks gather those counts, so
+every rank knows what it sends and receives before the all-to-all, on the host.
+
 Example::
 
-    owned = send_ids_to_owners(plan, keys, samples, None, batch_sizes, comm)
+    routes = route(plan, keys)
+    checks, batch_sizes, sends = agreed_checks(..., exchange=exchange, sends=routes.counts)
+    owned = send_ids_to_owners(plan, keys, samples, None, routes, batch_sizes, sends, exchange)
     owned.keys[t], owned.samples[t]   # the ids of table t this rank holds, from every rank
 """
 
@@ -23,10 +28,11 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from sparse_operation_kit import communication, device_ops
+from sparse_operation_kit import device_ops
+from sparse_operation_kit.lookup.exchange import Exchange, int32_counts
 from sparse_operation_kit.lookup.plan import ExchangePlan, owner
 
-__all__ = ["OwnedIds", "send_ids_to_owners"]
+__all__ = ["OwnedIds", "Routes", "route", "send_ids_to_owners"]
 
 #: Bits of a packed ``table << 40 | sample``: samples of a rank's batch below 2**40.
 _SAMPLE_BITS = 40
@@ -46,38 +52,62 @@ class OwnedIds:
     global_batch: tf.Tensor
 
 
+@dataclass(frozen=True)
+class Routes:
+    """Where the ids of one call go: ``destinations`` the owner of each id (int32, the tables' ids
+    one after the other), ``counts`` how many go to each rank (int64 ``[n]``)."""
+
+    destinations: tf.Tensor
+    counts: tf.Tensor
+
+
+def route(plan: ExchangePlan, keys: Sequence[tf.Tensor]) -> Routes:
+    """The owners of ``keys`` (per table of the call: int64, a uint64 table's keys as their bits)."""
+    destinations = tf.concat([owner(k, table, plan.n) for k, table in zip(keys, plan.tables)], 0)
+    counts = tf.math.bincount(destinations, minlength=plan.n, maxlength=plan.n, dtype=tf.int32)
+    return Routes(destinations, tf.cast(counts, tf.int64))
+
+
 def send_ids_to_owners(
     plan: ExchangePlan,
     keys: Sequence[tf.Tensor],
     samples: Sequence[tf.Tensor],
     weights: Sequence[tf.Tensor] | None,
+    routes: Routes,
     batch_sizes: tf.Tensor,
-    comm: communication.CommunicationTool,
+    sends: tf.Tensor,
+    exchange: Exchange,
 ) -> OwnedIds:
     """Sends each id (``keys[t]``: int64, of local samples ``samples[t]``: int64, in sample order)
-    to the rank that holds it; returns what this rank received (see ``OwnedIds``). ``batch_sizes``:
-    every rank's local batch (int64 ``[n]``, gathered with the call's checks)."""
-    n, num_tables = plan.n, len(plan.tables)
-    with device_ops.on_host():  # one copy of the batch sizes to the host, for every size below
-        batch_sizes = tf.identity(batch_sizes)
+    to the rank that holds it (``routes``, of the same keys); returns what this rank received (see
+    ``OwnedIds``). ``batch_sizes``: every rank's local batch (int64 ``[n]``); ``sends[r, o]``: the
+    ids rank ``r`` sends rank ``o`` (int64 ``[n, n]``); both in host memory, gathered with the
+    call's checks."""
+    num_tables = len(plan.tables)
+    with device_ops.on_host():
         global_batch = tf.reduce_sum(batch_sizes)
-    destinations = tf.concat([owner(k, table, n) for k, table in zip(keys, plan.tables)], 0)
+        send_counts = int32_counts(sends[plan.rank], "the ids this rank sends")
+        received_counts = int32_counts(sends[:, plan.rank], "the ids this rank receives")
+    destinations = routes.destinations
     tables = tf.concat(
         [tf.fill(tf.shape(k, out_type=tf.int64), tf.constant(t, tf.int64)) for t, k in enumerate(keys)], 0
     )
     order = tf.argsort(destinations, stable=True)
     packed = tf.bitwise.bitwise_or(tf.bitwise.left_shift(tables, _SAMPLE_BITS), tf.concat(samples, 0))
     rows = tf.gather(tf.stack([packed, tf.concat(keys, 0)], axis=1), order)
-    splits = tf.math.bincount(destinations, minlength=n, maxlength=n, dtype=tf.int32)
-    received, received_splits = comm.alltoall(rows, splits, name="sok.lookup_sparse: all-to-all of the ids")
+    received = exchange.alltoall(rows, send_counts, received_counts, name="sok.lookup_sparse: all-to-all of the ids")
     received_weights = None
     if weights is not None:
-        received_weights, _ = comm.alltoall(
-            tf.gather(tf.concat(weights, 0), order), splits, name="sok.lookup_sparse: all-to-all of the weights"
+        received_weights = exchange.alltoall(
+            tf.gather(tf.concat(weights, 0), order),
+            send_counts,
+            received_counts,
+            name="sok.lookup_sparse: all-to-all of the weights",
         )
 
     # By table (stable: then by source rank, then by sample), samples numbered over the global batch.
-    ends = tf.cumsum(tf.cast(received_splits, tf.int64))
+    with device_ops.on_host():
+        ends = tf.cumsum(sends[:, plan.rank])
     positions = tf.range(device_ops.length(received), dtype=tf.int64)
     sources = tf.searchsorted(ends, positions, side="right", out_type=tf.int64)
     first_sample = tf.cumsum(batch_sizes, exclusive=True)

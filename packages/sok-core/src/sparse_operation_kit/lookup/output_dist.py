@@ -11,7 +11,7 @@ raises an error naming the table and the failing ranks.
 
 Example::
 
-    pooled = return_sums(plan, partial, statuses, owned.batch_sizes, local_batch, comm)
+    pooled = return_sums(plan, partial, statuses, empty, owned.batch_sizes, local_batch, exchange)
     pooled[t]   # [local_batch, dim_t], not yet divided by the combiner
 """
 
@@ -19,33 +19,13 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparse_operation_kit import communication, device_ops
+from sparse_operation_kit import device_ops
 from sparse_operation_kit.lookup.checks import raise_unless
+from sparse_operation_kit.lookup.exchange import Exchange, int32_counts
 from sparse_operation_kit.lookup.local_lookup import Status
 from sparse_operation_kit.lookup.plan import ExchangePlan
 
-__all__ = ["int32_counts", "return_sums"]
-
-#: The largest count Horovod's all-to-all takes: its counts and offsets are int32.
-INT32_MAX = 2**31 - 1
-
-
-def int32_counts(counts: tf.Tensor, what: str) -> tf.Tensor:
-    """``counts`` (int64 values per rank, on the host) as int32, once their sum is known to fit:
-    a larger count would wrap around in Horovod's all-to-all, not fail. ``what`` names the data in
-    the error."""
-    total = tf.reduce_sum(counts)
-    message = tf.strings.join(
-        [
-            f"sok.lookup_sparse: {what} are ",
-            tf.strings.as_string(total),
-            f" floats in one all-to-all; Horovod's all-to-all takes at most {INT32_MAX} per rank and call "
-            f"(its counts are int32). Use a smaller batch per rank, or split the tables over several calls",
-        ]
-    )
-    check = raise_unless(total <= INT32_MAX, message)
-    with tf.control_dependencies([] if check is None else [check]):
-        return tf.cast(counts, tf.int32)
+__all__ = ["return_sums"]
 
 
 def return_sums(
@@ -55,7 +35,7 @@ def return_sums(
     empty: list[tf.Tensor],
     batch_sizes: tf.Tensor,
     local_batch: tf.Tensor,
-    comm: communication.CommunicationTool,
+    exchange: Exchange,
 ) -> list[tf.Tensor]:
     """Sends each rank its samples' rows of ``partial`` (this rank's sums over the global batch, per
     table it holds) and returns the sums ``[local_batch, dim_t]`` of every table of the call.
@@ -76,14 +56,13 @@ def return_sums(
         send = tf.zeros([0], tf.float32)
     with device_ops.on_host():
         splits = int32_counts((batch_sizes + extras[rank]) * widths[rank], "the pooled rows this rank sends")
-    send = tf.concat([send] + [tf.reshape(rows, [-1]) for rows in empty], 0)
-    received, _ = comm.alltoall(send, splits, name="sok.lookup_sparse: all-to-all of the pooled rows")
-
-    with device_ops.on_host():
         sizes = int32_counts(
             tf.stack([(local_batch + extras[o]) * widths[o] for o in range(n)]), "the pooled rows this rank receives"
         )
         shapes = [tf.stack([local_batch + extras[o], widths[o]]) for o in range(n)]
+    send = tf.concat([send] + [tf.reshape(rows, [-1]) for rows in empty], 0)
+    received = exchange.alltoall(send, splits, sizes, name="sok.lookup_sparse: all-to-all of the pooled rows")
+
     blocks = [tf.reshape(part, shape) for part, shape in zip(tf.split(received, sizes, num=n), shapes)]
     columns = [plan.columns(o) for o in range(n)]
     checks = _assert_lookups_worked(plan, blocks, columns, statuses, local_batch)

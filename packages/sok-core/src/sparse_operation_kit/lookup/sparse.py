@@ -6,8 +6,10 @@ on TensorFlow's intra-op threads, or in one sequence of CUDA kernels when the ta
 the others by TensorFlow ops. With several ranks (each step is a module of this package):
 
 1. ``checks``: every rank checks its ids, and the ranks agree (one allgather of a fingerprint of
-   the call, of each rank's batch size and of its count of bad ids) that they make the same call with valid ids
-   before anything else moves, so a bad id, or a rank that passes other tables, fails everywhere;
+   the call, of each rank's batch size, of its count of bad ids and of its ids per owner) that they
+   make the same call with valid ids before anything else moves, so a bad id, or a rank that passes
+   other tables, fails everywhere; the host reads the gathered records once, and knows every size
+   of the exchange from them;
 2. ``input_dist``: each id goes to the rank that holds it (``plan``: row ``i`` of a distributed
    table on rank ``i % n``, a localized table on its rank, dynamic keys by ``key mod n``), in one
    all-to-all for all tables;
@@ -25,8 +27,9 @@ the others by TensorFlow ops. With several ranks (each step is a module of this 
 What a rank sends grows with its own batch, not with the number of ranks, except the partial sums
 of distributed tables (``[batch, dim]`` to each rank, as a reduce-scatter of them would); localized
 tables travel whole from their rank alone. Gradients come from TensorFlow's autodiff through the
-same ops (Horovod's collectives have gradients): ``tf.IndexedSlices`` per table, local rows for
-static tables and raw keys for dynamic ones, summed over the global batch.
+same ops (the all-to-alls of floats have gradients): ``tf.IndexedSlices`` per table, local rows for
+static tables and raw keys for dynamic ones, summed over the global batch. The collectives are
+SOK's own NCCL ops on GPU ranks, Horovod's elsewhere (``exchange``).
 
 Example::
 
@@ -41,14 +44,17 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
 
 from sparse_operation_kit import communication, device_ops, pooled_lookup
 from sparse_operation_kit.lookup import arguments
+from sparse_operation_kit.lookup import exchange as exchanges
 from sparse_operation_kit.lookup.checks import agreed_checks
-from sparse_operation_kit.lookup.input_dist import send_ids_to_owners
+from sparse_operation_kit.lookup.exchange import Exchange
+from sparse_operation_kit.lookup.input_dist import Routes, route, send_ids_to_owners
 from sparse_operation_kit.lookup.local_lookup import pool_held, pool_rows
 from sparse_operation_kit.lookup.output_dist import return_sums
 from sparse_operation_kit.lookup.plan import ExchangePlan, fused_tables
@@ -135,8 +141,23 @@ def lookup_sparse(
     n = comm.num_ranks()
     arguments.validate_placement(params, kinds, n)
     fused = fused_tables(params, kinds) if n == 1 else []
-    checks, batch_sizes = agreed_checks(
-        params, kinds, ragged, weights, comm, hotness, checked_by_op=fused, combiners=names
+    exchange: Exchange | None = None
+    plan = routes = None
+    if n > 1:
+        exchange = exchanges.of(comm)
+        plan = ExchangePlan.of(params, kinds, comm.rank(), n)
+        routes = route(plan, [_as_int64(ids.values) for ids in ragged])
+    checks, batch_sizes, sends = agreed_checks(
+        params,
+        kinds,
+        ragged,
+        weights,
+        comm,
+        hotness,
+        checked_by_op=fused,
+        combiners=names,
+        exchange=exchange,
+        sends=None if routes is None else routes.counts,
     )
     outputs: list[Any] = [None] * len(params)
     if fused:
@@ -158,14 +179,30 @@ def lookup_sparse(
             arguments.subset(ragged, rest),
             arguments.subset(weights, rest),
             arguments.subset(names, rest),
-            comm,
             checks,
-            batch_sizes,
             low_frequency_filter,
+            None if exchange is None else _Exchanged(exchange, plan, routes, batch_sizes, sends),
         )
         for i, embedding in zip(rest, pooled):
             outputs[i] = embedding
     return outputs[0] if single else outputs
+
+
+@dataclass(frozen=True)
+class _Exchanged:
+    """What the exchange of a call at several ranks knows before it starts: its collectives, plan
+    and routes, and from the checks' allgather every rank's batch size and ids per owner (host)."""
+
+    exchange: Exchange
+    plan: ExchangePlan
+    routes: Routes
+    batch_sizes: tf.Tensor
+    sends: tf.Tensor
+
+
+def _as_int64(keys: tf.Tensor) -> tf.Tensor:
+    """Ids as the exchange carries them: int64, a uint64 table's keys as their bits."""
+    return tf.bitcast(keys, tf.int64) if keys.dtype == tf.uint64 else tf.cast(keys, tf.int64)
 
 
 def _lookup_with_tf_ops(
@@ -174,15 +211,12 @@ def _lookup_with_tf_ops(
     ragged: list[tf.RaggedTensor],
     weights: list[tf.RaggedTensor] | None,
     names: list[str],
-    comm: communication.CommunicationTool,
     checks: list[tf.Operation],
-    batch_sizes: tf.Tensor | None,
-    low_frequency_filter: bool = False,
+    low_frequency_filter: bool,
+    exchanged: _Exchanged | None,
 ) -> list[tf.Tensor]:
-    """Pooled lookups through TensorFlow ops (and the exchange when there are several ranks), after
-    ``checks``: steps 2-4 of the module docstring. ``batch_sizes``: every rank's (from the checks'
-    allgather; None with one rank)."""
-    n, rank = comm.num_ranks(), comm.rank()
+    """Pooled lookups through TensorFlow ops (and the exchange when there are several ranks:
+    ``exchanged``, None with one rank), after ``checks``: steps 2-4 of the module docstring."""
     with tf.control_dependencies(checks):
         # Everything below, collectives included, waits for the checks.
         keys = [tf.identity(ids.values) for ids in ragged]
@@ -192,7 +226,7 @@ def _lookup_with_tf_ops(
     local_batch = device_ops.length(lengths[0])
     samples = [device_ops.sample_ids(ids.row_splits, ids.values) for ids in ragged]
     values = None if weights is None else [w.values for w in weights]
-    if n == 1:
+    if exchanged is None:
         partial = [
             pool_rows(
                 p, k, keys[i], samples[i], None if values is None else values[i], local_batch, 1, low_frequency_filter
@@ -200,11 +234,19 @@ def _lookup_with_tf_ops(
             for i, (p, k) in enumerate(zip(params, kinds))
         ]
     else:
-        plan = ExchangePlan.of(params, kinds, rank, n)
-        as_int64 = [tf.bitcast(k, tf.int64) if k.dtype == tf.uint64 else tf.cast(k, tf.int64) for k in keys]
-        owned = send_ids_to_owners(plan, as_int64, [tf.cast(s, tf.int64) for s in samples], values, batch_sizes, comm)
+        plan = exchanged.plan
+        owned = send_ids_to_owners(
+            plan,
+            [_as_int64(k) for k in keys],
+            [tf.cast(s, tf.int64) for s in samples],
+            values,
+            exchanged.routes,
+            exchanged.batch_sizes,
+            exchanged.sends,
+            exchanged.exchange,
+        )
         held, statuses, empty = pool_held(plan, owned, low_frequency_filter)
-        partial = return_sums(plan, held, statuses, empty, owned.batch_sizes, local_batch, comm)
+        partial = return_sums(plan, held, statuses, empty, owned.batch_sizes, local_batch, exchanged.exchange)
     return [
         _combine(pooled, name, lengths[i], None if weights is None else weights[i])
         for i, (pooled, name) in enumerate(zip(partial, names))

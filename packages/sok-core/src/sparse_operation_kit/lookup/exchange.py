@@ -1,0 +1,202 @@
+"""The collectives of ``sok.lookup_sparse``'s exchange: SOK's own NCCL ops on GPU ranks, Horovod's
+elsewhere.
+
+Every size an exchange needs is known on the host before it starts (the counts of the ids travel in
+the call's one allgather, the pooled rows' follow from the batch sizes), so both collectives take
+their counts from the host:
+
+- ``allgather(values)``: every rank's int64 vector, of one length on every rank, in rank order;
+- ``alltoall(values, send_counts, recv_counts)``: rows ``send_counts[r]`` to rank ``r``, the
+  ``recv_counts[r]`` rows of rank ``r`` back (int32 ``[n]`` each, in rows of ``values``); for
+  floats, its gradient is the all-to-all back.
+
+Horovod negotiates each collective among the ranks on its background thread and waits on the host
+for the collective's input; SOK's NCCL ops (``libsok_tf_nccl.so``) enqueue NCCL's kernels on
+TensorFlow's compute stream instead, so the host never waits for the GPU. They need an order that
+is the same on every rank: each one is chained to the previous one of its graph (a control
+dependency), as the ranks build their graphs in the same order.
+
+``SOK_EXCHANGE`` chooses, read at a process's first exchange: ``auto`` (the default: NCCL when
+TensorFlow sees a GPU and sok-core was built with NCCL, else Horovod), ``nccl`` (an error where it
+cannot run) or ``horovod``. The NCCL communicator is set up at that first exchange, on every rank
+at once (rank 0's ``ncclUniqueId`` travels in a Horovod broadcast).
+
+A rank that never joins an NCCL collective (it skipped a ``sok.lookup_sparse`` call the others
+made) leaves the others waiting: Horovod's stall inspector does not see SOK's own collectives.
+``SOK_EXCHANGE=horovod`` bounds that wait (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``) at Horovod's
+speed.
+
+Example::
+
+    exchange = of(communication.tool())
+    gathered = exchange.allgather(record, name="sok.lookup_sparse: allgather of ...")
+    rows = exchange.alltoall(send, send_counts, recv_counts, name="sok.lookup_sparse: all-to-all of ...")
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from sparse_operation_kit import communication, tf_ops
+from sparse_operation_kit.lookup.checks import raise_unless
+
+__all__ = ["EXCHANGES", "INT32_MAX", "SETTING", "Exchange", "HorovodExchange", "NcclExchange", "int32_counts", "of"]
+
+logger = logging.getLogger(__name__)
+
+#: The environment variable that chooses the exchange's collectives, and its values.
+SETTING = "SOK_EXCHANGE"
+EXCHANGES = ("auto", "nccl", "horovod")
+
+
+#: The largest count the exchange's all-to-all takes: its counts (and Horovod's offsets) are int32.
+INT32_MAX = 2**31 - 1
+
+
+def int32_counts(counts: tf.Tensor, what: str) -> tf.Tensor:
+    """``counts`` (int64 values per rank, on the host) as int32, once their sum is known to fit:
+    a larger count would wrap around in Horovod's all-to-all, not fail (SOK's NCCL all-to-all takes
+    int32 counts too). ``what`` names the data in the error."""
+    total = tf.reduce_sum(counts)
+    message = tf.strings.join(
+        [
+            f"sok.lookup_sparse: {what} are ",
+            tf.strings.as_string(total),
+            f" values in one all-to-all; the exchange's all-to-all takes at most {INT32_MAX} per rank and call "
+            f"(its counts are int32). Use a smaller batch per rank, or split the tables over several calls",
+        ]
+    )
+    check = raise_unless(total <= INT32_MAX, message)
+    with tf.control_dependencies([] if check is None else [check]):
+        return tf.cast(counts, tf.int32)
+
+
+class Exchange:
+    """The exchange's two collectives (see the module docstring); ``name`` names the SOK call."""
+
+    name = "base"
+
+    def allgather(self, values: tf.Tensor, name: str) -> tf.Tensor:
+        raise NotImplementedError
+
+    def alltoall(self, values: tf.Tensor, send_counts: tf.Tensor, recv_counts: tf.Tensor, name: str) -> tf.Tensor:
+        raise NotImplementedError
+
+
+class HorovodExchange(Exchange):
+    """Horovod's collectives, through the communication tool (CPU ranks, and GPU ranks without NCCL)."""
+
+    name = "horovod"
+
+    def __init__(self, comm: communication.CommunicationTool) -> None:
+        self._comm = comm
+
+    def allgather(self, values: tf.Tensor, name: str) -> tf.Tensor:
+        return self._comm.allgather(values, name=name)
+
+    def alltoall(self, values: tf.Tensor, send_counts: tf.Tensor, recv_counts: tf.Tensor, name: str) -> tf.Tensor:
+        return self._comm.alltoall(values, send_counts, name=name)[0]
+
+
+class NcclExchange(Exchange):
+    """SOK's NCCL ops on this rank's GPU (``/GPU:0``: ``sok.init`` pins each rank to its own),
+    after the communicator is set up with the other ranks (a collective: every rank at once)."""
+
+    name = "nccl"
+
+    def __init__(self, comm: communication.CommunicationTool, ops: Any) -> None:
+        self._ops = ops
+        self._last: weakref.WeakKeyDictionary[Any, tf.Operation] = weakref.WeakKeyDictionary()
+        with tf.init_scope():  # eagerly, also when the first exchange is traced in a tf.function
+            with tf.device("/CPU:0"):
+                unique = ops.sok_nccl_unique_id() if comm.rank() == 0 else tf.zeros([128], tf.uint8)
+                unique = comm.broadcast(unique, 0, name="sok.lookup_sparse: broadcast of the NCCL id")
+            with tf.device("/GPU:0"):
+                ops.sok_nccl_init(unique, rank=comm.rank(), size=comm.num_ranks())
+        logger.info("SOK's exchange: NCCL on /GPU:0, rank %d of %d", comm.rank(), comm.num_ranks())
+
+    def _in_order(self, make: Callable[[], tf.Tensor]) -> tf.Tensor:
+        """``make()``, after the previous collective of the current graph: every rank then enqueues
+        them on its stream in the order the graph was built, which is the same on every rank."""
+        if tf.executing_eagerly():
+            return make()
+        graph = tf.compat.v1.get_default_graph()
+        last = self._last.get(graph)
+        with tf.control_dependencies([] if last is None else [last]):
+            out = make()
+        self._last[graph] = out.op
+        return out
+
+    def allgather(self, values: tf.Tensor, name: str) -> tf.Tensor:
+        with tf.device("/GPU:0"):
+            return self._in_order(lambda: self._ops.sok_nccl_all_gather(values, name=communication.op_name(name)))
+
+    def alltoall(self, values: tf.Tensor, send_counts: tf.Tensor, recv_counts: tf.Tensor, name: str) -> tf.Tensor:
+        def move(x: tf.Tensor, send: tf.Tensor, recv: tf.Tensor, op: str) -> tf.Tensor:
+            op = communication.op_name(op)
+            with tf.device("/GPU:0"):
+                return self._in_order(lambda: self._ops.sok_nccl_all_to_all(x, send, recv, name=op))
+
+        values = tf.convert_to_tensor(values)
+        if not values.dtype.is_floating:
+            return move(values, send_counts, recv_counts, name)
+
+        @tf.custom_gradient
+        def exchange(x: tf.Tensor) -> Any:
+            def gradient(d_received: tf.Tensor) -> tf.Tensor:
+                return move(d_received, recv_counts, send_counts, f"{name}, gradient")
+
+            return move(x, send_counts, recv_counts, name), gradient
+
+        return exchange(values)
+
+
+_chosen: tuple[communication.CommunicationTool, Exchange] | None = None
+
+
+def of(comm: communication.CommunicationTool) -> Exchange:
+    """The exchange of ``comm``'s ranks (several): chosen, and for NCCL set up, at the first call of
+    the process (``SOK_EXCHANGE``, see the module docstring); the same exchange afterwards."""
+    global _chosen
+    if _chosen is not None and _chosen[0] is comm:
+        return _chosen[1]
+    setting = os.environ.get(SETTING, "auto").strip().lower() or "auto"
+    if setting not in EXCHANGES:
+        raise ValueError(
+            f"{SETTING}={os.environ[SETTING]!r} is not an exchange; valid: {', '.join(EXCHANGES)} (auto: SOK's NCCL "
+            f"collectives on GPU ranks where sok-core was built with NCCL, else Horovod's)"
+        )
+    chosen: Exchange
+    if setting == "horovod":
+        chosen = HorovodExchange(comm)
+    else:
+        ops, why_not = _nccl_ops()
+        if ops is None and setting == "nccl":
+            raise RuntimeError(f"{SETTING}=nccl, but SOK's NCCL collectives cannot run here: {why_not}")
+        if ops is None:
+            logger.info("SOK's exchange: Horovod's collectives (%s)", why_not)
+            chosen = HorovodExchange(comm)
+        else:
+            chosen = NcclExchange(comm, ops)
+    _chosen = (comm, chosen)
+    return chosen
+
+
+def _nccl_ops() -> tuple[Any | None, str]:
+    """SOK's NCCL op library where it can run (and why not, else)."""
+    ops = tf_ops.nccl_library()
+    if ops is None:
+        return None, (
+            f"sok-core was built without {tf_ops.NCCL_LIBRARY} (no NCCL at build time, or a TensorFlow without "
+            f"CUDA); set NCCL_HOME and rebuild sok-core for it"
+        )
+    with tf.init_scope():
+        if not tf.config.list_logical_devices("GPU"):
+            return None, "TensorFlow sees no GPU in this process"
+    return ops, ""
