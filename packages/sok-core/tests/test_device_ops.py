@@ -48,3 +48,49 @@ def test_length_is_the_number_of_values_as_int64(size: int) -> None:
     got = count(tf.zeros([size, 3]))
     assert got.dtype == tf.int64 and int(got) == size
     assert int(device_ops.length(tf.zeros([size, 3]))) == size
+
+
+DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
+
+
+def _on(device: str) -> str:
+    if device.startswith("/GPU") and not tf.config.list_logical_devices("GPU"):
+        pytest.skip("no GPU")
+    return device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "lengths", [[[2, 0, 3], [1, 1, 0], [0, 0, 4]], [[0, 0], [0, 0]], [[], []], [[5]], [[0], [3], [0]]]
+)
+def test_sample_ids_of_tables_are_their_sample_ids_one_after_the_other(device: str, lengths: list) -> None:
+    tables = [
+        tf.RaggedTensor.from_row_lengths(tf.range(sum(r), dtype=tf.int64), tf.constant(r, tf.int64)) for r in lengths
+    ]
+    with tf.device(_on(device)):
+        got = device_ops.sample_ids_of([t.row_splits for t in tables], [t.values for t in tables])
+    want = np.concatenate([t.value_rowids().numpy() for t in tables]).astype(np.int64)
+    assert got.dtype == tf.int64
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_groups", [1, 2, 3, 26, 1000])
+def test_group_by_key_is_a_stable_argsort_and_a_bincount(device: str, num_groups: int) -> None:
+    keys = np.random.default_rng(num_groups).integers(0, num_groups, size=5000).astype(np.int64)
+    with tf.device(_on(device)):
+        order, counts = device_ops.group_by_key(tf.constant(keys), num_groups)
+    np.testing.assert_array_equal(order.numpy(), np.argsort(keys, kind="stable"))
+    np.testing.assert_array_equal(counts.numpy(), np.bincount(keys, minlength=num_groups))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_group_by_key_of_no_keys(device: str) -> None:
+    with tf.device(_on(device)):
+        order, counts = device_ops.group_by_key(tf.zeros([0], tf.int64), 3)
+    assert order.numpy().tolist() == [] and counts.numpy().tolist() == [0, 0, 0]
+
+
+def test_group_by_key_refuses_a_key_outside_the_groups_on_the_cpu() -> None:
+    with tf.device("/CPU:0"), pytest.raises(tf.errors.InvalidArgumentError, match=r"keys\[1\] = 3 is outside \[0, 3\)"):
+        device_ops.group_by_key(tf.constant([0, 3], tf.int64), 3)

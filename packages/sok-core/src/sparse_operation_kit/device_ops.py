@@ -9,22 +9,31 @@ these make a host round trip (a copy to the host, which waits for the GPU) under
   sizes) reads it back; ``length`` and ``on_host`` keep such scalars on the host.
 - ``tf.math.floormod`` has no GPU kernel for int64, so TensorFlow copies the ids to the host and
   back; ``floormod`` computes it from ``floordiv``, which has one.
+- ``tf.argsort`` (a ``TopKV2``) and ``tf.math.bincount`` take no int64 keys on the GPU, and int32
+  tensors of GPU ops live on the host: grouping ids by owner or table with them ran on the host,
+  every id copied there and back. ``group_by_key`` is SOK's own op (a radix sort on the GPU).
+- One ``sample_ids`` per table is a range and a search per table; ``sample_ids_of`` does all the
+  tables of a call in one of each.
 
 Example::
 
     ids = tf.ragged.constant([[3, 4], [], [5]], dtype=tf.int64)
     sample_ids(ids.row_splits, ids.values)   # [0, 0, 2]
     floormod(tf.constant([-3, 4], tf.int64), 2)   # [1, 0]
+    group_by_key(tf.constant([1, 0, 1], tf.int64), 2)   # order [1, 0, 2], counts [1, 2]
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["floormod", "length", "on_host", "sample_ids"]
+from sparse_operation_kit import tf_ops
+
+__all__ = ["floormod", "group_by_key", "length", "on_host", "sample_ids", "sample_ids_of"]
 
 
 def on_host() -> contextlib.AbstractContextManager[Any]:
@@ -52,3 +61,23 @@ def floormod(ids: tf.Tensor, n: int) -> tf.Tensor:
     ``n >= 1``: in ``[0, n)`` also for negative ids."""
     n = tf.constant(n, ids.dtype)
     return ids - tf.math.floordiv(ids, n) * n
+
+
+def sample_ids_of(row_splits: Sequence[tf.Tensor], values: Sequence[tf.Tensor]) -> tf.Tensor:
+    """``sample_ids`` of several ragged tensors of one batch (``row_splits[t]`` int32 or int64, all
+    ``[batch + 1]``), their values one after the other (int64 ``[sum of len(values[t])]``)."""
+    splits = tf.stack([tf.cast(s, tf.int64) for s in row_splits])  # [tables, batch + 1]
+    offsets = tf.cumsum(splits[:, -1], exclusive=True)  # where each table's values start
+    ends = tf.reshape(splits[:, 1:] + offsets[:, None], [-1])  # end of each (table, sample) row
+    with on_host():
+        total = tf.add_n([length(v) for v in values])
+        batch = length(row_splits[0]) - 1
+    rows = tf.searchsorted(ends, tf.range(total, dtype=tf.int64), side="right", out_type=tf.int64)
+    return rows - tf.math.floordiv(rows, tf.maximum(batch, 1)) * batch
+
+
+def group_by_key(keys: tf.Tensor, num_groups: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(order, counts)`` of int64 ``keys`` in ``[0, num_groups)``: the indices of the keys grouped
+    by key, ascending and stable (``tf.argsort(keys, stable=True)``), and how many keys each group
+    has (``tf.math.bincount``), both int64 on the keys' device."""
+    return tf_ops.library().sok_group_by_key(keys, num_groups=num_groups)

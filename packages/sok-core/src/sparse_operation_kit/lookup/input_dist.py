@@ -1,6 +1,6 @@
 """Input distribution: each id of one ``sok.lookup_sparse`` call goes to the rank that holds it.
 
-Every rank sorts the ids of all its tables by owner (stably: within an owner, by table, then by
+Every rank groups the ids of all its tables by owner (stably: within an owner, by table, then by
 sample) and sends each owner its part in one all-to-all of ``[ids, 2]`` int64 rows ``(table << 40 |
 sample, id)``; weights, when given, travel in a second all-to-all with the same splits (so that
 their gradient flows back). What a rank sends and receives grows with its own batch, not with the
@@ -43,57 +43,73 @@ class OwnedIds:
     """The ids this rank holds, from every rank, per table of the call (empty for the tables it
     does not hold): ``keys`` int64 (a uint64 table's keys as their bits), ``samples`` their sample
     in the call's global batch (non-decreasing), ``weights`` float32 or None. ``batch_sizes`` is
-    every rank's local batch (int64 ``[n]``), ``global_batch`` their sum."""
+    every rank's local batch (int64 ``[n]``), ``global_batch`` their sum. ``table_rows`` is ``table
+    * global_batch + sample`` of every id, by table (non-decreasing), and ``counts`` the ids of each
+    table (int64 ``[tables]``): ``row_splits`` reads them."""
 
     keys: list[tf.Tensor]
     samples: list[tf.Tensor]
     weights: list[tf.Tensor] | None
     batch_sizes: tf.Tensor
     global_batch: tf.Tensor
+    table_rows: tf.Tensor
+    counts: tf.Tensor
+
+    def row_splits(self, tables: Sequence[int]) -> list[tf.Tensor]:
+        """The row splits over the global batch (int64 ``[global_batch + 1]``) of the ids of each of
+        ``tables``, from one search for all of them."""
+        if not tables:
+            return []
+        with device_ops.on_host():
+            rows = self.global_batch + 1
+        picked = tf.constant(list(tables), tf.int64)
+        queries = tf.reshape(picked[:, None] * self.global_batch + tf.range(rows, dtype=tf.int64)[None, :], [-1])
+        starts = tf.gather(tf.cumsum(self.counts, exclusive=True), picked)
+        found = tf.searchsorted(self.table_rows, queries, side="left", out_type=tf.int64)
+        return tf.unstack(tf.reshape(found, [len(tables), -1]) - starts[:, None], num=len(tables))
 
 
 @dataclass(frozen=True)
 class Routes:
-    """Where the ids of one call go: ``destinations`` the owner of each id (int32, the tables' ids
-    one after the other), ``counts`` how many go to each rank (int64 ``[n]``)."""
+    """Where the ids of one call go (the tables' ids one after the other): ``order`` groups them by
+    owner (stably: within an owner, by table, then by sample), ``counts`` how many go to each rank
+    (int64 ``[n]``)."""
 
-    destinations: tf.Tensor
+    order: tf.Tensor
     counts: tf.Tensor
 
 
 def route(plan: ExchangePlan, keys: Sequence[tf.Tensor]) -> Routes:
     """The owners of ``keys`` (per table of the call: int64, a uint64 table's keys as their bits)."""
     destinations = tf.concat([owner(k, table, plan.n) for k, table in zip(keys, plan.tables)], 0)
-    counts = tf.math.bincount(destinations, minlength=plan.n, maxlength=plan.n, dtype=tf.int32)
-    return Routes(destinations, tf.cast(counts, tf.int64))
+    return Routes(*device_ops.group_by_key(destinations, plan.n))
 
 
 def send_ids_to_owners(
     plan: ExchangePlan,
     keys: Sequence[tf.Tensor],
-    samples: Sequence[tf.Tensor],
+    samples: tf.Tensor,
     weights: Sequence[tf.Tensor] | None,
     routes: Routes,
     batch_sizes: tf.Tensor,
     sends: tf.Tensor,
     exchange: Exchange,
 ) -> OwnedIds:
-    """Sends each id (``keys[t]``: int64, of local samples ``samples[t]``: int64, in sample order)
-    to the rank that holds it (``routes``, of the same keys); returns what this rank received (see
-    ``OwnedIds``). ``batch_sizes``: every rank's local batch (int64 ``[n]``); ``sends[r, o]``: the
-    ids rank ``r`` sends rank ``o`` (int64 ``[n, n]``); both in host memory, gathered with the
-    call's checks."""
+    """Sends each id (``keys[t]``: int64, in sample order; ``samples``: the local sample of each id of
+    every table, one table after the other, int64) to the rank that holds it (``routes``, of the
+    same keys); returns what this rank received (see ``OwnedIds``). ``batch_sizes``: every rank's
+    local batch (int64 ``[n]``); ``sends[r, o]``: the ids rank ``r`` sends rank ``o`` (int64 ``[n,
+    n]``); both in host memory, gathered with the call's checks."""
     num_tables = len(plan.tables)
     with device_ops.on_host():
         global_batch = tf.reduce_sum(batch_sizes)
         send_counts = int32_counts(sends[plan.rank], "the ids this rank sends")
         received_counts = int32_counts(sends[:, plan.rank], "the ids this rank receives")
-    destinations = routes.destinations
+    order = routes.order
     tables = tf.concat(
         [tf.fill(tf.shape(k, out_type=tf.int64), tf.constant(t, tf.int64)) for t, k in enumerate(keys)], 0
     )
-    order = tf.argsort(destinations, stable=True)
-    packed = tf.bitwise.bitwise_or(tf.bitwise.left_shift(tables, _SAMPLE_BITS), tf.concat(samples, 0))
+    packed = tf.bitwise.bitwise_or(tf.bitwise.left_shift(tables, _SAMPLE_BITS), samples)
     rows = tf.gather(tf.stack([packed, tf.concat(keys, 0)], axis=1), order)
     received = exchange.alltoall(rows, send_counts, received_counts, name="sok.lookup_sparse: all-to-all of the ids")
     received_weights = None
@@ -111,13 +127,12 @@ def send_ids_to_owners(
     positions = tf.range(device_ops.length(received), dtype=tf.int64)
     sources = tf.searchsorted(ends, positions, side="right", out_type=tf.int64)
     first_sample = tf.cumsum(batch_sizes, exclusive=True)
-    # int32 tables, counts and sort keys, float64 bits: TensorFlow's GPU kernels of Bincount and
-    # SplitV take no int64 values (nor, we suspect, the TopKV2 under argsort), and the placer would
-    # run them on the CPU, with copies of every id to the host and back.
-    received_tables = tf.cast(tf.bitwise.right_shift(received[:, 0], _SAMPLE_BITS), tf.int32)
+    # Grouped by SOK's op and split as float64 bits: TensorFlow's argsort, Bincount and SplitV take no
+    # int64 values on the GPU (nor int32 ones in device memory), so they would run on the host, with
+    # copies of every id there and back.
+    received_tables = tf.bitwise.right_shift(received[:, 0], _SAMPLE_BITS)
     global_samples = tf.bitwise.bitwise_and(received[:, 0], (1 << _SAMPLE_BITS) - 1) + tf.gather(first_sample, sources)
-    by_table = tf.argsort(received_tables, stable=True)
-    counts = tf.math.bincount(received_tables, minlength=num_tables, maxlength=num_tables, dtype=tf.int32)
+    by_table, counts = device_ops.group_by_key(received_tables, num_tables)
 
     def per_table(values: tf.Tensor) -> list[tf.Tensor]:
         ordered = tf.gather(values, by_table)
@@ -132,4 +147,6 @@ def send_ids_to_owners(
         weights=None if received_weights is None else per_table(received_weights),
         batch_sizes=batch_sizes,
         global_batch=global_batch,
+        table_rows=tf.gather(received_tables * global_batch + global_samples, by_table),
+        counts=counts,
     )

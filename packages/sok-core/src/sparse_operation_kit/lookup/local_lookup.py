@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from sparse_operation_kit import device_ops, pooled_lookup, tf_ops
+from sparse_operation_kit import pooled_lookup, tf_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable, try_sparse_read
 from sparse_operation_kit.lookup.input_dist import OwnedIds
 from sparse_operation_kit.lookup.plan import ExchangePlan, TablePlan, fused_tables, on_gpu, shard
@@ -111,13 +111,10 @@ def pool_held(
     partial: dict[int, tf.Tensor] = {}
     statuses: dict[int, Status] = {}
     if fused:
-        with device_ops.on_host():
-            limit = owned.global_batch + 1
-        positions = tf.range(limit, dtype=tf.int64)
+        splits = dict(zip(fused, owned.row_splits(fused)))
 
         def ragged(values: list[tf.Tensor], t: int) -> tf.RaggedTensor:
-            splits = tf.searchsorted(owned.samples[t], positions, side="left", out_type=tf.int64)
-            return tf.RaggedTensor.from_row_splits(values[t], splits, validate=False)
+            return tf.RaggedTensor.from_row_splits(values[t], splits[t], validate=False)
 
         pooled = pooled_lookup.pooled_lookup(
             [params[t] for t in fused],

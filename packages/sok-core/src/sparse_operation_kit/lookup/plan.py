@@ -78,10 +78,10 @@ class ExchangePlan:
 
 
 def owner(keys: tf.Tensor, table: TablePlan, n: int) -> tf.Tensor:
-    """The rank (int32) that holds each id of ``keys`` (int64, a uint64 table's keys as their bits)."""
+    """The rank (int64) that holds each id of ``keys`` (int64, a uint64 table's keys as their bits)."""
     if len(table.holders) == 1:
-        return tf.fill(tf.shape(keys), tf.constant(table.holders[0], tf.int32))
-    return tf.cast(device_ops.floormod(keys, n), tf.int32)  # negative ids and keys too, as sok.load places them
+        return tf.fill(tf.shape(keys, out_type=tf.int64), tf.constant(table.holders[0], tf.int64))
+    return device_ops.floormod(keys, n)  # negative ids and keys too, as sok.load places them
 
 
 def shard(table: TablePlan, rank: int, n: int) -> tuple[int, int]:

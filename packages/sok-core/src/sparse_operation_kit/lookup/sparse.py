@@ -224,9 +224,9 @@ def _lookup_with_tf_ops(
         if weights is not None:
             weights = [tf.RaggedTensor.from_row_lengths(tf.identity(w.values), w.row_lengths()) for w in weights]
     local_batch = device_ops.length(lengths[0])
-    samples = [device_ops.sample_ids(ids.row_splits, ids.values) for ids in ragged]
     values = None if weights is None else [w.values for w in weights]
     if exchanged is None:
+        samples = [device_ops.sample_ids(ids.row_splits, ids.values) for ids in ragged]
         partial = [
             pool_rows(
                 p, k, keys[i], samples[i], None if values is None else values[i], local_batch, 1, low_frequency_filter
@@ -238,7 +238,7 @@ def _lookup_with_tf_ops(
         owned = send_ids_to_owners(
             plan,
             [_as_int64(k) for k in keys],
-            [tf.cast(s, tf.int64) for s in samples],
+            device_ops.sample_ids_of([ids.row_splits for ids in ragged], keys),
             values,
             exchanged.routes,
             exchanged.batch_sizes,
