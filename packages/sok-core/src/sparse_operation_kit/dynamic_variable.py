@@ -39,6 +39,7 @@ from sparse_operation_kit.dtypes import KEY_DTYPES
 from sparse_operation_kit.slot_view import DynamicSlot
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, Storage, create_storage
 from sparse_operation_kit.table_ref import TableRef
+from sparse_operation_kit.validate import is_positive_int
 
 if TYPE_CHECKING:
     from sparse_operation_kit.optimizer import OptimizerWrapper
@@ -208,11 +209,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         mode: str | None = None,
         **kwargs: Any,
     ) -> None:
-        if (
-            isinstance(dimension, bool)
-            or not isinstance(dimension, (int, np.integer))
-            or not 1 <= dimension <= MAX_ROW_WIDTH
-        ):
+        if not is_positive_int(dimension) or dimension > MAX_ROW_WIDTH:
             raise ValueError(
                 f"dimension must be an integer in 1 .. {MAX_ROW_WIDTH} (2**31 - 1, the widest row a storage "
                 f"takes), got {dimension!r}; pass the embedding width as an int"

@@ -32,6 +32,7 @@ from sparse_operation_kit import communication
 from sparse_operation_kit.distributed_variable import Variable
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.lookup import all2all_dense_embedding
+from sparse_operation_kit.validate import positive_int
 
 __all__ = ["DynamicEmbedding", "All2AllDenseEmbedding"]
 
@@ -181,8 +182,7 @@ class All2AllDenseEmbedding(_OwnsSokVariable):
             ("slot_num", slot_num),
             ("nnz_per_slot", nnz_per_slot),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            positive_int(value, name, numpy=False)
         self.embedding_vec_size, self.slot_num, self.nnz_per_slot = embedding_vec_size, slot_num, nnz_per_slot
         self.dynamic_input = dynamic_input
         initializer = (

@@ -64,6 +64,7 @@ from sparse_operation_kit.device_arrays import (
 from sparse_operation_kit.dtypes import SCORE_DTYPE, VALUE_DTYPE, normalize_key_dtype
 from sparse_operation_kit.plugins.registry import BackendSpec, get_registry
 from sparse_operation_kit.progress import Callback, NoOpCallback
+from sparse_operation_kit.validate import positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -793,8 +794,7 @@ def create_storage(
     kind, device_id = parse_device(device)
     registry = get_registry()
     spec = registry.spec(var_type)
-    if isinstance(row_width, bool) or not isinstance(row_width, (int, np.integer)) or row_width < 1:
-        raise ValueError(f"row_width must be an integer >= 1, got {row_width!r}")
+    row_width = positive_int(row_width, "row_width")
     if row_width > MAX_ROW_WIDTH:
         raise ValueError(
             f"row_width {row_width!r} is too wide; valid: 1 .. {MAX_ROW_WIDTH} (2**31 - 1: the storage C ABI "

@@ -32,6 +32,7 @@ import threading
 from typing import Any
 
 import tensorflow as tf
+from sparse_operation_kit.validate import is_positive_int
 
 from hierarchical_parameter_server.config import PSConfig, load_config
 from hierarchical_parameter_server.server import ParameterServer
@@ -102,7 +103,7 @@ def Init(**kwargs: Any) -> tf.Tensor:  # noqa: N802 (the seed API's name)
 
 def _check(config: PSConfig, global_batch_size: Any) -> None:
     """The checks of the original's ``init_check``, raised (one replica per process)."""
-    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size <= 0:
+    if not is_positive_int(global_batch_size, numpy=False):
         raise ValueError(f"global_batch_size must be an integer > 0, got {global_batch_size!r}")
     for i, model in enumerate(config.models):
         devices = sorted(int(d) for d in model.deployed_device_list)

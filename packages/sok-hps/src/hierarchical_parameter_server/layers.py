@@ -31,6 +31,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 from sparse_operation_kit.lookup import COMBINERS
+from sparse_operation_kit.validate import positive_int
 
 from hierarchical_parameter_server import init
 from hierarchical_parameter_server.server import ServedTable
@@ -58,8 +59,7 @@ class _HpsLayer(keras.layers.Layer):
             dtype = None
         if dtype != tf.float32:
             raise ValueError(f"emb_vec_dtype must be tf.float32 (HPS tables hold float32 rows), got {emb_vec_dtype!r}")
-        if isinstance(emb_vec_size, bool) or not isinstance(emb_vec_size, int) or emb_vec_size < 1:
-            raise ValueError(f"emb_vec_size must be an integer >= 1, got {emb_vec_size!r}")
+        positive_int(emb_vec_size, "emb_vec_size", numpy=False)
         if isinstance(table_id, bool) or not isinstance(table_id, int) or table_id < 0:
             raise ValueError(f"table_id must be an integer >= 0, got {table_id!r}")
         self.model_name = model_name

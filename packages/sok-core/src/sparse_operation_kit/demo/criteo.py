@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from sparse_operation_kit.validate import is_positive_int
+
 __all__ = [
     "CRITEO_CARDINALITIES",
     "NUM_DENSE",
@@ -109,7 +111,7 @@ def capped_cardinalities(max_rows: int) -> tuple[int, ...]:
 
         capped_cardinalities(1 << 22)[:3]   # (4194304, 39060, 17295)
     """
-    if isinstance(max_rows, bool) or not isinstance(max_rows, (int, np.integer)) or max_rows < 1:
+    if not is_positive_int(max_rows):
         raise ValueError(f"max_rows {max_rows!r} is not valid; valid: an integer >= 1")
     return tuple(min(r, int(max_rows)) for r in MLPERF_ROWS)
 
@@ -121,9 +123,7 @@ def check_hotness(hotness: Sequence[int]) -> tuple[int, ...]:
         ValueError: a length other than 26 or an entry that is not an integer >= 1.
     """
     values = list(hotness)
-    if len(values) != NUM_CATEGORICAL or any(
-        isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1 for h in values
-    ):
+    if len(values) != NUM_CATEGORICAL or not all(is_positive_int(h) for h in values):
         raise ValueError(
             f"hotness {values!r} is not valid ({len(values)} entries); valid: {NUM_CATEGORICAL} integers >= 1, "
             f"the ids per sample of each categorical feature (MLPerf's: {' '.join(map(str, MLPERF_HOTNESS))})"

@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL, NUM_DENSE, check_hotness
+from sparse_operation_kit.validate import is_positive_int
 
 __all__ = ["LowRankCrossNet", "DCNv2Tower", "split_bags"]
 
@@ -79,7 +80,7 @@ class LowRankCrossNet(tf.keras.layers.Layer):
     def __init__(self, num_layers: int, low_rank: int, seed: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         for name, value in (("num_layers", num_layers), ("low_rank", low_rank)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            if not is_positive_int(value):
                 raise ValueError(f"{name} {value!r} is not valid; valid: an integer >= 1")
         self.num_layers = int(num_layers)
         self.low_rank = int(low_rank)
@@ -144,7 +145,7 @@ class DCNv2Tower(tf.keras.Model):
     ) -> None:
         super().__init__()
         for name, value, valid in (("dim", [dim], "an integer"), ("bottom", bottom, "widths"), ("top", top, "widths")):
-            if any(isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1 for w in value):
+            if not all(is_positive_int(w) for w in value):
                 shown = dim if name == "dim" else list(value)
                 raise ValueError(f"{name} {shown!r} is not valid; valid: {valid} >= 1")
         glorot = tf.keras.initializers.GlorotUniform

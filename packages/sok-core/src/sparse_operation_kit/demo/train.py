@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from sparse_operation_kit.demo.criteo import MLPERF_HOTNESS, check_hotness
+from sparse_operation_kit.validate import is_positive_int
 
 __all__ = [
     "MODELS",
@@ -162,11 +163,11 @@ class DemoConfig:
             raise ValueError(f"model {self.model!r} is not valid; valid: {', '.join(map(repr, MODELS))}")
         for name in ("steps", "epochs", "batch_size", "eval_batches", "dim", "max_rows", "cross_layers", "low_rank"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_positive_int(value, numpy=False):  # Python ints: the config is written to demo.json
                 raise ValueError(f"{name} {value!r} is not valid; valid: an integer >= 1")
         for name in ("bottom", "top"):
             widths = list(getattr(self, name))
-            if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+            if not all(is_positive_int(w, numpy=False) for w in widths):
                 raise ValueError(f"{name} {widths!r} is not valid; valid: hidden widths, integers >= 1")
         if self.model == "dcnv2":
             check_hotness(self.hotness)
@@ -210,13 +211,13 @@ def train(config: DemoConfig, output: str) -> dict[str, Any]:
 def _train(config: DemoConfig, output: str) -> dict[str, Any]:
     """:func:`train`, inside :func:`~.dlrm.float32_matmuls`."""
     import tensorflow as tf
-    from tqdm.auto import tqdm
 
     from sparse_operation_kit import communication
     from sparse_operation_kit.checkpoint import dump
     from sparse_operation_kit.demo.dlrm import SokEmbeddings
     from sparse_operation_kit.dense_sync import allreduce_dense_gradients, broadcast_dense_variables
     from sparse_operation_kit.optimizer import OptimizerWrapper
+    from sparse_operation_kit.progress import TqdmCallback
 
     if "HOROVOD_RANK" in os.environ and communication._tool is None:
         communication.init("horovod")
@@ -297,14 +298,17 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
     results: dict[str, Any] = {"eval_auc": [], "eval_loss": [], "eval_step": [], "auc_ceiling": ceiling}
     seconds = 0.0
     for epoch, count in enumerate(steps_per_epoch):
-        with tqdm(total=count, desc=f"epoch {epoch + 1}/{config.epochs}", unit="step", disable=rank != 0) as bar:
+        with TqdmCallback(desc=f"epoch {epoch + 1}/{config.epochs}", unit="step", disable=rank != 0) as bar:
+            bar.set_size(count)
             start = time.perf_counter()
             for _ in range(count):
                 losses.append(float(train_step(*next(data))))
-                bar.update(1)
-                if len(losses) % 10 == 0 or bar.n == count:
-                    rate = bar.n * config.batch_size / (time.perf_counter() - start)
+                done = bar.value + 1
+                # The text first, then the count: a log's line (at a tenth of the epoch) shows this step's.
+                if len(losses) % 10 == 0 or done == count:
+                    rate = done * config.batch_size / (time.perf_counter() - start)
                     bar.set_postfix_str(f"{rate / 1e3:.1f}k samples/s, loss {np.mean(losses[-10:]):.4f}")
+                bar.relative_update(1)
             seconds += time.perf_counter() - start
         value, eval_loss, predictions = evaluate()
         results["eval_auc"].append(value)

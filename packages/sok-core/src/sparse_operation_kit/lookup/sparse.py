@@ -49,7 +49,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from sparse_operation_kit import communication, device_ops, pooled_lookup
+from sparse_operation_kit import communication, device_ops, pooled_lookup, validate
 from sparse_operation_kit.lookup import arguments
 from sparse_operation_kit.lookup import exchange as exchanges
 from sparse_operation_kit.lookup.checks import agreed_checks
@@ -134,7 +134,7 @@ def lookup_sparse(
         if len(hotness) != len(ragged):
             raise ValueError(f"hotness has {len(hotness)} entries but sp_ids has {len(ragged)}")
         for i, limit in enumerate(hotness):
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            if not validate.is_positive_int(limit, numpy=False):
                 raise ValueError(f"hotness[{i}] = {limit!r} must be an integer >= 1")
 
     comm = communication.tool()

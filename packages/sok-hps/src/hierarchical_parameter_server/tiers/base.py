@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+from sparse_operation_kit.validate import is_positive_int
 
 __all__ = ["SharedTier", "Tier", "TierUnavailable", "check_keys", "check_rows", "fill_rows", "start_fetch"]
 
@@ -132,7 +133,7 @@ def check_keys(tag: str, keys: np.ndarray, dim: int) -> np.ndarray:
     keys = np.asarray(keys)
     if keys.ndim != 1 or keys.dtype.kind not in "iu":
         raise ValueError(f"{tag}: keys must be a 1-D integer array, got {keys.dtype} of shape {keys.shape}")
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+    if not is_positive_int(dim):
         raise ValueError(f"{tag}: dim must be an integer >= 1, got {dim!r}")
     return keys.view(np.int64) if keys.dtype == np.uint64 else keys.astype(np.int64, copy=False)
 
