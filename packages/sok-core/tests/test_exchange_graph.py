@@ -18,7 +18,14 @@ from sparse_operation_kit import communication  # noqa: E402
 
 #: Op types whose GPU kernels take no int64 values (``T``; ``Bincount``'s ``T`` is its weights',
 #: ``DenseBincount``'s ``Tidx`` its input's): under a GPU TensorFlow runs them on the host.
-NO_INT64_GPU_KERNEL = {"FloorMod": "T", "SplitV": "T", "Bincount": "T", "DenseBincount": "Tidx"}
+NO_INT64_GPU_KERNEL = {
+    "FloorMod": "T",
+    "SplitV": "T",
+    "Split": "T",
+    "Unpack": "T",
+    "Bincount": "T",
+    "DenseBincount": "Tidx",
+}
 #: Op types the exchange must not use in any dtype: argsort's TopKV2 and the bincounts take no int64
 #: keys on the GPU, and an int32 key of a GPU op lives on the host (issue 37's np 2 profile of the
 #: NCCL exchange: every id copied to the host for them). The exchange groups with SokGroupByKey.
@@ -42,6 +49,32 @@ def _ops_of(graph: tf.Graph) -> list[tf.Operation]:
     for function in graph._functions.values():  # noqa: SLF001 - the branches' graphs
         ops.extend(function.graph.get_operations() if hasattr(function, "graph") else [])
     return ops
+
+
+#: The device of ``device_ops.on_host()`` scopes, and the producers whose outputs are host-sized
+#: (a Shape's output is in host memory, whatever its input's size).
+HOST_SCOPE = "/device:CPU:0"
+HOST_OUTPUTS = {"Shape", "Size", "Const"}
+#: The one read of device values on the host a call makes: the gathered records of its checks.
+SMALL = 64
+
+
+def _read_on_the_host(ops: list[tf.Operation]) -> list[str]:
+    """Ops of ``on_host`` scopes that take a tensor of unknown or large size from an op not on the
+    host: under a GPU, TensorFlow copies the whole tensor to the host for them (``tf.shape`` of the
+    ids inside such a scope copied every id, issue 37's profile: 26 MB per step)."""
+    found = []
+    for op in ops:
+        if op.device != HOST_SCOPE or "SokTryLookup" in op.name:  # a CPU table's own ops, in this test
+            continue
+        for x in op.inputs:
+            producer = x.op
+            if producer.device == HOST_SCOPE or producer.type in HOST_OUTPUTS:
+                continue
+            if x.shape.is_fully_defined() and x.shape.num_elements() <= SMALL:
+                continue
+            found.append(f"{op.name} ({op.type}) <- {producer.name} ({producer.type}, shape {x.shape})")
+    return found
 
 
 def _host_bound(ops: list[tf.Operation]) -> list[str]:
@@ -89,6 +122,25 @@ def test_exchange_of_static_and_dynamic_tables_keeps_int64_ids_off_host_bound_op
     ops = _ops_of(_traced_step(params, weighted))
     assert any(op.type == "SokPooledLookup" for op in ops), "the traced graph is not the exchange's"
     assert _host_bound(ops) == []
+    assert _read_on_the_host(ops) == []
+
+
+def test_the_host_read_lint_finds_a_shape_taken_on_the_host() -> None:
+    """The check itself: ``tf.shape`` of the ids inside an ``on_host`` scope is reported; outside it
+    (``device_ops.length``), and small or host-made inputs, are not."""
+    from sparse_operation_kit import device_ops
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    def both(ids: tf.Tensor) -> tf.Tensor:
+        doubled = ids * 2
+        outside = device_ops.length(doubled)
+        with device_ops.on_host():
+            inside = tf.shape(doubled, out_type=tf.int64)[0]
+            small = tf.reduce_sum(tf.constant([1, 2], tf.int64) * 3)
+        return outside + inside + small
+
+    found = _read_on_the_host(_ops_of(both.get_concrete_function().graph))
+    assert len(found) == 1 and "(Shape) <- mul (Mul" in found[0], found
 
 
 def test_the_lint_finds_such_an_op() -> None:

@@ -43,7 +43,8 @@ def on_host() -> contextlib.AbstractContextManager[Any]:
 
 
 def length(values: tf.Tensor) -> tf.Tensor:
-    """``len(values)``: an int64 scalar in host memory, with no copy from the GPU."""
+    """``len(values)``: an int64 scalar in host memory, with no copy from the GPU. Call it outside
+    ``on_host``: there, the shape would be taken on the host, after a copy of all of ``values``."""
     shape = tf.shape(values, out_type=tf.int64)  # on the values' device, into host memory
     with on_host():
         return shape[0]
@@ -69,9 +70,11 @@ def sample_ids_of(row_splits: Sequence[tf.Tensor], values: Sequence[tf.Tensor]) 
     splits = tf.stack([tf.cast(s, tf.int64) for s in row_splits])  # [tables, batch + 1]
     offsets = tf.cumsum(splits[:, -1], exclusive=True)  # where each table's values start
     ends = tf.reshape(splits[:, 1:] + offsets[:, None], [-1])  # end of each (table, sample) row
+    lengths = [length(v) for v in values]  # each from its values' shape: never the values themselves
+    rows = length(row_splits[0])
     with on_host():
-        total = tf.add_n([length(v) for v in values])
-        batch = length(row_splits[0]) - 1
+        total = tf.add_n(lengths)
+        batch = rows - 1
     rows = tf.searchsorted(ends, tf.range(total, dtype=tf.int64), side="right", out_type=tf.int64)
     return rows - tf.math.floordiv(rows, tf.maximum(batch, 1)) * batch
 

@@ -66,7 +66,10 @@ class OwnedIds:
         queries = tf.reshape(picked[:, None] * self.global_batch + tf.range(rows, dtype=tf.int64)[None, :], [-1])
         starts = tf.gather(tf.cumsum(self.counts, exclusive=True), picked)
         found = tf.searchsorted(self.table_rows, queries, side="left", out_type=tf.int64)
-        return tf.unstack(tf.reshape(found, [len(tables), -1]) - starts[:, None], num=len(tables))
+        splits = tf.reshape(found, [len(tables), -1]) - starts[:, None]
+        # Split as float64 bits: TensorFlow's Unpack and Split take no int64 values on the GPU.
+        parts = tf.split(tf.bitcast(splits, tf.float64), len(tables), axis=0)
+        return [tf.reshape(tf.bitcast(part, tf.int64), [-1]) for part in parts]
 
 
 @dataclass(frozen=True)
