@@ -76,3 +76,52 @@ def test_horovod_exchange_passes_the_counts_to_the_communication_tool():
     gathered = chosen.allgather(tf.constant([7], tf.int64), name="x: allgather")
     assert rows.shape == (3, 2) and gathered.numpy().tolist() == [7, 7]
     assert comm.calls == [("alltoall", [1, 2], "x: all-to-all"), ("allgather", [7], "x: allgather")]
+
+
+class _FakeNcclOps:
+    """Stands in for libsok_tf_nccl.so: records the set-up, exchanges as identities."""
+
+    def __init__(self) -> None:
+        self.init_kwargs: dict = {}
+
+    def sok_nccl_unique_id(self):
+        return tf.fill([128], 7)
+
+    def sok_nccl_init(self, unique, **kwargs):
+        self.init_kwargs = dict(kwargs, id=unique.numpy().tolist()[:2])
+
+    def sok_nccl_all_to_all(self, x, send, recv, name=None):
+        return tf.identity(x, name=name)
+
+    def sok_nccl_all_gather(self, x, name=None):
+        return tf.identity(x, name=name)
+
+
+def test_nccl_set_up_passes_rank_size_and_the_stall_bound(monkeypatch):
+    monkeypatch.setenv(communication.STALL_SHUTDOWN_SETTING, "300")
+    monkeypatch.setenv(communication.STALL_CHECK_SETTING, "60")
+    ops = _FakeNcclOps()
+    exchanges.NcclExchange(_TwoRanks(), ops)
+    assert ops.init_kwargs == {"rank": 0, "size": 2, "timeout_seconds": 300, "id": [7, 7]}
+    monkeypatch.delenv(communication.STALL_SHUTDOWN_SETTING)
+    exchanges.NcclExchange(_TwoRanks(), ops)
+    assert ops.init_kwargs["timeout_seconds"] == 0  # no bound: the watchdog stays off
+
+
+def test_nccl_collectives_of_a_graph_are_chained_in_the_order_they_are_built():
+    exchange = exchanges.NcclExchange(_TwoRanks(), _FakeNcclOps())
+    counts = tf.constant([1, 1], tf.int32)
+
+    @tf.function
+    def step(x: tf.Tensor) -> tf.Tensor:
+        first = exchange.alltoall(x, counts, counts, name="t: first")
+        gathered = exchange.allgather(tf.constant([1], tf.int64), name="t: gather")
+        second = exchange.alltoall(x * 2.0, counts, counts, name="t: second")
+        return first + second + tf.cast(tf.reduce_sum(gathered), tf.float32)
+
+    graph = step.get_concrete_function(tf.TensorSpec([2], tf.float32)).graph
+    ops = {op.name: op for op in graph.get_operations()}
+    first, gather, second = ops["t__first"], ops["t__gather"], ops["t__second"]
+    assert first.control_inputs == []
+    assert gather.control_inputs == [first]
+    assert second.control_inputs == [gather]

@@ -17,10 +17,17 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu_exec.h"
@@ -75,6 +82,85 @@ class Communicators {
   std::map<int, Communicator> comms_;
 };
 
+// Follows the collectives of this process when a bound is set (see the top of the file).
+class Watchdog {
+ public:
+  static Watchdog& get() {
+    static Watchdog* watchdog = new Watchdog();  // never destroyed: its thread runs for the process
+    return *watchdog;
+  }
+
+  void set_bound(int64_t seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    bound_s_ = seconds;
+  }
+
+  // Records an event after the collective just enqueued on `stream` (device `device`).
+  Status watch(int device, cudaStream_t stream, const std::string& what, const Communicator& comm) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (bound_s_ <= 0) return Status();
+    cudaEvent_t event = nullptr;
+    TF_RETURN_IF_ERROR(SOK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming)));
+    const Status recorded = SOK_CUDA(cudaEventRecord(event, stream));
+    if (!recorded.ok()) {
+      cudaEventDestroy(event);
+      return recorded;
+    }
+    pending_.push_back(Pending{event, device, std::chrono::steady_clock::now(), what, comm});
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    return Status();
+  }
+
+ private:
+  struct Pending {
+    cudaEvent_t event;
+    int device;
+    std::chrono::steady_clock::time_point start;
+    std::string what;
+    Communicator comm;
+  };
+
+  // The collectives of one stream complete in order: only the oldest needs a look.
+  void loop() {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!pending_.empty()) {
+        Pending& oldest = pending_.front();
+        sok::gpu::DeviceGuard guard;
+        if (guard.enter(oldest.device) != cudaSuccess) break;
+        const cudaError_t state = cudaEventQuery(oldest.event);
+        if (state == cudaSuccess) {
+          cudaEventDestroy(oldest.event);
+          pending_.pop_front();
+          continue;
+        }
+        const auto waited = std::chrono::steady_clock::now() - oldest.start;
+        if (waited > std::chrono::seconds(bound_s_)) stall(oldest);
+        break;
+      }
+    }
+  }
+
+  [[noreturn]] void stall(const Pending& p) {
+    std::fprintf(stderr,
+                 "sok: SOK's NCCL collective '%s' (rank %d of %d, GPU %d) did not complete within %lld s "
+                 "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): a rank did not join it (every rank must make the same "
+                 "sok.lookup_sparse calls in the same order), or another rank failed or exited. The communicator is "
+                 "aborted and this process exits; restart the job. SOK_EXCHANGE=horovod runs the exchange through "
+                 "Horovod's collectives, whose stall inspector names the missing ranks.\n",
+                 p.what.c_str(), p.comm.rank, p.comm.size, p.device, static_cast<long long>(bound_s_));
+    std::fflush(stderr);
+    ncclCommAbort(p.comm.comm);
+    std::_Exit(EXIT_FAILURE);
+  }
+
+  std::mutex mu_;
+  std::deque<Pending> pending_;
+  std::thread thread_;
+  int64_t bound_s_ = 0;
+};
+
 Status communicator_of(int device, const char* op, Communicator* out) {
   if (Communicators::get().find(device, out)) return Status();
   return errors::FailedPrecondition(op, " on GPU ", device,
@@ -111,17 +197,20 @@ REGISTER_OP("SokNcclInit")
     .Input("id: uint8")
     .Attr("rank: int >= 0")
     .Attr("size: int >= 1")
+    .Attr("timeout_seconds: int >= 0 = 0")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc("Sets up this process's NCCL communicator on the op's GPU: rank `rank` of `size`, from rank 0's id. "
          "Every rank runs it at once (it waits for all). A second call with the same rank and size keeps the "
-         "communicator.");
+         "communicator. timeout_seconds > 0: a collective that does not complete within it ends the process "
+         "with an error naming it.");
 
 class NcclInitOp : public OpKernel {
  public:
   explicit NcclInitOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rank", &rank_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("size", &size_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("timeout_seconds", &timeout_s_));
     OP_REQUIRES(ctx, rank_ < size_,
                 errors::InvalidArgument("SokNcclInit: rank ", rank_, " is not below size ", size_,
                                         "; ranks are 0 .. size-1"));
@@ -140,6 +229,7 @@ class NcclInitOp : public OpKernel {
                                              "an NCCL communicator there as rank ", existing.rank, " of ",
                                              existing.size, ", not rank ", rank_, " of ", size_,
                                              "; one process takes one rank for its life"));
+      Watchdog::get().set_bound(timeout_s_);
       return;
     }
     ncclUniqueId unique;
@@ -151,11 +241,13 @@ class NcclInitOp : public OpKernel {
     made.size = static_cast<int>(size_);
     OP_REQUIRES_OK(ctx, SOK_NCCL(ncclCommInitRank(&made.comm, made.size, unique, made.rank)));
     Communicators::get().set(exec.device_id, made);
+    Watchdog::get().set_bound(timeout_s_);
   }
 
  private:
   int64_t rank_ = 0;
   int64_t size_ = 1;
+  int64_t timeout_s_ = 0;
 };
 REGISTER_KERNEL_BUILDER(Name("SokNcclInit").Device(DEVICE_GPU).HostMemory("id"), NcclInitOp);
 
@@ -244,6 +336,7 @@ class NcclAllToAllOp : public OpKernel {
     const Status ended = SOK_NCCL(ncclGroupEnd());  // always closes the group, also after an error
     OP_REQUIRES_OK(ctx, posted);
     OP_REQUIRES_OK(ctx, ended);
+    OP_REQUIRES_OK(ctx, Watchdog::get().watch(exec.device_id, stream, name(), comm));
   }
 };
 
@@ -282,6 +375,7 @@ class NcclAllGatherOp : public OpKernel {
     OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
     OP_REQUIRES_OK(ctx, SOK_NCCL(ncclAllGather(input.flat<T>().data(), output->flat<T>().data(), bytes, ncclUint8,
                                                comm.comm, stream_of(exec))));
+    OP_REQUIRES_OK(ctx, Watchdog::get().watch(exec.device_id, stream_of(exec), name(), comm));
   }
 };
 

@@ -22,9 +22,10 @@ cannot run) or ``horovod``. The NCCL communicator is set up at that first exchan
 at once (rank 0's ``ncclUniqueId`` travels in a Horovod broadcast).
 
 A rank that never joins an NCCL collective (it skipped a ``sok.lookup_sparse`` call the others
-made) leaves the others waiting: Horovod's stall inspector does not see SOK's own collectives.
-``SOK_EXCHANGE=horovod`` bounds that wait (``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``) at Horovod's
-speed.
+made) would leave the others waiting, and Horovod's stall inspector does not see SOK's own
+collectives. With ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` set (the setting that bounds Horovod's
+own waits; ``sok.init()`` warns when it is not), a watchdog of the op library ends every rank whose
+collective has not completed within it, with an error naming the collective.
 
 Example::
 
@@ -113,12 +114,13 @@ class NcclExchange(Exchange):
     def __init__(self, comm: communication.CommunicationTool, ops: Any) -> None:
         self._ops = ops
         self._last: weakref.WeakKeyDictionary[Any, tf.Operation] = weakref.WeakKeyDictionary()
+        bound = communication.stall_shutdown_seconds()
         with tf.init_scope():  # eagerly, also when the first exchange is traced in a tf.function
             with tf.device("/CPU:0"):
                 unique = ops.sok_nccl_unique_id() if comm.rank() == 0 else tf.zeros([128], tf.uint8)
                 unique = comm.broadcast(unique, 0, name="sok.lookup_sparse: broadcast of the NCCL id")
             with tf.device("/GPU:0"):
-                ops.sok_nccl_init(unique, rank=comm.rank(), size=comm.num_ranks())
+                ops.sok_nccl_init(unique, rank=comm.rank(), size=comm.num_ranks(), timeout_seconds=bound or 0)
         logger.info("SOK's exchange: NCCL on /GPU:0, rank %d of %d", comm.rank(), comm.num_ranks())
 
     def _in_order(self, make: Callable[[], tf.Tensor]) -> tf.Tensor:
