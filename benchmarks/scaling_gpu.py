@@ -22,8 +22,9 @@ ends when its last loss is on the host, its time is the slowest rank's, and the 
 each round. Printed per configuration: ms per step, total samples/s (N x batch / step), and the
 bytes each rank puts into SOK's collectives per step, measured: during two extra steps the
 methods of ``sparse_operation_kit.communication.tool()`` (``allgather``, ``alltoall``,
-``allreduce_sum``) are wrapped so that each adds ``tf.size(input) x itemsize`` to counters in the
-graph (the second step's increase is the figure; an exchange that bypasses the tool counts 0).
+``allreduce_sum``), and those of the lookup's exchange where it bypasses the tool (SOK's NCCL
+``allgather`` and ``alltoall``), are wrapped so that each adds ``tf.size(input) x itemsize`` to
+counters in the graph (the second step's increase is the figure).
 ``sent`` is what leaves the rank by each collective's meaning: an allgather's input to N - 1
 ranks, an all-to-all's input less its own split, a ring allreduce 2 (N - 1) / N of its input.
 
@@ -212,14 +213,25 @@ class ExchangeCounter:
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[None]:
-        """While inside, the tool's collectives count (as instance attributes over its methods)."""
-        for c in COLLECTIVES:
-            setattr(self.comm, c, self._wrap(c, getattr(self.comm, c)))
+        """While inside, the tool's collectives count (as instance attributes over its methods), and
+        those of the lookup's exchange where it does not go through the tool (SOK's NCCL ops)."""
+        from sparse_operation_kit.lookup import exchange as exchanges
+
+        owners = [self.comm]
+        if self.comm.num_ranks() > 1:
+            own = exchanges.of(self.comm)
+            if not isinstance(own, exchanges.HorovodExchange):
+                owners.append(own)
+        for owner in owners:
+            for c in COLLECTIVES:
+                if hasattr(owner, c):
+                    setattr(owner, c, self._wrap(c, getattr(owner, c)))
         try:
             yield
         finally:
-            for c in COLLECTIVES:
-                vars(self.comm).pop(c, None)
+            for owner in owners:
+                for c in COLLECTIVES:
+                    vars(owner).pop(c, None)
 
 
 def make_tables(kind: str, rows: list[int], dim: int, n: int) -> list[Any]:
