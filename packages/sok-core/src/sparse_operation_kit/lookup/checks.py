@@ -11,16 +11,15 @@ ids it receives from each.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tensorflow as tf
 
 from sparse_operation_kit import communication, device_ops
+from sparse_operation_kit.lookup.asserts import raise_unless
+from sparse_operation_kit.lookup.exchange import Exchange
 
-if TYPE_CHECKING:
-    from sparse_operation_kit.lookup.exchange import Exchange
-
-__all__ = ["agreed_checks", "raise_unless"]
+__all__ = ["agreed_checks"]
 
 #: The values of a rank's record before its counts: fingerprint, number of counts, batch size.
 #: (The record of the call's allgather then has the sum of the counts and the ids per owner.)
@@ -221,13 +220,3 @@ def _as_records(gathered: tf.Tensor, n: int, width: int) -> tf.Tensor:
     a shape that never fails, whatever the ranks sent (TensorFlow may run a tf.cond branch ahead)."""
     values = tf.concat([gathered, tf.zeros([n * width], gathered.dtype)], 0)[: n * width]
     return tf.reshape(values, [n, width])
-
-
-def raise_unless(condition: tf.Tensor, message: tf.Tensor) -> tf.Operation | None:
-    """An InvalidArgumentError with the string tensor ``message`` unless ``condition``: raised now
-    when eager, else the assert op to gate on."""
-    if tf.executing_eagerly():
-        if not bool(condition):
-            raise tf.errors.InvalidArgumentError(None, None, message.numpy().decode(errors="replace"))
-        return None
-    return tf.debugging.Assert(condition, [message])

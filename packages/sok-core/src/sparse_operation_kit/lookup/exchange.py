@@ -45,7 +45,7 @@ from typing import Any
 import tensorflow as tf
 
 from sparse_operation_kit import communication, tf_ops
-from sparse_operation_kit.lookup.checks import raise_unless
+from sparse_operation_kit.lookup.asserts import raise_unless
 
 __all__ = ["EXCHANGES", "INT32_MAX", "SETTING", "Exchange", "HorovodExchange", "NcclExchange", "int32_counts", "of"]
 

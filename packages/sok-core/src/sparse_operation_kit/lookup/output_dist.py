@@ -20,7 +20,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from sparse_operation_kit import device_ops
-from sparse_operation_kit.lookup.checks import raise_unless
+from sparse_operation_kit.lookup.asserts import raise_unless
 from sparse_operation_kit.lookup.exchange import Exchange, int32_counts
 from sparse_operation_kit.lookup.local_lookup import Status
 from sparse_operation_kit.lookup.plan import ExchangePlan

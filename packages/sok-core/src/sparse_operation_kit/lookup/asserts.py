@@ -1,0 +1,24 @@
+"""Asserts of the lookup's checks that raise at once when eager and gate the graph otherwise.
+
+Example::
+
+    check = raise_unless(total <= limit, message)   # None when eager (it raised or passed)
+    with tf.control_dependencies([] if check is None else [check]):
+        ...
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+__all__ = ["raise_unless"]
+
+
+def raise_unless(condition: tf.Tensor, message: tf.Tensor) -> tf.Operation | None:
+    """An InvalidArgumentError with the string tensor ``message`` unless ``condition``: raised now
+    when eager, else the assert op to gate on."""
+    if tf.executing_eagerly():
+        if not bool(condition):
+            raise tf.errors.InvalidArgumentError(None, None, message.numpy().decode(errors="replace"))
+        return None
+    return tf.debugging.Assert(condition, [message])
