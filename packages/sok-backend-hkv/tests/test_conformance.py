@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sok_backend_hkv.plugin import rounded_capacity
+from sparse_operation_kit.plugins import get_registry
 from sparse_operation_kit.storage import create_storage
 from sparse_operation_kit.testing import StorageConformance, UpdateRowsConformance, update_rows
 
@@ -90,6 +92,26 @@ def test_capacities_are_rounded_up_to_powers_of_two_that_fit(option, value, roun
     assert storage.adjustments == (f"{option}={value} rounded up to {rounded} (hkv takes powers of two >= "
                                    f"max_bucket_size 128)",)  # fmt: skip
     assert storage.capacity() == (rounded if option == "init_capacity" else 128)
+
+
+@pytest.mark.parametrize(
+    ("value", "bucket", "rounded"),
+    [(1000, 128, 1024), (1200, 128, 2048), (64, 128, 128), (1024, 128, 1024), (1, 16, 16), (40, 32, 64),
+     (2**62, 128, 2**62), (2**62 + 1, 128, None)],
+)  # fmt: skip
+def test_rounded_capacity_is_the_next_power_of_two_of_at_least_a_bucket(value, bucket, rounded):
+    assert rounded_capacity(value, bucket) == rounded
+
+
+@pytest.mark.parametrize("bucket", [16, 32, 64, 128])
+@pytest.mark.parametrize("value", [1, 100, 1000, 5000])
+def test_hkv_table_takes_every_rounded_capacity_and_refuses_the_value_below(value, bucket):
+    """The rule of the plugin and hkv_table.cpp's check agree (the table is made without the plugin)."""
+    make, rounded = get_registry().factory("hybrid"), rounded_capacity(value, bucket)
+    options = {"init_capacity": str(rounded), "max_capacity": str(rounded), "max_bucket_size": str(bucket)}
+    assert make("int64", 1, options).capacity() == rounded
+    with pytest.raises(ValueError, match=f"init_capacity={rounded - 1} must be a power of two"):
+        make("int64", 1, {**options, "init_capacity": str(rounded - 1)})
 
 
 @pytest.mark.parametrize(

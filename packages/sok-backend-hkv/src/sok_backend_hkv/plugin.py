@@ -18,9 +18,25 @@ def _lookups_distinct(options: Mapping[str, str]) -> bool:
 
 
 #: hkv_table.cpp's default max_bucket_size: the smallest capacity it takes.
-_DEFAULT_BUCKET_SIZE = 128
-#: The largest power of two a capacity is rounded up to (an int64 holds it); larger ones are refused.
+DEFAULT_BUCKET_SIZE = 128
+#: hkv_table.cpp's default init_capacity (the rows allocated up front when none is given).
+_DEFAULT_INIT_CAPACITY = 8192
+#: The largest power of two an int64 holds: capacities above it cannot be rounded up.
 _LARGEST_ROUNDED = 1 << 62
+
+
+def rounded_capacity(value: int, bucket_size: int = DEFAULT_BUCKET_SIZE) -> int | None:
+    """The capacity an hkv table uses for a requested ``value`` >= 1: the smallest power of two
+    >= ``value`` and >= ``bucket_size`` (hkv_table.cpp takes only those, and checks again); None
+    when that is above 2**62, the largest power of two an int64 holds.
+
+    Example::
+
+        >>> rounded_capacity(1000), rounded_capacity(64), rounded_capacity(1200), rounded_capacity(2**62 + 1)
+        (1024, 128, 2048, None)
+    """
+    target = max(bucket_size, 1 << (value - 1).bit_length())
+    return target if target <= _LARGEST_ROUNDED else None
 
 
 def _positive_int(text: str | None) -> int | None:
@@ -34,28 +50,26 @@ def _positive_int(text: str | None) -> int | None:
 def _round_capacities(options: Mapping[str, str]) -> tuple[dict[str, str], tuple[str, ...]]:
     """hkv's table takes capacities that are powers of two >= max_bucket_size; NVIDIA SOK rounds
     others up (its own scripts pass, e.g., ``randint(1000, 1200)`` or 64), so this does too: each
-    positive ``init_capacity`` / ``max_capacity`` that is not such a power is rounded up to the next
-    one (up to 2**62), and an ``init_capacity`` that rounding alone took past ``max_capacity`` becomes
-    it. Zero, negative, malformed and larger values are left for hkv_table.cpp to refuse, as are
-    sizes beyond memory.
+    positive ``init_capacity`` / ``max_capacity`` is replaced by :func:`rounded_capacity` of it.
+    Both are rounded, then hkv_table.cpp checks them: an ``init_capacity`` above ``max_capacity``
+    after rounding is refused, as are zero, negative, malformed and unroundable (> 2**62)
+    capacities and sizes beyond memory. An ``init_capacity`` not given (hkv's default, 8192) is
+    lowered to a smaller ``max_capacity``, which would refuse it otherwise.
     """
     out = dict(options)
-    bucket = _positive_int(options.get("max_bucket_size")) or _DEFAULT_BUCKET_SIZE
+    bucket = _positive_int(options.get("max_bucket_size")) or DEFAULT_BUCKET_SIZE
     notes = []
-    for name in ("max_capacity", "init_capacity"):
+    for name in ("init_capacity", "max_capacity"):
         value = _positive_int(options.get(name))
-        if value is None:
-            continue
-        target = max(bucket, 1 << (value - 1).bit_length())
-        if target != value and target <= _LARGEST_ROUNDED:
+        target = None if value is None else rounded_capacity(value, bucket)
+        if target is not None and target != value:
             out[name] = str(target)
             notes.append(f"{name}={value} rounded up to {target} (hkv takes powers of two >= max_bucket_size {bucket})")
-    given_init, given_max = _positive_int(options.get("init_capacity")), _positive_int(options.get("max_capacity"))
-    new_init, new_max = _positive_int(out.get("init_capacity")), _positive_int(out.get("max_capacity"))
-    # Only rounding can take an init_capacity that was <= max_capacity past it.
-    if given_init and given_max and given_init <= given_max and new_init > new_max:
-        out["init_capacity"] = str(new_max)
-        notes.append(f"init_capacity={given_init} set to max_capacity {new_max}")
+    # A positive max_capacity is rounded by now: one below the default init_capacity is a valid one.
+    limit = _positive_int(out.get("max_capacity"))
+    if "init_capacity" not in options and limit is not None and limit < _DEFAULT_INIT_CAPACITY:
+        out["init_capacity"] = str(limit)
+        notes.append(f"init_capacity (not given, default {_DEFAULT_INIT_CAPACITY}) set to max_capacity {limit}")
     return out, tuple(notes)
 
 

@@ -162,7 +162,9 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         dtype: ``tf.float32`` (the only one).
         mode: None or ``"distributed"`` (one shard per rank) or ``"localized:N"`` (rank N).
         **kwargs: backend options (``init_capacity``, ``max_capacity``, ``max_hbm_for_vectors``,
-            ``evict_strategy``, ...), validated by the backend; and ``filter_ratio`` (a number in
+            ``evict_strategy``, ...), validated by the backend (hkv rounds capacities up to powers of
+            two >= ``max_bucket_size``, as NVIDIA SOK does: an INFO log line names the variable and
+            each change, and the ``repr`` shows them); and ``filter_ratio`` (a number in
             [0, 1], default 1.0; every backend), the probability that
             ``sok.lookup_sparse(..., use_low_frequency_filter=True)`` admits an occurrence of a key
             the table does not hold yet (SOK's low-frequency filter).
@@ -244,6 +246,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
                 key_dtype=_KEY_TYPES[self._key_dtype],
                 initializer=self._initializer,
                 device=self._placement.storage,
+                name=name,
                 **kwargs,
             )
         except MemoryError as error:

@@ -764,6 +764,7 @@ def create_storage(
     seed: int = 0,
     factory: Callable[..., Any] | None = None,
     device: str = "cpu",
+    name: str | None = None,
     **options: Any,
 ) -> Storage:
     """A new storage of the backend serving ``var_type``.
@@ -778,8 +779,11 @@ def create_storage(
         factory: use this table factory instead of the registry's (tests, tools).
         device: where the table lives: ``"cpu"``, ``"cuda"`` (GPU 0) or ``"cuda:N"``. A GPU table
             needs a backend built with CUDA and CuPy; its storage is a :class:`CudaStorage`.
+        name: what the log line names the table by (a DynamicVariable passes its name), if any.
         **options: backend options (``init_capacity``, ``max_capacity``, ``evict_strategy``, ...),
-            validated by the backend.
+            validated by the backend. Options the backend serves in another form (hkv rounds
+            capacities up to powers of two) are changed as it says: one INFO log line names the
+            table and each change, and :attr:`Storage.adjustments` keeps them.
 
     Raises:
         ValueError: an argument or backend option is not valid (the message names it).
@@ -809,14 +813,15 @@ def create_storage(
     init_list = _initializers(initializer, int(row_width), seed)
     make = factory or registry.factory(var_type)
     texts, adjustments = spec.capabilities.adjusted_options(_options_as_strings(options))
-    for note in adjustments:
-        logger.info("%s table (backend %s): %s", var_type, spec.name, note)
+    if adjustments:
+        named = "" if name is None else f" {name!r}"
+        logger.info("%s table%s (backend %s): %s", var_type, named, spec.name, "; ".join(adjustments))
     distinct = spec.capabilities.lookups_distinct(texts)
     if kind == "cpu":  # no device argument: three-argument factories keep working
         try:
             table = make(dtype.name, int(row_width), texts)
         except MemoryError as error:
-            raise _out_of_memory(error, make, spec, var_type, dtype.name, int(row_width), texts) from error
+            raise _out_of_memory(error, make, spec, var_type, dtype.name, int(row_width), texts, adjustments) from error
         except ValueError as error:
             raise _with_adjustments(error, adjustments) from error
         logger.debug("created %s storage: %s", var_type, table.describe())
@@ -831,7 +836,9 @@ def create_storage(
     try:
         table = make(dtype.name, int(row_width), texts, device=device)
     except MemoryError as error:
-        raise _out_of_memory(error, make, spec, var_type, dtype.name, int(row_width), texts, device) from error
+        raise _out_of_memory(
+            error, make, spec, var_type, dtype.name, int(row_width), texts, adjustments, device
+        ) from error
     except ValueError as error:
         raise _with_adjustments(error, adjustments) from error
     reported = getattr(table, "device", device)
@@ -843,12 +850,18 @@ def create_storage(
     return storage
 
 
+def _adjusted_text(adjustments: tuple[str, ...]) -> str:
+    """What a refusal of adjusted options adds, so that it names the values the caller gave (the
+    backend's message names the adjusted ones): ``""`` when nothing was adjusted."""
+    return f" (the options given were adjusted first: {'; '.join(adjustments)})" if adjustments else ""
+
+
 def _with_adjustments(error: ValueError, adjustments: tuple[str, ...]) -> ValueError:
-    """The backend's refusal of adjusted options, saying what was adjusted from what the caller gave
-    (the refusal names the adjusted values); the error itself when nothing was adjusted."""
+    """The backend's refusal of adjusted options, saying what was adjusted from what the caller
+    gave; the error itself when nothing was adjusted."""
     if not adjustments:
         return error
-    return ValueError(f"{error} (the options given were adjusted first: {'; '.join(adjustments)})")
+    return ValueError(f"{error}{_adjusted_text(adjustments)}")
 
 
 def _bytes_text(n: int) -> str:
@@ -869,12 +882,14 @@ def _out_of_memory(
     key_dtype: str,
     row_width: int,
     options: dict[str, str],
+    adjustments: tuple[str, ...],
     device: str = "cpu",
 ) -> MemoryError:
     """The MemoryError of a table that could not be allocated, with its size and what to change.
 
     The capacity is what the backend gives a table of these options (read from a one-float-wide
-    table made with them on the CPU), else the ``init_capacity`` option as given."""
+    table made with them on the CPU), else the ``init_capacity`` option it was given; the message
+    also names what the backend adjusted in the options the caller gave."""
     capacity: int | None = None
     try:
         capacity = int(make(key_dtype, 1, options).capacity())
@@ -891,5 +906,6 @@ def _out_of_memory(
     where = "" if device == "cpu" else f" on {device}"
     return MemoryError(
         f"out of memory allocating a var_type {var_type!r} table ({spec.name} backend){where}: {size} "
-        f"(backend: {error}); pass a smaller init_capacity (a backend option) or a smaller dimension / row_width"
+        f"(backend: {error}){_adjusted_text(adjustments)}; pass a smaller init_capacity (a backend option) or a "
+        f"smaller dimension / row_width"
     )
