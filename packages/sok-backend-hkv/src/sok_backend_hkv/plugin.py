@@ -20,7 +20,7 @@ def _lookups_distinct(options: Mapping[str, str]) -> bool:
 #: hkv_table.cpp's default max_bucket_size: the smallest capacity it takes.
 DEFAULT_BUCKET_SIZE = 128
 #: hkv_table.cpp's default init_capacity (the rows allocated up front when none is given).
-_DEFAULT_INIT_CAPACITY = 8192
+DEFAULT_INIT_CAPACITY = 8192
 #: The largest power of two an int64 holds: capacities above it cannot be rounded up.
 _LARGEST_ROUNDED = 1 << 62
 
@@ -67,9 +67,9 @@ def _round_capacities(options: Mapping[str, str]) -> tuple[dict[str, str], tuple
             notes.append(f"{name}={value} rounded up to {target} (hkv takes powers of two >= max_bucket_size {bucket})")
     # A positive max_capacity is rounded by now: one below the default init_capacity is a valid one.
     limit = _positive_int(out.get("max_capacity"))
-    if "init_capacity" not in options and limit is not None and limit < _DEFAULT_INIT_CAPACITY:
+    if "init_capacity" not in options and limit is not None and limit < DEFAULT_INIT_CAPACITY:
         out["init_capacity"] = str(limit)
-        notes.append(f"init_capacity (not given, default {_DEFAULT_INIT_CAPACITY}) set to max_capacity {limit}")
+        notes.append(f"init_capacity (not given, default {DEFAULT_INIT_CAPACITY}) set to max_capacity {limit}")
     return out, tuple(notes)
 
 

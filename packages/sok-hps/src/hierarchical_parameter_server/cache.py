@@ -30,17 +30,13 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from sok_backend_hkv.plugin import DEFAULT_INIT_CAPACITY, rounded_capacity
 from sparse_operation_kit import tf_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["EmbeddingCache", "cache_device"]
-
-#: HKV's bucket: the smallest capacity of an evicting cache.
-_BUCKET = 128
-#: The capacity an evicting cache starts with (it grows to its maximum as rows arrive).
-_INIT_CAPACITY = 8192
 
 
 def cache_device() -> str:
@@ -49,16 +45,20 @@ def cache_device() -> str:
 
 
 def capacity_of(rows: int, fraction: float) -> int:
-    """The capacity of an evicting cache for ``rows`` rows at ``gpucacheper`` = ``fraction``: the
-    power of two >= ``ceil(fraction * rows)``, at least one bucket (128).
+    """The capacity of an evicting cache for ``rows`` rows at ``gpucacheper`` = ``fraction``: what
+    the hkv backend makes of ``ceil(fraction * rows)`` (``rounded_capacity``: a power of two, at
+    least one bucket).
 
     Example::
 
         >>> capacity_of(30000, 0.2)
         8192
     """
-    wanted = max(_BUCKET, math.ceil(fraction * rows))
-    return 1 << (wanted - 1).bit_length()
+    wanted = max(1, math.ceil(fraction * rows))
+    capacity = rounded_capacity(wanted)
+    if capacity is None:
+        raise ValueError(f"a cache of {wanted:,} rows ({fraction} of {rows:,}) is beyond what an hkv table holds")
+    return capacity
 
 
 class EmbeddingCache:
@@ -85,7 +85,7 @@ class EmbeddingCache:
             self.capacity: int | None = capacity_of(rows, fraction)
             storage: dict[str, Any] = {
                 "var_type": "hybrid",
-                "init_capacity": min(self.capacity, _INIT_CAPACITY),
+                "init_capacity": min(self.capacity, DEFAULT_INIT_CAPACITY),
                 "max_capacity": self.capacity,
                 "evict_strategy": "lru",
             }
