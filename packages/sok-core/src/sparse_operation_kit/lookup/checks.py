@@ -11,6 +11,7 @@ ids it receives from each.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
@@ -78,54 +79,20 @@ def agreed_checks(
     communication tool, bring every count, and the asserts run that name the problem: the
     disagreement first, then each count. The id ranges of the tables in ``checked_by_op`` are left
     to ``pooled_lookup``'s op (one rank)."""
-    problems: list[tuple[tf.Tensor, str]] = []
-    for i, (param, kind, ids) in enumerate(zip(params, kinds, ragged)):
-        values = tf.cast(ids.values, tf.int64)
-        if kind != "dynamic" and i not in checked_by_op:
-            rows = int(param.global_shape[0])
-            problems.append(
-                (
-                    tf.reduce_sum(tf.cast((values < 0) | (values >= rows), tf.int64)),
-                    f"sp_ids[{i}] has ids outside [0, {rows}) for table {param.name} (count over all ranks "
-                    f"follows); static tables take ids 0 .. rows-1",
-                )
-            )
-        elif kind == "dynamic" and param.key_type == tf.int32:
-            # Counted (0 for int32 ids) whatever the ids' dtype, so the records of all ranks have one length.
-            outside = (values < -(2**31)) | (values >= 2**31)
-            problems.append(
-                (
-                    tf.reduce_sum(tf.cast(outside, tf.int64)),
-                    f"sp_ids[{i}] has int64 ids that do not fit the int32 keys of {param.name} (count over all "
-                    f"ranks follows)",
-                )
-            )
-        if weights is not None:
-            mismatch = tf.reduce_sum(
-                tf.abs(tf.cast(ids.row_lengths(), tf.int64) - tf.cast(weights[i].row_lengths(), tf.int64))
-            )
-            problems.append(
-                (
-                    mismatch,
-                    f"sp_weights[{i}] does not have the row lengths of sp_ids[{i}] (differences over all ranks follow)",
-                )
-            )
-        if hotness is not None:
-            longest = tf.cast(ids.row_lengths(), tf.int64)
-            problems.append(
-                (
-                    tf.reduce_sum(tf.cast(longest > hotness[i], tf.int64)),
-                    f"sp_ids[{i}] has a sample with more ids than hotness[{i}] = {hotness[i]} (count over all "
-                    f"ranks follows)",
-                )
-            )
+    problems = _problems(params, kinds, ragged, weights, hotness, checked_by_op)
     n = comm.num_ranks()
     if n == 1 and not problems:
         return [], None, None
-    messages = [message for _, message in problems]
-    counts = tf.stack([count for count, _ in problems]) if problems else tf.zeros([0], tf.int64)
+    messages = [problem.message for problem in problems]
+
+    def counts() -> tf.Tensor:
+        # Each problem's count, made only where a check failed (a tf.cond branch): the fast path
+        # adds all of them in a few ops (_total_of).
+        return tf.stack([problem.count() for problem in problems]) if problems else tf.zeros([0], tf.int64)
+
+    total = _total_of(problems, ragged)
     if n == 1:
-        return [_gate(tf.reduce_all(tf.equal(counts, 0)), lambda: _assert_none(counts, messages))], None, None
+        return [_gate(tf.equal(total, 0), lambda: _assert_none(counts(), messages))], None, None
     description = _call_description(params, kinds, combiners, weights is not None, hotness)
     fingerprint = communication.fingerprint(description.encode())
     head = tf.concat(
@@ -133,7 +100,7 @@ def agreed_checks(
     )
     if exchange is None or sends is None:
         raise ValueError(f"agreed_checks at {n} ranks takes the call's exchange and its ids per owner")
-    record = tf.concat([head, tf.reshape(tf.reduce_sum(counts), [1]), tf.cast(sends, tf.int64)], 0)
+    record = tf.concat([head, tf.reshape(total, [1]), tf.cast(sends, tf.int64)], 0)
     gathered = exchange.allgather(
         record, name="sok.lookup_sparse: allgather of the call's fingerprint, batch sizes, checks and id counts"
     )
@@ -150,7 +117,7 @@ def agreed_checks(
         # whose lengths may differ, through the communication tool, then the disagreement first
         # (the counts mean nothing then), then each count.
         detailed = comm.allgather(
-            tf.concat([head, counts], 0), name="sok.lookup_sparse: allgather of the call's fingerprint and checks"
+            tf.concat([head, counts()], 0), name="sok.lookup_sparse: allgather of the call's fingerprint and checks"
         )
         width = _HEAD + len(problems)
         records = _as_records(detailed, n, width)
@@ -164,6 +131,101 @@ def agreed_checks(
             return _assert_none(tf.reduce_sum(records[:, _HEAD:], axis=0), messages)
 
     return [_gate(ok, report)], table[:, 2], table[:, _HEAD + 1 :]
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """One check of a call: ``count()`` makes its count of offending ids or rows (int64 scalar),
+    ``message`` names it. ``bounds`` ``(table, lowest, highest)``: the check is that every id of
+    ``table`` lies in ``[lowest, highest]``, which ``_total_of`` counts for all tables at once."""
+
+    count: Callable[[], tf.Tensor]
+    message: str
+    bounds: tuple[int, int, int] | None = None
+
+
+def _problems(
+    params: Sequence[Any],
+    kinds: Sequence[str],
+    ragged: Sequence[tf.RaggedTensor],
+    weights: Sequence[tf.RaggedTensor] | None,
+    hotness: Sequence[int] | None,
+    checked_by_op: Sequence[int],
+) -> list[_Problem]:
+    """The checks of a call, in the order their errors are raised."""
+    problems: list[_Problem] = []
+
+    def outside(i: int, lowest: int, highest: int) -> Callable[[], tf.Tensor]:
+        def count() -> tf.Tensor:
+            values = tf.cast(ragged[i].values, tf.int64)
+            return tf.reduce_sum(tf.cast((values < lowest) | (values > highest), tf.int64))
+
+        return count
+
+    for i, (param, kind, ids) in enumerate(zip(params, kinds, ragged)):
+        if kind != "dynamic" and i not in checked_by_op:
+            rows = int(param.global_shape[0])
+            problems.append(
+                _Problem(
+                    outside(i, 0, rows - 1),
+                    f"sp_ids[{i}] has ids outside [0, {rows}) for table {param.name} (count over all ranks "
+                    f"follows); static tables take ids 0 .. rows-1",
+                    (i, 0, rows - 1),
+                )
+            )
+        elif kind == "dynamic" and param.key_type == tf.int32:
+            # Counted (0 for int32 ids) whatever the ids' dtype, so the records of all ranks have one length.
+            problems.append(
+                _Problem(
+                    outside(i, -(2**31), 2**31 - 1),
+                    f"sp_ids[{i}] has int64 ids that do not fit the int32 keys of {param.name} (count over all "
+                    f"ranks follows)",
+                    (i, -(2**31), 2**31 - 1),
+                )
+            )
+        if weights is not None:
+
+            def mismatch(ids: tf.RaggedTensor = ids, w: tf.RaggedTensor = weights[i]) -> tf.Tensor:
+                return tf.reduce_sum(tf.abs(tf.cast(ids.row_lengths(), tf.int64) - tf.cast(w.row_lengths(), tf.int64)))
+
+            problems.append(
+                _Problem(
+                    mismatch,
+                    f"sp_weights[{i}] does not have the row lengths of sp_ids[{i}] (differences over all ranks follow)",
+                )
+            )
+        if hotness is not None:
+
+            def longer(ids: tf.RaggedTensor = ids, limit: int = hotness[i]) -> tf.Tensor:
+                return tf.reduce_sum(tf.cast(tf.cast(ids.row_lengths(), tf.int64) > limit, tf.int64))
+
+            problems.append(
+                _Problem(
+                    longer,
+                    f"sp_ids[{i}] has a sample with more ids than hotness[{i}] = {hotness[i]} (count over all "
+                    f"ranks follows)",
+                )
+            )
+    return problems
+
+
+def _total_of(problems: Sequence[_Problem], ragged: Sequence[tf.RaggedTensor]) -> tf.Tensor:
+    """A count that is 0 exactly when every problem's is (int64 scalar): the id ranges of all tables
+    in one comparison of their ids, one after the other, with each id's bounds (a few ops whatever
+    the number of tables), plus the other counts."""
+    ranged = [p.bounds for p in problems if p.bounds is not None]
+    terms = [p.count() for p in problems if p.bounds is None]
+    if ranged:
+        tables = [t for t, _, _ in ranged]
+        values = tf.concat([tf.cast(ragged[t].values, tf.int64) for t in tables], 0)
+        lengths = [device_ops.length(ragged[t].values) for t in tables]
+        with device_ops.on_host():
+            ends = tf.cumsum(tf.stack(lengths))
+        which = tf.searchsorted(ends, tf.range(device_ops.length(values), dtype=tf.int64), side="right")
+        lowest = tf.gather(tf.constant([low for _, low, _ in ranged], tf.int64), which)
+        highest = tf.gather(tf.constant([high for _, _, high in ranged], tf.int64), which)
+        terms.append(tf.reduce_sum(tf.cast((values < lowest) | (values > highest), tf.int64)))
+    return tf.add_n(terms) if terms else tf.constant(0, tf.int64)
 
 
 def _gate(ok: tf.Tensor, report: Callable[[], tf.Tensor]) -> tf.Tensor:
