@@ -198,3 +198,55 @@ def test_a_c_api_of_another_version_is_refused_when_the_backend_loads(tmp_path, 
         BackendLoadError, match=f"implements storage API version {STORAGE_API_VERSION + 1}.*pip install"
     ):
         registry.factory("old")
+
+
+def _plugins_imports(module_file: str) -> set[str]:
+    """The modules under sparse_operation_kit.plugins that a plugins source file imports, anywhere in it
+    (``if TYPE_CHECKING:`` blocks included)."""
+    import ast
+
+    from sparse_operation_kit import plugins
+
+    tree = ast.parse(Path(plugins.__file__).with_name(module_file).read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sparse_operation_kit.plugins"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("sparse_operation_kit.plugins"))
+    return found
+
+
+def test_the_plugin_modules_are_layered_without_a_circle():
+    """spec <- hookspecs <- registry: the contract's types import no plugin module, the hooks not the registry."""
+    assert _plugins_imports("spec.py") == set()
+    assert not {m for m in _plugins_imports("hookspecs.py") if m.endswith(".registry")}
+
+
+def test_the_hook_annotations_resolve_at_run_time():
+    """Documentation tools and typing.get_type_hints see the hook's registry type and what it may call."""
+    import typing
+
+    from sparse_operation_kit.plugins import hookspecs
+
+    assert typing.get_type_hints(hookspecs.sok_register_backends)["registry"] is hookspecs.BackendRegistrar
+    assert typing.get_type_hints(hookspecs.BackendRegistrar.register)["spec"] is BackendSpec
+
+
+def test_the_contract_types_are_one_class_on_every_import_path():
+    import pickle
+
+    from sparse_operation_kit.plugins import registry as registry_module
+    from sparse_operation_kit.plugins import spec as spec_module
+
+    assert registry_module.BackendSpec is spec_module.BackendSpec is BackendSpec
+    assert registry_module.Capabilities is spec_module.Capabilities is Capabilities
+    assert registry_module.STORAGE_API_VERSION == spec_module.STORAGE_API_VERSION == STORAGE_API_VERSION
+    spec = BackendSpec(name="p", var_types=("p",), c_api="m:f", capabilities=Capabilities(eviction=True))
+    assert pickle.loads(pickle.dumps(spec)) == spec
+    # a pickle written when the classes were defined in registry.py names them there, and still loads
+    old = pickle.dumps(spec, protocol=2).replace(
+        b"sparse_operation_kit.plugins.spec\n", b"sparse_operation_kit.plugins.registry\n"
+    )
+    assert b"plugins.registry\n" in old and pickle.loads(old) == spec

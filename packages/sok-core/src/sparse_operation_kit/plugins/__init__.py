@@ -1,4 +1,4 @@
-"""Plugin layer of SparseOperationKit: hookspecs, the ``hookimpl`` marker and the registry.
+"""Plugin layer of SparseOperationKit: hookspecs, the ``hookimpl`` marker, backend specs and the registry.
 
 Example::
 
@@ -16,17 +16,15 @@ from sparse_operation_kit.plugins.hookspecs import PROJECT_NAME
 from sparse_operation_kit.plugins.registry import (
     ENTRY_POINT_GROUP,
     FIRST_PARTY,
-    STORAGE_API_VERSION,
     BackendLoadError,
     BackendNotInstalledError,
     BackendRegistry,
-    BackendSpec,
-    Capabilities,
     LoadedBackend,
     NativeTableFactory,
     UnknownVarTypeError,
     get_registry,
 )
+from sparse_operation_kit.plugins.spec import STORAGE_API_VERSION, BackendSpec, Capabilities
 
 #: Marks a plugin's hook implementations: ``@hookimpl def sok_register_backends(registry): ...``
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

@@ -28,12 +28,11 @@ Example (a third-party native backend's ``pyproject.toml`` and plugin module)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pluggy
 
-if TYPE_CHECKING:
-    from sparse_operation_kit.plugins.registry import BackendRegistry
+from sparse_operation_kit.plugins.spec import BackendSpec
 
 #: The pluggy project name of SparseOperationKit's hooks.
 PROJECT_NAME = "sok"
@@ -41,8 +40,24 @@ PROJECT_NAME = "sok"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 
 
+class BackendRegistrar(Protocol):
+    """What a ``sok_register_backends`` implementation may call on the registry it is given
+    (:class:`~sparse_operation_kit.plugins.BackendRegistry` is one).
+
+    Example::
+
+        @hookimpl
+        def sok_register_backends(registry: BackendRegistrar) -> None:
+            registry.register(BackendSpec(name="mine", var_types=("mine",), c_api="my_sok_backend._core:storage_api"))
+    """
+
+    def register(self, spec: BackendSpec) -> None:
+        """Add a backend; a spec whose name or var_types are taken, or that is malformed, is refused (ValueError,
+        BackendLoadError for another ``api_version``)."""
+
+
 @hookspec
-def sok_register_backends(registry: BackendRegistry) -> None:
+def sok_register_backends(registry: BackendRegistrar) -> None:
     """Register the storage backends this plugin provides.
 
     Called once per registry, when the registry is built. Call ``registry.register(spec)`` for
