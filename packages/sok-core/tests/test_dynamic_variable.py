@@ -7,6 +7,10 @@ initializers, errors, the unsupported tf.Variable methods, and export/assign rou
 
 from __future__ import annotations
 
+import ast
+import importlib
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -600,3 +604,30 @@ def test_a_graph_makes_the_table_address_on_the_tables_device_instead_of_capturi
     np.testing.assert_array_equal(
         step(tf.constant([4, 4], tf.int64)).numpy(), tf.nn.embedding_lookup(v, [4, 4]).numpy()
     )
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    """Every module an ``import`` of the file names, wherever the import stands (under
+    ``TYPE_CHECKING``, inside a function): ``from pkg import mod`` names ``pkg`` and ``pkg.mod``."""
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+            imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return imported
+
+
+@pytest.mark.parametrize(
+    ("module", "above"),
+    [
+        ("sparse_operation_kit.dynamic_variable", {"sparse_operation_kit.slot_view", "sparse_operation_kit.optimizer"}),
+        ("sparse_operation_kit.slot_view", {"sparse_operation_kit.optimizer"}),
+    ],
+)
+def test_a_module_imports_none_of_the_modules_built_on_it(module, above):
+    """dynamic_variable, then slot_view (a view of a variable's columns), then optimizer: a lower
+    module importing an upper one, even for a type hint, makes an import circle."""
+    path = pathlib.Path(importlib.import_module(module).__file__)
+    assert not imported_modules(path) & above, f"{module} imports {sorted(imported_modules(path) & above)}"

@@ -19,11 +19,12 @@ Example::
 
 from __future__ import annotations
 
+import abc
 import itertools
 import re
 import secrets
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -36,13 +37,9 @@ from tensorflow.python.ops import resource_variable_ops
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit import placement, tf_ops
 from sparse_operation_kit.dtypes import KEY_DTYPES
-from sparse_operation_kit.slot_view import DynamicSlot
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, Storage, create_storage
 from sparse_operation_kit.table_ref import TableRef
 from sparse_operation_kit.validate import is_positive_int
-
-if TYPE_CHECKING:
-    from sparse_operation_kit.optimizer import OptimizerWrapper
 
 __all__ = ["DynamicVariable", "export", "assign", "sparse_read_and_evict"]
 
@@ -141,6 +138,17 @@ def resolve_initializer(initializer: Any) -> tuple[inits.Initializer, str]:
     return resolved, type(initializer).__name__
 
 
+class OptimizerOwner(Protocol):
+    """What a dynamic variable knows of the optimizer wrapper whose state columns its rows hold:
+    ``sok.OptimizerWrapper`` (:mod:`sparse_operation_kit.optimizer`, which builds on this module) is
+    the one kind. The variable keeps it as :attr:`DynamicVariable.optimizer_wrapper` and reads only
+    its name, for messages."""
+
+    @property
+    def name(self) -> str:
+        """The optimizer's name in SOK checkpoints (``"Adagrad"``)."""
+
+
 class DynamicVariable(resource_variable_ops.UninitializedVariable):
     """An embedding table of unbounded key space, stored in a hash table.
 
@@ -230,7 +238,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         self._mode = mode
         self._filter_ratio = _filter_ratio(kwargs.pop("filter_ratio", 1.0))  # sok-core's, not the backend's
         self._config = dict(kwargs)
-        self._optimizer_wrapper: OptimizerWrapper | None = None
+        self._optimizer_wrapper: OptimizerOwner | None = None
         initializer, self._initializer_str = resolve_initializer(initializer)
         # The embedding's initializer covers columns [0, dimension); optimizer state columns
         # added later bring their own.
@@ -335,7 +343,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         return self.handle, self._table_address
 
     @property
-    def optimizer_wrapper(self) -> OptimizerWrapper | None:
+    def optimizer_wrapper(self) -> OptimizerOwner | None:
         """The ``sok.OptimizerWrapper`` whose optimizer state the rows hold (in the columns after
         the embedding), or None while none has updated the variable or loaded state into it.
 
@@ -350,7 +358,7 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         """
         return self._optimizer_wrapper
 
-    def bind_optimizer_wrapper(self, wrapper: OptimizerWrapper) -> None:
+    def bind_optimizer_wrapper(self, wrapper: OptimizerOwner) -> None:
         """Record ``wrapper`` as :attr:`optimizer_wrapper`. ``sok.OptimizerWrapper`` calls it once
         the rows have its state columns (``OptimizerWrapper.attach``); binding the same wrapper
         again does nothing.
@@ -691,10 +699,30 @@ def _check_dynamic(var: Any, what: str) -> DynamicVariable:
     return var
 
 
+class ColumnView(abc.ABC):
+    """The columns ``[begin, end)`` of a dynamic variable's rows, as something :func:`export` and
+    :func:`assign` read and write in place of the embedding columns.
+
+    An optimizer slot (:class:`~sparse_operation_kit.slot_view.DynamicSlot`, which
+    ``sok.OptimizerWrapper`` makes) is the one kind; it subclasses this so that this module takes
+    slots without depending on the optimizer's modules, which build on it.
+    """
+
+    @property
+    @abc.abstractmethod
+    def variable(self) -> DynamicVariable:
+        """The dynamic variable whose rows hold the columns."""
+
+    @property
+    @abc.abstractmethod
+    def columns(self) -> tuple[int, int]:
+        """``(begin, end)``: the column range in the variable's storage rows."""
+
+
 def _rows_of(var: Any, what: str) -> tuple[DynamicVariable, tuple[int, int]]:
     """The dynamic variable whose rows ``var`` reads and their column range: the embedding columns
-    of a variable, the slot's columns of a :class:`DynamicSlot`."""
-    if isinstance(var, DynamicSlot):
+    of a variable, the view's columns of a :class:`ColumnView` (an optimizer slot)."""
+    if isinstance(var, ColumnView):
         return var.variable, var.columns
     if not isinstance(var, DynamicVariable):
         raise TypeError(
@@ -704,12 +732,12 @@ def _rows_of(var: Any, what: str) -> tuple[DynamicVariable, tuple[int, int]]:
     return var, (0, var.dimension)
 
 
-def export(var: DynamicVariable | DynamicSlot) -> tuple[tf.Tensor, tf.Tensor]:
+def export(var: DynamicVariable | ColumnView) -> tuple[tf.Tensor, tf.Tensor]:
     """The keys and embedding rows of the variable's local shard: ``(keys [N], values [N, dim])``.
 
-    ``var`` may also be an optimizer slot of a dynamic variable (a :class:`DynamicSlot`, what the
-    wrapped Keras optimizer's ``get_slot(var, name)`` returns): then ``values`` is that slot's state
-    of each row.
+    ``var`` may also be an optimizer slot of a dynamic variable (a
+    :class:`~sparse_operation_kit.slot_view.DynamicSlot`, what the wrapped Keras optimizer's
+    ``get_slot(var, name)`` returns): then ``values`` is that slot's state of each row.
 
     Example::
 
@@ -723,11 +751,12 @@ def export(var: DynamicVariable | DynamicSlot) -> tuple[tf.Tensor, tf.Tensor]:
     return keys, values
 
 
-def assign(var: DynamicVariable | DynamicSlot, indices: Any, values: Any) -> DynamicVariable | DynamicSlot:
+def assign(var: DynamicVariable | ColumnView, indices: Any, values: Any) -> DynamicVariable | ColumnView:
     """Insert or overwrite rows of the variable's local shard; returns ``var``.
 
-    ``var`` may also be an optimizer slot of a dynamic variable (a :class:`DynamicSlot`): then only
-    that slot's columns of the rows are written (a new key's embedding gets the initializer's row).
+    ``var`` may also be an optimizer slot of a dynamic variable (a
+    :class:`~sparse_operation_kit.slot_view.DynamicSlot`): then only that slot's columns of the rows
+    are written (a new key's embedding gets the initializer's row).
 
     Example::
 

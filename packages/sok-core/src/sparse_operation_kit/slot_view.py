@@ -20,18 +20,17 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.trackable import base as trackable
 
-if TYPE_CHECKING:
-    from sparse_operation_kit.dynamic_variable import DynamicVariable
+from sparse_operation_kit.dynamic_variable import ColumnView, DynamicVariable
 
 __all__ = ["DynamicSlot"]
 
 
-class DynamicSlot(trackable.Trackable):
+class DynamicSlot(ColumnView, trackable.Trackable):
     """The columns ``[begin, end)`` of a dynamic variable's rows that hold one optimizer slot.
 
     Made by ``sok.OptimizerWrapper`` (never directly) when it first updates the variable; it reads
