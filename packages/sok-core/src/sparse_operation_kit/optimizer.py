@@ -666,6 +666,7 @@ class OptimizerWrapper:
                 key_dtype=old.key_dtype.name,
                 initializer=initializers,
                 device=old.device,
+                name=var.name,
                 **var.config_dict,
             )
             keys, values, scores = old.export(columns=(0, dim))
