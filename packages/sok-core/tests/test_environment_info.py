@@ -8,7 +8,7 @@ import sys
 
 import sparse_operation_kit as sok
 from sparse_operation_kit.cli import main
-from sparse_operation_kit.env_info import environment_info
+from sparse_operation_kit.env_info import environment_info, print_environment_info
 
 
 def test_environment_info_lists_both_backends_and_their_builds():
@@ -65,3 +65,16 @@ def test_print_environment_info_takes_a_file():
     buffer = io.StringIO()
     sok.print_environment_info(file=buffer)
     assert "sok-core" in buffer.getvalue()
+
+
+def test_environment_info_says_whether_the_nccl_exchange_was_built(tmp_path, monkeypatch):
+    from sparse_operation_kit import tf_ops
+
+    monkeypatch.setattr(tf_ops, "_LIB_DIR", str(tmp_path))
+    assert environment_info(with_tensorflow=False)["nccl_exchange"].startswith("not built (no NCCL at build time")
+    (tmp_path / tf_ops.NCCL_LIBRARY).write_bytes(b"")
+    info = environment_info(with_tensorflow=False)
+    assert info["nccl_exchange"].startswith("built (the lookup's exchange on GPU ranks uses them")
+    out = io.StringIO()
+    print_environment_info(out, with_tensorflow=False)
+    assert "nccl_exchange        built" in out.getvalue()

@@ -66,6 +66,15 @@ def _tf_gpu_kernels() -> str:
     return "not built (no CUDA toolkit at build time)" if built == "none" else f"built for CUDA {built}"
 
 
+def _nccl_exchange() -> str:
+    """Whether sok-core has its own NCCL collectives for the lookup's exchange on GPU ranks."""
+    from sparse_operation_kit import tf_ops
+
+    if tf_ops.nccl_built():
+        return "built (the lookup's exchange on GPU ranks uses them unless SOK_EXCHANGE=horovod)"
+    return "not built (no NCCL at build time: the lookup's exchange uses Horovod's collectives)"
+
+
 def _table_homes(var_types: list[str]) -> dict[str, str]:
     """Where a new DynamicVariable's table of each var_type goes by default (needs TensorFlow)."""
     homes = {}
@@ -114,6 +123,7 @@ def environment_info(with_tensorflow: bool = True) -> dict[str, Any]:
         "var_types": registry.var_types(),
         "devices": _devices(with_tensorflow) + _cuda_devices(backends),
         "tf_gpu_kernels": _tf_gpu_kernels(),
+        "nccl_exchange": _nccl_exchange(),
         "table_homes": _table_homes(registry.var_types()) if with_tensorflow else {},
     }
 
@@ -132,6 +142,7 @@ def print_environment_info(file: TextIO | None = None, with_tensorflow: bool = T
         "horovod",
         "pluggy",
         "tf_gpu_kernels",
+        "nccl_exchange",
     ):
         print(f"{key:<20} {info[key] if info[key] is not None else 'not installed'}", file=out)
     print(

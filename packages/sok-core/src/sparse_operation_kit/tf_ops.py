@@ -77,6 +77,12 @@ def hps_compat_library() -> Any:
     return _load_beside(HPS_COMPAT_LIBRARY)
 
 
+def nccl_built() -> bool:
+    """Whether sok-core was built with its NCCL collectives (``lib/libsok_tf_nccl.so``), without
+    importing TensorFlow."""
+    return os.path.exists(os.path.join(_LIB_DIR, NCCL_LIBRARY))
+
+
 @functools.cache
 def nccl_library() -> Any | None:
     """The loaded library of SOK's NCCL collectives (``SokNcclInit``, ``SokNcclAllToAll``,
@@ -85,7 +91,7 @@ def nccl_library() -> Any | None:
     import tensorflow as tf
 
     library()
-    if not tf.test.is_built_with_cuda() or not os.path.exists(os.path.join(_LIB_DIR, NCCL_LIBRARY)):
+    if not tf.test.is_built_with_cuda() or not nccl_built():
         return None
     return _load_beside(NCCL_LIBRARY)
 
