@@ -17,6 +17,12 @@ Where that table's width or key dtype is no longer the one the graph was traced 
 and model files changed), the graph fails (:class:`TracedTableChangedError`) rather than read the
 wrong columns; contexts of graphs saved before they recorded the width are served unchecked.
 
+The layering: what the tracing needs (the names above, the contexts, the registry of open servers)
+is in :mod:`.graph_context`, below :mod:`.server`, and re-exported here; this module is above
+:mod:`.server` and below :mod:`.init`, which imports it (so that ``hps.Init`` and the layers
+register these functions before they trace a graph) and gives it the process's server
+(:func:`serve_process_server`).
+
 Example::
 
     model.export("/models/dlrm/1")                  # a Keras model with HPS layers
@@ -30,12 +36,25 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from sparse_operation_kit import python_ops
+
+from hierarchical_parameter_server.graph_context import (
+    CACHE_TABLE,
+    FETCH,
+    FILL,
+    SCHEDULE_FILL,
+    VOLATILE_TABLE,
+    TracedTableChangedError,
+    check_traced,
+    context_of,
+    open_server,
+    register,
+    unregister,
+)
 
 if TYPE_CHECKING:
     from sparse_operation_kit.table_ref import TableRef
@@ -55,26 +74,14 @@ __all__ = [
     "nvidia_init",
     "nvidia_lookup",
     "register",
+    "serve_process_server",
     "unregister",
 ]
 
 logger = logging.getLogger(__name__)
 
-_PREFIX = __name__ + ":"
-#: The functions a lookup graph names (``module:qualname``).
-CACHE_TABLE = _PREFIX + "cache_table"
-VOLATILE_TABLE = _PREFIX + "volatile_table"
-FETCH = _PREFIX + "fetch"
-FILL = _PREFIX + "fill"
-SCHEDULE_FILL = _PREFIX + "schedule_fill"
-
-
-class TracedTableChangedError(ValueError):
-    """A lookup graph's table is served at another width or key dtype than the graph was traced for."""
-
-
-_servers: weakref.WeakValueDictionary[str, ParameterServer] = weakref.WeakValueDictionary()
-_servers_lock = threading.Lock()
+#: ``init.get_server``, given by :mod:`.init` when it is imported (:func:`serve_process_server`).
+_process_server: Callable[..., ParameterServer] | None = None
 
 
 def load_ops() -> None:
@@ -90,24 +97,30 @@ def load_ops() -> None:
         logger.warning("SavedModels exported with NVIDIA's HPS plugin (ops Init, Lookup) will not load: %s", error)
 
 
-def register(server: ParameterServer) -> None:
-    """Make ``server`` (open) the one the graphs it traces resolve to."""
-    with _servers_lock:
-        _servers[server.id] = server
+def serve_process_server(get_server: Callable[..., ParameterServer]) -> None:
+    """Make ``get_server`` (:func:`hierarchical_parameter_server.init.get_server`, which :mod:`.init`
+    gives here when it is imported) what :func:`process_server` calls: the server of the graphs
+    whose own is closed, and of the ops of NVIDIA's plugin."""
+    global _process_server
+    _process_server = get_server
 
 
-def unregister(server: ParameterServer) -> None:
-    """``server`` is closed: its graphs resolve to the process's server from now on."""
-    with _servers_lock:
-        _servers.pop(server.id, None)
+def process_server(ps_config_file: str = "", global_batch_size: int = 1) -> ParameterServer:
+    """This process's server, initialised from ``ps_config_file`` if nothing has yet
+    (:func:`hierarchical_parameter_server.init.get_server`).
 
-
-def context_of(server: ParameterServer, model: str, table_id: int, dim: int, key_dtype: str) -> str:
-    """The context string of table ``table_id`` of ``model`` served by ``server``, whose width is
-    ``dim`` and keys of dtype ``key_dtype`` (``"int64"`` or ``"int32"``) as the graph is traced."""
-    path, batch = server.origin if server.origin is not None else ("", 1)
-    fields = {"server": server.id, "ps_config_file": path, "global_batch_size": batch, "model": model}
-    return json.dumps({**fields, "table_id": table_id, "dim": dim, "key_dtype": key_dtype})
+    Raises:
+        RuntimeError: HPS is not initialised and no ``ps_config_file`` is given, or
+            :mod:`hierarchical_parameter_server.init` is not imported.
+    """
+    get_server = _process_server
+    if get_server is None:
+        raise RuntimeError(
+            "HPS's lookup graphs find the process's parameter server through hierarchical_parameter_server.init, "
+            "which this process has not imported: import hierarchical_parameter_server after TensorFlow (or "
+            "import hierarchical_parameter_server.init) before the graph runs"
+        )
+    return get_server(ps_config_file, global_batch_size)
 
 
 def served_table(context: str) -> ServedTable:
@@ -120,31 +133,13 @@ def served_table(context: str) -> ServedTable:
         TracedTableChangedError: the table's width or key dtype is not the one the context records
             (contexts that record none are not checked).
     """
-    from hierarchical_parameter_server import init
-
     fields = json.loads(context)
-    with _servers_lock:
-        server = _servers.get(fields["server"])
+    server: ParameterServer | None = open_server(fields["server"])
     if server is None:
-        server = init.get_server(fields["ps_config_file"], fields["global_batch_size"])
+        server = process_server(fields["ps_config_file"], fields["global_batch_size"])
     table = server.table(fields["model"], fields["table_id"])
     check_traced(fields, table, server)
     return table
-
-
-def check_traced(fields: dict[str, Any], table: ServedTable, server: ParameterServer) -> None:
-    """Raises :class:`TracedTableChangedError` where ``table`` is not of the width and key dtype
-    the context ``fields`` records (a context without them passes)."""
-    traced = (fields.get("dim", table.dim), fields.get("key_dtype", table.key_dtype.name))
-    if traced == (table.dim, table.key_dtype.name):
-        return
-    origin = f"the ps_config {server.origin[0]!r}" if server.origin is not None else "the parameter server"
-    raise TracedTableChangedError(
-        f"model {table.model!r} table {table.table_id} was traced for width {traced[0]} and keys of {traced[1]}, "
-        f"and {origin} serves it at width {table.dim} with keys of {table.key_dtype.name}: the graph would read "
-        "the wrong columns. Re-export the model (trace it again) against the table as it is now, or serve it "
-        "with the ps_config and model files it was exported with"
-    )
 
 
 @python_ops.register
@@ -183,10 +178,8 @@ def schedule_fill(context: str, keys: np.ndarray) -> np.ndarray:
 def nvidia_init(context: str) -> None:
     """``Init``: HPS initialised from the op's ``ps_config_file`` and ``global_batch_size``, unless it
     is already (then nothing changes, as the plugin's Init)."""
-    from hierarchical_parameter_server import init
-
     fields = json.loads(context)
-    init.get_server(fields["ps_config_file"], fields["global_batch_size"])
+    process_server(fields["ps_config_file"], fields["global_batch_size"])
 
 
 @python_ops.register
@@ -200,10 +193,8 @@ def nvidia_lookup(context: str, keys: np.ndarray) -> np.ndarray:
     """
     import tensorflow as tf
 
-    from hierarchical_parameter_server import init
-
     fields = json.loads(context)
-    served = init.get_server().table(fields["model_name"], fields["table_id"])
+    served = process_server().table(fields["model_name"], fields["table_id"])
     served.check_call(fields["emb_vec_size"], tf.as_dtype(keys.dtype), "Lookup (NVIDIA HPS)")
     rows = served.lookup(tf.constant(keys.reshape(-1)))
     return rows.numpy().reshape(keys.shape + (served.dim,))

@@ -34,6 +34,7 @@ from typing import Any
 import tensorflow as tf
 from sparse_operation_kit.validate import is_positive_int
 
+from hierarchical_parameter_server import graph_calls
 from hierarchical_parameter_server.config import PSConfig, load_config
 from hierarchical_parameter_server.server import ParameterServer
 
@@ -141,6 +142,10 @@ def get_server(ps_config_file: str = "", global_batch_size: int = 1) -> Paramete
         Init(ps_config_file=ps_config_file, global_batch_size=global_batch_size)
     assert _server is not None
     return _server
+
+
+# Lookup graphs whose server is closed, and the ops of NVIDIA's plugin, serve this process's server.
+graph_calls.serve_process_server(get_server)
 
 
 def reload(**kwargs: Any) -> tf.Tensor:

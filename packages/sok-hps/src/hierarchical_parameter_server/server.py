@@ -96,7 +96,7 @@ import tensorflow as tf
 from sparse_operation_kit import python_ops, tf_ops
 from sparse_operation_kit.table_ref import TableRef
 
-from hierarchical_parameter_server import graph_calls, model_files, tiers
+from hierarchical_parameter_server import graph_context, model_files, tiers
 from hierarchical_parameter_server.cache import EmbeddingCache
 from hierarchical_parameter_server.config import ConfigError, ModelConfig, PersistentDBConfig, PSConfig
 from hierarchical_parameter_server.tiers.hash_map import HashMapTier
@@ -139,8 +139,8 @@ class ServedTable:
         self.max_keys = int(model.max_batch_size) * int(model.maxnum_catfeature_query_per_table_per_sample[table_id])
         self.hit_rate_threshold = float(model.hit_rate_threshold)
         self.rows = rows
-        #: What the lookup graph names the table by (:mod:`.graph_calls`).
-        self.context = graph_calls.context_of(server, self.model, table_id, self.dim, self.key_dtype.name)
+        #: What the lookup graph names the table by (:mod:`.graph_context`).
+        self.context = graph_context.context_of(server, self.model, table_id, self.dim, self.key_dtype.name)
         self.lock = threading.RLock()
         #: How many online updates were applied to the table (incremented under :attr:`lock`): a
         #: copy-back of rows fetched before an update is skipped (:meth:`ParameterServer.fetch_from_databases`).
@@ -192,19 +192,22 @@ class ServedTable:
 
         Raises:
             tf.errors.InvalidArgumentError: more than :attr:`max_keys` keys.
+            sparse_operation_kit.python_ops.UnregisteredFunctionError: the functions the graph names
+                are not registered: :mod:`.graph_calls` is not imported (:mod:`.init` imports it, and
+                so does ``import hierarchical_parameter_server`` after TensorFlow).
         """
         device = self.cache.variable.table_device if self.cache is not None else "/CPU:0"
         with tf.name_scope("HpsLookup"), tf.device(device):
             keys = self._checked_count(keys)
             if self.cache is not None:
-                inputs = python_ops.resolved_table_inputs(graph_calls.CACHE_TABLE, self.context)
+                inputs = python_ops.resolved_table_inputs(graph_context.CACHE_TABLE, self.context)
                 if self.cache_answers_all:
                     return self.cache.find_or_default(keys, self.default_value, inputs)
                 values, found = self.cache.find(keys, inputs)
                 return self._complete(keys, values, found, cache=True)
             if self._volatile_rows is not None:
                 int64_keys = tf.cast(keys, tf.int64)  # the tier's keys
-                inputs = python_ops.resolved_table_inputs(graph_calls.VOLATILE_TABLE, self.context)
+                inputs = python_ops.resolved_table_inputs(graph_context.VOLATILE_TABLE, self.context)
                 values, found = tf_ops.library().sok_find(*inputs, int64_keys, col_begin=0, col_end=self.dim)
                 return self._complete(keys, values, found, cache=False)
             distinct, positions = tf_ops.library().sok_unique_index(keys)
@@ -243,7 +246,7 @@ class ServedTable:
 
     def _fetch_op(self, keys: tf.Tensor, cache: bool) -> tf.Tensor:
         """A ``SokPyCall`` of :meth:`fill` (cache) or :meth:`fetch` on ``keys``: ``[n, dim]``."""
-        function = graph_calls.FILL if cache else graph_calls.FETCH
+        function = graph_context.FILL if cache else graph_context.FETCH
         (rows,) = python_ops.py_call(function, self.context, [keys], [tf.float32], name="HpsFetchFromTiers")
         rows.set_shape([None, self.dim])
         return rows
@@ -268,7 +271,7 @@ class ServedTable:
                 return fetched()
 
             def defaults_now() -> tf.Tensor:
-                (scheduled,) = python_ops.py_call(graph_calls.SCHEDULE_FILL, self.context, [missing], [tf.bool])
+                (scheduled,) = python_ops.py_call(graph_context.SCHEDULE_FILL, self.context, [missing], [tf.bool])
                 with tf.control_dependencies([scheduled]):
                     fill = tf.fill([tf.size(where), self.dim], tf.constant(self.default_value, tf.float32))
                     return _patched(values, where, fill)
@@ -473,7 +476,7 @@ class ParameterServer:
             self._source = self._make_update_source()
             self._load_models()
             self._start_updates()
-            graph_calls.register(self)
+            graph_context.register(self)
         except BaseException as error:
             if self._wrote_shared:
                 logger.error(
@@ -832,7 +835,7 @@ class ParameterServer:
 
         Raises:
             ValueError: the successor serves no such table.
-            graph_calls.TracedTableChangedError: the successor serves it at another width or key
+            graph_context.TracedTableChangedError: the successor serves it at another width or key
                 dtype (the graph calling was traced for ``served``'s).
         """
         with self._calls_done:
@@ -841,7 +844,7 @@ class ParameterServer:
                 self._calls += 1
         if successor is not None:
             table = successor.table(served.model, served.table_id)
-            graph_calls.check_traced({"dim": served.dim, "key_dtype": served.key_dtype.name}, table, successor)
+            graph_context.check_traced({"dim": served.dim, "key_dtype": served.key_dtype.name}, table, successor)
             with successor.serving(table) as table:
                 yield table
             return
@@ -869,7 +872,7 @@ class ParameterServer:
             old.hand_over(new)          # graphs traced on old now read new's tables
         """
         self._stop_updates()
-        graph_calls.unregister(self)
+        graph_context.unregister(self)
         with self._calls_done:
             self._successor = successor
             self._calls_done.wait_for(lambda: self._calls == 0)
@@ -896,7 +899,7 @@ class ParameterServer:
     def close(self) -> None:
         """Stop the update source and the background work, close the databases; lookup graphs it
         traced resolve their tables in the process's server from now on."""
-        graph_calls.unregister(self)
+        graph_context.unregister(self)
         self._stop_updates()
         self._pool.shutdown(wait=True)
         for served in self._tables.values():
