@@ -48,6 +48,7 @@ from sparse_operation_kit.distributed_variable import DistributedVariable, Local
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.optimizer import OptimizerWrapper, is_keras_optimizer, wrappers_of
 from sparse_operation_kit.progress import Callback, NoOpCallback
+from sparse_operation_kit.row_layout import RowLayout
 
 logger = logging.getLogger(__name__)
 
@@ -137,13 +138,13 @@ def _shard_chunks(var: Any, slots: list[str], rows: int, optimizer: OptimizerWra
     if isinstance(var, DynamicVariable):
         storage = var.storage
         capacity = storage.capacity()
-        width = dim * (1 + len(slots))
-        buffers = [_ChunkBuffers(rows, storage.key_dtype, dim, len(slots)) for _ in range(2)]
+        layout = RowLayout(dim, slots)
+        buffers = [_ChunkBuffers(rows, storage.key_dtype, layout) for _ in range(2)]
 
         def dynamic():
             for turn, offset in enumerate(range(0, capacity, rows)):
                 out = buffers[turn % 2].out if storage.device == "cpu" else None
-                keys, values, _ = storage.export_batch(offset, rows, columns=(0, width), out=out)
+                keys, values, _ = storage.export_batch(offset, rows, columns=(0, layout.width), out=out)
                 yield keys, buffers[turn % 2].split(values)
 
         return -(-capacity // rows), dynamic()
@@ -159,19 +160,18 @@ class _ChunkBuffers:
     """Reused arrays for one exported chunk: keys, whole rows, and (with optimizer state) each
     file's columns, so a dump touches fresh memory once, not once per chunk."""
 
-    def __init__(self, rows: int, key_dtype: np.dtype, dim: int, slots: int) -> None:
-        self.out = (np.empty(rows, key_dtype), np.empty((rows, dim * (1 + slots)), np.float32))
-        self.dim = dim
-        self.columns = [np.empty((rows, dim), np.float32) for _ in range(1 + slots)] if slots else []
+    def __init__(self, rows: int, key_dtype: np.dtype, layout: RowLayout) -> None:
+        self.out = (np.empty(rows, key_dtype), np.empty((rows, layout.width), np.float32))
+        self.layout = layout
+        self.columns = [np.empty((rows, layout.dim), np.float32) for _ in layout.parts] if layout.slots else []
 
     def split(self, values: np.ndarray) -> list[np.ndarray]:
-        """``values [m, dim * (1 + slots)]`` as one contiguous ``[m, dim]`` array per file."""
+        """``values [m, layout.width]`` as one contiguous ``[m, dim]`` array per file."""
         if not self.columns:
             return [values]
-        m, dim = values.shape[0], self.dim
-        parts = [self.columns[i][:m] for i in range(len(self.columns))]
-        for i, part in enumerate(parts):
-            np.copyto(part, values[:, i * dim : (i + 1) * dim])
+        parts = [column[: values.shape[0]] for column in self.columns]
+        for part, block in zip(parts, self.layout.split(values), strict=True):
+            np.copyto(part, block)
         return parts
 
 
@@ -318,14 +318,15 @@ def _dump_variable(
             agreement.run(open_files)
         # A round's rows: one export chunk's bytes per rank (every rank holds num_ranks rounds' worth after
         # the allgather), so the rows depend on the row width (keys, weights and slots).
-        rows_per_round = max(1, _table.EXPORT_CHUNK_BYTES // (4 * dim * (1 + len(slots)) + 8))
+        layout = RowLayout(dim, slots)
+        rows_per_round = max(1, _table.EXPORT_CHUNK_BYTES // (4 * layout.width + 8))
         n = comm.num_ranks()
         shard = agreement.run(_shard_chunks, var, slots, rows_per_round, wrapper)
         agreement.check()
         count, chunks = shard
         chunks = _read_ahead(chunks)
         rounds = count if n == 1 else int(comm.allgather(tf.constant([count], tf.int64)).numpy().max())
-        empty = (np.empty(0, key_dtype), [np.empty((0, dim), np.float32) for _ in range(1 + len(slots))])
+        empty = (np.empty(0, key_dtype), [np.empty((0, dim), np.float32) for _ in layout.parts])
         total = 0
         for _ in range(rounds):
             item = agreement.run(next, chunks, empty)  # a rank with fewer chunks sends empty ones
@@ -495,9 +496,8 @@ def _fill_while_reading(var: DynamicVariable, plan: dict, rank: int, n: int) -> 
     """
     keys, select = _owned_keys(var, plan, rank, n)
     keys = keys.astype(var.key_type.as_numpy_dtype, copy=False)
-    storage, dim = var.storage, plan["dim"]
-    for i, info in enumerate(plan["files"][1:]):
-        columns = (i * dim, (i + 1) * dim)
+    storage, layout = var.storage, RowLayout(plan["dim"], plan["slots"])
+    for columns, info in zip(layout.parts, plan["files"][1:], strict=True):
 
         def insert(first: int, block: np.ndarray, columns: tuple[int, int] = columns) -> None:
             storage.insert_or_assign(keys[first : first + block.shape[0]], block, columns=columns)
@@ -725,11 +725,10 @@ def _load_dynamic(
     keys = keys.astype(var.key_type.as_numpy_dtype, copy=False)
     if slots:
         wrapper.attach(var)
-    dim = var.dimension
     storage = var.table_ref.storage
-    for i, values in enumerate(arrays):
+    for columns, values in zip(RowLayout(var.dimension, slots).parts, arrays, strict=True):
         if keys.size:
-            storage.insert_or_assign(keys, values, columns=(i * dim, (i + 1) * dim))
+            storage.insert_or_assign(keys, values, columns=columns)
 
 
 def _load_static(var: Any, target: Any, keys: np.ndarray, weights: np.ndarray, rank: int, n: int) -> None:
@@ -773,7 +772,7 @@ def incremental_model_dump(sok_vars: Any, time_threshold: Any, sess: Any = None)
         if not isinstance(when, dt.datetime):
             raise TypeError(f"time_threshold must be a datetime.datetime, got {type(when).__name__}")
         ns = max(0, int(when.timestamp() * 1e9))
-        keys, values, _ = var.storage.export_if(ns, columns=(0, var.dimension))
+        keys, values, _ = var.storage.export_if(ns, columns=RowLayout(var.dimension).embedding)
         if comm.num_ranks() > 1:
             keys = comm.allgather(tf.constant(keys)).numpy()
             values = comm.allgather(tf.constant(values.reshape(-1, var.dimension))).numpy()

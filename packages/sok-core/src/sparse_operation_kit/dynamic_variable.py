@@ -37,6 +37,7 @@ from tensorflow.python.ops import resource_variable_ops
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit import placement, tf_ops
 from sparse_operation_kit.dtypes import KEY_DTYPES
+from sparse_operation_kit.row_layout import RowLayout
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, Storage, create_storage
 from sparse_operation_kit.table_ref import TableRef
 from sparse_operation_kit.validate import is_positive_int
@@ -242,15 +243,16 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         initializer, self._initializer_str = resolve_initializer(initializer)
         # The embedding's initializer covers columns [0, dimension); optimizer state columns
         # added later bring their own.
+        layout = RowLayout(self._dimension)  # no optimizer state yet: attaching one widens the rows
         self._initializer = inits.Initializer(
-            initializer.kind, initializer.a, initializer.b, initializer.seed, (0, self._dimension)
+            initializer.kind, initializer.a, initializer.b, initializer.seed, layout.embedding
         )
         tf_ops.library()  # fail now, with the fix, if the op library is missing or stale
         self._placement = placement.of_scope(self._var_type)
         try:
             storage = create_storage(
                 self._var_type,
-                row_width=self._dimension,
+                row_width=layout.width,
                 key_dtype=_KEY_TYPES[self._key_dtype],
                 initializer=self._initializer,
                 device=self._placement.storage,

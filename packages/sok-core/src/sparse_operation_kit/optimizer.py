@@ -42,6 +42,7 @@ from tensorflow.python.framework import indexed_slices as indexed_slices_lib
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit import tf_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable, distinct_index_of, export
+from sparse_operation_kit.row_layout import RowLayout
 from sparse_operation_kit.slot_view import DynamicSlot
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, create_storage
 
@@ -578,6 +579,10 @@ class OptimizerWrapper:
         for Adamax, whose tf_keras legacy optimizer names them ``["m", "v"]``."""
         return [name for name, _ in self._rule.slots]
 
+    def _row_layout(self, var: DynamicVariable) -> RowLayout:
+        """Where ``var``'s embedding and this wrapper's slots sit in its rows once attached."""
+        return RowLayout(var.dimension, self.get_slot_names())
+
     def _exposed_slot_names(self) -> list[str]:
         """The slot names the wrapped optimizer uses: tf_keras legacy ones for a legacy optimizer
         (``_LEGACY_SLOT_NAMES``), else this wrapper's."""
@@ -646,18 +651,17 @@ class OptimizerWrapper:
                 f"{var.name} is already updated by another sok.OptimizerWrapper ({owner.name}); its optimizer "
                 f"state lives in its rows, so one wrapper per variable"
             )
-        dim, old = var.dimension, var.table_ref.storage
-        width = dim * (1 + len(self._rule.slots))
+        dim, old, layout = var.dimension, var.table_ref.storage, self._row_layout(var)
+        width = layout.width
         if width > MAX_ROW_WIDTH:
             raise ValueError(
                 f"{var.name} (dimension {dim:,}) is too wide for {self.name}: its rows would hold the embedding "
                 f"and {len(self._rule.slots)} state slot(s), {width:,} floats, beyond the {MAX_ROW_WIDTH:,} a "
-                f"storage row takes; use a dimension of at most {MAX_ROW_WIDTH // (1 + len(self._rule.slots)):,} "
+                f"storage row takes; use a dimension of at most {MAX_ROW_WIDTH // len(layout.parts):,} "
                 f"with this optimizer"
             )
         initializers = [var.embedding_initializer] + [
-            inits.constant(value, columns=((i + 1) * dim, (i + 2) * dim))
-            for i, (_, value) in enumerate(self._rule.slots)
+            inits.constant(value, columns=layout.columns(name)) for name, value in self._rule.slots
         ]
         if width != old.row_width:
             wide = create_storage(
@@ -669,9 +673,9 @@ class OptimizerWrapper:
                 name=var.name,
                 **var.config_dict,
             )
-            keys, values, scores = old.export(columns=(0, dim))
+            keys, values, scores = old.export(columns=layout.embedding)
             if keys.size:  # scores too: widening is no write (eviction order, incremental dumps)
-                wide.import_batch(keys, values, scores, columns=(0, dim))
+                wide.import_batch(keys, values, scores, columns=layout.embedding)
             logger.debug("widened %s to %d columns for %s (%d rows copied)", var.name, width, self.name, keys.size)
             var.table_ref.swap(wide, initializers)
         var.bind_optimizer_wrapper(self)
@@ -683,9 +687,9 @@ class OptimizerWrapper:
         optimizer's slot names; for a tf_keras legacy optimizer also in its own ``_slots`` (keyed
         as it keys its variables' slots), so that its ``get_slot(var, name)`` returns them. An
         optimizer without slots gets an empty entry, as NVIDIA SOK gives it."""
-        dim = var.dimension
+        layout = self._row_layout(var)
         views = {
-            exposed: DynamicSlot(var, exposed, ((i + 1) * dim, (i + 2) * dim))
+            exposed: DynamicSlot(var, exposed, layout.columns(i))
             for i, exposed in enumerate(self._exposed_slot_names())
         }
         key = _var_key(var)
@@ -746,8 +750,7 @@ class OptimizerWrapper:
         return checked, checks
 
     def _apply_dynamic(self, grad: Any, var: DynamicVariable, lr: Tensor, step: Tensor) -> None:
-        dim = var.dimension
-        width = dim * (1 + len(self._rule.slots))
+        dim, layout = var.dimension, self._row_layout(var)
         lib = tf_ops.library()
         with tf.device(var.table_device):  # every op of the update where the table is
             keys = tf.reshape(var.keys_of(grad.indices), [-1])
@@ -759,11 +762,11 @@ class OptimizerWrapper:
                 lib.sok_sparse_apply(*var.table_inputs, distinct, positions, values, lr, rule=rule, hyper=list(hyper))
                 return
             unique, summed = lib.sok_unique_sum(keys, values)
-            rows = lib.sok_find_or_insert(*var.table_inputs, unique, col_begin=0, col_end=width)
-            slots = {name: rows[:, (i + 1) * dim : (i + 2) * dim] for i, (name, _) in enumerate(self._rule.slots)}
-            new_w, new_slots = self._rule.update(rows[:, :dim], slots, summed, lr, step)
-            new_rows = tf.concat([new_w] + [new_slots[name] for name, _ in self._rule.slots], axis=1)
-            lib.sok_insert_or_assign(*var.table_inputs, unique, new_rows, col_begin=0, col_end=width)
+            rows = lib.sok_find_or_insert(*var.table_inputs, unique, col_begin=0, col_end=layout.width)
+            weights, *states = layout.split(rows)
+            new_w, new_slots = self._rule.update(weights, dict(zip(layout.slots, states)), summed, lr, step)
+            new_rows = tf.concat([new_w] + [new_slots[name] for name in layout.slots], axis=1)
+            lib.sok_insert_or_assign(*var.table_inputs, unique, new_rows, col_begin=0, col_end=layout.width)
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], *args: Any, **kwargs: Any) -> None:
         """Update dynamic variables row-wise; pass every other pair to the wrapped optimizer.
