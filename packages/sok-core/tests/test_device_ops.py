@@ -94,3 +94,13 @@ def test_group_by_key_of_no_keys(device: str) -> None:
 def test_group_by_key_refuses_a_key_outside_the_groups_on_the_cpu() -> None:
     with tf.device("/CPU:0"), pytest.raises(tf.errors.InvalidArgumentError, match=r"keys\[1\] = 3 is outside \[0, 3\)"):
         device_ops.group_by_key(tf.constant([0, 3], tf.int64), 3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("lengths", [[3, 0, 2], [0, 0], [5], [0, 4, 0, 1]])
+def test_part_of_each_names_the_tensor_each_element_comes_from(device: str, lengths: list[int]) -> None:
+    values = [tf.zeros([k], tf.int64) for k in lengths]
+    with tf.device(_on(device)):
+        got = device_ops.part_of_each(values)
+    assert got.dtype == tf.int64
+    np.testing.assert_array_equal(got.numpy(), np.repeat(np.arange(len(lengths)), lengths))

@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from sparse_operation_kit import tf_ops
 
-__all__ = ["floormod", "group_by_key", "length", "on_host", "sample_ids", "sample_ids_of"]
+__all__ = ["floormod", "group_by_key", "length", "on_host", "part_of_each", "sample_ids", "sample_ids_of"]
 
 
 def on_host() -> contextlib.AbstractContextManager[Any]:
@@ -71,12 +71,23 @@ def sample_ids_of(row_splits: Sequence[tf.Tensor], values: Sequence[tf.Tensor]) 
     offsets = tf.cumsum(splits[:, -1], exclusive=True)  # where each table's values start
     ends = tf.reshape(splits[:, 1:] + offsets[:, None], [-1])  # end of each (table, sample) row
     lengths = [length(v) for v in values]  # each from its values' shape: never the values themselves
-    rows = length(row_splits[0])
+    splits_length = length(row_splits[0])
     with on_host():
         total = tf.add_n(lengths)
-        batch = rows - 1
+        batch = splits_length - 1
     rows = tf.searchsorted(ends, tf.range(total, dtype=tf.int64), side="right", out_type=tf.int64)
     return rows - tf.math.floordiv(rows, tf.maximum(batch, 1)) * batch
+
+
+def part_of_each(values: Sequence[tf.Tensor]) -> tf.Tensor:
+    """For the elements of ``values`` (1-D tensors) one after the other, the index of the tensor
+    each comes from (int64 ``[sum of len(values[t])]``): one range and one search, not a fill per
+    tensor."""
+    lengths = [length(v) for v in values]  # each from its values' shape: never the values themselves
+    with on_host():
+        ends = tf.cumsum(tf.stack(lengths))
+        total = ends[-1]
+    return tf.searchsorted(ends, tf.range(total, dtype=tf.int64), side="right", out_type=tf.int64)
 
 
 def group_by_key(keys: tf.Tensor, num_groups: int) -> tuple[tf.Tensor, tf.Tensor]:

@@ -218,10 +218,7 @@ def _total_of(problems: Sequence[_Problem], ragged: Sequence[tf.RaggedTensor]) -
     if ranged:
         tables = [t for t, _, _ in ranged]
         values = tf.concat([tf.cast(ragged[t].values, tf.int64) for t in tables], 0)
-        lengths = [device_ops.length(ragged[t].values) for t in tables]
-        with device_ops.on_host():
-            ends = tf.cumsum(tf.stack(lengths))
-        which = tf.searchsorted(ends, tf.range(device_ops.length(values), dtype=tf.int64), side="right")
+        which = device_ops.part_of_each([ragged[t].values for t in tables])
         lowest = tf.gather(tf.constant([low for _, low, _ in ranged], tf.int64), which)
         highest = tf.gather(tf.constant([high for _, _, high in ranged], tf.int64), which)
         terms.append(tf.reduce_sum(tf.cast((values < lowest) | (values > highest), tf.int64)))

@@ -106,12 +106,11 @@ def send_ids_to_owners(
     num_tables = len(plan.tables)
     with device_ops.on_host():
         global_batch = tf.reduce_sum(batch_sizes)
+        received_from = sends[:, plan.rank]
         send_counts = int32_counts(sends[plan.rank], "the ids this rank sends")
-        received_counts = int32_counts(sends[:, plan.rank], "the ids this rank receives")
+        received_counts = int32_counts(received_from, "the ids this rank receives")
     order = routes.order
-    tables = tf.concat(
-        [tf.fill(tf.shape(k, out_type=tf.int64), tf.constant(t, tf.int64)) for t, k in enumerate(keys)], 0
-    )
+    tables = device_ops.part_of_each(keys)
     packed = tf.bitwise.bitwise_or(tf.bitwise.left_shift(tables, _SAMPLE_BITS), samples)
     rows = tf.gather(tf.stack([packed, tf.concat(keys, 0)], axis=1), order)
     received = exchange.alltoall(rows, send_counts, received_counts, name="sok.lookup_sparse: all-to-all of the ids")
@@ -126,7 +125,7 @@ def send_ids_to_owners(
 
     # By table (stable: then by source rank, then by sample), samples numbered over the global batch.
     with device_ops.on_host():
-        ends = tf.cumsum(sends[:, plan.rank])
+        ends = tf.cumsum(received_from)
     positions = tf.range(device_ops.length(received), dtype=tf.int64)
     sources = tf.searchsorted(ends, positions, side="right", out_type=tf.int64)
     first_sample = tf.cumsum(batch_sizes, exclusive=True)
