@@ -104,3 +104,49 @@ def test_part_of_each_names_the_tensor_each_element_comes_from(device: str, leng
         got = device_ops.part_of_each(values)
     assert got.dtype == tf.int64
     np.testing.assert_array_equal(got.numpy(), np.repeat(np.arange(len(lengths)), lengths))
+
+
+def _unique_cases() -> list[np.ndarray]:
+    rng = np.random.default_rng(11)
+    return [
+        np.array([5, 3, 5, 5, 7, 3, 0, 9], np.int64),
+        np.zeros(0, np.int64),
+        np.array([2**63 - 1, -(2**63), -1, 2**63 - 1], np.int64),
+        rng.zipf(1.2, 5000).astype(np.int32),
+        np.array([2**64 - 1, 0, 2**64 - 1], np.uint64),
+        np.arange(300, 0, -1).astype(np.int64),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unique_index_list_is_tf_unique_of_each_tensor(device: str) -> None:
+    keys = _unique_cases()
+    with tf.device(_on(device)):
+        distinct, positions = device_ops.unique_index_list([tf.constant(k) for k in keys])
+    assert len(distinct) == len(positions) == len(keys)
+    for k, d, p in zip(keys, distinct, positions, strict=True):
+        assert ("GPU" in d.device) == device.startswith("/GPU")
+        assert d.dtype == tf.as_dtype(k.dtype) and p.dtype == tf.int32
+        first = np.sort(np.unique(k, return_index=True)[1])  # first occurrences, in batch order
+        row = {key: i for i, key in enumerate(k[first].tolist())}
+        np.testing.assert_array_equal(d.numpy(), k[first])
+        np.testing.assert_array_equal(p.numpy(), np.array([row[x] for x in k.tolist()], np.int32))
+
+
+def test_unique_index_list_in_a_function_with_unknown_sizes() -> None:
+    spec = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int32)]
+
+    @tf.function(input_signature=spec)
+    def index(a: tf.Tensor, b: tf.Tensor) -> tuple:
+        return device_ops.unique_index_list([a, b])
+
+    (da, db), (pa, pb) = index(tf.constant([4, 4, 1], tf.int64), tf.constant([9], tf.int32))
+    assert da.numpy().tolist() == [4, 1] and pa.numpy().tolist() == [0, 0, 1]
+    assert db.numpy().tolist() == [9] and pb.numpy().tolist() == [0]
+
+
+def test_unique_index_list_refuses_attrs_that_disagree() -> None:
+    from sparse_operation_kit import tf_ops
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="num_tables = 2 but 1 key tensors"):
+        tf_ops.library().sok_unique_index_list(keys=[tf.constant([1], tf.int64)], num_tables=2)

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "pooled_lookup_ops.h"
 #include "sok/kit/prefetch.hpp"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -550,9 +551,11 @@ class PooledLookupGradOp : public PooledOpBase {
                   errors::InvalidArgument("grads[", t, "] must be [batch, dim], got ", grads[t].shape()));
       dims.push_back(grads[t].dim_size(1));
     }
+    std::vector<int64_t> rows_of;
+    OP_REQUIRES_OK(ctx, resolve_table_rows(ctx, rows_, &rows_of));
     std::vector<Table> tables;
     int64_t batch = 0;
-    OP_REQUIRES_OK(ctx, gather_tables(ctx, combiners_, sharding_, rows_, dims, &tables, &batch));
+    OP_REQUIRES_OK(ctx, gather_tables(ctx, combiners_, sharding_, rows_of, dims, &tables, &batch));
     const int64_t n = static_cast<int64_t>(tables.size());
     for (int64_t t = 0; t < n; ++t) {
       OP_REQUIRES(ctx, grads[t].dim_size(0) == batch,
@@ -563,7 +566,7 @@ class PooledLookupGradOp : public PooledOpBase {
     for_each_parallel(ctx, n, kTaskCost * 8, [&](int64_t t) { bad[t] = !find_distinct(tables[t], &distinct[t]); });
     for (int64_t t = 0; t < n; ++t) {
       OP_REQUIRES(ctx, !bad[t].load(),
-                  errors::InvalidArgument("ids[", t, "] has ids outside [0, ", rows_[t], "), the rows of its shard"));
+                  errors::InvalidArgument("ids[", t, "] has ids outside [0, ", rows_of[t], "), the rows of its shard"));
     }
     OpOutputList rows, indices;
     OP_REQUIRES_OK(ctx, ctx->output_list("rows", &rows));
@@ -631,6 +634,9 @@ REGISTER_OP("SokPooledLookup")
     .Attr("positions: list(int)")
     .Attr("strides: list(int) = []")
     .Attr("offsets: list(int) = []")
+    // Per table (or empty: none), whether its ids number its params, the rows of a lookup's distinct
+    // keys, in order of first occurrence (SokUniqueIndexList): read by the gradient function only.
+    .Attr("numbered: list(bool) = []")
     .SetShapeFn(pooled_lookup_shape)
     .Doc("Pooled lookups of several static tables (see pooled_lookup_ops.cc).");
 
@@ -645,7 +651,7 @@ REGISTER_OP("SokPooledLookupGrad")
     .Attr("num_weights: int >= 0")
     .Attr("Tids: list({int32, int64})")
     .Attr("combiners: list(string)")
-    .Attr("table_rows: list(int)")
+    .Attr("table_rows: list(int)")  // -1: ids that number a lookup's distinct keys (fewer than the ids)
     .Attr("strides: list(int) = []")
     .Attr("offsets: list(int) = []")
     .SetShapeFn(pooled_lookup_grad_shape)

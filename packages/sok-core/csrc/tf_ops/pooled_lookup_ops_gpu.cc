@@ -21,6 +21,7 @@
 
 #include "gpu/pooled_lookup_kernels.h"
 #include "gpu_exec.h"
+#include "pooled_lookup_ops.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "unsupported/Eigen/CXX11/Tensor"
 
@@ -315,8 +316,10 @@ class PooledLookupGradGpuOp : public PooledGpuOpBase {
                   errors::InvalidArgument("grads[", t, "] must be [batch, dim], got ", grads[t].shape()));
       dims[t] = grads[t].dim_size(1);
     }
+    std::vector<int64_t> rows_of;
+    OP_REQUIRES_OK(ctx, resolve_table_rows(ctx, rows_, &rows_of));
     Gathered g;
-    OP_REQUIRES_OK(ctx, gather(ctx, combiners_, strides_, offsets_, rows_, dims, &g));
+    OP_REQUIRES_OK(ctx, gather(ctx, combiners_, strides_, offsets_, rows_of, dims, &g));
     const int n = static_cast<int>(combiners_.size());
     for (int t = 0; t < n && g.error.ok(); ++t) {
       if (grads[t].dim_size(0) != g.batch) {
@@ -351,7 +354,7 @@ class PooledLookupGradGpuOp : public PooledGpuOpBase {
     OP_REQUIRES_OK(ctx, splits_error(g.tables, host));
     for (int t = 0; t < n; ++t) {
       OP_REQUIRES(ctx, host[t].bad_ids == 0,
-                  errors::InvalidArgument("ids[", t, "] has ids outside [0, ", rows_[t], "), the rows of its shard"));
+                  errors::InvalidArgument("ids[", t, "] has ids outside [0, ", rows_of[t], "), the rows of its shard"));
     }
     OpOutputList rows, indices;
     OP_REQUIRES_OK(ctx, ctx->output_list("rows", &rows));

@@ -28,6 +28,8 @@
 namespace sok_tf {
 
 using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpInputList;
+using ::tensorflow::OpOutputList;
 using ::tensorflow::shape_inference::InferenceContext;
 
 constexpr sok_exec_context kCpu{SOK_DEVICE_CPU, 0, nullptr};
@@ -235,6 +237,60 @@ class UniqueIndexOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &positions_t));
     std::copy(distinct.begin(), distinct.end(), distinct_t->flat<K>().data());
     std::copy(position.begin(), position.end(), positions_t->flat<int32_t>().data());
+  }
+};
+
+// SokUniqueIndexList: SokUniqueIndex of each of several key tensors (the dynamic tables of one
+// lookup), one table per task on TensorFlow's intra-op threads.
+class UniqueIndexListOp : public OpKernel {
+ public:
+  explicit UniqueIndexListOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, check_unique_index_list(ctx));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList keys;
+    OP_REQUIRES_OK(ctx, ctx->input_list("keys", &keys));
+    const int num = keys.size();
+    for (int t = 0; t < num; ++t) {
+      OP_REQUIRES(ctx, keys[t].NumElements() < (int64_t{1} << 31),
+                  errors::InvalidArgument("keys[", t, "] has ", keys[t].NumElements(),
+                                          " keys; at most 2**31 - 1 per table and call: split the batch"));
+    }
+    std::vector<std::vector<int32_t>> positions(num);
+    std::vector<std::vector<char>> distinct(num);  // the distinct keys' bytes
+    in_parallel(ctx, num, int64_t{1} << 20, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) index_distinct_bytes(keys[t], &positions[t], &distinct[t]);
+    });
+    OpOutputList distinct_out, positions_out;
+    OP_REQUIRES_OK(ctx, ctx->output_list("distinct_keys", &distinct_out));
+    OP_REQUIRES_OK(ctx, ctx->output_list("positions", &positions_out));
+    for (int t = 0; t < num; ++t) {
+      const int64_t key_bytes = ::tensorflow::DataTypeSize(keys[t].dtype());
+      const int64_t u = static_cast<int64_t>(distinct[t].size()) / key_bytes;
+      Tensor *d = nullptr, *p = nullptr;
+      OP_REQUIRES_OK(ctx, distinct_out.allocate(t, TensorShape({u}), &d));
+      OP_REQUIRES_OK(ctx, positions_out.allocate(t, TensorShape({keys[t].NumElements()}), &p));
+      std::memcpy(d->data(), distinct[t].data(), distinct[t].size());
+      std::copy(positions[t].begin(), positions[t].end(), p->flat<int32_t>().data());
+    }
+  }
+
+ private:
+  // index_distinct of keys (any key type), the distinct keys as bytes.
+  static void index_distinct_bytes(const Tensor& keys, std::vector<int32_t>* position, std::vector<char>* bytes) {
+    switch (keys.dtype()) {
+      case ::tensorflow::DT_INT32: return index_distinct_as<int32_t>(keys, position, bytes);
+      case ::tensorflow::DT_UINT64: return index_distinct_as<uint64_t>(keys, position, bytes);
+      default: return index_distinct_as<int64_t>(keys, position, bytes);
+    }
+  }
+
+  template <typename K>
+  static void index_distinct_as(const Tensor& keys, std::vector<int32_t>* position, std::vector<char>* bytes) {
+    std::vector<K> distinct;
+    index_distinct(keys.NumElements(), keys.flat<K>().data(), position, &distinct);
+    const char* begin = reinterpret_cast<const char*>(distinct.data());
+    bytes->assign(begin, begin + distinct.size() * sizeof(K));
   }
 };
 
@@ -497,6 +553,23 @@ REGISTER_OP("SokUniqueIndex")
     })
     .Doc("Distinct keys in order of first occurrence and, per key, the position of its distinct key.");
 
+REGISTER_OP("SokUniqueIndexList")
+    .Input("keys: Tkeys")
+    .Output("distinct_keys: Tkeys")
+    .Output("positions: num_tables * int32")
+    .Attr("num_tables: int >= 1")
+    .Attr("Tkeys: list({int32, int64, uint64})")
+    .SetShapeFn([](InferenceContext* c) {
+      int n = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
+      for (int t = 0; t < n; ++t) {
+        c->set_output(t, c->Vector(InferenceContext::kUnknownDim));
+        c->set_output(n + t, c->Vector(c->NumElements(c->input(t))));
+      }
+      return Status();
+    })
+    .Doc("SokUniqueIndex of each of num_tables key tensors (one key type each), in one op.");
+
 REGISTER_OP("SokSparseApply")
     .Input("handle: resource")
     .Input("table: int64")
@@ -704,5 +777,6 @@ REGISTER_KERNEL_BUILDER(Name("SokUniqueIndex").Device(DEVICE_CPU).TypeConstraint
 REGISTER_KERNEL_BUILDER(Name("SokUniqueIndex").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkeys"), UniqueIndexOp<int32_t>);
 REGISTER_KERNEL_BUILDER(Name("SokUniqueIndex").Device(DEVICE_CPU).TypeConstraint<uint64_t>("Tkeys"), UniqueIndexOp<uint64_t>);
 REGISTER_KERNEL_BUILDER(Name("SokExport").Device(DEVICE_CPU), ExportOp);
+REGISTER_KERNEL_BUILDER(Name("SokUniqueIndexList").Device(DEVICE_CPU), UniqueIndexListOp);
 
 }  // namespace sok_tf

@@ -57,6 +57,19 @@ inline Status table_from(OpKernelContext* ctx, int input, sok_table_ref** out) {
   return Status();
 }
 
+// SokUniqueIndexList's attrs agree: one key type per table.
+inline Status check_unique_index_list(OpKernelConstruction* ctx) {
+  int num_tables = 0;
+  std::vector<::tensorflow::DataType> types;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("num_tables", &num_tables));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("Tkeys", &types));
+  if (static_cast<int>(types.size()) != num_tables) {
+    return errors::InvalidArgument("SokUniqueIndexList: num_tables = ", num_tables, " but ", types.size(),
+                                   " key tensors; valid: one key tensor per table");
+  }
+  return Status();
+}
+
 inline Status status_of(const sok_table_ref* ref, sok_status st, const char* op) {
   if (st == SOK_OK) return Status();
   std::string message = std::string(op) + " failed in backend '" + ref->api->backend_name +

@@ -1,6 +1,6 @@
 // DEVICE_GPU kernels of the training path's own ops (libsok_tf_ops_gpu.so): SokUniqueIndex,
-// SokUniqueSum, SokLookupDistinct and SokSparseApply, so that a DynamicVariable whose table lives
-// on a GPU trains without copying keys or rows to the host. Their results equal the CPU kernels'
+// SokUniqueIndexList, SokUniqueSum, SokLookupDistinct and SokSparseApply, so that a DynamicVariable
+// whose table lives on a GPU trains without copying keys or rows to the host. Their results equal the CPU kernels'
 // (storage_ops.cc) bit for bit, but for SokSparseApply's keys with more than 32 gradient rows (T,
 // kHotOccurrences of gpu/sparse_apply_kernels.cu): those are summed in a fixed parallel order, the
 // same bits run after run and the CPU's within float rounding. Only scalars come to the host (the number of distinct keys, to size
@@ -96,6 +96,60 @@ class UniqueIndexGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::unique_index_finish(distinct.key_bytes, distinct.n, distinct.workspace.data(),
                                                               distinct.bytes, distinct_t->data(),
                                                               positions_t->flat<int32_t>().data(), stream)));
+  }
+};
+
+// SokUniqueIndexList: SokUniqueIndex of each key tensor, with one synchronization for all of them:
+// every table's keys are sorted and counted on the device, the counts come to the host in one copy,
+// then each table's outputs are sized and finished.
+class UniqueIndexListGpuOp : public OpKernel {
+ public:
+  explicit UniqueIndexListGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, check_unique_index_list(ctx));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::OpInputList keys;
+    OP_REQUIRES_OK(ctx, ctx->input_list("keys", &keys));
+    const int num = keys.size();
+    for (int t = 0; t < num; ++t) {
+      OP_REQUIRES(ctx, keys[t].NumElements() < kMaxKeys,
+                  errors::InvalidArgument("keys[", t, "] has ", keys[t].NumElements(),
+                                          " keys; at most 2**31 - 1 per table and call: split the batch"));
+    }
+    const sok_exec_context exec = GpuExec::of(ctx);
+    DeviceGuard guard;
+    OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
+    const cudaStream_t stream = stream_of(exec);
+    Tensor counts;  // (num,) int32 device
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT32, TensorShape({num}), &counts));
+    std::vector<Tensor> workspaces(num);
+    std::vector<size_t> bytes(num, 0);
+    for (int t = 0; t < num; ++t) {
+      const int32_t n = static_cast<int32_t>(keys[t].NumElements());
+      const int key_bytes = ::tensorflow::DataTypeSize(keys[t].dtype());
+      OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::unique_workspace_bytes(n, key_bytes, &bytes[t])));
+      OP_REQUIRES_OK(ctx, allocate_workspace(ctx, bytes[t], &workspaces[t]));
+      OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::unique_sort_async(keys[t].data(), key_bytes, n, workspaces[t].data(),
+                                                              bytes[t], counts.flat<int32_t>().data() + t, stream)));
+    }
+    std::vector<int32_t> u(num, 0);
+    OP_REQUIRES_OK(ctx, SOK_CUDA(cudaMemcpyAsync(u.data(), counts.flat<int32_t>().data(), sizeof(int32_t) * num,
+                                                 cudaMemcpyDeviceToHost, stream)));
+    OP_REQUIRES_OK(ctx, SOK_CUDA(cudaStreamSynchronize(stream)));
+    ::tensorflow::OpOutputList distinct_out, positions_out;
+    OP_REQUIRES_OK(ctx, ctx->output_list("distinct_keys", &distinct_out));
+    OP_REQUIRES_OK(ctx, ctx->output_list("positions", &positions_out));
+    for (int t = 0; t < num; ++t) {
+      const int32_t n = static_cast<int32_t>(keys[t].NumElements());
+      Tensor *distinct = nullptr, *positions = nullptr;  // (u,), (n,) device
+      OP_REQUIRES_OK(ctx, distinct_out.allocate(t, TensorShape({u[t]}), &distinct));
+      OP_REQUIRES_OK(ctx, positions_out.allocate(t, TensorShape({n}), &positions));
+      if (n == 0) continue;
+      OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::unique_index_finish(::tensorflow::DataTypeSize(keys[t].dtype()), n,
+                                                                workspaces[t].data(), bytes[t], distinct->data(),
+                                                                positions->flat<int32_t>().data(), stream)));
+    }
   }
 };
 
@@ -279,6 +333,7 @@ class SparseApplyGpuOp : public OpKernel {
 #define SOK_TRAINING_GPU_KERNELS(X)                                                                      \
   X(SokUniqueIndex, SOK_PER_KEY_TYPE, , UniqueIndexGpuOp)                                                \
   X(SokUniqueSum, SOK_PER_KEY_TYPE, , UniqueSumGpuOp)                                                    \
+  X(SokUniqueIndexList, SOK_ANY_KEY_TYPE, , UniqueIndexListGpuOp)                                        \
   X(SokLookupDistinct, SOK_ANY_KEY_TYPE, .HostMemory("handle").HostMemory("table"), LookupDistinctGpuOp) \
   X(SokSparseApply, SOK_ANY_KEY_TYPE, .HostMemory("handle").HostMemory("table").HostMemory("lr"), SparseApplyGpuOp)
 

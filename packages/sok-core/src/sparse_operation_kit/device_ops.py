@@ -14,6 +14,8 @@ these make a host round trip (a copy to the host, which waits for the GPU) under
   every id copied there and back. ``group_by_key`` is SOK's own op (a radix sort on the GPU).
 - One ``sample_ids`` per table is a range and a search per table; ``sample_ids_of`` does all the
   tables of a call in one of each.
+- ``tf.unique`` on the GPU is a dozen kernels and a host round trip per tensor; ``unique_index_list``
+  indexes the keys of every table of a call in one op, with one round trip for all of them.
 
 Example::
 
@@ -21,6 +23,7 @@ Example::
     sample_ids(ids.row_splits, ids.values)   # [0, 0, 2]
     floormod(tf.constant([-3, 4], tf.int64), 2)   # [1, 0]
     group_by_key(tf.constant([1, 0, 1], tf.int64), 2)   # order [1, 0, 2], counts [1, 2]
+    unique_index_list([tf.constant([7, 5, 7], tf.int64)])   # ([[7, 5]], [[0, 1, 0]])
 """
 
 from __future__ import annotations
@@ -33,7 +36,16 @@ import tensorflow as tf
 
 from sparse_operation_kit import tf_ops
 
-__all__ = ["floormod", "group_by_key", "length", "on_host", "part_of_each", "sample_ids", "sample_ids_of"]
+__all__ = [
+    "floormod",
+    "group_by_key",
+    "length",
+    "on_host",
+    "part_of_each",
+    "sample_ids",
+    "sample_ids_of",
+    "unique_index_list",
+]
 
 
 def on_host() -> contextlib.AbstractContextManager[Any]:
@@ -95,3 +107,12 @@ def group_by_key(keys: tf.Tensor, num_groups: int) -> tuple[tf.Tensor, tf.Tensor
     by key, ascending and stable (``tf.argsort(keys, stable=True)``), and how many keys each group
     has (``tf.math.bincount``), both int64 on the keys' device."""
     return tf_ops.library().sok_group_by_key(keys, num_groups=num_groups)
+
+
+def unique_index_list(keys: Sequence[tf.Tensor]) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+    """``tf.unique`` of each 1-D key tensor of ``keys`` (int32, int64 or uint64, each its own), in
+    one op: per tensor its distinct keys in order of first occurrence and, per key, the int32
+    position of its distinct key, so that ``distinct[t][positions[t]] == keys[t]``."""
+    keys = list(keys)
+    distinct, positions = tf_ops.library().sok_unique_index_list(keys=keys, num_tables=len(keys))
+    return list(distinct), list(positions)

@@ -547,12 +547,22 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         raise self._unsupported("pickling")
 
 
-@tf.RegisterGradient("SokLookup")
-def _sok_lookup_grad(op: tf.Operation, grad: tf.Tensor) -> list:
+def _rows_grad(op: tf.Operation, grad: tf.Tensor) -> list:
+    """The gradient of a lookup's rows: IndexedSlices over its keys (none for the handle and table)."""
     keys = tf.reshape(op.inputs[2], [-1])
     width = op.get_attr("col_end") - op.get_attr("col_begin")
     values = tf.reshape(grad, [-1, width])
     return [indexed_slices_lib.IndexedSlices(values, keys), None, None]
+
+
+@tf.RegisterGradient("SokLookup")
+def _sok_lookup_grad(op: tf.Operation, grad: tf.Tensor) -> list:
+    """``_rows_grad``, handing on the distinct index noted for the keys (:func:`read_distinct` and
+    ``try_sparse_read(..., distinct=True)`` note one)."""
+    grads = _rows_grad(op, grad)
+    if not tf.executing_eagerly():
+        _note_distinct_index(grads[0].indices, _noted_distinct_index(op.inputs[2]))
+    return grads
 
 
 # -- the hand-off of a lookup's distinct-key index to the optimizer -------------------------------
@@ -614,17 +624,44 @@ def distinct_index_of(indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor] | None:
 
 @tf.RegisterGradient("SokLookupDistinct")
 def _sok_lookup_distinct_grad(op: tf.Operation, grad: tf.Tensor) -> list:
-    grads = _sok_lookup_grad(op, grad)
+    grads = _rows_grad(op, grad)
     _note_distinct_index(grads[0].indices, (op.inputs[3], op.inputs[4]))  # its distinct keys, positions
     return grads + [None, None]
 
 
 @tf.RegisterGradient("SokTryLookup")
 def _sok_try_lookup_grad(op: tf.Operation, grad: tf.Tensor, *unused: tf.Tensor) -> list:
-    grads = _sok_lookup_grad(op, grad)
-    if not tf.executing_eagerly():
-        _note_distinct_index(grads[0].indices, _noted_distinct_index(op.inputs[2]))  # keys promised distinct
-    return grads
+    return _sok_lookup_grad(op, grad)
+
+
+def _keys_of_read(var: DynamicVariable, indices: Any, distinct: bool) -> tf.Tensor:
+    """The keys of a read of ``var`` (the tape told of the access), noted as their own distinct index
+    when the caller promises them ``distinct`` inside a graph."""
+    if var.trainable:
+        tape_lib.variable_accessed(var)
+    keys = var.keys_of(indices)
+    if distinct and not tf.executing_eagerly():
+        with tf.device(var.table_device):  # where the optimizer's update of these keys runs
+            flat = tf.reshape(keys, [-1])
+            _note_distinct_index(keys, (flat, tf.range(tf.size(flat), dtype=tf.int32)))
+    return keys
+
+
+def read_distinct(var: DynamicVariable, keys: Any) -> tf.Tensor:
+    """``var.sparse_read(keys)`` of keys the caller promises distinct (``tf.unique``'s first output,
+    say): each is looked up once, with no indexing of its own, and inside a graph the gradient hands
+    them to the optimizer as their own distinct index (:func:`distinct_index_of`). Raises as
+    ``sparse_read`` does.
+
+    Example::
+
+        distinct, positions = tf.unique(ids)
+        rows = read_distinct(v, distinct)   # [len(distinct), v.dimension]
+    """
+    var = _check_dynamic(var, "read_distinct")
+    with tf.name_scope("SokLookup"), tf.device(var.table_device):
+        keys = _keys_of_read(var, keys, distinct=True)
+        return tf_ops.library().sok_lookup(*var.table_inputs, keys, col_begin=0, col_end=var.dimension)
 
 
 def try_sparse_read(
@@ -651,22 +688,13 @@ def try_sparse_read(
     """
     var = _check_dynamic(var, "try_sparse_read")
     with tf.name_scope("SokTryLookup"):
-        if var.trainable:
-            tape_lib.variable_accessed(var)
-        keys = var.keys_of(indices)
-        rows, code, message = tf_ops.library().sok_try_lookup(
-            *var.table_inputs, keys, col_begin=0, col_end=var.dimension
-        )
-        if distinct and not tf.executing_eagerly():
-            with tf.device(var.table_device):  # where the optimizer's update of these keys runs
-                flat = tf.reshape(keys, [-1])
-                _note_distinct_index(keys, (flat, tf.range(tf.size(flat), dtype=tf.int32)))
-        return rows, code, message
+        keys = _keys_of_read(var, indices, distinct)
+        return tf_ops.library().sok_try_lookup(*var.table_inputs, keys, col_begin=0, col_end=var.dimension)
 
 
 @tf.RegisterGradient("SokLookupAndEvict")
 def _sok_lookup_and_evict_grad(op: tf.Operation, grad: tf.Tensor, *unused: tf.Tensor) -> list:
-    return _sok_lookup_grad(op, grad)
+    return _rows_grad(op, grad)
 
 
 def sparse_read_and_evict(var: DynamicVariable, indices: Any, name: str | None = None) -> tuple:

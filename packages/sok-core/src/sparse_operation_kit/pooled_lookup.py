@@ -40,11 +40,14 @@ def pooled_lookup(
     combiners: Sequence[str],
     positions: Sequence[int],
     shards: Sequence[tuple[int, int]] | None = None,
+    names: Sequence[str] | None = None,
+    numbered: bool = False,
 ) -> list[tf.Tensor]:
     """``[batch, dim_t]`` pooled rows of each static table.
 
     Args:
-        params: ``sok.Variable`` tables (float32, ``[rows, dim]``), all on one device.
+        params: ``sok.Variable`` tables (float32, ``[rows, dim]``), all on one device, or, with
+            ``numbered``, the rows of a lookup's distinct keys (``[distinct, dim]`` tensors).
         ids: one 2-D ``tf.RaggedTensor`` of int32/int64 ids per table, the same batch for all.
         weights: None, or one float32 ``tf.RaggedTensor`` per table with the row lengths of ``ids``.
         combiners: ``"sum"``, ``"mean"`` or ``"sqrtn"`` per table (lower case).
@@ -55,6 +58,10 @@ def pooled_lookup(
             summed, the divisors of ``mean`` and ``sqrtn`` count every id. A divisor of 0 gives
             zeros; a negative one (weights summing to less than 0) divides, as
             ``tf.nn.embedding_lookup_sparse`` does.
+        names: the tables' names for error messages (None: each param's ``name``).
+        numbered: whether ``ids`` number the rows of ``params`` in order of first occurrence
+            (``device_ops.unique_index_list``'s positions: ``local_lookup.pool_dynamic``): each
+            row is then read, and the gradient of ``params`` is a dense tensor, the rows in order.
     """
     strides, offsets = ([], []) if shards is None else ([s for s, _ in shards], [o for _, o in shards])
     with _on_device(params[0].device):
@@ -64,10 +71,11 @@ def pooled_lookup(
             row_splits=[tf.cast(x.row_splits, tf.int64) for x in ids],
             weights=[] if weights is None else [w.values for w in weights],
             combiners=list(combiners),
-            names=[p.name for p in params],
+            names=[p.name for p in params] if names is None else list(names),
             positions=list(positions),
             strides=strides,
             offsets=offsets,
+            numbered=[numbered] * len(params) if numbered else [],
         )
 
 
@@ -127,6 +135,7 @@ def _pooled_lookup_grad(op: tf.Operation, *grads: tf.Tensor | None) -> list[Any]
     n = op.get_attr("num_tables")
     num_weights = op.get_attr("num_weights")
     grads = [tf.zeros_like(out) if g is None else g for g, out in zip(grads, op.outputs)]
+    numbered = op.get_attr("numbered") or [False] * n
     with _on_device(op.outputs[0].device):  # where the forward ran
         rows, indices = tf_ops.library().sok_pooled_lookup_grad(
             grads=grads,
@@ -134,10 +143,13 @@ def _pooled_lookup_grad(op: tf.Operation, *grads: tf.Tensor | None) -> list[Any]
             row_splits=list(op.inputs[2 * n : 3 * n]),
             weights=list(op.inputs[3 * n :]),
             combiners=op.get_attr("combiners"),
-            table_rows=[int(p.shape[0]) for p in op.inputs[:n]],
+            table_rows=[-1 if dense else int(p.shape[0]) for dense, p in zip(numbered, op.inputs[:n])],
             strides=op.get_attr("strides"),
             offsets=op.get_attr("offsets"),
         )
-    slices = [tf.IndexedSlices(r, i, tf.shape(p, out_type=tf.int64)) for r, i, p in zip(rows, indices, op.inputs[:n])]
+    params_grads = [
+        r if dense else tf.IndexedSlices(r, i, tf.shape(p, out_type=tf.int64))
+        for dense, r, i, p in zip(numbered, rows, indices, op.inputs[:n])
+    ]
     weight_grads = _weight_gradients(op, grads, n) if num_weights else []
-    return slices + [None] * (2 * n) + weight_grads
+    return params_grads + [None] * (2 * n) + weight_grads

@@ -720,14 +720,14 @@ def check_function_steps(comm: Comm) -> None:
         lengths = default_lengths if case == "default" else _edge_lengths(case)
         lookups = make_lookups(built, comm, seed + i, shift=2, fmt="mixed", lengths_fn=lengths)
         compare_with_tf(comm, built, lookups, True, "function", seed + i, m, f"step {i} ({case})", step=step)
-    # The optimizer's SokSparseApply of each dynamic table indexes no keys again: it takes the
-    # lookup's index, handed over by the gradient (several ranks: tf.unique's keys are their own
-    # index; one rank: the SokUniqueIndex of the table's SokLookupDistinct).
+    # The lookup indexes the keys of all dynamic tables in one SokUniqueIndexList (the tables are on
+    # one device), and the optimizer's SokSparseApply of each indexes no keys again: the distinct
+    # keys are their own index, handed over by the gradient.
     ops = step.op_types()
     dynamic = [b for b in step.tables if b.dynamic]
-    indexed = 0 if comm.n > 1 else sum(b.var.storage.distinct_lookups for b in dynamic)
     m.equal("SokSparseApply ops of the step (one per dynamic table)", ops.count("SokSparseApply"), len(dynamic))
-    m.equal("SokUniqueIndex ops of the step (the lookups')", ops.count("SokUniqueIndex"), indexed)
+    m.equal("SokUniqueIndexList ops of the step", ops.count("SokUniqueIndexList"), 1 if dynamic else 0)
+    m.equal("SokUniqueIndex ops of the step", ops.count("SokUniqueIndex"), 0)
     m.raise_if_any()
 
 

@@ -131,27 +131,36 @@ __global__ void run_sums_kernel(int32_t u, int64_t w, const float* __restrict__ 
   }
 }
 
+// Sorts keys (n > 0) into the workspace and marks runs and first occurrences; the number of runs
+// is then ws.segment[n - 1] (device).
+template <typename K>
+cudaError_t sort_runs(const K* keys, int32_t n, void* workspace, size_t workspace_bytes, Workspace<K>* ws,
+                      cudaStream_t stream) {
+  cudaError_t e = placed<K>(n, workspace, workspace_bytes, ws);
+  if (e != cudaSuccess) return e;
+  const unsigned int blocks = blocks_for(n);
+  iota_kernel<<<blocks, kThreads, 0, stream>>>(n, ws->iota);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  size_t bytes = ws->cub_bytes;
+  e = cub::DeviceRadixSort::SortPairs(ws->cub, bytes, keys, ws->sorted_keys, ws->iota, ws->sorted_index, n, 0,
+                                      static_cast<int>(sizeof(K) * 8), stream);
+  if (e != cudaSuccess) return e;
+  mark_kernel<K><<<blocks, kThreads, 0, stream>>>(n, ws->sorted_keys, ws->sorted_index, ws->head, ws->first);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  bytes = ws->cub_bytes;
+  if ((e = cub::DeviceScan::InclusiveSum(ws->cub, bytes, ws->head, ws->segment, n, stream)) != cudaSuccess) return e;
+  bytes = ws->cub_bytes;
+  return cub::DeviceScan::InclusiveSum(ws->cub, bytes, ws->first, ws->rank, n, stream);
+}
+
 template <typename K>
 cudaError_t sort_keys(const K* keys, int32_t n, void* workspace, size_t workspace_bytes, int32_t* num_distinct,
                       cudaStream_t stream) {
   *num_distinct = 0;
   if (n == 0) return cudaSuccess;
   Workspace<K> ws{};
-  cudaError_t e = placed<K>(n, workspace, workspace_bytes, &ws);
+  cudaError_t e = sort_runs<K>(keys, n, workspace, workspace_bytes, &ws, stream);
   if (e != cudaSuccess) return e;
-  const unsigned int blocks = blocks_for(n);
-  iota_kernel<<<blocks, kThreads, 0, stream>>>(n, ws.iota);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  size_t bytes = ws.cub_bytes;
-  e = cub::DeviceRadixSort::SortPairs(ws.cub, bytes, keys, ws.sorted_keys, ws.iota, ws.sorted_index, n, 0,
-                                      static_cast<int>(sizeof(K) * 8), stream);
-  if (e != cudaSuccess) return e;
-  mark_kernel<K><<<blocks, kThreads, 0, stream>>>(n, ws.sorted_keys, ws.sorted_index, ws.head, ws.first);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  bytes = ws.cub_bytes;
-  if ((e = cub::DeviceScan::InclusiveSum(ws.cub, bytes, ws.head, ws.segment, n, stream)) != cudaSuccess) return e;
-  bytes = ws.cub_bytes;
-  if ((e = cub::DeviceScan::InclusiveSum(ws.cub, bytes, ws.first, ws.rank, n, stream)) != cudaSuccess) return e;
   // u = the number of runs (host memory: the copy completes before the synchronization returns).
   int32_t u = 0;
   e = cudaMemcpyAsync(&u, ws.segment + (n - 1), sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
@@ -159,6 +168,16 @@ cudaError_t sort_keys(const K* keys, int32_t n, void* workspace, size_t workspac
   if ((e = cudaStreamSynchronize(stream)) != cudaSuccess) return e;
   *num_distinct = u;
   return cudaSuccess;
+}
+
+template <typename K>
+cudaError_t sort_keys_async(const K* keys, int32_t n, void* workspace, size_t workspace_bytes,
+                            int32_t* num_distinct_device, cudaStream_t stream) {
+  if (n == 0) return cudaMemsetAsync(num_distinct_device, 0, sizeof(int32_t), stream);
+  Workspace<K> ws{};
+  const cudaError_t e = sort_runs<K>(keys, n, workspace, workspace_bytes, &ws, stream);
+  if (e != cudaSuccess) return e;
+  return cudaMemcpyAsync(num_distinct_device, ws.segment + (n - 1), sizeof(int32_t), cudaMemcpyDeviceToDevice, stream);
 }
 
 template <typename K>
@@ -218,6 +237,20 @@ cudaError_t unique_sort(const void* keys, int key_bytes, int32_t n, void* worksp
   }
   if (key_bytes == 8) {
     return sort_keys(static_cast<const uint64_t*>(keys), n, workspace, workspace_bytes, num_distinct, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t unique_sort_async(const void* keys, int key_bytes, int32_t n, void* workspace, size_t workspace_bytes,
+                              int32_t* num_distinct_device, cudaStream_t stream) {
+  if (num_distinct_device == nullptr || n < 0 || (n > 0 && keys == nullptr)) return cudaErrorInvalidValue;
+  if (key_bytes == 4) {
+    return sort_keys_async(static_cast<const uint32_t*>(keys), n, workspace, workspace_bytes, num_distinct_device,
+                           stream);
+  }
+  if (key_bytes == 8) {
+    return sort_keys_async(static_cast<const uint64_t*>(keys), n, workspace, workspace_bytes, num_distinct_device,
+                           stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -4,9 +4,11 @@ Each distinct id is read once (a dynamic table inserts it once; the gradient has
 distinct id: for a dynamic table it carries its distinct index to the optimizer), then the rows
 are summed per sample, weighted, with no division (the requester divides: it knows its samples'
 lengths and weights). The static tables this rank holds on one device are pooled by one
-``pooled_lookup`` op for all of them; dynamic tables and static ones elsewhere by TensorFlow ops.
-With ``low_frequency_filter`` the occurrences of a dynamic table's keys that ``_admitted`` drops are
-left out before the read: not inserted, not summed, no gradient.
+``pooled_lookup`` op for all of them; the dynamic ones per device by ``pool_dynamic``: one op
+indexes the keys of all of them, each table reads the rows of its distinct keys, and one
+``pooled_lookup`` pools those rows. Static tables elsewhere, and dynamic ones under the filter, by
+TensorFlow ops. With ``low_frequency_filter`` the occurrences of a dynamic table's keys that
+``_admitted`` drops are left out before the read: not inserted, not summed, no gradient.
 
 Example::
 
@@ -20,12 +22,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from sparse_operation_kit import pooled_lookup, tf_ops
-from sparse_operation_kit.dynamic_variable import DynamicVariable, try_sparse_read
+from sparse_operation_kit import device_ops, pooled_lookup, tf_ops
+from sparse_operation_kit.dynamic_variable import DynamicVariable, read_distinct, try_sparse_read
 from sparse_operation_kit.lookup.input_dist import OwnedIds
-from sparse_operation_kit.lookup.plan import ExchangePlan, TablePlan, fused_tables, on_gpu, shard
+from sparse_operation_kit.lookup.plan import ExchangePlan, TablePlan, dynamic_groups, fused_tables, on_gpu, shard
 
-__all__ = ["Status", "pool_held", "pool_rows"]
+__all__ = ["Status", "pool_dynamic", "pool_held", "pool_rows"]
 
 #: A dynamic table's lookup on this rank: TensorFlow's error code (0: it worked) and the message.
 Status = tuple[tf.Tensor, tf.Tensor]
@@ -97,6 +99,47 @@ def pool_rows(
     return tf.math.unsorted_segment_sum(gathered, samples, num_samples), status
 
 
+def pool_dynamic(
+    params: list[DynamicVariable],
+    keys: list[tf.Tensor],
+    row_splits: list[tf.Tensor],
+    weights: list[tf.Tensor] | None,
+    combiners: list[str],
+    positions: list[int],
+    report_status: bool = False,
+) -> tuple[list[tf.Tensor], list[Status | None]]:
+    """Pooled rows ``[batch, dim_t]`` of dynamic tables on one device, from each table's ids
+    (``keys[t]``, int64 ``row_splits[t]``, float32 ``weights[t]`` or None): one op indexes the
+    distinct keys of every table, each table reads the rows of its distinct keys once (inserting the
+    new ones), and one ``pooled_lookup`` pools those rows with ``combiners`` (``positions``: each
+    table's index in the caller's ``sp_ids``). With ``report_status`` each table's read does not
+    raise but gives the ``(code, message)`` of its lookup (else None), as :func:`pool_rows`."""
+    keys = [_as_table_keys(k, p) for k, p in zip(keys, params)]
+    with tf.name_scope("pool_dynamic"), tf.device(params[0].table_device):
+        distinct, numbering = device_ops.unique_index_list(keys)
+        rows, statuses = [], []
+        for param, d in zip(params, distinct):
+            if report_status:
+                r, code, message = try_sparse_read(param, d, distinct=True)
+                statuses.append((code, message))
+            else:
+                r = read_distinct(param, d)
+                statuses.append(None)
+            rows.append(r)
+        pooled = pooled_lookup.pooled_lookup(
+            rows,
+            [tf.RaggedTensor.from_row_splits(i, s, validate=False) for i, s in zip(numbering, row_splits)],
+            None
+            if weights is None
+            else [tf.RaggedTensor.from_row_splits(w, s, validate=False) for w, s in zip(weights, row_splits)],
+            combiners,
+            positions,
+            names=[p.name for p in params],
+            numbered=True,
+        )
+    return pooled, statuses
+
+
 def pool_held(
     plan: ExchangePlan, owned: OwnedIds, low_frequency_filter: bool
 ) -> tuple[dict[int, tf.Tensor], dict[int, Status], list[tf.Tensor]]:
@@ -125,6 +168,20 @@ def pool_held(
             [shard(plan.tables[t], plan.rank, plan.n) for t in fused],
         )
         partial.update(zip(fused, pooled))
+    dynamic = [] if low_frequency_filter else [t for t in held if plan.tables[t].kind == "dynamic"]
+    for group in dynamic_groups(params, dynamic):
+        group_splits = owned.row_splits(group)
+        pooled, group_statuses = pool_dynamic(
+            [params[t] for t in group],
+            [owned.keys[t] for t in group],
+            group_splits,
+            None if owned.weights is None else [owned.weights[t] for t in group],
+            ["sum"] * len(group),
+            group,
+            report_status=True,
+        )
+        partial.update(zip(group, pooled))
+        statuses.update((t, status) for t, status in zip(group, group_statuses) if status is not None)
     for t in held:
         if t in partial:
             continue

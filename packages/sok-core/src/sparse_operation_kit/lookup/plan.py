@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from sparse_operation_kit import device_ops, tf_ops
 
-__all__ = ["ExchangePlan", "TablePlan", "fused_tables", "owner", "shard"]
+__all__ = ["ExchangePlan", "TablePlan", "dynamic_groups", "fused_tables", "owner", "shard"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,18 @@ def fused_tables(params: Sequence[Any], kinds: Sequence[str]) -> list[int]:
         return host
     gpu = _gpu_index(params[static[0]])
     return [i for i in static if _gpu_index(params[i]) == gpu]
+
+
+def dynamic_groups(params: Sequence[Any], tables: Sequence[int]) -> list[list[int]]:
+    """The dynamic ``tables`` that ``local_lookup.pool_dynamic`` pools, one group per device (in
+    order of first appearance): every one on the host, those on a GPU when ``SokPooledLookup`` has
+    GPU kernels there. The rest are left out (TensorFlow ops pool them)."""
+    groups: dict[str, list[int]] = {}
+    for t in tables:
+        if on_gpu(params[t]) and not _pooled_lookup_has_gpu_kernels():
+            continue
+        groups.setdefault(tf.DeviceSpec.from_string(params[t].device).to_string(), []).append(t)
+    return list(groups.values())
 
 
 def on_gpu(param: Any) -> bool:

@@ -55,9 +55,9 @@ from sparse_operation_kit.lookup import exchange as exchanges
 from sparse_operation_kit.lookup.checks import agreed_checks
 from sparse_operation_kit.lookup.exchange import Exchange
 from sparse_operation_kit.lookup.input_dist import Routes, route, send_ids_to_owners
-from sparse_operation_kit.lookup.local_lookup import pool_held, pool_rows
+from sparse_operation_kit.lookup.local_lookup import pool_dynamic, pool_held, pool_rows
 from sparse_operation_kit.lookup.output_dist import return_sums
-from sparse_operation_kit.lookup.plan import ExchangePlan, fused_tables
+from sparse_operation_kit.lookup.plan import ExchangePlan, dynamic_groups, fused_tables
 
 __all__ = ["lookup_sparse", "all2all_dense_embedding"]
 
@@ -179,6 +179,7 @@ def lookup_sparse(
             arguments.subset(ragged, rest),
             arguments.subset(weights, rest),
             arguments.subset(names, rest),
+            rest,
             checks,
             low_frequency_filter,
             None if exchange is None else _Exchanged(exchange, plan, routes, batch_sizes, sends),
@@ -211,46 +212,80 @@ def _lookup_with_tf_ops(
     ragged: list[tf.RaggedTensor],
     weights: list[tf.RaggedTensor] | None,
     names: list[str],
+    positions: list[int],
     checks: list[tf.Operation],
     low_frequency_filter: bool,
     exchanged: _Exchanged | None,
 ) -> list[tf.Tensor]:
-    """Pooled lookups through TensorFlow ops (and the exchange when there are several ranks:
-    ``exchanged``, None with one rank), after ``checks``: steps 2-4 of the module docstring."""
+    """Pooled lookups of the tables not pooled by one op for the call (``positions``: their indices
+    in ``sp_ids``), after ``checks``: with one rank (``exchanged`` None) dynamic tables by
+    ``pool_dynamic`` per device and the rest by TensorFlow ops; with several, steps 2-4 of the
+    module docstring."""
     with tf.control_dependencies(checks):
         # Everything below, collectives included, waits for the checks.
         keys = [tf.identity(ids.values) for ids in ragged]
         lengths = [tf.cast(tf.identity(ids.row_lengths()), tf.int64) for ids in ragged]
         if weights is not None:
             weights = [tf.RaggedTensor.from_row_lengths(tf.identity(w.values), w.row_lengths()) for w in weights]
+    if exchanged is None:
+        return _pool_at_one_rank(params, kinds, ragged, keys, lengths, weights, names, positions, low_frequency_filter)
     local_batch = device_ops.length(lengths[0])
     values = None if weights is None else [w.values for w in weights]
-    if exchanged is None:
-        samples = [device_ops.sample_ids(ids.row_splits, ids.values) for ids in ragged]
-        partial = [
-            pool_rows(
-                p, k, keys[i], samples[i], None if values is None else values[i], local_batch, 1, low_frequency_filter
-            )[0]
-            for i, (p, k) in enumerate(zip(params, kinds))
-        ]
-    else:
-        plan = exchanged.plan
-        owned = send_ids_to_owners(
-            plan,
-            [_as_int64(k) for k in keys],
-            device_ops.sample_ids_of([ids.row_splits for ids in ragged], keys),
-            values,
-            exchanged.routes,
-            exchanged.batch_sizes,
-            exchanged.sends,
-            exchanged.exchange,
-        )
-        held, statuses, empty = pool_held(plan, owned, low_frequency_filter)
-        partial = return_sums(plan, held, statuses, empty, owned.batch_sizes, local_batch, exchanged.exchange)
+    plan = exchanged.plan
+    owned = send_ids_to_owners(
+        plan,
+        [_as_int64(k) for k in keys],
+        device_ops.sample_ids_of([ids.row_splits for ids in ragged], keys),
+        values,
+        exchanged.routes,
+        exchanged.batch_sizes,
+        exchanged.sends,
+        exchanged.exchange,
+    )
+    held, statuses, empty = pool_held(plan, owned, low_frequency_filter)
+    partial = return_sums(plan, held, statuses, empty, owned.batch_sizes, local_batch, exchanged.exchange)
     return [
         _combine(pooled, name, lengths[i], None if weights is None else weights[i])
         for i, (pooled, name) in enumerate(zip(partial, names))
     ]
+
+
+def _pool_at_one_rank(
+    params: list[Any],
+    kinds: list[str],
+    ragged: list[tf.RaggedTensor],
+    keys: list[tf.Tensor],
+    lengths: list[tf.Tensor],
+    weights: list[tf.RaggedTensor] | None,
+    names: list[str],
+    positions: list[int],
+    low_frequency_filter: bool,
+) -> list[tf.Tensor]:
+    """With one rank, the combined rows of each table: the dynamic ones by ``pool_dynamic``, one
+    call per device (no filter), the others by TensorFlow ops (``pool_rows``, then ``_combine``)."""
+    values = None if weights is None else [w.values for w in weights]
+    out: dict[int, tf.Tensor] = {}
+    dynamic = [] if low_frequency_filter else [i for i, k in enumerate(kinds) if k == "dynamic"]
+    for group in dynamic_groups(params, dynamic):
+        pooled, _ = pool_dynamic(
+            arguments.subset(params, group),
+            arguments.subset(keys, group),
+            [tf.cast(ragged[i].row_splits, tf.int64) for i in group],
+            None if values is None else arguments.subset(values, group),
+            arguments.subset(names, group),
+            arguments.subset(positions, group),
+        )
+        out.update(zip(group, pooled))
+    local_batch = device_ops.length(lengths[0])
+    for i, (param, kind) in enumerate(zip(params, kinds)):
+        if i in out:
+            continue
+        samples = device_ops.sample_ids(ragged[i].row_splits, ragged[i].values)
+        sums = pool_rows(
+            param, kind, keys[i], samples, None if values is None else values[i], local_batch, 1, low_frequency_filter
+        )[0]
+        out[i] = _combine(sums, names[i], lengths[i], None if weights is None else weights[i])
+    return [out[i] for i in range(len(params))]
 
 
 def _combine(pooled: tf.Tensor, name: str, lengths: tf.Tensor, weights: tf.RaggedTensor | None) -> tf.Tensor:
