@@ -92,6 +92,9 @@ def _host_bound(ops: list[tf.Operation]) -> list[str]:
 @pytest.fixture
 def two_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(communication, "_tool", _TwoRanks())
+    # The collectives of the fake ranks: Horovod's exchange over the tool's identity collectives (on
+    # a GPU host the default, SOK's NCCL collectives, would wait for a second process to set up).
+    monkeypatch.setenv("SOK_EXCHANGE", "horovod")
 
 
 def _traced_step(params: list, weighted: bool) -> tf.Graph:
