@@ -19,6 +19,7 @@
 #include "sok/kit/export.hpp"
 #include "sok/kit/prefetch.hpp"
 #include "sok/kit/rows.hpp"
+#include "sparse_rules.h"
 #include "storage_ops.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -351,30 +352,20 @@ class LookupDistinctOp : public RowOp {
 // for operation in float32, the formula of the TensorFlow ops sok.OptimizerWrapper builds
 // otherwise (optimizer.py), so both paths give the same bits.
 struct RowRule {
-  enum Kind { kSgd, kMomentum, kAdagrad } kind;
+  enum Kind { kSgd, kMomentum, kAdagrad } kind;  // SOK_SPARSE_RULES' kinds, in its order
   int32_t slots;        // state column blocks after the embedding
   float hyper[2];       // kMomentum: momentum, nesterov (0/1); kAdagrad: epsilon, epsilon after sqrt (0/1)
 
-  // The rule named `name` with hyper-parameters `hyper` (checked).
+  // The rule named `name` with hyper-parameters `hyper` (checked against sparse_rules.h).
   static Status parse(const std::string& name, const std::vector<float>& hyper, RowRule* out) {
-    static const struct {
-      const char* name;
-      Kind kind;
-      int32_t slots;
-      size_t num_hyper;
-    } kRules[] = {{"sgd", kSgd, 0, 0}, {"momentum", kMomentum, 1, 2}, {"adagrad", kAdagrad, 1, 2}};
-    for (const auto& r : kRules) {
-      if (name != r.name) continue;
-      if (hyper.size() != r.num_hyper) {
-        return errors::InvalidArgument("rule '", name, "' takes ", r.num_hyper, " hyper-parameters, got ",
-                                       hyper.size());
-      }
-      *out = RowRule{r.kind, r.slots, {0.0f, 0.0f}};
-      std::copy(hyper.begin(), hyper.end(), out->hyper);
-      return Status();
-    }
-    return errors::InvalidArgument("unknown rule '", name, "'; valid: sgd, momentum, adagrad");
+    SparseRuleSpec spec{};
+    TF_RETURN_IF_ERROR(find_sparse_rule(name, hyper.size(), &spec));
+    *out = RowRule{static_cast<Kind>(spec.kind), spec.slots, {0.0f, 0.0f}};
+    std::copy(hyper.begin(), hyper.end(), out->hyper);
+    return Status();
   }
+
+  static_assert(kSgd == 0 && kMomentum == 1 && kAdagrad == 2, "RowRule::Kind follows SOK_SPARSE_RULES");
 
   // One loop per variant, without branches inside, so the compiler vectorises each (square roots
   // included: the library is built with -fno-math-errno).
@@ -780,3 +771,6 @@ REGISTER_KERNEL_BUILDER(Name("SokExport").Device(DEVICE_CPU), ExportOp);
 REGISTER_KERNEL_BUILDER(Name("SokUniqueIndexList").Device(DEVICE_CPU), UniqueIndexListOp);
 
 }  // namespace sok_tf
+
+// The native rules this library runs (sparse_rules.h), as text a test can read without loading it.
+extern "C" __attribute__((visibility("default"))) const char sok_tf_sparse_rules[] = SOK_SPARSE_RULES_TEXT;

@@ -21,6 +21,7 @@
 #include "gpu/sparse_apply_kernels.h"
 #include "gpu/unique_kernels.h"
 #include "gpu_exec.h"
+#include "sparse_rules.h"
 #include "storage_ops.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -219,27 +220,17 @@ class LookupDistinctGpuOp : public RowOp {
   }
 };
 
-// The rule attribute of SokSparseApply with its hyper-parameters, checked as RowRule::parse does.
+// The rule attribute of SokSparseApply with its hyper-parameters, checked as RowRule::parse does
+// (sparse_rules.h: SparseRuleKind numbers the rules in its order).
 Status parse_rule(const std::string& name, const std::vector<float>& hyper, sok_gpu::SparseRule* out, int32_t* slots) {
-  static const struct {
-    const char* name;
-    sok_gpu::SparseRuleKind kind;
-    int32_t slots;
-    size_t num_hyper;
-  } kRules[] = {{"sgd", sok_gpu::kRuleSgd, 0, 0},
-                {"momentum", sok_gpu::kRuleMomentum, 1, 2},
-                {"adagrad", sok_gpu::kRuleAdagrad, 1, 2}};
-  for (const auto& r : kRules) {
-    if (name != r.name) continue;
-    if (hyper.size() != r.num_hyper) {
-      return errors::InvalidArgument("rule '", name, "' takes ", r.num_hyper, " hyper-parameters, got ", hyper.size());
-    }
-    *out = sok_gpu::SparseRule{r.kind, {0.0f, 0.0f}};
-    for (size_t k = 0; k < hyper.size(); ++k) out->hyper[k] = hyper[k];
-    *slots = r.slots;
-    return Status();
-  }
-  return errors::InvalidArgument("unknown rule '", name, "'; valid: sgd, momentum, adagrad");
+  static_assert(sok_gpu::kRuleSgd == 0 && sok_gpu::kRuleMomentum == 1 && sok_gpu::kRuleAdagrad == 2,
+                "SparseRuleKind follows SOK_SPARSE_RULES");
+  SparseRuleSpec spec{};
+  TF_RETURN_IF_ERROR(find_sparse_rule(name, hyper.size(), &spec));
+  *out = sok_gpu::SparseRule{static_cast<sok_gpu::SparseRuleKind>(spec.kind), {0.0f, 0.0f}};
+  for (size_t k = 0; k < hyper.size(); ++k) out->hyper[k] = hyper[k];
+  *slots = spec.slots;
+  return Status();
 }
 
 // SokSparseApply (GPU): the whole rows [embedding | state] of the distinct keys (u,) are read with
@@ -348,3 +339,8 @@ SOK_TRAINING_GPU_KERNELS(SOK_REGISTER_TRAINING_GPU_KERNEL)
 #define SOK_TRAINING_GPU_KERNEL_NAME(op, how, host_memory, kernel) #op ","
 extern "C" __attribute__((visibility("default"))) const char sok_tf_ops_gpu_kernels_training[] =
     "sok_tf_ops_gpu kernels: " SOK_TRAINING_GPU_KERNELS(SOK_TRAINING_GPU_KERNEL_NAME);
+
+// The native rules of this library's SokSparseApply kernel (sparse_rules.h), under a name of the
+// exported kernel tables (gpu_exports.map).
+extern "C" __attribute__((visibility("default"))) const char sok_tf_ops_gpu_kernels_sparse_rules[] =
+    SOK_SPARSE_RULES_TEXT;

@@ -46,7 +46,7 @@ from sparse_operation_kit import checkpoint_format as fmt
 from sparse_operation_kit.agreement import Agreement
 from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable
 from sparse_operation_kit.dynamic_variable import DynamicVariable
-from sparse_operation_kit.optimizer import OptimizerWrapper, is_keras_optimizer, wrappers_of
+from sparse_operation_kit.optimizer import OptimizerWrapper, checkpoint_aliases, is_keras_optimizer, wrappers_of
 from sparse_operation_kit.progress import Callback, NoOpCallback
 from sparse_operation_kit.row_layout import RowLayout
 
@@ -389,7 +389,7 @@ def _plan(ckpt: ckdir.OpenCheckpoint, var: Any, slots: list[str], wrapper: Optim
         slots = []  # our manifest says this table had no optimizer state (it was never trained)
     for slot in slots:
         candidates = [fmt.state_file(table, wrapper.name, slot)] + [
-            fmt.state_file(table, opt, alias) for opt, alias in fmt.SLOT_ALIASES.get((wrapper.name, slot), [])
+            fmt.state_file(table, opt, alias) for opt, alias in checkpoint_aliases(wrapper.name, slot)
         ]
         found = [c for c in candidates if ckpt.exists(c)]
         if not found:

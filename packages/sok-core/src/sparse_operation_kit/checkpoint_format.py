@@ -70,10 +70,6 @@ FILE_KEY, FILE_WEIGHT, FILE_STATE = 0, 1, 2
 DTYPE_INDEX = {"int32": 0, "int64": 1, "uint32": 2, "uint64": 3, "float16": 4, "float32": 5, "float64": 6}
 INDEX_DTYPE = {v: k for k, v in DTYPE_INDEX.items()}
 
-#: Other (optimizer, slot) names NVIDIA SOK's files use for ours: it names Adamax files "Adam" (its
-#: optimizer-name match lets the last substring win), and Keras 2 named Adamax's second slot "v".
-SLOT_ALIASES = {("Adamax", "m"): [("Adam", "m")], ("Adamax", "u"): [("Adamax", "v"), ("Adam", "v")]}
-
 
 class CheckpointError(ValueError):
     """A checkpoint file is missing, truncated, corrupt or does not match the variables."""

@@ -32,7 +32,7 @@ import itertools
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -290,16 +290,69 @@ def _rmsprop(h: Settings) -> Rule:
     return Rule("RMSprop", slots, update)
 
 
-#: Keras optimizer class name → its row-wise rule. The one list of supported optimizers.
-RULES: dict[str, Callable[[Settings], Rule]] = {
-    "SGD": _sgd,
-    "Adagrad": _adagrad,
-    "Adam": _adam,
-    "Adamax": _adamax,
-    "Adadelta": _adadelta,
-    "Ftrl": _ftrl,
-    "RMSprop": _rmsprop,
+@dataclass(frozen=True)
+class OptimizerRecord:
+    """Everything SOK knows of one supported Keras optimizer, in one place.
+
+    Args:
+        rule: the row-wise rule of an optimizer object's settings (slots, update, native rule).
+        keras_slots: per slot, the attribute of a Keras 3 or tf_keras optimizer that holds one
+            optimizer variable per dense model variable (indexed like its variable list).
+        legacy_slots: per slot, the name a tf_keras legacy optimizer's ``get_slot`` takes.
+        natives: the ``SokSparseApply`` rules ``rule`` may give (``Rule.native``'s names); a test
+            compares them with the op library's list (``SOK_SPARSE_RULES`` of sparse_rules.h).
+        checkpoint_aliases: per slot, other ``(optimizer, slot)`` names of its state file that a
+            checkpoint may carry instead: NVIDIA SOK names Adamax files "Adam" (its optimizer-name
+            match lets the last substring win), and Keras 2 named Adamax's second slot "v".
+    """
+
+    rule: Callable[[Settings], Rule]
+    keras_slots: dict[str, str]
+    legacy_slots: dict[str, str]
+    natives: tuple[str, ...] = ()
+    checkpoint_aliases: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+
+
+#: Keras optimizer class name → its record. The one list of supported optimizers: adding one
+#: touches this table (and sparse_rules.h when its rule also runs natively).
+OPTIMIZERS: dict[str, OptimizerRecord] = {
+    "SGD": OptimizerRecord(_sgd, {"momentum": "momentums"}, {"momentum": "momentum"}, natives=("sgd", "momentum")),
+    "Adagrad": OptimizerRecord(
+        _adagrad, {"accumulator": "_accumulators"}, {"accumulator": "accumulator"}, natives=("adagrad",)
+    ),
+    "Adam": OptimizerRecord(
+        _adam, {"m": "_momentums", "v": "_velocities", "vhat": "_velocity_hats"}, {"m": "m", "v": "v", "vhat": "vhat"}
+    ),
+    "Adamax": OptimizerRecord(
+        _adamax,
+        {"m": "_m", "u": "_u"},
+        {"m": "m", "u": "v"},
+        checkpoint_aliases={"m": (("Adam", "m"),), "u": (("Adamax", "v"), ("Adam", "v"))},
+    ),
+    "Adadelta": OptimizerRecord(
+        _adadelta,
+        {"accum_grad": "_accumulated_grads", "accum_var": "_accumulated_delta_vars"},
+        {"accum_grad": "accum_grad", "accum_var": "accum_var"},
+    ),
+    "Ftrl": OptimizerRecord(
+        _ftrl,
+        {"accumulator": "_accumulators", "linear": "_linears"},
+        {"accumulator": "accumulator", "linear": "linear"},
+    ),
+    "RMSprop": OptimizerRecord(
+        _rmsprop,
+        {"velocity": "_velocities", "momentum": "_momentums", "average_gradient": "_average_gradients"},
+        {"velocity": "rms", "momentum": "momentum", "average_gradient": "mg"},
+    ),
 }
+
+
+def checkpoint_aliases(optimizer: str, slot: str) -> tuple[tuple[str, str], ...]:
+    """Older ``(optimizer, slot)`` names under which a checkpoint may hold ``optimizer``'s ``slot``
+    (a record's ``checkpoint_aliases``); none for an optimizer SOK does not know."""
+    record = OPTIMIZERS.get(optimizer)
+    return () if record is None else record.checkpoint_aliases.get(slot, ())
+
 
 # Options of Keras optimizers (any flavour; an attribute a flavour lacks reads as unset) that change
 # the update beyond the rule; refused for dynamic rows.
@@ -317,8 +370,8 @@ _UNSUPPORTED_OPTIONS = (
 
 def _rule_for(settings: Settings) -> Rule:
     for klass in type(settings.optimizer).__mro__:
-        if klass.__name__ in RULES:
-            return RULES[klass.__name__](settings)
+        if klass.__name__ in OPTIMIZERS:
+            return OPTIMIZERS[klass.__name__].rule(settings)
     optimizer = settings.optimizer
     what = type(optimizer).__name__ if hasattr(optimizer, "apply_gradients") else f"{optimizer!r} (not an optimizer)"
     if "LossScale" in what:
@@ -329,7 +382,7 @@ def _rule_for(settings: Settings) -> Rule:
         )
     raise ValueError(
         f"optimizer {what} is not supported by sok.OptimizerWrapper; pass an optimizer object, valid: "
-        f"{', '.join(sorted(RULES))} of Keras 3 (tf.keras.optimizers.*), tf_keras (tf_keras.optimizers.*) "
+        f"{', '.join(sorted(OPTIMIZERS))} of Keras 3 (tf.keras.optimizers.*), tf_keras (tf_keras.optimizers.*) "
         f"or tf_keras legacy (tf_keras.optimizers.legacy.*)"
     )
 
@@ -345,29 +398,6 @@ def filter_variables(variables: Iterable[Any]) -> tuple[list, list]:
     for v in variables:
         (sok_vars if isinstance(v, DynamicVariable) or getattr(v, "is_sok_variable", False) else other).append(v)
     return sok_vars, other
-
-
-#: Where a Keras 3 or tf_keras optimizer keeps each of the rule's slots for a dense model variable:
-#: the attribute with one optimizer variable per model variable (indexed like its variable list).
-_KERAS_SLOT_LISTS: dict[str, dict[str, str]] = {
-    "SGD": {"momentum": "momentums"},
-    "Adagrad": {"accumulator": "_accumulators"},
-    "Adam": {"m": "_momentums", "v": "_velocities", "vhat": "_velocity_hats"},
-    "Adamax": {"m": "_m", "u": "_u"},
-    "Adadelta": {"accum_grad": "_accumulated_grads", "accum_var": "_accumulated_delta_vars"},
-    "Ftrl": {"accumulator": "_accumulators", "linear": "_linears"},
-    "RMSprop": {"velocity": "_velocities", "momentum": "_momentums", "average_gradient": "_average_gradients"},
-}
-#: The same for tf_keras legacy optimizers: the names their get_slot takes.
-_LEGACY_SLOT_NAMES: dict[str, dict[str, str]] = {
-    "SGD": {"momentum": "momentum"},
-    "Adagrad": {"accumulator": "accumulator"},
-    "Adam": {"m": "m", "v": "v", "vhat": "vhat"},
-    "Adamax": {"m": "m", "u": "v"},
-    "Adadelta": {"accum_grad": "accum_grad", "accum_var": "accum_var"},
-    "Ftrl": {"accumulator": "accumulator", "linear": "linear"},
-    "RMSprop": {"velocity": "rms", "momentum": "momentum", "average_gradient": "mg"},
-}
 
 
 def _from_sok_gradient(indices: tf.Tensor) -> bool:
@@ -585,9 +615,9 @@ class OptimizerWrapper:
 
     def _exposed_slot_names(self) -> list[str]:
         """The slot names the wrapped optimizer uses: tf_keras legacy ones for a legacy optimizer
-        (``_LEGACY_SLOT_NAMES``), else this wrapper's."""
+        (its record's ``legacy_slots``), else this wrapper's."""
         if self._settings.legacy:
-            return [_LEGACY_SLOT_NAMES[self._rule.name][name] for name, _ in self._rule.slots]
+            return [OPTIMIZERS[self._rule.name].legacy_slots[name] for name, _ in self._rule.slots]
         return self.get_slot_names()
 
     def static_slots(self, var: Any, create: bool = False) -> dict[str, Any]:
@@ -608,7 +638,7 @@ class OptimizerWrapper:
             if create:
                 optimizer._create_all_weights([var])
             try:
-                return {name: optimizer.get_slot(var, _LEGACY_SLOT_NAMES[kind][name]) for name in names}
+                return {name: optimizer.get_slot(var, OPTIMIZERS[kind].legacy_slots[name]) for name in names}
             except KeyError:
                 return {}
         try:
@@ -618,7 +648,7 @@ class OptimizerWrapper:
                 index = optimizer._index_dict[optimizer._var_key(var)]
         except (KeyError, ValueError, AttributeError):
             return {}
-        return {name: getattr(optimizer, _KERAS_SLOT_LISTS[kind][name])[index] for name in names}
+        return {name: getattr(optimizer, OPTIMIZERS[kind].keras_slots[name])[index] for name in names}
 
     def attach(self, var: DynamicVariable) -> None:
         """Give ``var``'s rows this wrapper's state columns and bind the variable to this wrapper

@@ -1,0 +1,83 @@
+"""One record per optimizer (optimizer.OPTIMIZERS), and its native rules against the op libraries.
+
+Each record's slots, Keras slot attributes and legacy slot names name the same slots as its rule;
+each native rule a record's rule gives (``Rule.native``) is one the op libraries run
+(``SOK_SPARSE_RULES`` of csrc/tf_ops/sparse_rules.h, embedded in each library as text), with the
+same number of state column blocks and hyper-parameters; and every rule the libraries run is given
+by some record.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from sparse_operation_kit import optimizer as opt_lib  # noqa: E402
+from sparse_operation_kit import tf_ops  # noqa: E402
+
+#: Keras 3 optimizers that give every native rule, and the one they give.
+NATIVE_CASES = [
+    (lambda: tf.keras.optimizers.SGD(0.1), "sgd"),
+    (lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9), "momentum"),
+    (lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), "momentum"),
+    (lambda: tf.keras.optimizers.Adagrad(0.1), "adagrad"),
+]
+
+
+def _library_rules(path: Path) -> dict[str, tuple[int, int]]:
+    """``name -> (state column blocks, hyper-parameters)`` of the rule list a library embeds."""
+    found = re.findall(rb"sok_tf sparse rules: ([a-z0-9:,]*)\x00", path.read_bytes())
+    assert len(set(found)) == 1, f"{path} embeds {len(found)} rule lists: {found}"
+    rules = {}
+    for entry in found[0].decode().split(","):
+        if entry:
+            name, slots, hyper = entry.split(":")
+            rules[name] = (int(slots), int(hyper))
+    return rules
+
+
+def _libraries() -> list[Path]:
+    tf_ops.library()
+    libs = [Path(tf_ops._LIB_DIR) / "libsok_tf_ops.so"]
+    gpu = Path(tf_ops._LIB_DIR) / tf_ops.GPU_LIBRARY
+    return libs + ([gpu] if gpu.is_file() else [])
+
+
+@pytest.mark.parametrize("name", sorted(opt_lib.OPTIMIZERS))
+def test_a_record_names_its_rule_slots_everywhere(name: str) -> None:
+    record = opt_lib.OPTIMIZERS[name]
+    optimizer = getattr(tf.keras.optimizers, name)()
+    rule = record.rule(opt_lib.Settings(optimizer))
+    assert rule.name == name
+    # The rule's slots of this configuration are among those the record maps (SGD's momentum slot
+    # only with momentum, Adam's vhat only with amsgrad).
+    assert {slot for slot, _ in rule.slots} <= set(record.keras_slots) == set(record.legacy_slots)
+    for slot, aliases in record.checkpoint_aliases.items():
+        assert slot in record.keras_slots and all(len(alias) == 2 for alias in aliases)
+
+
+@pytest.mark.parametrize("make,native", NATIVE_CASES, ids=[f"{n}-{i}" for i, (_, n) in enumerate(NATIVE_CASES)])
+@pytest.mark.parametrize("library", _libraries(), ids=lambda p: p.name)
+def test_native_rules_are_the_op_libraries(make, native: str, library: Path) -> None:
+    rules = _library_rules(library)
+    optimizer = make()
+    record = opt_lib.OPTIMIZERS[type(optimizer).__name__]
+    rule = record.rule(opt_lib.Settings(optimizer))
+    assert rule.native is not None and rule.native[0] == native and native in record.natives
+    assert rules[native] == (len(rule.slots), len(rule.native[1]))
+
+
+@pytest.mark.parametrize("library", _libraries(), ids=lambda p: p.name)
+def test_every_library_rule_is_given_by_a_record(library: Path) -> None:
+    given = {native for record in opt_lib.OPTIMIZERS.values() for native in record.natives}
+    assert set(_library_rules(library)) == given == {native for _, native in NATIVE_CASES}
+
+
+def test_checkpoint_aliases_come_from_the_records() -> None:
+    assert opt_lib.checkpoint_aliases("Adamax", "u") == (("Adamax", "v"), ("Adam", "v"))
+    assert opt_lib.checkpoint_aliases("Adam", "m") == ()
+    assert opt_lib.checkpoint_aliases("NotAnOptimizer", "m") == ()
