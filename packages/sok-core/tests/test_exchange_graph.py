@@ -171,3 +171,13 @@ def test_one_rank_pools_dynamic_tables_in_one_op_each_way(weighted):
     assert types.count("SokPooledLookup") == 1 and types.count("SokPooledLookupGrad") == 1
     per_table = {"Unique", "UniqueV2", "SokUniqueIndex", "UnsortedSegmentSum", "SparseSegmentSum"}
     assert sorted(t for t in types if t in per_table) == []
+
+
+def test_the_owners_of_every_table_take_the_same_ops_however_many_tables(two_ranks):
+    def int64_arithmetic(num_tables: int) -> dict[str, int]:
+        params = [sok.Variable(tf.zeros([64, 4])) for _ in range(num_tables)]
+        params += [sok.Variable(tf.zeros([32, 8]), mode="localized:1"), sok.DynamicVariable(dimension=4)]
+        types = [op.type for op in _ops_of(_traced_step(params, weighted=False))]
+        return {t: types.count(t) for t in ("FloorDiv", "FloorMod", "Fill", "SelectV2")}
+
+    assert int64_arithmetic(2) == int64_arithmetic(6)

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from sparse_operation_kit import device_ops
 from sparse_operation_kit.lookup.exchange import Exchange, int32_counts
-from sparse_operation_kit.lookup.plan import ExchangePlan, owner
+from sparse_operation_kit.lookup.plan import ExchangePlan, owners
 
 __all__ = ["OwnedIds", "Routes", "route", "send_ids_to_owners"]
 
@@ -76,16 +76,19 @@ class OwnedIds:
 class Routes:
     """Where the ids of one call go (the tables' ids one after the other): ``order`` groups them by
     owner (stably: within an owner, by table, then by sample), ``counts`` how many go to each rank
-    (int64 ``[n]``)."""
+    (int64 ``[n]``), ``tables`` the table of each id (int64)."""
 
     order: tf.Tensor
     counts: tf.Tensor
+    tables: tf.Tensor
 
 
 def route(plan: ExchangePlan, keys: Sequence[tf.Tensor]) -> Routes:
-    """The owners of ``keys`` (per table of the call: int64, a uint64 table's keys as their bits)."""
-    destinations = tf.concat([owner(k, table, plan.n) for k, table in zip(keys, plan.tables)], 0)
-    return Routes(*device_ops.group_by_key(destinations, plan.n))
+    """The owners of ``keys`` (per table of the call: int64, a uint64 table's keys as their bits),
+    computed for all the tables at once."""
+    tables = device_ops.part_of_each(keys)
+    order, counts = device_ops.group_by_key(owners(plan, tf.concat(keys, 0), tables), plan.n)
+    return Routes(order, counts, tables)
 
 
 def send_ids_to_owners(
@@ -110,8 +113,7 @@ def send_ids_to_owners(
         send_counts = int32_counts(sends[plan.rank], "the ids this rank sends")
         received_counts = int32_counts(received_from, "the ids this rank receives")
     order = routes.order
-    tables = device_ops.part_of_each(keys)
-    packed = tf.bitwise.bitwise_or(tf.bitwise.left_shift(tables, _SAMPLE_BITS), samples)
+    packed = tf.bitwise.bitwise_or(tf.bitwise.left_shift(routes.tables, _SAMPLE_BITS), samples)
     rows = tf.gather(tf.stack([packed, tf.concat(keys, 0)], axis=1), order)
     received = exchange.alltoall(rows, send_counts, received_counts, name="sok.lookup_sparse: all-to-all of the ids")
     received_weights = None

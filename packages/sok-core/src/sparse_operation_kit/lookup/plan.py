@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from sparse_operation_kit import device_ops, tf_ops
 
-__all__ = ["ExchangePlan", "TablePlan", "dynamic_groups", "fused_tables", "owner", "shard"]
+__all__ = ["ExchangePlan", "TablePlan", "dynamic_groups", "fused_tables", "owners", "shard"]
 
 
 @dataclass(frozen=True)
@@ -77,11 +77,17 @@ class ExchangePlan:
         return any(self.tables[t].kind == "dynamic" for t in self.held(rank))
 
 
-def owner(keys: tf.Tensor, table: TablePlan, n: int) -> tf.Tensor:
-    """The rank (int64) that holds each id of ``keys`` (int64, a uint64 table's keys as their bits)."""
-    if len(table.holders) == 1:
-        return tf.fill(tf.shape(keys, out_type=tf.int64), tf.constant(table.holders[0], tf.int64))
-    return device_ops.floormod(keys, n)  # negative ids and keys too, as sok.load places them
+def owners(plan: ExchangePlan, keys: tf.Tensor, tables: tf.Tensor) -> tf.Tensor:
+    """The rank (int64) that holds each of ``keys``: the ids of the call one table after the other
+    (int64, a uint64 table's keys as their bits), ``tables`` the table of each (int64). A table
+    with one holder (localized) sends every id there, the others id ``i`` to rank ``i mod n``
+    (negative ids and keys too, as sok.load places them). One set of ops for all the tables."""
+    spread = device_ops.floormod(keys, plan.n)
+    single = [table.holders[0] if len(table.holders) == 1 else -1 for table in plan.tables]
+    if all(holder < 0 for holder in single):
+        return spread
+    holder = tf.gather(tf.constant(single, tf.int64), tables)
+    return tf.where(holder >= 0, holder, spread)
 
 
 def shard(table: TablePlan, rank: int, n: int) -> tuple[int, int]:
