@@ -11,6 +11,7 @@
 
 #include <cstddef>
 
+#include "sok/gpu_engine/cuda_check.hpp"
 #include "sok/gpu_engine/device_guard.hpp"
 #include "sok/storage_api.h"
 #include "storage_ops.h"
@@ -21,10 +22,10 @@ namespace sok_tf {
 
 inline Status cuda_status(cudaError_t e, const char* call, const char* file, int line) {
   if (e == cudaSuccess) return Status();
-  return errors::Internal(file, ":", line, ": ", call, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e),
-                          ")");
+  return errors::Internal(::sok::gpu::cuda_error_text(e, call, file, line));
 }
-// A CUDA call (or a launcher returning cudaError_t) as a Status naming the call, file and line.
+// A CUDA call (or a launcher returning cudaError_t) as a Status naming the call, file and line
+// (the text of the GPU engine's SOK_CHECK_CUDA, sok/gpu_engine/cuda_check.hpp).
 #define SOK_CUDA(call) ::sok_tf::cuda_status((call), #call, __FILE__, __LINE__)
 
 // Makes exec's device current for this thread (our own CUDA calls) until it goes out of scope;

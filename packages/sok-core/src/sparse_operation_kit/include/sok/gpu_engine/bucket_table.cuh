@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "sok/gpu_engine/bucket_kernels.cuh"
+#include "sok/gpu_engine/cuda_check.hpp"
 #include "sok/gpu_engine/device_guard.hpp"
 #include "sok/kit/error.hpp"
 #include "sok/kit/keys.hpp"
@@ -47,14 +48,6 @@ struct BucketConfig {
   double hbm_bytes;         // device memory for rows; the other rows live in pinned host memory
 };
 
-inline void check_cuda(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return;
-  cudaGetLastError();  // clear a sticky launch error
-  const std::string message = std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
-  if (err == cudaErrorMemoryAllocation) sok::fail(SOK_ERROR_OUT_OF_MEMORY, message);
-  sok::fail(SOK_ERROR_INTERNAL, message);
-}
-
 inline unsigned int blocks_for(int64_t items, int64_t per_block) {
   const int64_t b = (items + per_block - 1) / per_block;
   return static_cast<unsigned int>(std::max<int64_t>(1, std::min<int64_t>(b, int64_t{1} << 20)));
@@ -64,7 +57,7 @@ inline unsigned int blocks_for(int64_t items, int64_t per_block) {
 class Scratch {
  public:
   Scratch(cudaStream_t stream, size_t bytes) : stream_(stream) {
-    if (bytes > 0) check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (scratch)");
+    if (bytes > 0) SOK_CHECK_CUDA(cudaMallocAsync(&ptr_, bytes, stream));
   }
   ~Scratch() {
     if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
@@ -85,13 +78,13 @@ class Scratch {
 class DeviceCounter {
  public:
   explicit DeviceCounter(cudaStream_t stream) : stream_(stream), memory_(stream, sizeof(unsigned long long)) {
-    check_cuda(cudaMemsetAsync(get(), 0, sizeof(unsigned long long), stream), "cudaMemsetAsync (counter)");
+    SOK_CHECK_CUDA(cudaMemsetAsync(get(), 0, sizeof(unsigned long long), stream));
   }
   unsigned long long* get() const { return memory_.as<unsigned long long>(); }
   int64_t read() const {
     unsigned long long value = 0;
-    check_cuda(cudaMemcpyAsync(&value, get(), sizeof(value), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (counter)");
-    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (counter)");
+    SOK_CHECK_CUDA(cudaMemcpyAsync(&value, get(), sizeof(value), cudaMemcpyDeviceToHost, stream_));
+    SOK_CHECK_CUDA(cudaStreamSynchronize(stream_));
     return static_cast<int64_t>(value);
   }
 
@@ -103,7 +96,7 @@ class DeviceCounter {
 // Makes the table's device current for the scope (see sok/gpu_engine/device_guard.hpp).
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) { check_cuda(guard_.enter(device), "making the table's CUDA device current"); }
+  explicit DeviceScope(int device) { SOK_CHECK_CUDA(guard_.enter(device)); }
 
  private:
   DeviceGuard guard_;
@@ -123,17 +116,17 @@ class BucketTable final : public sok::Storage {
                    std::to_string(count) + " CUDA device(s): 0 .. " + std::to_string(count - 1));
     }
     DeviceScope scope(device_);
-    check_cuda(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_), "cudaDeviceGetAttribute");
+    SOK_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
     // Scratch memory of calls comes from the device's stream-ordered pool: keep it cached.
     cudaMemPool_t pool;
-    check_cuda(cudaDeviceGetDefaultMemPool(&pool, device_), "cudaDeviceGetDefaultMemPool");
+    SOK_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, device_));
     uint64_t threshold = ~uint64_t{0};
-    check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold), "cudaMemPoolSetAttribute");
-    check_cuda(cudaEventCreateWithFlags(&last_done_, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventCreateWithFlags(&size_ready_, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaMalloc(&d_size_, sizeof(unsigned long long)), "cudaMalloc (counter)");
-    check_cuda(cudaMemset(d_size_, 0, sizeof(unsigned long long)), "cudaMemset");
-    check_cuda(cudaMallocHost(&h_size_, sizeof(unsigned long long)), "cudaMallocHost");
+    SOK_CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    SOK_CHECK_CUDA(cudaEventCreateWithFlags(&last_done_, cudaEventDisableTiming));
+    SOK_CHECK_CUDA(cudaEventCreateWithFlags(&size_ready_, cudaEventDisableTiming));
+    SOK_CHECK_CUDA(cudaMalloc(&d_size_, sizeof(unsigned long long)));
+    SOK_CHECK_CUDA(cudaMemset(d_size_, 0, sizeof(unsigned long long)));
+    SOK_CHECK_CUDA(cudaMallocHost(&h_size_, sizeof(unsigned long long)));
     *h_size_ = 0;
     view_ = allocate(cfg_.init_slots);
     evicting_ = cfg_.evicts && cfg_.max_slots > 0 && capacity_slots() >= cfg_.max_slots;
@@ -192,7 +185,7 @@ class BucketTable final : public sok::Storage {
     run_upsert(call.stream, a);
     copy_from_leaders_kernel<<<blocks_for(n, kBlock), kBlock, 0, call.stream>>>(
         n, cols.width(), batch.leader, values, found);
-    check_cuda(cudaGetLastError(), "find_or_insert duplicates");
+    SOK_CHECK_CUDA(cudaGetLastError());
     after_insert(call.stream, n);
   }
 
@@ -246,7 +239,7 @@ class BucketTable final : public sok::Storage {
     if (n == 0) return 0;
     DeviceCounter erased(call.stream);
     erase_kernel<<<group_blocks(n), kBlock, 0, call.stream>>>(view_, n, keys, key_type(), erased.get(), d_size_);
-    check_cuda(cudaGetLastError(), "erase kernel");
+    SOK_CHECK_CUDA(cudaGetLastError());
     snapshot_size(call.stream);
     return erased.read();
   }
@@ -266,9 +259,8 @@ class BucketTable final : public sok::Storage {
     LiveSlot live{view_, begin, threshold != nullptr, threshold ? *threshold : 0};  // .from: per chunk
     const thrust::counting_iterator<int32_t> offsets(0);
     size_t select_bytes = 0;
-    check_cuda(cub::DeviceSelect::If(nullptr, select_bytes, offsets, static_cast<int32_t*>(nullptr),
-                                     static_cast<int32_t*>(nullptr), span, live, call.stream),
-               "cub select (size)");
+    SOK_CHECK_CUDA(cub::DeviceSelect::If(nullptr, select_bytes, offsets, static_cast<int32_t*>(nullptr),
+                                     static_cast<int32_t*>(nullptr), span, live, call.stream));
     const size_t picked_bytes = align(sizeof(int32_t) * span);
     const size_t counts_bytes = align(sizeof(int32_t) * chunks);
     Scratch scratch(call.stream, picked_bytes + counts_bytes + select_bytes);
@@ -280,15 +272,13 @@ class BucketTable final : public sok::Storage {
       const int64_t m = std::min(span, end - from);
       live.from = from;
       size_t bytes = select_bytes;
-      check_cuda(cub::DeviceSelect::If(select_tmp, bytes, offsets, picked, counts + c, m, live, call.stream),
-                 "cub select");
+      SOK_CHECK_CUDA(cub::DeviceSelect::If(select_tmp, bytes, offsets, picked, counts + c, m, live, call.stream));
       export_gather(call.stream, from, m, picked, counts, c, cols, keys, values, scores);
-      check_cuda(cudaGetLastError(), "export kernel");
+      SOK_CHECK_CUDA(cudaGetLastError());
     }
     std::vector<int32_t> selected(chunks);
-    check_cuda(cudaMemcpyAsync(selected.data(), counts, sizeof(int32_t) * chunks, cudaMemcpyDeviceToHost, call.stream),
-               "cudaMemcpyAsync");
-    check_cuda(cudaStreamSynchronize(call.stream), "cudaStreamSynchronize (export)");
+    SOK_CHECK_CUDA(cudaMemcpyAsync(selected.data(), counts, sizeof(int32_t) * chunks, cudaMemcpyDeviceToHost, call.stream));
+    SOK_CHECK_CUDA(cudaStreamSynchronize(call.stream));
     int64_t count = 0;
     for (const int32_t n : selected) count += n;
     return count;
@@ -297,10 +287,10 @@ class BucketTable final : public sok::Storage {
   void clear(const sok_exec_context& ctx) override {
     Call call(this, ctx);
     const int64_t slots = capacity_slots();
-    check_cuda(cudaMemsetAsync(view_.digests, 0, slots, call.stream), "cudaMemsetAsync");
-    check_cuda(cudaMemsetAsync(view_.flags, 0, sizeof(uint32_t) * flag_words(view_.nb), call.stream), "cudaMemsetAsync");
-    check_cuda(cudaMemsetAsync(view_.spills, 0, spill_bytes(view_.nb), call.stream), "cudaMemsetAsync");
-    check_cuda(cudaMemsetAsync(d_size_, 0, sizeof(unsigned long long), call.stream), "cudaMemsetAsync");
+    SOK_CHECK_CUDA(cudaMemsetAsync(view_.digests, 0, slots, call.stream));
+    SOK_CHECK_CUDA(cudaMemsetAsync(view_.flags, 0, sizeof(uint32_t) * flag_words(view_.nb), call.stream));
+    SOK_CHECK_CUDA(cudaMemsetAsync(view_.spills, 0, spill_bytes(view_.nb), call.stream));
+    SOK_CHECK_CUDA(cudaMemsetAsync(d_size_, 0, sizeof(unsigned long long), call.stream));
     snapshot_size(call.stream);
     bound_ = 0;
   }
@@ -320,9 +310,9 @@ class BucketTable final : public sok::Storage {
   std::string describe() override {
     std::lock_guard<std::mutex> lock(mutex_);
     DeviceScope scope(device_);
-    check_cuda(cudaEventSynchronize(last_done_), "cudaEventSynchronize");
+    SOK_CHECK_CUDA(cudaEventSynchronize(last_done_));
     unsigned long long keys = 0;
-    check_cuda(cudaMemcpy(&keys, d_size_, sizeof(keys), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    SOK_CHECK_CUDA(cudaMemcpy(&keys, d_size_, sizeof(keys), cudaMemcpyDeviceToHost));
     const int64_t slots = capacity_slots();
     std::string out = std::string(cfg_.backend) + " (CUDA:" + std::to_string(device_) + "): " + std::to_string(keys) +
                       " keys, capacity " + std::to_string(slots);
@@ -353,7 +343,7 @@ class BucketTable final : public sok::Storage {
       }
       stream = static_cast<cudaStream_t>(ctx.stream);
       if (t->has_last_ && t->last_stream_ != stream) {
-        check_cuda(cudaStreamWaitEvent(stream, t->last_done_, 0), "cudaStreamWaitEvent");
+        SOK_CHECK_CUDA(cudaStreamWaitEvent(stream, t->last_done_, 0));
       }
     }
     ~Call() {
@@ -384,16 +374,16 @@ class BucketTable final : public sok::Storage {
       auto* entries = memory.as<uint32_t>();
       auto* slot_of = reinterpret_cast<int32_t*>(entries + slots);
       leader = slot_of + n;
-      check_cuda(cudaMemsetAsync(entries, 0xFF, sizeof(uint32_t) * slots, stream), "cudaMemsetAsync");
+      SOK_CHECK_CUDA(cudaMemsetAsync(entries, 0xFF, sizeof(uint32_t) * slots, stream));
       dedup_insert_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, keys, t->key_type(), slots, entries,
                                                                         slot_of, only);
       dedup_leader_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, entries, slot_of, leader);
-      check_cuda(cudaGetLastError(), "deduplication kernels");
+      SOK_CHECK_CUDA(cudaGetLastError());
       if (t->lfu_like()) {
         auto* sums = memory.as<unsigned long long>(index_bytes(n));
-        check_cuda(cudaMemsetAsync(sums, 0, sizeof(unsigned long long) * n, stream), "cudaMemsetAsync");
+        SOK_CHECK_CUDA(cudaMemsetAsync(sums, 0, sizeof(unsigned long long) * n, stream));
         sum_increments_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, leader, scores, sums);
-        check_cuda(cudaGetLastError(), "score increments");
+        SOK_CHECK_CUDA(cudaGetLastError());
         scores = reinterpret_cast<const uint64_t*>(sums);
       }
     }
@@ -441,7 +431,7 @@ class BucketTable final : public sok::Storage {
     } else {
       find_kernel<false><<<group_blocks(a.n), kBlock, 0, call.stream>>>(view_, a);
     }
-    check_cuda(cudaGetLastError(), "find kernel");
+    SOK_CHECK_CUDA(cudaGetLastError());
   }
 
   void export_gather(cudaStream_t stream, int64_t from, int64_t m, const int32_t* picked, const int32_t* counts,
@@ -523,11 +513,10 @@ class BucketTable final : public sok::Storage {
     size_t sort_bytes = segment_bytes(n) - 5 * part;
     int end_bit = 1;
     while (end_bit < 31 && (int64_t{1} << end_bit) < n) ++end_bit;
-    check_cuda(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, batch.leader, sorted_leader, index, order,
-                                               static_cast<int>(n), 0, end_bit, stream),
-               "cub radix sort");
+    SOK_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, batch.leader, sorted_leader, index, order,
+                                               static_cast<int>(n), 0, end_bit, stream));
     duplicate_segments_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(n, sorted_leader, first, end);
-    check_cuda(cudaGetLastError(), "duplicate segments");
+    SOK_CHECK_CUDA(cudaGetLastError());
     a->order = order;
     a->first = first;
     a->end = end;
@@ -595,7 +584,7 @@ class BucketTable final : public sok::Storage {
         at += align(sizeof(int32_t) * n);
         lists.full_keys = memory.as<uint64_t>(at);
       }
-      check_cuda(cudaMemsetAsync(lists.todo_count, 0, 2 * sizeof(unsigned int), stream), "cudaMemsetAsync");
+      SOK_CHECK_CUDA(cudaMemsetAsync(lists.todo_count, 0, 2 * sizeof(unsigned int), stream));
     }
     Scratch memory;
     uint8_t* missing = nullptr;
@@ -651,7 +640,7 @@ class BucketTable final : public sok::Storage {
     if (a.mode == Mode::kFindOrInsert) {
       copy_from_leaders_kernel<<<blocks_for(a.n, kBlock), kBlock, 0, stream>>>(a.n, a.ce - a.cb, batch.leader, a.out,
                                                                                a.found);
-      check_cuda(cudaGetLastError(), "find_or_insert duplicates");
+      SOK_CHECK_CUDA(cudaGetLastError());
     }
     after_insert(stream, a.n);
   }
@@ -680,7 +669,7 @@ class BucketTable final : public sok::Storage {
     } else {
       place_missing<false, false>(blocks, stream, a, upsert.lists, evict_only);
     }
-    check_cuda(cudaGetLastError(), "upsert kernels");
+    SOK_CHECK_CUDA(cudaGetLastError());
   }
 
   // Pass A, then in an evicting table pass B, of the placing kernel compiled for this table. With
@@ -716,27 +705,25 @@ class BucketTable final : public sok::Storage {
     BucketOrder(cudaStream_t stream, int64_t n_, int64_t nb) : n(n_) {
       end_bit = 1;
       while ((int64_t{1} << (end_bit - 1)) < nb) ++end_bit;
-      check_cuda(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr),
+      SOK_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr),
                                                  static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
-                                                 static_cast<int32_t*>(nullptr), static_cast<int>(n), 0, end_bit, stream),
-                 "cub radix sort (size)");
+                                                 static_cast<int32_t*>(nullptr), static_cast<int>(n), 0, end_bit, stream));
       const size_t words = align(sizeof(uint32_t) * n);
       memory.emplace(stream, 3 * words + sort_bytes);
       buckets = memory->as<uint32_t>(0);
       sorted_buckets = memory->as<uint32_t>(words);
       sorted_index = memory->as<int32_t>(2 * words);
       sort_tmp = memory->as<char>(3 * words);
-      check_cuda(cudaMemsetAsync(buckets, 0xFF, sizeof(uint32_t) * n, stream), "cudaMemsetAsync (buckets)");
+      SOK_CHECK_CUDA(cudaMemsetAsync(buckets, 0xFF, sizeof(uint32_t) * n, stream));
     }
     void sort(cudaStream_t stream, const UpsertArgs& a, const PlaceLists& lists, int sm_count) {
-      check_cuda(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, buckets, sorted_buckets, lists.todo,
-                                                 sorted_index, static_cast<int>(n), 0, end_bit, stream),
-                 "cub radix sort (placing list)");
+      SOK_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, buckets, sorted_buckets, lists.todo,
+                                                 sorted_index, static_cast<int>(n), 0, end_bit, stream));
       const unsigned int blocks =
           static_cast<unsigned int>(std::min<int64_t>(blocks_for(n, kBlock), int64_t{4} * sm_count));
       order_list_kernel<<<blocks, kBlock, 0, stream>>>(lists.todo_count, sorted_index, a.keys, a.key_type, lists.todo,
                                                        lists.todo_keys);
-      check_cuda(cudaGetLastError(), "order list kernel");
+      SOK_CHECK_CUDA(cudaGetLastError());
     }
     int64_t n;
     int end_bit = 1;
@@ -756,9 +743,8 @@ class BucketTable final : public sok::Storage {
 
   // Queues a copy of the key count for the host (read later without waiting when it is done).
   void snapshot_size(cudaStream_t stream) {
-    check_cuda(cudaMemcpyAsync(h_size_, d_size_, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream),
-               "cudaMemcpyAsync (size)");
-    check_cuda(cudaEventRecord(size_ready_, stream), "cudaEventRecord");
+    SOK_CHECK_CUDA(cudaMemcpyAsync(h_size_, d_size_, sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+    SOK_CHECK_CUDA(cudaEventRecord(size_ready_, stream));
     snapshot_pending_ = true;
   }
 
@@ -769,8 +755,8 @@ class BucketTable final : public sok::Storage {
 
   int64_t exact_size(cudaStream_t stream) {
     unsigned long long keys = 0;
-    check_cuda(cudaMemcpyAsync(&keys, d_size_, sizeof(keys), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (size)");
+    SOK_CHECK_CUDA(cudaMemcpyAsync(&keys, d_size_, sizeof(keys), cudaMemcpyDeviceToHost, stream));
+    SOK_CHECK_CUDA(cudaStreamSynchronize(stream));
     bound_ = static_cast<int64_t>(keys);
     return bound_;
   }
@@ -822,7 +808,7 @@ class BucketTable final : public sok::Storage {
     DeviceCounter missing(stream);
     count_missing_kernel<<<group_blocks(batch.n), kBlock, 0, stream>>>(view_, batch.n, batch.keys, key_type(),
                                                                         batch.leader, missing.get());
-    check_cuda(cudaGetLastError(), "count_missing kernel");
+    SOK_CHECK_CUDA(cudaGetLastError());
     return missing.read();
   }
 
@@ -843,29 +829,28 @@ class BucketTable final : public sok::Storage {
     v.W = row_width();
     v.windows = v.hb == v.B ? std::max(1, v.B / kWindow) : 1;  // hybrid buckets fill device slots first
     try {
-      check_cuda(cudaMalloc(&v.digests, slots), "cudaMalloc (states)");
-      check_cuda(cudaMalloc(&v.keys, sizeof(uint64_t) * slots), "cudaMalloc (keys)");
-      check_cuda(cudaMalloc(&v.scores, sizeof(uint64_t) * slots), "cudaMalloc (scores)");
-      check_cuda(cudaMalloc(&v.flags, sizeof(uint32_t) * flag_words(v.nb)), "cudaMalloc (flags)");
-      check_cuda(cudaMalloc(&v.spills, spill_bytes(v.nb)), "cudaMalloc (spill bits)");
+      SOK_CHECK_CUDA(cudaMalloc(&v.digests, slots));
+      SOK_CHECK_CUDA(cudaMalloc(&v.keys, sizeof(uint64_t) * slots));
+      SOK_CHECK_CUDA(cudaMalloc(&v.scores, sizeof(uint64_t) * slots));
+      SOK_CHECK_CUDA(cudaMalloc(&v.flags, sizeof(uint32_t) * flag_words(v.nb)));
+      SOK_CHECK_CUDA(cudaMalloc(&v.spills, spill_bytes(v.nb)));
       const int64_t dev_rows = v.nb * v.hb;
       const int64_t host_rows = v.nb * (v.B - v.hb);
-      if (dev_rows > 0) check_cuda(cudaMalloc(&v.vdev, sizeof(float) * dev_rows * v.W), "cudaMalloc (device rows)");
+      if (dev_rows > 0) SOK_CHECK_CUDA(cudaMalloc(&v.vdev, sizeof(float) * dev_rows * v.W));
       if (host_rows > 0) {
         void* host = nullptr;
-        check_cuda(cudaHostAlloc(&host, sizeof(float) * host_rows * v.W, cudaHostAllocMapped | cudaHostAllocPortable),
-                   "cudaHostAlloc (host rows)");
+        SOK_CHECK_CUDA(cudaHostAlloc(&host, sizeof(float) * host_rows * v.W, cudaHostAllocMapped | cudaHostAllocPortable));
         void* mapped = nullptr;
-        check_cuda(cudaHostGetDevicePointer(&mapped, host, 0), "cudaHostGetDevicePointer");
+        SOK_CHECK_CUDA(cudaHostGetDevicePointer(&mapped, host, 0));
         v.vhost = static_cast<float*>(mapped);
       }
-      check_cuda(cudaMemset(v.digests, 0, slots), "cudaMemset");
-      check_cuda(cudaMemset(v.keys, 0, sizeof(uint64_t) * slots), "cudaMemset");
-      check_cuda(cudaMemset(v.scores, 0, sizeof(uint64_t) * slots), "cudaMemset");
-      check_cuda(cudaMemset(v.flags, 0, sizeof(uint32_t) * flag_words(v.nb)), "cudaMemset");
-      check_cuda(cudaMemset(v.spills, 0, spill_bytes(v.nb)), "cudaMemset");
+      SOK_CHECK_CUDA(cudaMemset(v.digests, 0, slots));
+      SOK_CHECK_CUDA(cudaMemset(v.keys, 0, sizeof(uint64_t) * slots));
+      SOK_CHECK_CUDA(cudaMemset(v.scores, 0, sizeof(uint64_t) * slots));
+      SOK_CHECK_CUDA(cudaMemset(v.flags, 0, sizeof(uint32_t) * flag_words(v.nb)));
+      SOK_CHECK_CUDA(cudaMemset(v.spills, 0, spill_bytes(v.nb)));
       // The memsets ran on the legacy stream; callers may use non-blocking streams.
-      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (allocation)");
+      SOK_CHECK_CUDA(cudaDeviceSynchronize());
     } catch (...) {
       release(v);
       throw;
@@ -894,8 +879,8 @@ class BucketTable final : public sok::Storage {
     View next = allocate(slots);  // may throw: the table is unchanged then
     const int64_t old_slots = capacity_slots();
     rehash_kernel<<<blocks_for(old_slots, kKeysPerBlock), kBlock, 0, stream>>>(view_, next);
-    check_cuda(cudaGetLastError(), "rehash kernel");
-    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (growth)");
+    SOK_CHECK_CUDA(cudaGetLastError());
+    SOK_CHECK_CUDA(cudaStreamSynchronize(stream));
     release(view_);
     view_ = next;
   }
