@@ -28,9 +28,15 @@ counters in the graph (the second step's increase is the figure).
 ``sent`` is what leaves the rank by each collective's meaning: an allgather's input to N - 1
 ranks, an all-to-all's input less its own split, a ring allreduce 2 (N - 1) / N of its input.
 
+With several ranks, SOK's own exchange is also timed alone: its all-to-all (``lookup.exchange.of``,
+the collectives the lookup uses: SOK's NCCL ops on GPU ranks) of float32 rows at the bytes per rank
+of ``--a2a-bytes`` and of each configuration's all-to-all input, bus bandwidth = bytes x (N - 1) /
+N / time as nccl-tests prints it (the best of ``--repeat`` rounds of 20 calls in one tf.function).
+
 TorchRec's step and Torch's NCCL ``all_to_all_single`` bandwidth at the same bytes are measured by
 ``scaling_torchrec.py`` in the same device call; ``--summarize`` reads the JSONs of both and prints
-the table with E(n) = total(n) / (n x total(1)).
+the table with E(n) = total(n) / (n x total(1)) and the bandwidth of SOK's exchange beside
+Torch's at the nearest size.
 
 Usage::
 
@@ -94,6 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--seed", type=int, default=37)
+    p.add_argument("--a2a-bytes", type=csv(int), default=[2**20, 16 * 2**20, 128 * 2**20],
+                   help="bytes per rank at which SOK's exchange all-to-all is timed alone (several ranks)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny sizes: batch 512, cap 4 Ki, dim 8, 3 steps (CPU too)")
     p.add_argument("--json", help="write the figures to this file too")
     p.add_argument("--summarize", nargs="+", metavar="JSON", help="print the table of these results files and exit")
@@ -102,6 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.ids = ["host"]
     if args.quick:
         args.batch, args.cap, args.dims, args.steps, args.warmup, args.repeat = 512, 2**12, [8], 3, 1, 1
+        args.a2a_bytes = [2**16]
     return args
 
 
@@ -368,6 +377,39 @@ def measure(args: argparse.Namespace, ranks: Ranks, kind: str, dim: int, hotness
     return row
 
 
+def exchange_bandwidth(ranks: Ranks, sizes: list[int], repeat: int, calls: int = 20) -> list[dict[str, Any]]:
+    """SOK's exchange all-to-all alone (the lookup's collectives) at each size in bytes per rank:
+    float32 rows of 64 columns, an equal share to each rank; the time per call of the best of
+    ``repeat`` rounds of ``calls`` calls (each round's time the slowest rank's) and the bus bandwidth."""
+    import tensorflow as tf
+    from sparse_operation_kit.lookup import exchange as exchanges
+
+    exchange, n, width, points = exchanges.of(ranks.comm), ranks.size, 64, []
+    for rows in sorted({max(n, size // (4 * width) // n * n) for size in sizes}):
+        with tf.device("/CPU:0"):
+            counts = tf.fill([n], tf.constant(rows // n, tf.int32))
+        with tf.device(device()):
+            values = tf.identity(tf.random.uniform([rows, width]))
+
+        @tf.function(autograph=False)
+        def chain(x: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
+            for i in range(calls):
+                x = exchange.alltoall(x, counts, counts, name=f"scaling_gpu.py: all-to-all {i}")
+            return x
+
+        chain(values, counts).numpy()  # traces, sets up
+        best = float("inf")
+        for _ in range(repeat):
+            ranks.barrier()
+            start = time.perf_counter()
+            chain(values, counts).numpy()
+            best = min(best, float(ranks.gather([(time.perf_counter() - start) / calls]).max()))
+        nbytes = rows * width * 4
+        points.append({"bytes": nbytes, "ms": best * 1e3, "busbw_GBps": nbytes * (n - 1) / n / best / 1e9,
+                       "exchange": exchange.name})  # fmt: skip
+    return points
+
+
 def config_key(row: dict[str, Any]) -> tuple:
     """What SOK's and TorchRec's rows share: the tables, the dim, the hotness, the batch."""
     return (row["tables"], row["cap"], row["dim"], str(row["hotness"]), row["batch"])
@@ -375,7 +417,7 @@ def config_key(row: dict[str, Any]) -> tuple:
 
 def summarize(paths: list[str]) -> str:
     """The markdown table of the results files of scaling_gpu.py and scaling_torchrec.py."""
-    sok_rows, rec_rows, a2a = [], [], {}
+    sok_rows, rec_rows, a2a, own = [], [], {}, {}
     for path in paths:
         with open(path) as f:
             data = json.load(f)
@@ -383,6 +425,8 @@ def summarize(paths: list[str]) -> str:
             (sok_rows if row["tool"] == "sok" else rec_rows).append(row)
         for point in data.get("a2a", []):
             a2a.setdefault(data["np"], []).append(point)
+        for point in data.get("exchange_a2a", []):
+            own.setdefault(data["np"], []).append(point)
     if not sok_rows:
         raise SystemExit(f"--summarize: no SOK rows in {paths} (give the JSONs of scaling_gpu.py runs)")
 
@@ -395,17 +439,26 @@ def summarize(paths: list[str]) -> str:
         base = one_process(rows, row)
         return f"{row['samples_per_s'] / (row['np'] * base):.2f}" if base else "-"
 
+    def nearest(points: list[dict], nbytes: int) -> dict | None:
+        return min(points, key=lambda p: abs(p["bytes"] - nbytes)) if points and nbytes > 0 else None
+
     def bandwidth(n: int, nbytes: int) -> str:
-        points = [p for p in a2a.get(n, []) if nbytes > 0]
-        if n == 1 or not points:
+        near = nearest(a2a.get(n, []), nbytes)
+        return "-" if n == 1 or near is None else f"{near['busbw_GBps']:.0f} (at {near['bytes'] / 2**20:.1f} MiB)"
+
+    def own_bandwidth(n: int, nbytes: int) -> str:
+        """SOK's exchange at the nearest size, and its ratio to Torch's at that size."""
+        mine = nearest(own.get(n, []), nbytes)
+        if n == 1 or mine is None:
             return "-"
-        near = min(points, key=lambda p: abs(p["bytes"] - nbytes))
-        return f"{near['busbw_GBps']:.0f} (at {near['bytes'] / 2**20:.1f} MiB)"
+        theirs = nearest(a2a.get(n, []), mine["bytes"])
+        ratio = f", {mine['busbw_GBps'] / theirs['busbw_GBps']:.2f}x" if theirs else ""
+        return f"{mine['busbw_GBps']:.0f} (at {mine['bytes'] / 2**20:.1f} MiB{ratio})"
 
     lines = [
         "| config | np | SOK ms | TorchRec ms | SOK/TorchRec samples/s | E(n) SOK | E(n) TorchRec | bytes/rank | "
-        "NCCL a2a GB/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "NCCL a2a GB/s | SOK exchange GB/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in sorted(sok_rows, key=lambda r: (config_key(r), r["kind"], r["ids"], r["np"])):
         rivals = [r for r in rec_rows if r["np"] == row["np"] and config_key(r) == config_key(row)]
@@ -417,7 +470,8 @@ def summarize(paths: list[str]) -> str:
         sent = row["sent_bytes_max"]
         lines.append(
             f"| {config} | {row['np']} | {row['ms']:.2f} | {rec_ms} | {ratio} | {efficiency(sok_rows, row)} | "
-            f"{rec_e} | {sent / 2**20:.1f} MiB | {bandwidth(row['np'], row['alltoall_bytes_max'])} |"
+            f"{rec_e} | {sent / 2**20:.1f} MiB | {bandwidth(row['np'], row['alltoall_bytes_max'])} | "
+            f"{own_bandwidth(row['np'], row['alltoall_bytes_max'])} |"
         )
     return "\n".join(lines)
 
@@ -456,10 +510,17 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"{kind:10} {dim:4} {hotness:>5} {ids:>4} {ranks.size:3} {row['ms']:9.2f} "
                               f"{row['samples_per_s']:14,.0f} {row['sent_bytes_max'] / 2**20:13.2f} "
                               f"{row['alltoall_bytes_max'] / 2**20:10.2f}  {calls}", flush=True)  # fmt: skip
+    a2a = []
+    if ranks.size > 1:
+        sizes = list(args.a2a_bytes) + [r["alltoall_bytes_max"] for r in results if r["alltoall_bytes_max"] > 0]
+        a2a = exchange_bandwidth(ranks, sizes, args.repeat)
+        for point in a2a if ranks.rank == 0 else []:
+            print(f"SOK exchange ({point['exchange']}) all-to-all {point['bytes'] / 2**20:10.2f} MiB/rank "
+                  f"{point['ms']:9.3f} ms bus {point['busbw_GBps']:7.1f} GB/s", flush=True)  # fmt: skip
     if args.json and ranks.rank == 0:
         with open(args.json, "w") as f:
             json.dump({"tool": "sok", "np": ranks.size, "device": name, "date": date, "argv": sys.argv[1:],
-                       "rows": results}, f, indent=1)  # fmt: skip
+                       "rows": results, "exchange_a2a": a2a}, f, indent=1)  # fmt: skip
     ranks.barrier()
     return 0
 

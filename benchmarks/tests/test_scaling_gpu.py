@@ -56,6 +56,8 @@ def test_summary_gives_efficiency_ratio_to_the_fastest_torchrec_and_the_nearest_
         for tool, rows, extra in (("sok", [sok[n]], {}), ("torchrec", rec[n], {"a2a": []})):
             if tool == "torchrec" and n == 2:
                 extra = {"a2a": [{"bytes": 2**20 + 64, "busbw_GBps": 42.0}, {"bytes": 2**27, "busbw_GBps": 240.0}]}
+            if tool == "sok" and n == 2:
+                extra = {"exchange_a2a": [{"bytes": 2**20, "busbw_GBps": 21.0}, {"bytes": 2**27, "busbw_GBps": 200.0}]}
             path = tmp_path / f"{tool}_{n}.json"
             path.write_text(json.dumps({"tool": tool, "np": n, "rows": rows} | extra))
             paths.append(str(path))
@@ -63,8 +65,10 @@ def test_summary_gives_efficiency_ratio_to_the_fastest_torchrec_and_the_nearest_
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines]
     # np 1: SOK 2.0 ms vs TorchRec tw 1.0 ms; np 2: SOK 4.0 ms (E = 0.5) vs rw 1.6 ms (E(2) of rw = 1.5 / 1.6).
     config = "static dim 32 hot 2 ids gpu"
-    assert cells[0] == [config, "1", "2.00", "1.00 (tw)", "0.50x", "1.00", "1.00", "0.0 MiB", "-"]
-    assert cells[1] == [config, "2", "4.00", "1.60 (rw)", "0.40x", "0.50", "0.94", "3.0 MiB", "42 (at 1.0 MiB)"]
+    # SOK's exchange alone at the nearest size (1 MiB): 21 GB/s, half of Torch's 42 there.
+    assert cells[0] == [config, "1", "2.00", "1.00 (tw)", "0.50x", "1.00", "1.00", "0.0 MiB", "-", "-"]
+    want = [config, "2", "4.00", "1.60 (rw)", "0.40x", "0.50", "0.94", "3.0 MiB", "42 (at 1.0 MiB)"]
+    assert cells[1] == [*want, "21 (at 1.0 MiB, 0.50x)"]
 
 
 def _stand_in() -> object:
@@ -100,3 +104,14 @@ def test_counter_adds_input_bytes_and_what_leaves_the_rank_inside_a_tf_function(
     }  # fmt: skip
     traced(tf.zeros([12]))  # the wrappers are in the graph: a second run counts again
     assert counter.read()["sent_bytes"] == 2 * (48 + 36 + 96)
+
+
+def test_exchange_bandwidth_times_the_lookups_all_to_all_at_each_size(monkeypatch) -> None:
+    from sparse_operation_kit import communication
+
+    monkeypatch.setattr(communication, "_tool", _stand_in())
+    monkeypatch.setenv("SOK_EXCHANGE", "horovod")  # the stand-in's identity collectives
+    points = scaling_gpu.exchange_bandwidth(scaling_gpu.Ranks(), [2**12, 2**16, 2**12], repeat=1, calls=3)
+    # One point per distinct size, rows of 64 floats, an equal share per rank (2 ranks).
+    assert [p["bytes"] for p in points] == [2**12, 2**16]
+    assert all(p["ms"] > 0 and p["busbw_GBps"] > 0 and p["exchange"] == "horovod" for p in points)
