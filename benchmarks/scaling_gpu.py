@@ -36,7 +36,8 @@ N / time as nccl-tests prints it (the best of ``--repeat`` rounds of 20 calls in
 TorchRec's step and Torch's NCCL ``all_to_all_single`` bandwidth at the same bytes are measured by
 ``scaling_torchrec.py`` in the same device call; ``--summarize`` reads the JSONs of both and prints
 the table with E(n) = total(n) / (n x total(1)) and the bandwidth of SOK's exchange beside
-Torch's at the nearest size.
+Torch's at the nearest size; rows of a run without horovodrun (``launcher`` "process") are set
+against np 1 under horovodrun below the table.
 
 Usage::
 
@@ -370,7 +371,7 @@ def measure(args: argparse.Namespace, ranks: Ranks, kind: str, dim: int, hotness
         "batch": args.batch, "cap": args.cap, "tables": args.tables, "ms": seconds * 1e3,
         "rounds_ms": [r * 1e3 for r in rounds], "samples_per_s": ranks.size * args.batch / seconds,
         "exchange_rank0": exchange, "sent_bytes_max": int(per_rank[:, 0].max()),
-        "alltoall_bytes_max": int(per_rank[:, 1].max()),
+        "alltoall_bytes_max": int(per_rank[:, 1].max()), "launcher": launcher(),
     }  # fmt: skip
     del tables, body, counted
     gc.collect()
@@ -410,6 +411,11 @@ def exchange_bandwidth(ranks: Ranks, sizes: list[int], repeat: int, calls: int =
     return points
 
 
+def launcher() -> str:
+    """``"horovodrun"`` for a rank that horovodrun started (it sets HOROVOD_RANK), else ``"process"``."""
+    return "horovodrun" if "HOROVOD_RANK" in os.environ else "process"
+
+
 def config_key(row: dict[str, Any]) -> tuple:
     """What SOK's and TorchRec's rows share: the tables, the dim, the hotness, the batch."""
     return (row["tables"], row["cap"], row["dim"], str(row["hotness"]), row["batch"])
@@ -417,22 +423,31 @@ def config_key(row: dict[str, Any]) -> tuple:
 
 def summarize(paths: list[str]) -> str:
     """The markdown table of the results files of scaling_gpu.py and scaling_torchrec.py."""
-    sok_rows, rec_rows, a2a, own = [], [], {}, {}
+    sok_rows, rec_rows, a2a, own, alone = [], [], {}, {}, []
     for path in paths:
         with open(path) as f:
             data = json.load(f)
         for row in data["rows"]:
-            (sok_rows if row["tool"] == "sok" else rec_rows).append(row)
+            if row["tool"] != "sok":
+                rec_rows.append(row)
+            else:
+                (alone if row.get("launcher") == "process" else sok_rows).append(row)
         for point in data.get("a2a", []):
             a2a.setdefault(data["np"], []).append(point)
         for point in data.get("exchange_a2a", []):
             own.setdefault(data["np"], []).append(point)
+
+    def run_of(r: dict) -> tuple:
+        return (*config_key(r), r["kind"], r["ids"])
+
+    launched_runs = {run_of(r) for r in sok_rows if r["np"] == 1}
+    sok_rows += [r for r in alone if run_of(r) not in launched_runs]  # the only np 1 of their run
+    alone = [r for r in alone if run_of(r) in launched_runs]
     if not sok_rows:
         raise SystemExit(f"--summarize: no SOK rows in {paths} (give the JSONs of scaling_gpu.py runs)")
 
     def one_process(rows: list[dict], row: dict) -> float | None:
-        run = (*config_key(row), row["kind"], row["ids"])
-        base = [r for r in rows if r["np"] == 1 and (*config_key(r), r["kind"], r["ids"]) == run]
+        base = [r for r in rows if r["np"] == 1 and run_of(r) == run_of(row)]
         return base[0]["samples_per_s"] if base else None
 
     def efficiency(rows: list[dict], row: dict) -> str:
@@ -473,6 +488,13 @@ def summarize(paths: list[str]) -> str:
             f"{rec_e} | {sent / 2**20:.1f} MiB | {bandwidth(row['np'], row['alltoall_bytes_max'])} | "
             f"{own_bandwidth(row['np'], row['alltoall_bytes_max'])} |"
         )
+    # One process (no launcher) against np 1 under horovodrun, per configuration run both ways.
+    for single in sorted(alone, key=run_of):
+        launched = [r for r in sok_rows if r["np"] == 1 and run_of(r) == run_of(single)]
+        if launched:
+            lines.append(f"\n{single['kind']} dim {single['dim']} hot {single['hotness']} ids {single['ids']}: np 1 "
+                         f"under horovodrun {launched[0]['ms']:.2f} ms, one process {single['ms']:.2f} ms "
+                         f"({launched[0]['ms'] / single['ms']:.2f}x)")  # fmt: skip
     return "\n".join(lines)
 
 

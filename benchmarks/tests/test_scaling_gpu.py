@@ -115,3 +115,16 @@ def test_exchange_bandwidth_times_the_lookups_all_to_all_at_each_size(monkeypatc
     # One point per distinct size, rows of 64 floats, an equal share per rank (2 ranks).
     assert [p["bytes"] for p in points] == [2**12, 2**16]
     assert all(p["ms"] > 0 and p["busbw_GBps"] > 0 and p["exchange"] == "horovod" for p in points)
+
+
+def test_summary_sets_one_process_against_np_1_under_horovodrun(tmp_path: Path) -> None:
+    launched = row("sok", "static", 1, 2.2, sent_bytes_max=0, alltoall_bytes_max=0, launcher="horovodrun")
+    alone = row("sok", "static", 1, 2.0, sent_bytes_max=0, alltoall_bytes_max=0, launcher="process")
+    paths = []
+    for name, rows in (("np1", [launched]), ("process", [alone])):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"tool": "sok", "np": 1, "rows": rows}))
+        paths.append(str(path))
+    lines = scaling_gpu.summarize(paths).splitlines()
+    assert len([line for line in lines if line.startswith("| static")]) == 1  # the table: np 1 under horovodrun
+    assert lines[-1] == "static dim 32 hot 2 ids gpu: np 1 under horovodrun 2.20 ms, one process 2.00 ms (1.10x)"
