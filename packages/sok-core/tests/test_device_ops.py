@@ -150,3 +150,15 @@ def test_unique_index_list_refuses_attrs_that_disagree() -> None:
 
     with pytest.raises(tf.errors.InvalidArgumentError, match="num_tables = 2 but 1 key tensors"):
         tf_ops.library().sok_unique_index_list(keys=[tf.constant([1], tf.int64)], num_tables=2)
+
+
+def test_lengths_of_tensors_of_several_dtypes_in_their_order() -> None:
+    values = [tf.zeros([3], tf.int64), tf.zeros([0], tf.int32), tf.zeros([5], tf.int64), tf.zeros([2], tf.float32)]
+    got = device_ops.lengths(values)
+    assert got.dtype == tf.int64 and got.numpy().tolist() == [3, 0, 5, 2]
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int32)])
+    def lengths(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+        return device_ops.lengths([a, b, a])
+
+    assert lengths(tf.zeros([4], tf.int64), tf.zeros([1], tf.int32)).numpy().tolist() == [4, 1, 4]

@@ -54,7 +54,7 @@ def _ops_of(graph: tf.Graph) -> list[tf.Operation]:
 #: The device of ``device_ops.on_host()`` scopes, and the producers whose outputs are host-sized
 #: (a Shape's output is in host memory, whatever its input's size).
 HOST_SCOPE = "/device:CPU:0"
-HOST_OUTPUTS = {"Shape", "Size", "Const"}
+HOST_OUTPUTS = {"Shape", "ShapeN", "Size", "Const"}
 #: The one read of device values on the host a call makes: the gathered records of its checks.
 SMALL = 64
 
@@ -115,6 +115,18 @@ def _traced_step(params: list, weighted: bool) -> tf.Graph:
     return step.get_concrete_function().graph
 
 
+def _traced_forward(params: list) -> tf.Graph:
+    batch = 4
+    signature = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([batch + 1], tf.int64)] * len(params)
+
+    @tf.function(input_signature=signature)
+    def forward(*flat: tf.Tensor) -> list:
+        ids = [tf.RaggedTensor.from_row_splits(v, s, validate=False) for v, s in zip(flat[0::2], flat[1::2])]
+        return sok.lookup_sparse(params, ids, combiners=["sum"] * len(params))
+
+    return forward.get_concrete_function().graph
+
+
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 def test_exchange_of_static_and_dynamic_tables_keeps_int64_ids_off_host_bound_ops(two_ranks, weighted):
     params = [
@@ -173,11 +185,16 @@ def test_one_rank_pools_dynamic_tables_in_one_op_each_way(weighted):
     assert sorted(t for t in types if t in per_table) == []
 
 
-def test_the_owners_of_every_table_take_the_same_ops_however_many_tables(two_ranks):
-    def int64_arithmetic(num_tables: int) -> dict[str, int]:
+def test_the_exchange_takes_the_same_ops_however_many_tables(two_ranks):
+    # The owners of the ids (int64 arithmetic), the lengths of the ids (shapes) and the sums of the
+    # partial sums (AddN, counted in the forward: the step's own loss adds per table) are computed
+    # for all the tables at once.
+    def ops(num_tables: int) -> dict[str, int]:
         params = [sok.Variable(tf.zeros([64, 4])) for _ in range(num_tables)]
         params += [sok.Variable(tf.zeros([32, 8]), mode="localized:1"), sok.DynamicVariable(dimension=4)]
         types = [op.type for op in _ops_of(_traced_step(params, weighted=False))]
-        return {t: types.count(t) for t in ("FloorDiv", "FloorMod", "Fill", "SelectV2")}
+        forward = [op.type for op in _ops_of(_traced_forward(params))]
+        counts = {t: types.count(t) for t in ("FloorDiv", "FloorMod", "Fill", "SelectV2", "Shape", "ShapeN")}
+        return counts | {"AddN in the forward": forward.count("AddN")}
 
-    assert int64_arithmetic(2) == int64_arithmetic(6)
+    assert ops(2) == ops(6)

@@ -40,6 +40,7 @@ __all__ = [
     "floormod",
     "group_by_key",
     "length",
+    "lengths",
     "on_host",
     "part_of_each",
     "sample_ids",
@@ -62,6 +63,22 @@ def length(values: tf.Tensor) -> tf.Tensor:
         return shape[0]
 
 
+def lengths(values: Sequence[tf.Tensor]) -> tf.Tensor:
+    """``[len(v) for v in values]`` of 1-D tensors: an int64 vector in host memory, from one op over
+    the shapes of all the tensors of a dtype (never the values themselves), not a shape and a slice
+    per tensor."""
+    values = list(values)
+    positions: dict[tf.DType, list[int]] = {}
+    for i, v in enumerate(values):
+        positions.setdefault(v.dtype, []).append(i)
+    shapes: list[Any] = [None] * len(values)
+    for group in positions.values():  # ShapeN takes tensors of one dtype; its outputs are in host memory
+        for i, shape in zip(group, tf.shape_n([values[i] for i in group], out_type=tf.int64)):
+            shapes[i] = shape
+    with on_host():
+        return tf.concat(shapes, 0)
+
+
 def sample_ids(row_splits: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
     """The row (sample) of each of ``values`` (int64 ``[len(values)]``), from ``row_splits``
     (int32 or int64, ``[batch + 1]``, starting at 0 and ending at ``len(values)``)."""
@@ -82,10 +99,10 @@ def sample_ids_of(row_splits: Sequence[tf.Tensor], values: Sequence[tf.Tensor]) 
     splits = tf.stack([tf.cast(s, tf.int64) for s in row_splits])  # [tables, batch + 1]
     offsets = tf.cumsum(splits[:, -1], exclusive=True)  # where each table's values start
     ends = tf.reshape(splits[:, 1:] + offsets[:, None], [-1])  # end of each (table, sample) row
-    lengths = [length(v) for v in values]  # each from its values' shape: never the values themselves
+    counts = lengths(values)
     splits_length = length(row_splits[0])
     with on_host():
-        total = tf.add_n(lengths)
+        total = tf.reduce_sum(counts)
         batch = splits_length - 1
     rows = tf.searchsorted(ends, tf.range(total, dtype=tf.int64), side="right", out_type=tf.int64)
     return rows - tf.math.floordiv(rows, tf.maximum(batch, 1)) * batch
@@ -95,9 +112,9 @@ def part_of_each(values: Sequence[tf.Tensor]) -> tf.Tensor:
     """For the elements of ``values`` (1-D tensors) one after the other, the index of the tensor
     each comes from (int64 ``[sum of len(values[t])]``): one range and one search, not a fill per
     tensor."""
-    lengths = [length(v) for v in values]  # each from its values' shape: never the values themselves
+    counts = lengths(values)
     with on_host():
-        ends = tf.cumsum(tf.stack(lengths))
+        ends = tf.cumsum(counts)
         total = ends[-1]
     return tf.searchsorted(ends, tf.range(total, dtype=tf.int64), side="right", out_type=tf.int64)
 

@@ -66,17 +66,25 @@ def return_sums(
     blocks = [tf.reshape(part, shape) for part, shape in zip(tf.split(received, sizes, num=n), shapes)]
     columns = [plan.columns(o) for o in range(n)]
     checks = _assert_lookups_worked(plan, blocks, columns, statuses, local_batch)
-    # One split per block, not a slice per table: the gradient of a split is one concat, that of a
-    # slice a whole block of zeros per table.
-    parts_of: list[dict[int, tf.Tensor]] = []
+    # Every block leads with the spread tables' partial sums (plan.held's order): one sum of those
+    # columns over the blocks and one split into tables, not a sum per table; the columns of the
+    # tables a rank holds alone are split from its block. Splits, not slices: the gradient of a
+    # split is one concat, that of a slice a whole block of zeros.
+    spread = plan.spread()
+    spread_width = sum(plan.tables[t].dim for t in spread)
+    partial_sums, outputs_of = [], {}
     for o, block in enumerate(blocks):
-        held = plan.held(o)
         rows = block[:local_batch] if extras[o] else block
-        parts_of.append(dict(zip(held, tf.split(rows, [plan.tables[t].dim for t in held], axis=1) if held else [])))
-    outputs = []
-    for t, table in enumerate(plan.tables):
-        parts = [parts_of[o][t] for o in table.holders]
-        outputs.append(parts[0] if len(parts) == 1 else tf.add_n(parts))
+        alone = plan.held(o)[len(spread) :]
+        parts = tf.split(rows, [spread_width, widths[o] - spread_width], axis=1) if spread and alone else [rows]
+        if spread:
+            partial_sums.append(parts[0])
+        if alone:
+            outputs_of.update(zip(alone, tf.split(parts[-1], [plan.tables[t].dim for t in alone], axis=1)))
+    if spread:
+        summed = tf.add_n(partial_sums)
+        outputs_of.update(zip(spread, tf.split(summed, [plan.tables[t].dim for t in spread], axis=1)))
+    outputs = [outputs_of[t] for t in range(len(plan.tables))]
     if checks:
         with tf.control_dependencies(checks):
             outputs = [tf.identity(out) for out in outputs]

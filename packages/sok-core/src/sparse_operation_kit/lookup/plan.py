@@ -56,9 +56,17 @@ class ExchangePlan:
             tables.append(TablePlan(param, kind, int(param.shape[-1]), holders))
         return cls(tuple(tables), rank, n)
 
+    def spread(self) -> list[int]:
+        """The tables every rank holds rows of (distributed and dynamic ones), in call order: each
+        rank sends back partial sums of them, which the requester adds."""
+        return [t for t, table in enumerate(self.tables) if len(table.holders) == self.n]
+
     def held(self, rank: int) -> list[int]:
-        """The tables (indices in the call) that ``rank`` holds rows of, in call order."""
-        return [t for t, table in enumerate(self.tables) if rank in table.holders]
+        """The tables (indices in the call) that ``rank`` holds rows of: the spread ones, then those
+        it holds alone (localized on it), each part in call order. The order of the columns of the
+        block it sends back, so the spread tables' columns lead every block alike."""
+        alone = [t for t, table in enumerate(self.tables) if table.holders == (rank,) and self.n > 1]
+        return self.spread() + alone
 
     def width(self, rank: int) -> int:
         """The columns ``rank`` sends back per sample: the dims of the tables it holds."""
