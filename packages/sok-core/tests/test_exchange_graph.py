@@ -198,3 +198,14 @@ def test_the_exchange_takes_the_same_ops_however_many_tables(two_ranks):
         return counts | {"AddN in the forward": forward.count("AddN")}
 
     assert ops(2) == ops(6)
+
+
+def test_the_status_of_dynamic_tables_is_one_check_however_many_tables(two_ranks):
+    # The holders' status codes are read in one check; the messages are made only when it fails
+    # (in a tf.cond branch, not in the step's own graph).
+    def ops(num_tables: int) -> dict[str, int]:
+        params = [sok.DynamicVariable(dimension=4, var_type="hbm") for _ in range(num_tables)]
+        types = [op.type for op in _traced_forward(params).get_operations()]
+        return {t: types.count(t) for t in ("Assert", "StringJoin", "AsString", "Where", "If", "ScatterNd")}
+
+    assert ops(2) == ops(6)

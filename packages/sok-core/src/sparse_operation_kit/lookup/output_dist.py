@@ -93,16 +93,15 @@ def return_sums(
 
 def _status_row(plan: ExchangePlan, statuses: dict[int, Status]) -> tf.Tensor:
     """``[1, width]``: zeros, but the first column of each dynamic table's block holds the TensorFlow
-    error code of this rank's lookup of it (0: it worked)."""
-    blocks = []
-    for t in plan.held(plan.rank):
-        dim = plan.tables[t].dim
-        if t in statuses:
-            code = tf.reshape(tf.cast(statuses[t][0], tf.float32), [1])
-            blocks.append(tf.concat([code, tf.zeros([dim - 1], tf.float32)], 0))
-        else:
-            blocks.append(tf.zeros([dim], tf.float32))
-    return tf.reshape(tf.concat(blocks, 0), [1, -1])
+    error code of this rank's lookup of it (0: it worked); one scatter for all the tables."""
+    columns = plan.columns(plan.rank)
+    reported = [t for t in plan.held(plan.rank) if t in statuses]
+    width = plan.width(plan.rank)
+    if not reported:
+        return tf.zeros([1, width], tf.float32)
+    codes = tf.cast(tf.stack([statuses[t][0] for t in reported]), tf.float32)
+    row = tf.scatter_nd([[columns[t]] for t in reported], codes, [width])
+    return tf.reshape(row, [1, width])
 
 
 def _assert_lookups_worked(
@@ -113,34 +112,57 @@ def _assert_lookups_worked(
     local_batch: tf.Tensor,
 ) -> list[tf.Operation]:
     """Asserts, on every rank, that every holder's lookup of each dynamic table worked (the status
-    rows at the end of the holders' blocks). The error names the table and the failing ranks; on a
-    failing rank it also gives the backend's message."""
-    checks = []
-    for t, table in enumerate(plan.tables):
-        if table.kind != "dynamic":
-            continue
-        codes = tf.cast(tf.stack([blocks[o][local_batch, columns[o][t]] for o in table.holders]), tf.int32)
-        holders = tf.constant(table.holders, tf.int64)
-        failed = tf.strings.reduce_join(
-            tf.strings.as_string(tf.gather(holders, tf.where(tf.not_equal(codes, 0))[:, 0])), separator=", "
-        )
-        own = statuses.get(t)
-        local = (
-            tf.constant("none (it does not hold this table)")
-            if own is None
-            else tf.where(tf.equal(own[0], 0), tf.constant("none (its lookup worked)"), own[1])
-        )
-        message = tf.strings.join(
+    rows at the end of the holders' blocks): one gather of every code and one check read on the
+    host, whatever the number of tables; the messages are made only when a lookup failed. The error
+    names the table and the failing ranks; on a failing rank it also gives the backend's message."""
+    dynamic = [t for t, table in enumerate(plan.tables) if table.kind == "dynamic"]
+    if not dynamic:
+        return []
+    # codes[k]: the code that rank holders[k] sent for table tables[k]; one gather per block.
+    pairs = [(o, t) for o in range(plan.n) for t in dynamic if o in plan.tables[t].holders]
+    codes = tf.cast(
+        tf.concat(
             [
-                f"sok.lookup_sparse: the lookup of table {table.param.name} (params[{t}], var_type "
-                f"{table.param.backend_type}) failed on rank(s) [",
-                failed,
-                f"], so the call fails on every rank; later calls work again. Fix the cause (e.g. a larger "
-                f"max_capacity, or a var_type with eviction). The error on rank {plan.rank}: ",
-                local,
-            ]
-        )
-        check = raise_unless(tf.reduce_all(tf.equal(codes, 0)), message)
-        if check is not None:
-            checks.append(check)
-    return checks
+                tf.gather(blocks[o][local_batch], [columns[o][t] for p, t in pairs if p == o])
+                for o in sorted({o for o, _ in pairs})
+            ],
+            0,
+        ),
+        tf.int32,
+    )
+    worked = tf.reduce_all(tf.equal(codes, 0))
+
+    def report() -> tf.Tensor:
+        checks = []
+        for t in dynamic:
+            table = plan.tables[t]
+            mine = [k for k, (_, u) in enumerate(pairs) if u == t]
+            holders = tf.constant([pairs[k][0] for k in mine], tf.int64)
+            table_codes = tf.gather(codes, mine)
+            failed = tf.strings.reduce_join(
+                tf.strings.as_string(tf.gather(holders, tf.where(tf.not_equal(table_codes, 0))[:, 0])), separator=", "
+            )
+            own = statuses.get(t)
+            local = (
+                tf.constant("none (it does not hold this table)")
+                if own is None
+                else tf.where(tf.equal(own[0], 0), tf.constant("none (its lookup worked)"), own[1])
+            )
+            message = tf.strings.join(
+                [
+                    f"sok.lookup_sparse: the lookup of table {table.param.name} (params[{t}], var_type "
+                    f"{table.param.backend_type}) failed on rank(s) [",
+                    failed,
+                    f"], so the call fails on every rank; later calls work again. Fix the cause (e.g. a larger "
+                    f"max_capacity, or a var_type with eviction). The error on rank {plan.rank}: ",
+                    local,
+                ]
+            )
+            check = raise_unless(tf.reduce_all(tf.equal(table_codes, 0)), message)
+            if check is not None:
+                checks.append(check)
+        with tf.control_dependencies(checks):
+            return tf.identity(worked)
+
+    gate = tf.cond(worked, lambda: tf.identity(worked), report)
+    return [] if tf.executing_eagerly() else [gate.op]
