@@ -156,8 +156,11 @@ def test_native_step_reuses_the_distinct_keys_of_its_lookup(var_type):
         wrapper.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
 
     step(IDS)
-    op_types = [op.type for op in step.get_concrete_function(IDS).graph.get_operations()]
+    ops = step.get_concrete_function(IDS).graph.get_operations()
+    op_types = [op.type for op in ops]
     assert op_types.count("SokUniqueIndex") == 1 and "SokSparseApply" in op_types
+    # SOK's own index: the update does not check its positions again (a wait for the GPU).
+    assert all(op.get_attr("positions_checked") for op in ops if op.type == "SokSparseApply")
 
 
 @pytest.mark.parametrize("promised", [True, False])

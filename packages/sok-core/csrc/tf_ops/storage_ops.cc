@@ -433,6 +433,7 @@ class SparseApplyOp : public OpKernel {
     std::vector<float> hyper;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &name));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("hyper", &hyper));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("positions_checked", &positions_checked_));
     OP_REQUIRES_OK(ctx, RowRule::parse(name, hyper, &rule_));
   }
 
@@ -456,7 +457,7 @@ class SparseApplyOp : public OpKernel {
     OP_REQUIRES(ctx, d * (1 + rule_.slots) == row,
                 errors::InvalidArgument("gradient rows of ", d, " floats need table rows of ", d * (1 + rule_.slots),
                                         " floats for this rule, the table's are ", row));
-    OP_REQUIRES_OK(ctx, check_positions(positions, u));
+    if (!positions_checked_) OP_REQUIRES_OK(ctx, check_positions(positions, u));
     const int32_t* position = positions.flat<int32_t>().data();
     Tensor sums_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({u, d}), &sums_t));
@@ -504,6 +505,7 @@ class SparseApplyOp : public OpKernel {
   }
 
   RowRule rule_{};
+  bool positions_checked_ = false;
 };
 
 #define SOK_KEY_TYPES "Tkeys: {int32, int64, uint64}"
@@ -571,6 +573,9 @@ REGISTER_OP("SokSparseApply")
     .Attr(SOK_KEY_TYPES)
     .Attr("rule: {'sgd', 'momentum', 'adagrad'}")
     .Attr("hyper: list(float) = []")
+    // True: positions come from SOK's own index of the keys (SokUniqueIndex, a lookup's numbering),
+    // so the kernel does not check them again (on a GPU that check waits for the device).
+    .Attr("positions_checked: bool = false")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc("One lazy optimizer step on the rows of distinct_keys: per-key sums of grads (rows at positions), "

@@ -244,6 +244,7 @@ class SparseApplyGpuOp : public OpKernel {
     std::vector<float> hyper;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &name));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("hyper", &hyper));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("positions_checked", &positions_checked_));
     OP_REQUIRES_OK(ctx, parse_rule(name, hyper, &rule_, &slots_));
   }
 
@@ -276,7 +277,7 @@ class SparseApplyGpuOp : public OpKernel {
     DeviceGuard guard;
     OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
     const cudaStream_t stream = stream_of(exec);
-    OP_REQUIRES_OK(ctx, check_positions_on_device(ctx, stream, positions, u));
+    if (!positions_checked_) OP_REQUIRES_OK(ctx, check_positions_on_device(ctx, stream, positions, u));
     if (u == 0) return;  // no rows (and, the positions being valid, no gradients)
     Tensor rows_t;       // (u, row) device
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({u, row}), &rows_t));
@@ -308,6 +309,7 @@ class SparseApplyGpuOp : public OpKernel {
  private:
   sok_gpu::SparseRule rule_{};
   int32_t slots_ = 0;
+  bool positions_checked_ = false;
 };
 
 // Registrations: SokUniqueIndex and SokUniqueSum per key type (as the CPU kernels), the table ops

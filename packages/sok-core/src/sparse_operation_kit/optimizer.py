@@ -789,7 +789,11 @@ class OptimizerWrapper:
                 rule, hyper = self._rule.native
                 index = distinct_index_of(grad.indices)  # the lookup's, handed over in a graph; else indexed here
                 distinct, positions = index if index is not None else lib.sok_unique_index(keys)
-                lib.sok_sparse_apply(*var.table_inputs, distinct, positions, values, lr, rule=rule, hyper=list(hyper))
+                # Either way SOK's own index of the keys: the op need not check the positions again.
+                lib.sok_sparse_apply(
+                    *var.table_inputs, distinct, positions, values, lr, rule=rule, hyper=list(hyper),
+                    positions_checked=True,
+                )  # fmt: skip
                 return
             unique, summed = lib.sok_unique_sum(keys, values)
             rows = lib.sok_find_or_insert(*var.table_inputs, unique, col_begin=0, col_end=layout.width)

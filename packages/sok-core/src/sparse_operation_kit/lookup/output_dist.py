@@ -2,7 +2,8 @@
 it holds only.
 
 Rank ``o`` sends rank ``r`` a ``[batch of r, width(o)]`` block: the columns of the tables ``o``
-holds (``ExchangePlan.width``), flattened, in one all-to-all for the whole call. A localized table
+holds (``ExchangePlan.width``; those every rank holds first, ``ExchangePlan.held``), flattened, in
+one all-to-all for the whole call. A localized table
 travels from its rank alone, whole sums; a distributed table's partial sums come from every rank and
 the requester adds them up. When ``o`` holds a dynamic table, its block ends with one more row:
 the TensorFlow error code of its lookup of each dynamic table, in that table's first column, so a
