@@ -170,7 +170,9 @@ def test_try_sparse_read_hands_keys_promised_distinct_over_as_their_own_index():
         return distinct, positions
 
     distinct, positions = grads(tf.constant([5, 3, 5, 9], tf.int64))
-    assert [t.op.type for t in found[True]] == ["Reshape", "Range"]
+    # The keys, and 0 .. n-1 as an int64 range cast to int32 (where the table is, on a GPU too).
+    assert [t.op.type for t in found[True]] == ["Reshape", "Cast"]
+    assert found[True][1].op.inputs[0].op.type == "Range" and found[True][1].op.inputs[0].dtype == tf.int64
     assert found[False] is None
     np.testing.assert_array_equal(distinct.numpy(), [5, 3, 9])
     np.testing.assert_array_equal(positions.numpy(), [0, 1, 2])

@@ -643,7 +643,10 @@ def _keys_of_read(var: DynamicVariable, indices: Any, distinct: bool) -> tf.Tens
     if distinct and not tf.executing_eagerly():
         with tf.device(var.table_device):  # where the optimizer's update of these keys runs
             flat = tf.reshape(keys, [-1])
-            _note_distinct_index(keys, (flat, tf.range(tf.size(flat), dtype=tf.int32)))
+            # 0 .. n-1 made where the table is: an int32 range under a GPU runs on the host and would
+            # be copied to the device for every update; an int64 range and a cast stay there.
+            positions = tf.cast(tf.range(tf.size(flat, out_type=tf.int64), dtype=tf.int64), tf.int32)
+            _note_distinct_index(keys, (flat, positions))
     return keys
 
 
