@@ -81,3 +81,14 @@ def test_checkpoint_aliases_come_from_the_records() -> None:
     assert opt_lib.checkpoint_aliases("Adamax", "u") == (("Adamax", "v"), ("Adam", "v"))
     assert opt_lib.checkpoint_aliases("Adam", "m") == ()
     assert opt_lib.checkpoint_aliases("NotAnOptimizer", "m") == ()
+
+
+def test_an_unknown_native_rule_is_refused_with_the_valid_ones() -> None:
+    import sparse_operation_kit as sok
+
+    v = sok.DynamicVariable(dimension=2)
+    lib = tf_ops.library()
+    keys = tf.constant([1, 2], tf.int64)
+    positions = tf.constant([0, 1], tf.int32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="unknown rule 'adam'; valid: sgd, momentum, adagrad"):
+        lib.sok_sparse_apply(*v.table_inputs, keys, positions, tf.ones([2, 2]), tf.constant(0.1), rule="adam")

@@ -1,8 +1,8 @@
-// The row-wise optimizer rules that SokSparseApply runs natively: one list for its CPU kernel
-// (storage_ops.cc) and its GPU kernel (training_ops_gpu.cc), and the names sok.OptimizerWrapper's
-// records give (optimizer.py, OptimizerRecord.natives), which a test compares with the list each
-// library embeds (sok_tf_sparse_rules). Inline only: the two libraries are loaded separately and
-// neither links the other.
+// The row-wise optimizer rules that SokSparseApply runs natively (its `rule` attr names one): one
+// list for its CPU kernel (storage_ops.cc) and its GPU kernel (training_ops_gpu.cc), and the names
+// sok.OptimizerWrapper's records give (optimizer.py, OptimizerRecord.natives), which a test
+// compares with the list each library embeds (sok_tf_sparse_rules). Inline only: the two libraries
+// are loaded separately and neither links the other.
 #ifndef SOK_TF_OPS_SPARSE_RULES_H_
 #define SOK_TF_OPS_SPARSE_RULES_H_
 

@@ -571,7 +571,7 @@ REGISTER_OP("SokSparseApply")
     .Input("grads: float")
     .Input("lr: float")
     .Attr(SOK_KEY_TYPES)
-    .Attr("rule: {'sgd', 'momentum', 'adagrad'}")
+    .Attr("rule: string")  // one of SOK_SPARSE_RULES (sparse_rules.h), checked by the kernels
     .Attr("hyper: list(float) = []")
     // True: positions come from SOK's own index of the keys (SokUniqueIndex, a lookup's numbering),
     // so the kernel does not check them again (on a GPU that check waits for the device).
