@@ -97,13 +97,19 @@ def two_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOK_EXCHANGE", "horovod")
 
 
-def _traced_step(params: list, weighted: bool) -> tf.Graph:
-    batch = 4
-    signature = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([batch + 1], tf.int64)] * len(params)
+def _signature(params: list, batch: int = 4) -> list:
+    """Each table's ids as two flat tensors (values of any length, the batch's row splits)."""
+    return [tf.TensorSpec([None], tf.int64), tf.TensorSpec([batch + 1], tf.int64)] * len(params)
 
-    @tf.function(input_signature=signature)
+
+def _ragged(flat: tuple) -> list:
+    return [tf.RaggedTensor.from_row_splits(v, s, validate=False) for v, s in zip(flat[0::2], flat[1::2])]
+
+
+def _traced_step(params: list, weighted: bool) -> tf.Graph:
+    @tf.function(input_signature=_signature(params))
     def step(*flat: tf.Tensor) -> tf.Tensor:
-        ids = [tf.RaggedTensor.from_row_splits(v, s, validate=False) for v, s in zip(flat[0::2], flat[1::2])]
+        ids = _ragged(flat)
         weights = [tf.ones_like(x, tf.float32) for x in ids] if weighted else None
         with tf.GradientTape() as tape:
             pooled = sok.lookup_sparse(params, ids, weights, combiners=["sum"] * len(params))
@@ -116,13 +122,9 @@ def _traced_step(params: list, weighted: bool) -> tf.Graph:
 
 
 def _traced_forward(params: list) -> tf.Graph:
-    batch = 4
-    signature = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([batch + 1], tf.int64)] * len(params)
-
-    @tf.function(input_signature=signature)
+    @tf.function(input_signature=_signature(params))
     def forward(*flat: tf.Tensor) -> list:
-        ids = [tf.RaggedTensor.from_row_splits(v, s, validate=False) for v, s in zip(flat[0::2], flat[1::2])]
-        return sok.lookup_sparse(params, ids, combiners=["sum"] * len(params))
+        return sok.lookup_sparse(params, _ragged(flat), combiners=["sum"] * len(params))
 
     return forward.get_concrete_function().graph
 

@@ -187,10 +187,7 @@ inline Status check_key_rows(OpKernelContext* ctx, int keys_input, int values_in
     return errors::InvalidArgument("values must have shape [", n, ", width] (one row per key), got ",
                                    values.shape().DebugString());
   }
-  if (n >= (int64_t{1} << 31)) {
-    return errors::InvalidArgument("at most 2**31 - 1 keys per call, got ", n, "; split the batch");
-  }
-  return Status();
+  return check_key_count(n);
 }
 
 // unique_keys, sums = the distinct keys (in order of first occurrence) and the sum of the rows of
@@ -228,8 +225,7 @@ class UniqueIndexOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& keys = ctx->input(0);
     const int64_t n = keys.NumElements();
-    OP_REQUIRES(ctx, n < (int64_t{1} << 31),
-                errors::InvalidArgument("at most 2**31 - 1 keys per call, got ", n, "; split the batch"));
+    OP_REQUIRES_OK(ctx, check_key_count(n));
     std::vector<int32_t> position;
     std::vector<K> distinct;
     index_distinct(n, keys.flat<K>().data(), &position, &distinct);
@@ -252,11 +248,7 @@ class UniqueIndexListOp : public OpKernel {
     OpInputList keys;
     OP_REQUIRES_OK(ctx, ctx->input_list("keys", &keys));
     const int num = keys.size();
-    for (int t = 0; t < num; ++t) {
-      OP_REQUIRES(ctx, keys[t].NumElements() < (int64_t{1} << 31),
-                  errors::InvalidArgument("keys[", t, "] has ", keys[t].NumElements(),
-                                          " keys; at most 2**31 - 1 per table and call: split the batch"));
-    }
+    OP_REQUIRES_OK(ctx, check_key_counts(keys));
     std::vector<std::vector<int32_t>> positions(num);
     std::vector<std::vector<char>> distinct(num);  // the distinct keys' bytes
     in_parallel(ctx, num, int64_t{1} << 20, [&](int64_t begin, int64_t end) {

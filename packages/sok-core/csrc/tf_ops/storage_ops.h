@@ -57,6 +57,25 @@ inline Status table_from(OpKernelContext* ctx, int input, sok_table_ref** out) {
   return Status();
 }
 
+// Keys of one call are indexed with int32 positions: fewer than 2**31 of them.
+constexpr int64_t kMaxKeys = int64_t{1} << 31;
+
+inline Status check_key_count(int64_t n) {
+  if (n < kMaxKeys) return Status();
+  return errors::InvalidArgument("at most 2**31 - 1 keys per call, got ", n, "; split the batch");
+}
+
+// SokUniqueIndexList's key tensors: fewer than 2**31 keys each.
+inline Status check_key_counts(const ::tensorflow::OpInputList& keys) {
+  for (int t = 0; t < keys.size(); ++t) {
+    if (keys[t].NumElements() >= kMaxKeys) {
+      return errors::InvalidArgument("keys[", t, "] has ", keys[t].NumElements(),
+                                     " keys; at most 2**31 - 1 per table and call: split the batch");
+    }
+  }
+  return Status();
+}
+
 // SokUniqueIndexList's attrs agree: one key type per table.
 inline Status check_unique_index_list(OpKernelConstruction* ctx) {
   int num_tables = 0;

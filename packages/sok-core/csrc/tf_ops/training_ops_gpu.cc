@@ -30,11 +30,6 @@ namespace {
 
 using ::tensorflow::DEVICE_GPU;
 
-constexpr int64_t kMaxKeys = int64_t{1} << 31;  // positions are int32
-
-Status too_many_keys(int64_t n) {
-  return errors::InvalidArgument("at most 2**31 - 1 keys per call, got ", n, "; split the batch");
-}
 
 // A device workspace of `bytes` bytes (at least one, so that its address is never null).
 Status allocate_workspace(OpKernelContext* ctx, size_t bytes, Tensor* out) {
@@ -83,7 +78,7 @@ class UniqueIndexGpuOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& keys = ctx->input(0);  // (n,) device, any shape
     const int64_t n = keys.NumElements();
-    OP_REQUIRES(ctx, n < kMaxKeys, too_many_keys(n));
+    OP_REQUIRES_OK(ctx, check_key_count(n));
     const sok_exec_context exec = GpuExec::of(ctx);
     DeviceGuard guard;
     OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
@@ -113,11 +108,7 @@ class UniqueIndexListGpuOp : public OpKernel {
     ::tensorflow::OpInputList keys;
     OP_REQUIRES_OK(ctx, ctx->input_list("keys", &keys));
     const int num = keys.size();
-    for (int t = 0; t < num; ++t) {
-      OP_REQUIRES(ctx, keys[t].NumElements() < kMaxKeys,
-                  errors::InvalidArgument("keys[", t, "] has ", keys[t].NumElements(),
-                                          " keys; at most 2**31 - 1 per table and call: split the batch"));
-    }
+    OP_REQUIRES_OK(ctx, check_key_counts(keys));
     const sok_exec_context exec = GpuExec::of(ctx);
     DeviceGuard guard;
     OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
@@ -166,7 +157,7 @@ class UniqueSumGpuOp : public OpKernel {
     OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n,
                 errors::InvalidArgument("values must have shape [", n, ", width] (one row per key), got ",
                                         values.shape().DebugString()));
-    OP_REQUIRES(ctx, n < kMaxKeys, too_many_keys(n));
+    OP_REQUIRES_OK(ctx, check_key_count(n));
     const int64_t w = values.dim_size(1);
     const sok_exec_context exec = GpuExec::of(ctx);
     DeviceGuard guard;
@@ -198,7 +189,7 @@ class LookupDistinctGpuOp : public RowOp {
     const int64_t n = keys.NumElements();
     const int64_t u = distinct.NumElements();
     OP_REQUIRES_OK(ctx, check_distinct_lookup_inputs(ctx));
-    OP_REQUIRES(ctx, n < kMaxKeys, too_many_keys(n));
+    OP_REQUIRES_OK(ctx, check_key_count(n));
     const sok_exec_context exec = GpuExec::of(ctx);
     DeviceGuard guard;
     OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
@@ -259,7 +250,7 @@ class SparseApplyGpuOp : public OpKernel {
     OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(0) == n,
                 errors::InvalidArgument("values must have shape [", n, ", width] (one row per key), got ",
                                         grads.shape().DebugString()));
-    OP_REQUIRES(ctx, n < kMaxKeys, too_many_keys(n));
+    OP_REQUIRES_OK(ctx, check_key_count(n));
     OP_REQUIRES(ctx, key_type_of(distinct.dtype()) == ref->key_type,
                 errors::InvalidArgument("keys have dtype ", ::tensorflow::DataTypeString(distinct.dtype()),
                                         " but the table's key type is ", sok::key_type_name(ref->key_type)));

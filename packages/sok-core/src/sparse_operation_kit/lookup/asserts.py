@@ -9,9 +9,11 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import tensorflow as tf
 
-__all__ = ["raise_unless"]
+__all__ = ["gate", "raise_unless"]
 
 
 def raise_unless(condition: tf.Tensor, message: tf.Tensor) -> tf.Operation | None:
@@ -22,3 +24,9 @@ def raise_unless(condition: tf.Tensor, message: tf.Tensor) -> tf.Operation | Non
             raise tf.errors.InvalidArgumentError(None, None, message.numpy().decode(errors="replace"))
         return None
     return tf.debugging.Assert(condition, [message])
+
+
+def gate(ok: tf.Tensor, report: Callable[[], tf.Tensor]) -> tf.Tensor:
+    """``ok``, after ``report`` (which makes the errors and raises them) when it is False: the one
+    read of a check on the host (a ``tf.cond``'s predicate), whatever the failures it reports."""
+    return tf.cond(ok, lambda: tf.identity(ok), report)

@@ -17,7 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from sparse_operation_kit import communication, device_ops
-from sparse_operation_kit.lookup.asserts import raise_unless
+from sparse_operation_kit.lookup.asserts import gate, raise_unless
 from sparse_operation_kit.lookup.exchange import Exchange
 
 __all__ = ["agreed_checks"]
@@ -92,7 +92,7 @@ def agreed_checks(
 
     total = _total_of(problems, ragged)
     if n == 1:
-        return [_gate(tf.equal(total, 0), lambda: _assert_none(counts(), messages))], None, None
+        return [gate(tf.equal(total, 0), lambda: _assert_none(counts(), messages))], None, None
     description = _call_description(params, kinds, combiners, weights is not None, hotness)
     fingerprint = communication.fingerprint(description.encode())
     head = tf.concat(
@@ -130,7 +130,7 @@ def agreed_checks(
         with tf.control_dependencies([agreement]):
             return _assert_none(tf.reduce_sum(records[:, _HEAD:], axis=0), messages)
 
-    return [_gate(ok, report)], table[:, 2], table[:, _HEAD + 1 :]
+    return [gate(ok, report)], table[:, 2], table[:, _HEAD + 1 :]
 
 
 @dataclass(frozen=True)
@@ -225,12 +225,6 @@ def _total_of(problems: Sequence[_Problem], ragged: Sequence[tf.RaggedTensor]) -
     return tf.add_n(terms) if terms else tf.constant(0, tf.int64)
 
 
-def _gate(ok: tf.Tensor, report: Callable[[], tf.Tensor]) -> tf.Tensor:
-    """``ok``, after ``report`` (which raises the errors) when it is False: the step's one read of a
-    check on the host (a ``tf.cond``'s predicate), however many problems the call counts."""
-    return tf.cond(ok, lambda: tf.identity(ok), report)
-
-
 def _assert_none(counts: tf.Tensor, messages: Sequence[str]) -> tf.Tensor:
     """Asserts that every count is 0, each failure with its message; returns True after them."""
     asserts = [
@@ -271,7 +265,7 @@ def _assert_same_call(
         with tf.control_dependencies([check]):
             return tf.identity(agree)
 
-    return tf.cond(agree, lambda: tf.identity(agree), fail)
+    return gate(agree, fail)
 
 
 def _as_records(gathered: tf.Tensor, n: int, width: int) -> tf.Tensor:

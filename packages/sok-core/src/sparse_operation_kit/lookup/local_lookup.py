@@ -153,8 +153,11 @@ def pool_held(
     fused = [t for t in fused_tables(params, [table.kind for table in plan.tables]) if t in held]
     partial: dict[int, tf.Tensor] = {}
     statuses: dict[int, Status] = {}
+    dynamic = [] if low_frequency_filter else [t for t in held if plan.tables[t].kind == "dynamic"]
+    groups = dynamic_groups(params, dynamic)
+    pooled_here = fused + [t for group in groups for t in group]
+    splits = dict(zip(pooled_here, owned.row_splits(pooled_here)))  # one search for all of them
     if fused:
-        splits = dict(zip(fused, owned.row_splits(fused)))
 
         def ragged(values: list[tf.Tensor], t: int) -> tf.RaggedTensor:
             return tf.RaggedTensor.from_row_splits(values[t], splits[t], validate=False)
@@ -168,13 +171,11 @@ def pool_held(
             [shard(plan.tables[t], plan.rank, plan.n) for t in fused],
         )
         partial.update(zip(fused, pooled))
-    dynamic = [] if low_frequency_filter else [t for t in held if plan.tables[t].kind == "dynamic"]
-    for group in dynamic_groups(params, dynamic):
-        group_splits = owned.row_splits(group)
+    for group in groups:
         pooled, group_statuses = pool_dynamic(
             [params[t] for t in group],
             [owned.keys[t] for t in group],
-            group_splits,
+            [splits[t] for t in group],
             None if owned.weights is None else [owned.weights[t] for t in group],
             ["sum"] * len(group),
             group,

@@ -3,12 +3,12 @@ it holds only.
 
 Rank ``o`` sends rank ``r`` a ``[batch of r, width(o)]`` block: the columns of the tables ``o``
 holds (``ExchangePlan.width``; those every rank holds first, ``ExchangePlan.held``), flattened, in
-one all-to-all for the whole call. A localized table
-travels from its rank alone, whole sums; a distributed table's partial sums come from every rank and
-the requester adds them up. When ``o`` holds a dynamic table, its block ends with one more row:
-the TensorFlow error code of its lookup of each dynamic table, in that table's first column, so a
-rank whose lookup failed (a full ``"hbm"`` table, say) still joins the exchange and every rank then
-raises an error naming the table and the failing ranks.
+one all-to-all for the whole call. A localized table travels from its rank alone, whole sums; a
+distributed table's partial sums come from every rank and the requester adds them up. When ``o``
+holds a dynamic table, its block ends with one more row: the TensorFlow error code of its lookup of
+each dynamic table, in that table's first column, so a rank whose lookup failed (a full ``"hbm"``
+table, say) still joins the exchange and every rank then raises an error naming the table and the
+failing ranks.
 
 Example::
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from sparse_operation_kit import device_ops
-from sparse_operation_kit.lookup.asserts import raise_unless
+from sparse_operation_kit.lookup.asserts import gate, raise_unless
 from sparse_operation_kit.lookup.exchange import Exchange, int32_counts
 from sparse_operation_kit.lookup.local_lookup import Status
 from sparse_operation_kit.lookup.plan import ExchangePlan
@@ -165,5 +165,5 @@ def _assert_lookups_worked(
         with tf.control_dependencies(checks):
             return tf.identity(worked)
 
-    gate = tf.cond(worked, lambda: tf.identity(worked), report)
-    return [] if tf.executing_eagerly() else [gate.op]
+    checked = gate(worked, report)
+    return [] if tf.executing_eagerly() else [checked.op]
