@@ -13,7 +13,11 @@ tables, loss = sum of squares of the concatenated pooled rows over the batch, gr
   ``dynamic`` (``sok.DynamicVariable(var_type="hbm")``);
 * hotness: ``1`` (one id per sample), ``2`` (two, the issue's), ``multi`` (table t: 1 .. 1 + 7t mod 20
   ids per sample, as ``train_gpu.py``);
-* ids: ``gpu`` (a pool of 8 batches made beforehand as RaggedTensors in GPU memory) or ``host``
+* ids: ``gpu`` (a pool of 8 batches made beforehand in GPU memory, each step given its batch as
+  arguments: per table the ids and the row splits), ``pool`` (the same pool read inside the step,
+  whose one argument is the batch's number: TensorFlow's per-argument work on the host at each
+  call, about as much as the step's GPU time at one rank, is left out, as where the input pipeline
+  runs inside the step's graph; the ids are sliced from the pool without a copy) or ``host``
   (the pool in host memory, fed through ``tf.data`` with ``prefetch_to_device``: the copy of the
   next batch overlaps the step).
 
@@ -68,6 +72,7 @@ from train_gpu import CRITEO, POOL, power_law  # noqa: E402
 
 KINDS = ("static", "localized", "dynamic")
 HOTNESS = ("1", "2", "multi")
+IDS = ("gpu", "pool", "host")
 COLLECTIVES = ("allgather", "alltoall", "allreduce_sum")
 
 
@@ -90,7 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kinds", type=csv(str, KINDS), default=["static", "dynamic"], help="static,localized,dynamic")
     p.add_argument("--dims", type=csv(int), default=[32, 128], help="comma-separated, default 32,128")
     p.add_argument("--hotness", type=csv(str, HOTNESS), default=["2"], help="1,2,multi (default 2)")
-    p.add_argument("--ids", type=csv(str, ("gpu", "host")), default=["gpu"], help="gpu,host (default gpu)")
+    p.add_argument("--ids", type=csv(str, IDS), default=["gpu"], help="gpu,pool,host (default gpu)")
     p.add_argument("--host-ids", action="store_true", help="the same as --ids host")
     p.add_argument("--tables", choices=["criteo", "uniform"], default="criteo",
                    help="criteo: Criteo Kaggle's 26 sizes capped at --cap; uniform: 26 x --cap rows")  # fmt: skip
@@ -325,6 +330,8 @@ def step_caller(body: Any, pool: list[list[tuple]], ids: str, batch: int) -> Any
         with tf.device(device()):
             batches = [[tf.identity(tf.constant(a)) for a in b] for b in flat]
         return lambda i: step(*batches[i % POOL])
+    if ids == "pool":
+        return pool_step(body, flat)
     with tf.device("/CPU:0"):
         dataset = None
         for b in flat:
@@ -333,6 +340,39 @@ def step_caller(body: Any, pool: list[list[tuple]], ids: str, batch: int) -> Any
         dataset = dataset.repeat().apply(tf.data.experimental.prefetch_to_device(device(), buffer_size=2))
     iterator = iter(dataset)
     return lambda i: step(*next(iterator))
+
+
+def pool_step(body: Any, flat: list[list[np.ndarray]]) -> Any:
+    """``call(i)``: a tf.function of one argument, the batch's number, that slices its ids out of the
+    pool in GPU memory: per table all batches' ids one after the other and all batches' row splits,
+    each batch's at a multiple of 8 elements so that TensorFlow's slice aliases the pool (no copy)."""
+    import tensorflow as tf
+
+    def packed(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        lengths = [len(a) for a in parts]
+        starts = np.concatenate([[0], np.cumsum([-(-n // 8) * 8 for n in lengths])])
+        out = np.zeros(starts[-1], np.int64)
+        for a, at in zip(parts, starts):
+            out[at : at + len(a)] = a
+        return out, np.stack([starts[:-1], lengths], axis=1)
+
+    tables = len(flat[0]) // 2
+    with tf.device(device()):
+        kept = [packed([b[k] for b in flat]) for k in range(2 * tables)]
+        arrays = [tf.identity(tf.constant(a)) for a, _ in kept]
+    with tf.device("/CPU:0"):
+        where = tf.constant(np.stack([w for _, w in kept]))  # (2 tables, POOL, [start, length])
+
+    def ids_of(i: tf.Tensor) -> list[Any]:
+        with tf.device("/CPU:0"):  # the slices' bounds stay on the host
+            at = tf.gather(where, i, axis=1)
+            bounds = [(at[k, :1], at[k, 1:]) for k in range(len(arrays))]
+        with tf.device(device()):
+            return ragged_ids([tf.slice(a, *b) for a, b in zip(arrays, bounds)])
+
+    step = tf.function(lambda i: body(ids_of(i)), input_signature=[tf.TensorSpec([], tf.int32)], autograph=False)
+    numbers = [tf.constant(i, tf.int32) for i in range(POOL)]
+    return lambda i: step(numbers[i % POOL])
 
 
 def best_round(call: Any, ranks: Ranks, steps: int, warmup: int, repeat: int) -> tuple[float, list[float]]:
@@ -396,7 +436,7 @@ def exchange_bandwidth(ranks: Ranks, sizes: list[int], repeat: int, calls: int =
         def chain(x: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
             for i in range(calls):
                 x = exchange.alltoall(x, counts, counts, name=f"scaling_gpu.py: all-to-all {i}")
-            return x
+            return x[0, 0]  # one number to the host: the copy of the whole result would be timed too
 
         chain(values, counts).numpy()  # traces, sets up
         best = float("inf")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import scaling_gpu
 
@@ -128,3 +129,20 @@ def test_summary_sets_one_process_against_np_1_under_horovodrun(tmp_path: Path) 
     lines = scaling_gpu.summarize(paths).splitlines()
     assert len([line for line in lines if line.startswith("| static")]) == 1  # the table: np 1 under horovodrun
     assert lines[-1] == "static dim 32 hot 2 ids gpu: np 1 under horovodrun 2.20 ms, one process 2.00 ms (1.10x)"
+
+
+@pytest.mark.parametrize("hotness", ["2", "multi"])
+def test_pool_ids_are_the_batch_that_the_arguments_give(hotness: str) -> None:
+    import tensorflow as tf
+
+    args = scaling_gpu.parse_args(["--quick", "--hotness", hotness])
+    rows = scaling_gpu.table_rows(args.tables, args.cap)
+    pool = scaling_gpu.make_pool(args, rows, hotness, rank=0)
+
+    def body(ids: list) -> tf.Tensor:  # every id and row split, in order, as one vector
+        return tf.concat([tf.concat([r.values, r.row_splits], 0) for r in ids], 0)
+
+    given = scaling_gpu.step_caller(body, pool, "gpu", args.batch)
+    sliced = scaling_gpu.step_caller(body, pool, "pool", args.batch)
+    for i in range(scaling_gpu.POOL + 1):
+        np.testing.assert_array_equal(sliced(i).numpy(), given(i).numpy())
