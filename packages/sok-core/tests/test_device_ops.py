@@ -118,6 +118,14 @@ def _unique_cases() -> list[np.ndarray]:
     ]
 
 
+def _assert_unique_index(keys: np.ndarray, distinct: tf.Tensor, positions: tf.Tensor) -> None:
+    first = np.sort(np.unique(keys, return_index=True)[1])  # first occurrences, in batch order
+    row = {key: i for i, key in enumerate(keys[first].tolist())}
+    assert distinct.dtype == tf.as_dtype(keys.dtype) and positions.dtype == tf.int32
+    np.testing.assert_array_equal(distinct.numpy(), keys[first])
+    np.testing.assert_array_equal(positions.numpy(), np.array([row[x] for x in keys.tolist()], np.int32))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_unique_index_list_is_tf_unique_of_each_tensor(device: str) -> None:
     keys = _unique_cases()
@@ -126,11 +134,24 @@ def test_unique_index_list_is_tf_unique_of_each_tensor(device: str) -> None:
     assert len(distinct) == len(positions) == len(keys)
     for k, d, p in zip(keys, distinct, positions, strict=True):
         assert ("GPU" in d.device) == device.startswith("/GPU")
-        assert d.dtype == tf.as_dtype(k.dtype) and p.dtype == tf.int32
-        first = np.sort(np.unique(k, return_index=True)[1])  # first occurrences, in batch order
-        row = {key: i for i, key in enumerate(k[first].tolist())}
-        np.testing.assert_array_equal(d.numpy(), k[first])
-        np.testing.assert_array_equal(p.numpy(), np.array([row[x] for x in k.tolist()], np.int32))
+        _assert_unique_index(k, d, p)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unique_index_list_of_many_tables_that_share_keys(device: str) -> None:
+    # more tables than one GPU launch takes (64), empty ones among them, the same keys in several
+    # tables and key types: each table is indexed on its own
+    rng = np.random.default_rng(5)
+    types = [np.int64, np.int32, np.uint64]
+    keys = [
+        np.zeros(0, types[t % 3]) if t % 7 == 3 else rng.integers(0, 40, rng.integers(1, 300)).astype(types[t % 3])
+        for t in range(150)
+    ]
+    keys[10] = np.array([-1, -(2**31), 2**31 - 1, -1], np.int32)
+    with tf.device(_on(device)):
+        distinct, positions = device_ops.unique_index_list([tf.constant(k) for k in keys])
+    for k, d, p in zip(keys, distinct, positions, strict=True):
+        _assert_unique_index(k, d, p)
 
 
 def test_unique_index_list_in_a_function_with_unknown_sizes() -> None:

@@ -20,6 +20,7 @@
 
 #include "gpu/sparse_apply_kernels.h"
 #include "gpu/unique_kernels.h"
+#include "gpu/unique_list_kernels.h"
 #include "gpu_exec.h"
 #include "sparse_rules.h"
 #include "storage_ops.h"
@@ -95,9 +96,10 @@ class UniqueIndexGpuOp : public OpKernel {
   }
 };
 
-// SokUniqueIndexList: SokUniqueIndex of each key tensor, with one synchronization for all of them:
-// every table's keys are sorted and counted on the device, the counts come to the host in one copy,
-// then each table's outputs are sized and finished.
+// SokUniqueIndexList: SokUniqueIndex of each key tensor in a fixed number of launches per group of
+// up to kUniqueListArrays tensors (gpu/unique_list_kernels.h), with one synchronization for all of
+// them: every group is indexed and counted on the device, the counts come to the host in one copy,
+// then the outputs are sized and every group finished.
 class UniqueIndexListGpuOp : public OpKernel {
  public:
   explicit UniqueIndexListGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -113,17 +115,18 @@ class UniqueIndexListGpuOp : public OpKernel {
     DeviceGuard guard;
     OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
     const cudaStream_t stream = stream_of(exec);
-    Tensor counts;  // (num,) int32 device
+    const std::vector<Group> groups = grouped(keys);
+    Tensor counts;  // (num,) int32 device, in table order: the groups are consecutive runs of tables
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT32, TensorShape({num}), &counts));
-    std::vector<Tensor> workspaces(num);
-    std::vector<size_t> bytes(num, 0);
-    for (int t = 0; t < num; ++t) {
-      const int32_t n = static_cast<int32_t>(keys[t].NumElements());
-      const int key_bytes = ::tensorflow::DataTypeSize(keys[t].dtype());
-      OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::unique_workspace_bytes(n, key_bytes, &bytes[t])));
-      OP_REQUIRES_OK(ctx, allocate_workspace(ctx, bytes[t], &workspaces[t]));
-      OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::unique_sort_async(keys[t].data(), key_bytes, n, workspaces[t].data(),
-                                                              bytes[t], counts.flat<int32_t>().data() + t, stream)));
+    std::vector<Tensor> workspaces(groups.size());
+    std::vector<size_t> bytes(groups.size(), 0);
+    for (size_t k = 0; k < groups.size(); ++k) {
+      const sok_gpu::KeyLists& lists = groups[k].lists;
+      OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::unique_list_workspace_bytes(lists.begin[lists.num], &bytes[k])));
+      OP_REQUIRES_OK(ctx, allocate_workspace(ctx, bytes[k], &workspaces[k]));
+      OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::unique_list_index(lists, workspaces[k].data(), bytes[k],
+                                                              counts.flat<int32_t>().data() + groups[k].first,
+                                                              stream)));
     }
     std::vector<int32_t> u(num, 0);
     OP_REQUIRES_OK(ctx, SOK_CUDA(cudaMemcpyAsync(u.data(), counts.flat<int32_t>().data(), sizeof(int32_t) * num,
@@ -132,16 +135,45 @@ class UniqueIndexListGpuOp : public OpKernel {
     ::tensorflow::OpOutputList distinct_out, positions_out;
     OP_REQUIRES_OK(ctx, ctx->output_list("distinct_keys", &distinct_out));
     OP_REQUIRES_OK(ctx, ctx->output_list("positions", &positions_out));
-    for (int t = 0; t < num; ++t) {
-      const int32_t n = static_cast<int32_t>(keys[t].NumElements());
-      Tensor *distinct = nullptr, *positions = nullptr;  // (u,), (n,) device
-      OP_REQUIRES_OK(ctx, distinct_out.allocate(t, TensorShape({u[t]}), &distinct));
-      OP_REQUIRES_OK(ctx, positions_out.allocate(t, TensorShape({n}), &positions));
-      if (n == 0) continue;
-      OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::unique_index_finish(::tensorflow::DataTypeSize(keys[t].dtype()), n,
-                                                                workspaces[t].data(), bytes[t], distinct->data(),
-                                                                positions->flat<int32_t>().data(), stream)));
+    for (size_t k = 0; k < groups.size(); ++k) {
+      const sok_gpu::KeyLists& lists = groups[k].lists;
+      sok_gpu::ListOutputs out;
+      for (int j = 0; j < lists.num; ++j) {
+        const int t = groups[k].first + j;
+        Tensor *distinct = nullptr, *positions = nullptr;  // (u,), (n,) device
+        OP_REQUIRES_OK(ctx, distinct_out.allocate(t, TensorShape({u[t]}), &distinct));
+        OP_REQUIRES_OK(ctx, positions_out.allocate(t, TensorShape({keys[t].NumElements()}), &positions));
+        out.distinct[j] = distinct->data();
+        out.positions[j] = positions->flat<int32_t>().data();
+      }
+      OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::unique_list_finish(lists, out, workspaces[k].data(), bytes[k], stream)));
     }
+  }
+
+ private:
+  struct Group {
+    int first = 0;  // its first table
+    sok_gpu::KeyLists lists;
+  };
+
+  // Consecutive runs of tables, each at most kUniqueListArrays tables and kUniqueListMaxTotal keys
+  // (check_key_counts keeps every table below it).
+  static std::vector<Group> grouped(const ::tensorflow::OpInputList& keys) {
+    std::vector<Group> groups;
+    for (int t = 0; t < keys.size(); ++t) {
+      const int64_t n = keys[t].NumElements();
+      if (groups.empty() || groups.back().lists.num == sok_gpu::kUniqueListArrays ||
+          groups.back().lists.begin[groups.back().lists.num] + n > sok_gpu::kUniqueListMaxTotal) {
+        groups.emplace_back();
+        groups.back().first = t;
+      }
+      sok_gpu::KeyLists& lists = groups.back().lists;
+      lists.keys[lists.num] = keys[t].data();
+      lists.key_bytes[lists.num] = static_cast<int8_t>(::tensorflow::DataTypeSize(keys[t].dtype()));
+      lists.begin[lists.num + 1] = lists.begin[lists.num] + n;
+      ++lists.num;
+    }
+    return groups;
   }
 };
 

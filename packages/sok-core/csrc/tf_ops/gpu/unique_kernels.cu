@@ -171,16 +171,6 @@ cudaError_t sort_keys(const K* keys, int32_t n, void* workspace, size_t workspac
 }
 
 template <typename K>
-cudaError_t sort_keys_async(const K* keys, int32_t n, void* workspace, size_t workspace_bytes,
-                            int32_t* num_distinct_device, cudaStream_t stream) {
-  if (n == 0) return cudaMemsetAsync(num_distinct_device, 0, sizeof(int32_t), stream);
-  Workspace<K> ws{};
-  const cudaError_t e = sort_runs<K>(keys, n, workspace, workspace_bytes, &ws, stream);
-  if (e != cudaSuccess) return e;
-  return cudaMemcpyAsync(num_distinct_device, ws.segment + (n - 1), sizeof(int32_t), cudaMemcpyDeviceToDevice, stream);
-}
-
-template <typename K>
 cudaError_t index_finish(int32_t n, void* workspace, size_t workspace_bytes, K* distinct, int32_t* positions,
                          cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
@@ -237,20 +227,6 @@ cudaError_t unique_sort(const void* keys, int key_bytes, int32_t n, void* worksp
   }
   if (key_bytes == 8) {
     return sort_keys(static_cast<const uint64_t*>(keys), n, workspace, workspace_bytes, num_distinct, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
-cudaError_t unique_sort_async(const void* keys, int key_bytes, int32_t n, void* workspace, size_t workspace_bytes,
-                              int32_t* num_distinct_device, cudaStream_t stream) {
-  if (num_distinct_device == nullptr || n < 0 || (n > 0 && keys == nullptr)) return cudaErrorInvalidValue;
-  if (key_bytes == 4) {
-    return sort_keys_async(static_cast<const uint32_t*>(keys), n, workspace, workspace_bytes, num_distinct_device,
-                           stream);
-  }
-  if (key_bytes == 8) {
-    return sort_keys_async(static_cast<const uint64_t*>(keys), n, workspace, workspace_bytes, num_distinct_device,
-                           stream);
   }
   return cudaErrorInvalidValue;
 }

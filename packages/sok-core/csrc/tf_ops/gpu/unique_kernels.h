@@ -34,13 +34,7 @@ cudaError_t unique_sort(const void* keys,  // (n,) device, key_bytes each
                         int key_bytes, int32_t n, void* workspace, size_t workspace_bytes, int32_t* num_distinct,
                         cudaStream_t stream);
 
-// unique_sort without the synchronization: *num_distinct_device (device memory) = u, written in
-// stream order, so that the u of several batches come to the host in one copy.
-cudaError_t unique_sort_async(const void* keys,  // (n,) device, key_bytes each
-                              int key_bytes, int32_t n, void* workspace, size_t workspace_bytes,
-                              int32_t* num_distinct_device, cudaStream_t stream);
-
-// After unique_sort (or unique_sort_async): distinct (u,) = the distinct keys in order of first
+// After unique_sort: distinct (u,) = the distinct keys in order of first
 // occurrence, positions (n,) = for each key, the row of its distinct key (SokUniqueIndex).
 cudaError_t unique_index_finish(int key_bytes, int32_t n, void* workspace, size_t workspace_bytes,
                                 void* distinct,      // (u,) device
