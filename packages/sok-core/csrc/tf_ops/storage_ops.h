@@ -122,11 +122,6 @@ class RowOp : public OpKernel {
                 errors::InvalidArgument("bad column range [", col_begin_, ", ", col_end_, ")"));
   }
 
-  // A table call makes many launches on the host (the backend's kernels, its scratch): on a GPU too,
-  // so that TensorFlow's executor runs the calls of independent tables on its inter-op threads at
-  // once instead of one after another on the thread that made them ready.
-  bool IsExpensive() override { return true; }
-
  protected:
   // The reference, checked against the keys' dtype (input keys_input).
   Status prepare(OpKernelContext* ctx, int keys_input, sok_table_ref** ref) {

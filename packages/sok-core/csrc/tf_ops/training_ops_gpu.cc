@@ -271,9 +271,6 @@ class SparseApplyGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, parse_rule(name, hyper, &rule_, &slots_));
   }
 
-  // As RowOp's: the updates of independent tables run on TensorFlow's inter-op threads at once.
-  bool IsExpensive() override { return true; }
-
   void Compute(OpKernelContext* ctx) override {
     sok_table_ref* ref = nullptr;
     SOK_OK_OR_RETURN(ctx, table_from(ctx, kTable, &ref));
