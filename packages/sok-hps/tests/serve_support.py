@@ -100,6 +100,8 @@ def tier_setup(kind: str, tmp_path: Any) -> tuple[dict[str, Any], dict[str, Any]
         "evicting_hash_map": ({"gpucache": False}, {"volatile_db": {**hash_map, "overflow_margin": 10**6}}),
         "hash_map+rocks_db": ({"gpucache": False}, {"volatile_db": hash_map, "persistent_db": rocks}),
         "rocks_db": ({"gpucache": False}, {"volatile_db": disabled, "persistent_db": rocks}),
+        # NVIDIA HPS's spelling of "no cache": gpucache true, gpucacheper 0.0
+        "no_cache+rocks_db": ({"gpucacheper": 0.0}, {"volatile_db": disabled, "persistent_db": rocks}),
         "cache": ({"gpucacheper": 1.0}, DISABLED_DBS),
         "chain": ({"gpucacheper": 0.01}, {"volatile_db": hash_map, "persistent_db": rocks}),
         "cache+rocks_db": ({"gpucacheper": 0.01}, {"volatile_db": disabled, "persistent_db": rocks}),

@@ -248,8 +248,8 @@ def _set(raw: dict, path: str, value) -> dict:
     ("path", "value", "words"),
     [
         ("supportlonglong", "true", "true or false"),
-        ("models[0].gpucacheper", 0.0, "(0.0, 1.0]"),
-        ("models[0].gpucacheper", 1.5, "(0.0, 1.0]"),
+        ("models[0].gpucacheper", -0.1, "[0.0, 1.0]"),
+        ("models[0].gpucacheper", 1.5, "[0.0, 1.0]"),
         ("models[0].gpucacheper", "0.5", "number"),
         ("models[0].max_batch_size", -1, ">= 1"),
         ("models[0].max_batch_size", 2.5, "integer"),

@@ -95,12 +95,16 @@ def test_deployed_device_list_must_be_one_replica(tmp_path):
         hps.Init(ps_config_file=path, global_batch_size=16)
 
 
-def test_no_cache_and_no_database_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [({"gpucache": False}, "gpucache: false"), ({"gpucacheper": 0.0}, "gpucacheper: 0.0 \\(no cache\\)")],
+)
+def test_no_cache_and_no_database_is_refused(tmp_path, overrides, words):
     folder, _ = support.write_table(tmp_path / "t0", 10, DIM)
-    entry = support.model_entry("m", [folder], [DIM], gpucache=False)
+    entry = support.model_entry("m", [folder], [DIM], **overrides)
     path = support.write_config(tmp_path / "ps.json", support.ps_config([entry], **support.DISABLED_DBS))
     init.shutdown()
-    with pytest.raises(ValueError, match="gpucache: false and the ps_config has no database"):
+    with pytest.raises(ValueError, match=f"{words} and the ps_config has no database"):
         hps.Init(ps_config_file=path, global_batch_size=16)
     assert not init.is_initialized()
 

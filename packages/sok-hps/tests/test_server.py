@@ -70,6 +70,7 @@ def serve(tmp_path):
         "evicting_hash_map",
         "hash_map+rocks_db",
         "rocks_db",
+        "no_cache+rocks_db",
         "cache",
         "chain",
         "cache+rocks_db",
@@ -88,6 +89,12 @@ def test_tiers_alone_and_chained_are_exact(serve, kind):
         for combiner in ("sum", "mean", "sqrtn"):
             want = tf.nn.embedding_lookup_sparse(oracle, ragged, None, combiner=combiner)
             np.testing.assert_array_equal(sparse(ragged, None, combiner=combiner).numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("overrides", [{"gpucache": False}, {"gpucacheper": 0.0}], ids=["gpucache", "gpucacheper"])
+def test_no_cache_sends_every_lookup_to_the_databases(serve, overrides):
+    server, _ = serve("hash_map+rocks_db", **overrides)
+    assert server.table("m", 0).cache is None
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])

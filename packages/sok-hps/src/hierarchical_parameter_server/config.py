@@ -368,6 +368,12 @@ class ModelConfig:
     refresh_interval: int = 0
 
     @property
+    def has_cache(self) -> bool:
+        """Whether the model's tables have a cache in front of the databases: ``gpucache`` true and
+        ``gpucacheper`` above 0 (NVIDIA HPS's ``gpucacheper`` 0.0 means none, as ``gpucache: false``)."""
+        return self.gpucache and self.gpucacheper > 0.0
+
+    @property
     def num_tables(self) -> int:
         """The number of embedding tables (``len(sparse_files)``)."""
         return len(self.sparse_files)
@@ -521,7 +527,7 @@ _MODEL_READS: dict[str, _Read] = {
     "dense_file": _Reader.string,
     "max_batch_size": _POSITIVE,
     "gpucache": _Reader.boolean,
-    "gpucacheper": _OPEN_FRACTION,
+    "gpucacheper": _FRACTION,
     "hit_rate_threshold": _Reader.number,
     "cache_refresh_percentage_per_iteration": _FRACTION,
     "num_of_worker_buffer_in_pool": _POSITIVE,

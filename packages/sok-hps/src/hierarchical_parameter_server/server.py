@@ -125,7 +125,7 @@ class ServedTable:
             table, the most keys one lookup may pass.
         hit_rate_threshold: the model's, reference §3.6.
         rows: the rows of the table's model file.
-        cache: the table's :class:`EmbeddingCache`, None with ``gpucache: false``.
+        cache: the table's :class:`EmbeddingCache`, None with ``gpucache: false`` or ``gpucacheper`` 0.0.
     """
 
     def __init__(self, server: ParameterServer, model: ModelConfig, table_id: int, rows: int, key_dtype: Any) -> None:
@@ -150,7 +150,7 @@ class ServedTable:
         self._aliases: dict[str, list[TableRef]] = {}
         self._handed_over = False
         self.cache: EmbeddingCache | None = None
-        if model.gpucache:
+        if model.has_cache:
             # static and uvm (as the original's, which never evict) and gpucacheper 1.0: every row
             # in the cache, which then needs no eviction
             evicting = (
@@ -412,7 +412,8 @@ class ParameterServer:
             the process restarts (a warning names those that differ).
 
     Raises:
-        ValueError: a model with ``gpucache: false`` and no database (its rows would be nowhere).
+        ValueError: a model with no cache (``gpucache: false`` or ``gpucacheper`` 0.0) and no database
+            (its rows would be nowhere).
         hierarchical_parameter_server.config.ConfigError: a model file does not match its config,
             a database holds a table with another width than the config's, or
             ``update_source.path`` cannot be made a directory (no database was written).
@@ -467,11 +468,13 @@ class ParameterServer:
         self._wrote_shared = False
         try:
             for model in config.models:
-                if not model.gpucache and not self.has_database:
+                if not model.has_cache and not self.has_database:
+                    why = "gpucache: false" if not model.gpucache else f"gpucacheper: {model.gpucacheper} (no cache)"
                     raise ValueError(
-                        f"model {model.model!r} has gpucache: false and the ps_config has no database "
+                        f"model {model.model!r} has {why} and the ps_config has no database "
                         f"(volatile_db and persistent_db disabled): its rows would be nowhere. Set gpucache: true "
-                        f"(the cache then holds every row) or configure a volatile_db or persistent_db"
+                        f"with gpucacheper above 0 (1.0: the cache holds every row) or configure a volatile_db or "
+                        f"persistent_db"
                     )
             self._source = self._make_update_source()
             self._load_models()
