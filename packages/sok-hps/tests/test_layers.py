@@ -258,3 +258,48 @@ def test_empty_ids(table, shape):
     got = layer(ids)
     assert got.shape == shape + (DIM,)
     np.testing.assert_array_equal(got.numpy(), tf.nn.embedding_lookup(w0, ids).numpy())
+
+
+TF_KERAS_MODEL = """
+import sys
+import numpy as np
+import hierarchical_parameter_server as hps  # before TensorFlow, as NVIDIA's notebooks
+import tensorflow as tf
+
+assert tf.keras.__name__.startswith("tf_keras"), tf.keras.__name__
+oracle = np.load(sys.argv[2])
+hps.Init(ps_config_file=sys.argv[1], global_batch_size=64)
+ids = tf.keras.Input(shape=(3,), dtype=tf.int64)
+sp_ids = tf.keras.Input(shape=(None,), sparse=True, dtype=tf.int64)
+rows = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=8, emb_vec_dtype=tf.float32)(ids)
+pooled = hps.SparseLookupLayer(model_name="m", table_id=0, emb_vec_size=8, emb_vec_dtype=tf.float32)(
+    sp_ids, None, combiner="sum"
+)
+model = tf.keras.Model([ids, sp_ids], [rows, pooled])
+batch = np.random.default_rng(3).integers(0, len(oracle), size=(16, 3))
+sparse = tf.sparse.from_dense(tf.constant(batch[:, :2]))
+got_rows, got_pooled = model([tf.constant(batch), sparse])
+np.testing.assert_array_equal(got_rows.numpy(), oracle[batch])
+np.testing.assert_array_equal(got_pooled.numpy(), tf.nn.embedding_lookup_sparse(oracle, sparse, None, combiner="sum"))
+print("tf_keras model ok")
+"""
+
+
+def test_layers_in_a_tf_keras_functional_model(tmp_path):
+    """Under TF_USE_LEGACY_KERAS=1 (the Keras 2 of NVIDIA's notebooks) both layers take symbolic
+    dense and sparse inputs of a functional model, and the model serves the table's rows."""
+    import os
+    import subprocess
+
+    pytest.importorskip("tf_keras", reason="Keras 2 (TF_USE_LEGACY_KERAS=1) needs tf_keras")
+    folder, weights = support.write_table(tmp_path / "t0", 100, 8, seed=6)
+    entry = support.model_entry("m", [folder], [8])
+    path = support.write_config(tmp_path / "ps.json", support.ps_config([entry], **support.DISABLED_DBS))
+    np.save(tmp_path / "oracle.npy", support.oracle(weights, DEFAULT, 0))
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    run = subprocess.run(
+        [sys.executable, "-c", TF_KERAS_MODEL, path, str(tmp_path / "oracle.npy")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "tf_keras model ok" in run.stdout

@@ -1,4 +1,4 @@
-"""``hps.LookupLayer`` and ``hps.SparseLookupLayer``: Keras 3 layers over the parameter server.
+"""``hps.LookupLayer`` and ``hps.SparseLookupLayer``: Keras layers over the parameter server.
 
 They return what ``tf.nn.embedding_lookup`` and ``tf.nn.embedding_lookup_sparse`` return on the
 same table, bit for bit: the server finds the rows of the ids (cache, then the database tiers,
@@ -6,9 +6,12 @@ then the table's default value); ``max_norm`` clips them as ``tf.nn.embedding_lo
 ``tf.nn.embedding_lookup_sparse`` itself combines them. Eager and inside ``tf.function``; on the
 CPU and, under a CUDA TensorFlow, on the GPU.
 
-The layers have no weights and save with the model (``model.save("m.keras")``): their config is
-their constructor's arguments, and a model loaded in another process initialises HPS from the
-layers' ``ps_config_file`` on its first call.
+The layers are layers of ``tf.keras``: Keras 3, or under ``TF_USE_LEGACY_KERAS=1`` the Keras 2
+(tf_keras) that NVIDIA's HPS notebooks were written for, whose functional models call them on
+symbolic inputs (dense and sparse ``tf.keras.Input``) as on tensors. They have no weights and save
+with the model (``model.save("m.keras")``): their config is their constructor's arguments, and a
+model loaded in another process initialises HPS from the layers' ``ps_config_file`` on its first
+call.
 
 Where this differs from NVIDIA HPS: the checks of ``forward_check`` (reference §1.6) raise
 ``ValueError`` (at the call: unknown model, ``table_id`` out of range, ``emb_vec_size`` or the ids'
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
 import tensorflow as tf
 from sparse_operation_kit.lookup import COMBINERS
 from sparse_operation_kit.validate import positive_int
@@ -39,7 +41,7 @@ from hierarchical_parameter_server.server import ServedTable
 __all__ = ["LookupLayer", "SparseLookupLayer"]
 
 
-class _HpsLayer(keras.layers.Layer):
+class _HpsLayer(tf.keras.layers.Layer):
     """What both layers share: the constructor of the seed, the config, the served table."""
 
     def __init__(
@@ -102,7 +104,7 @@ def _with_trailing_zero_rows(rows: tf.Tensor, samples: tf.Tensor) -> tf.Tensor:
     return tf.pad(rows, [[0, missing], [0, 0]])
 
 
-@keras.saving.register_keras_serializable(package="hps")
+@tf.keras.utils.register_keras_serializable(package="hps")
 class LookupLayer(_HpsLayer):
     """HPS's equivalent of ``tf.nn.embedding_lookup``: rows of one table of a model.
 
@@ -153,7 +155,7 @@ class LookupLayer(_HpsLayer):
         return tuple(input_shape) + (self.emb_vec_size,)
 
 
-@keras.saving.register_keras_serializable(package="hps")
+@tf.keras.utils.register_keras_serializable(package="hps")
 class SparseLookupLayer(_HpsLayer):
     """HPS's equivalent of ``tf.nn.embedding_lookup_sparse``: combined rows of one table.
 
