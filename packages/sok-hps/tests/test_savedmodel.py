@@ -17,6 +17,7 @@ HPS did not register (``builtins:exec``) is refused where HPS serves, the functi
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -506,3 +507,61 @@ def test_nvidias_lookup_checks_its_init_status_and_its_width(tmp_path):
             lib.lookup(values=ids, init_status="OK", emb_vec_size=3, **common)
         rows = lib.lookup(values=ids, init_status="OK", emb_vec_size=DIM0, **common)
         assert rows.shape == (1, 2, DIM0)
+
+
+# -- NVIDIA's flow: the model is built and saved before its ps_config exists ------------------------
+def test_a_model_saved_before_its_config_exists_serves_once_it_does(tmp_path):
+    """The layer's ps_config_file is written only after the model is exported (NVIDIA's notebooks
+    and its Triton flow): tracing and exporting need no config; the first lookup starts HPS from the
+    file, in this process and in a fresh one."""
+    path = str(tmp_path / "later" / "ps.json")
+    init.shutdown()
+    ids_in = keras.Input(shape=(3,), dtype="int64")
+    common = {"emb_vec_dtype": tf.float32, "ps_config_file": path, "global_batch_size": 64}
+    emb = hps.LookupLayer(model_name="dlrm", table_id=0, emb_vec_size=DIM0, **common)(ids_in)
+    keras.Model(ids_in, keras.layers.Flatten()(emb)).export(tmp_path / "saved", verbose=False)
+    assert not init.is_initialized()
+
+    folder, weights = support.write_table(tmp_path / "t0", ROWS, DIM0, seed=1)
+    os.makedirs(os.path.dirname(path))
+    entry = support.model_entry("dlrm", [folder], [DIM0])
+    support.write_config(path, support.ps_config([entry], **support.DISABLED_DBS))
+    ids = np.random.default_rng(4).integers(0, ROWS + 10, size=(64, 3)).astype(np.int64)
+    want = support.oracle(weights, 0.5, 10)[ids].reshape(64, -1)
+    try:
+        served = tf.saved_model.load(str(tmp_path / "saved")).serve(tf.constant(ids)).numpy()
+        assert init.is_initialized()  # the first lookup started HPS from the file
+        np.testing.assert_array_equal(served, want)
+    finally:
+        init.shutdown()
+    save_batch(tmp_path / "batch.npz", ids)
+    got = _serve_in_a_fresh_process(tmp_path / "saved", tmp_path / "batch.npz", tmp_path / "out.npy")
+    np.testing.assert_array_equal(got, want)
+
+
+def test_functions_traced_before_init_serve_after_it(tmp_path):
+    """Layers without ps_config_file traced before hps.Init: a first run says HPS is not
+    initialised; after hps.Init the same functions serve."""
+    folder, weights = support.write_table(tmp_path / "t0", ROWS, DIM0, seed=6)
+    entry = support.model_entry("m", [folder], [DIM0])
+    path = support.write_config(tmp_path / "ps.json", support.ps_config([entry], **support.DISABLED_DBS))
+    init.shutdown()
+    common = {"model_name": "m", "table_id": 0, "emb_vec_size": DIM0, "emb_vec_dtype": tf.float32}
+    dense, sparse = hps.LookupLayer(**common), hps.SparseLookupLayer(**common)
+    lookup = tf.function(lambda ids: dense(ids)).get_concrete_function(tf.TensorSpec([None, 2], tf.int64))
+    pool = tf.function(lambda ids: sparse(ids, None, combiner="sqrtn")).get_concrete_function(
+        tf.SparseTensorSpec([None, None], tf.int64)
+    )
+    ids = tf.constant([[3, 1], [ROWS + 2, 0]], tf.int64)
+    sp_ids = tf.sparse.from_dense(tf.constant([[5, 0, 7], [0, 0, 0], [ROWS + 1, 2, 0]], tf.int64))
+    with pytest.raises(tf.errors.OpError, match="HPS is not initialised"):
+        lookup(ids)
+    hps.Init(ps_config_file=path, global_batch_size=16)
+    try:
+        oracle = support.oracle(weights, 0.5, 10)
+        np.testing.assert_array_equal(lookup(ids).numpy(), oracle[ids.numpy()])
+        want = tf.nn.embedding_lookup_sparse(oracle, sp_ids, None, combiner="sqrtn").numpy()
+        np.testing.assert_array_equal(pool(sp_ids).numpy()[[0, 2]], want[[0, 2]])
+        np.testing.assert_array_equal(pool(sp_ids).numpy()[1], np.zeros(DIM0, np.float32))
+    finally:
+        init.shutdown()

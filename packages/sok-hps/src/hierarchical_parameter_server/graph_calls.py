@@ -46,6 +46,7 @@ from hierarchical_parameter_server.graph_context import (
     CACHE_TABLE,
     FETCH,
     FILL,
+    LOOKUP,
     SCHEDULE_FILL,
     VOLATILE_TABLE,
     TracedTableChangedError,
@@ -65,12 +66,14 @@ __all__ = [
     "CACHE_TABLE",
     "FETCH",
     "FILL",
+    "LOOKUP",
     "SCHEDULE_FILL",
     "VOLATILE_TABLE",
     "TracedTableChangedError",
     "check_traced",
     "context_of",
     "load_ops",
+    "lookup",
     "nvidia_init",
     "nvidia_lookup",
     "register",
@@ -173,6 +176,21 @@ def schedule_fill(context: str, keys: np.ndarray) -> np.ndarray:
     return np.array(True)
 
 
+@python_ops.register
+def lookup(context: str, keys: np.ndarray) -> np.ndarray:
+    """The rows of the 1-D ``keys`` in the table (:meth:`.server.ServedTable.lookup`, eager): the
+    lookup of a graph traced while HPS was not running, which starts it on its first run."""
+    return _rows(served_table(context), keys)
+
+
+def _rows(served: ServedTable, keys: np.ndarray) -> np.ndarray:
+    """``served``'s rows of ``keys`` (any shape): ``keys.shape + [dim]``."""
+    import tensorflow as tf
+
+    rows = served.lookup(tf.constant(keys.reshape(-1)))
+    return rows.numpy().reshape(keys.shape + (served.dim,))
+
+
 # -- the ops of SavedModels exported with NVIDIA's HPS plugin (hps_compat_ops.cc) -------------------
 @python_ops.register
 def nvidia_init(context: str) -> None:
@@ -196,5 +214,4 @@ def nvidia_lookup(context: str, keys: np.ndarray) -> np.ndarray:
     fields = json.loads(context)
     served = process_server().table(fields["model_name"], fields["table_id"])
     served.check_call(fields["emb_vec_size"], tf.as_dtype(keys.dtype), "Lookup (NVIDIA HPS)")
-    rows = served.lookup(tf.constant(keys.reshape(-1)))
-    return rows.numpy().reshape(keys.shape + (served.dim,))
+    return _rows(served, keys)

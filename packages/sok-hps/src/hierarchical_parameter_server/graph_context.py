@@ -30,6 +30,7 @@ __all__ = [
     "CACHE_TABLE",
     "FETCH",
     "FILL",
+    "LOOKUP",
     "SCHEDULE_FILL",
     "VOLATILE_TABLE",
     "TracedTable",
@@ -37,6 +38,7 @@ __all__ = [
     "TracingServer",
     "check_traced",
     "context_of",
+    "untraced_context",
     "open_server",
     "register",
     "unregister",
@@ -48,6 +50,8 @@ VOLATILE_TABLE = "hierarchical_parameter_server.graph_calls:volatile_table"
 FETCH = "hierarchical_parameter_server.graph_calls:fetch"
 FILL = "hierarchical_parameter_server.graph_calls:fill"
 SCHEDULE_FILL = "hierarchical_parameter_server.graph_calls:schedule_fill"
+#: The whole lookup of a graph traced while HPS was not running (:func:`untraced_context`).
+LOOKUP = "hierarchical_parameter_server.graph_calls:lookup"
 
 
 class TracingServer(Protocol):
@@ -109,7 +113,19 @@ def context_of(server: TracingServer, model: str, table_id: int, dim: int, key_d
     """The context string of table ``table_id`` of ``model`` served by ``server``, whose width is
     ``dim`` and keys of dtype ``key_dtype`` (``"int64"`` or ``"int32"``) as the graph is traced."""
     path, batch = server.origin if server.origin is not None else ("", 1)
-    fields = {"server": server.id, "ps_config_file": path, "global_batch_size": batch, "model": model}
+    return _context(server.id, path, batch, model, table_id, dim, key_dtype)
+
+
+def untraced_context(ps_config_file: str, global_batch_size: int, model: str, table_id: int, dim: int,
+                     key_dtype: str) -> str:  # fmt: skip
+    """The context of a table traced while no server runs (NVIDIA's flow saves the model before it
+    writes the ps_config): the graph's functions find it in the process's server, which they start
+    from ``ps_config_file`` if nothing has yet."""
+    return _context("", ps_config_file, global_batch_size, model, table_id, dim, key_dtype)
+
+
+def _context(server: str, path: str, batch: int, model: str, table_id: int, dim: int, key_dtype: str) -> str:
+    fields = {"server": server, "ps_config_file": path, "global_batch_size": batch, "model": model}
     return json.dumps({**fields, "table_id": table_id, "dim": dim, "key_dtype": key_dtype})
 
 

@@ -29,14 +29,19 @@ Example::
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import tensorflow as tf
+from sparse_operation_kit import python_ops
 from sparse_operation_kit.lookup import COMBINERS
 from sparse_operation_kit.validate import positive_int
 
-from hierarchical_parameter_server import init
+from hierarchical_parameter_server import graph_context, init
 from hierarchical_parameter_server.server import ServedTable
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["LookupLayer", "SparseLookupLayer"]
 
@@ -91,6 +96,29 @@ class _HpsLayer(tf.keras.layers.Layer):
         table.check_call(self.emb_vec_size, ids_dtype, self.name)
         return table
 
+    def _rows(self, keys: tf.Tensor) -> tf.Tensor:
+        """The rows of the 1-D ``keys``, ``float32 [n, emb_vec_size]``: the served table's lookup
+        (:meth:`.server.ServedTable.lookup`). A graph traced while HPS is not running and cannot start
+        yet (no ``ps_config_file``, or no file there yet: NVIDIA's flow builds and saves the model
+        before it writes the config and calls ``hps.Init``) gets a lookup that finds the table when it
+        first runs, starting HPS from ``ps_config_file`` if nothing has; it serves through Python."""
+        if tf.executing_eagerly() or init.is_initialized() or os.path.isfile(self.ps_config_file):
+            return self._served(keys.dtype).lookup(keys)
+        logger.info(
+            "HPS is not running while %s is traced: its lookup finds model %r table %d when it first runs "
+            "and serves through Python (call hps.Init before tracing for the lookup in the graph)",
+            self.name,
+            self.model_name,
+            self.table_id,
+        )
+        path = os.path.abspath(self.ps_config_file) if self.ps_config_file else ""
+        context = graph_context.untraced_context(
+            path, self.global_batch_size, self.model_name, self.table_id, self.emb_vec_size, keys.dtype.name
+        )
+        (rows,) = python_ops.py_call(graph_context.LOOKUP, context, [keys], [tf.float32], name="HpsLookup")
+        rows.set_shape([keys.shape[0], self.emb_vec_size])
+        return rows
+
 
 def _check_ids_dtype(dtype: tf.DType, layer: str) -> None:
     if dtype not in (tf.int32, tf.int64):
@@ -114,7 +142,8 @@ class LookupLayer(_HpsLayer):
         emb_vec_size: the table's width (``embedding_vecsize_per_table[table_id]``).
         emb_vec_dtype: ``tf.float32`` (the only one).
         ps_config_file: the ps_config JSON for implicit initialisation ("" where ``hps.Init`` is
-            called first).
+            called first). It may be written after the model is traced or saved: the first lookup
+            reads it.
         global_batch_size: the ``global_batch_size`` of the implicit initialisation.
         **kwargs: Keras layer arguments (``name``, ...).
 
@@ -143,8 +172,7 @@ class LookupLayer(_HpsLayer):
         """
         ids = tf.convert_to_tensor(ids)
         _check_ids_dtype(ids.dtype, self.name)
-        table = self._served(ids.dtype)
-        rows = table.lookup(tf.reshape(ids, [-1]))
+        rows = self._rows(tf.reshape(ids, [-1]))
         out = tf.reshape(rows, tf.concat([tf.shape(ids), [self.emb_vec_size]], axis=0))
         out.set_shape(ids.shape.concatenate([self.emb_vec_size]))
         if max_norm is not None:  # as tf.nn.embedding_lookup clips: each row, over the last axis
@@ -212,8 +240,7 @@ class SparseLookupLayer(_HpsLayer):
         else:
             raise TypeError(f"sp_ids must be a SparseTensor or a RaggedTensor, got {type(sp_ids).__name__}")
         _check_ids_dtype(flat.dtype, self.name)
-        table = self._served(flat.dtype)
-        rows = table.lookup(flat)
+        rows = self._rows(flat)
         positions = tf.range(tf.size(flat, out_type=tf.int64))  # row i of rows is id i's
         if kind is tf.SparseTensor:
             by_position = tf.SparseTensor(sp_ids.indices, positions, sp_ids.dense_shape)
