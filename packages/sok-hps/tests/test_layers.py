@@ -268,13 +268,15 @@ import tensorflow as tf
 
 assert tf.keras.__name__.startswith("tf_keras"), tf.keras.__name__
 oracle = np.load(sys.argv[2])
-hps.Init(ps_config_file=sys.argv[1], global_batch_size=64)
+common = {"model_name": "m", "table_id": 0, "emb_vec_size": 8, "emb_vec_dtype": tf.float32}
+if sys.argv[3] == "init":
+    hps.Init(ps_config_file=sys.argv[1], global_batch_size=64)
+else:  # the first symbolic call starts HPS, inside tf_keras' graph
+    common.update(ps_config_file=sys.argv[1], global_batch_size=64)
 ids = tf.keras.Input(shape=(3,), dtype=tf.int64)
 sp_ids = tf.keras.Input(shape=(None,), sparse=True, dtype=tf.int64)
-rows = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=8, emb_vec_dtype=tf.float32)(ids)
-pooled = hps.SparseLookupLayer(model_name="m", table_id=0, emb_vec_size=8, emb_vec_dtype=tf.float32)(
-    sp_ids, None, combiner="sum"
-)
+rows = hps.LookupLayer(**common)(ids)
+pooled = hps.SparseLookupLayer(**common)(sp_ids, None, combiner="sum")
 model = tf.keras.Model([ids, sp_ids], [rows, pooled])
 batch = np.random.default_rng(3).integers(0, len(oracle), size=(16, 3))
 sparse = tf.sparse.from_dense(tf.constant(batch[:, :2]))
@@ -285,9 +287,11 @@ print("tf_keras model ok")
 """
 
 
-def test_layers_in_a_tf_keras_functional_model(tmp_path):
+@pytest.mark.parametrize("start", ["init", "implicit"])
+def test_layers_in_a_tf_keras_functional_model(tmp_path, start):
     """Under TF_USE_LEGACY_KERAS=1 (the Keras 2 of NVIDIA's notebooks) both layers take symbolic
-    dense and sparse inputs of a functional model, and the model serves the table's rows."""
+    dense and sparse inputs of a functional model, and the model serves the table's rows, whether
+    hps.Init ran first or the layers' first (symbolic) call started HPS."""
     import os
     import subprocess
 
@@ -298,7 +302,7 @@ def test_layers_in_a_tf_keras_functional_model(tmp_path):
     np.save(tmp_path / "oracle.npy", support.oracle(weights, DEFAULT, 0))
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
     run = subprocess.run(
-        [sys.executable, "-c", TF_KERAS_MODEL, path, str(tmp_path / "oracle.npy")],
+        [sys.executable, "-c", TF_KERAS_MODEL, path, str(tmp_path / "oracle.npy"), start],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]

@@ -66,7 +66,10 @@ def _arguments(name: str, kwargs: dict[str, Any]) -> tuple[str, Any]:
 def _start(path: Any, batch: Any, predecessor: ParameterServer | None = None) -> ParameterServer:
     config = load_config(os.fspath(path))
     _check(config, batch)
-    return ParameterServer(config, origin=(os.path.abspath(path), batch), predecessor=predecessor)
+    # eagerly, also where a graph is being built: a layer's implicit initialisation may run inside
+    # one (tf_keras calls layers on symbolic inputs in a graph), whose ops would never load the tables
+    with tf.init_scope():
+        return ParameterServer(config, origin=(os.path.abspath(path), batch), predecessor=predecessor)
 
 
 def Init(**kwargs: Any) -> tf.Tensor:  # noqa: N802 (the seed API's name)

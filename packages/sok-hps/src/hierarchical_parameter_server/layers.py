@@ -96,6 +96,7 @@ class _HpsLayer(tf.keras.layers.Layer):
         table.check_call(self.emb_vec_size, ids_dtype, self.name)
         return table
 
+    @tf.autograph.experimental.do_not_convert  # tf_keras converts call(); this is host logic
     def _rows(self, keys: tf.Tensor) -> tf.Tensor:
         """The rows of the 1-D ``keys``, ``float32 [n, emb_vec_size]``: the served table's lookup
         (:meth:`.server.ServedTable.lookup`). A graph traced while HPS is not running and cannot start
