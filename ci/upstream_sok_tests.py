@@ -30,13 +30,12 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+
+from upstream import Run, base_env, execute, git, markdown, report, write_script
 
 #: HugeCTR's newest commit (2025-09-15) and the last one with the experiment namespace's tests.
 COMMIT = "2f2016fa897916717d7193c4c1b5f4f5701bff4b"
@@ -44,6 +43,8 @@ EXPERIMENT_COMMIT = "fb582afd0"
 TESTS = "sparse_operation_kit/sparse_operation_kit/test/function_test/tf2"
 EXPERIMENT_TESTS = "sparse_operation_kit/sparse_operation_kit/experiment/test/function_test/tf2"
 EXAMPLE = "sparse_operation_kit/example/sok_incremental_dump/incremental_dump_test.py"
+#: What the results table leaves out of the scripts' paths.
+PREFIX = "sparse_operation_kit/sparse_operation_kit/"
 #: Seconds a collective may wait for a rank that never joins before Horovod ends the run.
 STALL_SHUTDOWN_S = "120"
 #: Scripts for one process only, not run at np > 1: those NVIDIA's run_function_test*.sh start in one
@@ -64,21 +65,6 @@ if not hasattr(numpy, "in1d"):
 """
 
 
-@dataclass
-class Run:
-    script: str  # path in HugeCTR
-    commit: str
-    np: int
-    status: str = "not run"  # PASS, FAIL, TIMEOUT, SKIP (CANNOT_RUN: tail says why)
-    seconds: float = 0.0
-    tail: str = ""
-
-
-def git(repo: str, *args: str) -> str:
-    git_dir = repo if os.path.isdir(os.path.join(repo, "objects")) else os.path.join(repo, ".git")
-    return subprocess.run(["git", "--git-dir", git_dir, *args], check=True, capture_output=True, text=True).stdout
-
-
 def scripts(repo: str, commit: str, experiment_commit: str) -> list[tuple[str, str]]:
     """(path, commit) of every in-scope script, in a stable order."""
     found = []
@@ -95,66 +81,19 @@ def run_one(repo: str, run: Run, timeout: float, python: str, horovodrun: str) -
         run.status, run.tail = "SKIP", reason
         return
     with tempfile.TemporaryDirectory(prefix="sok-upstream-") as work:
-        script = Path(work) / Path(run.script).name
-        script.write_text(git(repo, "show", f"{run.commit}:{run.script}"))
+        script = write_script(repo, run, work)
         shim = Path(work) / "shim"
         shim.mkdir()
         (shim / "sitecustomize.py").write_text(NUMPY_SHIM)
-        env = dict(
-            os.environ,
+        env = base_env(
             PYTHONPATH=os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")])),
-            TF_USE_LEGACY_KERAS="1",
-            TF_CPP_MIN_LOG_LEVEL="2",
-            CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             HOROVOD_STALL_CHECK_TIME_SECONDS="60",
             HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=STALL_SHUTDOWN_S,
         )
         command = [python, str(script)]
         if run.np > 1:
             command = [horovodrun, "-np", str(run.np), "-H", f"localhost:{run.np}", "--gloo", *command]
-        start = time.perf_counter()
-        proc = subprocess.Popen(
-            command,
-            cwd=work,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-            run.status = "PASS" if proc.returncode == 0 else "FAIL"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            run.status = "TIMEOUT"
-        run.seconds = time.perf_counter() - start
-        if run.status != "PASS":
-            lines = [line for line in output.splitlines() if "oneDNN" not in line and "absl::InitializeLog" not in line]
-            run.tail = "\n".join(lines[-25:])
-
-
-def markdown(runs: list[Run]) -> str:
-    """One row per script and commit, one column per rank count."""
-    nps = sorted({run.np for run in runs})
-    rows = [f"| script | commit | {' | '.join(f'np {n}' for n in nps)} |", "|---|---|" + "---|" * len(nps)]
-    table: dict[tuple[str, str], dict[int, Run]] = {}
-    for run in runs:
-        table.setdefault((run.script, run.commit), {})[run.np] = run
-    for (script, commit), by_np in table.items():
-        short = script.replace("sparse_operation_kit/sparse_operation_kit/", "")
-        cells = []
-        for n in nps:
-            run = by_np.get(n)
-            if run is None:
-                cells.append("(one process only)")
-            elif run.status == "SKIP":
-                cells.append(f"SKIP: {run.tail}")
-            else:
-                cells.append(f"{run.status} ({run.seconds:.0f} s)")
-        rows.append(f"| `{short}` | {commit[:9]} | {' | '.join(cells)} |")
-    return "\n".join(rows) + "\n"
+        execute(run, command, work, env, timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.table_from:
         saved = [Run(**r) for path in args.table_from for r in json.loads(Path(path).read_text())]
-        print(markdown([r for r in saved if r.np == 1 or not any(p in r.script for p in SINGLE_PROCESS)]), end="")
+        kept = [r for r in saved if r.np == 1 or not any(p in r.script for p in SINGLE_PROCESS)]
+        print(markdown(kept, PREFIX), end="")
         return 0
     if not args.hugectr:
         parser.error("--hugectr is required (a HugeCTR clone or git directory)")
@@ -188,19 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for i, run in enumerate(runs, 1):
         run_one(args.hugectr, run, args.timeout, sys.executable, horovodrun)
-        print(
-            f"[{i}/{len(runs)}] {run.status:7} np {run.np} {run.seconds:6.0f} s  {run.commit[:9]} {run.script}",
-            flush=True,
-        )
-        if run.tail:
-            print("    " + run.tail.replace("\n", "\n    "), flush=True)
+        report(i, len(runs), run)
     passed = sum(r.status == "PASS" for r in runs)
     skipped = sum(r.status == "SKIP" for r in runs)
     print(f"\n{passed} of {len(runs)} runs passed, {skipped} skipped (CANNOT_RUN)")
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in runs], indent=2))
     if args.markdown:
-        Path(args.markdown).write_text(markdown(runs))
+        Path(args.markdown).write_text(markdown(runs, PREFIX))
     return 0 if passed + skipped == len(runs) else 1
 
 
