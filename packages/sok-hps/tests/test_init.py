@@ -3,6 +3,7 @@ initialise implicitly from their ps_config_file."""
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from pathlib import Path
@@ -86,13 +87,32 @@ def test_init_checks_raise(config_path, kwargs, error, match):
     assert not init.is_initialized()
 
 
-def test_deployed_device_list_must_be_one_replica(tmp_path):
+@pytest.mark.parametrize("devices", [[1], [0, 2], [1, 2, 3]])
+def test_deployed_device_list_must_be_the_first_devices(tmp_path, devices):
     folder, _ = support.write_table(tmp_path / "t0", 10, DIM)
-    entry = support.model_entry("m", [folder], [DIM], deployed_device_list=[0, 1])
+    entry = support.model_entry("m", [folder], [DIM], deployed_device_list=devices)
     path = support.write_config(tmp_path / "ps.json", support.ps_config([entry], **support.DISABLED_DBS))
     init.shutdown()
-    with pytest.raises(ValueError, match="models\\[0\\].deployed_device_list is \\[0, 1\\]; valid: \\[0\\]"):
+    words = re.escape(f"models[0].deployed_device_list is {devices}; valid: the devices 0 .. n-1")
+    with pytest.raises(ValueError, match=words):
         hps.Init(ps_config_file=path, global_batch_size=16)
+    assert not init.is_initialized()
+
+
+def test_several_deployed_devices_are_served_by_one_cache(tmp_path):
+    """NVIDIA's multi-GPU configs (deployed_device_list [0, 1, 2, 3], any order) start, and the
+    lookups return the table's rows."""
+    folder, weights = support.write_table(tmp_path / "t0", 10, DIM)
+    entry = support.model_entry("m", [folder], [DIM], deployed_device_list=[2, 0, 3, 1])
+    path = support.write_config(tmp_path / "ps.json", support.ps_config([entry], **support.DISABLED_DBS))
+    init.shutdown()
+    hps.Init(ps_config_file=path, global_batch_size=16)
+    try:
+        layer = hps.LookupLayer(model_name="m", table_id=0, emb_vec_size=DIM, emb_vec_dtype=tf.float32)
+        ids = tf.constant([[3, 1], [9, 0]], tf.int64)
+        np.testing.assert_array_equal(layer(ids).numpy(), weights[ids.numpy()])
+    finally:
+        init.shutdown()
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,10 @@ old server closes) fail ("not initialised", "table not alive"): use it when noth
 
 Where this differs from NVIDIA HPS: the checks of ``init_check`` (reference §1.6) raise
 ``ValueError`` instead of only being logged, and unknown keyword arguments raise ``TypeError``.
-One replica per process: ``deployed_device_list`` must be ``[0]`` (the caches live on the first GPU
-TensorFlow sees, or on the CPU).
+One cache per table and process: ``deployed_device_list`` is, as the original requires, the devices
+0 .. n-1 of n replicas (any order), and the process's one cache, on the first GPU TensorFlow sees or
+on the CPU, serves every replica (the original kept a full copy on each device; the rows are the
+same, a replica on another GPU reads them across devices).
 
 Example::
 
@@ -106,15 +108,22 @@ def Init(**kwargs: Any) -> tf.Tensor:  # noqa: N802 (the seed API's name)
 
 
 def _check(config: PSConfig, global_batch_size: Any) -> None:
-    """The checks of the original's ``init_check``, raised (one replica per process)."""
+    """The checks of the original's ``init_check``, raised."""
     if not is_positive_int(global_batch_size, numpy=False):
         raise ValueError(f"global_batch_size must be an integer > 0, got {global_batch_size!r}")
     for i, model in enumerate(config.models):
         devices = sorted(int(d) for d in model.deployed_device_list)
-        if devices != [0]:
+        if devices != list(range(len(devices))):
             raise ValueError(
-                f"models[{i}].deployed_device_list is {list(model.deployed_device_list)!r}; valid: [0] (HPS "
-                f"serves one replica per process, on the first GPU TensorFlow sees or the CPU)"
+                f"models[{i}].deployed_device_list is {list(model.deployed_device_list)!r}; valid: the devices "
+                f"0 .. n-1 of n replicas (e.g. [0], or [0, 1, 2, 3] for four), as NVIDIA HPS requires"
+            )
+        if len(devices) > 1:
+            logger.info(
+                "HPS model %r: deployed on %d devices; one cache per table serves every replica (the "
+                "process's first GPU, or the CPU)",
+                model.model,
+                len(devices),
             )
         if global_batch_size > int(model.max_batch_size):
             raise ValueError(
