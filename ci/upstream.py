@@ -9,11 +9,12 @@ their own results).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
@@ -96,3 +97,16 @@ def report(i: int, total: int, run: Run) -> None:
     print(f"[{i}/{total}] {run.status:7} np {run.np} {run.seconds:6.0f} s  {run.commit[:9]} {run.script}", flush=True)
     if run.tail:
         print("    " + run.tail.replace("\n", "\n    "), flush=True)
+
+
+def conclude(runs: list[Run], what: str, json_path: str | None, markdown_path: str | None, prefix: str) -> int:
+    """The summary line; ``runs`` written as JSON and as the markdown table where asked; the exit
+    status (0 when every run passed or cannot run here)."""
+    passed = sum(r.status == "PASS" for r in runs)
+    skipped = sum(r.status == "SKIP" for r in runs)
+    print(f"\n{passed} of {len(runs)} {what} passed, {skipped} skipped (CANNOT_RUN)")
+    if json_path:
+        Path(json_path).write_text(json.dumps([asdict(r) for r in runs], indent=2))
+    if markdown_path:
+        Path(markdown_path).write_text(markdown(runs, prefix))
+    return 0 if passed + skipped == len(runs) else 1

@@ -25,10 +25,9 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
-from upstream import Run, base_env, execute, git, markdown, report, write_script
+from upstream import Run, base_env, conclude, execute, git, report, write_script
 
 #: The last HugeCTR commit with hps_tf (its next, d4fecdb3f "Changes for 25.03", removed it).
 COMMIT = "af9025667eb3f66b959fc861061cfa3ac721a887"
@@ -124,14 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, run in enumerate(runs, 1):
         run_one(args.hugectr, run, helpers, args.timeout, sys.executable)
         report(i, len(runs), run)
-    passed = sum(r.status == "PASS" for r in runs)
-    skipped = sum(r.status == "SKIP" for r in runs)
-    print(f"\n{passed} of {len(runs)} test files passed, {skipped} skipped (CANNOT_RUN)")
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in runs], indent=2))
-    if args.markdown:
-        Path(args.markdown).write_text(markdown(runs, PREFIX))
-    return 0 if passed + skipped == len(runs) else 1
+    return conclude(runs, "test files", args.json, args.markdown, PREFIX)
 
 
 if __name__ == "__main__":

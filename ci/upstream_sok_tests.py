@@ -32,10 +32,9 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
-from upstream import Run, base_env, execute, git, markdown, report, write_script
+from upstream import Run, base_env, conclude, execute, git, markdown, report, write_script
 
 #: HugeCTR's newest commit (2025-09-15) and the last one with the experiment namespace's tests.
 COMMIT = "2f2016fa897916717d7193c4c1b5f4f5701bff4b"
@@ -129,14 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, run in enumerate(runs, 1):
         run_one(args.hugectr, run, args.timeout, sys.executable, horovodrun)
         report(i, len(runs), run)
-    passed = sum(r.status == "PASS" for r in runs)
-    skipped = sum(r.status == "SKIP" for r in runs)
-    print(f"\n{passed} of {len(runs)} runs passed, {skipped} skipped (CANNOT_RUN)")
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in runs], indent=2))
-    if args.markdown:
-        Path(args.markdown).write_text(markdown(runs, PREFIX))
-    return 0 if passed + skipped == len(runs) else 1
+    return conclude(runs, "runs", args.json, args.markdown, PREFIX)
 
 
 if __name__ == "__main__":
