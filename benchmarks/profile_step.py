@@ -13,7 +13,9 @@ optimizer) in one process, per table kind:
   XPlane: per step, the GPU's busy time (union of its kernels and copies) against the wall time,
   the number of kernels, the device-to-host copies (count and bytes), the stream and event
   synchronisations the host made (CUDA API calls), the kernels that take the most time, and the
-  host's TensorFlow ops that take the most time. A GPU that is idle most of the step means the
+  host's TensorFlow ops that take the most time, and for the GPU's idle gaps of 20 us or more
+  what the host ran meanwhile (each TensorFlow op's overlap with them, and the idle time during
+  which no op ran: Python, the tf.function call). A GPU that is idle most of the step means the
   host launches too slowly or waits for the GPU (a synchronisation), not that a kernel is slow.
 
 Not a benchmark (no baseline, no ratio): it finds what to work on. The raw traces are written to
@@ -33,6 +35,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import bisect
 import glob
 import json
 import os
@@ -163,6 +166,47 @@ def _union_us(intervals: list[tuple[int, int]]) -> float:
     return total / 1e6
 
 
+def _merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``intervals`` merged where they overlap or touch, in order."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+#: GPU idle gaps shorter than this (picoseconds) are a launch's latency, not a wait.
+GAP_PS = 20_000_000
+
+
+def idle_gaps(gpu: list[tuple[int, int]], host_ops: list[tuple[int, int, str]], top: int) -> dict[str, Any]:
+    """The GPU's idle gaps of at least :data:`GAP_PS` between its first and last event, and what the
+    host ran meanwhile: per TensorFlow op (``host_ops``: begin, end, "name:Type"), the idle time its
+    run overlaps, and the idle time no op covers (the host in Python, e.g. the tf.function call, or
+    between ops). Times in microseconds over the whole trace."""
+    busy = _merged(gpu)
+    gaps = [(a[1], b[0]) for a, b in zip(busy, busy[1:]) if b[0] - a[1] >= GAP_PS]
+    ends = [end for _, end in gaps]
+    covered: list[list[tuple[int, int]]] = [[] for _ in gaps]
+    by_op: Counter = Counter()
+    for begin, end, name in host_ops:  # each op against the few (disjoint, sorted) gaps it overlaps
+        g = bisect.bisect_right(ends, begin)
+        while g < len(gaps) and gaps[g][0] < end:
+            a, b = max(begin, gaps[g][0]), min(end, gaps[g][1])
+            by_op[name] += (b - a) / 1e6
+            covered[g].append((a, b))
+            g += 1
+    uncovered = sum((end - start) / 1e6 - _union_us(c) for (start, end), c in zip(gaps, covered))
+    return {
+        "gaps": len(gaps),
+        "idle_us": sum(b - a for a, b in gaps) / 1e6,
+        "no_op_us": uncovered,
+        "by_op": by_op.most_common(top),
+    }
+
+
 def _stats(plane: Any, event: Any) -> dict[str, Any]:
     """The stats of an event and of its metadata, by name (str, int or float values)."""
     out = {}
@@ -201,6 +245,8 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
     with open(path, "rb") as f:
         space.ParseFromString(f.read())
     out: dict[str, Any] = {"steps": steps}
+    op_runs: list[tuple[int, int, str]] = []  # the host's TensorFlow ops: begin, end (ps), name
+    gpu_spans: dict[str, list[tuple[int, int]]] = {}
     host_ops: Counter = Counter()
     host_counts: Counter = Counter()
     api: Counter = Counter()
@@ -229,6 +275,7 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
                         copies["h2d"][str(_stats(plane, ev).get("tf_op", "?"))] += 1
             if not spans:
                 continue
+            gpu_spans[plane.name] = spans
             window = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e6
             out[plane.name] = {
                 "window_us_per_step": window / steps,
@@ -255,6 +302,17 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
                     name = names.get(ev.metadata_id, "?")
                     host_ops[name] += ev.duration_ps / 1e6
                     host_counts[name] += 1
+                    if _OP_EVENT.match(name):
+                        begin = line.timestamp_ns * 1000 + ev.offset_ps
+                        op_runs.append((begin, begin + ev.duration_ps, name))
+    for plane_name, spans in gpu_spans.items():
+        gaps = idle_gaps(spans, op_runs, top)
+        out[plane_name]["idle_gaps"] = {
+            "gaps_per_step": gaps["gaps"] / steps,
+            "idle_us_per_step": gaps["idle_us"] / steps,
+            "no_op_us_per_step": gaps["no_op_us"] / steps,
+            "by_op": [(name, us / steps) for name, us in gaps["by_op"]],
+        }
     out["cuda_api_per_step"] = {n: c / steps for n, c in api.most_common(top)}
     # None, not 0, when the trace has no CUDA API calls to count (TensorFlow 2.21's GPU traces keep
     # none): then the device-to-host copies are the sign of the host's waits.
@@ -289,6 +347,12 @@ def print_summary(title: str, summary: dict[str, Any]) -> None:
         print("  host-to-device copies by TensorFlow op:")
         for op, count in s["h2d_by_op"]:
             print(f"  {count:6.1f}x  {op[:100]}")
+        gaps = s["idle_gaps"]
+        idle, count, no_op = gaps["idle_us_per_step"], gaps["gaps_per_step"], gaps["no_op_us_per_step"]
+        print(f"  GPU idle {idle:.0f} us in {count:.1f} gaps of 20 us or more; no TensorFlow op ran on the host "
+              f"for {no_op:.0f} us of it; these ran:")  # fmt: skip
+        for op, us in gaps["by_op"]:
+            print(f"  {us:9.1f} us  {op[:100]}")
     syncs = summary["syncs_per_step"]
     if syncs is None:
         print("host synchronisations: not in this trace (no CUDA API calls); see the device-to-host copies")

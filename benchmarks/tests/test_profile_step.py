@@ -38,3 +38,14 @@ def test_quick_run_times_every_phase_and_summarizes_its_traces(tmp_path: Path) -
     summary = profile_step.summarize_xplane(str(xplanes[-1]), steps=2, top=5)
     assert summary["ops_per_step"] == result["traces"]["step"]["ops_per_step"]
     assert summary["syncs_per_step"] is None  # a CPU trace has no CUDA API calls: not counted as 0
+
+
+def test_idle_gaps_say_what_the_host_ran_while_the_gpu_waited() -> None:
+    us = 1_000_000  # picoseconds
+    gpu = [(0, 10 * us), (5 * us, 12 * us), (12 * us + 5, 20 * us), (100 * us, 110 * us), (150 * us, 151 * us)]
+    host = [(15 * us, 60 * us, "a/Sok:SokLookup"), (50 * us, 70 * us, "b:Cast"), (120 * us, 200 * us, "c:Send")]
+    gaps = profile_step.idle_gaps(gpu, host, top=5)
+    # gaps of 20 us or more: 20-100 and 110-150 (12-12.000005 is a launch's latency)
+    assert gaps["gaps"] == 2 and gaps["idle_us"] == 120
+    assert dict(gaps["by_op"]) == {"a/Sok:SokLookup": 40, "b:Cast": 20, "c:Send": 30}
+    assert gaps["no_op_us"] == 30 + 10  # 70-100 and 110-120
