@@ -99,6 +99,24 @@ def test_deployed_device_list_must_be_the_first_devices(tmp_path, devices):
     assert not init.is_initialized()
 
 
+@pytest.mark.parametrize(
+    ("batch", "words"),
+    [(18, "does not divide among the 4 replicas"), (40, "40 / 4 replicas = 10 is larger than models\\[0\\]")],
+)
+def test_the_global_batch_is_split_among_the_replicas(tmp_path, batch, words):
+    """As NVIDIA's init_check: global_batch_size divides among the replicas, and each replica's share
+    is at most max_batch_size (8 here)."""
+    folder, _ = support.write_table(tmp_path / "t0", 10, DIM)
+    entry = support.model_entry("m", [folder], [DIM], deployed_device_list=[0, 1, 2, 3], max_batch_size=8)
+    path = support.write_config(tmp_path / "ps.json", support.ps_config([entry], **support.DISABLED_DBS))
+    init.shutdown()
+    with pytest.raises(ValueError, match=words):
+        hps.Init(ps_config_file=path, global_batch_size=batch)
+    hps.Init(ps_config_file=path, global_batch_size=32)  # 8 per replica
+    assert init.is_initialized()
+    init.shutdown()
+
+
 def test_several_deployed_devices_are_served_by_one_cache(tmp_path):
     """NVIDIA's multi-GPU configs (deployed_device_list [0, 1, 2, 3], any order) start, and the
     lookups return the table's rows."""

@@ -125,9 +125,16 @@ def _check(config: PSConfig, global_batch_size: Any) -> None:
                 model.model,
                 len(devices),
             )
-        if global_batch_size > int(model.max_batch_size):
+        replicas = len(devices)
+        if global_batch_size % replicas:
             raise ValueError(
-                f"global_batch_size {global_batch_size} is larger than models[{i}].max_batch_size "
+                f"global_batch_size {global_batch_size} does not divide among the {replicas} replicas of "
+                f"models[{i}].deployed_device_list; pass a multiple of {replicas}"
+            )
+        if global_batch_size // replicas > int(model.max_batch_size):
+            per = "" if replicas == 1 else f" / {replicas} replicas = {global_batch_size // replicas}"
+            raise ValueError(
+                f"global_batch_size {global_batch_size}{per} is larger than models[{i}].max_batch_size "
                 f"{model.max_batch_size} of model {model.model!r}; raise max_batch_size in the ps_config or "
                 f"pass a smaller global_batch_size"
             )
