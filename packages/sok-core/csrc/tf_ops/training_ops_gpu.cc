@@ -115,7 +115,8 @@ class UniqueIndexListGpuOp : public OpKernel {
     DeviceGuard guard;
     OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
     const cudaStream_t stream = stream_of(exec);
-    const std::vector<Group> groups = grouped(keys);
+    std::vector<Group> groups;
+    OP_REQUIRES_OK(ctx, grouped(keys, &groups));
     Tensor counts;  // (num,) int32 device, in table order: the groups are consecutive runs of tables
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT32, TensorShape({num}), &counts));
     std::vector<Tensor> workspaces(groups.size());
@@ -156,24 +157,27 @@ class UniqueIndexListGpuOp : public OpKernel {
     sok_gpu::KeyLists lists;
   };
 
-  // Consecutive runs of tables, each at most kUniqueListArrays tables and kUniqueListMaxTotal keys
-  // (check_key_counts keeps every table below it).
-  static std::vector<Group> grouped(const ::tensorflow::OpInputList& keys) {
-    std::vector<Group> groups;
+  // Consecutive runs of tables, each at most kUniqueListArrays tables and kUniqueListMaxTotal keys.
+  static Status grouped(const ::tensorflow::OpInputList& keys, std::vector<Group>* groups) {
     for (int t = 0; t < keys.size(); ++t) {
       const int64_t n = keys[t].NumElements();
-      if (groups.empty() || groups.back().lists.num == sok_gpu::kUniqueListArrays ||
-          groups.back().lists.begin[groups.back().lists.num] + n > sok_gpu::kUniqueListMaxTotal) {
-        groups.emplace_back();
-        groups.back().first = t;
+      if (n > sok_gpu::kUniqueListMaxTotal) {
+        return errors::InvalidArgument("SokUniqueIndexList: keys[", t, "] has ", n, " keys; the GPU kernel takes ",
+                                       "at most ", sok_gpu::kUniqueListMaxTotal, " per table and call; split the ",
+                                       "batch");
       }
-      sok_gpu::KeyLists& lists = groups.back().lists;
+      if (groups->empty() || groups->back().lists.num == sok_gpu::kUniqueListArrays ||
+          groups->back().lists.begin[groups->back().lists.num] + n > sok_gpu::kUniqueListMaxTotal) {
+        groups->emplace_back();
+        groups->back().first = t;
+      }
+      sok_gpu::KeyLists& lists = groups->back().lists;
       lists.keys[lists.num] = keys[t].data();
       lists.key_bytes[lists.num] = static_cast<int8_t>(::tensorflow::DataTypeSize(keys[t].dtype()));
       lists.begin[lists.num + 1] = lists.begin[lists.num] + n;
       ++lists.num;
     }
-    return groups;
+    return Status();
   }
 };
 

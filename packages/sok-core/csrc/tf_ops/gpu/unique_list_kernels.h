@@ -27,8 +27,8 @@ namespace sok_gpu {
 // Arrays per call: the lists travel as kernel parameters (under CUDA's 4 KiB for both structs).
 constexpr int kUniqueListArrays = 64;
 
-// Occurrences per call: below the hash table's "no first occurrence yet" mark, 0x7f7f7f7f.
-constexpr int64_t kUniqueListMaxTotal = 0x7f7f7f7f;
+// Occurrences per call: the hash table then has at most 2**31 slots (int32 slot numbers).
+constexpr int64_t kUniqueListMaxTotal = int64_t{1} << 30;
 
 struct KeyLists {
   int32_t num = 0;                                  // arrays, 1 .. kUniqueListArrays
