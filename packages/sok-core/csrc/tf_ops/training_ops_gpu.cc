@@ -31,7 +31,6 @@ namespace {
 
 using ::tensorflow::DEVICE_GPU;
 
-
 // A device workspace of `bytes` bytes (at least one, so that its address is never null).
 Status allocate_workspace(OpKernelContext* ctx, size_t bytes, Tensor* out) {
   return ctx->allocate_temp(::tensorflow::DT_INT8, TensorShape({static_cast<int64_t>(bytes > 0 ? bytes : 1)}), out);

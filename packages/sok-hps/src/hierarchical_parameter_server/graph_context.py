@@ -38,10 +38,10 @@ __all__ = [
     "TracingServer",
     "check_traced",
     "context_of",
-    "untraced_context",
     "open_server",
     "register",
     "unregister",
+    "untraced_context",
 ]
 
 #: The functions of :mod:`.graph_calls` that a lookup graph names (``module:qualname``).

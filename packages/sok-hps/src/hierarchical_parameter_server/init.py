@@ -113,19 +113,19 @@ def _check(config: PSConfig, global_batch_size: Any) -> None:
         raise ValueError(f"global_batch_size must be an integer > 0, got {global_batch_size!r}")
     for i, model in enumerate(config.models):
         devices = sorted(int(d) for d in model.deployed_device_list)
-        if devices != list(range(len(devices))):
+        replicas = len(devices)
+        if devices != list(range(replicas)):
             raise ValueError(
                 f"models[{i}].deployed_device_list is {list(model.deployed_device_list)!r}; valid: the devices "
                 f"0 .. n-1 of n replicas (e.g. [0], or [0, 1, 2, 3] for four), as NVIDIA HPS requires"
             )
-        if len(devices) > 1:
+        if replicas > 1:
             logger.info(
                 "HPS model %r: deployed on %d devices; one cache per table serves every replica (the "
                 "process's first GPU, or the CPU)",
                 model.model,
-                len(devices),
+                replicas,
             )
-        replicas = len(devices)
         if global_batch_size % replicas:
             raise ValueError(
                 f"global_batch_size {global_batch_size} does not divide among the {replicas} replicas of "
