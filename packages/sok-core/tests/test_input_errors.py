@@ -16,6 +16,7 @@ import sparse_operation_kit as sok  # noqa: E402
 from sparse_operation_kit import optimizer as optimizer_module  # noqa: E402
 from sparse_operation_kit.dtypes import KEY_DTYPES  # noqa: E402
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, create_storage  # noqa: E402
+from sparse_operation_kit.testing.abi_fields import field_offset  # noqa: E402
 
 VAR_TYPES = ["hbm", "hybrid"]
 OPTIONS = {"hbm": {}, "hybrid": {"init_capacity": 1024, "max_capacity": 1 << 16}}
@@ -262,10 +263,8 @@ def test_hint_bits_outside_the_abi_are_refused_by_the_binding_and_the_c_abi(var_
     with pytest.raises(ValueError, match=f"hints=2 {expected}"):
         storage.table.insert_or_assign_hinted(keys, 0, 4, values, None, [], 2)
     api, handle = table_ref.native_pointers(storage)
-    size = ctypes.c_uint32.from_address(api + 4).value  # sok_storage_api.struct_size
-    word = ctypes.sizeof(ctypes.c_void_p)
-    hinted = ctypes.c_void_p.from_address(api + size - word).value  # the last field
-    last_error = ctypes.c_void_p.from_address(api + 8 + 3 * word).value  # after version, size, name, create, destroy
+    hinted = ctypes.c_void_p.from_address(api + field_offset("insert_or_assign_hinted")).value
+    last_error = ctypes.c_void_p.from_address(api + field_offset("last_error")).value
     c = ctypes
     call = c.CFUNCTYPE(
         c.c_int, c.c_void_p, c.c_void_p, c.c_int64, c.c_void_p, c.c_int32, c.c_int32,
@@ -278,3 +277,38 @@ def test_hint_bits_outside_the_abi_are_refused_by_the_binding_and_the_c_abi(var_
     assert f"hints=6 {expected}" in message
     storage.table.insert_or_assign_hinted(keys, 0, 4, values, None, [], _table.HINT_UNIQUE_KEYS)
     assert storage.size() == 1
+
+
+# sok_device_rows_visitor: int32 (void* user_data, int64 n, float* const* rows, const sok_exec_context* ctx)
+_ROWS_VISITOR = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)
+
+
+@pytest.mark.parametrize("var_type", VAR_TYPES)
+def test_find_or_insert_rows_checks_its_arguments_and_a_cpu_table_declines_it(var_type):
+    # find_or_insert_rows lends device rows (CUDA tables): the ABI adapter checks the call first,
+    # and a CPU table then declines with SOK_ERROR_UNSUPPORTED, inserting nothing and visiting nothing.
+    from sparse_operation_kit import table_ref
+
+    storage = create_storage(var_type, row_width=4)
+    api, handle = table_ref.native_pointers(storage)
+    c = ctypes
+    assert c.c_uint32.from_address(api + 4).value > field_offset("find_or_insert_rows")  # struct_size covers it
+    call = c.CFUNCTYPE(
+        c.c_int, c.c_void_p, c.c_void_p, c.c_int64, c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p, c.c_int32,
+        c.c_void_p, c.c_void_p,
+    )(c.c_void_p.from_address(api + field_offset("find_or_insert_rows")).value)  # fmt: skip
+    last_error = c.CFUNCTYPE(c.c_char_p, c.c_void_p)(c.c_void_p.from_address(api + field_offset("last_error")).value)
+    visits = []
+    visit = _ROWS_VISITOR(lambda user_data, n, rows, ctx: visits.append(n) or 0)
+    context = (c.c_int32 * 4)()  # sok_exec_context: CPU, device 0, null stream
+    keys = np.array([1, 2], np.int64)
+
+    status = call(handle, c.addressof(context), 2, keys.ctypes.data, None, None, None, 0, None, None)
+    assert status == 1, last_error(handle)  # SOK_ERROR_INVALID_ARGUMENT
+    assert "visit is null" in last_error(handle).decode()
+    status = call(handle, c.addressof(context), -1, keys.ctypes.data, None, None, None, 0, visit, None)
+    assert status == 1 and "n must be >= 0, got -1" in last_error(handle).decode()
+    status = call(handle, c.addressof(context), 2, keys.ctypes.data, None, None, None, 0, visit, None)
+    assert status == 3, last_error(handle)  # SOK_ERROR_UNSUPPORTED
+    assert "no find_or_insert_rows" in last_error(handle).decode()
+    assert visits == [] and storage.size() == 0

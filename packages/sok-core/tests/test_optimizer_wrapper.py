@@ -18,6 +18,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 import sparse_operation_kit as sok  # noqa: E402
 from sparse_operation_kit import table_ref  # noqa: E402
+from sparse_operation_kit.testing.abi_fields import field_offset  # noqa: E402
 
 VAR_TYPES = ["hbm", "hybrid"]
 OPTIONS = {"hbm": {}, "hybrid": {"init_capacity": 1024, "max_capacity": 1 << 16}}
@@ -228,8 +229,7 @@ def without_update_rows(how: str) -> Iterator[None]:
         api, handle = original(storage)
         size = ctypes.c_uint32.from_address(api + 4).value  # sok_storage_api.struct_size
         copy = ctypes.create_string_buffer(ctypes.string_at(api, size), size)
-        # the last three fields: update_rows, find_hits, insert_or_assign_hinted
-        field = size - 3 * ctypes.sizeof(ctypes.c_void_p)
+        field = field_offset("update_rows")
         if how == "old header":
             ctypes.c_uint32.from_buffer(copy, 4).value = field
         else:

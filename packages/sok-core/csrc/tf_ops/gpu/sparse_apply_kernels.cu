@@ -104,19 +104,30 @@ __global__ void hot_rows_kernel(const int32_t* __restrict__ begin, int32_t u, in
   }
 }
 
+// Where row r of the u rows lies: rows (u, W) one after another, or (with `lent`) the address of
+// each (the table's own rows, find_or_insert_rows; null for a row the table refused, left alone).
+struct Rows {
+  float* base;
+  float* const* lent;
+  int32_t width;
+  __device__ float* operator()(int64_t r) const { return lent != nullptr ? lent[r] : base + r * width; }
+};
+
 // Row r, column c (not hot rows: apply_hot_kernel's): g = the gradient rows of r in batch order,
-// then the rule on rows (u, W).
+// then the rule on the row.
 template <int32_t kKind>
-__global__ void apply_kernel(int32_t u, int32_t d, int32_t row_width, const float* __restrict__ grads,
+__global__ void apply_kernel(int32_t u, int32_t d, const float* __restrict__ grads,
                              const int32_t* __restrict__ occurrence, const int32_t* __restrict__ begin, float lr,
-                             float h0, float h1, float* __restrict__ rows) {
+                             float h0, float h1, Rows rows) {
   const int64_t total = static_cast<int64_t>(u) * d;
   for (int64_t t = thread_index(); t < total; t += thread_stride()) {
     const int64_t r = t / d;
     const int64_t c = t - r * d;
     if (begin[r + 1] - begin[r] > kHotOccurrences) continue;
+    float* row = rows(r);
+    if (row == nullptr) continue;
     const float g = detail::sum_in_order(grads, occurrence, begin[r], begin[r + 1], d, c);
-    apply_rule<kKind>(rows + r * row_width, d, c, g, lr, h0, h1);
+    apply_rule<kKind>(row, d, c, g, lr, h0, h1);
   }
 }
 
@@ -124,17 +135,17 @@ __global__ void apply_kernel(int32_t u, int32_t d, int32_t row_width, const floa
 // stride over the list (its length is only known on the device).
 template <int32_t kKind>
 __global__ void __launch_bounds__(kHotThreads)
-    apply_hot_kernel(int32_t d, int32_t row_width, const float* __restrict__ grads,
-                     const int32_t* __restrict__ occurrence, const int32_t* __restrict__ begin,
-                     const int32_t* __restrict__ hot, const int32_t* __restrict__ count, float lr, float h0,
-                     float h1, float* __restrict__ rows) {
+    apply_hot_kernel(int32_t d, const float* __restrict__ grads, const int32_t* __restrict__ occurrence,
+                     const int32_t* __restrict__ begin, const int32_t* __restrict__ hot,
+                     const int32_t* __restrict__ count, float lr, float h0, float h1, Rows rows) {
   const int32_t hot_rows = *count;
   const int64_t c = static_cast<int64_t>(blockIdx.y) * kHotColumns + threadIdx.x % kHotColumns;
   for (int32_t h = blockIdx.x; h < hot_rows; h += gridDim.x) {
     const int64_t r = hot[h];
     const float g = hot_sum(begin[r], begin[r + 1], c < d,
                             [=](int64_t k) { return grads[static_cast<int64_t>(occurrence[k]) * d + c]; });
-    if (threadIdx.x < kHotColumns && c < d) apply_rule<kKind>(rows + r * row_width, d, c, g, lr, h0, h1);
+    float* row = rows(r);
+    if (threadIdx.x < kHotColumns && c < d && row != nullptr) apply_rule<kKind>(row, d, c, g, lr, h0, h1);
   }
 }
 
@@ -224,9 +235,11 @@ cudaError_t sparse_apply_workspace_bytes(int32_t n, int32_t u, size_t* bytes) {
   return e;
 }
 
-cudaError_t sparse_apply_rows(const int32_t* positions, const float* grads, int32_t n, int32_t u, int32_t d,
-                              int32_t row_width, SparseRule rule, float lr, float* rows, void* workspace,
-                              size_t workspace_bytes, cudaStream_t stream) {
+namespace {
+
+cudaError_t apply_rows(const int32_t* positions, const float* grads, int32_t n, int32_t u, int32_t d,
+                       int32_t row_width, SparseRule rule, float lr, Rows rows, void* workspace,
+                       size_t workspace_bytes, cudaStream_t stream) {
   const int32_t slots = rule.kind == kRuleSgd ? 0 : 1;
   if (n < 0 || u < 0 || d < 0 || rule.kind < kRuleSgd || rule.kind > kRuleAdagrad ||
       static_cast<int64_t>(d) * (1 + slots) != row_width) {
@@ -234,7 +247,8 @@ cudaError_t sparse_apply_rows(const int32_t* positions, const float* grads, int3
   }
   const int64_t total = static_cast<int64_t>(u) * d;
   if (total == 0) return cudaSuccess;
-  if (rows == nullptr || workspace == nullptr || (n > 0 && (positions == nullptr || grads == nullptr))) {
+  if ((rows.base == nullptr && rows.lent == nullptr) || workspace == nullptr ||
+      (n > 0 && (positions == nullptr || grads == nullptr))) {
     return cudaErrorInvalidValue;
   }
   Workspace ws{};
@@ -258,15 +272,15 @@ cudaError_t sparse_apply_rows(const int32_t* positions, const float* grads, int3
   switch (rule.kind) {
     case kRuleSgd:
       apply_kernel<kRuleSgd>
-          <<<blocks, kThreads, 0, stream>>>(u, d, row_width, grads, ws.occurrence, ws.begin, lr, h0, h1, rows);
+          <<<blocks, kThreads, 0, stream>>>(u, d, grads, ws.occurrence, ws.begin, lr, h0, h1, rows);
       break;
     case kRuleMomentum:
       apply_kernel<kRuleMomentum>
-          <<<blocks, kThreads, 0, stream>>>(u, d, row_width, grads, ws.occurrence, ws.begin, lr, h0, h1, rows);
+          <<<blocks, kThreads, 0, stream>>>(u, d, grads, ws.occurrence, ws.begin, lr, h0, h1, rows);
       break;
     default:
       apply_kernel<kRuleAdagrad>
-          <<<blocks, kThreads, 0, stream>>>(u, d, row_width, grads, ws.occurrence, ws.begin, lr, h0, h1, rows);
+          <<<blocks, kThreads, 0, stream>>>(u, d, grads, ws.occurrence, ws.begin, lr, h0, h1, rows);
       break;
   }
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -282,19 +296,37 @@ cudaError_t sparse_apply_rows(const int32_t* positions, const float* grads, int3
   const dim3 grid(static_cast<unsigned>(std::min(max_hot, kHotBlocks)), static_cast<unsigned>(tiles));
   switch (rule.kind) {
     case kRuleSgd:
-      apply_hot_kernel<kRuleSgd><<<grid, kHotThreads, 0, stream>>>(d, row_width, grads, ws.occurrence, ws.begin,
-                                                                   ws.hot, ws.hot_count, lr, h0, h1, rows);
+      apply_hot_kernel<kRuleSgd><<<grid, kHotThreads, 0, stream>>>(d, grads, ws.occurrence, ws.begin, ws.hot,
+                                                                   ws.hot_count, lr, h0, h1, rows);
       break;
     case kRuleMomentum:
       apply_hot_kernel<kRuleMomentum><<<grid, kHotThreads, 0, stream>>>(
-          d, row_width, grads, ws.occurrence, ws.begin, ws.hot, ws.hot_count, lr, h0, h1, rows);
+          d, grads, ws.occurrence, ws.begin, ws.hot, ws.hot_count, lr, h0, h1, rows);
       break;
     default:
       apply_hot_kernel<kRuleAdagrad><<<grid, kHotThreads, 0, stream>>>(
-          d, row_width, grads, ws.occurrence, ws.begin, ws.hot, ws.hot_count, lr, h0, h1, rows);
+          d, grads, ws.occurrence, ws.begin, ws.hot, ws.hot_count, lr, h0, h1, rows);
       break;
   }
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t sparse_apply_rows(const int32_t* positions, const float* grads, int32_t n, int32_t u, int32_t d,
+                              int32_t row_width, SparseRule rule, float lr, float* rows, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream) {
+  if (rows == nullptr && static_cast<int64_t>(u) * d > 0) return cudaErrorInvalidValue;
+  return apply_rows(positions, grads, n, u, d, row_width, rule, lr, Rows{rows, nullptr, row_width}, workspace,
+                    workspace_bytes, stream);
+}
+
+cudaError_t sparse_apply_lent_rows(const int32_t* positions, const float* grads, int32_t n, int32_t u, int32_t d,
+                                   int32_t row_width, SparseRule rule, float lr, float* const* rows, void* workspace,
+                                   size_t workspace_bytes, cudaStream_t stream) {
+  if (rows == nullptr && static_cast<int64_t>(u) * d > 0) return cudaErrorInvalidValue;
+  return apply_rows(positions, grads, n, u, d, row_width, rule, lr, Rows{nullptr, rows, row_width}, workspace,
+                    workspace_bytes, stream);
 }
 
 }  // namespace sok_gpu

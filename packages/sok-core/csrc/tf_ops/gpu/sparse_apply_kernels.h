@@ -52,6 +52,14 @@ cudaError_t sparse_apply_rows(const int32_t* positions,  // (n,) device
                               float* rows,  // (u, row_width) device
                               void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
+// sparse_apply_rows on rows a table lent (find_or_insert_rows of the storage ABI): rows (u,) holds
+// the address of each distinct key's row (row_width floats); a null address is skipped.
+cudaError_t sparse_apply_lent_rows(const int32_t* positions,  // (n,) device
+                                   const float* grads,        // (n, d) device
+                                   int32_t n, int32_t u, int32_t d, int32_t row_width, SparseRule rule, float lr,
+                                   float* const* rows,  // (u,) device
+                                   void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 }  // namespace sok_gpu
 
 #endif  // SOK_TF_OPS_GPU_SPARSE_APPLY_KERNELS_H_

@@ -99,6 +99,14 @@ typedef enum sok_hint { SOK_HINT_UNIQUE_KEYS = 1 } sok_hint;
  * keys; the visits of one key come in batch order). */
 typedef void (*sok_row_visitor)(void* user_data, int64_t i, float* row);
 
+/* The callback of find_or_insert_rows: called once, under the storage's lock, with rows (n,) a
+ * device array of the addresses of the batch's rows (row_width floats each, device-accessible; NULL
+ * for a key the table refused). It enqueues its work on those rows on ctx's stream and returns
+ * 0, or a non-zero code when it could not (the call then fails with SOK_ERROR_INTERNAL; the keys
+ * stay inserted). It must not call back into the storage, nor wait for the stream. */
+typedef int32_t (*sok_device_rows_visitor)(void* user_data, int64_t n, float* const* rows,
+                                           const sok_exec_context* ctx);
+
 /* Every function returns SOK_OK or an error code. Shapes of array arguments are in comments:
  * n = number of keys, w = col_end - col_begin, W = row_width. Optional outputs may be NULL. */
 typedef struct sok_storage_api {
@@ -204,6 +212,20 @@ typedef struct sok_storage_api {
                                         const float* values, const uint64_t* scores,
                                         const sok_initializer* inits, int32_t num_inits,
                                         uint32_t hints);
+  /* find_or_insert that lends the rows instead of copying them: missing keys are inserted (the
+   * initializers) and every key's score updated as find_or_insert does (found (n,) and scores as
+   * there), then visit(user_data, n, rows, ctx) enqueues the caller's reads and writes of the rows
+   * in place, while the storage's lock keeps every other call out; calls after it are ordered after
+   * that work on the device. This spares an optimizer step the copy of its rows out and the
+   * insert_or_assign back. visit is not called when n is 0. A backend may decline a call it cannot
+   * serve this way (one whose rows may move while the batch is placed, say) with
+   * SOK_ERROR_UNSUPPORTED before anything changes; callers then use find_or_insert and
+   * insert_or_assign. Optional: a backend built before this field has a smaller struct_size (see
+   * sok_storage_api_has). CUDA tables (SOK_DEVICE_CUDA). Appended in sok-core 0.1.0 (API version 1). */
+  sok_status (*find_or_insert_rows)(sok_storage* s, const sok_exec_context* ctx, int64_t n,
+                                    const void* keys, uint8_t* found, const uint64_t* scores,
+                                    const sok_initializer* inits, int32_t num_inits,
+                                    sok_device_rows_visitor visit, void* user_data);
 } sok_storage_api;
 
 /* Whether `api` (built against any version of this header) has the function field `field`: its

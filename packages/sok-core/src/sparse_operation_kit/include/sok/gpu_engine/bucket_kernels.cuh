@@ -697,7 +697,8 @@ struct UpsertArgs {
   bool admit_all;      // lru/lfu (not import): a newcomer always takes the lowest-score slot
   bool evicting;       // full buckets evict (table at its size limit) instead of overflowing
   const float* values; // (n, w) input rows (assign, accumulate, import)
-  float* out;          // (n, w) output rows (find_or_insert)
+  float* out;          // (n, w) output rows (find_or_insert), or null with out_rows
+  float** out_rows;    // (n,) the rows' addresses instead (find_or_insert_rows), or null
   uint8_t* found;      // (n,) or null (find_or_insert)
   const uint64_t* scores;  // per key: caller scores (or summed increments), null = 1 each
   const int32_t* leader;   // per key: the batch index that acts for its duplicates, or null
@@ -779,7 +780,11 @@ __device__ void refuse(const Group& g, const View& t, const UpsertArgs& a, int64
                        const float* in, int32_t w, const float* constant_row) {
   const int lane = static_cast<int>(g.thread_rank());
   if (a.mode == Mode::kFindOrInsert) {
-    init_columns_d<kConstInits>(g, a.out + i * w, a.cb, a.ce, key, a.inits, constant_row);
+    if (a.out_rows != nullptr) {
+      if (lane == 0) a.out_rows[i] = nullptr;  // no row: the caller leaves this key alone
+    } else {
+      init_columns_d<kConstInits>(g, a.out + i * w, a.cb, a.ce, key, a.inits, constant_row);
+    }
     if (lane == 0 && a.found != nullptr) a.found[i] = 0;
   } else if (a.ev_keys != nullptr && a.mode != Mode::kImport) {
     unsigned long long idx = 0;
@@ -850,7 +855,9 @@ __device__ void fill_slot(const Group& g, const View& t, const UpsertArgs& a, in
   const int lane = static_cast<int>(g.thread_rank());
   float* row = t.row(slot);
   if (a.mode == Mode::kFindOrInsert) {
-    init_columns_d<kConstInits>(g, row, 0, t.W, key, a.inits, constant_row, a.out + i * w, a.cb, a.ce);
+    init_columns_d<kConstInits>(g, row, 0, t.W, key, a.inits, constant_row,
+                                a.out_rows != nullptr ? nullptr : a.out + i * w, a.cb, a.ce);
+    if (lane == 0 && a.out_rows != nullptr) a.out_rows[i] = row;
   } else {
     if (a.cb != 0 || a.ce != t.W) {
       init_columns_d<kConstInits>(g, row, 0, t.W, key, a.inits, constant_row);
@@ -897,8 +904,9 @@ __global__ void __launch_bounds__(kBlock, kHitsMinBlocks) update_hits_kernel(Vie
     float* row = t.row(slot);
     const uint64_t caller = a.scores != nullptr ? a.scores[i] : 1;
     apply_to_existing(g, a, i, row, a.values != nullptr ? a.values + i * w : nullptr, w);
-    if (a.mode == Mode::kFindOrInsert) copy_floats<false>(g, a.out + i * w, row + a.cb, w);
+    if (a.mode == Mode::kFindOrInsert && a.out_rows == nullptr) copy_floats<false>(g, a.out + i * w, row + a.cb, w);
     if (lane == 0) {
+      if (a.out_rows != nullptr) a.out_rows[i] = row;
       if (a.found != nullptr) a.found[i] = 1;
       uint64_t* score = t.score_at(slot);
       const bool counts = a.policy == Policy::kLfu || a.policy == Policy::kEpochLfu;  // reads the old score
@@ -1297,13 +1305,19 @@ __global__ void sum_increments_kernel(int64_t n, const int32_t* leader, const ui
   }
 }
 
-// find_or_insert: duplicates copy their leader's row and found flag (one thread per key).
-__global__ void copy_from_leaders_kernel(int64_t n, int32_t w, const int32_t* leader, float* out, uint8_t* found) {
+// find_or_insert: duplicates copy their leader's row (or, with out_rows, its address) and found
+// flag (one thread per key).
+__global__ void copy_from_leaders_kernel(int64_t n, int32_t w, const int32_t* leader, float* out, float** out_rows,
+                                         uint8_t* found) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int32_t l = leader[i];
     if (l == i) continue;
-    for (int32_t c = 0; c < w; ++c) out[i * w + c] = out[static_cast<int64_t>(l) * w + c];
+    if (out_rows != nullptr) {
+      out_rows[i] = out_rows[l];
+    } else {
+      for (int32_t c = 0; c < w; ++c) out[i * w + c] = out[static_cast<int64_t>(l) * w + c];
+    }
     if (found != nullptr) found[i] = found[l];
   }
 }

@@ -184,9 +184,47 @@ class BucketTable final : public sok::Storage {
     a.found = found;
     run_upsert(call.stream, a);
     copy_from_leaders_kernel<<<blocks_for(n, kBlock), kBlock, 0, call.stream>>>(
-        n, cols.width(), batch.leader, values, found);
+        n, cols.width(), batch.leader, values, nullptr, found);
     SOK_CHECK_CUDA(cudaGetLastError());
     after_insert(call.stream, n);
+  }
+
+  // find_or_insert with the rows' addresses in place of their copies, then the caller's visit, all
+  // under one Call (the lock, and the end event after the visit's work). Declined where a row's
+  // address would not hold for the batch: a hybrid table moves device rows to host slots while it
+  // places a batch, and an evicting table may hand a row placed early in the batch to a later key.
+  void find_or_insert_rows(const sok_exec_context& ctx, int64_t n, const void* keys, uint8_t* found,
+                           const uint64_t* scores, const sok_initializer* inits, int32_t num_inits,
+                           sok_device_rows_visitor visit, void* user_data) override {
+    Call call(this, ctx);
+    if (n == 0) return;
+    if (view_.hb < view_.B || evicting_) decline_rows("it is a hybrid table or has started to evict");
+    const sok::Columns row{0, row_width()};
+    Scratch rows(call.stream, sizeof(float*) * static_cast<size_t>(n));
+    if (hits_before_dedup(n)) {
+      UpsertArgs a = base_args(n, keys, row, Mode::kFindOrInsert, inits, num_inits);
+      a.out_rows = rows.as<float*>();
+      a.found = found;
+      upsert_hits_first(call.stream, a);
+    } else {
+      Batch batch(this, call.stream, n, keys, scores);
+      prepare_insert(call.stream, batch);
+      if (evicting_) decline_rows("it has started to evict");  // nothing placed yet: unchanged
+      UpsertArgs a = upsert_args(batch, row, Mode::kFindOrInsert, inits, num_inits);
+      a.out_rows = rows.as<float*>();
+      a.found = found;
+      run_upsert(call.stream, a);
+      copy_from_leaders_kernel<<<blocks_for(n, kBlock), kBlock, 0, call.stream>>>(n, 0, batch.leader, nullptr,
+                                                                                 a.out_rows, found);
+      SOK_CHECK_CUDA(cudaGetLastError());
+      after_insert(call.stream, n);
+    }
+    const sok_exec_context on{SOK_DEVICE_CUDA, device_, call.stream};
+    const int32_t code = visit(user_data, n, rows.as<float*>(), &on);
+    if (code != 0) {
+      sok::fail(SOK_ERROR_INTERNAL, "the caller's row visitor failed with code " + std::to_string(code) +
+                                        "; the keys were inserted, the rows may be partly updated");
+    }
   }
 
   void insert_or_assign(const sok_exec_context& ctx, int64_t n, const void* keys, sok::Columns cols,
@@ -600,6 +638,11 @@ class BucketTable final : public sok::Storage {
     return (cfg_.policy == Policy::kLru || cfg_.policy == Policy::kEpochLru) && cannot_grow(n);
   }
 
+  [[noreturn]] void decline_rows(const std::string& why) const {
+    sok::fail(SOK_ERROR_UNSUPPORTED, std::string(cfg_.backend) + " table declines find_or_insert_rows: " + why +
+                                         "; use find_or_insert and insert_or_assign");
+  }
+
   // Whether a batch of n keys cannot make the table grow (it evicts instead, or n more keys fit by
   // the latest size snapshot): a hits-first upsert needs no count of distinct new keys then.
   bool cannot_grow(int64_t n) {
@@ -639,6 +682,7 @@ class BucketTable final : public sok::Storage {
     place(stream, a, upsert);
     if (a.mode == Mode::kFindOrInsert) {
       copy_from_leaders_kernel<<<blocks_for(a.n, kBlock), kBlock, 0, stream>>>(a.n, a.ce - a.cb, batch.leader, a.out,
+                                                                               a.out_rows,
                                                                                a.found);
       SOK_CHECK_CUDA(cudaGetLastError());
     }

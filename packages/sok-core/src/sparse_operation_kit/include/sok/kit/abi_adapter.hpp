@@ -334,6 +334,18 @@ const sok_storage_api* make_storage_api(const char* name) {
         s.insert_or_assign_hinted(c, n, keys, check_cols(s, cb, ce), values, scores, inits, ni, hints);
       });
     };
+    a.find_or_insert_rows = [](sok_storage* h, const sok_exec_context* ctx, int64_t n, const void* keys,
+                               uint8_t* found, const uint64_t* scores, const sok_initializer* inits, int32_t ni,
+                               sok_device_rows_visitor visit, void* user_data) {
+      return guarded(h, [&](Storage& s) {
+        const auto& c = check_ctx(s, ctx);
+        check_count(n, "n");
+        check_ptr(keys, n, "keys");
+        if (visit == nullptr) invalid("visit is null; pass the function that enqueues the work on the rows");
+        check_new_rows(s, scores, n, inits, ni);
+        s.find_or_insert_rows(c, n, keys, found, scores, inits, ni, visit, user_data);
+      });
+    };
     a.clear = [](sok_storage* h, const sok_exec_context* ctx) {
       return guarded(h, [&](Storage& s) { s.clear(check_ctx(s, ctx)); });
     };

@@ -82,6 +82,14 @@ class Storage {
                                        int32_t num_inits, uint32_t /*hints*/) {
     insert_or_assign(ctx, n, keys, cols, values, scores, inits, num_inits);
   }
+  // find_or_insert_rows of the C ABI: find_or_insert, then visit(user_data, n, rows, &ctx) once
+  // (n > 0) with the device array of the rows' addresses, before the call ends. Optional: the
+  // default declines, and callers fall back to find_or_insert and insert_or_assign.
+  virtual void find_or_insert_rows(const sok_exec_context&, int64_t, const void*, uint8_t*, const uint64_t*,
+                                   const sok_initializer*, int32_t, sok_device_rows_visitor, void*) {
+    fail(SOK_ERROR_UNSUPPORTED, "this backend has no find_or_insert_rows (rows lent in place); use find_or_insert "
+                                "and insert_or_assign");
+  }
   virtual void clear(const sok_exec_context& ctx) = 0;
   virtual void set_global_epoch(uint64_t) {
     fail(SOK_ERROR_UNSUPPORTED, "this backend has no epoch-based eviction policy");
