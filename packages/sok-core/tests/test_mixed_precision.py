@@ -1,8 +1,11 @@
 """Keras mixed precision around SOK's tables: under ``mixed_bfloat16`` the tables and their lookups
 stay float32 and a training step updates them as a float32 ``tf.Variable`` with Keras' Adagrad is
-updated from the same gradients; a ``LossScaleOptimizer`` is refused with what to do instead."""
+updated from the same gradients; under ``mixed_float16`` a Keras 3 ``LossScaleOptimizer`` through
+``sok.OptimizerWrapper`` unscales, skips and moves the scale as Keras' own does for plain variables."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import sparse_operation_kit as sok  # noqa: E402
+from sparse_operation_kit.optimizer import wrappers_of  # noqa: E402
 
 
 @pytest.fixture
@@ -48,7 +52,134 @@ def test_bfloat16_step_updates_sok_tables_as_float32_variables(bfloat16_policy):
     assert not np.array_equal(table.numpy(), rows)
 
 
-def test_loss_scale_optimizer_is_refused_with_what_to_do():
-    inner = keras.optimizers.Adagrad(0.1)
-    with pytest.raises(ValueError, match=r"LossScaleOptimizer is not supported.*'mixed_bfloat16' policy"):
-        sok.OptimizerWrapper(keras.optimizers.LossScaleOptimizer(inner))
+@pytest.fixture
+def float16_policy():
+    before = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    yield
+    keras.mixed_precision.set_global_policy(before)
+
+
+ROWS = (0.05 * np.random.default_rng(7).normal(size=(10, 4))).astype(np.float32)  # no float16 overflow at 2**11
+IDS = tf.ragged.constant([[1, 2, 2], [3], [7, 1]], dtype=tf.int64)
+
+
+def _scaler(growth_steps: int = 2000) -> keras.optimizers.LossScaleOptimizer:
+    return keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.Adagrad(0.1), initial_scale=2.0**10, dynamic_growth_steps=growth_steps
+    )
+
+
+def _pair(with_dense: bool, growth_steps: int = 2000):
+    """A step on SOK tables (a DynamicVariable and a sok.Variable) through sok.OptimizerWrapper of a
+    LossScaleOptimizer, and the same step on plain tf.Variables through Keras' own LossScaleOptimizer
+    (the oracle): ``step(poison)`` returns both; a true ``poison`` makes the loss infinite."""
+    dynamic = sok.DynamicVariable(dimension=4, initializer="zeros", name="scaled_table")
+    sok.assign(dynamic, tf.range(10, dtype=tf.int64), ROWS)
+    static = sok.Variable(ROWS)
+    plain_dynamic, plain_static = tf.Variable(ROWS), tf.Variable(ROWS)
+    dense = keras.layers.Dense(1, kernel_initializer="ones") if with_dense else None
+    ours, theirs = _scaler(growth_steps), _scaler(growth_steps)
+    wrapper = sok.OptimizerWrapper(ours)
+
+    def loss_of(a, b, poison):
+        pooled = tf.concat([a, b], axis=1)
+        out = tf.cast(dense(pooled), tf.float32) if dense is not None else tf.reduce_sum(pooled, axis=1)
+        loss = tf.reduce_sum(out**2)
+        return loss * tf.where(poison, np.inf, 1.0)  # (tf.where over the loss itself: NaN gradients)
+
+    @tf.function
+    def step(poison):
+        with tf.GradientTape(persistent=True) as tape:
+            a = sok.lookup_sparse(dynamic, IDS, combiners="sum")
+            b = sok.lookup_sparse(static, IDS, combiners="sum")
+            scaled = ours.scale_loss(loss_of(a, b, poison))
+            pa = tf.nn.embedding_lookup_sparse(plain_dynamic, IDS.to_sparse(), None, combiner="sum")
+            pb = tf.nn.embedding_lookup_sparse(plain_static, IDS.to_sparse(), None, combiner="sum")
+            scaled_theirs = theirs.scale_loss(loss_of(pa, pb, poison))
+        ours_vars = [dynamic, static] + (dense.trainable_variables if dense is not None else [])
+        wrapper.apply_gradients(zip(tape.gradient(scaled, ours_vars), ours_vars))
+        plain_vars = [plain_dynamic, plain_static]
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(scaled_theirs, plain_vars)]
+        theirs.apply_gradients(zip(grads, plain_vars))
+
+    def rows():
+        keys, values = (np.asarray(t) for t in sok.export(dynamic))
+        return values[np.argsort(keys)], static.numpy()
+
+    return SimpleNamespace(
+        step=step, rows=rows, plain=(plain_dynamic, plain_static), ours=ours, theirs=theirs, wrapper=wrapper,
+        dynamic=dynamic, static=static,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("with_dense", [True, False], ids=["with dense variables", "tables only"])
+def test_loss_scaled_steps_update_tables_as_keras_updates_plain_variables(float16_policy, with_dense):
+    # Finite steps: the tables' gradients are unscaled by the step's loss scale, as Keras unscales a
+    # plain tf.Variable's. A poisoned step: nothing changes, the scale halves (both).
+    pair = _pair(with_dense)
+    step, rows, plain, ours, theirs, wrapper = pair.step, pair.rows, pair.plain, pair.ours, pair.theirs, pair.wrapper
+    for poison in (False, False, True, False):
+        before = rows()
+        step(tf.constant(poison))
+        if poison:
+            for now, then in zip(rows(), before):
+                np.testing.assert_array_equal(now, then)
+        for now, expected in zip(rows(), plain):
+            np.testing.assert_allclose(now, expected.numpy(), rtol=1e-5, atol=1e-6)
+        assert float(ours.dynamic_scale.numpy()) == float(theirs.dynamic_scale.numpy())
+    assert float(ours.dynamic_scale.numpy()) == 2.0**9  # halved once
+    assert int(wrapper.iterations.numpy()) == 3  # the poisoned step is not counted
+
+
+def test_a_tables_only_step_moves_the_scale_as_the_scaler_would(float16_policy):
+    # No variable of the scaler's own in the call: the wrapper doubles the scale after
+    # dynamic_growth_steps finite steps and halves it after a non-finite one, as Keras does.
+    pair = _pair(with_dense=False, growth_steps=2)
+    step, ours, theirs = pair.step, pair.ours, pair.theirs
+    scales = []
+    for poison in (False, False, False, True, False):
+        step(tf.constant(poison))
+        scales.append((float(ours.dynamic_scale.numpy()), float(theirs.dynamic_scale.numpy())))
+    assert [s for s, _ in scales] == [s for _, s in scales] == [2.0**10, 2.0**11, 2.0**11, 2.0**10, 2.0**10]
+
+
+def test_loss_scale_optimizer_with_check_finite_is_refused():
+    with pytest.raises(ValueError, match="check_finite=True with a LossScaleOptimizer"):
+        sok.OptimizerWrapper(_scaler(), check_finite=True)
+
+
+def test_the_wrapper_of_a_loss_scale_optimizer_answers_to_it_and_to_its_inner_optimizer():
+    scaler = _scaler()
+    wrapper = sok.OptimizerWrapper(scaler)
+    assert wrapper.optimizer is scaler.inner_optimizer and wrapper.loss_scale_optimizer is scaler
+    assert wrapper.wraps(scaler) and wrapper.wraps(scaler.inner_optimizer)
+    assert wrappers_of(scaler) == [wrapper] == wrappers_of(scaler.inner_optimizer)
+    assert wrapper.name == "Adagrad"
+
+
+def test_tf_keras_loss_scale_optimizer_is_refused_with_what_to_do():
+    tf_keras = pytest.importorskip("tf_keras")
+    inner = tf_keras.optimizers.Adagrad(0.1)
+    with pytest.raises(ValueError, match=r"takes Keras 3's keras.optimizers.LossScaleOptimizer.*'mixed_bfloat16'"):
+        sok.OptimizerWrapper(tf_keras.mixed_precision.LossScaleOptimizer(inner))
+
+
+def test_dump_and_load_with_the_loss_scale_optimizer_keep_the_table_and_its_state(float16_policy, tmp_path):
+    # sok.dump / sok.load given the LossScaleOptimizer find the wrapper of it: the rows and the
+    # Adagrad accumulator of the dynamic table come back in a fresh variable of a fresh wrapper.
+    pair = _pair(with_dense=False)
+    for _ in range(2):
+        pair.step(tf.constant(False))
+    path = str(tmp_path / "ckpt")
+    sok.dump(path, [pair.dynamic], optimizer=pair.ours)
+    fresh_scaler = _scaler()
+    fresh = sok.DynamicVariable(dimension=4, initializer="zeros", name="scaled_table")
+    fresh_wrapper = sok.OptimizerWrapper(fresh_scaler)
+    sok.load(path, [fresh], optimizer=fresh_scaler)
+    assert fresh.optimizer_wrapper is fresh_wrapper
+    for name in pair.wrapper.get_slot_names():
+        (k1, v1), (k2, v2) = pair.wrapper.get_slot(pair.dynamic, name), fresh_wrapper.get_slot(fresh, name)
+        np.testing.assert_array_equal(np.asarray(v1)[np.argsort(k1)], np.asarray(v2)[np.argsort(k2)])
+    keys, values = (np.asarray(t) for t in sok.export(fresh))
+    np.testing.assert_array_equal(pair.rows()[0], values[np.argsort(keys)])

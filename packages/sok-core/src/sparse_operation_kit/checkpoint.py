@@ -91,7 +91,7 @@ def _optimizer(optimizer: Any, variables: list) -> OptimizerWrapper | None:
     owners: dict[int, OptimizerWrapper] = {}
     for var in variables:
         owner = var.optimizer_wrapper if isinstance(var, DynamicVariable) else None
-        if isinstance(var, DynamicVariable) and owner is not None and owner.optimizer is optimizer:
+        if isinstance(var, DynamicVariable) and owner is not None and owner.wraps(optimizer):
             owners[id(owner)] = owner
     if len(owners) > 1:
         raise ValueError(

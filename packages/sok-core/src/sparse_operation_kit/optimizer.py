@@ -39,8 +39,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import indexed_slices as indexed_slices_lib
 
+from sparse_operation_kit import communication, tf_ops
 from sparse_operation_kit import initializers as inits
-from sparse_operation_kit import tf_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable, distinct_index_of, export
 from sparse_operation_kit.row_layout import RowLayout
 from sparse_operation_kit.slot_view import DynamicSlot
@@ -376,9 +376,9 @@ def _rule_for(settings: Settings) -> Rule:
     what = type(optimizer).__name__ if hasattr(optimizer, "apply_gradients") else f"{optimizer!r} (not an optimizer)"
     if "LossScale" in what:
         raise ValueError(
-            f"optimizer {what} is not supported by sok.OptimizerWrapper: it does not unscale gradients or skip "
-            f"non-finite steps of the tables yet. Wrap the inner optimizer instead; for mixed precision use the "
-            f"'mixed_bfloat16' policy, which needs no loss scaling (SOK's tables and lookups stay float32)"
+            f"optimizer {what} of {settings.flavor.value} is not supported by sok.OptimizerWrapper: it takes Keras 3's "
+            f"keras.optimizers.LossScaleOptimizer (tf.keras.optimizers.LossScaleOptimizer). Wrap the inner optimizer "
+            f"instead; for mixed precision use the 'mixed_bfloat16' policy, which needs no loss scaling"
         )
     raise ValueError(
         f"optimizer {what} is not supported by sok.OptimizerWrapper; pass an optimizer object, valid: "
@@ -439,8 +439,31 @@ _WRAPPERS: weakref.WeakSet[OptimizerWrapper] = weakref.WeakSet()
 
 
 def wrappers_of(optimizer: Any) -> list[OptimizerWrapper]:
-    """The live ``sok.OptimizerWrapper`` objects that wrap ``optimizer`` (a Keras optimizer), oldest first."""
-    return sorted((w for w in _WRAPPERS if w.optimizer is optimizer), key=lambda w: w._serial)
+    """The live ``sok.OptimizerWrapper`` objects that wrap ``optimizer`` (a Keras optimizer, or the
+    ``LossScaleOptimizer`` around one), oldest first."""
+    return sorted((w for w in _WRAPPERS if w.wraps(optimizer)), key=lambda w: w._serial)
+
+
+def _values(grad: Any) -> Tensor:
+    """A gradient's values (an ``IndexedSlices``' rows, or the dense gradient itself)."""
+    return tf.convert_to_tensor(grad.values if isinstance(grad, indexed_slices_lib.IndexedSlices) else grad)
+
+
+def _scaled(grad: Any, factor: Tensor) -> Any:
+    """``grad`` times ``factor``; an ``IndexedSlices`` keeps its indices tensor, on which a lookup's
+    distinct index rides to the optimizer (:func:`distinct_index_of`)."""
+    if isinstance(grad, indexed_slices_lib.IndexedSlices):
+        values = tf.convert_to_tensor(grad.values)
+        return indexed_slices_lib.IndexedSlices(values * tf.cast(factor, values.dtype), grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
+
+
+def _loss_scaled(optimizer: Any) -> tuple[Any, Any]:
+    """``(inner optimizer, LossScaleOptimizer or None)``: Keras 3's ``LossScaleOptimizer`` is
+    unwrapped (the rule is its inner optimizer's); any other optimizer is its own inner one."""
+    if type(optimizer).__name__ == "LossScaleOptimizer" and Flavor.of(optimizer) is Flavor.KERAS:
+        return optimizer.inner_optimizer, optimizer
+    return optimizer, None
 
 
 def is_keras_optimizer(optimizer: Any) -> bool:
@@ -470,6 +493,8 @@ class OptimizerWrapper:
             Its learning rate (or schedule, and legacy ``decay``) is read at each step, its other
             hyper-parameters when the wrapper is made; the step counter is the wrapper's own
             (:attr:`iterations`).
+            Keras 3's ``LossScaleOptimizer`` around one of them is taken too (mixed precision with
+            ``mixed_float16``): see "Loss scaling" below.
         check_finite: check every gradient of an :meth:`apply_gradients` call for NaN and Inf
             before any of them is applied (dynamic and dense variables alike); a non-finite one
             raises ``tf.errors.InvalidArgumentError`` naming its variable, eagerly and inside
@@ -483,6 +508,18 @@ class OptimizerWrapper:
         UnsupportedOptionError: (a ``ValueError``) it has an option the row-wise rule cannot
             honour: ``clipnorm``, ``clipvalue``, ``global_clipnorm``, ``weight_decay``, ``use_ema``,
             ``loss_scale_factor``, ``gradient_accumulation_steps``, ``gradient_transformers``.
+
+    Loss scaling: given ``keras.optimizers.LossScaleOptimizer(inner)`` (scale the loss with its
+    ``scale_loss``), the wrapper does that optimizer's work for every variable of an
+    :meth:`apply_gradients` call: it divides the gradients by the scale the step's loss was scaled
+    with, applies them (the dynamic variables' with ``inner``'s rule row-wise, the others with
+    ``inner`` itself) only when every gradient of the call is finite (before unscaling, as Keras
+    checks; with several ranks, on every rank, so that the ranks keep one scale), and moves the scale
+    as Keras does: halved after a non-finite step, doubled after ``dynamic_growth_steps`` finite
+    ones. :attr:`optimizer` is ``inner`` (its step counter, learning rate and state of static tables,
+    which ``sok.dump`` saves); the scale is the ``LossScaleOptimizer``'s variables (which
+    ``tf.train.Checkpoint`` saves). ``check_finite=True`` is refused with it (it raises where the
+    scaling skips).
 
     Optimizer state of dynamic variables: it lives in the variable's rows, beside the embedding.
     Each slot is reachable as a :class:`~sparse_operation_kit.slot_view.DynamicSlot` (a view of
@@ -532,6 +569,12 @@ class OptimizerWrapper:
     def __init__(self, optimizer: Any, check_finite: bool = False) -> None:
         if not isinstance(check_finite, (bool, np.bool_)):
             raise TypeError(f"check_finite must be True or False, got {check_finite!r}")
+        optimizer, self._loss_scale = _loss_scaled(optimizer)
+        if check_finite and self._loss_scale is not None:
+            raise ValueError(
+                "check_finite=True with a LossScaleOptimizer: the loss scaling skips the steps whose gradients "
+                "are not finite, where check_finite would raise; pass check_finite=False"
+            )
         self._check_finite = bool(check_finite)
         self._optimizer = optimizer
         self._settings = Settings(optimizer)
@@ -565,7 +608,8 @@ class OptimizerWrapper:
         """
         wrapper = cls.__new__(cls)
         wrapper._check_finite = False
-        wrapper._optimizer = optimizer
+        wrapper._optimizer, wrapper._loss_scale = _loss_scaled(optimizer)
+        optimizer = wrapper._optimizer
         wrapper._settings = Settings(optimizer)
         wrapper._rule = _rule_for(wrapper._settings)
         wrapper._iterations = None
@@ -582,8 +626,17 @@ class OptimizerWrapper:
 
     @property
     def optimizer(self) -> Any:
-        """The wrapped Keras optimizer."""
+        """The wrapped Keras optimizer (a ``LossScaleOptimizer``'s inner one)."""
         return self._optimizer
+
+    @property
+    def loss_scale_optimizer(self) -> Any:
+        """The ``LossScaleOptimizer`` given to the wrapper, or None."""
+        return self._loss_scale
+
+    def wraps(self, optimizer: Any) -> bool:
+        """Whether ``optimizer`` is the one this wrapper was given (or, with loss scaling, its inner one)."""
+        return optimizer is self._optimizer or (self._loss_scale is not None and optimizer is self._loss_scale)
 
     @property
     def check_finite(self) -> bool:
@@ -822,20 +875,68 @@ class OptimizerWrapper:
             pairs, checks = self._finite_checks(pairs)
         dynamic = [(g, v) for g, v in pairs if isinstance(v, DynamicVariable)]
         others = [(g, v) for g, v in pairs if not isinstance(v, DynamicVariable)]
+        for _, v in dynamic:
+            self.attach(v)
+        if self._loss_scale is not None:
+            self._apply_loss_scaled(dynamic, others, *args, **kwargs)
+            return
         # Eagerly the checks above have run (or raised); in a graph every update waits for them all.
         with tf.control_dependencies(checks):
             if others:
                 with self._row_wise_static_tables():
                     self._optimizer.apply_gradients(others, *args, **kwargs)
-            if not dynamic:
-                return
-            for _, v in dynamic:
-                self.attach(v)
-            lr = self._settings.learning_rate(self._iterations)
-            step = tf.cast(self._iterations + 1, tf.float32)
-            for g, v in dynamic:
-                self._apply_dynamic(g, v, lr, step)
-            self._iterations.assign_add(1)
+            self._apply_dynamic_all(dynamic)
+
+    def _apply_dynamic_all(self, dynamic: list[tuple[Any, DynamicVariable]]) -> None:
+        """One step of this wrapper's rule on every dynamic variable of ``dynamic`` (attached already)."""
+        if not dynamic:
+            return
+        lr = self._settings.learning_rate(self._iterations)
+        step = tf.cast(self._iterations + 1, tf.float32)
+        for g, v in dynamic:
+            self._apply_dynamic(g, v, lr, step)
+        self._iterations.assign_add(1)
+
+    def _apply_loss_scaled(
+        self, dynamic: list[tuple[Any, Any]], others: list[tuple[Any, Any]], *args: Any, **kwargs: Any
+    ) -> None:
+        """apply_gradients under a LossScaleOptimizer (the class docstring's "Loss scaling"): one
+        decision for every variable of the call, on every rank."""
+        scaler = self._loss_scale
+        if not scaler.built:  # as its own apply builds it: its scale and counter exist from now on
+            scaler.build([v for _, v in others])
+            scaler.built = True
+        scale = tf.identity(scaler.dynamic_scale)  # the scale the loss was scaled with, read before it moves
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(g))) for g, _ in dynamic + others])
+        comm = communication.tool()
+        if comm.num_ranks() > 1:  # each rank sees its own shards' gradients: the ranks decide together
+            bad = comm.allreduce_sum(tf.cast(tf.logical_not(finite), tf.int32), name="sok.OptimizerWrapper: finite")
+            finite = tf.equal(bad, 0)
+        unscaled_dynamic = [(_scaled(g, 1.0 / scale), v) for g, v in dynamic]
+        unscaled_others = [(_scaled(g, 1.0 / scale), v) for g, v in others]
+
+        def apply() -> Tensor:
+            if unscaled_others:
+                self._optimizer.apply_gradients(unscaled_others, *args, **kwargs)
+            self._apply_dynamic_all(unscaled_dynamic)
+            return self._grow_scale()
+
+        tf.cond(finite, apply, self._shrink_scale)
+
+    def _grow_scale(self) -> Tensor:
+        """The LossScaleOptimizer's move of its scale after a finite step."""
+        scaler = self._loss_scale
+        grow = tf.equal(scaler.step_counter, scaler.dynamic_growth_steps - 1)
+        scaler.dynamic_scale.assign(tf.where(grow, scaler.dynamic_scale * 2.0, scaler.dynamic_scale))
+        scaler.step_counter.assign(tf.where(grow, tf.zeros_like(scaler.step_counter), scaler.step_counter + 1))
+        return tf.constant(True)
+
+    def _shrink_scale(self) -> Tensor:
+        """The LossScaleOptimizer's move of its scale after a step with a non-finite gradient."""
+        scaler = self._loss_scale
+        scaler.step_counter.assign(tf.zeros_like(scaler.step_counter))
+        scaler.dynamic_scale.assign(scaler.dynamic_scale * 0.5)
+        return tf.constant(False)
 
     @contextlib.contextmanager
     def _row_wise_static_tables(self) -> Iterator[None]:
@@ -845,7 +946,11 @@ class OptimizerWrapper:
         other variable and gradient keeps the optimizer's step."""
         optimizer = self._optimizer
         keras_adagrad = importlib.import_module("keras").optimizers.Adagrad
-        if self._settings.flavor is not Flavor.KERAS or type(optimizer).update_step is not keras_adagrad.update_step:
+        if (
+            self._settings.flavor is not Flavor.KERAS
+            or type(optimizer).update_step is not keras_adagrad.update_step
+            or self._loss_scale is not None  # its steps run inside the scaler's cond branch
+        ):
             yield
             return
         keras_step = optimizer.update_step

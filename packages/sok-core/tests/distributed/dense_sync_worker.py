@@ -111,12 +111,45 @@ def check_errors(rank: int, n: int) -> str | None:
     return None
 
 
+def check_loss_scale_agreement(rank: int, n: int) -> str | None:
+    # sok.OptimizerWrapper of a LossScaleOptimizer: a non-finite table gradient on one rank only
+    # skips the step on every rank and halves the scale everywhere (the ranks keep one scale).
+    table = sok.DynamicVariable(dimension=2, initializer="ones", name="scaled")
+    dense = tf.Variable(np.ones(2, np.float32))
+    scaler = tf.keras.optimizers.LossScaleOptimizer(tf.keras.optimizers.SGD(0.5), initial_scale=8.0)
+    wrapper = sok.OptimizerWrapper(scaler)
+    keys = tf.constant([rank], tf.int64)
+    sok.assign(table, keys, tf.ones([1, 2]))
+
+    @tf.function(autograph=False)
+    def step(poison: tf.Tensor) -> None:
+        with tf.GradientTape() as tape:
+            rows = table.sparse_read(keys)
+            loss = scaler.scale_loss(tf.reduce_sum(rows) + tf.reduce_sum(dense))
+        table_grad, dense_grad = tape.gradient(loss, [table, dense])
+        bad = tf.logical_and(poison, tf.equal(rank, 1))  # rank 1 only
+        table_grad = tf.IndexedSlices(table_grad.values * tf.where(bad, np.inf, 1.0), table_grad.indices)
+        wrapper.apply_gradients([(table_grad, table), (dense_grad, dense)])
+
+    step(tf.constant(True))
+    if float(scaler.dynamic_scale.numpy()) != 4.0:
+        return f"after a step non-finite on rank 1: scale {scaler.dynamic_scale.numpy()}, expected 4.0"
+    if not np.array_equal(table.sparse_read(keys).numpy(), [[1.0, 1.0]]) or not np.array_equal(dense.numpy(), [1, 1]):
+        return "after a step non-finite on rank 1: the variables changed"
+    step(tf.constant(False))
+    want = 1.0 - 0.5  # SGD: lr 0.5 times the unscaled gradient 1
+    if not np.allclose(table.sparse_read(keys).numpy(), [[want, want]]) or not np.allclose(dense.numpy(), want):
+        return f"after a finite step: table {table.sparse_read(keys).numpy().tolist()}, dense {dense.numpy().tolist()}"
+    return None
+
+
 CHECKS = {
     "broadcast": check_broadcast,
     "allreduce_average_eager": lambda r, n: check_allreduce(r, n, "average", False),
     "allreduce_sum_function": lambda r, n: check_allreduce(r, n, "sum", True),
     "allreduce_indexed_slices": check_indexed_slices,
     "errors": check_errors,
+    "loss_scale_agreement": check_loss_scale_agreement,
 }
 
 
