@@ -215,14 +215,39 @@ def test_cli_inspect_reports_leftovers_beside_a_checkpoint_and_changes_nothing(t
     assert snapshot(tmp_path) == before
 
 
+def without_command_plugins(monkeypatch) -> None:
+    """The ``sok`` command as without sok-hps: no plugin of the entry-point group ``sok.commands``."""
+    import pluggy
+    from sparse_operation_kit.plugins import commands, hookspecs
+
+    def bare() -> pluggy.PluginManager:
+        manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        manager.add_hookspecs(hookspecs)
+        return manager
+
+    monkeypatch.setattr(commands, "plugin_manager", bare)
+
+
 def test_cli_convert_without_sok_hps_names_the_extra_to_install(tmp_path, monkeypatch, capsys):
     path = str(tmp_path / "ck")
     write_checkpoint(path)
-    monkeypatch.setitem(sys.modules, "hierarchical_parameter_server.convert", None)  # as if not installed
+    without_command_plugins(monkeypatch)
     assert cli_main(["ckpt", "convert", path, str(tmp_path / "hps")]) == 2
     err = capsys.readouterr().err
-    assert "sok ckpt convert needs sok-hps" in err and "pip install sok-core[hps]" in err
+    assert "sok ckpt convert needs sok-hps (pip install 'sok-core[hps]'), which is not installed" in err
     assert not os.path.exists(tmp_path / "hps")
+
+
+def test_cli_convert_comes_from_sok_hps_through_the_commands_entry_point():
+    # sok-core holds no convert of its own: with sok-hps installed its plugin adds the subcommand.
+    pytest.importorskip("hierarchical_parameter_server")
+    from sparse_operation_kit.cli import build_parser
+    from sparse_operation_kit.plugins.commands import plugin_manager
+
+    names = [name for name, _ in plugin_manager().list_name_plugin()]
+    assert "hps" in names
+    args = build_parser().parse_args(["ckpt", "convert", "a", "b"])
+    assert args.run.__module__ == "hierarchical_parameter_server.sok_commands"
 
 
 # -- names stay inside the checkpoint ---------------------------------------------------------------

@@ -2,13 +2,13 @@
 
 The checkpoint is read back through ``checkpoint_format`` and compared with the trained tables
 (static tables: keys are the row ids; dynamic tables: the keys training fed them, ``dynamic_keys``
-of the ids). The HPS step runs when sok-hps has its layers (``serve.hps_serving_available``)."""
+of the ids). The serving steps run where a plugin of the ``sok`` command serves the demo (sok-hps:
+its own tests check what it serves)."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,27 +19,13 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
-from sparse_operation_kit.demo import serve as serve_module  # noqa: E402
 from sparse_operation_kit.demo.dlrm import DenseTower, dynamic_keys, float32_matmuls, table_plan  # noqa: E402
 from sparse_operation_kit.demo.train import CHECKPOINT_DIR, CONFIG_FILE, DemoConfig, train  # noqa: E402
+from sparse_operation_kit.plugins.commands import MISSING, plugin_manager  # noqa: E402
 
+#: Whether a plugin of the ``sok`` command serves the demo (sok-hps installed).
+SERVES = plugin_manager().hook.sok_demo_server() is not None
 SMALL = {"steps": 30, "epochs": 2, "batch_size": 256, "eval_batches": 2, "dim": 4, "max_rows": 2048}
-
-
-#: Serves a demo run (argv[1]) in a fresh process with a spy on ``DenseTower.call`` and prints whether
-#: TF32 was on at its calls.
-SPY_SERVE = """
-import sys
-import tensorflow as tf
-from sparse_operation_kit.demo import dlrm, serve
-seen, call = set(), dlrm.DenseTower.call
-def spy(self, inputs):
-    seen.add(tf.config.experimental.tensor_float_32_execution_enabled())
-    return call(self, inputs)
-dlrm.DenseTower.call = spy
-serve.serve(sys.argv[1])
-print("TF32 at tower calls:", sorted(seen))
-"""
 
 
 @pytest.fixture(scope="module")
@@ -119,46 +105,6 @@ def test_checkpoint_keys_are_row_ids_or_dynamic_keys(trained):
             assert np.isin(dynamic_keys(eval_ids[:, i]), keys).all(), name
 
 
-def test_serving_through_hps_equals_the_trained_model(trained):
-    reason = serve_module.hps_serving_available()
-    if reason is not None:
-        pytest.skip(f"HPS serving is not available: {reason}")
-    output, _, _ = trained
-    # A fresh process, as the demo serves (hps.Init is once per process).
-    done = subprocess.run(
-        [sys.executable, "-m", "sparse_operation_kit.demo.serve", output], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    match = re.search(r"AUC (\S+) \(trained model (\S+)\), largest difference of a prediction (\S+)", done.stdout)
-    assert match, done.stdout
-    served, trained_auc, difference = (float(x) for x in match.groups())
-    record = json.loads(Path(output, CONFIG_FILE).read_text(encoding="utf-8"))
-    assert trained_auc == pytest.approx(record["results"]["eval_auc"][-1], abs=1e-6)
-    assert abs(served - trained_auc) <= serve_module.AUC_TOLERANCE
-    assert difference <= serve_module.AUC_TOLERANCE
-
-
-def test_serving_computes_the_tower_without_tf32(trained):
-    reason = serve_module.hps_serving_available()
-    if reason is not None:
-        pytest.skip(f"HPS serving is not available: {reason}")
-    output, _, _ = trained
-    done = subprocess.run([sys.executable, "-c", SPY_SERVE, output], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "TF32 at tower calls: [False]" in done.stdout, done.stdout[-3000:]
-
-
-def test_ps_config_names_the_checkpoint_tables(trained):
-    output, config, _ = trained
-    with open(os.path.join(output, CONFIG_FILE), encoding="utf-8") as f:
-        record = json.load(f)
-    model = serve_module.ps_config(output, record, config.batch_size)["models"][0]
-    assert [os.path.basename(p) for p in model["sparse_files"]] == record["table_names"]
-    for path in model["sparse_files"]:
-        assert os.path.exists(path + "-key") and os.path.exists(path + "-weight")
-    assert model["embedding_vecsize_per_table"] == [config.dim] * 26
-
-
 def test_config_refuses_a_batch_that_does_not_split():
     with pytest.raises(ValueError, match="not a multiple of the 3 ranks"):
         DemoConfig(batch_size=100).check(3)
@@ -175,8 +121,8 @@ def test_cli_trains_and_serves_a_small_model(tmp_path, capsys):
     command = [sys.executable, "-m", "sparse_operation_kit.cli", "demo", "--part", "serve", "--output", output]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    reason = serve_module.hps_serving_available()
-    assert ("serving check passed" in done.stdout) if reason is None else (reason in done.stdout)
+    needs = MISSING["sok demo --part serve"]
+    assert ("serving check passed" in done.stdout) if SERVES else (f"it needs {needs}" in done.stdout)
 
 
 def test_cli_trains_on_criteo_tsv_files_and_serves_them(tmp_path, capsys):
@@ -204,8 +150,8 @@ def test_cli_trains_on_criteo_tsv_files_and_serves_them(tmp_path, capsys):
     record = json.loads(Path(output, CONFIG_FILE).read_text(encoding="utf-8"))
     assert record["results"]["auc_ceiling"] is None
     assert np.load(os.path.join(output, "eval_predictions.npy")).shape == (256,)
-    command = [sys.executable, "-m", "sparse_operation_kit.demo.serve", output]
-    if serve_module.hps_serving_available() is None:
+    command = [sys.executable, "-m", "sparse_operation_kit.cli", "demo", "--part", "serve", "--output", output]
+    if SERVES:
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "serving check passed" in done.stdout
@@ -236,9 +182,9 @@ def test_two_ranks_train_what_one_process_serves(tmp_path):
     assert "over 2 rank(s)" in done.stdout
     record = json.loads(Path(output, CONFIG_FILE).read_text(encoding="utf-8"))
     assert record["ranks"] == 2
-    if serve_module.hps_serving_available() is None:
+    if SERVES:
         served = subprocess.run(
-            [sys.executable, "-m", "sparse_operation_kit.demo.serve", output],
+            [sys.executable, "-m", "sparse_operation_kit.cli", "demo", "--part", "serve", "--output", output],
             capture_output=True,
             text=True,
             timeout=300,

@@ -34,6 +34,22 @@ def test_extras_pin_the_same_version():
         assert f"sok-core=={version}" in _project(name)["dependencies"]
 
 
+def test_sok_hps_adds_to_the_sok_command_by_entry_point():
+    assert _project("sok-hps")["entry-points"]["sok.commands"] == {"hps": "hierarchical_parameter_server.sok_commands"}
+
+
+def test_sok_core_python_imports_nothing_of_sok_hps():
+    # sok-hps's parts of the sok command come through the entry-point group sok.commands.
+    source = ROOT / "packages" / "sok-core" / "src" / "sparse_operation_kit"
+    importing = [
+        f"{path.relative_to(source)}:{number}"
+        for path in sorted(source.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if line.lstrip().startswith(("import hierarchical_parameter_server", "from hierarchical_parameter_server"))
+    ]
+    assert importing == []
+
+
 def test_backends_declare_entry_points():
     names = {ep.name: ep.value for ep in entry_points(group="sok.backends")}
     assert names["det"] == "sok_backend_det.plugin"

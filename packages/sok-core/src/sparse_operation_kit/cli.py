@@ -7,7 +7,11 @@ Example::
     $ sok demo --model dcnv2 --steps 50 --batch-size 512   # MLPerf's DLRM-DCNv2 (multi-hot): train, serve, tour
     $ horovodrun -np 2 -H localhost:2 --gloo sok demo --part train && sok demo --part serve
     $ sok ckpt inspect ckpt          # read-only; imports no TensorFlow
-    $ sok ckpt convert ckpt hps_out  # HPS's sparse-model layout (needs sok-hps)
+    $ sok ckpt convert ckpt hps_out  # HPS's sparse-model layout (sok-hps adds it)
+
+Other distributions add to the command through the entry-point group ``sok.commands``
+(:mod:`sparse_operation_kit.plugins.commands`): sok-hps adds ``sok ckpt convert`` and serves the
+demo's model; sok-core depends on neither.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -81,15 +86,14 @@ def _demo(args: argparse.Namespace) -> int:
         config.check(1)  # before TensorFlow starts (train checks again with the number of ranks)
         train(config, args.output)
     if part in ("serve", "all"):
-        from sparse_operation_kit.demo.serve import hps_serving_available
+        from sparse_operation_kit.plugins.commands import MISSING, plugin_manager
 
-        reason = hps_serving_available()
-        if reason is not None:
-            print(f"\n== serving through HPS skipped: {reason}")
+        server = plugin_manager().hook.sok_demo_server()
+        if server is None:
+            needs = MISSING["sok demo --part serve"]
+            print(f"\n== serving through HPS skipped: it needs {needs}, which is not installed")
         elif part == "serve":
-            from sparse_operation_kit.demo.serve import serve
-
-            serve(args.output)
+            server(args.output)
         else:  # in a new process: nothing of training's state carries over
             command = [
                 sys.executable,
@@ -109,14 +113,8 @@ def _demo(args: argparse.Namespace) -> int:
     return status
 
 
-def _ckpt(args: argparse.Namespace) -> int:
-    # Neither command imports TensorFlow: both read checkpoints through checkpoint_format.
-    if args.ckpt_command == "inspect":
-        return _ckpt_inspect(args)
-    return _ckpt_convert(args)
-
-
 def _ckpt_inspect(args: argparse.Namespace) -> int:
+    # No TensorFlow: the checkpoint is read through checkpoint_format.
     import json
 
     from sparse_operation_kit.checkpoint_inspect import inspect
@@ -142,22 +140,15 @@ def _ckpt_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ckpt_convert(args: argparse.Namespace) -> int:
-    from sparse_operation_kit.progress import TqdmCallback
+def _needs_plugin(command: str) -> Callable[[argparse.Namespace], int]:
+    """The ``run`` of a subcommand that a plugin adds where none is installed: it says what to install."""
 
-    try:
-        from hierarchical_parameter_server.convert import convert_to_hps
-    except ModuleNotFoundError as error:
-        if error.name not in ("hierarchical_parameter_server", "hierarchical_parameter_server.convert"):
-            raise
-        raise ImportError(
-            f"sok ckpt convert needs sok-hps, which is not installed ({error}); install it with "
-            f"pip install sok-core[hps]"
-        ) from error
-    with TqdmCallback(desc="convert", unit="table") as bar:
-        written = convert_to_hps(args.path, args.output, callback=bar)
-    print(f"wrote {len(written)} HPS table directories under {args.output}")
-    return 0
+    def run(args: argparse.Namespace) -> int:
+        from sparse_operation_kit.plugins.commands import MISSING
+
+        raise ImportError(f"{command} needs {MISSING[command]}, which is not installed")
+
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -250,10 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_cmd.add_argument("path")
     inspect_cmd.add_argument("--no-verify", action="store_true", help="skip the checksum check")
     inspect_cmd.add_argument("--json", action="store_true", help="also print everything as JSON")
-    convert_cmd = ckpt_commands.add_parser("convert", help="write the tables in HPS's sparse-model layout")
-    convert_cmd.add_argument("path")
-    convert_cmd.add_argument("output")
-    ckpt.set_defaults(run=_ckpt)
+    inspect_cmd.set_defaults(run=_ckpt_inspect)
+    from sparse_operation_kit.plugins.commands import plugin_manager
+
+    plugin_manager().hook.sok_ckpt_commands(commands=ckpt_commands)
+    if "convert" not in ckpt_commands.choices:
+        missing = ckpt_commands.add_parser("convert", help="(sok-hps) write the tables in HPS's sparse-model layout")
+        missing.add_argument("arguments", nargs="*")
+        missing.set_defaults(run=_needs_plugin("sok ckpt convert"))
     return parser
 
 

@@ -3,8 +3,9 @@ tables, checkpointed with ``sok.dump`` and served through HPS in a fresh process
 what the storages do at scale.
 
 Modules: :mod:`~.criteo` (the data: generator and TSV reader), :mod:`~.dlrm` (the model),
-:mod:`~.train` (training, evaluation, dump, plot), :mod:`~.serve` (the checkpoint through HPS),
-:mod:`~.storage` (the storage tour). Importing this package imports none of them.
+:mod:`~.train` (training, evaluation, dump, plot), :mod:`~.storage` (the storage tour). Importing
+this package imports none of them. Serving the checkpoint through HPS is sok-hps's
+(``hierarchical_parameter_server.demo_serve``, which ``sok demo`` finds through its plugin).
 """
 
 

@@ -62,9 +62,9 @@ def float32_matmuls() -> Iterator[None]:
     On Ampere and later GPUs TensorFlow runs float32 matmuls in TF32 by default (inputs rounded to
     a 10-bit mantissa), and cuBLAS picks TF32 or float32 kernels per shape. Training evaluates
     ``batch_size / N`` samples per rank and serving the whole batch, so under TF32 the same model's
-    predictions differ by far more than ``serve.AUC_TOLERANCE``; in float32 only the order of the
-    sums differs. :func:`~.train.train` and :func:`~.serve.serve` run inside this scope. (TF32 does
-    not exist on CPUs: there it changes nothing.)
+    predictions differ by far more than sok-hps's serving tolerance (``demo_serve.AUC_TOLERANCE``); in
+    float32 only the order of the sums differs. :func:`~.train.train` and sok-hps's
+    ``demo_serve.serve`` run inside this scope. (TF32 does not exist on CPUs: there it changes nothing.)
 
     Example::
 

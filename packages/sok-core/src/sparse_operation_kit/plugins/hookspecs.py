@@ -1,4 +1,5 @@
-"""Every hook a SparseOperationKit plugin can implement.
+"""Every hook a SparseOperationKit plugin can implement: storage backends, and additions to the
+``sok`` command (:mod:`.commands`).
 
 A storage backend is a Python distribution that declares an entry point in the group
 ``sok.backends`` pointing at a module (or object) with ``@hookimpl`` functions. sok-core loads the
@@ -28,7 +29,9 @@ Example (a third-party native backend's ``pyproject.toml`` and plugin module)::
 
 from __future__ import annotations
 
-from typing import Protocol
+import argparse
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import pluggy
 
@@ -66,6 +69,30 @@ def sok_register_backends(registry: BackendRegistrar) -> None:
     capabilities and the storage API version it was built for.
 
     :param registry: the registry to add :class:`~sparse_operation_kit.plugins.BackendSpec` s to.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def sok_ckpt_commands(commands: argparse._SubParsersAction) -> None:
+    """Add subcommands to ``sok ckpt`` (sok-hps adds ``convert``).
+
+    Called once when the ``sok`` command builds its parser, for plugins of the entry-point group
+    ``sok.commands`` (:mod:`.commands`). Each subcommand is ``commands.add_parser(name, help=...)``
+    with its arguments and ``set_defaults(run=function)``: ``function(args)`` runs it and returns
+    the exit status.
+
+    :param commands: the sub-parsers of ``sok ckpt``.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def sok_demo_server() -> Callable[[str], Any] | None:
+    """The function that serves a trained demo run (``sok demo --part serve``; sok-hps serves it
+    through HPS), or None: ``serve(output)`` serves the run written to ``output`` in this process.
 
     .. versionadded:: 0.1
     """

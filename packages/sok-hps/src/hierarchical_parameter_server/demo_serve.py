@@ -1,22 +1,24 @@
-"""Serving of the demo's checkpoint through HPS, in a fresh process: the tables are read by HPS from
+"""Serving of sok-core's demo (``sok demo``) through HPS, in a fresh process (``sok demo --part
+serve`` runs it: :mod:`.sok_commands` hands it to the ``sok`` command): the tables are read by HPS from
 the ``sok.dump`` checkpoint, the dense layers from ``dense.npz``; the eval set is served and its
 predictions must equal those of the trained model (and so its AUC, to 1e-6).
 
-Both models of the demo are served, the one ``demo.json`` names (``record["config"]["model"]``):
-the DLRM (:mod:`~.dlrm`) looks up one id per feature, the DLRM-DCNv2 (:mod:`~.dcnv2`) a bag of
+(``demo.*`` below: sok-core's ``sparse_operation_kit.demo`` modules.) Both models of the demo are
+served, the one ``demo.json`` names (``record["config"]["model"]``): the DLRM (``demo.dlrm``) looks
+up one id per feature, the DLRM-DCNv2 (``demo.dcnv2``) a bag of
 ``hotness[i]`` ids per feature (multi-hot lookups, sum-pooled as in training). The tower and the
 function from a batch's ids to the 26 embeddings are built as training builds them
 (``train.build_model``), with HPS's lookups (:class:`HpsEmbeddings`) in place of SOK's tables.
 
 HPS reads the checkpoint's tables directly: each ``sparse_files`` entry of the ``ps_config`` is
 ``<checkpoint>/<table name>``. Static tables' keys in the checkpoint are their row ids; dynamic
-tables' are the keys they were trained with (:func:`~.dlrm.dynamic_keys` of the ids), so serving
+tables' are the keys they were trained with (``demo.dlrm.dynamic_keys`` of the ids), so serving
 feeds each table what training fed it.
 
 Example::
 
-    python -m sparse_operation_kit.demo.serve build/demo      # after sok demo --part train
-    python -m sparse_operation_kit.demo.serve build/dcnv2     # after sok demo --model dcnv2 --part train
+    python -m hierarchical_parameter_server.demo_serve build/demo      # after sok demo --part train
+    python -m hierarchical_parameter_server.demo_serve build/dcnv2     # after sok demo --model dcnv2 --part train
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ __all__ = [
     "read_record",
     "ps_config",
     "serve",
-    "hps_serving_available",
     "HpsEmbeddings",
     "AUC_TOLERANCE",
 ]
@@ -46,24 +47,9 @@ PS_CONFIG_FILE = "ps_config.json"
 AUC_TOLERANCE = 1e-6
 
 
-def hps_serving_available() -> str | None:
-    """None when HPS's ``Init`` and ``SparseLookupLayer`` can be imported; else why not."""
-    try:
-        import hierarchical_parameter_server as hps
-    except ImportError as error:
-        return f"sok-hps is not installed ({error}); pip install 'sok-core[hps]'"
-    missing = [name for name in ("Init", "SparseLookupLayer") if not hasattr(hps, name)]
-    if missing:
-        return (
-            f"this sok-hps ({getattr(hps, '__version__', '?')}) has no hps.{' / hps.'.join(missing)}; install the "
-            f"sok-hps of sok-core's version (pip install 'sok-core[hps]')"
-        )
-    return None
-
-
 def read_record(output: str) -> dict[str, Any]:
     """The ``demo.json`` of the demo run in ``output``, checked for what serving reads of it: the
-    ``config``'s ``model`` (one of :data:`~.train.MODELS`) and, for ``"dcnv2"``, its ``hotness``.
+    ``config``'s ``model`` (one of ``demo.train.MODELS``) and, for ``"dcnv2"``, its ``hotness``.
 
     Raises:
         FileNotFoundError: ``output`` holds no ``demo.json`` (no training wrote into it).
@@ -129,12 +115,12 @@ def ps_config(output: str, record: dict[str, Any], batch_size: int) -> dict[str,
 
 class HpsEmbeddings:
     """The 26 tables of a served demo run, one ``hps.SparseLookupLayer`` each, with the lookups of
-    :class:`~.dlrm.SokEmbeddings` (one id per feature, or sum-pooled bags of ids per feature), so
+    ``demo.dlrm.SokEmbeddings`` (one id per feature, or sum-pooled bags of ids per feature), so
     that training's function from ids to embeddings runs on them unchanged.
 
     Args:
         layers: the 26 lookup layers, table ``i`` of the served model in ``layers[i]``.
-        dynamic: whether each feature's table is dynamic (fed :func:`~.dlrm.dynamic_keys` of the ids).
+        dynamic: whether each feature's table is dynamic (fed ``demo.dlrm.dynamic_keys`` of the ids).
 
     Example::
 
@@ -154,7 +140,7 @@ class HpsEmbeddings:
     def lookup(self, sp_ids: Sequence[Any]) -> list[Any]:
         """26 embeddings ``[B, dim]``: per feature, the sum of the served rows of its ids (one
         ``tf.RaggedTensor`` or ``tf.SparseTensor`` of int64 ids ``[B, None]`` per feature, as
-        training's lookup takes; keyed as training keyed them, :func:`~.dlrm.table_keys`)."""
+        training's lookup takes; keyed as training keyed them, ``demo.dlrm.table_keys``)."""
         from sparse_operation_kit.demo.dlrm import table_keys
 
         return [layer(keys, None, combiner="sum") for keys, layer in zip(table_keys(sp_ids, self.dynamic), self.layers)]
@@ -163,25 +149,22 @@ class HpsEmbeddings:
 def serve(output: str) -> dict[str, float]:
     """Serve the eval set of the demo run in ``output`` (either model) through HPS and compare with
     the trained model's predictions. Returns ``auc``, ``trained_auc`` and ``max_abs_diff``. Float32
-    matmuls compute in float32, not TF32, as in :func:`~.train.train` (:func:`~.dlrm.float32_matmuls`).
+    matmuls compute in float32, not TF32, as in ``demo.train.train`` (``demo.dlrm.float32_matmuls``).
 
     Raises:
-        ImportError: HPS's layers are not available (:func:`hps_serving_available` says why).
         FileNotFoundError / ValueError: ``output``'s ``demo.json`` is missing or not valid
             (:func:`read_record`), or ``dense.npz`` does not fit the model it names.
         RuntimeError: HPS is initialised in this process already (serve in a fresh one).
         AssertionError: the served predictions or AUC differ from the trained model's.
     """
-    reason = hps_serving_available()
-    if reason is not None:
-        raise ImportError(f"cannot serve through HPS: {reason}")
     record = read_record(output)
     from hierarchical_parameter_server import init as hps_init
 
     if hps_init.is_initialized():
         raise RuntimeError(
             "HPS is initialised in this process already (hps.Init is once per process, and a later Init keeps the "
-            "first ps_config): serve the demo in a fresh process, python -m sparse_operation_kit.demo.serve OUTPUT"
+            "first ps_config): serve the demo in a fresh process, "
+            "python -m hierarchical_parameter_server.demo_serve OUTPUT"
         )
 
     from sparse_operation_kit.demo.dlrm import float32_matmuls
@@ -209,12 +192,12 @@ def _load_weights(tower: Any, path: str, model: str) -> None:
 
 
 def _serve(output: str, record: dict[str, Any]) -> dict[str, float]:
-    """:func:`serve` after its checks, inside :func:`~.dlrm.float32_matmuls`."""
-    import hierarchical_parameter_server as hps
+    """:func:`serve` after its checks, inside ``demo.dlrm.float32_matmuls``."""
     import tensorflow as tf
-
     from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL
     from sparse_operation_kit.demo.train import AUC_THRESHOLDS, DENSE_FILE, PREDICTIONS_FILE, DemoConfig, build_model
+
+    import hierarchical_parameter_server as hps
 
     config = DemoConfig(**record["config"])
     batch = config.batch_size
@@ -266,11 +249,12 @@ def _serve(output: str, record: dict[str, Any]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sparse_operation_kit.demo.serve OUTPUT``: serve a demo run of either model (exit 0
+    """``python -m hierarchical_parameter_server.demo_serve OUTPUT``: serve a demo run of either model (exit 0
     when it passes; 2, with the reason, for a run it cannot serve)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m sparse_operation_kit.demo.serve OUTPUT (the directory of a demo run)", file=sys.stderr)
+        usage = "usage: python -m hierarchical_parameter_server.demo_serve OUTPUT (the directory of a demo run)"
+        print(usage, file=sys.stderr)
         return 2
     try:
         serve(args[0])

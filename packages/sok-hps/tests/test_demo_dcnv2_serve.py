@@ -1,9 +1,7 @@
-"""Serving the demo's DLRM-DCNv2 through HPS (``sok demo --model dcnv2``, ``demo.serve``): a small
+"""Serving the demo's DLRM-DCNv2 through HPS (``sok demo --model dcnv2``, ``demo_serve``): a small
 multi-hot run (MLPerf's hotness, static and dynamic tables) served in a fresh process equals the
 trained model's final eval predictions; ``--part all`` is the default for both models; a run whose
-``demo.json`` does not name a valid model, or whose dense weights do not fit it, is refused.
-
-The serving steps run when sok-hps has its layers (``serve.hps_serving_available``)."""
+``demo.json`` does not name a valid model, or whose dense weights do not fit it, is refused."""
 
 from __future__ import annotations
 
@@ -19,8 +17,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from hierarchical_parameter_server import demo_serve as serve_module  # noqa: E402
 from sparse_operation_kit.cli import _demo_part, build_parser, main  # noqa: E402
-from sparse_operation_kit.demo import serve as serve_module  # noqa: E402
 from sparse_operation_kit.demo.criteo import MLPERF_HOTNESS  # noqa: E402
 from sparse_operation_kit.demo.dcnv2 import DCNv2Tower  # noqa: E402
 from sparse_operation_kit.demo.train import CONFIG_FILE, DENSE_FILE, DemoConfig, train  # noqa: E402
@@ -42,14 +40,8 @@ SMALL = {
     "cross_layers": 2,
     "low_rank": 4,
 }
-#: What the served line says (serve.serve prints it).
+#: What the served line says (demo_serve.serve prints it).
 SERVED = re.compile(r"AUC (\S+) \(trained model (\S+)\), largest difference of a prediction (\S+)")
-
-
-def needs_hps() -> None:
-    reason = serve_module.hps_serving_available()
-    if reason is not None:
-        pytest.skip(f"HPS serving is not available: {reason}")
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +69,9 @@ def test_ps_config_asks_for_a_bag_of_hotness_keys_per_table(trained):
 
 
 def test_serving_through_hps_equals_the_trained_model(trained):
-    needs_hps()
     # A fresh process, as the demo serves (hps.Init is once per process).
     done = subprocess.run(
-        [sys.executable, "-m", "sparse_operation_kit.demo.serve", str(trained)],
+        [sys.executable, "-m", "hierarchical_parameter_server.demo_serve", str(trained)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -96,7 +87,6 @@ def test_serving_through_hps_equals_the_trained_model(trained):
 
 
 def test_cli_serves_the_model_its_output_was_trained_with(trained):
-    needs_hps()
     # No --model: the default (dlrm) is not what --part serve serves; demo.json says dcnv2.
     command = [sys.executable, "-m", "sparse_operation_kit.cli", "demo", "--part", "serve", "--output", str(trained)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -150,7 +140,6 @@ def test_a_missing_or_unreadable_record_is_refused(tmp_path):
 
 
 def test_serve_and_the_cli_refuse_a_corrupted_model_before_hps_starts(trained, tmp_path, capsys):
-    needs_hps()
     from hierarchical_parameter_server import init as hps_init
 
     output = copy_with_record(trained, tmp_path, lambda r: r["config"].update(model="dcn"))
