@@ -5,6 +5,7 @@ updated from the same gradients; under ``mixed_float16`` a Keras 3 ``LossScaleOp
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,12 +18,22 @@ import sparse_operation_kit as sok  # noqa: E402
 from sparse_operation_kit.optimizer import wrappers_of  # noqa: E402
 
 
-@pytest.fixture
-def bfloat16_policy():
+def _global_policy(name: str) -> Iterator[None]:
+    """Keras' global dtype policy ``name`` while the fixture lasts."""
     before = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    keras.mixed_precision.set_global_policy(name)
     yield
     keras.mixed_precision.set_global_policy(before)
+
+
+@pytest.fixture
+def bfloat16_policy():
+    yield from _global_policy("mixed_bfloat16")
+
+
+@pytest.fixture
+def float16_policy():
+    yield from _global_policy("mixed_float16")
 
 
 def test_bfloat16_step_updates_sok_tables_as_float32_variables(bfloat16_policy):
@@ -50,14 +61,6 @@ def test_bfloat16_step_updates_sok_tables_as_float32_variables(bfloat16_policy):
     assert pooled.dtype == tf.float32 and out.dtype == tf.bfloat16 and table.dtype == tf.float32
     np.testing.assert_allclose(table.numpy(), plain.numpy(), rtol=1e-6, atol=1e-7)
     assert not np.array_equal(table.numpy(), rows)
-
-
-@pytest.fixture
-def float16_policy():
-    before = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    yield
-    keras.mixed_precision.set_global_policy(before)
 
 
 ROWS = (0.05 * np.random.default_rng(7).normal(size=(10, 4))).astype(np.float32)  # no float16 overflow at 2**11
