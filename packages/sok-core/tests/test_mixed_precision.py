@@ -186,3 +186,24 @@ def test_dump_and_load_with_the_loss_scale_optimizer_keep_the_table_and_its_stat
         np.testing.assert_array_equal(np.asarray(v1)[np.argsort(k1)], np.asarray(v2)[np.argsort(k2)])
     keys, values = (np.asarray(t) for t in sok.export(fresh))
     np.testing.assert_array_equal(pair.rows()[0], values[np.argsort(keys)])
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_layers_return_the_compute_dtype_and_keep_float32_tables(policy):
+    # As Keras' Embedding: rows in the policy's compute dtype, the table and its gradient float32.
+    for _ in _global_policy(policy):
+        compute = keras.mixed_precision.global_policy().compute_dtype
+        dynamic = sok.DynamicEmbedding(4, initializer="ones", combiner="sum")
+        dense = sok.All2AllDenseEmbedding(
+            max_vocabulary_size_per_gpu=16, embedding_vec_size=4, slot_num=2, nnz_per_slot=1
+        )
+        ids = tf.constant([[1, 2], [3, 3]], tf.int64)
+        with tf.GradientTape() as tape:
+            pooled = dynamic(ids)
+            rows = dense(tf.reshape(ids, [2, 2, 1]))
+            loss = tf.reduce_sum(tf.cast(pooled, tf.float32)) + tf.reduce_sum(tf.cast(rows, tf.float32))
+        assert pooled.dtype == compute and rows.dtype == compute
+        np.testing.assert_array_equal(tf.cast(pooled, tf.float32).numpy(), np.full((2, 4), 2.0))
+        grads = tape.gradient(loss, [dynamic.embedding_variable, dense.embedding_variable])
+        assert [g.values.dtype for g in grads] == [tf.float32, tf.float32]
+        assert dynamic.embedding_variable.dtype == tf.float32 and dense.embedding_variable.dtype == tf.float32

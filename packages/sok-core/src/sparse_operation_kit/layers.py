@@ -42,6 +42,10 @@ _COMBINERS = ("sum", "mean")
 class _OwnsSokVariable(tf.keras.layers.Layer):
     """Adds ``self._variable`` (a SOK table Keras does not track) to the layer's weights.
 
+    Under a mixed precision policy (``mixed_float16``, ``mixed_bfloat16``) the table and its
+    optimizer state stay float32 and the layer returns its rows in the policy's compute dtype, as
+    Keras' ``Embedding`` does (:meth:`_in_compute_dtype`); the gradient reaches the table as float32.
+
     SOK's ops have no XLA kernels: ``supports_jit = False`` (set after Keras' own ``__init__``, which
     sets it True) keeps Keras 3's ``jit_compile="auto"`` (XLA on a GPU) off for a model holding such
     a layer."""
@@ -51,6 +55,10 @@ class _OwnsSokVariable(tf.keras.layers.Layer):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.supports_jit = False
+
+    def _in_compute_dtype(self, rows: tf.Tensor) -> tf.Tensor:
+        """``rows`` (float32) in the layer's compute dtype."""
+        return rows if rows.dtype == self.compute_dtype else tf.cast(rows, self.compute_dtype)
 
     @property
     def variables(self) -> list:
@@ -109,10 +117,10 @@ class DynamicEmbedding(_OwnsSokVariable):
     def call(self, ids: Any) -> tf.Tensor:
         embeddings = self._variable.sparse_read(ids)
         if self.combiner == "sum":
-            return tf.reduce_sum(embeddings, axis=-2)
-        if self.combiner == "mean":
-            return tf.reduce_mean(embeddings, axis=-2)
-        return embeddings
+            embeddings = tf.reduce_sum(embeddings, axis=-2)
+        elif self.combiner == "mean":
+            embeddings = tf.reduce_mean(embeddings, axis=-2)
+        return self._in_compute_dtype(embeddings)  # pooled in float32 first
 
     def compute_output_shape(self, input_shape: Any) -> tuple:
         shape = tuple(input_shape)
@@ -216,14 +224,16 @@ class All2AllDenseEmbedding(_OwnsSokVariable):
     def call(self, inputs: Any, training: bool = True) -> tf.Tensor:
         ids = tf.convert_to_tensor(inputs)
         if self.dynamic_input:
-            return all2all_dense_embedding(self._variable, tf.reshape(ids, [-1]))
+            return self._in_compute_dtype(all2all_dense_embedding(self._variable, tf.reshape(ids, [-1])))
         if ids.shape.rank != 3 or tuple(ids.shape[1:]) != (self.slot_num, self.nnz_per_slot):
             raise ValueError(
                 f"inputs must have shape [batch, {self.slot_num}, {self.nnz_per_slot}] "
                 f"(slot_num, nnz_per_slot), got {ids.shape}; or create the layer with dynamic_input=True"
             )
         vectors = all2all_dense_embedding(self._variable, tf.reshape(ids, [-1]))
-        return tf.reshape(vectors, [-1, self.slot_num, self.nnz_per_slot, self.embedding_vec_size])
+        return self._in_compute_dtype(
+            tf.reshape(vectors, [-1, self.slot_num, self.nnz_per_slot, self.embedding_vec_size])
+        )
 
     def compute_output_shape(self, input_shape: Any) -> tuple:
         if self.dynamic_input:
