@@ -142,7 +142,7 @@ def export_in_chunks(storage: Any, dim: int) -> int:
 def read_as_load_does(infos: list[Any], rows: int) -> None:
     """Read and checksum the files as load does, inserting nothing: the key file into memory, the
     others streamed through two reused buffers."""
-    from sparse_operation_kit import checkpoint_format as fmt
+    from sparse_operation_kit.checkpoint import format as fmt
 
     for info in infos:
         if info.file_type == fmt.FILE_KEY:
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import sparse_operation_kit as sok
     import tensorflow as tf
-    from sparse_operation_kit import checkpoint_format as fmt
+    from sparse_operation_kit.checkpoint import format as fmt
     from sparse_operation_kit.progress import TqdmCallback
 
     machine = machine_context(tf, args.dir)

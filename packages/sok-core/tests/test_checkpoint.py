@@ -26,10 +26,10 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 import sparse_operation_kit as sok  # noqa: E402
-from sparse_operation_kit import checkpoint as ckpt  # noqa: E402
-from sparse_operation_kit import checkpoint_dir as ckdir  # noqa: E402
-from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
-from sparse_operation_kit.checkpoint_inspect import inspect as ckpt_inspect  # noqa: E402
+from sparse_operation_kit.checkpoint import collective as ckpt  # noqa: E402
+from sparse_operation_kit.checkpoint import directory as ckdir  # noqa: E402
+from sparse_operation_kit.checkpoint import format as fmt  # noqa: E402
+from sparse_operation_kit.checkpoint.inspect import inspect as ckpt_inspect  # noqa: E402
 from sparse_operation_kit.cli import main as cli_main  # noqa: E402
 
 K = tf.keras.optimizers
@@ -969,7 +969,7 @@ def test_cli_inspect_nvidia_checkpoint_and_missing_path(tmp_path, capsys):
 
 
 def test_dumped_manifest_is_the_schemas_json(tmp_path):
-    """manifest.json is checkpoint_format.Manifest's JSON, field for field and byte for byte."""
+    """manifest.json is checkpoint.format.Manifest's JSON, field for field and byte for byte."""
     path, _, _ = cli_checkpoint(tmp_path)
     raw = (tmp_path / "ckpt" / fmt.MANIFEST).read_bytes()
     manifest = fmt.read_manifest(path)

@@ -3,7 +3,7 @@
 * Two processes dumping to one path in a loop: every dump succeeds or raises a CheckpointError that
   names the path and the other process (never a raw FileNotFoundError / OSError), and the
   checkpoint left at the end loads whole.
-* A dump that finds the path's dump lock held longer than ``checkpoint_dir.LOCK_WAIT_S`` raises a
+* A dump that finds the path's dump lock held longer than ``checkpoint.directory.LOCK_WAIT_S`` raises a
   CheckpointError naming the path and the holder, and leaves nothing behind.
 * One process dumping in a loop while this one loads and inspects the same path: no read ever
   reports a good checkpoint as corrupt (a file of one checkpoint checked against the manifest of
@@ -29,9 +29,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 import sparse_operation_kit as sok  # noqa: E402
-from sparse_operation_kit import checkpoint_dir as ckdir  # noqa: E402
-from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
-from sparse_operation_kit.checkpoint_inspect import inspect as ckpt_inspect  # noqa: E402
+from sparse_operation_kit.checkpoint import directory as ckdir  # noqa: E402
+from sparse_operation_kit.checkpoint import format as fmt  # noqa: E402
+from sparse_operation_kit.checkpoint.inspect import inspect as ckpt_inspect  # noqa: E402
 
 DIM = 4
 KEYS = np.arange(64, dtype=np.int64) * 3 + 1

@@ -9,8 +9,8 @@ import shutil
 import threading
 
 import pytest
-from sparse_operation_kit import checkpoint_dir as ckdir
-from sparse_operation_kit import checkpoint_format as fmt
+from sparse_operation_kit.checkpoint import directory as ckdir
+from sparse_operation_kit.checkpoint import format as fmt
 
 
 def write_checkpoint(path: str, step: int) -> None:

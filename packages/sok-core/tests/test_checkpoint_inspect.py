@@ -1,13 +1,13 @@
 """The checkpoint format's schema and ``sok ckpt inspect``, without TensorFlow.
 
-* ``manifest.json`` is :class:`checkpoint_format.Manifest`'s JSON: a manifest as sok.dump writes it
+* ``manifest.json`` is ``checkpoint.format.Manifest``'s JSON: a manifest as sok.dump writes it
   reads back and writes out byte for byte, under today's field names; an older manifest without the
   optional fields still reads.
 * ``sok ckpt inspect`` (and ``sok ckpt convert``'s import) never imports TensorFlow, and inspect
   never renames, deletes or writes: an interrupted dump's leftovers are reported as found.
 * ``sok ckpt convert`` without sok-hps names the extra to install.
 
-The checkpoints here are written with checkpoint_format alone; sok.dump's own manifests are checked
+The checkpoints here are written with checkpoint.format alone; sok.dump's own manifests are checked
 against the schema in test_checkpoint.py.
 """
 
@@ -21,12 +21,12 @@ import sys
 
 import numpy as np
 import pytest
-from sparse_operation_kit import checkpoint_dir as ckdir
-from sparse_operation_kit import checkpoint_format as fmt
-from sparse_operation_kit.checkpoint_inspect import inspect as ckpt_inspect
+from sparse_operation_kit.checkpoint import directory as ckdir
+from sparse_operation_kit.checkpoint import format as fmt
+from sparse_operation_kit.checkpoint.inspect import inspect as ckpt_inspect
 from sparse_operation_kit.cli import main as cli_main
 
-#: manifest.json as sok.dump wrote it before the schema moved into checkpoint_format (a trained
+#: manifest.json as sok.dump wrote it before the schema moved into checkpoint.format (a trained
 #: DynamicVariable with Adagrad state and an untrained sok.Variable): the bytes stay the same.
 TODAYS_MANIFEST = """{
   "format_version": 1,
@@ -116,7 +116,7 @@ def test_manifest_of_another_format_version_names_the_fix():
         fmt.Manifest.from_dict(data, "manifest.json")
 
 
-# -- checkpoints written with checkpoint_format alone ----------------------------------------------
+# -- checkpoints written with checkpoint.format alone ----------------------------------------------
 def write_table(path: str, table: str, keys: np.ndarray, rows: np.ndarray) -> fmt.TableEntry:
     """A table's key and weight files, and its manifest entry with their checksums."""
     names = [fmt.key_file(table), fmt.weight_file(table)]

@@ -10,8 +10,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 import sparse_operation_kit as sok  # noqa: E402
 from sparse_operation_kit import agreement as agreement_module  # noqa: E402
-from sparse_operation_kit import checkpoint as ckpt  # noqa: E402
-from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
+from sparse_operation_kit.checkpoint import collective as ckpt  # noqa: E402
+from sparse_operation_kit.checkpoint import format as fmt  # noqa: E402
 from sparse_operation_kit.progress import Callback  # noqa: E402
 
 DIM = 4

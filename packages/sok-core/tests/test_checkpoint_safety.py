@@ -27,9 +27,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 import sparse_operation_kit as sok  # noqa: E402
-from sparse_operation_kit import checkpoint_dir as ckdir  # noqa: E402
-from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
-from sparse_operation_kit.checkpoint_inspect import inspect as ckpt_inspect  # noqa: E402
+from sparse_operation_kit.checkpoint import directory as ckdir  # noqa: E402
+from sparse_operation_kit.checkpoint import format as fmt  # noqa: E402
+from sparse_operation_kit.checkpoint.inspect import inspect as ckpt_inspect  # noqa: E402
 from sparse_operation_kit.cli import main as cli_main  # noqa: E402
 
 K = tf.keras.optimizers
@@ -364,7 +364,7 @@ def manifestless(tmp_path) -> tuple[str, sok.DynamicVariable]:
 def test_manifestless_load_warns_that_no_checksums_exist(tmp_path, caplog):
     path, source = manifestless(tmp_path)
     var = make_var()
-    with caplog.at_level(logging.WARNING, logger="sparse_operation_kit.checkpoint_dir"):
+    with caplog.at_level(logging.WARNING, logger="sparse_operation_kit.checkpoint.directory"):
         sok.load(path, [var])
     assert contents(var) == contents(source)
     assert any("no checksums" in r.getMessage() for r in caplog.records)

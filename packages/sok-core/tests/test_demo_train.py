@@ -1,6 +1,6 @@
 """The demo's job on a small model: train -> sok.dump -> (HPS serving), one process.
 
-The checkpoint is read back through ``checkpoint_format`` and compared with the trained tables
+The checkpoint is read back through ``checkpoint.format`` and compared with the trained tables
 (static tables: keys are the row ids; dynamic tables: the keys training fed them, ``dynamic_keys``
 of the ids). The serving steps run where a plugin of the ``sok`` command serves the demo (sok-hps:
 its own tests check what it serves)."""
@@ -18,7 +18,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
+from sparse_operation_kit.checkpoint import format as fmt  # noqa: E402
 from sparse_operation_kit.demo.dlrm import DenseTower, dynamic_keys, float32_matmuls, table_plan  # noqa: E402
 from sparse_operation_kit.demo.train import CHECKPOINT_DIR, CONFIG_FILE, DemoConfig, train  # noqa: E402
 from sparse_operation_kit.plugins.commands import MISSING, plugin_manager  # noqa: E402

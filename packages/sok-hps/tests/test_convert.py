@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 from hierarchical_parameter_server.convert import convert_to_hps
-from sparse_operation_kit import checkpoint_format as fmt
+from sparse_operation_kit.checkpoint import format as fmt
 from sparse_operation_kit.cli import main as cli_main
 from sparse_operation_kit.progress import Callback
 

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 from hierarchical_parameter_server.model_files import ModelFileError, open_table
-from sparse_operation_kit import checkpoint_format as fmt
+from sparse_operation_kit.checkpoint import format as fmt
 
 DIM = 4
 

@@ -61,9 +61,9 @@ _LAZY = {
     "broadcast_dense_variables": "sparse_operation_kit.dense_sync",
     "allreduce_dense_gradients": "sparse_operation_kit.dense_sync",
     "experiment": "sparse_operation_kit.experiment",
-    "dump": "sparse_operation_kit.checkpoint",
-    "load": "sparse_operation_kit.checkpoint",
-    "incremental_model_dump": "sparse_operation_kit.checkpoint",
+    "dump": "sparse_operation_kit.checkpoint.collective",
+    "load": "sparse_operation_kit.checkpoint.collective",
+    "incremental_model_dump": "sparse_operation_kit.checkpoint.collective",
 }
 
 

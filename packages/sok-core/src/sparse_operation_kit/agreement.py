@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit import checkpoint_format as fmt
 from sparse_operation_kit import communication
+from sparse_operation_kit.checkpoint import format as fmt
 
 logger = logging.getLogger(__name__)
 

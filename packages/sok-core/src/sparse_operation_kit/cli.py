@@ -114,10 +114,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _ckpt_inspect(args: argparse.Namespace) -> int:
-    # No TensorFlow: the checkpoint is read through checkpoint_format.
+    # No TensorFlow: the checkpoint is read through checkpoint.format.
     import json
 
-    from sparse_operation_kit.checkpoint_inspect import inspect
+    from sparse_operation_kit.checkpoint.inspect import inspect
 
     info = inspect(args.path, verify=not args.no_verify)
     manifest = info["manifest"] or {}

@@ -30,10 +30,10 @@ import numpy as np  # noqa: E402
 import sparse_operation_kit as sok  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from harness import print_stacks_before_timeout  # noqa: E402
-from sparse_operation_kit import checkpoint as ckpt  # noqa: E402
-from sparse_operation_kit import checkpoint_dir as ckdir  # noqa: E402
-from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
 from sparse_operation_kit.agreement import RankFailure  # noqa: E402
+from sparse_operation_kit.checkpoint import collective as ckpt  # noqa: E402
+from sparse_operation_kit.checkpoint import directory as ckdir  # noqa: E402
+from sparse_operation_kit.checkpoint import format as fmt  # noqa: E402
 
 DIM = 4
 KEYS = np.arange(40, dtype=np.int64) * 7 + 3

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import sparse_operation_kit as sok  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from harness import print_stacks_before_timeout  # noqa: E402
-from sparse_operation_kit import checkpoint_format as fmt  # noqa: E402
+from sparse_operation_kit.checkpoint import format as fmt  # noqa: E402
 
 DIM = 4
 STATIC_ROWS = 11  # not a multiple of 2 or 3: shards of unequal size

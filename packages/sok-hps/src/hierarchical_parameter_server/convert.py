@@ -4,7 +4,7 @@ HPS reads each embedding table of a sparse model from a directory of two raw fil
 ``<output>/<table>/key`` (``int64 [N]``) and ``<output>/<table>/emb_vector`` (``float32 [N, dim]``,
 row ``i`` for the ``i``-th key). A checkpoint of ``sok.dump`` (or NVIDIA SOK) is checked first as
 ``sok ckpt inspect`` checks it (checksums included), through sok-core's
-:mod:`~sparse_operation_kit.checkpoint_inspect` and :mod:`~sparse_operation_kit.checkpoint_format`,
+:mod:`~sparse_operation_kit.checkpoint.inspect` and :mod:`~sparse_operation_kit.checkpoint.format`,
 and its files are read through the same directory handle (a dump that replaces the checkpoint
 meanwhile makes the conversion start again, never mixes two checkpoints). A table whose name is
 not a plain name (``..``, one with a ``/``) is refused before anything is written, so every file
@@ -26,9 +26,9 @@ import secrets
 import shutil
 
 import numpy as np
-from sparse_operation_kit import checkpoint_dir as ckdir
-from sparse_operation_kit import checkpoint_format as fmt
-from sparse_operation_kit.checkpoint_inspect import describe
+from sparse_operation_kit.checkpoint import directory as ckdir
+from sparse_operation_kit.checkpoint import format as fmt
+from sparse_operation_kit.checkpoint.inspect import describe
 from sparse_operation_kit.progress import Callback, NoOpCallback
 
 __all__ = ["convert_to_hps"]

@@ -6,7 +6,7 @@ An entry of ``sparse_files`` is one of:
   ``<entry>/emb_vector`` (float32 ``[N, dim]``, row ``i`` for ``key[i]``), both without header;
 * one table of a ``sok.dump`` (or NVIDIA SOK) checkpoint, named ``<checkpoint dir>/<table>``: the
   files ``<checkpoint dir>/<table>-key`` and ``<table>-weight``, read and checked through
-  sok-core's :mod:`~sparse_operation_kit.checkpoint_format` (headers, sizes, the manifest, and the
+  sok-core's :mod:`~sparse_operation_kit.checkpoint.format` (headers, sizes, the manifest, and the
   CRC-32 checksums; only the weights, never optimizer state). No conversion step is needed.
   The key file is checksummed at open; the weight file by :meth:`TableSource.verify`, which a
   loader calls before it stores any row, so a corrupt checkpoint leaves its databases untouched.
@@ -35,8 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-from sparse_operation_kit import checkpoint_dir as ckdir
-from sparse_operation_kit import checkpoint_format as fmt
+from sparse_operation_kit.checkpoint import directory as ckdir
+from sparse_operation_kit.checkpoint import format as fmt
 
 __all__ = ["ModelFileError", "TableSource", "open_table"]
 
@@ -186,7 +186,7 @@ def _open_hps(path: str, dim: int) -> TableSource:
 
 def _open_checkpoint(path: str, directory: str, table: str, dim: int) -> TableSource:
     """The table read through one handle of the checkpoint directory
-    (:func:`~sparse_operation_kit.checkpoint_dir.read_consistently`): a ``sok.dump`` that replaces the
+    (:func:`~sparse_operation_kit.checkpoint.directory.read_consistently`): a ``sok.dump`` that replaces the
     checkpoint meanwhile makes it read the new one again, never mix the files of two."""
 
     def read(ckpt: ckdir.OpenCheckpoint) -> TableSource:

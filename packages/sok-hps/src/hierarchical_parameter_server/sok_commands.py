@@ -19,7 +19,7 @@ __all__ = ["sok_ckpt_commands", "sok_demo_server"]
 
 
 def _convert(args: argparse.Namespace) -> int:
-    # No TensorFlow: the checkpoint is read through checkpoint_format.
+    # No TensorFlow: the checkpoint is read through checkpoint.format.
     from sparse_operation_kit.progress import TqdmCallback
 
     from hierarchical_parameter_server.convert import convert_to_hps

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit import checkpoint_format
+from sparse_operation_kit.checkpoint import format as ckpt_format
 from sparse_operation_kit.demo import next_pow2
 from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL, NUM_DENSE
 from sparse_operation_kit.distributed_variable import Variable
@@ -192,7 +192,7 @@ class SokEmbeddings:
     @property
     def table_names(self) -> list[str]:
         """The tables' names in a ``sok.dump`` checkpoint (``<checkpoint>/<name>-key`` ...)."""
-        return [checkpoint_format.table_name(t.name) for t in self.tables]
+        return [ckpt_format.table_name(t.name) for t in self.tables]
 
     @property
     def dynamic(self) -> list[bool]:

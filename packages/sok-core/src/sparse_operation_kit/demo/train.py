@@ -213,7 +213,7 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
     import tensorflow as tf
 
     from sparse_operation_kit import communication
-    from sparse_operation_kit.checkpoint import dump
+    from sparse_operation_kit.checkpoint.collective import dump
     from sparse_operation_kit.demo.dlrm import SokEmbeddings
     from sparse_operation_kit.dense_sync import allreduce_dense_gradients, broadcast_dense_variables
     from sparse_operation_kit.optimizer import OptimizerWrapper

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparse_operation_kit import tf_version
-from sparse_operation_kit.checkpoint import dump, load
+from sparse_operation_kit.checkpoint.collective import dump, load
 from sparse_operation_kit.communication import init, num_ranks, rank, set_comm_tool
 from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable, Variable
 from sparse_operation_kit.dynamic_variable import DynamicVariable, assign, export, sparse_read_and_evict

@@ -6,7 +6,7 @@ Rules:
 * ``sok.dump(path)`` replaces only a previous SOK checkpoint: a directory that is empty or holds
   nothing but ``manifest.json`` and files with SOK's 296-byte header (ours or NVIDIA SOK's). Any
   other content (a file of the user's, a sub-directory), or ``path`` being a regular file, is refused
-  with :class:`~sparse_operation_kit.checkpoint_format.CheckpointError` naming what is there; dump
+  with :class:`~sparse_operation_kit.checkpoint.format.CheckpointError` naming what is there; dump
   never deletes or hides a file it did not write.
 * A dump writes into a staging directory beside ``path`` (beside its target when it is a symbolic
   link; missing parent directories are made) (``.<name>.sok-tmp-<random>``, holding the
@@ -32,7 +32,7 @@ Rules:
 * A reader (``sok.load``, ``sok ckpt inspect``, ``sok ckpt convert``) opens the checkpoint directory
   once (:func:`open_for_reading`) and every file relative to it, so a dump that replaces ``path``
   meanwhile cannot mix the files of two checkpoints. When that dump deletes the directory being
-  read, the reader raises :class:`~sparse_operation_kit.checkpoint_format.CheckpointChanged`
+  read, the reader raises :class:`~sparse_operation_kit.checkpoint.format.CheckpointChanged`
   ("changed while it was read"), never "corrupt"; :func:`read_consistently` then reads again, at
   most :data:`READ_ATTEMPTS` times. So does a reader that finds ``path`` missing with dumps' leftovers
   beside it (a swap by two renames may be under way); after the last attempt, the leftovers are
@@ -67,7 +67,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from sparse_operation_kit import checkpoint_format as fmt
+from sparse_operation_kit.checkpoint import format as fmt
 
 logger = logging.getLogger(__name__)
 
@@ -308,7 +308,8 @@ class OpenCheckpoint:
             raise
 
     def close(self) -> None:
-        """Close the directory (the :class:`~checkpoint_format.FileInfo` read through it become unusable)."""
+        """Close the directory (the :class:`~sparse_operation_kit.checkpoint.format.FileInfo` read
+        through it become unusable)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -322,8 +323,9 @@ class OpenCheckpoint:
         return os.listdir(self.fd)
 
     def file(self, name: str) -> str:
-        """The path of the file ``name`` (checked by :func:`~checkpoint_format.check_name`), for messages and
-        :class:`~checkpoint_format.FileInfo`."""
+        """The path of the file ``name`` (checked by
+        :func:`~sparse_operation_kit.checkpoint.format.check_name`), for messages and
+        :class:`~sparse_operation_kit.checkpoint.format.FileInfo`."""
         return os.path.join(self.path, fmt.check_name(name, "file", self.path))
 
     def exists(self, name: str) -> bool:
@@ -331,11 +333,11 @@ class OpenCheckpoint:
         return fmt.exists(self.file(name), self.fd)
 
     def read_header(self, name: str) -> fmt.FileInfo:
-        """:func:`~checkpoint_format.read_header` of the file ``name`` of the directory opened."""
+        """:func:`~sparse_operation_kit.checkpoint.format.read_header` of the file ``name`` of the directory opened."""
         return fmt.read_header(self.file(name), self.fd)
 
     def table_files(self, table: str) -> tuple[fmt.FileInfo, fmt.FileInfo, int]:
-        """:func:`~checkpoint_format.table_files` of ``table`` in the directory opened."""
+        """:func:`~sparse_operation_kit.checkpoint.format.table_files` of ``table`` in the directory opened."""
         return fmt.table_files(self.path, table, self.fd)
 
     def crc32(self, name: str) -> str:
@@ -360,7 +362,7 @@ def same_checkpoint(identities: list[str]) -> bool:
 def open_for_reading(path: str) -> Iterator[OpenCheckpoint]:
     """Open the checkpoint at ``path`` to read it (:class:`OpenCheckpoint`); closed on exit. A
     CheckpointError or OSError raised inside, once ``path`` names another directory, becomes
-    :class:`~checkpoint_format.CheckpointChanged` (a dump replaced the checkpoint and deleted the
+    :class:`~sparse_operation_kit.checkpoint.format.CheckpointChanged` (a dump replaced the checkpoint and deleted the
     files being read).
 
     Raises:

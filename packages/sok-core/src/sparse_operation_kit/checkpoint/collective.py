@@ -1,9 +1,9 @@
 """``sok.dump`` / ``sok.load`` (checkpoints that reshard) and ``sok.incremental_model_dump``.
 
-Files follow NVIDIA SOK's layout (``checkpoint_format``). ``dump`` is collective: every rank sends
+Files follow NVIDIA SOK's layout (``checkpoint.format``). ``dump`` is collective: every rank sends
 its shard to rank 0 in rounds of at most 64 MiB, and rank 0 writes a new directory beside ``path``
 and swaps it in only when every file is written and synced, so a crash leaves the previous
-checkpoint intact; dumps of one path from several processes take turns (``checkpoint_dir``).
+checkpoint intact; dumps of one path from several processes take turns (``checkpoint.directory``).
 Every rank must pass the same ``path`` to ``dump`` and ``load``: the ranks check it, and all raise
 CheckpointError naming each rank's path when they differ.
 
@@ -12,14 +12,14 @@ size to any other, distributed and localized, det to hkv and back), all or nothi
 every file (headers, sizes, dims, slot files, the manifest's checksums) on every rank before any
 variable keeps a row. It reads the checkpoint directory through one handle, so a dump that
 replaces ``path`` meanwhile cannot mix two checkpoints; when that dump deletes the files being
-read, the load starts again (``checkpoint_dir.read_consistently``). Most tables are read into
+read, the load starts again (``checkpoint.directory.read_consistently``). Most tables are read into
 memory and assigned once every file is verified; a dynamic table that is empty when the load
 starts (and needs no new optimizer columns) is filled while its files are read, which hides the
 inserts behind the reads, and is emptied again if any file of the checkpoint turns out bad.
 
-The manifest is :class:`~sparse_operation_kit.checkpoint_format.Manifest`, built here and read
+The manifest is :class:`~sparse_operation_kit.checkpoint.format.Manifest`, built here and read
 through it. Reading a checkpoint without TensorFlow (``sok ckpt inspect``) is
-:mod:`~sparse_operation_kit.checkpoint_inspect`; the conversion to HPS's layout is sok-hps's
+:mod:`~sparse_operation_kit.checkpoint.inspect`; the conversion to HPS's layout is sok-hps's
 (``hierarchical_parameter_server.convert``).
 
 Example::
@@ -41,9 +41,9 @@ import numpy as np
 import tensorflow as tf
 
 from sparse_operation_kit import _table, communication
-from sparse_operation_kit import checkpoint_dir as ckdir
-from sparse_operation_kit import checkpoint_format as fmt
 from sparse_operation_kit.agreement import Agreement
+from sparse_operation_kit.checkpoint import directory as ckdir
+from sparse_operation_kit.checkpoint import format as fmt
 from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.optimizer import OptimizerWrapper, checkpoint_aliases, is_keras_optimizer, wrappers_of
@@ -194,12 +194,12 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
     ones in the wrapped Keras optimizer) to directory ``path``.
 
     Collective: every rank calls it with the same ``path`` and variables. ``path`` must be new, an
-    empty directory or a previous SOK checkpoint, which is replaced atomically (``checkpoint_dir``);
+    empty directory or a previous SOK checkpoint, which is replaced atomically (``checkpoint.directory``);
     a directory holding anything else, or a file, is refused and left as it is. A failure on any
     rank (a full disk, a table that cannot be exported) stops the dump on every rank, with an error
     on each, and leaves ``path`` as it was. Another process's dump of the same path may run at the
     same time: the two take turns to create their staging directories and to swap (waiting at
-    most ``checkpoint_dir.LOCK_WAIT_S`` seconds each time), and the last to swap wins.
+    most ``checkpoint.directory.LOCK_WAIT_S`` seconds each time), and the last to swap wins.
 
     Args:
         path: the checkpoint directory.
@@ -215,7 +215,7 @@ def dump(path: str, dump_vars: Any, optimizer: Any = None, callback: Callback | 
     Raises:
         CheckpointError: ``path`` holds files that are not SOK's, or is a file; the ranks passed
             different paths (on every rank, naming them); another dump of ``path`` held its lock
-            for ``checkpoint_dir.LOCK_WAIT_S`` seconds (naming that process).
+            for ``checkpoint.directory.LOCK_WAIT_S`` seconds (naming that process).
         RankFailure: another rank failed (its message is included).
         TypeError: ``optimizer`` is none of those.
         ValueError: the dynamic variables are updated by several wrappers of the Keras optimizer.
@@ -486,7 +486,7 @@ def _fill_while_reading(var: DynamicVariable, plan: dict, rank: int, n: int) -> 
     """Insert the rows this rank owns into ``var``'s (empty) table while its files are read.
 
     The key file is read and verified first; then the weight file and each slot file are streamed
-    (:func:`checkpoint_format.stream_payload`): a worker thread inserts each chunk's rows into the
+    (:func:`~sparse_operation_kit.checkpoint.format.stream_payload`): a worker thread inserts each chunk's rows into the
     file's columns (``storage.insert_or_assign`` releases the GIL) while the next chunk is read and
     checksummed. Memory: the keys and two chunks per file. The inserted rows are verified only
     when their file's last chunk is: :func:`load` clears the table when anything fails.
@@ -575,7 +575,7 @@ def load(path: str, load_vars: Any, optimizer: Any = None, callback: Callback | 
     A dump of ``path`` (from another process) may run meanwhile: the directory is opened once and
     every file read relative to it, so the rows come from one checkpoint. When that dump deletes the
     directory being read, what this load did is undone and it starts again, at most
-    ``checkpoint_dir.READ_ATTEMPTS`` times (each rank on its own). Before any row is assigned, the
+    ``checkpoint.directory.READ_ATTEMPTS`` times (each rank on its own). Before any row is assigned, the
     ranks check that they all read the same directory (its inode and its manifest's checksum): if a
     dump replaced it between their reads, every rank undoes what it did and raises
     CheckpointChanged (load again). The progress counts a table's read once (after the read that

@@ -19,7 +19,7 @@ writes it (:meth:`Manifest.to_json`) and reads it, validated whole (:meth:`Manif
 Everything here reads and writes files only (no TensorFlow): ``sok ckpt inspect`` and sok-hps's
 converter read checkpoints through it. Table and file names (from a manifest or a directory
 listing) are plain names inside their directory, checked by :func:`check_name`. A reader may pass
-``dir_fd`` (a directory opened once, :class:`~sparse_operation_kit.checkpoint_dir.OpenCheckpoint`):
+``dir_fd`` (a directory opened once, :class:`~sparse_operation_kit.checkpoint.directory.OpenCheckpoint`):
 every file is then opened relative to it, so a dump that replaces the path meanwhile cannot mix
 the files of two checkpoints.
 

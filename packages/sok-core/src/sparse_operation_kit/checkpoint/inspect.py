@@ -1,13 +1,13 @@
 """What a checkpoint directory holds, checked without loading it: ``sok ckpt inspect``.
 
 Read-only and free of TensorFlow: it reads the manifest and the files' headers (and, to verify the
-checksums, the files) through :mod:`~sparse_operation_kit.checkpoint_format` and
-:mod:`~sparse_operation_kit.checkpoint_dir`, and never renames, deletes or writes anything. What an
+checksums, the files) through :mod:`~sparse_operation_kit.checkpoint.format` and
+:mod:`~sparse_operation_kit.checkpoint.directory`, and never renames, deletes or writes anything. What an
 interrupted ``sok.dump`` left beside the checkpoint is reported as it is found; the next
 ``sok.dump`` of the same path deletes it. The directory is opened once and every file read relative
 to it, so a dump that replaces the checkpoint meanwhile never makes a good checkpoint look corrupt
-(the inspection starts again instead, :func:`~sparse_operation_kit.checkpoint_dir.read_consistently`);
-table and file names stay inside the directory (:func:`~sparse_operation_kit.checkpoint_format.check_name`).
+(the inspection starts again instead, :func:`~sparse_operation_kit.checkpoint.directory.read_consistently`);
+table and file names stay inside the directory (:func:`~sparse_operation_kit.checkpoint.format.check_name`).
 
 Example::
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from sparse_operation_kit import checkpoint_dir as ckdir
-from sparse_operation_kit import checkpoint_format as fmt
+from sparse_operation_kit.checkpoint import directory as ckdir
+from sparse_operation_kit.checkpoint import format as fmt
 
 __all__ = ["describe", "inspect"]
 
@@ -57,7 +57,7 @@ def inspect(path: str, verify: bool = True) -> dict[str, Any]:
 
 
 def describe(ckpt: ckdir.OpenCheckpoint, verify: bool = True) -> dict[str, Any]:
-    """:func:`inspect` of a checkpoint opened with :func:`~sparse_operation_kit.checkpoint_dir.open_for_reading`
+    """:func:`inspect` of a checkpoint opened with :func:`~sparse_operation_kit.checkpoint.directory.open_for_reading`
     (to read its files afterwards through the same handle, as ``sok ckpt convert`` does).
 
     Example::
