@@ -1,46 +1,57 @@
 #!/usr/bin/env python
-"""The demo's DLRM with SOK tables against the same DLRM with ``tf.keras.layers.Embedding`` per
-feature, in one run: training samples/s of each, their ratio, and the eval AUC of each after the
-same steps on the same batches.
+"""The demo's models with SOK tables against the same models with ``tf.keras.layers.Embedding`` per
+feature, in one run: training samples/s of each, their ratio, the eval AUC of each after the same
+steps on the same batches, and on a GPU the memory each model's tables and state take.
 
-Both models share everything but the embeddings: the ``DenseTower`` (bottom MLP, dot interaction,
-top MLP; same seed), the data (Criteo-shaped batches of ``sparse_operation_kit.demo.criteo``, made
-before timing and cycled), Adagrad on the tables and Adam on the dense layers, one ``tf.function``
-per step. SOK: the 26 tables through one ``sok.lookup_sparse`` (``--tables``: the demo's "mixed" by
+``--model dlrm`` (the default): the demo's DLRM, one id per feature. ``--model dcnv2``: MLPerf's
+DLRM-DCNv2 on multi-hot data (``--mlperf``: MLPerf's sizes, dim 128 and its MLPs and cross network,
+tables capped at ``--max-rows``), the model of issue 38. Both models of a run share everything but
+the embeddings: the tower (same seed), the data (Criteo-shaped batches of
+``sparse_operation_kit.demo.criteo``, made before timing and cycled), Adagrad on the tables and
+Adam on the dense layers, one ``tf.function`` per step, and ``--precision`` (a Keras policy:
+``mixed_bfloat16`` computes the towers in bfloat16; tables and their state stay float32 either
+way). SOK: the 26 tables through one ``sok.lookup_sparse`` (``--tables``: the demo's "mixed" by
 default, dynamic tables for the large features and ``sok.Variable`` for the others); baseline: 26
-``tf.keras.layers.Embedding`` and 26 gathers. Each model takes ``--warmup`` untimed steps
-(tracing), then ``--steps`` timed ones, in turns of ``--chunk`` steps (baseline, SOK, baseline, ...)
-so that load coming and going on the machine is shared by both.
+``tf.keras.layers.Embedding`` (multi-hot: the sum of a bag's rows). Each model takes ``--warmup``
+untimed steps (tracing), then ``--steps`` timed ones, in turns of ``--chunk`` steps (baseline, SOK,
+baseline, ...) so that load coming and going on the machine is shared by both.
 
 Usage::
 
     python benchmarks/dlrm.py                      # 600 steps of 4096, dim 16, largest table 128Ki rows
     python benchmarks/dlrm.py --steps 100 --tables mixed --json out.json
+    python benchmarks/dlrm.py --model dcnv2 --mlperf --batch-size 65536 --precision mixed_bfloat16   # GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from machine import load_average  # noqa: E402
-from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL, CriteoGenerator  # noqa: E402
-from sparse_operation_kit.demo.dlrm import DenseTower, SokEmbeddings  # noqa: E402
-from sparse_operation_kit.demo.train import AUC_THRESHOLDS  # noqa: E402
+from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL  # noqa: E402
+from sparse_operation_kit.demo.dlrm import SokEmbeddings  # noqa: E402
+from sparse_operation_kit.demo.train import AUC_THRESHOLDS, MLPERF_DCNV2, MODELS, DemoConfig, build_model  # noqa: E402
 from sparse_operation_kit.optimizer import OptimizerWrapper  # noqa: E402
 
 #: SOK / Keras samples/s to reach: on the CPU at np 1, and on a GPU (an H100) under a CUDA TensorFlow.
 GOAL_RATIO = {"cpu": 1.3, "gpu": 3.0}
 GOAL_AUC_GAP = 0.002
+#: The ``--precision`` choices: Keras dtype policies (float16 would need loss scaling of both optimizers).
+PRECISIONS = ("float32", "mixed_bfloat16")
 
 
 class KerasEmbeddings:
-    """One ``tf.keras.layers.Embedding`` per feature, initialised as SokEmbeddings' static tables."""
+    """One ``tf.keras.layers.Embedding`` per feature, initialised as SokEmbeddings' static tables;
+    called as :class:`~sparse_operation_kit.demo.dlrm.SokEmbeddings` is (``__call__`` one id per
+    feature, ``lookup`` the sum of each feature's bag)."""
 
     def __init__(self, rows: list[int], dim: int, seed: int) -> None:
         init = tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=seed)
@@ -52,18 +63,21 @@ class KerasEmbeddings:
     def __call__(self, ids: tf.Tensor) -> list[tf.Tensor]:
         return [layer(ids[:, i]) for i, layer in enumerate(self.layers)]
 
+    def lookup(self, bags: list[tf.RaggedTensor]) -> list[tf.Tensor]:
+        return [tf.reduce_sum(layer(bag), axis=1) for bag, layer in zip(bags, self.layers)]
 
-def make_trainer(embeddings, dim: int, args: argparse.Namespace, sparse_optimizer):
-    tower = DenseTower(dim, seed=args.seed)
+
+def make_trainer(embeddings, config: DemoConfig, sparse_optimizer):
+    tower, embed, _ = build_model(config, embeddings)
     tower.build_for()
-    dense_opt = tf.keras.optimizers.Adam(learning_rate=1e-3)
+    dense_opt = tf.keras.optimizers.Adam(learning_rate=config.dense_lr)
     tables, dense_vars = embeddings.tables, tower.trainable_variables
     dense_opt.build(dense_vars)
 
     @tf.function(autograph=False)
     def step(dense, ids, labels):
         with tf.GradientTape() as tape:
-            logits = tower((dense, embeddings(ids)))
+            logits = tf.cast(tower((dense, embed(ids))), tf.float32)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
         grads = tape.gradient(loss, tables + dense_vars)
         sparse_optimizer.apply_gradients(zip(grads[: len(tables)], tables))
@@ -72,44 +86,60 @@ def make_trainer(embeddings, dim: int, args: argparse.Namespace, sparse_optimize
 
     @tf.function(autograph=False)
     def predict(dense, ids):
-        return tf.sigmoid(tower((dense, embeddings(ids))))
+        return tf.sigmoid(tf.cast(tower((dense, embed(ids))), tf.float32))
 
     return step, predict
 
 
-def main() -> None:
+def gpu_bytes() -> int | None:
+    """Bytes TensorFlow's allocator holds on the first GPU now (None without a GPU)."""
+    if not tf.config.list_logical_devices("GPU"):
+        return None
+    return int(tf.config.experimental.get_memory_info("GPU:0")["current"])
+
+
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=MODELS, default="dlrm")
+    parser.add_argument("--mlperf", action="store_true", help="dcnv2: MLPerf's sizes for those not given")
+    parser.add_argument("--precision", choices=PRECISIONS, default="float32", help="Keras dtype policy")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--chunk", type=int, default=50, help="steps per turn")
-    parser.add_argument("--batch-size", type=int, default=4096)
-    parser.add_argument("--dim", type=int, default=16)
-    parser.add_argument("--max-rows", type=int, default=1 << 17)
+    parser.add_argument("--batch-size", type=int, default=None, help="default 4096 (--mlperf: 65536)")
+    parser.add_argument("--dim", type=int, default=None, help="default 16 (--mlperf: 128)")
+    parser.add_argument("--max-rows", type=int, default=None, help="default 128Ki (--mlperf: 4Mi)")
     parser.add_argument("--tables", choices=("static", "dynamic", "mixed"), default="mixed")
     parser.add_argument("--pool", type=int, default=100, help="distinct training batches, made before timing")
     parser.add_argument("--eval-batches", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the figures here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.mlperf and args.model != "dcnv2":
+        parser.error("--mlperf sizes the dcnv2 model; add --model dcnv2")
 
-    gen = CriteoGenerator(seed=args.seed, max_rows=args.max_rows)
-    pool = list(gen.dataset(min(args.pool, args.steps + args.warmup), args.batch_size))
-    evals = list(gen.dataset(args.eval_batches, args.batch_size, "eval"))
-    lr = 0.05
-    models = {
-        "keras": make_trainer(
-            KerasEmbeddings(list(gen.rows), args.dim, args.seed),
-            args.dim,
-            args,
-            tf.keras.optimizers.Adagrad(learning_rate=lr),
-        ),
-        "sok": make_trainer(
-            SokEmbeddings(gen.rows, args.dim, args.tables, seed=args.seed),
-            args.dim,
-            args,
-            OptimizerWrapper(tf.keras.optimizers.Adagrad(learning_rate=lr)),
-        ),
-    }
+    sizes = dict(MLPERF_DCNV2) if args.mlperf else {}
+    given = {"batch_size": args.batch_size, "dim": args.dim, "max_rows": args.max_rows}
+    sizes.update({name: value for name, value in given.items() if value is not None})
+    config = DemoConfig(model=args.model, tables=args.tables, seed=args.seed, **sizes)
+    keras.mixed_precision.set_global_policy(args.precision)
+    gen = config.generator()
+    pool = list(gen.dataset(min(args.pool, args.steps + args.warmup), config.batch_size))
+    evals = list(gen.dataset(args.eval_batches, config.batch_size, "eval"))
+    memory: dict[str, int | None] = {}
+    models = {}
+    for name in ("keras", "sok"):
+        before = gpu_bytes()
+        if name == "keras":
+            embeddings = KerasEmbeddings(list(gen.rows), config.dim, config.seed)
+            optimizer = tf.keras.optimizers.Adagrad(learning_rate=config.sparse_lr)
+        else:
+            embeddings = SokEmbeddings(gen.rows, config.dim, config.tables, seed=config.seed)
+            optimizer = OptimizerWrapper(tf.keras.optimizers.Adagrad(learning_rate=config.sparse_lr))
+        models[name] = make_trainer(embeddings, config, optimizer)
+        models[name][0](*pool[0])  # the tables' optimizer state exists after a first step
+        after = gpu_bytes()
+        memory[name] = None if before is None else after - before
     seconds = dict.fromkeys(models, 0.0)
     done = dict.fromkeys(models, 0)
     for step, _ in models.values():
@@ -125,28 +155,39 @@ def main() -> None:
             float(loss)
             seconds[name] += time.perf_counter() - start
             done[name] += count
-    figures = {"config": vars(args), "load_average": [load_before, load_average()]}
+    figures = {
+        "config": vars(args),
+        "demo_config": dataclasses.asdict(config),
+        "load_average": [load_before, load_average()],
+    }
     for name, (_, predict) in models.items():
         auc = tf.keras.metrics.AUC(num_thresholds=AUC_THRESHOLDS)
         for dense, ids, labels in evals:
             auc.update_state(labels, predict(dense, ids))
-        figures[name] = {"samples_per_s": args.steps * args.batch_size / seconds[name], "auc": float(auc.result())}
+        figures[name] = {
+            "samples_per_s": args.steps * config.batch_size / seconds[name],
+            "auc": float(auc.result()),
+            "gpu_bytes_of_model": memory[name],
+        }
     ratio = figures["sok"]["samples_per_s"] / figures["keras"]["samples_per_s"]
     gap = figures["sok"]["auc"] - figures["keras"]["auc"]
     figures["ratio"], figures["auc_gap"] = ratio, gap
+    title = "DLRM-DCNv2" if config.model == "dcnv2" else "DLRM"
     print(
-        f"DLRM, {NUM_CATEGORICAL} tables ({sum(gen.rows):,} rows, dim {args.dim}), {args.steps} steps of "
-        f"{args.batch_size}, tables {args.tables!r}; load average {figures['load_average']}"
+        f"{title}, {NUM_CATEGORICAL} tables ({sum(gen.rows):,} rows, dim {config.dim}), {args.steps} steps of "
+        f"{config.batch_size}, tables {config.tables!r}, {args.precision}; load average {figures['load_average']}"
     )
     for name in models:
-        print(
-            f"  {name:6s} {figures[name]['samples_per_s'] / 1e3:8.1f}k samples/s   eval AUC {figures[name]['auc']:.4f}"
-        )
+        held = memory[name]
+        gpu = "" if held is None else f"   GPU memory of the model {held / 2**30:.2f} GiB"
+        rate, auc = figures[name]["samples_per_s"] / 1e3, figures[name]["auc"]
+        print(f"  {name:6s} {rate:8.1f}k samples/s   eval AUC {auc:.4f}{gpu}")
     goal = GOAL_RATIO["gpu" if tf.config.list_logical_devices("GPU") else "cpu"]
     print(f"  SOK / Keras: {ratio:.2f}x (goal >= {goal}x), AUC difference {gap:+.4f} (goal within {GOAL_AUC_GAP})")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(figures, f, indent=2)
+    return figures
 
 
 if __name__ == "__main__":
