@@ -67,9 +67,12 @@ class KerasEmbeddings:
         return [tf.reduce_sum(layer(bag), axis=1) for bag, layer in zip(bags, self.layers)]
 
 
-def make_trainer(embeddings, config: DemoConfig, sparse_optimizer):
+def make_trainer(embeddings, config: DemoConfig, sparse_optimizer, xla: bool = False):
+    """The model's training step and prediction; with ``xla`` the tower runs as one XLA cluster
+    (``jit_compile``) while the lookups and the tables' updates stay outside it."""
     tower, embed, _ = build_model(config, embeddings)
     tower.build_for()
+    dense_part = tf.function(lambda dense, pooled: tower((dense, pooled)), jit_compile=True) if xla else tower
     dense_opt = tf.keras.optimizers.Adam(learning_rate=config.dense_lr)
     tables, dense_vars = embeddings.tables, tower.trainable_variables
     dense_opt.build(dense_vars)
@@ -77,7 +80,7 @@ def make_trainer(embeddings, config: DemoConfig, sparse_optimizer):
     @tf.function(autograph=False)
     def step(dense, ids, labels):
         with tf.GradientTape() as tape:
-            logits = tf.cast(tower((dense, embed(ids))), tf.float32)
+            logits = tf.cast(dense_part(dense, embed(ids)) if xla else tower((dense, embed(ids))), tf.float32)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
         grads = tape.gradient(loss, tables + dense_vars)
         sparse_optimizer.apply_gradients(zip(grads[: len(tables)], tables))
@@ -86,7 +89,7 @@ def make_trainer(embeddings, config: DemoConfig, sparse_optimizer):
 
     @tf.function(autograph=False)
     def predict(dense, ids):
-        return tf.sigmoid(tf.cast(tower((dense, embed(ids))), tf.float32))
+        return tf.sigmoid(tf.cast(dense_part(dense, embed(ids)) if xla else tower((dense, embed(ids))), tf.float32))
 
     return step, predict
 
@@ -103,6 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", choices=MODELS, default="dlrm")
     parser.add_argument("--mlperf", action="store_true", help="dcnv2: MLPerf's sizes for those not given")
     parser.add_argument("--precision", choices=PRECISIONS, default="float32", help="Keras dtype policy")
+    parser.add_argument("--xla", action="store_true", help="the towers under XLA (jit_compile), lookups outside")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--chunk", type=int, default=50, help="steps per turn")
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             embeddings = SokEmbeddings(gen.rows, config.dim, config.tables, seed=config.seed)
             optimizer = OptimizerWrapper(tf.keras.optimizers.Adagrad(learning_rate=config.sparse_lr))
-        models[name] = make_trainer(embeddings, config, optimizer)
+        models[name] = make_trainer(embeddings, config, optimizer, xla=args.xla)
         models[name][0](*pool[0])  # the tables' optimizer state exists after a first step
         after = gpu_bytes()
         memory[name] = None if before is None else after - before
@@ -173,9 +177,10 @@ def main(argv: list[str] | None = None) -> dict:
     gap = figures["sok"]["auc"] - figures["keras"]["auc"]
     figures["ratio"], figures["auc_gap"] = ratio, gap
     title = "DLRM-DCNv2" if config.model == "dcnv2" else "DLRM"
+    setting = f"tables {config.tables!r}, {args.precision}{', XLA towers' if args.xla else ''}"
     print(
         f"{title}, {NUM_CATEGORICAL} tables ({sum(gen.rows):,} rows, dim {config.dim}), {args.steps} steps of "
-        f"{config.batch_size}, tables {config.tables!r}, {args.precision}; load average {figures['load_average']}"
+        f"{config.batch_size}, {setting}; load average {figures['load_average']}"
     )
     for name in models:
         held = memory[name]

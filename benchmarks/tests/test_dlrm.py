@@ -1,5 +1,6 @@
 """dlrm.py: both models of the demo, SOK against Keras' Embedding, run end to end at a tiny size (the
-figures' keys, AUCs, the precision it was asked for), and its refusal of --mlperf without dcnv2."""
+figures' keys, AUCs, the precision and XLA it was asked for), and its refusal of --mlperf without
+dcnv2."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ def policy_restored():
     keras.mixed_precision.set_global_policy(before)
 
 
-@pytest.mark.parametrize(("model", "precision"), [("dlrm", "float32"), ("dcnv2", "mixed_bfloat16")])
-def test_both_models_train_and_report(policy_restored, tmp_path, model, precision):
+@pytest.mark.parametrize(("model", "precision", "xla"), [("dlrm", "float32", False), ("dcnv2", "mixed_bfloat16", True)])
+def test_both_models_train_and_report(policy_restored, tmp_path, model, precision, xla):
     out = tmp_path / "figures.json"
-    figures = dlrm.main(["--model", model, "--precision", precision, *TINY, "--json", str(out)])
+    options = ["--model", model, "--precision", precision, *(["--xla"] if xla else []), *TINY]
+    figures = dlrm.main([*options, "--json", str(out)])
+    assert figures["config"]["xla"] is xla
     assert json.loads(out.read_text()) == json.loads(json.dumps(figures))
     assert figures["demo_config"]["model"] == model and figures["config"]["precision"] == precision
     for name in ("keras", "sok"):
