@@ -20,6 +20,8 @@ from typing import Any
 _log = logging.getLogger(__name__)
 
 _LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
+#: SOK's op library (no Python in it): every graph with SOK's ops needs it.
+LIBRARY = "libsok_tf_ops.so"
 GPU_LIBRARY = "libsok_tf_ops_gpu.so"
 PYTHON_LIBRARY = "libsok_tf_python.so"
 HPS_COMPAT_LIBRARY = "libsok_tf_hps_compat.so"
@@ -43,7 +45,7 @@ def library() -> Any:
             "TensorFlow is not installed; SOK variables and lookups need it: pip install tensorflow "
             "(or tensorflow-cpu), then rebuild sok-core: " + _REBUILD
         ) from error
-    path = os.path.join(_LIB_DIR, "libsok_tf_ops.so")
+    path = os.path.join(_LIB_DIR, LIBRARY)
     stamp = os.path.join(_LIB_DIR, "tf_build.txt")
     if not os.path.exists(path):
         raise OpLibraryError(
@@ -61,6 +63,19 @@ def library() -> Any:
     if tf.test.is_built_with_cuda():
         _load_gpu_kernels(tf)
     return lib
+
+
+def serving_libraries() -> list[str]:
+    """The op libraries a process without Python loads to run the SOK ops of a SavedModel (with
+    TensorFlow's C API ``TF_LoadLibrary``, TensorFlow Serving's custom op libraries, ...): SOK's op
+    library, then, from a CUDA build, its GPU kernels. Neither needs Python.
+
+    Example::
+
+        $ python -c "from sparse_operation_kit import tf_ops; print(*tf_ops.serving_libraries())"
+    """
+    paths = [os.path.join(_LIB_DIR, name) for name in (LIBRARY, GPU_LIBRARY)]
+    return [path for path in paths if os.path.exists(path)]
 
 
 @functools.cache

@@ -1,0 +1,102 @@
+"""A SavedModel with SOK lookups served from C++ with no Python in the process (issue 39).
+
+``tests/cpp/serve_savedmodel.cc`` is built here against the TensorFlow wheel's C API
+(``libtensorflow_cc.so.2``); it loads SOK's op library (``libsok_tf_ops.so``, which needs no
+Python), the SavedModel's ``serve`` graph and variables, and serves one batch. Its outputs must equal
+Python's bit for bit, and libpython must never have been mapped into it. A model of ``sok.Variable``
+tables (``sok.lookup_sparse`` then a dense layer) is what exports today; ``sok.DynamicVariable``
+export is not built yet (issue 39).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import sparse_operation_kit as sok  # noqa: E402
+from sparse_operation_kit import tf_ops  # noqa: E402
+
+PROGRAM = Path(__file__).parent / "cpp" / "serve_savedmodel.cc"
+BATCH, HOTNESS, ROWS, DIM = 6, 3, 50, 8
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Path:
+    """The C++ server, compiled against this TensorFlow's headers and libraries."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    include, lib = Path(tf.sysconfig.get_include()), Path(tf.sysconfig.get_lib())
+    if compiler is None or not (include / "tensorflow" / "c" / "c_api.h").exists():
+        pytest.skip("no C++ compiler, or this TensorFlow has no C API headers")
+    if not (lib / "libtensorflow_cc.so.2").exists():
+        pytest.skip(f"no libtensorflow_cc.so.2 in {lib}")
+    binary = tmp_path_factory.mktemp("serve") / "serve_savedmodel"
+    command = [compiler, "-std=c++17", "-O1", str(PROGRAM), f"-I{include}", f"-L{lib}", "-l:libtensorflow_cc.so.2"]
+    command += ["-l:libtensorflow_framework.so.2", f"-Wl,-rpath,{lib}", "-o", str(binary)]
+    built = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return binary
+
+
+class Model(tf.Module):
+    """Two ``sok.Variable`` tables (one per feature column), pooled by one ``sok.lookup_sparse``
+    (sum and mean), concatenated, then a dense layer: a recommender's serving function in small."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(3)
+        self.tables = [sok.Variable(rng.normal(size=(ROWS, DIM)).astype(np.float32)) for _ in range(2)]
+        self.kernel = tf.Variable(rng.normal(size=(2 * DIM, 1)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2 * HOTNESS], tf.int64)])
+    def serve(self, ids: tf.Tensor) -> dict[str, tf.Tensor]:
+        bags = [tf.RaggedTensor.from_tensor(part) for part in tf.split(ids, 2, axis=1)]
+        pooled = sok.lookup_sparse(self.tables, bags, combiners=["sum", "mean"])
+        return {"score": tf.sigmoid(tf.concat(pooled, axis=1) @ self.kernel)}
+
+
+def serve_in_cpp(
+    server: Path, path: Path, ids: np.ndarray, tmp: Path, libraries: list[str]
+) -> subprocess.CompletedProcess:
+    """The C++ server's run on ``ids`` (int64 ``[rows, cols]``) through the SavedModel at ``path``'s
+    serving signature, loading ``libraries`` first; its output lands in ``tmp / "out.bin"``."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((path / "saved_model.pb").read_bytes())
+    definition = saved.meta_graphs[0].signature_def["serving_default"]
+    input_name = next(iter(definition.inputs.values())).name
+    output_name = next(iter(definition.outputs.values())).name
+    ids.astype(np.int64).tofile(tmp / "ids.bin")
+    command = [str(server), str(path), input_name, output_name, str(tmp / "ids.bin"), *map(str, ids.shape)]
+    command += [str(tmp / "out.bin"), *libraries]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_a_saved_model_of_sok_tables_serves_from_cpp_without_python(server, tmp_path):
+    model = Model()
+    path = tmp_path / "model"
+    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
+    ids = np.random.default_rng(4).integers(0, ROWS, size=(BATCH, 2 * HOTNESS))
+    expected = model.serve(tf.constant(ids))["score"].numpy()
+    done = serve_in_cpp(server, path, ids, tmp_path, tf_ops.serving_libraries())
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert f"output: {BATCH} 1" in done.stdout
+    assert "libpython: absent" in done.stdout
+    served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(BATCH, 1)
+    np.testing.assert_array_equal(served, expected)  # bit for bit
+
+
+def test_without_sok_op_library_the_cpp_server_names_the_missing_op(server, tmp_path):
+    model = Model()
+    path = tmp_path / "model"
+    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
+    done = serve_in_cpp(server, path, np.zeros((1, 2 * HOTNESS), np.int64), tmp_path, [])
+    assert done.returncode == 1
+    assert "SokPooledLookup" in done.stderr
