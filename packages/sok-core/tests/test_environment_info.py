@@ -78,3 +78,17 @@ def test_environment_info_says_whether_the_nccl_exchange_was_built(tmp_path, mon
     out = io.StringIO()
     print_environment_info(out, with_tensorflow=False)
     assert "nccl_exchange        built" in out.getvalue()
+
+
+def test_environment_info_names_the_libraries_a_cpp_server_loads(tmp_path, monkeypatch):
+    from sparse_operation_kit import tf_ops
+
+    monkeypatch.setattr(tf_ops, "_LIB_DIR", str(tmp_path))
+    assert environment_info(with_tensorflow=False)["serving_libraries"].startswith("none (no TensorFlow op library")
+    for name in (tf_ops.LIBRARY, tf_ops.GPU_LIBRARY):
+        (tmp_path / name).write_bytes(b"")
+    expected = f"{tmp_path / tf_ops.LIBRARY} {tmp_path / tf_ops.GPU_LIBRARY}"
+    assert environment_info(with_tensorflow=False)["serving_libraries"] == expected
+    out = io.StringIO()
+    print_environment_info(out, with_tensorflow=False)
+    assert f"serving_libraries    {expected}" in out.getvalue()

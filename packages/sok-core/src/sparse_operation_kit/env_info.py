@@ -75,6 +75,13 @@ def _nccl_exchange() -> str:
     return "not built (no NCCL at build time: the lookup's exchange uses Horovod's collectives)"
 
 
+def _serving_libraries() -> str:
+    """The op libraries a C++ server loads to run SOK's ops (``tf_ops.serving_libraries``)."""
+    from sparse_operation_kit import tf_ops
+
+    return " ".join(tf_ops.serving_libraries()) or "none (no TensorFlow op library in this build)"
+
+
 def _table_homes(var_types: list[str]) -> dict[str, str]:
     """Where a new DynamicVariable's table of each var_type goes by default (needs TensorFlow)."""
     homes = {}
@@ -124,6 +131,7 @@ def environment_info(with_tensorflow: bool = True) -> dict[str, Any]:
         "devices": _devices(with_tensorflow) + _cuda_devices(backends),
         "tf_gpu_kernels": _tf_gpu_kernels(),
         "nccl_exchange": _nccl_exchange(),
+        "serving_libraries": _serving_libraries(),
         "table_homes": _table_homes(registry.var_types()) if with_tensorflow else {},
     }
 
@@ -143,6 +151,7 @@ def print_environment_info(file: TextIO | None = None, with_tensorflow: bool = T
         "pluggy",
         "tf_gpu_kernels",
         "nccl_exchange",
+        "serving_libraries",
     ):
         print(f"{key:<20} {info[key] if info[key] is not None else 'not installed'}", file=out)
     print(
