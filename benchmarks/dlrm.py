@@ -72,7 +72,11 @@ def make_trainer(embeddings, config: DemoConfig, sparse_optimizer, xla: bool = F
     (``jit_compile``) while the lookups and the tables' updates stay outside it."""
     tower, embed, _ = build_model(config, embeddings)
     tower.build_for()
-    dense_part = tf.function(lambda dense, pooled: tower((dense, pooled)), jit_compile=True) if xla else tower
+
+    def call_tower(dense, pooled):
+        return tower((dense, pooled))
+
+    dense_part = tf.function(call_tower, jit_compile=True) if xla else call_tower
     dense_opt = tf.keras.optimizers.Adam(learning_rate=config.dense_lr)
     tables, dense_vars = embeddings.tables, tower.trainable_variables
     dense_opt.build(dense_vars)
@@ -80,7 +84,7 @@ def make_trainer(embeddings, config: DemoConfig, sparse_optimizer, xla: bool = F
     @tf.function(autograph=False)
     def step(dense, ids, labels):
         with tf.GradientTape() as tape:
-            logits = tf.cast(dense_part(dense, embed(ids)) if xla else tower((dense, embed(ids))), tf.float32)
+            logits = tf.cast(dense_part(dense, embed(ids)), tf.float32)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
         grads = tape.gradient(loss, tables + dense_vars)
         sparse_optimizer.apply_gradients(zip(grads[: len(tables)], tables))
@@ -89,7 +93,7 @@ def make_trainer(embeddings, config: DemoConfig, sparse_optimizer, xla: bool = F
 
     @tf.function(autograph=False)
     def predict(dense, ids):
-        return tf.sigmoid(tf.cast(dense_part(dense, embed(ids)) if xla else tower((dense, embed(ids))), tf.float32))
+        return tf.sigmoid(tf.cast(dense_part(dense, embed(ids)), tf.float32))
 
     return step, predict
 

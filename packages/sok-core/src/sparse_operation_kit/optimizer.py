@@ -818,7 +818,7 @@ class OptimizerWrapper:
         checked, checks = [], []
         for grad, var in pairs:
             sparse = isinstance(grad, indexed_slices_lib.IndexedSlices)
-            values = tf.convert_to_tensor(grad.values if sparse else grad)
+            values = _values(grad)
             if values.dtype.is_floating:
                 values = tf.debugging.check_numerics(
                     values,
