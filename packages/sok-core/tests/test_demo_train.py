@@ -159,17 +159,18 @@ def test_cli_trains_on_criteo_tsv_files_and_serves_them(tmp_path, capsys):
 
 @pytest.mark.multiprocess
 def test_two_ranks_train_what_one_process_serves(tmp_path):
-    """``make demo-np2`` in small: sok demo --part train under horovodrun -np 2, then the checkpoint
-    of the two ranks served in a fresh process (HPS), equal to the trained model's predictions."""
+    """``make demo-np2`` in small: sok demo --part train under horovodrun -np 2 (on two GPUs where
+    the multi-GPU suite runs: the exchange, the dense gradients and the loss on SOK's NCCL
+    communicator), then the checkpoint of the two ranks served in a fresh process (HPS), equal to
+    the trained model's predictions."""
     sys.path.insert(0, str(Path(__file__).parent / "distributed"))
-    from harness import REPO, horovodrun
+    from harness import REPO, horovodrun, rank_environment
 
     runner = horovodrun()
     output = str(tmp_path / "np2")
     small = ["--steps", "12", "--epochs", "2", "--batch-size", "256", "--eval-batches", "2", "--max-rows", "1024"]
     command = [str(runner), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "sparse_operation_kit.cli"]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", TF_NUM_INTRAOP_THREADS="1")
-    env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = "120"
+    env = dict(rank_environment(ranks=2), TF_NUM_INTRAOP_THREADS="1", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="120")
     done = subprocess.run(
         [*command, "demo", "--part", "train", "--output", output, "--dim", "4", *small],
         cwd=REPO,

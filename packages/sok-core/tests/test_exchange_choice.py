@@ -5,6 +5,7 @@ the reason and the valid values. The NCCL collectives themselves run on GPU rank
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
@@ -96,6 +97,9 @@ class _FakeNcclOps:
     def sok_nccl_all_gather(self, x, name=None):
         return tf.identity(x, name=name)
 
+    def sok_nccl_all_reduce(self, x, name=None):
+        return tf.identity(x, name=name)
+
 
 def test_nccl_set_up_passes_rank_size_and_the_stall_bound(monkeypatch):
     monkeypatch.setenv(communication.STALL_SHUTDOWN_SETTING, "300")
@@ -125,3 +129,41 @@ def test_nccl_collectives_of_a_graph_are_chained_in_the_order_they_are_built():
     assert first.control_inputs == []
     assert gather.control_inputs == [first]
     assert second.control_inputs == [gather]
+
+
+def test_nccl_allreduce_joins_the_chain_and_int32_travels_as_int64():
+    """The dense gradients' allreduce is one more link of the step's chain (one communicator, one
+    order); int32 (kept in host memory by TensorFlow's GPU ops) goes through the op as int64."""
+    exchange = exchanges.NcclExchange(_TwoRanks(), _FakeNcclOps())
+    counts = tf.constant([1, 1], tf.int32)
+
+    @tf.function
+    def step(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        moved = exchange.alltoall(x, counts, counts, name="t: all-to-all")
+        total = exchange.allreduce_sum(moved, name="t: gradients")
+        flags = exchange.allreduce_sum(tf.constant(3, tf.int32), name="t: flags")
+        return total, flags
+
+    concrete = step.get_concrete_function(tf.TensorSpec([2], tf.float32))
+    ops = {op.name: op for op in concrete.graph.get_operations()}
+    assert ops["t__gradients"].control_inputs == [ops["t__all-to-all"]]
+    assert ops["t__flags"].control_inputs == [ops["t__gradients"]]
+    assert ops["t__flags"].inputs[0].dtype == tf.int64
+    total, flags = step(tf.constant([1.0, 2.0]))
+    assert total.numpy().tolist() == [1.0, 2.0] and flags.dtype == tf.int32 and int(flags) == 3
+
+
+def test_nccl_allgather_rows_sends_every_rank_its_rows_after_their_counts():
+    """Rows whose number differs between ranks (a tf.IndexedSlices gradient): their counts first,
+    then the rows to each of the two ranks (the fake all-to-all returns what it is given)."""
+    exchange = exchanges.NcclExchange(_TwoRanks(), _FakeNcclOps())
+
+    @tf.function
+    def gather(x: tf.Tensor) -> tf.Tensor:
+        return exchange.allgather_rows(x, name="t: rows")
+
+    concrete = gather.get_concrete_function(tf.TensorSpec([None, 3], tf.float32))
+    ops = {op.name: op for op in concrete.graph.get_operations()}
+    assert ops["t__rows"].control_inputs == [ops["t__rows__row_counts"]]
+    got = gather(tf.reshape(tf.range(6.0), [2, 3]))
+    np.testing.assert_array_equal(got.numpy(), np.tile(np.arange(6.0).reshape(2, 3), [2, 1]))

@@ -3,10 +3,11 @@
 One ``horovodrun -np N --gloo`` launch of ``distributed/nccl_exchange_worker.py`` with N the host's
 GPUs (at most 4): the exchange is NCCL's under ``SOK_EXCHANGE=auto``; uneven all-to-alls of floats
 and int64 (eager, and two in one tf.function with their gradients), an empty one and an allgather
-give what every rank sent; counts of the wrong length are refused before anything moves. The
-lookup's own oracle tests (test_lookup_sparse_multiprocess.py) run through the same collectives on
-GPU ranks. Skipped unless the ranks run on GPUs (``SOK_MULTIPROCESS_ON_GPUS=1``) and the host has
-two or more.
+give what every rank sent; the allreduce (floats, int32) and the allgather of rows of uneven counts
+(sok.allreduce_dense_gradients' collectives) give what every rank gave; counts of the wrong length
+are refused before anything moves. The lookup's own oracle tests
+(test_lookup_sparse_multiprocess.py) run through the same collectives on GPU ranks. Skipped unless
+the ranks run on GPUs (``SOK_MULTIPROCESS_ON_GPUS=1``) and the host has two or more.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ CHECKS = [
     "alltoall_in_function_with_gradient",
     "alltoall_empty",
     "allgather",
+    "allreduce_sum",
+    "allgather_rows",
     "bad_counts_refused",
 ]
 

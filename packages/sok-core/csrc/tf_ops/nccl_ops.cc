@@ -1,5 +1,6 @@
-// SOK's own NCCL collectives for the exchange of sok.lookup_sparse on GPU ranks
-// (libsok_tf_nccl.so, built where a CUDA toolkit and NCCL are found).
+// SOK's own NCCL collectives on GPU ranks: the exchange of sok.lookup_sparse, and the allreduce of
+// sok.allreduce_dense_gradients, so that one communicator carries every GPU collective of a SOK
+// step (libsok_tf_nccl.so, built where a CUDA toolkit and NCCL are found).
 //
 // Horovod's collectives negotiate every call among the ranks on its background thread and wait for
 // their inputs on the host; with several all-to-alls per lookup, that is most of a step. These ops
@@ -8,9 +9,15 @@
 // (sok.init: rank 0's ncclUniqueId travels through Horovod's broadcast) and kept per CUDA device.
 //
 // The ranks must enqueue the collectives of one communicator in the same order: the Python side
-// (sparse_operation_kit/nccl_exchange.py) chains them with control dependencies. Counts and sizes
+// (sparse_operation_kit/lookup/exchange.py) chains them with control dependencies. Counts and sizes
 // must match across ranks (what rank a sends b is what b receives from a); the callers derive them
 // from values every rank gathered, so they do by construction.
+//
+// Why the dense allreduce is here too: NCCL's kernels wait on the GPU for their peers, and NCCL
+// does not support two communicators whose collectives the ranks enqueue in different orders (a
+// device-wide synchronisation, a lazily loaded kernel, can then wait for a kernel that waits for a
+// peer that waits for us). Horovod orders its own collectives on its background thread, not with
+// the graph's; one communicator for the whole step leaves a single order.
 //
 // No int32 data: TensorFlow keeps int32 tensors of GPU ops in host memory. Host code compiled by g++
 // with TensorFlow's flags, like the *_gpu.cc kernels.
@@ -379,6 +386,60 @@ class NcclAllGatherOp : public OpKernel {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+REGISTER_OP("SokNcclAllReduce")
+    .Input("input: T")
+    .Output("output: T")
+    .Attr("T: {float, half, bfloat16, double, int64}")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
+    .Doc("The sum over the ranks of `input` (of one shape on every rank), on every rank.");
+
+template <typename T>
+struct NcclType;
+template <>
+struct NcclType<float> {
+  static constexpr ncclDataType_t value = ncclFloat32;
+};
+template <>
+struct NcclType<Eigen::half> {
+  static constexpr ncclDataType_t value = ncclFloat16;
+};
+template <>
+struct NcclType<Eigen::bfloat16> {
+  static constexpr ncclDataType_t value = ncclBfloat16;
+};
+template <>
+struct NcclType<double> {
+  static constexpr ncclDataType_t value = ncclFloat64;
+};
+template <>
+struct NcclType<int64_t> {
+  static constexpr ncclDataType_t value = ncclInt64;
+};
+
+template <typename T>
+class NcclAllReduceOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& input = ctx->input(0);
+    const sok_exec_context exec = GpuExec::of(ctx);
+    Communicator comm;
+    OP_REQUIRES_OK(ctx, communicator_of(exec.device_id, "SokNcclAllReduce", &comm));
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, input.shape(), &output));
+    if (input.NumElements() == 0) return;
+    DeviceGuard guard;
+    OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
+    OP_REQUIRES_OK(ctx, SOK_NCCL(ncclAllReduce(input.flat<T>().data(), output->flat<T>().data(),
+                                               static_cast<size_t>(input.NumElements()), NcclType<T>::value,
+                                               ncclSum, comm.comm, stream_of(exec))));
+    OP_REQUIRES_OK(ctx, Watchdog::get().watch(exec.device_id, stream_of(exec), name(), comm));
+  }
+};
+
 #define SOK_REGISTER_NCCL_ALL_TO_ALL(T)                                                    \
   REGISTER_KERNEL_BUILDER(Name("SokNcclAllToAll")                                          \
                               .Device(DEVICE_GPU)                                          \
@@ -399,6 +460,15 @@ SOK_REGISTER_NCCL_ALL_GATHER(float)
 SOK_REGISTER_NCCL_ALL_GATHER(double)
 SOK_REGISTER_NCCL_ALL_GATHER(int64_t)
 #undef SOK_REGISTER_NCCL_ALL_GATHER
+
+#define SOK_REGISTER_NCCL_ALL_REDUCE(T) \
+  REGISTER_KERNEL_BUILDER(Name("SokNcclAllReduce").Device(DEVICE_GPU).TypeConstraint<T>("T"), NcclAllReduceOp<T>);
+SOK_REGISTER_NCCL_ALL_REDUCE(float)
+SOK_REGISTER_NCCL_ALL_REDUCE(Eigen::half)
+SOK_REGISTER_NCCL_ALL_REDUCE(Eigen::bfloat16)
+SOK_REGISTER_NCCL_ALL_REDUCE(double)
+SOK_REGISTER_NCCL_ALL_REDUCE(int64_t)
+#undef SOK_REGISTER_NCCL_ALL_REDUCE
 
 }  // namespace
 }  // namespace sok_tf

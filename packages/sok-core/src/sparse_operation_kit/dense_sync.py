@@ -21,6 +21,12 @@ Example (every rank)::
     grads = sok.allreduce_dense_gradients(grads, variables)   # average of dense gradients; SOK's as they are
     optimizer.apply_gradients(zip(grads, variables))
 
+On GPU ranks the gradients travel through the same collectives as ``sok.lookup_sparse``'s exchange
+(SOK's NCCL communicator, ``SOK_EXCHANGE``), fused into one allreduce per dtype. Reduce the dense
+gradients with this function rather than ``hvd.allreduce`` when SOK's exchange is NCCL: Horovod's
+NCCL collectives on GPU tensors run in an order of their own, and NCCL does not support two
+communicators whose collectives the ranks order differently (the step can hang).
+
 Which ``op`` to use: with each rank's loss the mean over its own samples, ``op="average"`` (the
 default) gives the dense gradient of the mean over the global batch, while SOK's table gradients
 are the *sum* over ranks of each rank's gradient (``num_ranks`` times larger; Adagrad and Adam do
@@ -38,6 +44,7 @@ from typing import Any
 import tensorflow as tf
 
 from sparse_operation_kit import communication
+from sparse_operation_kit.lookup import exchange
 from sparse_operation_kit.optimizer import filter_variables
 
 logger = logging.getLogger(__name__)
@@ -142,19 +149,28 @@ def allreduce_dense_gradients(gradients: Sequence[Any], variables: Sequence[Any]
         return gradients
     sok_vars, _ = filter_variables(variables)
     model_parallel = {id(v) for v in sok_vars}
-    reduced = []
+    collectives = exchange.of(comm)
+    reduced: list[Any] = list(gradients)
+    dense: dict[tf.DType, list[int]] = {}  # the dense gradients by dtype: one allreduce each
     for i, (grad, var) in enumerate(zip(gradients, variables)):
         if grad is None or id(var) in model_parallel:
-            reduced.append(grad)
             continue
-        name = f"sok.allreduce_dense_gradients: {i}"
         if isinstance(grad, tf.IndexedSlices):
-            values = comm.allgather(grad.values, name=name + " values")
-            indices = comm.allgather(grad.indices, name=name + " indices")
+            name = f"sok.allreduce_dense_gradients: {i}"
+            values = collectives.allgather_rows(grad.values, name=name + " values")
+            indices = collectives.allgather_rows(tf.cast(grad.indices, tf.int64), name=name + " indices")
             if op == "average":
                 values = values / tf.cast(n, values.dtype)
-            reduced.append(tf.IndexedSlices(values, indices, grad.dense_shape))
+            reduced[i] = tf.IndexedSlices(values, tf.cast(indices, grad.indices.dtype), grad.dense_shape)
             continue
-        total = comm.allreduce_sum(tf.convert_to_tensor(grad), name=name)
-        reduced.append(total / tf.cast(n, total.dtype) if op == "average" else total)
+        reduced[i] = tf.convert_to_tensor(grad)
+        dense.setdefault(reduced[i].dtype, []).append(i)
+    for dtype, members in dense.items():
+        flat = tf.concat([tf.reshape(reduced[i], [-1]) for i in members], 0)
+        total = collectives.allreduce_sum(flat, name=f"sok.allreduce_dense_gradients: {dtype.name}")
+        if op == "average":
+            total = total / tf.cast(n, dtype)
+        sizes = [tf.size(reduced[i]) for i in members]
+        for i, part in zip(members, tf.split(total, tf.stack(sizes), num=len(members))):
+            reduced[i] = tf.reshape(part, tf.shape(reduced[i]))
     return reduced

@@ -42,6 +42,7 @@ from tensorflow.python.framework import indexed_slices as indexed_slices_lib
 from sparse_operation_kit import communication, tf_ops
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit.dynamic_variable import DynamicVariable, distinct_index_of, export
+from sparse_operation_kit.lookup import exchange
 from sparse_operation_kit.row_layout import RowLayout
 from sparse_operation_kit.slot_view import DynamicSlot
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, create_storage
@@ -910,7 +911,9 @@ class OptimizerWrapper:
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(g))) for g, _ in dynamic + others])
         comm = communication.tool()
         if comm.num_ranks() > 1:  # each rank sees its own shards' gradients: the ranks decide together
-            bad = comm.allreduce_sum(tf.cast(tf.logical_not(finite), tf.int32), name="sok.OptimizerWrapper: finite")
+            bad = exchange.of(comm).allreduce_sum(
+                tf.cast(tf.logical_not(finite), tf.int32), name="sok.OptimizerWrapper: finite"
+            )
             finite = tf.equal(bad, 0)
         unscaled_dynamic = [(_scaled(g, 1.0 / scale), v) for g, v in dynamic]
         unscaled_others = [(_scaled(g, 1.0 / scale), v) for g, v in others]

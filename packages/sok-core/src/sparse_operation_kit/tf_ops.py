@@ -101,7 +101,8 @@ def nccl_built() -> bool:
 @functools.cache
 def nccl_library() -> Any | None:
     """The loaded library of SOK's NCCL collectives (``SokNcclInit``, ``SokNcclAllToAll``,
-    ``SokNcclAllGather``; :mod:`sparse_operation_kit.lookup.exchange`), or None where they cannot run:
+    ``SokNcclAllGather``, ``SokNcclAllReduce``; :mod:`sparse_operation_kit.lookup.exchange`), or None
+    where they cannot run:
     a TensorFlow without CUDA, or sok-core built without NCCL (no ``lib/libsok_tf_nccl.so``)."""
     import tensorflow as tf
 

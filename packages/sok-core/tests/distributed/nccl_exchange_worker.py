@@ -89,6 +89,24 @@ def main() -> int:
     want = np.array([[p, p * 10, -p] for p in range(n)], np.int64).reshape(-1)
     check("allgather", None if np.array_equal(gathered.numpy(), want) else f"got {gathered.numpy().tolist()}")
 
+    @tf.function
+    def reduce(x: tf.Tensor, flag: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return exchange.allreduce_sum(x, name="test: allreduce"), exchange.allreduce_sum(flag, name="test: flags")
+
+    with tf.device("/GPU:0"):
+        total, flags = reduce(tf.fill([3, 5], float(rank + 1)), tf.constant(rank, tf.int32))
+    want_total, want_flags = n * (n + 1) / 2, n * (n - 1) // 2
+    problems = [] if np.all(total.numpy() == want_total) else [f"sum {total.numpy().tolist()}, want {want_total}"]
+    if flags.dtype != tf.int32 or int(flags) != want_flags:
+        problems.append(f"int32 sum {flags!r}, want {want_flags}")
+    check("allreduce_sum", "; ".join(problems) or None)
+
+    with tf.device("/GPU:0"):  # rank r gives r + 1 rows of [r, i]
+        mine = tf.constant([[rank, i] for i in range(rank + 1)], tf.float32)
+        rows = exchange.allgather_rows(mine, name="test: allgather of rows")
+    want_rows = np.array([[p, i] for p in range(n) for i in range(p + 1)], np.float32)
+    check("allgather_rows", None if np.array_equal(rows.numpy(), want_rows) else f"got {rows.numpy().tolist()}")
+
     try:
         exchange.alltoall(send, tf.constant([1], tf.int32), recv_counts, name="test: bad counts")
         check("bad_counts_refused", "no error for send_counts of one rank")

@@ -216,6 +216,7 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
     from sparse_operation_kit.checkpoint.collective import dump
     from sparse_operation_kit.demo.dlrm import SokEmbeddings
     from sparse_operation_kit.dense_sync import allreduce_dense_gradients, broadcast_dense_variables
+    from sparse_operation_kit.lookup import exchange
     from sparse_operation_kit.optimizer import OptimizerWrapper
     from sparse_operation_kit.progress import TqdmCallback
 
@@ -224,6 +225,8 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
     comm = communication.tool()
     rank, ranks = comm.rank(), comm.num_ranks()
     config.check(ranks)
+    # in the step, the collectives of the tables' exchange (one NCCL communicator on GPU ranks)
+    reduce_sum = exchange.of(comm).allreduce_sum if ranks > 1 else comm.allreduce_sum
     say = _say(rank)
     gen = config.generator()
     embeddings = SokEmbeddings(
@@ -254,7 +257,7 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
         grads = allreduce_dense_gradients(grads, tables + dense_vars, op="sum")
         sparse_opt.apply_gradients(zip(grads[: len(tables)], tables))
         dense_opt.apply_gradients(zip(grads[len(tables) :], dense_vars))
-        return comm.allreduce_sum(loss, name="demo: loss")
+        return reduce_sum(loss, name="demo: loss")
 
     @tf.function(autograph=False)
     def predict(dense: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:

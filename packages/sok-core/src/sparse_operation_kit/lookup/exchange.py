@@ -1,14 +1,20 @@
-"""The collectives of ``sok.lookup_sparse``'s exchange: SOK's own NCCL ops on GPU ranks, Horovod's
-elsewhere.
+"""The collectives of a SOK step on several ranks: SOK's own NCCL ops on GPU ranks, Horovod's
+elsewhere. ``sok.lookup_sparse``'s exchange and ``sok.allreduce_dense_gradients`` both go through
+them, so that on GPU ranks one NCCL communicator, in one order, carries every collective of a step
+(NCCL does not support two communicators used in different orders by the ranks: with Horovod's
+NCCL for the dense gradients beside SOK's for the exchange, a step can hang).
 
 Every size an exchange needs is known on the host before it starts (the counts of the ids travel in
-the call's one allgather, the pooled rows' follow from the batch sizes), so both collectives take
+the call's one allgather, the pooled rows' follow from the batch sizes), so the collectives take
 their counts from the host:
 
 - ``allgather(values)``: every rank's int64 vector, of one length on every rank, in rank order;
 - ``alltoall(values, send_counts, recv_counts)``: rows ``send_counts[r]`` to rank ``r``, the
   ``recv_counts[r]`` rows of rank ``r`` back (int32 ``[n]`` each, in rows of ``values``); for
-  floats, its gradient is the all-to-all back.
+  floats, its gradient is the all-to-all back;
+- ``allreduce_sum(values)``: the sum over the ranks of a tensor of one shape everywhere;
+- ``allgather_rows(values)``: every rank's rows (their number may differ between ranks), in rank
+  order.
 
 Horovod negotiates each collective among the ranks on its background thread and waits on the host
 for the collective's input; SOK's NCCL ops (``libsok_tf_nccl.so``) enqueue NCCL's kernels on
@@ -89,6 +95,12 @@ class Exchange:
     def alltoall(self, values: tf.Tensor, send_counts: tf.Tensor, recv_counts: tf.Tensor, name: str) -> tf.Tensor:
         raise NotImplementedError
 
+    def allreduce_sum(self, values: tf.Tensor, name: str) -> tf.Tensor:
+        raise NotImplementedError
+
+    def allgather_rows(self, values: tf.Tensor, name: str) -> tf.Tensor:
+        raise NotImplementedError
+
 
 class HorovodExchange(Exchange):
     """Horovod's collectives, through the communication tool (CPU ranks, and GPU ranks without NCCL)."""
@@ -104,6 +116,12 @@ class HorovodExchange(Exchange):
     def alltoall(self, values: tf.Tensor, send_counts: tf.Tensor, recv_counts: tf.Tensor, name: str) -> tf.Tensor:
         return self._comm.alltoall(values, send_counts, name=name)[0]
 
+    def allreduce_sum(self, values: tf.Tensor, name: str) -> tf.Tensor:
+        return self._comm.allreduce_sum(values, name=name)
+
+    def allgather_rows(self, values: tf.Tensor, name: str) -> tf.Tensor:
+        return self._comm.allgather(values, name=name)
+
 
 class NcclExchange(Exchange):
     """SOK's NCCL ops on this rank's GPU (``/GPU:0``: ``sok.init`` pins each rank to its own),
@@ -114,6 +132,7 @@ class NcclExchange(Exchange):
     def __init__(self, comm: communication.CommunicationTool, ops: Any) -> None:
         self._ops = ops
         self._last: weakref.WeakKeyDictionary[Any, tf.Operation] = weakref.WeakKeyDictionary()
+        self._ranks = comm.num_ranks()
         bound = communication.stall_shutdown_seconds()
         with tf.init_scope():  # eagerly, also when the first exchange is traced in a tf.function
             with tf.device("/CPU:0"):
@@ -157,6 +176,29 @@ class NcclExchange(Exchange):
             return move(x, send_counts, recv_counts, name), gradient
 
         return exchange(values)
+
+    def allreduce_sum(self, values: tf.Tensor, name: str) -> tf.Tensor:
+        values = tf.convert_to_tensor(values)
+        # int32 tensors of GPU ops live in host memory in TensorFlow: they travel as int64
+        narrow = values.dtype in (tf.int32, tf.bool)
+        with tf.device("/GPU:0"):
+            wide = tf.cast(values, tf.int64) if narrow else values
+            total = self._in_order(lambda: self._ops.sok_nccl_all_reduce(wide, name=communication.op_name(name)))
+        return tf.cast(total, values.dtype) if narrow else total
+
+    def allgather_rows(self, values: tf.Tensor, name: str) -> tf.Tensor:
+        """Rows of every rank through the all-to-all: each rank's row count first (the allgather),
+        then its rows to every rank."""
+        values = tf.convert_to_tensor(values)
+        n = self._ranks
+        with tf.device("/GPU:0"):
+            mine = tf.shape(values, out_type=tf.int64)[:1]
+            counts = self.allgather(mine, name=f"{name}: row counts")
+        with tf.device("/CPU:0"):
+            received = int32_counts(counts, f"{name}: the rows gathered")
+            sent = int32_counts(tf.fill([n], mine[0]), f"{name}: the rows sent")
+        copies = tf.tile(values, [n] + [1] * (values.shape.rank - 1))
+        return self.alltoall(copies, sent, received, name=name)
 
 
 _chosen: tuple[communication.CommunicationTool, Exchange] | None = None
