@@ -26,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import json
 import os
@@ -99,10 +100,17 @@ def make_trainer(embeddings, config: DemoConfig, sparse_optimizer, xla: bool = F
 
 
 def gpu_bytes() -> int | None:
-    """Bytes TensorFlow's allocator holds on the first GPU now (None without a GPU)."""
+    """Bytes in use on this process's GPU now, as the CUDA driver counts them (None without a GPU):
+    TensorFlow's allocator holds static tables and Keras' variables, while dynamic tables allocate
+    from CUDA directly, which TensorFlow's own count (``get_memory_info``) does not see."""
     if not tf.config.list_logical_devices("GPU"):
         return None
-    return int(tf.config.experimental.get_memory_info("GPU:0")["current"])
+    driver = ctypes.CDLL("libcuda.so.1")
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    result = driver.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+    if result != 0:
+        raise RuntimeError(f"cuMemGetInfo_v2 returned CUDA error {result}")
+    return int(total.value - free.value)
 
 
 def main(argv: list[str] | None = None) -> dict:
