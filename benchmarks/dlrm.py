@@ -7,8 +7,9 @@ steps on the same batches, and on a GPU the memory each model's tables and state
 DLRM-DCNv2 on multi-hot data (``--mlperf``: MLPerf's sizes, dim 128 and its MLPs and cross network,
 tables capped at ``--max-rows``), the model of issue 38. Both models of a run share everything but
 the embeddings: the tower (same seed), the data (Criteo-shaped batches of
-``sparse_operation_kit.demo.criteo``, made before timing and cycled), Adagrad on the tables and
-Adam on the dense layers, one ``tf.function`` per step, and ``--precision`` (a Keras policy:
+``sparse_operation_kit.demo.criteo``, made before timing and cycled), Adagrad on the tables
+(``--sparse-optimizer rowwise``: ``sok.RowWiseAdagrad``, one accumulator per row) and Adam on the
+dense layers, one ``tf.function`` per step, and ``--precision`` (a Keras policy:
 ``mixed_bfloat16`` computes the towers in bfloat16; tables and their state stay float32 either
 way). SOK: the 26 tables through one ``sok.lookup_sparse`` (``--tables``: the demo's "mixed" by
 default, dynamic tables for the large features and ``sok.Variable`` for the others); baseline: 26
@@ -21,6 +22,7 @@ Usage::
     python benchmarks/dlrm.py                      # 600 steps of 4096, dim 16, largest table 128Ki rows
     python benchmarks/dlrm.py --steps 100 --tables mixed --json out.json
     python benchmarks/dlrm.py --model dcnv2 --mlperf --batch-size 65536 --precision mixed_bfloat16   # GPU
+    python benchmarks/dlrm.py --sparse-optimizer rowwise     # sok.RowWiseAdagrad on both models' tables
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
+import sparse_operation_kit as sok  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from machine import load_average  # noqa: E402
 from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL  # noqa: E402
@@ -45,6 +48,9 @@ from sparse_operation_kit.optimizer import OptimizerWrapper  # noqa: E402
 #: SOK / Keras samples/s to reach: on the CPU at np 1, and on a GPU (an H100) under a CUDA TensorFlow.
 GOAL_RATIO = {"cpu": 1.3, "gpu": 3.0}
 GOAL_AUC_GAP = 0.002
+#: The ``--sparse-optimizer`` choices: Keras' Adagrad (one accumulator per element) or SOK's row-wise
+#: one (one per row), given to both models' tables.
+SPARSE_OPTIMIZERS = {"adagrad": tf.keras.optimizers.Adagrad, "rowwise": sok.RowWiseAdagrad}
 #: The ``--precision`` choices: Keras dtype policies (float16 would need loss scaling of both optimizers).
 PRECISIONS = ("float32", "mixed_bfloat16")
 
@@ -119,6 +125,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--mlperf", action="store_true", help="dcnv2: MLPerf's sizes for those not given")
     parser.add_argument("--precision", choices=PRECISIONS, default="float32", help="Keras dtype policy")
     parser.add_argument("--xla", action="store_true", help="the towers under XLA (jit_compile), lookups outside")
+    parser.add_argument(
+        "--sparse-optimizer", choices=sorted(SPARSE_OPTIMIZERS), default="adagrad", help="both models' tables"
+    )
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--chunk", type=int, default=50, help="steps per turn")
@@ -148,10 +157,10 @@ def main(argv: list[str] | None = None) -> dict:
         before = gpu_bytes()
         if name == "keras":
             embeddings = KerasEmbeddings(list(gen.rows), config.dim, config.seed)
-            optimizer = tf.keras.optimizers.Adagrad(learning_rate=config.sparse_lr)
+            optimizer = SPARSE_OPTIMIZERS[args.sparse_optimizer](learning_rate=config.sparse_lr)
         else:
             embeddings = SokEmbeddings(gen.rows, config.dim, config.tables, seed=config.seed)
-            optimizer = OptimizerWrapper(tf.keras.optimizers.Adagrad(learning_rate=config.sparse_lr))
+            optimizer = OptimizerWrapper(SPARSE_OPTIMIZERS[args.sparse_optimizer](learning_rate=config.sparse_lr))
         models[name] = make_trainer(embeddings, config, optimizer, xla=args.xla)
         models[name][0](*pool[0])  # the tables' optimizer state exists after a first step
         after = gpu_bytes()
@@ -189,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     gap = figures["sok"]["auc"] - figures["keras"]["auc"]
     figures["ratio"], figures["auc_gap"] = ratio, gap
     title = "DLRM-DCNv2" if config.model == "dcnv2" else "DLRM"
-    setting = f"tables {config.tables!r}, {args.precision}{', XLA towers' if args.xla else ''}"
+    setting = f"tables {config.tables!r}, {args.sparse_optimizer}, {args.precision}{', XLA towers' if args.xla else ''}"
     print(
         f"{title}, {NUM_CATEGORICAL} tables ({sum(gen.rows):,} rows, dim {config.dim}), {args.steps} steps of "
         f"{config.batch_size}, {setting}; load average {figures['load_average']}"

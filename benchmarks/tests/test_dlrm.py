@@ -1,5 +1,5 @@
 """dlrm.py: both models of the demo, SOK against Keras' Embedding, run end to end at a tiny size (the
-figures' keys, AUCs, the precision and XLA it was asked for), and its refusal of --mlperf without
+figures' keys, AUCs, the precision, XLA and tables' optimizer it was asked for), and its refusal of --mlperf without
 dcnv2."""
 
 from __future__ import annotations
@@ -22,12 +22,20 @@ def policy_restored():
     keras.mixed_precision.set_global_policy(before)
 
 
-@pytest.mark.parametrize(("model", "precision", "xla"), [("dlrm", "float32", False), ("dcnv2", "mixed_bfloat16", True)])
-def test_both_models_train_and_report(policy_restored, tmp_path, model, precision, xla):
+@pytest.mark.parametrize(
+    ("model", "precision", "xla", "sparse"),
+    [
+        ("dlrm", "float32", False, "adagrad"),
+        ("dcnv2", "mixed_bfloat16", True, "adagrad"),
+        ("dlrm", "float32", False, "rowwise"),
+    ],
+)
+def test_both_models_train_and_report(policy_restored, tmp_path, model, precision, xla, sparse):
     out = tmp_path / "figures.json"
-    options = ["--model", model, "--precision", precision, *(["--xla"] if xla else []), *TINY]
+    options = ["--model", model, "--precision", precision, *(["--xla"] if xla else []), "--sparse-optimizer", sparse]
+    options += TINY
     figures = dlrm.main([*options, "--json", str(out)])
-    assert figures["config"]["xla"] is xla
+    assert figures["config"]["xla"] is xla and figures["config"]["sparse_optimizer"] == sparse
     assert json.loads(out.read_text()) == json.loads(json.dumps(figures))
     assert figures["demo_config"]["model"] == model and figures["config"]["precision"] == precision
     for name in ("keras", "sok"):

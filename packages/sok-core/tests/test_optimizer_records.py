@@ -49,13 +49,18 @@ def _libraries() -> list[Path]:
 
 @pytest.mark.parametrize("name", sorted(opt_lib.OPTIMIZERS))
 def test_a_record_names_its_rule_slots_everywhere(name: str) -> None:
+    import sparse_operation_kit as sok
+
     record = opt_lib.OPTIMIZERS[name]
-    optimizer = getattr(tf.keras.optimizers, name)()
+    optimizer = (getattr(tf.keras.optimizers, name, None) or getattr(sok, name))()  # sok.RowWiseAdagrad
     rule = record.rule(opt_lib.Settings(optimizer))
     assert rule.name == name
     # The rule's slots of this configuration are among those the record maps (SGD's momentum slot
-    # only with momentum, Adam's vhat only with amsgrad).
-    assert {slot for slot, _ in rule.slots} <= set(record.keras_slots) == set(record.legacy_slots)
+    # only with momentum, Adam's vhat only with amsgrad); no legacy names where no tf_keras legacy
+    # optimizer exists (SOK's own).
+    assert {slot for slot, _ in rule.slots} <= set(record.keras_slots)
+    assert set(record.legacy_slots) in (set(record.keras_slots), set())
+    assert set(rule.per_row) <= {slot for slot, _ in rule.slots}
     for slot, aliases in record.checkpoint_aliases.items():
         assert slot in record.keras_slots and all(len(alias) == 2 for alias in aliases)
 

@@ -130,3 +130,29 @@ def test_bound_variable_reports_the_layout_columns(legacy):
     np.testing.assert_array_equal(weights, embeddings[np.argsort(exported_keys)])
     for i, state in enumerate(states):
         np.testing.assert_array_equal(state, np.full((2, 3), i + 7, np.float32))
+
+
+@pytest.mark.parametrize("dim, widths", [(4, (1,)), (3, (3, 1)), (2, (1, 1, 2))])
+def test_slot_widths_tile_the_row_in_order(dim, widths):
+    """A per-row slot (sok.RowWiseAdagrad's accumulator) is one column wide: the parts are the
+    NumPy split of the row at the cumulative widths."""
+    slots = tuple(f"s{i}" for i in range(len(widths)))
+    layout = RowLayout(dim, slots, widths)
+    assert layout.width == dim + sum(widths)
+    assert layout.part_widths == (dim, *widths)
+    row = np.arange(layout.width)
+    blocks = np.split(row, np.cumsum((dim, *widths))[:-1])
+    assert [tuple(row[b:e]) for b, e in layout.parts] == [tuple(block) for block in blocks]
+    assert [layout.columns(name) for name in slots] == list(layout.parts[1:])
+    assert [part.shape for part in layout.split(np.zeros((2, layout.width)))] == [(2, w) for w in (dim, *widths)]
+
+
+def test_default_widths_are_the_dimension_and_equal_given_ones():
+    assert RowLayout(3, ("m", "v")).widths == (3, 3)
+    assert RowLayout(3, ("m", "v")) == RowLayout(3, ("m", "v"), (3, 3))
+
+
+@pytest.mark.parametrize("widths", [(), (1, 1), (0,), (-1,), (1.5,), (True,), "1"])
+def test_widths_must_be_one_positive_integer_per_slot(widths):
+    with pytest.raises(ValueError, match=r"RowLayout widths must be one integer >= 1 per slot of \['m'\]"):
+        RowLayout(4, ("m",), widths)

@@ -47,6 +47,7 @@ _LAZY = {
     "OptimizerWrapper": "sparse_operation_kit.optimizer",
     "SGD": "sparse_operation_kit.optimizer",
     "filter_variables": "sparse_operation_kit.optimizer",
+    "RowWiseAdagrad": "sparse_operation_kit.row_wise_adagrad",
     "DynamicEmbedding": "sparse_operation_kit.layers",
     "All2AllDenseEmbedding": "sparse_operation_kit.layers",
     "Variable": "sparse_operation_kit.distributed_variable",

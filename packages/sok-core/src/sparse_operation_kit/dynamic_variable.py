@@ -796,11 +796,12 @@ def assign(var: DynamicVariable | ColumnView, indices: Any, values: Any) -> Dyna
         sok.assign(v, tf.constant([1, 2], tf.int64), tf.ones([2, v.dimension]))
     """
     rows, (begin, end) = _rows_of(var, "sok.assign")
+    width = end - begin  # the embedding's dimension, or a slot's width
     keys = tf.reshape(rows.keys_of(indices), [-1])
     values = tf.convert_to_tensor(values, tf.float32)
-    if values.shape.rank is not None and (values.shape.rank != 2 or values.shape[-1] not in (None, rows.dimension)):
-        raise ValueError(f"values must have shape [N, {rows.dimension}], got {values.shape}")
+    if values.shape.rank is not None and (values.shape.rank != 2 or values.shape[-1] not in (None, width)):
+        raise ValueError(f"values must have shape [N, {width}], got {values.shape}")
     tf_ops.library().sok_insert_or_assign(
-        *rows.table_inputs, keys, tf.reshape(values, [-1, rows.dimension]), col_begin=begin, col_end=end
+        *rows.table_inputs, keys, tf.reshape(values, [-1, width]), col_begin=begin, col_end=end
     )
     return var

@@ -167,15 +167,23 @@ class Rule:
         name: the optimizer's name in SOK checkpoints (``"Adagrad"``).
         slots: ``(slot name, initial value)`` per state column block, in row order. The same for
             every flavour, so checkpoints move between them.
-        update: ``update(w, slots, g, lr, step) -> (w, slots)`` on ``[n, dim]`` tensors.
+        update: ``update(w, slots, g, lr, step) -> (w, slots)`` on ``[n, dim]`` tensors (a slot of
+            ``per_row`` on ``[n, 1]``).
         native: ``(rule, hyper-parameters)`` of the same update in the op library's
             ``SokSparseApply`` (one op per step on CPU tables), or None where only ``update`` has it.
+        per_row: the slots that hold one float per row instead of one per column.
     """
 
     name: str
     slots: tuple[tuple[str, float], ...]
     update: Update
     native: tuple[str, tuple[float, ...]] | None = None
+    per_row: tuple[str, ...] = ()
+
+    def layout(self, dim: int) -> RowLayout:
+        """Where a row of dimension ``dim`` keeps the embedding and this rule's slots."""
+        names = tuple(name for name, _ in self.slots)
+        return RowLayout(dim, names, tuple(1 if name in self.per_row else dim for name in names))
 
 
 def _sgd(h: Settings) -> Rule:
@@ -201,6 +209,17 @@ def _adagrad(h: Settings) -> Rule:
 
     native = ("adagrad", (eps, float(eps_after_sqrt)))
     return Rule("Adagrad", (("accumulator", h("initial_accumulator_value")),), update, native=native)
+
+
+def _row_wise_adagrad(h: Settings) -> Rule:
+    eps = h("epsilon")
+
+    def update(w, s, g, lr, step):
+        acc = s["accumulator"] + tf.reduce_mean(tf.square(g), axis=-1, keepdims=True)
+        return w - lr * g / (tf.sqrt(acc) + eps), {"accumulator": acc}
+
+    slots = (("accumulator", h("initial_accumulator_value")),)
+    return Rule("RowWiseAdagrad", slots, update, per_row=("accumulator",))
 
 
 def _adam(h: Settings) -> Rule:
@@ -299,7 +318,8 @@ class OptimizerRecord:
         rule: the row-wise rule of an optimizer object's settings (slots, update, native rule).
         keras_slots: per slot, the attribute of a Keras 3 or tf_keras optimizer that holds one
             optimizer variable per dense model variable (indexed like its variable list).
-        legacy_slots: per slot, the name a tf_keras legacy optimizer's ``get_slot`` takes.
+        legacy_slots: per slot, the name a tf_keras legacy optimizer's ``get_slot`` takes (empty for
+            SOK's own optimizers, which have no tf_keras legacy flavour).
         natives: the ``SokSparseApply`` rules ``rule`` may give (``Rule.native``'s names); a test
             compares them with the op library's list (``SOK_SPARSE_RULES`` of sparse_rules.h).
         checkpoint_aliases: per slot, other ``(optimizer, slot)`` names of its state file that a
@@ -314,13 +334,14 @@ class OptimizerRecord:
     checkpoint_aliases: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
 
-#: Keras optimizer class name → its record. The one list of supported optimizers: adding one
+#: Keras optimizer class name (or SOK's own optimizer's) → its record. The one list of supported optimizers: adding one
 #: touches this table (and sparse_rules.h when its rule also runs natively).
 OPTIMIZERS: dict[str, OptimizerRecord] = {
     "SGD": OptimizerRecord(_sgd, {"momentum": "momentums"}, {"momentum": "momentum"}, natives=("sgd", "momentum")),
     "Adagrad": OptimizerRecord(
         _adagrad, {"accumulator": "_accumulators"}, {"accumulator": "accumulator"}, natives=("adagrad",)
     ),
+    "RowWiseAdagrad": OptimizerRecord(_row_wise_adagrad, {"accumulator": "_accumulators"}, {}),
     "Adam": OptimizerRecord(
         _adam, {"m": "_momentums", "v": "_velocities", "vhat": "_velocity_hats"}, {"m": "m", "v": "v", "vhat": "vhat"}
     ),
@@ -490,7 +511,9 @@ class OptimizerWrapper:
         optimizer: a Keras optimizer: ``SGD``, ``Adagrad``, ``Adam`` (applied as LazyAdam: only
             touched rows decay), ``Adamax``, ``Adadelta``, ``Ftrl`` or ``RMSprop`` of Keras 3
             (``tf.keras.optimizers``), tf_keras (``tf_keras.optimizers``) or tf_keras legacy
-            (``tf_keras.optimizers.legacy``), each updated with its own formulas (:class:`Flavor`).
+            (``tf_keras.optimizers.legacy``), each updated with its own formulas (:class:`Flavor`);
+            or SOK's ``sok.RowWiseAdagrad`` (one accumulator per row: a dynamic variable's rows grow
+            by one column, not by its dimension).
             Its learning rate (or schedule, and legacy ``decay``) is read at each step, its other
             hyper-parameters when the wrapper is made; the step counter is the wrapper's own
             (:attr:`iterations`).
@@ -663,9 +686,19 @@ class OptimizerWrapper:
         for Adamax, whose tf_keras legacy optimizer names them ``["m", "v"]``."""
         return [name for name, _ in self._rule.slots]
 
+    def row_layout(self, dim: int) -> RowLayout:
+        """Where the embedding and this wrapper's slots sit in the rows of a dynamic variable of
+        dimension ``dim`` once attached (and the row widths of its checkpoint files).
+
+        Example::
+
+            sok.OptimizerWrapper(sok.RowWiseAdagrad(0.1)).row_layout(8).parts   # ((0, 8), (8, 9))
+        """
+        return self._rule.layout(dim)
+
     def _row_layout(self, var: DynamicVariable) -> RowLayout:
         """Where ``var``'s embedding and this wrapper's slots sit in its rows once attached."""
-        return RowLayout(var.dimension, self.get_slot_names())
+        return self.row_layout(var.dimension)
 
     def _exposed_slot_names(self) -> list[str]:
         """The slot names the wrapped optimizer uses: tf_keras legacy ones for a legacy optimizer

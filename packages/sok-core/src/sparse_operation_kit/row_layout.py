@@ -1,10 +1,11 @@
 """``RowLayout``: where the embedding and each optimizer slot sit in a dynamic variable's rows.
 
 A ``sok.DynamicVariable`` that a ``sok.OptimizerWrapper`` updates keeps the optimizer's state in
-extra columns of its own storage rows, ``[embedding | slot 1 | slot 2 ...]``, each block ``dim``
-floats wide, so that eviction, export and checkpoints never separate a key's weight from its
-state. The optimizer (widening rows, updating them, slot views) and checkpoints (chunk buffers,
-dumps, loads) take the column ranges of that layout from here.
+extra columns of its own storage rows, ``[embedding | slot 1 | slot 2 ...]``, each slot ``dim``
+floats wide unless the optimizer keeps less per row (``sok.RowWiseAdagrad``: one float), so that
+eviction, export and checkpoints never separate a key's weight from its state. The optimizer
+(widening rows, updating them, slot views) and checkpoints (chunk buffers, dumps, loads) take the
+column ranges of that layout from here.
 
 This module imports nothing of the package, so any module may use it.
 
@@ -22,10 +23,13 @@ Example::
     >>> import numpy as np
     >>> [part.shape for part in layout.split(np.zeros((2, 12)))]
     [(2, 4), (2, 4), (2, 4)]
+    >>> RowLayout(4, ("accumulator",), widths=(1,)).parts  # one float of state per row
+    ((0, 4), (4, 5))
 """
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,19 +40,23 @@ __all__ = ["RowLayout"]
 
 @dataclass(frozen=True)
 class RowLayout:
-    """The column ranges of rows ``[embedding | slot 1 | slot 2 ...]``, each ``dim`` floats wide.
+    """The column ranges of rows ``[embedding | slot 1 | slot 2 ...]``.
 
     Args:
         dim: the embedding's width (the variable's dimension), an integer >= 1.
         slots: the optimizer's slot names in row order (none for a variable no optimizer has
             updated); any iterable of distinct strings, kept as a tuple.
+        widths: each slot's width in floats, in the order of ``slots``; None (the default) for
+            ``dim`` each (an element-wise optimizer's state).
 
     Raises:
-        ValueError: ``dim`` is not an integer >= 1, or ``slots`` is not distinct strings.
+        ValueError: ``dim`` is not an integer >= 1, ``slots`` is not distinct strings, or
+            ``widths`` is not one integer >= 1 per slot.
     """
 
     dim: int
     slots: tuple[str, ...] = ()
+    widths: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         dim = self.dim
@@ -66,11 +74,21 @@ class RowLayout:
         if not all(isinstance(s, str) for s in slots) or len(set(slots)) != len(slots):
             raise ValueError(f"RowLayout slots must be distinct strings, got {slots!r}")
         object.__setattr__(self, "slots", slots)
+        widths = (self.dim,) * len(slots) if self.widths is None else self.widths
+        try:
+            widths = tuple(operator.index(w) for w in widths if not isinstance(w, bool))
+        except TypeError:
+            widths = ()
+        if len(widths) != len(slots) or any(w < 1 for w in widths):
+            raise ValueError(
+                f"RowLayout widths must be one integer >= 1 per slot of {list(slots)}, got {self.widths!r}"
+            )
+        object.__setattr__(self, "widths", widths)
 
     @property
     def width(self) -> int:
-        """Floats per row: ``dim * (1 + len(slots))``."""
-        return self.dim * (1 + len(self.slots))
+        """Floats per row: ``dim`` plus every slot's width."""
+        return self.dim + sum(self.widths)
 
     @property
     def embedding(self) -> tuple[int, int]:
@@ -80,7 +98,13 @@ class RowLayout:
     @property
     def parts(self) -> tuple[tuple[int, int], ...]:
         """The column ranges of the embedding, then of each slot, in row order."""
-        return tuple((i * self.dim, (i + 1) * self.dim) for i in range(1 + len(self.slots)))
+        bounds = list(itertools.accumulate((self.dim,) + self.widths, initial=0))
+        return tuple(zip(bounds[:-1], bounds[1:]))
+
+    @property
+    def part_widths(self) -> tuple[int, ...]:
+        """The width of the embedding, then of each slot: the row widths of a checkpoint's files."""
+        return (self.dim,) + self.widths
 
     def columns(self, slot: str | int) -> tuple[int, int]:
         """``(begin, end)`` of one slot's columns.
@@ -109,9 +133,9 @@ class RowLayout:
                     f"no slot at position {slot!r} in these rows; valid: a name of {list(self.slots)} "
                     f"or a position {valid}"
                 )
-        return ((index + 1) * self.dim, (index + 2) * self.dim)
+        return self.parts[index + 1]
 
     def split(self, rows: Any) -> list[Any]:
-        """``rows [n, width]`` (a NumPy array or a tensor) as ``[embedding [n, dim], slot 1 [n, dim], ...]``:
+        """``rows [n, width]`` (a NumPy array or a tensor) as ``[embedding [n, dim], slot 1 [n, width 1], ...]``:
         column slices, views where the array type has them."""
         return [rows[:, begin:end] for begin, end in self.parts]

@@ -14,7 +14,7 @@ Example::
     wrapper = sok.OptimizerWrapper(tf_keras.optimizers.legacy.Adagrad(0.1))
     wrapper.apply_gradients(zip(grads, [v]))
     slot = wrapper.optimizer.get_slot(v, "accumulator")   # DynamicSlot
-    keys, accumulators = sok.export(slot)                   # [N], [N, v.dimension]
+    keys, accumulators = sok.export(slot)                   # [N], [N, slot.dimension]
     sok.assign(slot, keys, tf.zeros_like(accumulators))     # the weights stay as they are
 """
 
@@ -40,8 +40,9 @@ class DynamicSlot(ColumnView, trackable.Trackable):
     Args:
         variable: the ``sok.DynamicVariable`` whose rows hold the slot.
         slot_name: the slot's name, as the optimizer that exposes the view names it (``"m"``).
-        columns: ``(begin, end)``, the slot's column range in the rows (``end - begin`` is the
-            variable's dimension).
+        columns: ``(begin, end)``, the slot's column range in the rows (``end - begin``, its
+            :attr:`dimension`, is the variable's dimension, or 1 for a per-row slot such as
+            ``sok.RowWiseAdagrad``'s accumulator).
 
     Tracked by ``tf.train.Checkpoint`` as the wrapped optimizer's slot of the variable, like the
     variable itself it cannot be saved that way (checkpoint dynamic variables with ``sok.dump``).
@@ -49,10 +50,10 @@ class DynamicSlot(ColumnView, trackable.Trackable):
 
     def __init__(self, variable: DynamicVariable, slot_name: str, columns: tuple[int, int]) -> None:
         begin, end = columns
-        if end - begin != variable.dimension:
+        if not 0 <= begin < end:
             raise ValueError(
-                f"slot {slot_name!r} of {variable.name} must span {variable.dimension} columns (the variable's "
-                f"dimension), got columns {columns!r}"
+                f"slot {slot_name!r} of {variable.name} must span one or more columns (begin < end), got "
+                f"columns {columns!r}"
             )
         self._variable = variable
         self._slot_name = slot_name
@@ -79,7 +80,8 @@ class DynamicSlot(ColumnView, trackable.Trackable):
 
     @property
     def dimension(self) -> int:
-        return self._variable.dimension
+        """The slot's width: the variable's dimension, or 1 for a per-row slot."""
+        return self._columns[1] - self._columns[0]
 
     @property
     def key_type(self) -> tf.DType:

@@ -126,6 +126,12 @@ def _slots(var: Any, optimizer: OptimizerWrapper | None) -> list[str]:
     return optimizer.get_slot_names()
 
 
+def _layout(dim: int, slots: list[str], optimizer: OptimizerWrapper | None) -> RowLayout:
+    """The rows (and files) of a table of dimension ``dim`` holding ``slots`` of ``optimizer``'s
+    state (all of its slots, or none): each slot as wide as the optimizer keeps it."""
+    return optimizer.row_layout(dim) if slots else RowLayout(dim)
+
+
 def _shard_chunks(var: Any, slots: list[str], rows: int, optimizer: OptimizerWrapper | None) -> tuple[int, Any]:
     """(number of chunks, iterator of (keys, [weights, slot 1, ...])) over this rank's shard, at
     most ``rows`` rows per chunk, streamed from the table in its export order (bounded memory;
@@ -138,7 +144,7 @@ def _shard_chunks(var: Any, slots: list[str], rows: int, optimizer: OptimizerWra
     if isinstance(var, DynamicVariable):
         storage = var.storage
         capacity = storage.capacity()
-        layout = RowLayout(dim, slots)
+        layout = _layout(dim, slots, optimizer)
         buffers = [_ChunkBuffers(rows, storage.key_dtype, layout) for _ in range(2)]
 
         def dynamic():
@@ -163,10 +169,10 @@ class _ChunkBuffers:
     def __init__(self, rows: int, key_dtype: np.dtype, layout: RowLayout) -> None:
         self.out = (np.empty(rows, key_dtype), np.empty((rows, layout.width), np.float32))
         self.layout = layout
-        self.columns = [np.empty((rows, layout.dim), np.float32) for _ in layout.parts] if layout.slots else []
+        self.columns = [np.empty((rows, width), np.float32) for width in layout.part_widths] if layout.slots else []
 
     def split(self, values: np.ndarray) -> list[np.ndarray]:
-        """``values [m, layout.width]`` as one contiguous ``[m, dim]`` array per file."""
+        """``values [m, layout.width]`` as one contiguous array per file (``[m, dim]``, then each slot's)."""
         if not self.columns:
             return [values]
         parts = [column[: values.shape[0]] for column in self.columns]
@@ -318,7 +324,7 @@ def _dump_variable(
             agreement.run(open_files)
         # A round's rows: one export chunk's bytes per rank (every rank holds num_ranks rounds' worth after
         # the allgather), so the rows depend on the row width (keys, weights and slots).
-        layout = RowLayout(dim, slots)
+        layout = _layout(dim, slots, wrapper)
         rows_per_round = max(1, _table.EXPORT_CHUNK_BYTES // (4 * layout.width + 8))
         n = comm.num_ranks()
         shard = agreement.run(_shard_chunks, var, slots, rows_per_round, wrapper)
@@ -326,7 +332,7 @@ def _dump_variable(
         count, chunks = shard
         chunks = _read_ahead(chunks)
         rounds = count if n == 1 else int(comm.allgather(tf.constant([count], tf.int64)).numpy().max())
-        empty = (np.empty(0, key_dtype), [np.empty((0, dim), np.float32) for _ in layout.parts])
+        empty = (np.empty(0, key_dtype), [np.empty((0, width), np.float32) for width in layout.part_widths])
         total = 0
         for _ in range(rounds):
             item = agreement.run(next, chunks, empty)  # a rank with fewer chunks sends empty ones
@@ -387,7 +393,8 @@ def _plan(ckpt: ckdir.OpenCheckpoint, var: Any, slots: list[str], wrapper: Optim
     files = [key_info, weight_info]
     if manifest is not None and table in manifest.tables and not manifest.tables[table].slots:
         slots = []  # our manifest says this table had no optimizer state (it was never trained)
-    for slot in slots:
+    layout = _layout(dim, slots, wrapper)
+    for slot, width in zip(slots, layout.widths, strict=True):
         candidates = [fmt.state_file(table, wrapper.name, slot)] + [
             fmt.state_file(table, opt, alias) for opt, alias in checkpoint_aliases(wrapper.name, slot)
         ]
@@ -398,21 +405,22 @@ def _plan(ckpt: ckdir.OpenCheckpoint, var: Any, slots: list[str], wrapper: Optim
                 f"slot {slot!r} of {var.name}); load without the optimizer to skip its state"
             )
         info = ckpt.read_header(found[0])
-        if info.elements != rows * dim or info.dtype != "float32":
+        if info.elements != rows * width or info.dtype != "float32":
             raise fmt.CheckpointError(
-                f"{info.path} holds {info.elements} {info.dtype} values; expected {rows} x {dim} float32"
+                f"{info.path} holds {info.elements} {info.dtype} values; expected {rows} x {width} float32 "
+                f"({wrapper.name} keeps {'one float per row' if width != dim else 'one per column'} of slot {slot!r})"
             )
         files.append(info)
     if not isinstance(var, DynamicVariable) and rows != int(var.global_shape[0]):
         raise fmt.CheckpointError(f"{key_info.path} has {rows} rows but {var.name} has {int(var.global_shape[0])}")
     entry = fmt.check_against_manifest(ckpt.path, table, manifest, files, dim)
     crc32 = entry.crc32 if entry is not None else {}
-    return {"files": files, "rows": rows, "dim": dim, "slots": slots, "crc32": crc32}
+    return {"files": files, "rows": rows, "dim": dim, "slots": slots, "layout": layout, "crc32": crc32}
 
 
 def _stage(var: Any, plan: dict, rank: int, n: int) -> tuple[np.ndarray, list[np.ndarray]]:
     """Read one table's files once, checking each against its checksum as it is read, and keep the
-    rows this rank owns: ``(keys [m], [weights [m, dim], slot 1 [m, dim], ...])``.
+    rows this rank owns: ``(keys [m], [weights [m, dim], slot 1 [m, its width], ...])``.
 
     Memory: this rank's share of the table's files (all of them when it owns every row: read
     straight into place, no copies), held until it is assigned; the assigned bytes are the
@@ -429,8 +437,8 @@ def _stage(var: Any, plan: dict, rank: int, n: int) -> tuple[np.ndarray, list[np
     """
     keys, select = _owned_keys(var, plan, rank, n)
     arrays = [
-        fmt.read_payload(info, plan["rows"], _expected_crc(plan, info), select).reshape(-1, plan["dim"])
-        for info in plan["files"][1:]
+        fmt.read_payload(info, plan["rows"], _expected_crc(plan, info), select).reshape(-1, width)
+        for info, width in zip(plan["files"][1:], plan["layout"].part_widths, strict=True)
     ]
     return keys, arrays
 
@@ -496,7 +504,7 @@ def _fill_while_reading(var: DynamicVariable, plan: dict, rank: int, n: int) -> 
     """
     keys, select = _owned_keys(var, plan, rank, n)
     keys = keys.astype(var.key_type.as_numpy_dtype, copy=False)
-    storage, layout = var.storage, RowLayout(plan["dim"], plan["slots"])
+    storage, layout = var.storage, plan["layout"]
     for columns, info in zip(layout.parts, plan["files"][1:], strict=True):
 
         def insert(first: int, block: np.ndarray, columns: tuple[int, int] = columns) -> None:
@@ -726,7 +734,7 @@ def _load_dynamic(
     if slots:
         wrapper.attach(var)
     storage = var.table_ref.storage
-    for columns, values in zip(RowLayout(var.dimension, slots).parts, arrays, strict=True):
+    for columns, values in zip(_layout(var.dimension, slots, wrapper).parts, arrays, strict=True):
         if keys.size:
             storage.insert_or_assign(keys, values, columns=columns)
 
@@ -736,7 +744,7 @@ def _load_static(var: Any, target: Any, keys: np.ndarray, weights: np.ndarray, r
     if isinstance(var, LocalizedVariable) and rank != var.target_gpu:
         return
     local = keys.astype(np.int64) if isinstance(var, LocalizedVariable) else keys.astype(np.int64) // n
-    value = np.empty(tuple(var.shape), dtype=np.float32)
+    value = np.empty(tuple(target.shape), dtype=np.float32)  # a per-row slot: [rows, 1]
     value[local] = weights
     target.assign(value)
 

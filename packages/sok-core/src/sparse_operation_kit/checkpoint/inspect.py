@@ -77,10 +77,11 @@ def describe(ckpt: ckdir.OpenCheckpoint, verify: bool = True) -> dict[str, Any]:
         infos = [key_info, weight_info]
         for state in states:
             info = ckpt.read_header(state)
-            if info.elements != weight_info.elements or info.dtype != "float32":
+            # one float per column as the weights, or one per row (sok.RowWiseAdagrad's accumulator)
+            if info.elements not in (weight_info.elements, rows) or info.dtype != "float32":
                 raise fmt.CheckpointError(
                     f"{info.path} holds {info.elements} {info.dtype} values; expected {rows} x {dim} float32 "
-                    f"as {weight_info.path}"
+                    f"as {weight_info.path}, or {rows} x 1 (a per-row slot)"
                 )
             infos.append(info)
         fmt.check_against_manifest(path, table, manifest, infos, dim or 0)
