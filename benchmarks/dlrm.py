@@ -23,6 +23,7 @@ Usage::
     python benchmarks/dlrm.py --steps 100 --tables mixed --json out.json
     python benchmarks/dlrm.py --model dcnv2 --mlperf --batch-size 65536 --precision mixed_bfloat16   # GPU
     python benchmarks/dlrm.py --sparse-optimizer rowwise     # sok.RowWiseAdagrad on both models' tables
+    python benchmarks/dlrm.py --tables mixed --var-types hbm  # every dynamic table in device memory
 """
 
 from __future__ import annotations
@@ -135,6 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dim", type=int, default=None, help="default 16 (--mlperf: 128)")
     parser.add_argument("--max-rows", type=int, default=None, help="default 128Ki (--mlperf: 4Mi)")
     parser.add_argument("--tables", choices=("static", "dynamic", "mixed"), default="mixed")
+    parser.add_argument(
+        "--var-types", default="hbm,hybrid", help="the dynamic tables' var_types, in turn (comma-separated)"
+    )
     parser.add_argument("--pool", type=int, default=100, help="distinct training batches, made before timing")
     parser.add_argument("--eval-batches", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
@@ -146,7 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
     sizes = dict(MLPERF_DCNV2) if args.mlperf else {}
     given = {"batch_size": args.batch_size, "dim": args.dim, "max_rows": args.max_rows}
     sizes.update({name: value for name, value in given.items() if value is not None})
-    config = DemoConfig(model=args.model, tables=args.tables, seed=args.seed, **sizes)
+    var_types = [v.strip() for v in args.var_types.split(",") if v.strip()]
+    config = DemoConfig(model=args.model, tables=args.tables, seed=args.seed, var_types=var_types, **sizes)
     keras.mixed_precision.set_global_policy(args.precision)
     gen = config.generator()
     pool = list(gen.dataset(min(args.pool, args.steps + args.warmup), config.batch_size))
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
             embeddings = KerasEmbeddings(list(gen.rows), config.dim, config.seed)
             optimizer = SPARSE_OPTIMIZERS[args.sparse_optimizer](learning_rate=config.sparse_lr)
         else:
-            embeddings = SokEmbeddings(gen.rows, config.dim, config.tables, seed=config.seed)
+            embeddings = SokEmbeddings(gen.rows, config.dim, config.tables, config.var_types, seed=config.seed)
             optimizer = OptimizerWrapper(SPARSE_OPTIMIZERS[args.sparse_optimizer](learning_rate=config.sparse_lr))
         models[name] = make_trainer(embeddings, config, optimizer, xla=args.xla)
         models[name][0](*pool[0])  # the tables' optimizer state exists after a first step
@@ -198,7 +203,8 @@ def main(argv: list[str] | None = None) -> dict:
     gap = figures["sok"]["auc"] - figures["keras"]["auc"]
     figures["ratio"], figures["auc_gap"] = ratio, gap
     title = "DLRM-DCNv2" if config.model == "dcnv2" else "DLRM"
-    setting = f"tables {config.tables!r}, {args.sparse_optimizer}, {args.precision}{', XLA towers' if args.xla else ''}"
+    tables = config.tables if config.tables == "static" else f"{config.tables} ({'/'.join(config.var_types)})"
+    setting = f"tables {tables!r}, {args.sparse_optimizer}, {args.precision}{', XLA towers' if args.xla else ''}"
     print(
         f"{title}, {NUM_CATEGORICAL} tables ({sum(gen.rows):,} rows, dim {config.dim}), {args.steps} steps of "
         f"{config.batch_size}, {setting}; load average {figures['load_average']}"

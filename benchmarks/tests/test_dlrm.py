@@ -33,11 +33,12 @@ def policy_restored():
 def test_both_models_train_and_report(policy_restored, tmp_path, model, precision, xla, sparse):
     out = tmp_path / "figures.json"
     options = ["--model", model, "--precision", precision, *(["--xla"] if xla else []), "--sparse-optimizer", sparse]
-    options += TINY
+    options += TINY + (["--var-types", "hbm"] if sparse == "rowwise" else [])
     figures = dlrm.main([*options, "--json", str(out)])
     assert figures["config"]["xla"] is xla and figures["config"]["sparse_optimizer"] == sparse
     assert json.loads(out.read_text()) == json.loads(json.dumps(figures))
     assert figures["demo_config"]["model"] == model and figures["config"]["precision"] == precision
+    assert figures["demo_config"]["var_types"] == (["hbm"] if sparse == "rowwise" else ["hbm", "hybrid"])
     for name in ("keras", "sok"):
         assert figures[name]["samples_per_s"] > 0 and 0.0 <= figures[name]["auc"] <= 1.0
         held = figures[name]["gpu_bytes_of_model"]
