@@ -3,8 +3,8 @@
 Each record's slots, Keras slot attributes and legacy slot names name the same slots as its rule;
 each native rule a record's rule gives (``Rule.native``) is one the op libraries run
 (``SOK_SPARSE_RULES`` of csrc/tf_ops/sparse_rules.h, embedded in each library as text), with the
-same number of state column blocks and hyper-parameters; and every rule the libraries run is given
-by some record.
+same state (blocks as wide as the embedding, floats per row) and hyper-parameters; and every rule
+the libraries run is given by some record.
 """
 
 from __future__ import annotations
@@ -25,18 +25,20 @@ NATIVE_CASES = [
     (lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9), "momentum"),
     (lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), "momentum"),
     (lambda: tf.keras.optimizers.Adagrad(0.1), "adagrad"),
+    (lambda: __import__("sparse_operation_kit").RowWiseAdagrad(0.1), "rowwise_adagrad"),
 ]
 
 
-def _library_rules(path: Path) -> dict[str, tuple[int, int]]:
-    """``name -> (state column blocks, hyper-parameters)`` of the rule list a library embeds."""
-    found = re.findall(rb"sok_tf sparse rules: ([a-z0-9:,]*)\x00", path.read_bytes())
+def _library_rules(path: Path) -> dict[str, tuple[int, int, int]]:
+    """``name -> (state blocks as wide as the embedding, state floats per row, hyper-parameters)``
+    of the rule list a library embeds."""
+    found = re.findall(rb"sok_tf sparse rules: ([a-z0-9_:,]*)\x00", path.read_bytes())
     assert len(set(found)) == 1, f"{path} embeds {len(found)} rule lists: {found}"
     rules = {}
     for entry in found[0].decode().split(","):
         if entry:
-            name, slots, hyper = entry.split(":")
-            rules[name] = (int(slots), int(hyper))
+            name, blocks, floats, hyper = entry.split(":")
+            rules[name] = (int(blocks), int(floats), int(hyper))
     return rules
 
 
@@ -73,7 +75,8 @@ def test_native_rules_are_the_op_libraries(make, native: str, library: Path) -> 
     record = opt_lib.OPTIMIZERS[type(optimizer).__name__]
     rule = record.rule(opt_lib.Settings(optimizer))
     assert rule.native is not None and rule.native[0] == native and native in record.natives
-    assert rules[native] == (len(rule.slots), len(rule.native[1]))
+    per_row = len(rule.per_row)
+    assert rules[native] == (len(rule.slots) - per_row, per_row, len(rule.native[1]))
 
 
 @pytest.mark.parametrize("library", _libraries(), ids=lambda p: p.name)
@@ -95,5 +98,6 @@ def test_an_unknown_native_rule_is_refused_with_the_valid_ones() -> None:
     lib = tf_ops.library()
     keys = tf.constant([1, 2], tf.int64)
     positions = tf.constant([0, 1], tf.int32)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="unknown rule 'adam'; valid: sgd, momentum, adagrad"):
+    valid = "valid: sgd, momentum, adagrad, rowwise_adagrad"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"unknown rule 'adam'; {valid}"):
         lib.sok_sparse_apply(*v.table_inputs, keys, positions, tf.ones([2, 2]), tf.constant(0.1), rule="adam")

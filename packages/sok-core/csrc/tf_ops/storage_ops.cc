@@ -340,24 +340,28 @@ class LookupDistinctOp : public RowOp {
 };
 
 // The row-wise optimizer rules SokSparseApply runs natively, on one row: w (d,) the embedding,
-// s its state columns (slot k at s + k * d), g (d,) the summed gradient. Each repeats, operation
-// for operation in float32, the formula of the TensorFlow ops sok.OptimizerWrapper builds
-// otherwise (optimizer.py), so both paths give the same bits.
+// s its state columns (slot k at s + k * d; rowwise_adagrad's one accumulator at s[0]), g (d,) the
+// summed gradient. Each repeats, operation for operation in float32, the formula of the TensorFlow
+// ops sok.OptimizerWrapper builds otherwise (optimizer.py), so both paths give the same bits; but
+// rowwise_adagrad, whose mean over the row TensorFlow's reduction adds in an order of its own
+// (equal within float rounding).
 struct RowRule {
-  enum Kind { kSgd, kMomentum, kAdagrad } kind;  // SOK_SPARSE_RULES' kinds, in its order
-  int32_t slots;        // state column blocks after the embedding
-  float hyper[2];       // kMomentum: momentum, nesterov (0/1); kAdagrad: epsilon, epsilon after sqrt (0/1)
+  enum Kind { kSgd, kMomentum, kAdagrad, kRowWiseAdagrad } kind;  // SOK_SPARSE_RULES' kinds, in its order
+  SparseRuleSpec spec;  // its state (row_width) and hyper-parameters
+  float hyper[2];       // kMomentum: momentum, nesterov (0/1); kAdagrad: epsilon, epsilon after sqrt (0/1);
+                        // kRowWiseAdagrad: epsilon
 
   // The rule named `name` with hyper-parameters `hyper` (checked against sparse_rules.h).
   static Status parse(const std::string& name, const std::vector<float>& hyper, RowRule* out) {
     SparseRuleSpec spec{};
     TF_RETURN_IF_ERROR(find_sparse_rule(name, hyper.size(), &spec));
-    *out = RowRule{static_cast<Kind>(spec.kind), spec.slots, {0.0f, 0.0f}};
+    *out = RowRule{static_cast<Kind>(spec.kind), spec, {0.0f, 0.0f}};
     std::copy(hyper.begin(), hyper.end(), out->hyper);
     return Status();
   }
 
-  static_assert(kSgd == 0 && kMomentum == 1 && kAdagrad == 2, "RowRule::Kind follows SOK_SPARSE_RULES");
+  static_assert(kSgd == 0 && kMomentum == 1 && kAdagrad == 2 && kRowWiseAdagrad == 3,
+                "RowRule::Kind follows SOK_SPARSE_RULES");
 
   // One loop per variant, without branches inside, so the compiler vectorises each (square roots
   // included: the library is built with -fno-math-errno).
@@ -391,6 +395,15 @@ struct RowRule {
         }
         break;
       }
+      case kRowWiseAdagrad: {  // acc + mean(g**2) over the row; w - lr * g / (sqrt(acc) + eps)
+        float squares = 0.0f;
+        for (int64_t c = 0; c < d; ++c) squares += g[c] * g[c];
+        const float acc = s[0] + squares / static_cast<float>(d);
+        s[0] = acc;
+        const float denominator = std::sqrt(acc) + hyper[0];
+        for (int64_t c = 0; c < d; ++c) w[c] = w[c] - lr * g[c] / denominator;
+        break;
+      }
     }
   }
 };
@@ -413,8 +426,8 @@ struct RowStep {
 // backend has update_rows and every key is present (the lookup of the step inserted them), the rows
 // are updated in place, one probe per key; otherwise they are read (find_or_insert: a key evicted
 // since its lookup comes back with initial values, as on the TensorFlow-ops path), updated and
-// written back (insert_or_assign). Both give the same rows. The table's rows must be
-// d * (1 + slots of the rule) wide. The GPU kernel (training_ops_gpu.cc): find_or_insert, one
+// written back (insert_or_assign). Both give the same rows. The table's rows must be as wide as
+// the rule's state needs (SparseRuleSpec::row_width). The GPU kernel (training_ops_gpu.cc): find_or_insert, one
 // kernel that sums and applies the rule, insert_or_assign; the same bits, except for keys with more
 // than 32 gradient rows: those are summed in a fixed parallel order (deterministic, equal to this
 // kernel's within float rounding).
@@ -446,8 +459,8 @@ class SparseApplyOp : public OpKernel {
     const int64_t u = distinct.NumElements();
     const int64_t d = grads.dim_size(1);
     const int32_t row = ref->row_width;
-    OP_REQUIRES(ctx, d * (1 + rule_.slots) == row,
-                errors::InvalidArgument("gradient rows of ", d, " floats need table rows of ", d * (1 + rule_.slots),
+    OP_REQUIRES(ctx, rule_.spec.row_width(d) == row,
+                errors::InvalidArgument("gradient rows of ", d, " floats need table rows of ", rule_.spec.row_width(d),
                                         " floats for this rule, the table's are ", row));
     if (!positions_checked_) OP_REQUIRES_OK(ctx, check_positions(positions, u));
     const int32_t* position = positions.flat<int32_t>().data();

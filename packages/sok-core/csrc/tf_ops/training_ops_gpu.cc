@@ -248,14 +248,14 @@ class LookupDistinctGpuOp : public RowOp {
 
 // The rule attribute of SokSparseApply with its hyper-parameters, checked as RowRule::parse does
 // (sparse_rules.h: SparseRuleKind numbers the rules in its order).
-Status parse_rule(const std::string& name, const std::vector<float>& hyper, sok_gpu::SparseRule* out, int32_t* slots) {
-  static_assert(sok_gpu::kRuleSgd == 0 && sok_gpu::kRuleMomentum == 1 && sok_gpu::kRuleAdagrad == 2,
+Status parse_rule(const std::string& name, const std::vector<float>& hyper, sok_gpu::SparseRule* out,
+                  SparseRuleSpec* spec) {
+  static_assert(sok_gpu::kRuleSgd == 0 && sok_gpu::kRuleMomentum == 1 && sok_gpu::kRuleAdagrad == 2 &&
+                    sok_gpu::kRuleRowWiseAdagrad == 3,
                 "SparseRuleKind follows SOK_SPARSE_RULES");
-  SparseRuleSpec spec{};
-  TF_RETURN_IF_ERROR(find_sparse_rule(name, hyper.size(), &spec));
-  *out = sok_gpu::SparseRule{static_cast<sok_gpu::SparseRuleKind>(spec.kind), {0.0f, 0.0f}};
+  TF_RETURN_IF_ERROR(find_sparse_rule(name, hyper.size(), spec));
+  *out = sok_gpu::SparseRule{static_cast<sok_gpu::SparseRuleKind>(spec->kind), {0.0f, 0.0f}};
   for (size_t k = 0; k < hyper.size(); ++k) out->hyper[k] = hyper[k];
-  *slots = spec.slots;
   return Status();
 }
 
@@ -294,7 +294,7 @@ class SparseApplyGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &name));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("hyper", &hyper));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("positions_checked", &positions_checked_));
-    OP_REQUIRES_OK(ctx, parse_rule(name, hyper, &rule_, &slots_));
+    OP_REQUIRES_OK(ctx, parse_rule(name, hyper, &rule_, &spec_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -317,8 +317,8 @@ class SparseApplyGpuOp : public OpKernel {
     const int64_t u = distinct.NumElements();
     const int64_t d = grads.dim_size(1);
     const int32_t row = ref->row_width;
-    OP_REQUIRES(ctx, d * (1 + slots_) == row,
-                errors::InvalidArgument("gradient rows of ", d, " floats need table rows of ", d * (1 + slots_),
+    OP_REQUIRES(ctx, spec_.row_width(d) == row,
+                errors::InvalidArgument("gradient rows of ", d, " floats need table rows of ", spec_.row_width(d),
                                         " floats for this rule, the table's are ", row));
     OP_REQUIRES(ctx, u < kMaxKeys,
                 errors::InvalidArgument("at most 2**31 - 1 distinct keys per call, got ", u, "; split the batch"));
@@ -370,7 +370,7 @@ class SparseApplyGpuOp : public OpKernel {
 
  private:
   sok_gpu::SparseRule rule_{};
-  int32_t slots_ = 0;
+  SparseRuleSpec spec_{};
   bool positions_checked_ = false;
 };
 

@@ -219,7 +219,7 @@ def _row_wise_adagrad(h: Settings) -> Rule:
         return w - lr * g / (tf.sqrt(acc) + eps), {"accumulator": acc}
 
     slots = (("accumulator", h("initial_accumulator_value")),)
-    return Rule("RowWiseAdagrad", slots, update, per_row=("accumulator",))
+    return Rule("RowWiseAdagrad", slots, update, native=("rowwise_adagrad", (eps,)), per_row=("accumulator",))
 
 
 def _adam(h: Settings) -> Rule:
@@ -341,7 +341,9 @@ OPTIMIZERS: dict[str, OptimizerRecord] = {
     "Adagrad": OptimizerRecord(
         _adagrad, {"accumulator": "_accumulators"}, {"accumulator": "accumulator"}, natives=("adagrad",)
     ),
-    "RowWiseAdagrad": OptimizerRecord(_row_wise_adagrad, {"accumulator": "_accumulators"}, {}),
+    "RowWiseAdagrad": OptimizerRecord(
+        _row_wise_adagrad, {"accumulator": "_accumulators"}, {}, natives=("rowwise_adagrad",)
+    ),
     "Adam": OptimizerRecord(
         _adam, {"m": "_momentums", "v": "_velocities", "vhat": "_velocity_hats"}, {"m": "m", "v": "v", "vhat": "vhat"}
     ),

@@ -131,6 +131,39 @@ __global__ void apply_kernel(int32_t u, int32_t d, const float* __restrict__ gra
   }
 }
 
+// Row-wise Adagrad, a warp per row (hot rows too: the row's mean couples its columns, so they are
+// summed serially in batch order like the others): each lane sums its columns' gradients
+// (sum_in_order), adds their squares in order, the 32 partial sums meet in a fixed tree on lane 0,
+// which gives every lane the new accumulator; then each lane steps its columns. The same bits run
+// after run; equal to RowRule::apply on the CPU within float rounding (it adds the squares in
+// column order).
+__global__ void apply_row_wise_kernel(int32_t u, int32_t d, const float* __restrict__ grads,
+                                      const int32_t* __restrict__ occurrence, const int32_t* __restrict__ begin,
+                                      float lr, float eps, Rows rows) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  for (int64_t r = thread_index() / 32; r < u; r += warps) {
+    float* row = rows(r);
+    if (row == nullptr) continue;  // the same for the whole warp
+    float squares = 0.0f;
+    for (int64_t c = lane; c < d; c += 32) {
+      const float g = detail::sum_in_order(grads, occurrence, begin[r], begin[r + 1], d, c);
+      squares = __fadd_rn(squares, __fmul_rn(g, g));
+    }
+    for (int offset = 16; offset > 0; offset /= 2) squares = __fadd_rn(squares, __shfl_down_sync(kAll, squares, offset));
+    float acc = 0.0f;
+    if (lane == 0) acc = __fadd_rn(row[d], __fdiv_rn(squares, static_cast<float>(d)));
+    acc = __shfl_sync(kAll, acc, 0);
+    const float denominator = __fadd_rn(__fsqrt_rn(acc), eps);
+    for (int64_t c = lane; c < d; c += 32) {
+      const float g = detail::sum_in_order(grads, occurrence, begin[r], begin[r + 1], d, c);
+      row[c] = __fsub_rn(row[c], __fdiv_rn(__fmul_rn(lr, g), denominator));
+    }
+    if (lane == 0) row[d] = acc;
+  }
+}
+
 // The hot rows hot[0, *count), column tile blockIdx.y: g summed by hot_sum, then the rule. Blocks
 // stride over the list (its length is only known on the device).
 template <int32_t kKind>
@@ -240,9 +273,10 @@ namespace {
 cudaError_t apply_rows(const int32_t* positions, const float* grads, int32_t n, int32_t u, int32_t d,
                        int32_t row_width, SparseRule rule, float lr, Rows rows, void* workspace,
                        size_t workspace_bytes, cudaStream_t stream) {
-  const int32_t slots = rule.kind == kRuleSgd ? 0 : 1;
-  if (n < 0 || u < 0 || d < 0 || rule.kind < kRuleSgd || rule.kind > kRuleAdagrad ||
-      static_cast<int64_t>(d) * (1 + slots) != row_width) {
+  // The row width of each rule (sparse_rules.h): sgd none, momentum and adagrad a block, rowwise one float.
+  const int64_t state = rule.kind == kRuleSgd ? 0 : rule.kind == kRuleRowWiseAdagrad ? 1 : d;
+  if (n < 0 || u < 0 || d < 0 || rule.kind < kRuleSgd || rule.kind > kRuleRowWiseAdagrad ||
+      static_cast<int64_t>(d) + state != row_width) {
     return cudaErrorInvalidValue;
   }
   const int64_t total = static_cast<int64_t>(u) * d;
@@ -269,6 +303,11 @@ cudaError_t apply_rows(const int32_t* positions, const float* grads, int32_t n, 
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   const unsigned int blocks = blocks_for(total);
   const float h0 = rule.hyper[0], h1 = rule.hyper[1];
+  if (rule.kind == kRuleRowWiseAdagrad) {  // every row, hot ones included, in one kernel
+    apply_row_wise_kernel<<<blocks_for(static_cast<int64_t>(u) * 32), kThreads, 0, stream>>>(
+        u, d, grads, ws.occurrence, ws.begin, lr, h0, rows);
+    return cudaGetLastError();
+  }
   switch (rule.kind) {
     case kRuleSgd:
       apply_kernel<kRuleSgd>

@@ -33,17 +33,19 @@ cudaError_t gather_rows(const float* rows,         // (u, w) device
                         cudaStream_t stream);
 
 // The rules of SokSparseApply, as RowRule in storage_ops.cc.
-enum SparseRuleKind : int32_t { kRuleSgd = 0, kRuleMomentum = 1, kRuleAdagrad = 2 };
+enum SparseRuleKind : int32_t { kRuleSgd = 0, kRuleMomentum = 1, kRuleAdagrad = 2, kRuleRowWiseAdagrad = 3 };
 
 struct SparseRule {
   int32_t kind;    // SparseRuleKind
-  float hyper[2];  // momentum: momentum, nesterov (0/1); adagrad: epsilon, epsilon after sqrt (0/1)
+  float hyper[2];  // momentum: momentum, nesterov (0/1); adagrad: epsilon, epsilon after sqrt (0/1);
+                   // rowwise adagrad: epsilon
 };
 
 // *bytes = the workspace of sparse_apply_rows for n gradient rows of u distinct keys.
 cudaError_t sparse_apply_workspace_bytes(int32_t n, int32_t u, size_t* bytes);
 
-// One optimizer step on rows (u, W) in place, W = d * (1 + state slots of the rule): per distinct
+// One optimizer step on rows (u, W) in place, W = d * (1 + state blocks of the rule) + its state
+// floats per row (sparse_rules.h): per distinct
 // key r, g = 0.0f plus the rows i of grads (n, d) with positions[i] == r in batch order, then the
 // rule on [embedding | state] of row r with learning rate lr. Positions must be valid.
 cudaError_t sparse_apply_rows(const int32_t* positions,  // (n,) device
