@@ -114,7 +114,8 @@ class RowWiseAdagrad(keras.optimizers.Adagrad):
         if isinstance(gradient, tf.IndexedSlices):
             ids, positions = tf.unique(gradient.indices)
             summed = tf.math.unsorted_segment_sum(tf.cast(gradient.values, dtype), positions, tf.size(ids))
-            rows = tf.gather(tf.convert_to_tensor(accumulator), ids) + _row_mean_square(summed)
+            # the accumulator's rows of the step only (a sparse read, no copy of the whole variable)
+            rows = tf.gather(getattr(accumulator, "value", accumulator), ids) + _row_mean_square(summed)
             self.assign(accumulator, tf.IndexedSlices(rows, ids))
             self.assign_sub(variable, tf.IndexedSlices(lr * summed / (tf.sqrt(rows) + self.epsilon), ids))
             return
