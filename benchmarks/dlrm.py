@@ -7,7 +7,8 @@ steps on the same batches, and on a GPU the memory each model's tables and state
 DLRM-DCNv2 on multi-hot data (``--mlperf``: MLPerf's sizes, dim 128 and its MLPs and cross network,
 tables capped at ``--max-rows``), the model of issue 38. Both models of a run share everything but
 the embeddings: the tower (same seed), the data (Criteo-shaped batches of
-``sparse_operation_kit.demo.criteo``, made before timing and cycled), Adagrad on the tables
+``sparse_operation_kit.demo.criteo``, made before timing and cycled; on a GPU fed through
+``tf.data`` with the next batches copied to the device during a step), Adagrad on the tables
 (``--sparse-optimizer rowwise``: ``sok.RowWiseAdagrad``, one accumulator per row) and Adam on the
 dense layers, one ``tf.function`` per step, and ``--precision`` (a Keras policy:
 ``mixed_bfloat16`` computes the towers in bfloat16; tables and their state stay float32 either
@@ -31,9 +32,11 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
+import itertools
 import json
 import os
 import time
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -106,6 +109,18 @@ def make_trainer(embeddings, config: DemoConfig, sparse_optimizer, xla: bool = F
     return step, predict
 
 
+def feeder(pool: list[tuple]) -> Any:
+    """``next_batch()``: the pool's batches in order, cycled; on a GPU through ``tf.data`` with the
+    next two batches copied to it while a step runs (an input pipeline that keeps the GPU fed)."""
+    if not tf.config.list_logical_devices("GPU"):
+        batches = itertools.cycle(pool)
+        return lambda: next(batches)
+    stacked = tuple(tf.stack(parts) for parts in zip(*pool))
+    dataset = tf.data.Dataset.from_tensor_slices(stacked).repeat()
+    iterator = iter(dataset.apply(tf.data.experimental.prefetch_to_device("/GPU:0", buffer_size=2)))
+    return lambda: next(iterator)
+
+
 def gpu_bytes() -> int | None:
     """Bytes in use on this process's GPU now, as the CUDA driver counts them (None without a GPU):
     TensorFlow's allocator holds static tables and Keras' variables, while dynamic tables allocate
@@ -172,16 +187,17 @@ def main(argv: list[str] | None = None) -> dict:
         memory[name] = None if before is None else after - before
     seconds = dict.fromkeys(models, 0.0)
     done = dict.fromkeys(models, 0)
-    for step, _ in models.values():
-        for i in range(args.warmup):
-            step(*pool[i % len(pool)])
+    feeds = {name: feeder(pool) for name in models}  # each model the pool's batches in the same order
+    for name, (step, _) in models.items():
+        for _ in range(args.warmup):
+            step(*feeds[name]())
     load_before = load_average()
     while min(done.values()) < args.steps:
         for name, (step, _) in models.items():
             count = min(args.chunk, args.steps - done[name])
             start = time.perf_counter()
-            for i in range(done[name], done[name] + count):
-                loss = step(*pool[(args.warmup + i) % len(pool)])
+            for _ in range(count):
+                loss = step(*feeds[name]())
             float(loss)
             seconds[name] += time.perf_counter() - start
             done[name] += count

@@ -208,6 +208,16 @@ def train(config: DemoConfig, output: str) -> dict[str, Any]:
         return _train(config, output)
 
 
+def _fed(dataset: Any) -> Any:
+    """``dataset``, its next batches copied to this process's GPU while a step runs (where TensorFlow
+    sees one: ``sok.init`` pins each rank to its own), so that a step finds its ids on the device."""
+    import tensorflow as tf
+
+    if not tf.config.list_logical_devices("GPU"):
+        return dataset
+    return dataset.apply(tf.data.experimental.prefetch_to_device("/GPU:0", buffer_size=2))
+
+
 def _train(config: DemoConfig, output: str) -> dict[str, Any]:
     """:func:`train`, inside :func:`~.dlrm.float32_matmuls`."""
     import tensorflow as tf
@@ -295,9 +305,10 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
     else:
         say(f"the hidden click model's own AUC on the eval set (the ceiling): {ceiling:.4f}")
     steps_per_epoch = [config.steps // config.epochs + (e < config.steps % config.epochs) for e in range(config.epochs)]
-    data = iter(config.train_dataset(config.steps + 1, rank, ranks))
+    data = iter(_fed(config.train_dataset(config.steps + 1, rank, ranks)))
     train_step(*next(data))  # trace once, outside the timing (its batch is not counted)
     losses: list[float] = []
+    pending: list[tf.Tensor] = []  # losses of steps not yet read: a read waits for the GPU
     results: dict[str, Any] = {"eval_auc": [], "eval_loss": [], "eval_step": [], "auc_ceiling": ceiling}
     seconds = 0.0
     for epoch, count in enumerate(steps_per_epoch):
@@ -305,10 +316,12 @@ def _train(config: DemoConfig, output: str) -> dict[str, Any]:
             bar.set_size(count)
             start = time.perf_counter()
             for _ in range(count):
-                losses.append(float(train_step(*next(data))))
+                pending.append(train_step(*next(data)))
                 done = bar.value + 1
                 # The text first, then the count: a log's line (at a tenth of the epoch) shows this step's.
-                if len(losses) % 10 == 0 or done == count:
+                if len(pending) == 10 or done == count:  # the losses read every 10 steps
+                    losses.extend(float(loss) for loss in pending)
+                    pending.clear()
                     rate = done * config.batch_size / (time.perf_counter() - start)
                     bar.set_postfix_str(f"{rate / 1e3:.1f}k samples/s, loss {np.mean(losses[-10:]):.4f}")
                 bar.relative_update(1)
