@@ -312,3 +312,14 @@ def test_find_or_insert_rows_checks_its_arguments_and_a_cpu_table_declines_it(va
     assert status == 3, last_error(handle)  # SOK_ERROR_UNSUPPORTED
     assert "no find_or_insert_rows" in last_error(handle).decode()
     assert visits == [] and storage.size() == 0
+
+
+def test_row_wise_state_beyond_the_row_limit_names_the_largest_dimension(monkeypatch):
+    # sok.RowWiseAdagrad keeps one float per row: a dimension of MAX_ROW_WIDTH - 1 still fits.
+    monkeypatch.setattr(optimizer_module, "MAX_ROW_WIDTH", 10)
+    v = sok.DynamicVariable(dimension=10, initializer="zeros", name="wide_rows")
+    opt = sok.OptimizerWrapper(sok.RowWiseAdagrad(0.1))
+    grad = tf.IndexedSlices(tf.ones([1, 10]), tf.constant([7], tf.int64))
+    with pytest.raises(ValueError, match=r"too wide for RowWiseAdagrad.*11 floats.*at most 9 with"):
+        opt.apply_gradients([(grad, v)])
+    assert v.storage.row_width == 10  # not widened

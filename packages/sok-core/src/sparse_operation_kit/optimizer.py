@@ -773,11 +773,12 @@ class OptimizerWrapper:
         dim, old, layout = var.dimension, var.table_ref.storage, self._row_layout(var)
         width = layout.width
         if width > MAX_ROW_WIDTH:
+            per_row = len(self._rule.per_row)  # slots of one float, the others as wide as the embedding
+            widest = (MAX_ROW_WIDTH - per_row) // (1 + len(self._rule.slots) - per_row)
             raise ValueError(
                 f"{var.name} (dimension {dim:,}) is too wide for {self.name}: its rows would hold the embedding "
                 f"and {len(self._rule.slots)} state slot(s), {width:,} floats, beyond the {MAX_ROW_WIDTH:,} a "
-                f"storage row takes; use a dimension of at most {MAX_ROW_WIDTH // len(layout.parts):,} "
-                f"with this optimizer"
+                f"storage row takes; use a dimension of at most {widest:,} with this optimizer"
             )
         initializers = [var.embedding_initializer] + [
             inits.constant(value, columns=layout.columns(name)) for name, value in self._rule.slots
