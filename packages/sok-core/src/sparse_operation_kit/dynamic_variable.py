@@ -267,6 +267,8 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         self._table = TableRef(storage)
         with tf_ops_lib.init_scope():
             self._table_address = tf.constant(self._table.address, dtype=tf.int64)
+        #: graph -> the name of its SokTableAddress output for this table (table_inputs)
+        self._graph_addresses: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         with tf.device(self._placement.tf_device):  # the handle, and so every op on the table
             super().__init__(
                 trainable=trainable,
@@ -338,11 +340,19 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
 
         Inside a graph the address is a ``SokTableAddress`` op on the table's device (a host scalar
         there): a captured CPU tensor would make a ``tf.function`` of GPU ops a function of two
-        devices, which TensorFlow runs as two parts with a transfer between them on every call."""
-        if tf.inside_function():
-            with tf.device(self._placement.tf_device):
-                return self.handle, tf_ops.library().sok_table_address(address=self._table.address)
-        return self.handle, self._table_address
+        devices, which TensorFlow runs as two parts with a transfer between them on every call. One
+        such op per graph: the step's lookups and updates of the table share it."""
+        if not tf.inside_function():
+            return self.handle, self._table_address
+        graph = tf.compat.v1.get_default_graph()
+        name = self._graph_addresses.get(graph)
+        if name is not None:
+            return self.handle, graph.get_tensor_by_name(name)
+        with tf.control_dependencies(None), tf.device(self._placement.tf_device):  # no context's deps
+            address = tf_ops.library().sok_table_address(address=self._table.address)
+        if not tf.executing_eagerly():  # (a Python callback of a running graph executes eagerly)
+            self._graph_addresses[graph] = address.name  # a name: a tensor would keep its graph alive
+        return self.handle, address
 
     @property
     def optimizer_wrapper(self) -> OptimizerOwner | None:

@@ -131,7 +131,8 @@ class NcclExchange(Exchange):
 
     def __init__(self, comm: communication.CommunicationTool, ops: Any) -> None:
         self._ops = ops
-        self._last: weakref.WeakKeyDictionary[Any, tf.Operation] = weakref.WeakKeyDictionary()
+        #: graph -> the name of its last collective op (a name: an op would keep its graph alive)
+        self._last: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._ranks = comm.num_ranks()
         bound = communication.stall_shutdown_seconds()
         with tf.init_scope():  # eagerly, also when the first exchange is traced in a tf.function
@@ -149,9 +150,9 @@ class NcclExchange(Exchange):
             return make()
         graph = tf.compat.v1.get_default_graph()
         last = self._last.get(graph)
-        with tf.control_dependencies([] if last is None else [last]):
+        with tf.control_dependencies([] if last is None else [graph.get_operation_by_name(last)]):
             out = make()
-        self._last[graph] = out.op
+        self._last[graph] = out.op.name
         return out
 
     def allgather(self, values: tf.Tensor, name: str) -> tf.Tensor:
