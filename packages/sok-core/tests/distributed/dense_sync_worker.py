@@ -93,6 +93,35 @@ def check_indexed_slices(rank: int, n: int) -> str | None:
     return None if np.allclose(dense, want) else f"got {dense.tolist()}, expected {want.tolist()}"
 
 
+def check_two_dtypes_and_uneven_rows(rank: int, n: int) -> str | None:
+    # float32 and float64 gradients (one fused allreduce per dtype, split back to each shape) and
+    # IndexedSlices of int32 indices whose row count differs by rank, in one tf.function.
+    shapes, dtypes = [(3, 2), (4,), (2, 2)], [tf.float32, tf.float64, tf.float32]
+    variables = [tf.Variable(tf.zeros(shape, dtype)) for shape, dtype in zip(shapes, dtypes)]
+    table = tf.Variable(tf.zeros([6, 2]))
+    grads = [tf.fill(shape, tf.cast(rank + 1 + i, dtype)) for i, (shape, dtype) in enumerate(zip(shapes, dtypes))]
+    indices = tf.range(rank + 1, dtype=tf.int32)
+    rows = tf.IndexedSlices(tf.fill([rank + 1, 2], float(rank)), indices, tf.constant([6, 2]))
+
+    @tf.function(autograph=False)
+    def reduce(*dense: tf.Tensor) -> list:
+        return sok.allreduce_dense_gradients([*dense, rows], [*variables, table], op="sum")
+
+    out = reduce(*grads)
+    for i, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+        want = sum(r + 1 + i for r in range(n))
+        if out[i].dtype != dtype or tuple(out[i].shape) != shape or not np.all(out[i].numpy() == want):
+            return f"gradient {i}: {out[i].dtype} {tuple(out[i].shape)} {out[i].numpy().tolist()}, want {want}"
+    got = out[-1]
+    want_rows = sum(r + 1 for r in range(n))
+    if got.indices.dtype != tf.int32 or int(tf.size(got.indices)) != want_rows:
+        return f"IndexedSlices: indices {got.indices.dtype} {got.indices.numpy().tolist()}, want {want_rows} int32"
+    want_values = np.concatenate([np.full((r + 1, 2), float(r)) for r in range(n)])
+    if not np.array_equal(got.values.numpy(), want_values):
+        return f"IndexedSlices values {got.values.numpy().tolist()}"
+    return None
+
+
 def check_errors(rank: int, n: int) -> str | None:
     try:
         sok.broadcast_dense_variables([], root_rank=n)
@@ -148,6 +177,7 @@ CHECKS = {
     "allreduce_average_eager": lambda r, n: check_allreduce(r, n, "average", False),
     "allreduce_sum_function": lambda r, n: check_allreduce(r, n, "sum", True),
     "allreduce_indexed_slices": check_indexed_slices,
+    "allreduce_two_dtypes_and_uneven_rows": check_two_dtypes_and_uneven_rows,
     "errors": check_errors,
     "loss_scale_agreement": check_loss_scale_agreement,
 }
