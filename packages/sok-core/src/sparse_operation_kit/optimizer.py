@@ -698,10 +698,6 @@ class OptimizerWrapper:
         """
         return self._rule.layout(dim)
 
-    def _row_layout(self, var: DynamicVariable) -> RowLayout:
-        """Where ``var``'s embedding and this wrapper's slots sit in its rows once attached."""
-        return self.row_layout(var.dimension)
-
     def _exposed_slot_names(self) -> list[str]:
         """The slot names the wrapped optimizer uses: tf_keras legacy ones for a legacy optimizer
         (its record's ``legacy_slots``), else this wrapper's."""
@@ -770,7 +766,7 @@ class OptimizerWrapper:
                 f"{var.name} is already updated by another sok.OptimizerWrapper ({owner.name}); its optimizer "
                 f"state lives in its rows, so one wrapper per variable"
             )
-        dim, old, layout = var.dimension, var.table_ref.storage, self._row_layout(var)
+        dim, old, layout = var.dimension, var.table_ref.storage, self.row_layout(var.dimension)
         width = layout.width
         if width > MAX_ROW_WIDTH:
             per_row = len(self._rule.per_row)  # slots of one float, the others as wide as the embedding
@@ -807,7 +803,7 @@ class OptimizerWrapper:
         optimizer's slot names; for a tf_keras legacy optimizer also in its own ``_slots`` (keyed
         as it keys its variables' slots), so that its ``get_slot(var, name)`` returns them. An
         optimizer without slots gets an empty entry, as NVIDIA SOK gives it."""
-        layout = self._row_layout(var)
+        layout = self.row_layout(var.dimension)
         views = {
             exposed: DynamicSlot(var, exposed, layout.columns(i))
             for i, exposed in enumerate(self._exposed_slot_names())
@@ -870,7 +866,8 @@ class OptimizerWrapper:
         return checked, checks
 
     def _apply_dynamic(self, grad: Any, var: DynamicVariable, lr: Tensor, step: Tensor) -> None:
-        dim, layout = var.dimension, self._row_layout(var)
+        dim = var.dimension
+        layout = self.row_layout(dim)
         lib = tf_ops.library()
         with tf.device(var.table_device):  # every op of the update where the table is
             keys = tf.reshape(var.keys_of(grad.indices), [-1])

@@ -132,19 +132,19 @@ def _layout(dim: int, slots: list[str], optimizer: OptimizerWrapper | None) -> R
     return optimizer.row_layout(dim) if slots else RowLayout(dim)
 
 
-def _shard_chunks(var: Any, slots: list[str], rows: int, optimizer: OptimizerWrapper | None) -> tuple[int, Any]:
+def _shard_chunks(var: Any, layout: RowLayout, rows: int, optimizer: OptimizerWrapper | None) -> tuple[int, Any]:
     """(number of chunks, iterator of (keys, [weights, slot 1, ...])) over this rank's shard, at
     most ``rows`` rows per chunk, streamed from the table in its export order (bounded memory;
-    loading places rows by key, so the order in the files does not matter).
+    loading places rows by key, so the order in the files does not matter). ``layout``: the rows
+    and files of the dump (:func:`_layout`; its slots are those stored).
 
     A CPU table exports into two sets of buffers taken in turn: a chunk's arrays stay valid until
     the next but one is made, which :func:`_read_ahead` guarantees (it starts a chunk only when the
     one before the last has been consumed)."""
-    dim = var.dimension
+    slots = layout.slots
     if isinstance(var, DynamicVariable):
         storage = var.storage
         capacity = storage.capacity()
-        layout = _layout(dim, slots, optimizer)
         buffers = [_ChunkBuffers(rows, storage.key_dtype, layout) for _ in range(2)]
 
         def dynamic():
@@ -327,7 +327,7 @@ def _dump_variable(
         layout = _layout(dim, slots, wrapper)
         rows_per_round = max(1, _table.EXPORT_CHUNK_BYTES // (4 * layout.width + 8))
         n = comm.num_ranks()
-        shard = agreement.run(_shard_chunks, var, slots, rows_per_round, wrapper)
+        shard = agreement.run(_shard_chunks, var, layout, rows_per_round, wrapper)
         agreement.check()
         count, chunks = shard
         chunks = _read_ahead(chunks)
