@@ -55,6 +55,8 @@ GOAL_AUC_GAP = 0.002
 #: The ``--sparse-optimizer`` choices: Keras' Adagrad (one accumulator per element) or SOK's row-wise
 #: one (one per row), given to both models' tables.
 SPARSE_OPTIMIZERS = {"adagrad": tf.keras.optimizers.Adagrad, "rowwise": sok.RowWiseAdagrad}
+#: ``--mlperf``'s batch per step (MLPerf's DCNv2 reference trains at 65,536 per GPU).
+MLPERF_BATCH = 65536
 #: The ``--precision`` choices: Keras dtype policies (float16 would need loss scaling of both optimizers).
 PRECISIONS = ("float32", "mixed_bfloat16")
 
@@ -121,10 +123,11 @@ def feeder(pool: list[tuple]) -> Any:
     return lambda: next(iterator)
 
 
-def gpu_bytes() -> int | None:
-    """Bytes in use on this process's GPU now, as the CUDA driver counts them (None without a GPU):
-    TensorFlow's allocator holds static tables and Keras' variables, while dynamic tables allocate
-    from CUDA directly, which TensorFlow's own count (``get_memory_info``) does not see."""
+def gpu_bytes() -> tuple[int, int] | None:
+    """Bytes in use on this process's GPU now (None without a GPU): as the CUDA driver counts them
+    (dynamic tables allocate from CUDA directly, which TensorFlow's own count does not see), and
+    TensorFlow's tensors (static tables, Keras' variables), which its allocator may place in memory
+    it already holds, freed by another model's step: the driver then sees no change."""
     if not tf.config.list_logical_devices("GPU"):
         return None
     driver = ctypes.CDLL("libcuda.so.1")
@@ -132,7 +135,7 @@ def gpu_bytes() -> int | None:
     result = driver.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
     if result != 0:
         raise RuntimeError(f"cuMemGetInfo_v2 returned CUDA error {result}")
-    return int(total.value - free.value)
+    return int(total.value - free.value), int(tf.config.experimental.get_memory_info("GPU:0")["current"])
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -147,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--chunk", type=int, default=50, help="steps per turn")
-    parser.add_argument("--batch-size", type=int, default=None, help="default 4096 (--mlperf: 65536)")
+    parser.add_argument("--batch-size", type=int, default=None, help=f"default 4096 (--mlperf: {MLPERF_BATCH})")
     parser.add_argument("--dim", type=int, default=None, help="default 16 (--mlperf: 128)")
     parser.add_argument("--max-rows", type=int, default=None, help="default 128Ki (--mlperf: 4Mi)")
     parser.add_argument("--tables", choices=("static", "dynamic", "mixed"), default="mixed")
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.mlperf and args.model != "dcnv2":
         parser.error("--mlperf sizes the dcnv2 model; add --model dcnv2")
 
-    sizes = dict(MLPERF_DCNV2) if args.mlperf else {}
+    sizes = dict(MLPERF_DCNV2, batch_size=MLPERF_BATCH) if args.mlperf else {}
     given = {"batch_size": args.batch_size, "dim": args.dim, "max_rows": args.max_rows}
     sizes.update({name: value for name, value in given.items() if value is not None})
     var_types = [v.strip() for v in args.var_types.split(",") if v.strip()]
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
     gen = config.generator()
     pool = list(gen.dataset(min(args.pool, args.steps + args.warmup), config.batch_size))
     evals = list(gen.dataset(args.eval_batches, config.batch_size, "eval"))
-    memory: dict[str, int | None] = {}
+    memory: dict[str, tuple[int, int] | None] = {}
     models = {}
     for name in ("keras", "sok"):
         before = gpu_bytes()
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
         models[name] = make_trainer(embeddings, config, optimizer, xla=args.xla)
         models[name][0](*pool[0])  # the tables' optimizer state exists after a first step
         after = gpu_bytes()
-        memory[name] = None if before is None else after - before
+        memory[name] = None if before is None or after is None else (after[0] - before[0], after[1] - before[1])
     seconds = dict.fromkeys(models, 0.0)
     done = dict.fromkeys(models, 0)
     feeds = {name: feeder(pool) for name in models}  # each model the pool's batches in the same order
@@ -213,7 +216,8 @@ def main(argv: list[str] | None = None) -> dict:
         figures[name] = {
             "samples_per_s": args.steps * config.batch_size / seconds[name],
             "auc": float(auc.result()),
-            "gpu_bytes_of_model": memory[name],
+            "gpu_bytes_of_model": None if memory[name] is None else memory[name][0],
+            "tf_tensor_bytes_of_model": None if memory[name] is None else memory[name][1],
         }
     ratio = figures["sok"]["samples_per_s"] / figures["keras"]["samples_per_s"]
     gap = figures["sok"]["auc"] - figures["keras"]["auc"]
@@ -227,7 +231,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     for name in models:
         held = memory[name]
-        gpu = "" if held is None else f"   GPU memory of the model {held / 2**30:.2f} GiB"
+        gpu = (
+            ""
+            if held is None
+            else f"   GPU memory of the model: driver +{held[0] / 2**30:.2f} GiB, TF tensors +{held[1] / 2**30:.2f} GiB"
+        )
         rate, auc = figures[name]["samples_per_s"] / 1e3, figures[name]["auc"]
         print(f"  {name:6s} {rate:8.1f}k samples/s   eval AUC {auc:.4f}{gpu}")
     goal = GOAL_RATIO["gpu" if tf.config.list_logical_devices("GPU") else "cpu"]

@@ -186,6 +186,46 @@ def test_indices_of_sok_gradient_op_are_not_checked_again():
         assert changed[:3].all() and not changed[3:].any()
 
 
+def test_gradients_of_the_lookup_come_padded_and_update_as_keras():
+    """In a traced step, the update takes the gradient op's padded twin (a row per id, -1 after the
+    distinct ones: no size read back on a GPU); the original op is left with no consumer, and the
+    tables and accumulators equal Keras' Adagrad on the original gradients."""
+    tables = [sok.Variable(x) for x in TABLE_INITIAL]
+    references = [tf.Variable(x) for x in TABLE_INITIAL]
+    wrapper, keras = sok.OptimizerWrapper(make_tables_adagrad()), make_tables_adagrad()
+    ids = [tf.ragged.constant([[0, 1, 1], [2], [], [3, 0, 3, 3]], tf.int64) for _ in tables]
+    combiners = ["sum", "mean", "sqrtn"]
+
+    def gradients():
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse(tables, ids, combiners=combiners)
+            loss = tf.add_n([tf.reduce_sum(o * o * (t + 1.0)) for t, o in enumerate(out)])
+        return tape.gradient(loss, tables)
+
+    @tf.function
+    def step():
+        wrapper.apply_gradients(zip(gradients(), tables))
+
+    @tf.function
+    def reference():
+        keras.apply_gradients(zip(gradients(), references))
+
+    graph = step.get_concrete_function().graph
+    (apply,) = [op for op in graph.get_operations() if op.type == "SokSparseApplyAdagradTables"]
+    grads = [op for op in graph.get_operations() if op.type == "SokPooledLookupGrad"]
+    assert sorted(op.get_attr("padded") for op in grads) == [False, True]
+    original = next(op for op in grads if not op.get_attr("padded"))
+    assert all(not out.consumers() for out in original.outputs)
+    assert {x.op.get_attr("padded") for x in apply.inputs[-2 * len(tables) :]} == {True}
+    for _ in range(3):
+        reference()  # from the tables' rows, which equal the references' so far
+        step()
+        for t, table in enumerate(tables):
+            assert_keras_equal(table.numpy(), references[t].numpy(), table)
+            (accumulator,) = wrapper.static_slots(table).values()
+            assert_keras_equal(accumulator.numpy(), keras._accumulators[t].numpy(), table)
+
+
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_bad_index_raises_naming_it_and_changes_nothing(mode):
     tables = [sok.Variable(x) for x in TABLE_INITIAL]

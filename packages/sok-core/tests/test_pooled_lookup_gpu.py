@@ -105,7 +105,9 @@ def _forward(device: str, x: dict, combiners: list[str], weighted: bool, shard=N
         )
 
 
-def _gradient(device: str, x: dict, combiners: list[str], weighted: bool, shard=None) -> tuple[list, list]:
+def _gradient(
+    device: str, x: dict, combiners: list[str], weighted: bool, shard=None, padded: bool = False
+) -> tuple[list, list]:
     n = len(x["params"])
     with tf.device(device):
         return tf_ops.library().sok_pooled_lookup_grad(
@@ -115,6 +117,7 @@ def _gradient(device: str, x: dict, combiners: list[str], weighted: bool, shard=
             weights=[tf.constant(w) for w in x["weights"]] if weighted else [],
             combiners=combiners,
             table_rows=[p.shape[0] for p in x["params"]],
+            padded=padded,
             **_attrs(n, shard),
         )
 
@@ -137,15 +140,25 @@ def _assert_same_on_both(x: dict, combiners: list[str], weighted: bool, shard=No
     for t, (a, b) in enumerate(zip(cpu, gpu)):
         assert "GPU" in b.device, b.device
         np.testing.assert_array_equal(b.numpy(), a.numpy(), err_msg=f"forward of table {t}")
-    (cpu_rows, cpu_ids), (gpu_rows, gpu_ids) = (_gradient(d, x, combiners, weighted, shard) for d in (CPU, GPU))
-    for t in range(len(combiners)):
-        assert "GPU" in gpu_rows[t].device, gpu_rows[t].device
-        np.testing.assert_array_equal(gpu_ids[t].numpy(), cpu_ids[t].numpy(), err_msg=f"gradient ids of table {t}")
-        message = f"gradient rows of table {t}"
-        if _has_hot_ids(x["ids"][t]):
-            _assert_close(cpu_rows[t].numpy(), gpu_rows[t].numpy(), message)
-        else:
-            np.testing.assert_array_equal(gpu_rows[t].numpy(), cpu_rows[t].numpy(), err_msg=message)
+    # padded: a row per id, the distinct ids' rows first, then index -1 (rows unspecified: zeros on
+    # the CPU, unwritten on the GPU).
+    for padded in (False, True):
+        (cpu_rows, cpu_ids), (gpu_rows, gpu_ids) = (
+            _gradient(d, x, combiners, weighted, shard, padded) for d in (CPU, GPU)
+        )
+        for t in range(len(combiners)):
+            assert "GPU" in gpu_rows[t].device, gpu_rows[t].device
+            ids = gpu_ids[t].numpy()
+            np.testing.assert_array_equal(ids, cpu_ids[t].numpy(), err_msg=f"gradient ids of table {t}, {padded=}")
+            distinct = np.count_nonzero(ids >= 0)
+            if padded:
+                assert ids.shape == x["ids"][t].shape and (ids[distinct:] == -1).all()
+            message = f"gradient rows of table {t}, {padded=}"
+            cpu, gpu = cpu_rows[t].numpy()[:distinct], gpu_rows[t].numpy()[:distinct]
+            if _has_hot_ids(x["ids"][t]):
+                _assert_close(cpu, gpu, message)
+            else:
+                np.testing.assert_array_equal(gpu, cpu, err_msg=message)
 
 
 def test_no_hot_ids_equal_the_cpu_kernel_to_the_bit() -> None:
@@ -225,6 +238,21 @@ def test_a_large_call() -> None:
     x = _inputs(4, (64, 7), batch=8192, id_dtype=np.int64, shard=None, max_ids=40)
     _assert_same_on_both(x, ["sum", "mean"], weighted=False)
     _assert_same_on_both(x, ["sqrtn", "sum"], weighted=True, shard=(3, 1))
+
+
+def test_padded_gradient_of_ids_that_fail_the_checks_is_all_padding() -> None:
+    """padded reads no check back: a table whose ids are outside its rows (the forward op of the same
+    ids raised) gets index -1 only, the other tables their gradient."""
+    x = _inputs(6, (4, 3), batch=20, id_dtype=np.int64, shard=None, max_ids=5)
+    good_rows, good_ids = _gradient(GPU, x, ["sum", "sum"], weighted=False)
+    x["ids"][0] = x["ids"][0].copy()
+    x["ids"][0][-1] = x["params"][0].shape[0]
+    rows, ids = _gradient(GPU, x, ["sum", "sum"], weighted=False, padded=True)
+    np.testing.assert_array_equal(ids[0].numpy(), np.full(x["ids"][0].size, -1))
+    assert rows[0].shape == (x["ids"][0].size, 4)
+    distinct = good_ids[1].shape[0]
+    np.testing.assert_array_equal(ids[1].numpy()[:distinct], good_ids[1].numpy())
+    np.testing.assert_array_equal(rows[1].numpy()[:distinct], good_rows[1].numpy())
 
 
 def _error_text(op, *args: Any) -> str:

@@ -537,6 +537,7 @@ class PooledLookupGradOp : public PooledOpBase {
  public:
   explicit PooledLookupGradOp(OpKernelConstruction* ctx) : PooledOpBase(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_rows", &rows_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("padded", &padded_));
     OP_REQUIRES(ctx, rows_.size() == combiners_.size(),
                 errors::InvalidArgument("SokPooledLookupGrad: ", combiners_.size(), " combiners but ", rows_.size(),
                                         " row counts"));
@@ -574,11 +575,16 @@ class PooledLookupGradOp : public PooledOpBase {
     std::vector<float*> out(n);
     for (int64_t t = 0; t < n; ++t) {
       const int64_t u = static_cast<int64_t>(distinct[t].ids.size());
+      // padded: a row per id, the padding index -1 with a row of zeros (the GPU kernel's outputs).
+      const int64_t size = padded_ ? tables[t].nnz : u;
       Tensor* tensor = nullptr;
-      OP_REQUIRES_OK(ctx, rows.allocate(t, TensorShape({u, dims[t]}), &tensor));
+      OP_REQUIRES_OK(ctx, rows.allocate(t, TensorShape({size, dims[t]}), &tensor));
       out[t] = tensor->flat<float>().data();
-      OP_REQUIRES_OK(ctx, indices.allocate(t, TensorShape({u}), &tensor));
-      std::copy(distinct[t].ids.begin(), distinct[t].ids.end(), tensor->flat<int64_t>().data());
+      std::fill(out[t] + u * dims[t], out[t] + size * dims[t], 0.0f);
+      OP_REQUIRES_OK(ctx, indices.allocate(t, TensorShape({size}), &tensor));
+      int64_t* ids = tensor->flat<int64_t>().data();
+      std::copy(distinct[t].ids.begin(), distinct[t].ids.end(), ids);
+      std::fill(ids + u, ids + size, int64_t{-1});
     }
     for_each_parallel(ctx, n, kTaskCost * 8, [&](int64_t t) {
       accumulate(tables[t], batch, grads[t].flat<float>().data(), distinct[t], out[t]);
@@ -587,6 +593,7 @@ class PooledLookupGradOp : public PooledOpBase {
 
  private:
   std::vector<int64_t> rows_;
+  bool padded_ = false;
 };
 
 // Output i has shape [batch, dim of params i]; batch is row_splits[0]'s length - 1.
@@ -654,6 +661,10 @@ REGISTER_OP("SokPooledLookupGrad")
     .Attr("table_rows: list(int)")  // -1: ids that number a lookup's distinct keys (fewer than the ids)
     .Attr("strides: list(int) = []")
     .Attr("offsets: list(int) = []")
+    // A row per id instead of per distinct id: the distinct ids' rows first, then index -1 (rows
+    // unspecified; zeros on the CPU), which SokSparseApplyAdagradTables with check_indices=false
+    // skips: the GPU kernel then reads no count back to the host.
+    .Attr("padded: bool = false")
     .SetShapeFn(pooled_lookup_grad_shape)
     .Doc("The gradient of SokPooledLookup with respect to its params, per table as (rows, distinct ids).");
 

@@ -8,7 +8,10 @@
 // The ops are registered by libsok_tf_ops.so, loaded first; this file only adds kernels. Each op
 // reads one small array back to the host, after one cudaStreamSynchronize: the checks of each
 // table's row_splits and ids and, for the gradient, its count of distinct ids (the size of its
-// outputs). An offending id is copied only on the error path. The errors are the CPU kernels',
+// outputs). An offending id is copied only on the error path. The gradient with `padded` reads
+// nothing back: its outputs have a row per id, the distinct ids' rows first, then index -1 with
+// rows left unwritten (all of them for a table whose checks failed: the forward op of the same ids
+// raised). The errors are the CPU kernels',
 // with the same texts and in the same order: the shape checks of a table run on the host, its
 // row_splits values on the device, and a host error after tables whose row_splits are not yet
 // checked waits for their check first.
@@ -302,6 +305,7 @@ class PooledLookupGradGpuOp : public PooledGpuOpBase {
  public:
   explicit PooledLookupGradGpuOp(OpKernelConstruction* ctx) : PooledGpuOpBase(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_rows", &rows_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("padded", &padded_));
     OP_REQUIRES(ctx, rows_.size() == combiners_.size(),
                 errors::InvalidArgument("SokPooledLookupGrad: ", combiners_.size(), " combiners but ", rows_.size(),
                                         " row counts"));
@@ -347,34 +351,42 @@ class PooledLookupGradGpuOp : public PooledGpuOpBase {
     Tensor workspace, checks;
     OP_REQUIRES_OK(ctx, allocate_bytes(ctx, bytes, &workspace));
     OP_REQUIRES_OK(ctx, allocate_bytes(ctx, n * sizeof(PooledCheck), &checks));
+    auto* device_checks = static_cast<PooledCheck*>(checks.data());
     OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::pooled_grad_distinct(g.tables.data(), n, g.batch, workspace.data(), bytes,
-                                                               static_cast<PooledCheck*>(checks.data()), stream)));
-    std::vector<PooledCheck> host;
-    OP_REQUIRES_OK(ctx, read_checks(stream, checks, n, &host));
-    OP_REQUIRES_OK(ctx, splits_error(g.tables, host));
-    for (int t = 0; t < n; ++t) {
-      OP_REQUIRES(ctx, host[t].bad_ids == 0,
-                  errors::InvalidArgument("ids[", t, "] has ids outside [0, ", rows_of[t], "), the rows of its shard"));
+                                                               device_checks, stream)));
+    std::vector<uint64_t> bound(n, 0);
+    if (padded_) {
+      for (int t = 0; t < n; ++t) bound[t] = static_cast<uint64_t>(g.tables[t].nnz);
+    } else {
+      std::vector<PooledCheck> host;
+      OP_REQUIRES_OK(ctx, read_checks(stream, checks, n, &host));
+      OP_REQUIRES_OK(ctx, splits_error(g.tables, host));
+      for (int t = 0; t < n; ++t) {
+        OP_REQUIRES(ctx, host[t].bad_ids == 0,
+                    errors::InvalidArgument("ids[", t, "] has ids outside [0, ", rows_of[t],
+                                            "), the rows of its shard"));
+        bound[t] = host[t].distinct;
+      }
     }
     OpOutputList rows, indices;
     OP_REQUIRES_OK(ctx, ctx->output_list("rows", &rows));
     OP_REQUIRES_OK(ctx, ctx->output_list("indices", &indices));
-    std::vector<uint64_t> distinct(n, 0);
     for (int t = 0; t < n; ++t) {
-      distinct[t] = host[t].distinct;
-      const int64_t u = static_cast<int64_t>(distinct[t]);
+      const int64_t u = static_cast<int64_t>(bound[t]);
       Tensor* tensor = nullptr;
       OP_REQUIRES_OK(ctx, rows.allocate(t, TensorShape({u, dims[t]}), &tensor));
       g.tables[t].out = tensor->flat<float>().data();
       OP_REQUIRES_OK(ctx, indices.allocate(t, TensorShape({u}), &tensor));
       g.tables[t].out_ids = tensor->flat<int64_t>().data();
     }
-    OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::pooled_grad_accumulate(g.tables.data(), distinct.data(), n, g.batch,
-                                                                 workspace.data(), bytes, stream)));
+    OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::pooled_grad_accumulate(g.tables.data(), bound.data(), padded_,
+                                                                 device_checks, n, g.batch, workspace.data(), bytes,
+                                                                 stream)));
   }
 
  private:
   std::vector<int64_t> rows_;
+  bool padded_ = false;
 };
 
 // One list drives the registrations and the kernel table below (read by the build test).

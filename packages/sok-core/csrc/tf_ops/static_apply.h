@@ -100,8 +100,8 @@ class LockedVariables {
   std::vector<Var*> locked_;
 };
 
-// Checks the inputs (names[t] in messages), fills `tables` and reads the learning rate; looks up
-// and locks the variables.
+// Checks the inputs (names[t] in messages), fills `tables` and reads the learning rate (when
+// learning_rate is not null: the input is in host memory); looks up and locks the variables.
 inline Status gather(OpKernelContext* ctx, const std::vector<std::string>& names, LockedVariables* locks,
                      std::vector<Table>* tables, float* learning_rate) {
   OpInputList indices, grads;
@@ -116,7 +116,7 @@ inline Status gather(OpKernelContext* ctx, const std::vector<std::string>& names
   if (!::tensorflow::TensorShapeUtils::IsScalar(lr.shape())) {
     return errors::InvalidArgument("learning_rate must be a float32 scalar, got shape ", lr.shape().DebugString());
   }
-  *learning_rate = lr.scalar<float>()();
+  if (learning_rate != nullptr) *learning_rate = lr.scalar<float>()();
   tables->assign(n, Table());
   for (int t = 0; t < n; ++t) {
     Table& x = (*tables)[t];

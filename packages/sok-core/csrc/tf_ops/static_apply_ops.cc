@@ -36,12 +36,14 @@ REGISTER_OP("SokSparseApplyAdagradTables")
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc("Keras 3 Adagrad's sparse step on N static tables: accumulators[t][indices[t][i]] += grads[t][i]^2, "
          "then tables[t][indices[t][i]] -= learning_rate * grads[t][i] / sqrt(accumulator row + epsilon). "
-         "check_indices=false skips the range check (indices from SokPooledLookupGrad).");
+         "check_indices=false: indices from SokPooledLookupGrad, whose padding rows (index -1) are skipped; the "
+         "GPU kernel then checks nothing.");
 
 class SparseApplyAdagradTablesOp : public OpKernel {
  public:
   explicit SparseApplyAdagradTablesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("check_indices", &check_indices_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names_));
   }
 
@@ -50,13 +52,14 @@ class SparseApplyAdagradTablesOp : public OpKernel {
     std::vector<Table> tables;
     float lr = 0.0f;
     OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, &locks, &tables, &lr));
-    // Every index of every table is checked before anything is written (on the CPU it costs little).
+    // Every index of every table is checked before anything is written (on the CPU it costs little);
+    // without check_indices, -1 is a padding row (skipped).
     for (size_t t = 0; t < tables.size(); ++t) {
       const Table& x = tables[t];
       const auto idx = x.indices->flat<int64_t>();
       int64_t first = -1, bad = 0;
       for (int64_t i = 0; i < x.count; ++i) {
-        if (static_cast<uint64_t>(idx(i)) >= static_cast<uint64_t>(x.rows)) {
+        if (static_cast<uint64_t>(idx(i)) >= static_cast<uint64_t>(x.rows) && (check_indices_ || idx(i) != -1)) {
           if (first < 0) first = i;
           ++bad;
         }
@@ -82,6 +85,7 @@ class SparseApplyAdagradTablesOp : public OpKernel {
     const float* g = x.grads->flat<float>().data();
     const int64_t d = x.dim;
     for (int64_t i = 0; i < x.count; ++i) {
+      if (idx[i] < 0) continue;  // padding
       float* a = acc + idx[i] * d;
       const float* gi = g + i * d;
       for (int64_t c = 0; c < d; ++c) {
@@ -90,6 +94,7 @@ class SparseApplyAdagradTablesOp : public OpKernel {
       }
     }
     for (int64_t i = 0; i < x.count; ++i) {
+      if (idx[i] < 0) continue;  // padding
       float* row = w + idx[i] * d;
       const float* a = acc + idx[i] * d;
       const float* gi = g + i * d;
@@ -102,6 +107,7 @@ class SparseApplyAdagradTablesOp : public OpKernel {
   }
 
   float epsilon_ = 0.0f;
+  bool check_indices_ = true;
   std::vector<std::string> names_;
 };
 

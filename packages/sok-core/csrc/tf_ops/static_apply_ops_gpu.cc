@@ -2,7 +2,8 @@
 // what it computes): two CUDA kernels per 32 tables on TensorFlow's compute stream
 // (gpu/static_apply_kernels.h). With check_indices (indices that SOK's own gradient op did not
 // make), one small copy to the host after a synchronisation checks every index before anything is
-// written; without it the step never waits for the device.
+// written; without it the step never waits for the device (the learning rate is read on the device
+// too) and rows of index -1 (SokPooledLookupGrad's padding) are skipped.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -31,8 +32,8 @@ class SparseApplyAdagradTablesGpuOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     static_apply::LockedVariables locks;
     std::vector<Table> tables;
-    float lr = 0.0f;
-    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, &locks, &tables, &lr));
+    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, &locks, &tables, nullptr));
+    const float* lr = ctx->input(2 * static_cast<int>(tables.size())).flat<float>().data();
     DeviceGuard guard;
     const sok_exec_context exec = GpuExec::of(ctx);
     OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
@@ -98,7 +99,7 @@ class SparseApplyAdagradTablesGpuOp : public OpKernel {
 #define SOK_STATIC_APPLY_GPU_KERNELS(X) X(SokSparseApplyAdagradTables, SparseApplyAdagradTablesGpuOp)
 
 #define SOK_REGISTER_STATIC_APPLY_GPU_KERNEL(op, kernel) \
-  REGISTER_KERNEL_BUILDER(Name(#op).Device(DEVICE_GPU).HostMemory("learning_rate"), kernel);
+  REGISTER_KERNEL_BUILDER(Name(#op).Device(DEVICE_GPU), kernel);
 SOK_STATIC_APPLY_GPU_KERNELS(SOK_REGISTER_STATIC_APPLY_GPU_KERNEL)
 
 }  // namespace

@@ -430,6 +430,47 @@ def _from_sok_gradient(indices: tf.Tensor) -> bool:
     return not tf.executing_eagerly() and getattr(getattr(indices, "op", None), "type", None) == "SokPooledLookupGrad"
 
 
+def _padded(steps: list[tuple[tf.IndexedSlices, tf.Variable, Any]]) -> list[tuple[tf.IndexedSlices, tf.Variable, Any]]:
+    """``steps`` with each gradient that is an output of SOK's pooled lookup gradient op, untouched,
+    taken instead from one twin of that op with ``padded=True``: a row per id, the distinct ids' rows
+    first, then index -1 and zeros, which the update skips. The twin's outputs have sizes known
+    before it runs, so on a GPU the step reads no count back to the host; the original op, left
+    without consumers, is pruned from the step (where nothing else reads the gradients)."""
+    twins: dict[str, tf.Operation] = {}
+    out = []
+    for g, v, lr in steps:
+        op = getattr(g.indices, "op", None)
+        values = g.values
+        if not _from_sok_gradient(g.indices) or not isinstance(values, tf.Tensor) or values.op is not op:
+            out.append((g, v, lr))
+            continue
+        n = op.get_attr("num_tables")
+        t = values.value_index
+        if g.indices.value_index != n + t:
+            out.append((g, v, lr))
+            continue
+        if op.name not in twins:
+            with tf.device(op.device):
+                twins[op.name] = (
+                    tf_ops.library()
+                    .sok_pooled_lookup_grad(
+                        grads=list(op.inputs[:n]),
+                        ids=list(op.inputs[n : 2 * n]),
+                        row_splits=list(op.inputs[2 * n : 3 * n]),
+                        weights=list(op.inputs[3 * n :]),
+                        combiners=op.get_attr("combiners"),
+                        table_rows=op.get_attr("table_rows"),
+                        strides=op.get_attr("strides"),
+                        offsets=op.get_attr("offsets"),
+                        padded=True,
+                    )[0][0]
+                    .op
+                )
+        twin = twins[op.name]
+        out.append((tf.IndexedSlices(twin.outputs[t], twin.outputs[n + t], g.dense_shape), v, lr))
+    return out
+
+
 def _adagrad_tables(optimizer: Any, steps: list[tuple[tf.IndexedSlices, tf.Variable, Any]]) -> None:
     """Keras 3 ``Adagrad.update_step`` on the rows of ``IndexedSlices`` gradients of ``sok.Variable``
     shards: one ``SokSparseApplyAdagradTables`` op per device and learning rate for all of them.
@@ -438,9 +479,11 @@ def _adagrad_tables(optimizer: Any, steps: list[tuple[tf.IndexedSlices, tf.Varia
     gradient added to the accumulator row by row (a repeated row adds twice), then ``lr * g /
     sqrt(acc + eps)`` subtracted from each row with the accumulator after all additions. On the CPU
     the results are Keras' to the bit; on a GPU there is no host round trip (Keras: ``tf.unique`` per
-    table) and no copy of whole accumulators (Keras' reads of a sparsely updated variable)."""
+    table) and no copy of whole accumulators (Keras' reads of a sparsely updated variable). Gradients
+    straight from SOK's pooled lookup come padded (:func:`_padded`): no round trip for their size
+    either."""
     groups: dict[tuple[str, int], list[tuple[tf.IndexedSlices, tf.Variable, Any]]] = {}
-    for step in steps:
+    for step in _padded(steps):
         groups.setdefault((step[1].device, id(step[2])), []).append(step)
     epsilon = float(optimizer.epsilon)
     for (device, _), group in groups.items():

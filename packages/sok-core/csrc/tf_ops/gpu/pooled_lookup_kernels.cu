@@ -40,9 +40,12 @@ constexpr size_t kAlign = 256;
 // order (bit-exact); one with more is "hot" and summed in a fixed parallel order (hot_sum).
 constexpr int64_t kHotOccurrences = 32;
 constexpr int64_t kHotBlocks = 1024;                     // the most hot blocks per column tile
+// The most blocks per table of the gradient's accumulation and padding: their threads stride over
+// the rest (the padded gradient plans for a row per id; most of them are padding).
+constexpr int64_t kSweepBlocks = 2048;
 
 // The kernels that split their blocks by table.
-enum Kind { kValidate, kPool, kDivisor, kAccumulate, kKinds };
+enum Kind { kValidate, kPool, kDivisor, kAccumulate, kPad, kKinds };
 
 // A table as the kernels see it: the op's table and its place in the launches.
 struct TableDev {
@@ -50,8 +53,8 @@ struct TableDev {
   int64_t first_block[kKinds];  // each kind's first block of this table
   int64_t id_base;              // the position of ids[0] among all tables' ids (gradient)
   int64_t div_base;             // its samples' divisors in the gradient's divisor array
-  int64_t u_base;               // the index of its first distinct id among all tables' (gradient)
-  int64_t distinct;             // its distinct ids (pooled_grad_accumulate)
+  int64_t bound;                // pooled_grad_accumulate: its output rows (the distinct ids, or more)
+  int64_t blocks[kKinds];       // each kind's blocks of this table (where its threads stride)
   int32_t shift;                // log2(stride) when stride is a power of two, else -1
   int32_t lanes;                // threads per sample or distinct id
   int32_t pool_lanes;           // the forward's threads per sample (lanes, or dim / 4 with pool_vec 4)
@@ -111,7 +114,8 @@ int64_t plan(std::vector<TableDev>* tables, Kind kind, Blocks blocks) {
   int64_t total = 0;
   for (TableDev& d : *tables) {
     d.first_block[kind] = total;
-    total += blocks(d);
+    d.blocks[kind] = blocks(d);
+    total += d.blocks[kind];
   }
   return total;
 }
@@ -429,12 +433,15 @@ __global__ void firsts_kernel(const uint64_t* keys, const uint32_t* positions, i
   head_of_first[p] = static_cast<uint32_t>(i);
 }
 
-// checks[t].distinct = the first occurrences among table t's positions.
+// checks[t].distinct = the first occurrences among table t's positions; bases[t] = those of the
+// tables before it (the index of its first distinct id among all tables', non-decreasing in t).
 __global__ void count_kernel(const TableDev* tables, int num_tables, const uint32_t* first, const uint32_t* order,
-                             PooledCheck* checks) {
+                             int64_t num, PooledCheck* checks, int64_t* bases) {
   const int t = blockIdx.x * kThreads + threadIdx.x;
-  if (t >= num_tables || tables[t].t.nnz == 0) return;
+  if (t >= num_tables) return;
   const int64_t base = tables[t].id_base;
+  bases[t] = base < num ? order[base] : (num > 0 ? static_cast<int64_t>(order[num - 1]) + first[num - 1] : 0);
+  if (tables[t].t.nnz == 0) return;
   const int64_t last = base + tables[t].t.nnz - 1;
   checks[t].distinct = static_cast<uint64_t>(order[last]) + first[last] - order[base];
 }
@@ -454,11 +461,18 @@ struct Distinct {
   const uint32_t* samples;      // (ids,) by position
   const uint32_t* head_sorted;  // (distinct,) in first-occurrence order
   const float* div;             // divisors
+  const int64_t* bases;         // (tables,) count_kernel's
+  const PooledCheck* checks;    // (tables,) pooled_grad_distinct's
   uint64_t row_mask;
   int64_t num;
-  uint32_t* hot;                // (distinct of all tables,) the hot ids (u_base + index), any order
+  uint32_t* hot;                // (distinct of all tables,) the hot ids (bases[t] + index), any order
   uint32_t* hot_count;          // how many of them
 };
+
+// Whether the checks of a table found its row_splits and ids valid.
+__device__ bool checks_passed(const PooledCheck& c, const PooledTable& t) {
+  return c.first_split == 0 && c.last_split == t.nnz && c.first_decrease == kPooledNone && c.bad_ids == 0;
+}
 
 // The term of occurrence i (a sorted index) in column k of the gradient of table d.
 __device__ float grad_term(const TableDev& d, const Distinct& in, int64_t i, int64_t k) {
@@ -475,21 +489,17 @@ __device__ float grad_term(const TableDev& d, const Distinct& in, int64_t i, int
   return x;
 }
 
-// out (distinct, dim) and out_ids (distinct,) of each table: one distinct id per `lanes` threads.
-__global__ void accumulate_kernel(const TableDev* tables, int num_tables, Distinct in) {
-  const TableDev d = tables[table_of(tables, num_tables, kAccumulate)];
+// Distinct id `index` of table d (`rank` among all tables'): its id and its gradient row, or, for a
+// hot id, its place in the hot list (accumulate_hot_kernel sums it).
+__device__ void accumulate_one(const TableDev& d, const Distinct& in, int64_t rank, int64_t index, int lane) {
   const PooledTable& t = d.t;
   const int lanes = d.lanes;
-  const int lane = threadIdx.x & (lanes - 1);
-  const int64_t index =
-      (static_cast<int64_t>(blockIdx.x) - d.first_block[kAccumulate]) * (kThreads / lanes) + threadIdx.x / lanes;
-  if (index >= d.distinct) return;
-  const int64_t head = in.head_sorted[d.u_base + index];
+  const int64_t head = in.head_sorted[rank];
   const uint64_t key = in.keys[head];
   if (lane == 0) t.out_ids[index] = static_cast<int64_t>(key & in.row_mask);
   if (head + kHotOccurrences < in.num && in.keys[head + kHotOccurrences] == key) {
     // More than kHotOccurrences occurrences (the keys are sorted): accumulate_hot_kernel's.
-    if (lane == 0) in.hot[atomicAdd(in.hot_count, 1u)] = static_cast<uint32_t>(d.u_base + index);
+    if (lane == 0) in.hot[atomicAdd(in.hot_count, 1u)] = static_cast<uint32_t>(rank);
     return;
   }
   for (int64_t k = lane; k < t.dim; k += lanes) {
@@ -529,6 +539,41 @@ __global__ void accumulate_kernel(const TableDev* tables, int num_tables, Distin
   }
 }
 
+// The distinct ids of table ti that get rows: none when its checks failed, at most its bound.
+__device__ int64_t rows_of(const TableDev& d, int ti, const Distinct& in) {
+  const PooledCheck& check = in.checks[ti];
+  if (!checks_passed(check, d.t)) return 0;
+  return static_cast<int64_t>(check.distinct) < d.bound ? static_cast<int64_t>(check.distinct) : d.bound;
+}
+
+// out (rows_of, dim) and out_ids (rows_of,) of each table: one distinct id per `lanes` threads,
+// the table's blocks striding over its ids.
+__global__ void accumulate_kernel(const TableDev* tables, int num_tables, Distinct in) {
+  const int ti = table_of(tables, num_tables, kAccumulate);
+  const TableDev d = tables[ti];
+  const int lanes = d.lanes;
+  const int lane = threadIdx.x & (lanes - 1);
+  const int64_t distinct = rows_of(d, ti, in);
+  const int64_t stride = d.blocks[kAccumulate] * (kThreads / lanes);
+  for (int64_t index = (static_cast<int64_t>(blockIdx.x) - d.first_block[kAccumulate]) * (kThreads / lanes) +
+                       threadIdx.x / lanes;
+       index < distinct; index += stride) {
+    accumulate_one(d, in, in.bases[ti] + index, index, lane);
+  }
+}
+
+// out_ids[rows_of .. bound) = -1 of each table (a padded gradient).
+__global__ void pad_kernel(const TableDev* tables, int num_tables, Distinct in) {
+  const int ti = table_of(tables, num_tables, kPad);
+  const TableDev d = tables[ti];
+  const int64_t stride = d.blocks[kPad] * kThreads;
+  for (int64_t i = rows_of(d, ti, in) + (static_cast<int64_t>(blockIdx.x) - d.first_block[kPad]) * kThreads +
+                   threadIdx.x;
+       i < d.bound; i += stride) {
+    d.t.out_ids[i] = -1;
+  }
+}
+
 // out (distinct, dim) of the hot ids that accumulate_kernel listed: a block per (hot id, column tile
 // blockIdx.y), blocks striding over the list (its length is only known on the device).
 __global__ void __launch_bounds__(kHotThreads)
@@ -537,12 +582,12 @@ __global__ void __launch_bounds__(kHotThreads)
   const int64_t k = static_cast<int64_t>(blockIdx.y) * kHotColumns + threadIdx.x % kHotColumns;
   for (uint32_t h = blockIdx.x; h < count; h += gridDim.x) {
     const int64_t g = in.hot[h];
-    // Its table: the last with u_base <= g (an empty table before it shares its u_base).
+    // Its table: the last with bases <= g (an empty table before it shares its base).
     int lo = 0;
     int hi = num_tables - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) >> 1;
-      if (tables[mid].u_base <= g) {
+      if (in.bases[mid] <= g) {
         lo = mid;
       } else {
         hi = mid - 1;
@@ -570,7 +615,7 @@ __global__ void __launch_bounds__(kHotThreads)
       }
     }
     const float sum = hot_sum(head, bound, k < d.t.dim, [&](int64_t i) { return grad_term(d, in, i, k); });
-    if (threadIdx.x < kHotColumns && k < d.t.dim) d.t.out[(g - d.u_base) * d.t.dim + k] = sum;
+    if (threadIdx.x < kHotColumns && k < d.t.dim) d.t.out[(g - in.bases[lo]) * d.t.dim + k] = sum;
   }
 }
 
@@ -583,7 +628,7 @@ struct GradLayout {
   int row_bits = 0;     // bits of a row in a sort key (the table index above them)
   int key_bits = 1;
   size_t tables = 0, keys_in = 0, keys_out = 0, positions_in = 0, positions_out = 0, samples = 0, first = 0,
-         order = 0, div = 0, hot_count = 0, temp = 0;
+         order = 0, div = 0, bases = 0, hot_count = 0, temp = 0;
   size_t temp_bytes = 0;
   size_t total = 0;
   uint64_t row_mask() const { return row_bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << row_bits) - 1; }
@@ -617,6 +662,7 @@ cudaError_t grad_layout(const PooledTable* tables, int num_tables, int64_t batch
   l.first = take(n * sizeof(uint32_t));
   l.order = take(n * sizeof(uint32_t));  // then the hot ids
   l.div = take(static_cast<size_t>(l.num_div) * sizeof(float));
+  l.bases = take(static_cast<size_t>(num_tables) * sizeof(int64_t));
   if (l.num_ids > 0) {
     const int num = static_cast<int>(l.num_ids);
     size_t sort_bytes = 0;
@@ -743,29 +789,29 @@ cudaError_t pooled_grad_distinct(const PooledTable* tables, int num_tables, int6
                                                 static_cast<const uint32_t*>(first), order, num, stream));
   SOK_CUDA_RETURN(launch(count_kernel, ceil_div(num_tables, kThreads), stream, static_cast<const TableDev*>(dev),
                          num_tables, static_cast<const uint32_t*>(first), static_cast<const uint32_t*>(order),
-                         checks));
+                         l.num_ids, checks, at<int64_t>(workspace, l.bases)));
   return launch(heads_kernel, blocks, stream, l.num_ids, static_cast<const uint32_t*>(first),
                 static_cast<const uint32_t*>(order), static_cast<const uint32_t*>(head_of_first), head_sorted);
 }
 
-cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* distinct, int num_tables,
-                                   int64_t batch, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* bound, bool padded,
+                                   const PooledCheck* checks, int num_tables, int64_t batch, void* workspace,
+                                   size_t workspace_bytes, cudaStream_t stream) {
   if (num_tables <= 0) return cudaSuccess;
   if (pooled_grad_unsupported(tables, num_tables, batch) != nullptr) return cudaErrorInvalidValue;
   GradLayout l;
   SOK_CUDA_RETURN(grad_layout(tables, num_tables, batch, &l));
   if (workspace_bytes < l.total) return cudaErrorInvalidValue;
   std::vector<TableDev> d = describe(tables, num_tables, batch);
-  int64_t u_base = 0;
-  for (int t = 0; t < num_tables; ++t) {
-    d[t].distinct = static_cast<int64_t>(distinct[t]);
-    d[t].u_base = u_base;
-    u_base += d[t].distinct;
-  }
-  const int64_t blocks =
-      plan(&d, kAccumulate, [](const TableDev& x) { return ceil_div(x.distinct, kThreads / x.lanes); });
+  for (int t = 0; t < num_tables; ++t) d[t].bound = static_cast<int64_t>(bound[t]);
+  const int64_t blocks = plan(&d, kAccumulate, [](const TableDev& x) {
+    return std::min(ceil_div(x.bound, kThreads / x.lanes), kSweepBlocks);
+  });
+  const int64_t pad_blocks = plan(&d, kPad, [padded](const TableDev& x) {
+    return padded ? std::min(ceil_div(x.bound, kThreads), kSweepBlocks) : int64_t{0};
+  });
   int64_t max_dim = 0;
-  for (const TableDev& x : d) max_dim = std::max(max_dim, x.distinct > 0 ? x.t.dim : int64_t{0});
+  for (const TableDev& x : d) max_dim = std::max(max_dim, x.bound > 0 ? x.t.dim : int64_t{0});
   auto* dev = at<TableDev>(workspace, l.tables);
   SOK_CUDA_RETURN(upload(d, dev, stream));
   auto* hot_count = at<uint32_t>(workspace, l.hot_count);
@@ -774,12 +820,15 @@ cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* di
                     at<uint32_t>(workspace, l.samples),
                     at<uint32_t>(workspace, l.keys_in),
                     at<float>(workspace, l.div),
+                    at<int64_t>(workspace, l.bases),
+                    checks,
                     l.row_mask(),
                     l.num_ids,
                     at<uint32_t>(workspace, l.order),  // dead after pooled_grad_distinct
                     hot_count};
   SOK_CUDA_RETURN(cudaMemsetAsync(hot_count, 0, sizeof(uint32_t), stream));
   SOK_CUDA_RETURN(launch(accumulate_kernel, blocks, stream, static_cast<const TableDev*>(dev), num_tables, in));
+  SOK_CUDA_RETURN(launch(pad_kernel, pad_blocks, stream, static_cast<const TableDev*>(dev), num_tables, in));
   // At most num_ids / (kHotOccurrences + 1) hot ids; blocks past the device's count exit at once.
   const int64_t hot_blocks = std::min(l.num_ids / (kHotOccurrences + 1), kHotBlocks);
   const int64_t tiles = ceil_div(max_dim, kHotColumns);

@@ -19,9 +19,11 @@
 //     radix sort of (table, row) keys with their positions, the first occurrence of each key
 //     marked at its position, an exclusive scan of the marks (the rank of each distinct id in
 //     first-occurrence order), per-table counts into PooledCheck::distinct.
-//   pooled_grad_accumulate (after the host read the counts and allocated the outputs): one thread
-//     per (distinct id, column) sums the id's occurrences in order, and lists the hot ids; then a
-//     block per (hot id, 32 columns) sums those.
+//   pooled_grad_accumulate (outputs of `bound` rows per table: the counts the host read, or any
+//     upper bound of them, such as the table's ids, when the host reads nothing): one thread per
+//     (distinct id, column) sums the id's occurrences in order, and lists the hot ids; then a block
+//     per (hot id, 32 columns) sums those. With `padded`, the ids past a table's distinct ones are
+//     -1 (their rows are left as they were).
 #ifndef SOK_TF_OPS_GPU_POOLED_LOOKUP_KERNELS_H_
 #define SOK_TF_OPS_GPU_POOLED_LOOKUP_KERNELS_H_
 
@@ -42,8 +44,8 @@ struct PooledTable {
   const void* ids;        // (nnz,) int32, or int64 when ids_int64
   const int64_t* splits;  // (batch + 1,); nullptr: not checked (pooled_validate only)
   const float* weights;   // (nnz,) or nullptr
-  float* out;             // forward: (batch, dim); gradient: (distinct, dim)
-  int64_t* out_ids;       // gradient: (distinct,) rows of the shard
+  float* out;             // forward: (batch, dim); gradient: (bound, dim), rows past the ids unwritten
+  int64_t* out_ids;       // gradient: (bound,) rows of the shard, then -1
   int64_t rows;
   int64_t dim;
   int64_t nnz;
@@ -90,11 +92,14 @@ cudaError_t pooled_grad_workspace_bytes(const PooledTable* tables, int num_table
 cudaError_t pooled_grad_distinct(const PooledTable* tables, int num_tables, int64_t batch, void* workspace,
                                  size_t workspace_bytes, PooledCheck* checks, cudaStream_t stream);
 
-// tables[t].out (distinct[t], dim) and tables[t].out_ids (distinct[t],) = the gradient rows of the
-// distinct ids and the ids; distinct (host, num_tables) as pooled_grad_distinct counted them, the
-// workspace as it left it, and valid row_splits and ids.
-cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* distinct, int num_tables,
-                                   int64_t batch, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// tables[t].out (bound[t], dim) and tables[t].out_ids (bound[t],) = the gradient rows of the
+// distinct ids and the ids; bound (host, num_tables): the distinct counts of pooled_grad_distinct,
+// or with `padded` any upper bound of them, the ids then -1 up to bound[t] (those rows unwritten).
+// checks (device) and the workspace as pooled_grad_distinct left them. A table whose checks failed
+// (row_splits or ids not valid) gets no row: with `padded`, index -1 throughout.
+cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* bound, bool padded,
+                                   const PooledCheck* checks, int num_tables, int64_t batch, void* workspace,
+                                   size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace sok_gpu
 

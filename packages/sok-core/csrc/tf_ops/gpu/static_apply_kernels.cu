@@ -21,18 +21,22 @@ __global__ void accumulate_kernel(Batch batch) {
   const int64_t total = x.count * x.dim;
   for (int64_t e = blockIdx.x * int64_t{kThreads} + threadIdx.x; e < total; e += int64_t{gridDim.x} * kThreads) {
     const int64_t i = e / x.dim;
-    const int64_t c = e - i * x.dim;
+    const int64_t row = x.indices[i];
+    if (row < 0) break;  // padding: it ends the gradient, and this thread's elements only go up
     const float g = x.grads[e];
-    atomicAdd(x.accumulator + x.indices[i] * x.dim + c, __fmul_rn(g, g));
+    atomicAdd(x.accumulator + row * x.dim + (e - i * x.dim), __fmul_rn(g, g));
   }
 }
 
-__global__ void update_kernel(Batch batch, float lr, float epsilon) {
+__global__ void update_kernel(Batch batch, const float* learning_rate, float epsilon) {
   const AdagradTable& x = batch.t[blockIdx.y];
   const int64_t total = x.count * x.dim;
+  const float lr = *learning_rate;
   for (int64_t e = blockIdx.x * int64_t{kThreads} + threadIdx.x; e < total; e += int64_t{gridDim.x} * kThreads) {
     const int64_t i = e / x.dim;
-    const int64_t at = x.indices[i] * x.dim + (e - i * x.dim);
+    const int64_t row = x.indices[i];
+    if (row < 0) break;  // padding: it ends the gradient
+    const int64_t at = row * x.dim + (e - i * x.dim);
     const float denominator = __fsqrt_rn(__fadd_rn(x.accumulator[at], epsilon));
     atomicAdd(x.table + at, -__fdiv_rn(__fmul_rn(lr, x.grads[e]), denominator));
   }
@@ -84,7 +88,7 @@ cudaError_t for_each_batch(const AdagradTable* tables, int num_tables, Launch la
 
 }  // namespace
 
-cudaError_t sparse_apply_adagrad(const AdagradTable* tables, int num_tables, float lr, float epsilon,
+cudaError_t sparse_apply_adagrad(const AdagradTable* tables, int num_tables, const float* lr, float epsilon,
                                  cudaStream_t stream) {
   const auto elements = [](const AdagradTable& x) { return x.count * x.dim; };
   cudaError_t e = for_each_batch(tables, num_tables, [&](const Batch& b, int count, int) {

@@ -28,8 +28,10 @@ struct AdagradTable {
 // Tables per launch (the descriptors travel as kernel parameters).
 constexpr int kApplyTables = 32;
 
-// The step on tables[0 .. num_tables): every index must be in [0, rows) (check_adagrad_indices).
-cudaError_t sparse_apply_adagrad(const AdagradTable* tables, int num_tables, float lr, float epsilon,
+// The step on tables[0 .. num_tables) with the learning rate *lr (device memory): every index must be
+// in [0, rows) (check_adagrad_indices), but for padding at the end of a table's indices (-1: the
+// rows from the first negative index on are skipped).
+cudaError_t sparse_apply_adagrad(const AdagradTable* tables, int num_tables, const float* lr, float epsilon,
                                  cudaStream_t stream);
 
 // Per table t, first_bad[t] = the first position of an index outside [0, rows) (INT64_MAX when
