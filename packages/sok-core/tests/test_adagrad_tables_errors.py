@@ -186,6 +186,41 @@ def test_accumulator_unlike_its_table(call, dtype, shape, got):
     )
 
 
+def test_row_wise_accumulator_is_one_column(call):
+    """row_wise takes [rows, 1] accumulators: a table's own shape is refused, naming the one wanted."""
+    call.assert_refused(
+        tf.errors.InvalidArgumentError,
+        r"accumulators\[0\] \(table first\) is float \[5,3\]; it must have the table's dtype and rows, one column, "
+        r"float \[5,1\]",
+        row_wise=True,
+    )
+
+
+def test_row_wise_step_of_distinct_rows():
+    """row_wise: acc[i] += mean(g_i ** 2), w[i] -= lr * g_i / (sqrt(acc[i]) + eps), per distinct row, in
+    float32 (NumPy's order within rounding); padding (-1) at the end of the indices is skipped."""
+    table = tf.Variable(rows(1, (6, 3)))
+    accumulator = tf.Variable(rows(2, (6, 1)))
+    grads = rows(3, (4, 3))
+    w, acc = table.numpy().astype(np.float64), accumulator.numpy().astype(np.float64)
+    tf_ops.library().sok_sparse_apply_adagrad_tables(
+        tables=[table.handle],
+        accumulators=[accumulator.handle],
+        learning_rate=tf.constant(0.1),
+        indices=[tf.constant([4, 0, 2, -1], tf.int64)],
+        grads=[tf.constant(grads)],
+        epsilon=1e-3,
+        check_indices=False,
+        row_wise=True,
+        names=["t"],
+    )
+    for i, row in enumerate([4, 0, 2]):
+        acc[row] += np.mean(grads[i].astype(np.float64) ** 2)
+        w[row] -= 0.1 * grads[i] / (np.sqrt(acc[row]) + 1e-3)
+    np.testing.assert_allclose(accumulator.numpy(), acc, rtol=1e-6)
+    np.testing.assert_allclose(table.numpy(), w, rtol=1e-6)
+
+
 @pytest.mark.parametrize("role", ["tables", "accumulators"])
 def test_handle_whose_variable_was_never_assigned(call, role):
     never_assigned = resource_variable_ops.var_handle_op(dtype=tf.float32, shape=[7, 2], shared_name="never_assigned")

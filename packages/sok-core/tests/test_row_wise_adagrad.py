@@ -172,3 +172,41 @@ def test_the_wrapper_layout_keeps_one_column_of_state():
     assert wrapper.name == "RowWiseAdagrad" and wrapper.get_slot_names() == ["accumulator"]
     assert wrapper.row_layout(8).parts == ((0, 8), (8, 9))
     assert os.path.basename(fmt.state_file("t", wrapper.name, "accumulator")) == "t-RowWiseAdagrad-accumulator"
+
+
+def test_wrapper_steps_lookup_gradients_of_static_tables_in_one_op():
+    """Gradients straight from sok.lookup_sparse (in a tf.function) take one row-wise
+    SokSparseApplyAdagradTables op on their padded twin, with no tf.unique; the tables and their
+    accumulators equal the same optimizer's own step on plain variables given those gradients."""
+    initial = [start(), np.random.default_rng(2).standard_normal((7, 3)).astype(np.float32)]
+    tables = [sok.Variable(x) for x in initial]
+    references = [tf.Variable(x) for x in initial]
+    wrapper, plain = sok.OptimizerWrapper(optimizer()), optimizer()
+    ids = [tf.ragged.constant([[3, 7, 3], [], [0, 11, 11, 11]], tf.int64), tf.ragged.constant([[6], [1, 1], [0]])]
+
+    def gradients_of_tables():
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse(tables, ids, combiners=["sum", "mean"])
+            loss = tf.add_n([tf.reduce_sum(o * o * (t + 1.0)) for t, o in enumerate(out)])
+        return tape.gradient(loss, tables)
+
+    @tf.function
+    def step():
+        wrapper.apply_gradients(zip(gradients_of_tables(), tables))
+
+    @tf.function
+    def reference():
+        plain.apply_gradients(zip(gradients_of_tables(), references))
+
+    graph = step.get_concrete_function().graph
+    (apply,) = [op for op in graph.get_operations() if op.type == "SokSparseApplyAdagradTables"]
+    assert apply.get_attr("row_wise") is True and apply.get_attr("check_indices") is False
+    assert "Unique" not in [op.type for op in graph.get_operations()]
+    for _ in range(3):
+        reference()  # from the tables' rows, which equal the references' so far
+        step()
+        for t, table in enumerate(tables):
+            np.testing.assert_allclose(table.numpy(), references[t].numpy(), rtol=2e-6, atol=1e-7)
+            (accumulator,) = wrapper.static_slots(table).values()
+            np.testing.assert_allclose(accumulator.numpy(), plain._accumulators[t].numpy(), rtol=2e-6, atol=1e-7)
+            assert accumulator.shape == (initial[t].shape[0], 1)

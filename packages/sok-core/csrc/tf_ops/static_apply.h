@@ -8,6 +8,9 @@
 //   accumulator[i] += g_i * g_i           for every row i of the gradient, in order;
 //   table[i] -= lr * g_i / sqrt(accumulator[i] + epsilon)    for every row i, in order,
 // the accumulator being read after all its additions (a row repeated in the gradient adds twice).
+// With row_wise, sok.RowWiseAdagrad's step on distinct rows (SokPooledLookupGrad's), one
+// accumulator per row ([rows, 1]):
+//   accumulator[i] += mean_j(g_ij * g_ij);  table[i] -= lr * g_i / (sqrt(accumulator[i]) + epsilon).
 #ifndef SOK_TF_OPS_STATIC_APPLY_H_
 #define SOK_TF_OPS_STATIC_APPLY_H_
 
@@ -102,8 +105,8 @@ class LockedVariables {
 
 // Checks the inputs (names[t] in messages), fills `tables` and reads the learning rate (when
 // learning_rate is not null: the input is in host memory); looks up and locks the variables.
-inline Status gather(OpKernelContext* ctx, const std::vector<std::string>& names, LockedVariables* locks,
-                     std::vector<Table>* tables, float* learning_rate) {
+inline Status gather(OpKernelContext* ctx, const std::vector<std::string>& names, bool row_wise,
+                     LockedVariables* locks, std::vector<Table>* tables, float* learning_rate) {
   OpInputList indices, grads;
   TF_RETURN_IF_ERROR(ctx->input_list("indices", &indices));
   TF_RETURN_IF_ERROR(ctx->input_list("grads", &grads));
@@ -142,11 +145,14 @@ inline Status gather(OpKernelContext* ctx, const std::vector<std::string>& names
       return errors::InvalidArgument("tables[", t, "] (table ", name, ") must be a float32 [rows, dim] variable, got ",
                                      ::tensorflow::DataTypeString(w.dtype()), " ", w.shape().DebugString());
     }
-    if (a.dtype() != w.dtype() || a.shape() != w.shape()) {
+    ::tensorflow::TensorShape want = w.shape();
+    if (row_wise && want.dims() == 2) want.set_dim(1, 1);
+    if (a.dtype() != w.dtype() || a.shape() != want) {
       return errors::InvalidArgument("accumulators[", t, "] (table ", name, ") is ",
                                      ::tensorflow::DataTypeString(a.dtype()), " ", a.shape().DebugString(),
-                                     "; it must have the table's dtype and shape, ",
-                                     ::tensorflow::DataTypeString(w.dtype()), " ", w.shape().DebugString());
+                                     "; it must have the table's dtype and ",
+                                     row_wise ? "rows, one column, " : "shape, ",
+                                     ::tensorflow::DataTypeString(w.dtype()), " ", want.DebugString());
     }
     x.rows = w.dim_size(0);
     x.dim = w.dim_size(1);

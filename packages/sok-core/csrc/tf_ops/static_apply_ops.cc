@@ -31,19 +31,23 @@ REGISTER_OP("SokSparseApplyAdagradTables")
     .Attr("N: int >= 1")
     .Attr("epsilon: float")
     .Attr("check_indices: bool = true")
+    .Attr("row_wise: bool = false")
     .Attr("names: list(string)")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc("Keras 3 Adagrad's sparse step on N static tables: accumulators[t][indices[t][i]] += grads[t][i]^2, "
          "then tables[t][indices[t][i]] -= learning_rate * grads[t][i] / sqrt(accumulator row + epsilon). "
          "check_indices=false: indices from SokPooledLookupGrad, whose padding rows (index -1) are skipped; the "
-         "GPU kernel then checks nothing.");
+         "GPU kernel then checks nothing. row_wise=true: sok.RowWiseAdagrad's step (accumulators [rows, 1]: "
+         "accumulator[i] += mean(grads[t][i]^2), tables[t][i] -= learning_rate * grads[t][i] / "
+         "(sqrt(accumulator[i]) + epsilon)) on distinct indices.");
 
 class SparseApplyAdagradTablesOp : public OpKernel {
  public:
   explicit SparseApplyAdagradTablesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("check_indices", &check_indices_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("row_wise", &row_wise_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names_));
   }
 
@@ -51,7 +55,7 @@ class SparseApplyAdagradTablesOp : public OpKernel {
     static_apply::LockedVariables locks;
     std::vector<Table> tables;
     float lr = 0.0f;
-    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, &locks, &tables, &lr));
+    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, row_wise_, &locks, &tables, &lr));
     // Every index of every table is checked before anything is written (on the CPU it costs little);
     // without check_indices, -1 is a padding row (skipped).
     for (size_t t = 0; t < tables.size(); ++t) {
@@ -74,10 +78,37 @@ class SparseApplyAdagradTablesOp : public OpKernel {
       return Status();
     };
     OP_REQUIRES_OK(ctx, static_apply::prepare_in_place_writes(ctx, tables, copy));
-    for (const Table& x : tables) apply(x, lr);
+    for (const Table& x : tables) {
+      if (row_wise_) {
+        apply_row_wise(x, lr);
+      } else {
+        apply(x, lr);
+      }
+    }
   }
 
  private:
+  // sok.RowWiseAdagrad's step, row after row (the rows are distinct); the mean of the squares summed
+  // in column order.
+  void apply_row_wise(const Table& x, float lr) const {
+    float* w = x.var->tensor()->flat<float>().data();
+    float* acc = x.accumulator->tensor()->flat<float>().data();
+    const int64_t* idx = x.indices->flat<int64_t>().data();
+    const float* g = x.grads->flat<float>().data();
+    const int64_t d = x.dim;
+    for (int64_t i = 0; i < x.count; ++i) {
+      if (idx[i] < 0) continue;  // padding
+      const float* gi = g + i * d;
+      float squares = 0.0f;
+      for (int64_t c = 0; c < d; ++c) squares = squares + gi[c] * gi[c];
+      float& a = acc[idx[i]];
+      a = a + (d > 0 ? squares / static_cast<float>(d) : 0.0f);
+      const float denominator = std::sqrt(a) + epsilon_;
+      float* row = w + idx[i] * d;
+      for (int64_t c = 0; c < d; ++c) row[c] = row[c] - lr * gi[c] / denominator;
+    }
+  }
+
   void apply(const Table& x, float lr) const {
     float* w = x.var->tensor()->flat<float>().data();
     float* acc = x.accumulator->tensor()->flat<float>().data();
@@ -108,6 +139,7 @@ class SparseApplyAdagradTablesOp : public OpKernel {
 
   float epsilon_ = 0.0f;
   bool check_indices_ = true;
+  bool row_wise_ = false;
   std::vector<std::string> names_;
 };
 

@@ -26,13 +26,14 @@ class SparseApplyAdagradTablesGpuOp : public OpKernel {
   explicit SparseApplyAdagradTablesGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("check_indices", &check_indices_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("row_wise", &row_wise_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names_));
   }
 
   void Compute(OpKernelContext* ctx) override {
     static_apply::LockedVariables locks;
     std::vector<Table> tables;
-    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, &locks, &tables, nullptr));
+    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, row_wise_, &locks, &tables, nullptr));
     const float* lr = ctx->input(2 * static_cast<int>(tables.size())).flat<float>().data();
     DeviceGuard guard;
     const sok_exec_context exec = GpuExec::of(ctx);
@@ -51,8 +52,8 @@ class SparseApplyAdagradTablesGpuOp : public OpKernel {
       device[t].table = tables[t].var->tensor()->flat<float>().data();
       device[t].accumulator = tables[t].accumulator->tensor()->flat<float>().data();
     }
-    OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::sparse_apply_adagrad(device.data(), static_cast<int>(device.size()), lr,
-                                                               epsilon_, stream)));
+    const auto apply = row_wise_ ? sok_gpu::sparse_apply_row_wise_adagrad : sok_gpu::sparse_apply_adagrad;
+    OP_REQUIRES_OK(ctx, SOK_CUDA(apply(device.data(), static_cast<int>(device.size()), lr, epsilon_, stream)));
   }
 
  private:
@@ -92,6 +93,7 @@ class SparseApplyAdagradTablesGpuOp : public OpKernel {
 
   float epsilon_ = 0.0f;
   bool check_indices_ = true;
+  bool row_wise_ = false;
   std::vector<std::string> names_;
 };
 

@@ -44,6 +44,7 @@ from sparse_operation_kit import initializers as inits
 from sparse_operation_kit.dynamic_variable import DynamicVariable, distinct_index_of, export
 from sparse_operation_kit.lookup import exchange
 from sparse_operation_kit.row_layout import RowLayout
+from sparse_operation_kit.row_wise_adagrad import RowWiseAdagrad
 from sparse_operation_kit.slot_view import DynamicSlot
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, create_storage
 
@@ -430,25 +431,33 @@ def _from_sok_gradient(indices: tf.Tensor) -> bool:
     return not tf.executing_eagerly() and getattr(getattr(indices, "op", None), "type", None) == "SokPooledLookupGrad"
 
 
+def _sok_gradient_output(g: Any) -> tuple[tf.Operation, int] | None:
+    """``(op, t)`` when ``g`` is, untouched, table ``t``'s gradient from SOK's pooled lookup gradient
+    op ``op`` (its rows and indices outputs, in a graph), else None."""
+    if not isinstance(g, tf.IndexedSlices) or not _from_sok_gradient(g.indices):
+        return None
+    op, values = g.indices.op, g.values
+    if not isinstance(values, tf.Tensor) or values.op is not op:
+        return None
+    t = values.value_index
+    return (op, t) if g.indices.value_index == op.get_attr("num_tables") + t else None
+
+
 def _padded(steps: list[tuple[tf.IndexedSlices, tf.Variable, Any]]) -> list[tuple[tf.IndexedSlices, tf.Variable, Any]]:
     """``steps`` with each gradient that is an output of SOK's pooled lookup gradient op, untouched,
     taken instead from one twin of that op with ``padded=True``: a row per id, the distinct ids' rows
-    first, then index -1 and zeros, which the update skips. The twin's outputs have sizes known
-    before it runs, so on a GPU the step reads no count back to the host; the original op, left
-    without consumers, is pruned from the step (where nothing else reads the gradients)."""
+    first, then index -1, which the update stops at. The twin's outputs have sizes known before it
+    runs, so on a GPU the step reads no count back to the host; the original op, left without
+    consumers, is pruned from the step (where nothing else reads the gradients)."""
     twins: dict[str, tf.Operation] = {}
     out = []
     for g, v, lr in steps:
-        op = getattr(g.indices, "op", None)
-        values = g.values
-        if not _from_sok_gradient(g.indices) or not isinstance(values, tf.Tensor) or values.op is not op:
+        source = _sok_gradient_output(g)
+        if source is None:
             out.append((g, v, lr))
             continue
+        op, t = source
         n = op.get_attr("num_tables")
-        t = values.value_index
-        if g.indices.value_index != n + t:
-            out.append((g, v, lr))
-            continue
         if op.name not in twins:
             with tf.device(op.device):
                 twins[op.name] = (
@@ -471,9 +480,13 @@ def _padded(steps: list[tuple[tf.IndexedSlices, tf.Variable, Any]]) -> list[tupl
     return out
 
 
-def _adagrad_tables(optimizer: Any, steps: list[tuple[tf.IndexedSlices, tf.Variable, Any]]) -> None:
+def _adagrad_tables(
+    optimizer: Any, steps: list[tuple[tf.IndexedSlices, tf.Variable, Any]], row_wise: bool = False
+) -> None:
     """Keras 3 ``Adagrad.update_step`` on the rows of ``IndexedSlices`` gradients of ``sok.Variable``
-    shards: one ``SokSparseApplyAdagradTables`` op per device and learning rate for all of them.
+    shards: one ``SokSparseApplyAdagradTables`` op per device and learning rate for all of them
+    (``row_wise``: ``sok.RowWiseAdagrad``'s step, for gradients straight from ``sok.lookup_sparse``
+    only, whose rows are distinct).
 
     The op computes what Keras' TensorFlow ops do for such a gradient, in their order: the squared
     gradient added to the accumulator row by row (a repeated row adds twice), then ``lr * g /
@@ -497,6 +510,7 @@ def _adagrad_tables(optimizer: Any, steps: list[tuple[tf.IndexedSlices, tf.Varia
                 grads=[tf.cast(g.values, tf.float32) for g, _, _ in group],
                 epsilon=epsilon,
                 check_indices=not all(_from_sok_gradient(g.indices) for g, _, _ in group),
+                row_wise=row_wise,
                 names=[v.name for _, v, _ in group],
             )
 
@@ -1021,13 +1035,16 @@ class OptimizerWrapper:
     def _row_wise_static_tables(self) -> Iterator[None]:
         """While the wrapped optimizer applies its step: if it is Keras 3's ``Adagrad`` (its own
         ``update_step``), its steps on ``sok.Variable`` shards with ``IndexedSlices`` gradients are
-        collected and made at the end by one op for all of them (:func:`_adagrad_tables`); every
-        other variable and gradient keeps the optimizer's step."""
+        collected and made at the end by one op for all of them (:func:`_adagrad_tables`); if it is
+        ``sok.RowWiseAdagrad``, so are its steps on the gradients that come straight from
+        ``sok.lookup_sparse`` (distinct rows). Every other variable and gradient keeps the
+        optimizer's step."""
         optimizer = self._optimizer
         keras_adagrad = importlib.import_module("keras").optimizers.Adagrad
+        row_wise = type(optimizer).update_step is RowWiseAdagrad.update_step
         if (
             self._settings.flavor is not Flavor.KERAS
-            or type(optimizer).update_step is not keras_adagrad.update_step
+            or not (row_wise or type(optimizer).update_step is keras_adagrad.update_step)
             or self._loss_scale is not None  # its steps run inside the scaler's cond branch
         ):
             yield
@@ -1036,7 +1053,11 @@ class OptimizerWrapper:
         collected: list[tuple[tf.IndexedSlices, tf.Variable, Any]] = []
 
         def update_step(gradient: Any, variable: Any, learning_rate: Any) -> None:
-            if getattr(variable, "is_sok_variable", False) and isinstance(gradient, tf.IndexedSlices):
+            if (
+                getattr(variable, "is_sok_variable", False)
+                and isinstance(gradient, tf.IndexedSlices)
+                and (not row_wise or _sok_gradient_output(gradient) is not None)
+            ):
                 collected.append((gradient, variable, learning_rate))
                 return None
             return keras_step(gradient, variable, learning_rate)
@@ -1045,7 +1066,7 @@ class OptimizerWrapper:
         try:
             yield
             if collected:
-                _adagrad_tables(optimizer, collected)
+                _adagrad_tables(optimizer, collected, row_wise)
         finally:
             del optimizer.update_step
 

@@ -10,6 +10,7 @@ namespace sok_gpu {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kWarp = 32;
 constexpr int64_t kMaxBlocks = 4096;  // per table and launch; the blocks stride over the rest
 
 struct Batch {
@@ -39,6 +40,32 @@ __global__ void update_kernel(Batch batch, const float* learning_rate, float eps
     const int64_t at = row * x.dim + (e - i * x.dim);
     const float denominator = __fsqrt_rn(__fadd_rn(x.accumulator[at], epsilon));
     atomicAdd(x.table + at, -__fdiv_rn(__fmul_rn(lr, x.grads[e]), denominator));
+  }
+}
+
+// A warp per row: the mean of the row's squares (lane sums, then a butterfly over the warp: the same
+// order every run), its accumulator, then the row.
+__global__ void row_wise_kernel(Batch batch, const float* learning_rate, float epsilon) {
+  const AdagradTable& x = batch.t[blockIdx.y];
+  const float lr = *learning_rate;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = int64_t{gridDim.x} * (kThreads / kWarp);
+  for (int64_t i = blockIdx.x * int64_t{kThreads / kWarp} + threadIdx.x / kWarp; i < x.count; i += warps) {
+    const int64_t row = x.indices[i];
+    if (row < 0) break;  // padding: it ends the gradient (the warp's rows only go up)
+    const float* g = x.grads + i * x.dim;
+    float squares = 0.0f;
+    for (int64_t c = lane; c < x.dim; c += kWarp) squares = __fadd_rn(squares, __fmul_rn(g[c], g[c]));
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      squares = __fadd_rn(squares, __shfl_xor_sync(0xffffffffu, squares, offset));
+    }
+    const float mean = x.dim > 0 ? __fdiv_rn(squares, static_cast<float>(x.dim)) : 0.0f;
+    const float accumulated = __fadd_rn(x.accumulator[row], mean);
+    __syncwarp();
+    if (lane == 0) x.accumulator[row] = accumulated;
+    const float denominator = __fadd_rn(__fsqrt_rn(accumulated), epsilon);
+    float* w = x.table + row * x.dim;
+    for (int64_t c = lane; c < x.dim; c += kWarp) w[c] = __fsub_rn(w[c], __fdiv_rn(__fmul_rn(lr, g[c]), denominator));
   }
 }
 
@@ -103,6 +130,16 @@ cudaError_t sparse_apply_adagrad(const AdagradTable* tables, int num_tables, con
     const unsigned blocks = blocks_for(b, count, elements);
     if (blocks == 0) return cudaSuccess;
     update_kernel<<<dim3(blocks, static_cast<unsigned>(count)), kThreads, 0, stream>>>(b, lr, epsilon);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t sparse_apply_row_wise_adagrad(const AdagradTable* tables, int num_tables, const float* lr, float epsilon,
+                                          cudaStream_t stream) {
+  return for_each_batch(tables, num_tables, [&](const Batch& b, int count, int) {
+    const unsigned blocks = blocks_for(b, count, [](const AdagradTable& x) { return x.count * kWarp; });
+    if (blocks == 0) return cudaSuccess;
+    row_wise_kernel<<<dim3(blocks, static_cast<unsigned>(count)), kThreads, 0, stream>>>(b, lr, epsilon);
     return cudaGetLastError();
   });
 }

@@ -17,7 +17,7 @@ namespace sok_gpu {
 // One table of the step: all pointers in device memory.
 struct AdagradTable {
   float* table;              // (rows, dim)
-  float* accumulator;        // (rows, dim)
+  float* accumulator;        // (rows, dim); row-wise: (rows, 1)
   const int64_t* indices;    // (count,)
   const float* grads;        // (count, dim)
   int64_t count;
@@ -33,6 +33,11 @@ constexpr int kApplyTables = 32;
 // rows from the first negative index on are skipped).
 cudaError_t sparse_apply_adagrad(const AdagradTable* tables, int num_tables, const float* lr, float epsilon,
                                  cudaStream_t stream);
+
+// sok.RowWiseAdagrad's step (accumulators (rows, 1)) on tables whose indices are distinct (a
+// warp per row, no atomics), up to the first negative index of each, as sparse_apply_adagrad.
+cudaError_t sparse_apply_row_wise_adagrad(const AdagradTable* tables, int num_tables, const float* lr, float epsilon,
+                                          cudaStream_t stream);
 
 // Per table t, first_bad[t] = the first position of an index outside [0, rows) (INT64_MAX when
 // none) and bad_count[t] their number: int64 device arrays of num_tables entries each.
