@@ -15,6 +15,7 @@ tf = pytest.importorskip("tensorflow")
 
 import sparse_operation_kit as sok  # noqa: E402
 from sparse_operation_kit import communication  # noqa: E402
+from sparse_operation_kit.lookup.input_dist import RECORD_TABLES  # noqa: E402
 
 #: Op types whose GPU kernels take no int64 values (``T``; ``Bincount``'s ``T`` is its weights',
 #: ``DenseBincount``'s ``Tidx`` its input's): under a GPU TensorFlow runs them on the host.
@@ -55,8 +56,9 @@ def _ops_of(graph: tf.Graph) -> list[tf.Operation]:
 #: (a Shape's output is in host memory, whatever its input's size).
 HOST_SCOPE = "/device:CPU:0"
 HOST_OUTPUTS = {"Shape", "ShapeN", "Size", "Const"}
-#: The one read of device values on the host a call makes: the gathered records of its checks.
-SMALL = 64
+#: The one read of device values on the host a call makes: the gathered records of its checks, at
+#: 2 ranks (fingerprint, count of checks, batch, sum of the checks, ids per owner and table).
+SMALL = 2 * (4 + 2 * RECORD_TABLES)
 
 
 def _read_on_the_host(ops: list[tf.Operation]) -> list[str]:

@@ -29,6 +29,7 @@ import sparse_operation_kit as sok
 import tensorflow as tf
 from sparse_operation_kit import communication
 from sparse_operation_kit import experiment as sok_experiment
+from sparse_operation_kit.lookup.input_dist import RECORD_TABLES
 
 RTOL = 1e-5
 ATOL = 1e-5
@@ -728,6 +729,24 @@ def check_function_steps(comm: Comm) -> None:
     m.equal("SokSparseApply ops of the step (one per dynamic table)", ops.count("SokSparseApply"), len(dynamic))
     m.equal("SokUniqueIndexList ops of the step", ops.count("SokUniqueIndexList"), 1 if dynamic else 0)
     m.equal("SokUniqueIndex ops of the step", ops.count("SokUniqueIndex"), 0)
+    m.raise_if_any()
+
+
+#: More tables in one call than its record counts per table (RECORD_TABLES): the received ids are
+#: split by the device's counts (every other check has fewer, split by counts from the records).
+MANY_TABLES = tuple(
+    Table("localized", 6, 2, target=t % 2) if t % 3 == 0 else Table("distributed", 5 + t % 4, 2)
+    for t in range(RECORD_TABLES + 2)
+)
+
+
+@check("many_tables")
+def check_many_tables(comm: Comm) -> None:
+    """A weighted call of RECORD_TABLES + 2 tables against TensorFlow, eagerly."""
+    m = Mismatches()
+    built = build_tables(MANY_TABLES, comm, 950)
+    lookups = make_lookups(built, comm, 950, shift=1, fmt="ragged")
+    compare_with_tf(comm, built, lookups, True, "eager", 950, m, f"{len(MANY_TABLES)} tables")
     m.raise_if_any()
 
 

@@ -3,9 +3,9 @@
 Each rank counts its problems (ids outside a static table, int64 ids that do not fit an int32 key
 type, weights whose rows differ from the ids', samples longer than ``hotness``); with several ranks
 one allgather carries ``[fingerprint of the call, number of counts, batch size, sum of the counts, ids
-per owner...]`` of every rank, so a rank that passes other tables, or a bad id on one rank, fails the
-call on every rank before the exchange moves anything; the same allgather tells every rank how many
-ids it receives from each.
+per owner and table...]`` of every rank, so a rank that passes other tables, or a bad id on one rank,
+fails the call on every rank before the exchange moves anything; the same allgather tells every rank
+how many ids of each table it receives from each.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from sparse_operation_kit.lookup.exchange import Exchange
 __all__ = ["agreed_checks"]
 
 #: The values of a rank's record before its counts: fingerprint, number of counts, batch size.
-#: (The record of the call's allgather then has the sum of the counts and the ids per owner.)
+#: (The record of the call's allgather then has the sum of the counts and the ids per owner and table.)
 _HEAD = 3
 
 
@@ -66,11 +66,12 @@ def agreed_checks(
 ) -> tuple[list[tf.Operation | tf.Tensor], tf.Tensor | None, tf.Tensor | None]:
     """Checks that fail on every rank together, in one collective, and what the exchange needs to
     know of every rank from the same collective: returns ``(checks, batch_sizes, sends)``, the
-    batch sizes int64 ``[n]`` and ``sends[r, o]`` how many ids rank ``r`` sends rank ``o`` (int64
-    ``[n, n]``), both in host memory (None with one rank).
+    batch sizes int64 ``[n]`` and ``sends[r]`` the ``sends`` of rank ``r`` (int64 ``[n, len(sends)]``),
+    both in host memory (None with one rank).
 
     Each rank sends ``[fingerprint of its call, number of counts, its batch size, the sum of its
-    counts of problems, sends (this rank's ids per owner, int64 [n], from ``exchange``'s caller)]``,
+    counts of problems, sends (this rank's ids per owner and table, int64, from ``exchange``'s
+    caller: one length on every rank that makes the same call)]``,
     a record of one length whatever the call, in one allgather of ``exchange``; the host reads the
     gathered records once. Every rank checks that all records carry its own fingerprint (the same
     tables, combiners and options in the same order, so that the ranks make the same collectives)
@@ -105,7 +106,7 @@ def agreed_checks(
         record, name="sok.lookup_sparse: allgather of the call's fingerprint, batch sizes, checks and id counts"
     )
     with device_ops.on_host():  # the call's one copy to the host
-        table = tf.reshape(tf.identity(gathered), [n, _HEAD + 1 + n])
+        table = tf.reshape(tf.identity(gathered), [n, _HEAD + 1 + int(sends.shape[0])])
         ok = (
             tf.reduce_all(tf.equal(table[:, 0], fingerprint))
             & tf.reduce_all(tf.equal(table[:, 1], len(problems)))

@@ -10,13 +10,15 @@ The owner orders what it received by table, then by source rank, then by sample,
 samples of the whole call's batch with the sources in rank order (source ``r``'s sample ``s`` is
 ``s + sum(batch of ranks < r)``), so the pooling of each table sees sorted samples.
 
-Each rank counts its ids per owner first (``route``); the call's checks gather those counts, so
-every rank knows what it sends and receives before the all-to-all, on the host.
+Each rank counts its ids per owner and table first (``route``); the call's checks gather those
+counts (``record_counts``), so every rank knows on the host what it sends and receives before the
+all-to-all, and, for a call of at most ``RECORD_TABLES`` tables, how many ids of each table it
+receives: the received ids are then split by table with no count read back from the device.
 
 Example::
 
     routes = route(plan, keys)
-    checks, batch_sizes, sends = agreed_checks(..., exchange=exchange, sends=routes.counts)
+    checks, batch_sizes, sends = agreed_checks(..., exchange=exchange, sends=record_counts(plan, routes))
     owned = send_ids_to_owners(plan, keys, samples, None, routes, batch_sizes, sends, exchange)
     owned.keys[t], owned.samples[t]   # the ids of table t this rank holds, from every rank
 """
@@ -32,10 +34,15 @@ from sparse_operation_kit import device_ops
 from sparse_operation_kit.lookup.exchange import Exchange, int32_counts
 from sparse_operation_kit.lookup.plan import ExchangePlan, owners
 
-__all__ = ["OwnedIds", "Routes", "route", "send_ids_to_owners"]
+__all__ = ["RECORD_TABLES", "OwnedIds", "Routes", "record_counts", "route", "send_ids_to_owners"]
 
 #: Bits of a packed ``table << 40 | sample``: samples of a rank's batch below 2**40.
 _SAMPLE_BITS = 40
+#: The tables per owner whose counts a rank's record of the call's allgather carries: the record
+#: has one length whatever the call (NCCL's allgather takes one length from every rank, and a rank
+#: whose call differs must get the checks' error, not a collective of mismatched sizes). A call of
+#: more tables sends its counts per owner only, and splits what it receives by the device's counts.
+RECORD_TABLES = 128
 
 
 @dataclass(frozen=True)
@@ -75,8 +82,8 @@ class OwnedIds:
 @dataclass(frozen=True)
 class Routes:
     """Where the ids of one call go (the tables' ids one after the other): ``order`` groups them by
-    owner (stably: within an owner, by table, then by sample), ``counts`` how many go to each rank
-    (int64 ``[n]``), ``tables`` the table of each id (int64)."""
+    owner (stably: within an owner, by table, then by sample), ``counts`` how many of each table go
+    to each rank (int64 ``[n * tables]``, owner after owner), ``tables`` the table of each id (int64)."""
 
     order: tf.Tensor
     counts: tf.Tensor
@@ -85,10 +92,25 @@ class Routes:
 
 def route(plan: ExchangePlan, keys: Sequence[tf.Tensor]) -> Routes:
     """The owners of ``keys`` (per table of the call: int64, a uint64 table's keys as their bits),
-    computed for all the tables at once."""
+    computed for all the tables at once: grouped by ``owner * tables + table``, stably, which keeps
+    the ids of an owner by table and then by sample (they come table after table)."""
     tables = device_ops.part_of_each(keys)
-    order, counts = device_ops.group_by_key(owners(plan, tf.concat(keys, 0), tables), plan.n)
+    num_tables = len(plan.tables)
+    groups = owners(plan, tf.concat(keys, 0), tables) * num_tables + tables
+    order, counts = device_ops.group_by_key(groups, plan.n * num_tables)
     return Routes(order, counts, tables)
+
+
+def record_counts(plan: ExchangePlan, routes: Routes) -> tf.Tensor:
+    """What this rank's record of the call's allgather says of its ids (int64 ``[n *
+    RECORD_TABLES]``): per owner ``o``, from ``o * RECORD_TABLES``, the ids of each table it sends
+    ``o`` (the ids per owner in the first ``n`` values instead, for a call of more tables), zeros
+    after."""
+    num_tables, n = len(plan.tables), plan.n
+    counts = tf.reshape(routes.counts, [n, num_tables])
+    if num_tables > RECORD_TABLES:
+        return tf.pad(tf.reduce_sum(counts, axis=1), [[0, n * RECORD_TABLES - n]])
+    return tf.reshape(tf.pad(counts, [[0, 0], [0, RECORD_TABLES - num_tables]]), [-1])
 
 
 def send_ids_to_owners(
@@ -104,13 +126,21 @@ def send_ids_to_owners(
     """Sends each id (``keys[t]``: int64, in sample order; ``samples``: the local sample of each id of
     every table, one table after the other, int64) to the rank that holds it (``routes``, of the
     same keys); returns what this rank received (see ``OwnedIds``). ``batch_sizes``: every rank's
-    local batch (int64 ``[n]``); ``sends[r, o]``: the ids rank ``r`` sends rank ``o`` (int64 ``[n,
-    n]``); both in host memory, gathered with the call's checks."""
-    num_tables = len(plan.tables)
+    local batch (int64 ``[n]``); ``sends[r]``: rank ``r``'s ``record_counts`` (int64 ``[n, n *
+    RECORD_TABLES]``); both in host memory, gathered with the call's checks."""
+    num_tables, n = len(plan.tables), plan.n
+    per_table = num_tables <= RECORD_TABLES
     with device_ops.on_host():
         global_batch = tf.reduce_sum(batch_sizes)
-        received_from = sends[:, plan.rank]
-        send_counts = int32_counts(sends[plan.rank], "the ids this rank sends")
+        records = tf.reshape(sends, [n, n, RECORD_TABLES])
+        if per_table:
+            to_me = records[:, plan.rank, :num_tables]  # [source, table]
+            received_from, table_counts = tf.reduce_sum(to_me, axis=1), tf.reduce_sum(to_me, axis=0)
+            mine = tf.reduce_sum(records[plan.rank, :, :num_tables], axis=1)
+        else:
+            by_owner = tf.reshape(sends[:, :n], [n, n])
+            received_from, mine = by_owner[:, plan.rank], by_owner[plan.rank]
+        send_counts = int32_counts(mine, "the ids this rank sends")
         received_counts = int32_counts(received_from, "the ids this rank receives")
     order = routes.order
     packed = tf.bitwise.bitwise_or(tf.bitwise.left_shift(routes.tables, _SAMPLE_BITS), samples)
@@ -136,7 +166,11 @@ def send_ids_to_owners(
     # copies of every id there and back.
     received_tables = tf.bitwise.right_shift(received[:, 0], _SAMPLE_BITS)
     global_samples = tf.bitwise.bitwise_and(received[:, 0], (1 << _SAMPLE_BITS) - 1) + tf.gather(first_sample, sources)
+    # Split by the counts from the host where the records carry them (the device's own counts are
+    # a copy back and a wait).
     by_table, counts = device_ops.group_by_key(received_tables, num_tables)
+    if per_table:
+        counts = table_counts
 
     def per_table(values: tf.Tensor) -> list[tf.Tensor]:
         ordered = tf.gather(values, by_table)

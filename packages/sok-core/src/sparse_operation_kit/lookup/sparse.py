@@ -6,7 +6,7 @@ on TensorFlow's intra-op threads, or in one sequence of CUDA kernels when the ta
 the others by TensorFlow ops. With several ranks (each step is a module of this package):
 
 1. ``checks``: every rank checks its ids, and the ranks agree (one allgather of a fingerprint of
-   the call, of each rank's batch size, of its count of bad ids and of its ids per owner) that they
+   the call, of each rank's batch size, of its count of bad ids and of its ids per owner and table) that they
    make the same call with valid ids before anything else moves, so a bad id, or a rank that passes
    other tables, fails everywhere; the host reads the gathered records once, and knows every size
    of the exchange from them;
@@ -54,7 +54,7 @@ from sparse_operation_kit.lookup import arguments
 from sparse_operation_kit.lookup import exchange as exchanges
 from sparse_operation_kit.lookup.checks import agreed_checks
 from sparse_operation_kit.lookup.exchange import Exchange
-from sparse_operation_kit.lookup.input_dist import Routes, route, send_ids_to_owners
+from sparse_operation_kit.lookup.input_dist import Routes, record_counts, route, send_ids_to_owners
 from sparse_operation_kit.lookup.local_lookup import pool_dynamic, pool_held, pool_rows
 from sparse_operation_kit.lookup.output_dist import return_sums
 from sparse_operation_kit.lookup.plan import ExchangePlan, dynamic_groups, fused_tables
@@ -157,7 +157,7 @@ def lookup_sparse(
         checked_by_op=fused,
         combiners=names,
         exchange=exchange,
-        sends=None if routes is None else routes.counts,
+        sends=None if routes is None else record_counts(plan, routes),
     )
     outputs: list[Any] = [None] * len(params)
     if fused:
@@ -192,7 +192,7 @@ def lookup_sparse(
 @dataclass(frozen=True)
 class _Exchanged:
     """What the exchange of a call at several ranks knows before it starts: its collectives, plan
-    and routes, and from the checks' allgather every rank's batch size and ids per owner (host)."""
+    and routes, and from the checks' allgather every rank's batch size and ids per owner and table (host)."""
 
     exchange: Exchange
     plan: ExchangePlan
