@@ -144,6 +144,23 @@ def test_exchange_of_static_and_dynamic_tables_keeps_int64_ids_off_host_bound_op
     assert _read_on_the_host(ops) == []
 
 
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_ranges_take_their_start_and_step_from_the_host(two_ranks, weighted):
+    """Every Range of the exchange has its start and step made on the host (``device_ops.arange``):
+    ``tf.range(n, dtype=tf.int64)``'s own constants land on the GPU, and its GPU kernel reads them
+    from host memory, a copy back (and a wait) for each."""
+    params = [sok.Variable(tf.zeros([64, 4])), sok.DynamicVariable(dimension=4, var_type="hbm")]
+    # int64 ones: an int32 constant under a GPU is in host memory already
+    ranges = [
+        op for op in _ops_of(_traced_step(params, weighted)) if op.type == "Range" and op.get_attr("Tidx") == tf.int64
+    ]
+    assert ranges, "the traced graph has no range"
+    for op in ranges:
+        for i in (0, 2):
+            producer = op.inputs[i].op
+            assert producer.device == HOST_SCOPE, f"{op.name}: input {i} from {producer.name} on {producer.device!r}"
+
+
 def test_the_host_read_lint_finds_a_shape_taken_on_the_host() -> None:
     """The check itself: ``tf.shape`` of the ids inside an ``on_host`` scope is reported; outside it
     (``device_ops.length``), and small or host-made inputs, are not."""

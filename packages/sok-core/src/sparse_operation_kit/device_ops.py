@@ -7,6 +7,8 @@ these make a host round trip (a copy to the host, which waits for the GPU) under
 - ``tf.shape(x, out_type=tf.int64)[0]`` is a slice of a host tensor that TensorFlow places on the
   GPU (an int64 op), so an op that takes it on the host (``tf.range``'s limit, ``tf.split``'s
   sizes) reads it back; ``length`` and ``on_host`` keep such scalars on the host.
+- ``tf.range(n, dtype=tf.int64)`` makes its start and step int64 constants on the GPU, which its
+  GPU kernel takes in host memory: two copies back per range; ``arange`` makes them on the host.
 - ``tf.math.floormod`` has no GPU kernel for int64, so TensorFlow copies the ids to the host and
   back; ``floormod`` computes it from ``floordiv``, which has one.
 - ``tf.argsort`` (a ``TopKV2``) and ``tf.math.bincount`` take no int64 keys on the GPU, and int32
@@ -37,6 +39,7 @@ import tensorflow as tf
 from sparse_operation_kit import tf_ops
 
 __all__ = [
+    "arange",
     "floormod",
     "group_by_key",
     "length",
@@ -63,6 +66,19 @@ def length(values: tf.Tensor) -> tf.Tensor:
         return shape[0]
 
 
+def arange(limit: tf.Tensor) -> tf.Tensor:
+    """``tf.range(limit)`` (int64) on the current device, ``limit`` an int64 scalar in host memory
+    (``length``), its start and step made on the host too.
+
+    Example::
+
+        arange(length(ids))   # [0, 1, ..., len(ids) - 1]
+    """
+    with on_host():
+        start, step = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
+    return tf.range(start, limit, step)
+
+
 def lengths(values: Sequence[tf.Tensor]) -> tf.Tensor:
     """``[len(v) for v in values]`` of 1-D tensors: an int64 vector in host memory, from one op over
     the shapes of all the tensors of a dtype (never the values themselves), not a shape and a slice
@@ -82,7 +98,7 @@ def lengths(values: Sequence[tf.Tensor]) -> tf.Tensor:
 def sample_ids(row_splits: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
     """The row (sample) of each of ``values`` (int64 ``[len(values)]``), from ``row_splits``
     (int32 or int64, ``[batch + 1]``, starting at 0 and ending at ``len(values)``)."""
-    positions = tf.range(length(values), dtype=tf.int64)
+    positions = arange(length(values))
     return tf.searchsorted(tf.cast(row_splits[1:], tf.int64), positions, side="right", out_type=tf.int64)
 
 
@@ -104,7 +120,7 @@ def sample_ids_of(row_splits: Sequence[tf.Tensor], values: Sequence[tf.Tensor]) 
     with on_host():
         total = tf.reduce_sum(counts)
         batch = splits_length - 1
-    rows = tf.searchsorted(ends, tf.range(total, dtype=tf.int64), side="right", out_type=tf.int64)
+    rows = tf.searchsorted(ends, arange(total), side="right", out_type=tf.int64)
     return rows - tf.math.floordiv(rows, tf.maximum(batch, 1)) * batch
 
 
@@ -116,7 +132,7 @@ def part_of_each(values: Sequence[tf.Tensor]) -> tf.Tensor:
     with on_host():
         ends = tf.cumsum(counts)
         total = ends[-1]
-    return tf.searchsorted(ends, tf.range(total, dtype=tf.int64), side="right", out_type=tf.int64)
+    return tf.searchsorted(ends, arange(total), side="right", out_type=tf.int64)
 
 
 def group_by_key(keys: tf.Tensor, num_groups: int) -> tuple[tf.Tensor, tf.Tensor]:

@@ -34,8 +34,8 @@ from tensorflow.python.framework import ops as tf_ops_lib
 from tensorflow.python.framework import random_seed
 from tensorflow.python.ops import resource_variable_ops
 
+from sparse_operation_kit import device_ops, placement, tf_ops
 from sparse_operation_kit import initializers as inits
-from sparse_operation_kit import placement, tf_ops
 from sparse_operation_kit.dtypes import KEY_DTYPES
 from sparse_operation_kit.row_layout import RowLayout
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, Storage, create_storage
@@ -655,7 +655,7 @@ def _keys_of_read(var: DynamicVariable, indices: Any, distinct: bool) -> tf.Tens
             flat = tf.reshape(keys, [-1])
             # 0 .. n-1 made where the table is: an int32 range under a GPU runs on the host and would
             # be copied to the device for every update; an int64 range and a cast stay there.
-            positions = tf.cast(tf.range(tf.size(flat, out_type=tf.int64), dtype=tf.int64), tf.int32)
+            positions = tf.cast(device_ops.arange(device_ops.length(flat)), tf.int32)
             _note_distinct_index(keys, (flat, positions))
     return keys
 

@@ -70,7 +70,7 @@ class OwnedIds:
         with device_ops.on_host():
             rows = self.global_batch + 1
         picked = tf.constant(list(tables), tf.int64)
-        queries = tf.reshape(picked[:, None] * self.global_batch + tf.range(rows, dtype=tf.int64)[None, :], [-1])
+        queries = tf.reshape(picked[:, None] * self.global_batch + device_ops.arange(rows)[None, :], [-1])
         starts = tf.gather(tf.cumsum(self.counts, exclusive=True), picked)
         found = tf.searchsorted(self.table_rows, queries, side="left", out_type=tf.int64)
         splits = tf.reshape(found, [len(tables), -1]) - starts[:, None]
@@ -158,7 +158,7 @@ def send_ids_to_owners(
     # By table (stable: then by source rank, then by sample), samples numbered over the global batch.
     with device_ops.on_host():
         ends = tf.cumsum(received_from)
-    positions = tf.range(device_ops.length(received), dtype=tf.int64)
+    positions = device_ops.arange(device_ops.length(received))
     sources = tf.searchsorted(ends, positions, side="right", out_type=tf.int64)
     first_sample = tf.cumsum(batch_sizes, exclusive=True)
     # Grouped by SOK's op and split as float64 bits: TensorFlow's argsort, Bincount and SplitV take no

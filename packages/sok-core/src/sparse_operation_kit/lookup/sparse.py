@@ -226,7 +226,12 @@ def _lookup_with_tf_ops(
         keys = [tf.identity(ids.values) for ids in ragged]
         lengths = [tf.cast(tf.identity(ids.row_lengths()), tf.int64) for ids in ragged]
         if weights is not None:
-            weights = [tf.RaggedTensor.from_row_lengths(tf.identity(w.values), w.row_lengths()) for w in weights]
+            # validate=False: the row lengths of a valid RaggedTensor (validating would read them
+            # back from the device)
+            weights = [
+                tf.RaggedTensor.from_row_lengths(tf.identity(w.values), w.row_lengths(), validate=False)
+                for w in weights
+            ]
     if exchanged is None:
         return _pool_at_one_rank(params, kinds, ragged, keys, lengths, weights, names, positions, low_frequency_filter)
     local_batch = device_ops.length(lengths[0])
