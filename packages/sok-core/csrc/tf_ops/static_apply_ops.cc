@@ -88,47 +88,55 @@ class SparseApplyAdagradTablesOp : public OpKernel {
   }
 
  private:
+  // The buffers of one table's step (after prepare_in_place_writes).
+  struct Buffers {
+    explicit Buffers(const Table& x)
+        : w(x.var->tensor()->flat<float>().data()),
+          acc(x.accumulator->tensor()->flat<float>().data()),
+          idx(x.indices->flat<int64_t>().data()),
+          g(x.grads->flat<float>().data()) {}
+    float* w;
+    float* acc;
+    const int64_t* idx;
+    const float* g;
+  };
+
   // sok.RowWiseAdagrad's step, row after row (the rows are distinct); the mean of the squares summed
   // in column order.
   void apply_row_wise(const Table& x, float lr) const {
-    float* w = x.var->tensor()->flat<float>().data();
-    float* acc = x.accumulator->tensor()->flat<float>().data();
-    const int64_t* idx = x.indices->flat<int64_t>().data();
-    const float* g = x.grads->flat<float>().data();
+    const Buffers b(x);
     const int64_t d = x.dim;
     for (int64_t i = 0; i < x.count; ++i) {
-      if (idx[i] < 0) continue;  // padding
-      const float* gi = g + i * d;
+      if (b.idx[i] < 0) continue;  // padding
+      const float* gi = b.g + i * d;
       float squares = 0.0f;
       for (int64_t c = 0; c < d; ++c) squares = squares + gi[c] * gi[c];
-      float& a = acc[idx[i]];
+      float& a = b.acc[b.idx[i]];
       a = a + (d > 0 ? squares / static_cast<float>(d) : 0.0f);
       const float denominator = std::sqrt(a) + epsilon_;
-      float* row = w + idx[i] * d;
+      float* row = b.w + b.idx[i] * d;
       for (int64_t c = 0; c < d; ++c) row[c] = row[c] - lr * gi[c] / denominator;
     }
   }
 
+  // Keras 3 Adagrad's step: every accumulator row first, then every table row.
   void apply(const Table& x, float lr) const {
-    float* w = x.var->tensor()->flat<float>().data();
-    float* acc = x.accumulator->tensor()->flat<float>().data();
-    const int64_t* idx = x.indices->flat<int64_t>().data();
-    const float* g = x.grads->flat<float>().data();
+    const Buffers b(x);
     const int64_t d = x.dim;
     for (int64_t i = 0; i < x.count; ++i) {
-      if (idx[i] < 0) continue;  // padding
-      float* a = acc + idx[i] * d;
-      const float* gi = g + i * d;
+      if (b.idx[i] < 0) continue;  // padding
+      float* a = b.acc + b.idx[i] * d;
+      const float* gi = b.g + i * d;
       for (int64_t c = 0; c < d; ++c) {
         const float square = gi[c] * gi[c];
         a[c] = a[c] + square;
       }
     }
     for (int64_t i = 0; i < x.count; ++i) {
-      if (idx[i] < 0) continue;  // padding
-      float* row = w + idx[i] * d;
-      const float* a = acc + idx[i] * d;
-      const float* gi = g + i * d;
+      if (b.idx[i] < 0) continue;  // padding
+      float* row = b.w + b.idx[i] * d;
+      const float* a = b.acc + b.idx[i] * d;
+      const float* gi = b.g + i * d;
       for (int64_t c = 0; c < d; ++c) {
         const float denominator = std::sqrt(a[c] + epsilon_);
         const float step = lr * gi[c];
