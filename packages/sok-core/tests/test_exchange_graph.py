@@ -161,6 +161,79 @@ def test_ranges_take_their_start_and_step_from_the_host(two_ranks, weighted):
             assert producer.device == HOST_SCOPE, f"{op.name}: input {i} from {producer.name} on {producer.device!r}"
 
 
+#: Inputs that an op's GPU kernel takes in host memory (its sizes, shapes, axes), by op type.
+HOST_MEMORY_INPUTS = {
+    "Range": (0, 1, 2),
+    "SplitV": (1, 2),
+    "Split": (0,),
+    "Reshape": (1,),
+    "Fill": (0,),
+    "Slice": (1, 2),
+    "StridedSlice": (1, 2, 3),
+    "Tile": (1,),
+    "Pad": (1,),
+    "PadV2": (1,),
+    "ConcatV2": (-1,),
+    "ExpandDims": (1,),
+    "Transpose": (1,),
+    "GatherV2": (2,),
+    "Cumsum": (1,),
+    "Sum": (1,),
+    "Max": (1,),
+    "Min": (1,),
+    "Prod": (1,),
+    "Mean": (1,),
+    "All": (1,),
+    "Any": (1,),
+    "BroadcastTo": (1,),
+    "UnsortedSegmentSum": (2,),
+    "ScatterNd": (2,),
+}
+
+
+def _host_inputs_made_on_the_device(graph: tf.Graph) -> list[str]:
+    """Ops off the host whose host-memory inputs (HOST_MEMORY_INPUTS) an op off the host makes in a
+    dtype other than int32 (a GPU op's int32 outputs are in host memory; Shape-like ops' too): under
+    a GPU, TensorFlow copies such an input back to the host, a wait for the GPU each (run j's np 2
+    profile: a range's start and step, the batch sizes sliced from the call's records). The main
+    graph only: the branches of the checks' tf.cond run when a check failed."""
+    found = []
+    for op in graph.get_operations():
+        if op.device == HOST_SCOPE:
+            continue
+        for i in HOST_MEMORY_INPUTS.get(op.type, ()):
+            x = op.inputs[i]
+            producer = x.op
+            if producer.device == HOST_SCOPE or producer.type in HOST_OUTPUTS - {"Const"} or x.dtype == tf.int32:
+                continue
+            found.append(f"{op.name} ({op.type}) input {i} <- {producer.name} ({producer.type}, {x.dtype.name})")
+    return found
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_no_host_input_of_a_gpu_kernel_is_made_on_the_device(two_ranks, weighted):
+    params = [
+        sok.Variable(tf.zeros([64, 4])),
+        sok.Variable(tf.zeros([32, 8]), mode="localized:1"),
+        sok.DynamicVariable(dimension=4, var_type="hbm"),
+    ]
+    assert _host_inputs_made_on_the_device(_traced_step(params, weighted)) == []
+
+
+def test_the_host_input_lint_finds_an_int64_range_and_slice() -> None:
+    """The check itself: tf.range's own int64 start and step, and a slice at an int64 position, are
+    reported; device_ops.arange and an int32 position are not."""
+    from sparse_operation_kit import device_ops
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+    def both(x: tf.Tensor) -> tf.Tensor:
+        n = device_ops.length(x)
+        return tf.reduce_sum(tf.cast(tf.range(n, dtype=tf.int64) + device_ops.arange(n), tf.float32)) + x[n - 1] + x[0]
+
+    found = _host_inputs_made_on_the_device(both.get_concrete_function().graph)
+    assert len(found) == 5 and all(("(Range)" in f or "(StridedSlice)" in f) for f in found), found
+
+
 def test_the_host_read_lint_finds_a_shape_taken_on_the_host() -> None:
     """The check itself: ``tf.shape`` of the ids inside an ``on_host`` scope is reported; outside it
     (``device_ops.length``), and small or host-made inputs, are not."""

@@ -9,6 +9,10 @@ these make a host round trip (a copy to the host, which waits for the GPU) under
   sizes) reads it back; ``length`` and ``on_host`` keep such scalars on the host.
 - ``tf.range(n, dtype=tf.int64)`` makes its start and step int64 constants on the GPU, which its
   GPU kernel takes in host memory: two copies back per range; ``arange`` makes them on the host.
+- ``x[:n]`` and ``x[n]`` with ``n`` an int64 scalar on the host stack ``n`` into an int64 vector on
+  the GPU, which the slice's GPU kernel reads from host memory, and a slice's gradient pads with
+  paddings made the same way: ``head_rows`` is a split whose sizes are made on the host (its
+  gradient a concat); ``tf.gather`` takes one row.
 - ``tf.math.floormod`` has no GPU kernel for int64, so TensorFlow copies the ids to the host and
   back; ``floormod`` computes it from ``floordiv``, which has one.
 - ``tf.argsort`` (a ``TopKV2``) and ``tf.math.bincount`` take no int64 keys on the GPU, and int32
@@ -42,6 +46,7 @@ __all__ = [
     "arange",
     "floormod",
     "group_by_key",
+    "head_rows",
     "length",
     "lengths",
     "on_host",
@@ -77,6 +82,20 @@ def arange(limit: tf.Tensor) -> tf.Tensor:
     with on_host():
         start, step = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
     return tf.range(start, limit, step)
+
+
+def head_rows(values: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+    """``values[:count]`` (rows along the first axis), ``count`` an int64 scalar in host memory: the
+    first part of a split whose sizes are made on the host.
+
+    Example::
+
+        head_rows(block, local_batch)   # block[:local_batch]
+    """
+    total = length(values)
+    with on_host():
+        sizes = tf.stack([count, total - count])
+    return tf.split(values, sizes, num=2)[0]
 
 
 def lengths(values: Sequence[tf.Tensor]) -> tf.Tensor:

@@ -131,7 +131,9 @@ def agreed_checks(
         with tf.control_dependencies([agreement]):
             return _assert_none(tf.reduce_sum(records[:, _HEAD:], axis=0), messages)
 
-    return [gate(ok, report)], table[:, 2], table[:, _HEAD + 1 :]
+    with device_ops.on_host():  # slices of a host tensor: on the host too (an int64 op would go to the GPU)
+        batch_sizes, sends_of_all = table[:, 2], table[:, _HEAD + 1 :]
+    return [gate(ok, report)], batch_sizes, sends_of_all
 
 
 @dataclass(frozen=True)

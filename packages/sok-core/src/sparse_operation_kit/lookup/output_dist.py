@@ -75,7 +75,7 @@ def return_sums(
     spread_width = sum(plan.tables[t].dim for t in spread)
     partial_sums, outputs_of = [], {}
     for o, block in enumerate(blocks):
-        rows = block[:local_batch] if extras[o] else block
+        rows = device_ops.head_rows(block, local_batch) if extras[o] else block
         alone = plan.held(o)[len(spread) :]
         parts = tf.split(rows, [spread_width, widths[o] - spread_width], axis=1) if spread and alone else [rows]
         if spread:
@@ -124,7 +124,7 @@ def _assert_lookups_worked(
     codes = tf.cast(
         tf.concat(
             [
-                tf.gather(blocks[o][local_batch], [columns[o][t] for p, t in pairs if p == o])
+                tf.gather(tf.gather(blocks[o], local_batch), [columns[o][t] for p, t in pairs if p == o])
                 for o in sorted({o for o, _ in pairs})
             ],
             0,
