@@ -131,14 +131,18 @@ def _traced_forward(params: list) -> tf.Graph:
     return forward.get_concrete_function().graph
 
 
-@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
-def test_exchange_of_static_and_dynamic_tables_keeps_int64_ids_off_host_bound_ops(two_ranks, weighted):
-    params = [
+def _every_kind() -> list:
+    """A distributed and a localized static table and a dynamic one."""
+    return [
         sok.Variable(tf.zeros([64, 4])),
         sok.Variable(tf.zeros([32, 8]), mode="localized:1"),
         sok.DynamicVariable(dimension=4, var_type="hbm"),
     ]
-    ops = _ops_of(_traced_step(params, weighted))
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_exchange_of_static_and_dynamic_tables_keeps_int64_ids_off_host_bound_ops(two_ranks, weighted):
+    ops = _ops_of(_traced_step(_every_kind(), weighted))
     assert any(op.type == "SokPooledLookup" for op in ops), "the traced graph is not the exchange's"
     assert _host_bound(ops) == []
     assert _read_on_the_host(ops) == []
@@ -212,12 +216,7 @@ def _host_inputs_made_on_the_device(graph: tf.Graph) -> list[str]:
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 def test_no_host_input_of_a_gpu_kernel_is_made_on_the_device(two_ranks, weighted):
-    params = [
-        sok.Variable(tf.zeros([64, 4])),
-        sok.Variable(tf.zeros([32, 8]), mode="localized:1"),
-        sok.DynamicVariable(dimension=4, var_type="hbm"),
-    ]
-    assert _host_inputs_made_on_the_device(_traced_step(params, weighted)) == []
+    assert _host_inputs_made_on_the_device(_traced_step(_every_kind(), weighted)) == []
 
 
 def test_the_host_input_lint_finds_an_int64_range_and_slice() -> None:
