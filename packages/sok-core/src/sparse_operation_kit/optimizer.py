@@ -1041,10 +1041,11 @@ class OptimizerWrapper:
         optimizer's step."""
         optimizer = self._optimizer
         keras_adagrad = importlib.import_module("keras").optimizers.Adagrad
-        row_wise = type(optimizer).update_step is RowWiseAdagrad.update_step
+        step_of_class = getattr(type(optimizer), "update_step", None)  # tf_keras' legacy ones have none
+        row_wise = step_of_class is RowWiseAdagrad.update_step
         if (
             self._settings.flavor is not Flavor.KERAS
-            or not (row_wise or type(optimizer).update_step is keras_adagrad.update_step)
+            or not (row_wise or step_of_class is keras_adagrad.update_step)
             or self._loss_scale is not None  # its steps run inside the scaler's cond branch
         ):
             yield
