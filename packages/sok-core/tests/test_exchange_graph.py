@@ -219,6 +219,33 @@ def test_no_host_input_of_a_gpu_kernel_is_made_on_the_device(two_ranks, weighted
     assert _host_inputs_made_on_the_device(_traced_step(_every_kind(), weighted)) == []
 
 
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_one_process_training_step_makes_no_host_input_on_the_device(weighted):
+    """The same at one rank, with the optimizer's step: static tables (one fused op each way, the
+    Adagrad step on the padded gradient) and dynamic ones of both var_types."""
+    params = [
+        sok.Variable(tf.zeros([64, 4])),
+        sok.Variable(tf.zeros([32, 8])),
+        sok.DynamicVariable(dimension=4, var_type="hbm"),
+        sok.DynamicVariable(dimension=8, var_type="hybrid"),
+    ]
+    wrapper = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.1))
+
+    @tf.function(input_signature=_signature(params))
+    def step(*flat: tf.Tensor) -> tf.Tensor:
+        ids = _ragged(flat)
+        weights = [tf.ones_like(x, tf.float32) for x in ids] if weighted else None
+        with tf.GradientTape() as tape:
+            pooled = sok.lookup_sparse(params, ids, weights, combiners=["sum"] * len(params))
+            loss = tf.add_n([tf.reduce_sum(p * p) for p in pooled])
+        wrapper.apply_gradients(zip(tape.gradient(loss, params), params))
+        return loss
+
+    graph = step.get_concrete_function().graph
+    assert any(op.type == "SokSparseApplyAdagradTables" for op in graph.get_operations())
+    assert _host_inputs_made_on_the_device(graph) == []
+
+
 def test_the_host_input_lint_finds_an_int64_range_and_slice() -> None:
     """The check itself: tf.range's own int64 start and step, and a slice at an int64 position, are
     reported; device_ops.arange and an int32 position are not."""
