@@ -108,7 +108,10 @@ def _ragged(flat: tuple) -> list:
     return [tf.RaggedTensor.from_row_splits(v, s, validate=False) for v, s in zip(flat[0::2], flat[1::2])]
 
 
-def _traced_step(params: list, weighted: bool) -> tf.Graph:
+def _traced_step(params: list, weighted: bool, optimizer=None) -> tf.Graph:
+    """The graph of a step: the lookup, its gradients, and ``optimizer``'s update of them (None: the
+    gradients summed into the result instead)."""
+
     @tf.function(input_signature=_signature(params))
     def step(*flat: tf.Tensor) -> tf.Tensor:
         ids = _ragged(flat)
@@ -117,6 +120,9 @@ def _traced_step(params: list, weighted: bool) -> tf.Graph:
             pooled = sok.lookup_sparse(params, ids, weights, combiners=["sum"] * len(params))
             loss = tf.add_n([tf.reduce_sum(p * p) for p in pooled])
         grads = tape.gradient(loss, params)
+        if optimizer is not None:
+            optimizer.apply_gradients(zip(grads, params))
+            return loss
         rows = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]  # a dynamic table's: keys
         return loss + tf.add_n([tf.reduce_sum(r) for r in rows])
 
@@ -229,19 +235,7 @@ def test_one_process_training_step_makes_no_host_input_on_the_device(weighted):
         sok.DynamicVariable(dimension=4, var_type="hbm"),
         sok.DynamicVariable(dimension=8, var_type="hybrid"),
     ]
-    wrapper = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.1))
-
-    @tf.function(input_signature=_signature(params))
-    def step(*flat: tf.Tensor) -> tf.Tensor:
-        ids = _ragged(flat)
-        weights = [tf.ones_like(x, tf.float32) for x in ids] if weighted else None
-        with tf.GradientTape() as tape:
-            pooled = sok.lookup_sparse(params, ids, weights, combiners=["sum"] * len(params))
-            loss = tf.add_n([tf.reduce_sum(p * p) for p in pooled])
-        wrapper.apply_gradients(zip(tape.gradient(loss, params), params))
-        return loss
-
-    graph = step.get_concrete_function().graph
+    graph = _traced_step(params, weighted, sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.1)))
     assert any(op.type == "SokSparseApplyAdagradTables" for op in graph.get_operations())
     assert _host_inputs_made_on_the_device(graph) == []
 
