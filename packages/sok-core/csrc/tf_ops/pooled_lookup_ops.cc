@@ -575,7 +575,8 @@ class PooledLookupGradOp : public PooledOpBase {
     std::vector<float*> out(n);
     for (int64_t t = 0; t < n; ++t) {
       const int64_t u = static_cast<int64_t>(distinct[t].ids.size());
-      // padded: a row per id, the padding index -1 with a row of zeros (the GPU kernel's outputs).
+      // padded: a row per id, the padding index -1 with a row of zeros (the GPU kernel leaves
+      // those rows unwritten; here they cost a fill and make the output deterministic).
       const int64_t size = padded_ ? tables[t].nnz : u;
       Tensor* tensor = nullptr;
       OP_REQUIRES_OK(ctx, rows.allocate(t, TensorShape({size, dims[t]}), &tensor));

@@ -11,10 +11,9 @@
 // outputs). An offending id is copied only on the error path. The gradient with `padded` reads
 // nothing back: its outputs have a row per id, the distinct ids' rows first, then index -1 with
 // rows left unwritten (all of them for a table whose checks failed: the forward op of the same ids
-// raised). The errors are the CPU kernels',
-// with the same texts and in the same order: the shape checks of a table run on the host, its
-// row_splits values on the device, and a host error after tables whose row_splits are not yet
-// checked waits for their check first.
+// raised). The errors are the CPU kernels', with the same texts and in the same order: the shape
+// checks of a table run on the host, its row_splits values on the device, and a host error after
+// tables whose row_splits are not yet checked waits for their check first.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

@@ -103,10 +103,11 @@ class LockedVariables {
   std::vector<Var*> locked_;
 };
 
-// Checks the inputs (names[t] in messages), fills `tables` and reads the learning rate (when
-// learning_rate is not null: the input is in host memory); looks up and locks the variables.
+// Checks the inputs (names[t] in messages), fills `tables` and points `learning_rate` at its input
+// (a float32 scalar: in host memory for the CPU kernel, device memory for the GPU one); looks up and
+// locks the variables.
 inline Status gather(OpKernelContext* ctx, const std::vector<std::string>& names, bool row_wise,
-                     LockedVariables* locks, std::vector<Table>* tables, float* learning_rate) {
+                     LockedVariables* locks, std::vector<Table>* tables, const Tensor** learning_rate) {
   OpInputList indices, grads;
   TF_RETURN_IF_ERROR(ctx->input_list("indices", &indices));
   TF_RETURN_IF_ERROR(ctx->input_list("grads", &grads));
@@ -119,7 +120,7 @@ inline Status gather(OpKernelContext* ctx, const std::vector<std::string>& names
   if (!::tensorflow::TensorShapeUtils::IsScalar(lr.shape())) {
     return errors::InvalidArgument("learning_rate must be a float32 scalar, got shape ", lr.shape().DebugString());
   }
-  if (learning_rate != nullptr) *learning_rate = lr.scalar<float>()();
+  *learning_rate = &lr;
   tables->assign(n, Table());
   for (int t = 0; t < n; ++t) {
     Table& x = (*tables)[t];

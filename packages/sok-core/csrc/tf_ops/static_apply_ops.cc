@@ -20,6 +20,7 @@ using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Status;
+using ::tensorflow::Tensor;
 using static_apply::Table;
 
 REGISTER_OP("SokSparseApplyAdagradTables")
@@ -54,8 +55,9 @@ class SparseApplyAdagradTablesOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     static_apply::LockedVariables locks;
     std::vector<Table> tables;
-    float lr = 0.0f;
-    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, row_wise_, &locks, &tables, &lr));
+    const Tensor* learning_rate = nullptr;
+    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, row_wise_, &locks, &tables, &learning_rate));
+    const float lr = learning_rate->scalar<float>()();
     // Every index of every table is checked before anything is written (on the CPU it costs little);
     // without check_indices, -1 is a padding row (skipped).
     for (size_t t = 0; t < tables.size(); ++t) {

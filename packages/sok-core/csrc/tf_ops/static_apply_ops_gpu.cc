@@ -33,8 +33,9 @@ class SparseApplyAdagradTablesGpuOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     static_apply::LockedVariables locks;
     std::vector<Table> tables;
-    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, row_wise_, &locks, &tables, nullptr));
-    const float* lr = ctx->input(2 * static_cast<int>(tables.size())).flat<float>().data();
+    const Tensor* learning_rate = nullptr;
+    OP_REQUIRES_OK(ctx, static_apply::gather(ctx, names_, row_wise_, &locks, &tables, &learning_rate));
+    const float* lr = learning_rate->flat<float>().data();  // device memory
     DeviceGuard guard;
     const sok_exec_context exec = GpuExec::of(ctx);
     OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));

@@ -129,16 +129,16 @@ def send_ids_to_owners(
     local batch (int64 ``[n]``); ``sends[r]``: rank ``r``'s ``record_counts`` (int64 ``[n, n *
     RECORD_TABLES]``); both in host memory, gathered with the call's checks."""
     num_tables, n = len(plan.tables), plan.n
-    per_table = num_tables <= RECORD_TABLES
+    counts_by_table = num_tables <= RECORD_TABLES  # as record_counts wrote them
     with device_ops.on_host():
         global_batch = tf.reduce_sum(batch_sizes)
-        records = tf.reshape(sends, [n, n, RECORD_TABLES])
-        if per_table:
+        if counts_by_table:
+            records = tf.reshape(sends, [n, n, RECORD_TABLES])
             to_me = records[:, plan.rank, :num_tables]  # [source, table]
             received_from, table_counts = tf.reduce_sum(to_me, axis=1), tf.reduce_sum(to_me, axis=0)
             mine = tf.reduce_sum(records[plan.rank, :, :num_tables], axis=1)
         else:
-            by_owner = tf.reshape(sends[:, :n], [n, n])
+            by_owner = sends[:, :n]  # [source, owner]
             received_from, mine = by_owner[:, plan.rank], by_owner[plan.rank]
         send_counts = int32_counts(mine, "the ids this rank sends")
         received_counts = int32_counts(received_from, "the ids this rank receives")
@@ -169,7 +169,7 @@ def send_ids_to_owners(
     # Split by the counts from the host where the records carry them (the device's own counts are
     # a copy back and a wait).
     by_table, counts = device_ops.group_by_key(received_tables, num_tables)
-    if per_table:
+    if counts_by_table:
         counts = table_counts
 
     def per_table(values: tf.Tensor) -> list[tf.Tensor]:
