@@ -123,3 +123,25 @@ def test_a_notebook_keeps_tqdms_widget(monkeypatch):
 def test_bad_log_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TqdmCallback(**kwargs)
+
+
+def test_the_defaults_are_the_module_constants():
+    assert (progress.LOG_LINES, progress.LOG_SECONDS) == (10, 60.0)
+    assert len(run(io.StringIO(), 10_000).splitlines()) == progress.LOG_LINES
+
+
+@pytest.mark.parametrize("stream_type", [io.StringIO, Terminal])
+def test_tqdms_env_switch_turns_a_log_and_a_bar_off(monkeypatch, stream_type):
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    assert run(stream_type(), 1000) == ""
+
+
+def test_a_disable_keyword_wins_over_the_env_switch(monkeypatch):
+    """As in tqdm: an explicit keyword beats TQDM_DISABLE (the demo passes disable=rank != 0)."""
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    assert len(run(io.StringIO(), 1000, disable=False).splitlines()) == progress.LOG_LINES
+
+
+def test_an_empty_env_switch_leaves_the_lines_on(monkeypatch):
+    monkeypatch.setenv("TQDM_DISABLE", "")
+    assert len(run(io.StringIO(), 1000).splitlines()) == progress.LOG_LINES

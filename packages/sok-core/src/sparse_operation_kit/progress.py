@@ -13,11 +13,18 @@ Example::
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, TextIO
 
 from sparse_operation_kit.validate import positive_int
+
+LOG_LINES = 10
+"""Lines a log gets over a job of known size by default: one at each tenth of it (10%, 20%, ...)."""
+
+LOG_SECONDS = 60.0
+"""The most seconds a log waits for a line by default while work goes on (slow or unsized jobs)."""
 
 
 class Callback:
@@ -54,21 +61,39 @@ class TqdmCallback(Callback):
 
     The output goes to ``tqdm_kwargs["file"]`` (default ``sys.stderr``). Where that stream is a
     terminal, or tqdm shows its notebook widget, or ``disable`` is given (True, or None: tqdm's
-    "off where not a terminal"), ``tqdm_kwargs`` go to ``tqdm.auto.tqdm`` as they are. Elsewhere (a
+    "off where not a terminal"), ``tqdm_kwargs`` go to ``tqdm.auto.tqdm`` as they are; without a
+    ``disable`` keyword, tqdm's environment switch ``TQDM_DISABLE`` (any non-empty value, as tqdm
+    reads it) turns the output off on a terminal and in a log alike. Elsewhere (a
     file, a pipe, horovodrun's capture of a rank's output) no bar is drawn and no ``\\r`` written:
     a line in tqdm's format without the bar (``insert:  40% 400/1000 [00:02<00:03, 200.00key/s]``)
     each time the work passes another ``1 / log_lines`` of its size, one when ``log_seconds`` have
     passed since the last line (the only lines while the size is unknown), and one at :meth:`close`
     unless the last line shows the same count. These lines use ``desc``, ``unit``, ``unit_scale``
-    and ``unit_divisor`` of ``tqdm_kwargs``; the other keywords shape the bar only.
+    and ``unit_divisor`` of ``tqdm_kwargs``; the other keywords shape the bar only. A log thus gets
+    at most ``log_lines`` lines plus one per ``log_seconds`` of work, and the last shows the count.
 
     Args:
-        log_lines: lines a log gets over the whole size (at each ``1 / log_lines`` of it), >= 1.
-        log_seconds: the most seconds a log waits for a line while the work goes on, > 0.
+        log_lines: lines a log gets over the whole size (at each ``1 / log_lines`` of it), >= 1;
+            default :data:`LOG_LINES`.
+        log_seconds: the most seconds a log waits for a line while the work goes on, > 0; default
+            :data:`LOG_SECONDS`.
         **tqdm_kwargs: for ``tqdm.tqdm`` (``total`` comes from :meth:`set_size`).
+
+    Example::
+
+        >>> import io
+        >>> log = io.StringIO()  # not a terminal
+        >>> with TqdmCallback(file=log, desc="insert", unit="key") as bar:
+        ...     bar.set_size(1000)
+        ...     for _ in range(1000):
+        ...         bar.relative_update(1)
+        >>> len(log.getvalue().splitlines()), "\\r" in log.getvalue()
+        (10, False)
+        >>> log.getvalue().splitlines()[-1].startswith("insert: 100% 1000/1000 [")
+        True
     """
 
-    def __init__(self, *, log_lines: int = 10, log_seconds: float = 60.0, **tqdm_kwargs: Any) -> None:
+    def __init__(self, *, log_lines: int = LOG_LINES, log_seconds: float = LOG_SECONDS, **tqdm_kwargs: Any) -> None:
         super().__init__()
         self._log_lines = positive_int(log_lines, "log_lines")
         if not (isinstance(log_seconds, (int, float)) and not isinstance(log_seconds, bool) and log_seconds > 0):
@@ -82,7 +107,13 @@ class TqdmCallback(Callback):
             from tqdm.auto import tqdm
 
             stream = self._kwargs.get("file") or sys.stderr
-            disable = self._kwargs.get("disable", False)
+            if "disable" in self._kwargs:
+                disable = self._kwargs["disable"]
+            elif _env_disables():
+                disable = True
+                self._kwargs = {**self._kwargs, "disable": True}  # tqdm reads its env at import only
+            else:
+                disable = False
             if disable or disable is None or _is_terminal(stream) or _is_notebook(tqdm):
                 self._bar = tqdm(total=self.size, **self._kwargs)
             else:
@@ -105,6 +136,11 @@ class TqdmCallback(Callback):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def _env_disables() -> bool:
+    """Whether tqdm's environment switch ``TQDM_DISABLE`` is on: tqdm takes ``bool(value)``."""
+    return bool(os.environ.get("TQDM_DISABLE", ""))
 
 
 def _is_terminal(stream: Any) -> bool:
