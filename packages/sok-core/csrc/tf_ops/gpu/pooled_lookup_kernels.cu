@@ -2,18 +2,23 @@
 //
 // Every kernel covers all tables of a call in one launch: the host gives each table a range of
 // blocks (first_block, in its descriptor) and a block finds its table by binary search. A sample
-// (forward) or a distinct id (gradient) gets `lanes` threads (a power of two up to a block, from its
-// table's dim), each summing the columns lane, lane + lanes, ... alone, in the CPU kernel's order.
-// The loops load kUnroll ids' rows before they add them, so the adds stay in order while the loads
-// overlap; the forward loads 4 columns at once (float4) where it can, and each of its blocks reads
-// its table's descriptor once, into shared memory (block_table).
+// (forward) gets `pool_lanes` threads of one warp (a power of two, from its table's dim): they load
+// its ids, rows of the shard and weights a lane each, then pass them round (shuffles) while each
+// sums its columns alone, in the CPU kernel's order. The loops load kUnroll rows before they add
+// them, so the adds stay in order while the loads overlap; both directions load 4 columns at once
+// (float4) where they can, and each forward block reads its table's descriptor once, into shared
+// memory (block_table).
 //
-// The gradient of a hot id (more than kHotOccurrences occurrences) is not summed by one thread per
-// column, a serial chain as long as its occurrences: accumulate_kernel lists it, and
-// accumulate_hot_kernel gives it a block per 32-column tile whose 32 warps each sum every 32nd
-// occurrence in order, then add their partial sums in a fixed tree (hot_sum). No float atomics: the
-// order depends only on the occurrence count, so the bits are the same run after run; they equal
-// the CPU's within float rounding (the CPU adds in id order), and to the bit for the other ids.
+// The gradient of an id with at most kHotOccurrences occurrences is summed by `grad_lanes` threads
+// of one warp: they load the occurrences' samples, divisors and weights a lane each, then pass them
+// round (shuffles) while each adds its columns in the CPU's order. A hot id (more occurrences) is
+// not summed by one thread per column, a serial chain as long as its occurrences: accumulate_kernel
+// lists it, and hot_segments_kernel gives each kHotSegment of its occurrences and 32-column tile a
+// block whose 32 warps each sum every 32nd occurrence in order, then add their partial sums in a
+// fixed tree (hot_sum); an id of several segments gets their sums added in segment order
+// (hot_finish_kernel). No float atomics: the order depends only on the occurrence count, so the
+// bits are the same run after run; they equal the CPU's within float rounding (the CPU adds in id
+// order), and to the bit for the other ids.
 #include "pooled_lookup_kernels.h"
 
 #include <algorithm>
@@ -39,7 +44,10 @@ constexpr size_t kAlign = 256;
 // T: a distinct id with at most this many occurrences has its gradient summed serially in the CPU's
 // order (bit-exact); one with more is "hot" and summed in a fixed parallel order (hot_sum).
 constexpr int64_t kHotOccurrences = 32;
-constexpr int64_t kHotBlocks = 1024;                     // the most hot blocks per column tile
+constexpr int64_t kHotBlocks = 1024;  // the most hot blocks per column tile
+// The occurrences of a hot id that one block sums: an id with more gets a block per segment, so that
+// the hottest id of a batch does not hold the step to the few blocks of its columns.
+constexpr int64_t kHotSegment = 8192;
 // The most blocks per table of the gradient's accumulation and padding: their threads stride over
 // the rest (the padded gradient plans for a row per id; most of them are padding).
 constexpr int64_t kSweepBlocks = 2048;
@@ -56,9 +64,10 @@ struct TableDev {
   int64_t bound;                // pooled_grad_accumulate: its output rows (the distinct ids, or more)
   int64_t blocks[kKinds];       // each kind's blocks of this table (where its threads stride)
   int32_t shift;                // log2(stride) when stride is a power of two, else -1
-  int32_t lanes;                // threads per sample or distinct id
-  int32_t pool_lanes;           // the forward's threads per sample (lanes, or dim / 4 with pool_vec 4)
+  int32_t pool_lanes;           // the forward's threads per sample (dim / pool_vec up to a warp)
   int32_t pool_vec;             // the forward's columns per load: 4 (float4) or 1
+  int32_t grad_lanes;           // the gradient's threads per distinct id (dim / grad_vec up to a warp)
+  int32_t grad_vec;             // the gradient's columns per load: 4 (float4) or 1
 };
 
 #define SOK_CUDA_RETURN(expr)              \
@@ -75,7 +84,7 @@ int bit_width(uint64_t x) {
   return bits;
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
@@ -96,14 +105,15 @@ std::vector<TableDev> describe(const PooledTable* tables, int num_tables, int64_
     for (int b = 1; b < 63; ++b) {
       if (d.t.stride == int64_t{1} << b) d.shift = b;
     }
-    d.lanes = 1;
-    while (d.lanes < d.t.dim && d.lanes < kThreads) d.lanes <<= 1;
-    // The forward loads 4 columns at once where rows and outputs are float4-aligned and unweighted.
-    const bool vec = d.t.dim % 4 == 0 && d.t.weights == nullptr && reinterpret_cast<uintptr_t>(d.t.params) % 16 == 0 &&
-                     reinterpret_cast<uintptr_t>(d.t.out) % 16 == 0;
-    d.pool_vec = vec ? 4 : 1;
+    // 4 columns at once where rows and outputs are float4-aligned.
+    const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool out4 = d.t.dim % 4 == 0 && aligned16(d.t.out);
+    d.pool_vec = out4 && aligned16(d.t.params) ? 4 : 1;
     d.pool_lanes = 1;
-    while (d.pool_lanes < d.t.dim / d.pool_vec && d.pool_lanes < kThreads) d.pool_lanes <<= 1;
+    while (d.pool_lanes < d.t.dim / d.pool_vec && d.pool_lanes < 32) d.pool_lanes <<= 1;
+    d.grad_vec = out4 && aligned16(d.t.grads) ? 4 : 1;
+    d.grad_lanes = 1;
+    while (d.grad_lanes < d.t.dim / d.grad_vec && d.grad_lanes < 32) d.grad_lanes <<= 1;
   }
   return out;
 }
@@ -207,109 +217,87 @@ __device__ float divisor(const PooledTable& t, int64_t begin, int64_t end) {
   return t.combiner == kPooledSqrtn ? __fsqrt_rn(total) : total;
 }
 
-__device__ float4 add4(float4 a, float4 b) {
-  return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
-}
-
-// Column k of the sum of the held rows of [begin, end) (num of them) in sum_rows' order: the first
-// `head` one after another, then each further 8 summed apart and added.
-__device__ float sum_rows(const TableDev& d, int64_t begin, int64_t end, int64_t head, int64_t k) {
-  const PooledTable& t = d.t;
-  float out = 0.0f;
-  float group = 0.0f;
-  int64_t count = 0;
-  for (int64_t j0 = begin; j0 < end; j0 += kUnroll) {
-    float x[kUnroll];
-    bool held[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      held[u] = false;
-      x[u] = 0.0f;
-      if (j0 + u < end) {
-        const int64_t row = local_row(d, id_at(t, j0 + u));
-        held[u] = valid_row(row, t.rows);
-        if (held[u]) x[u] = t.params[row * t.dim + k];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (!held[u]) continue;
-      if (count < head) {
-        out = __fadd_rn(out, x[u]);
-      } else {
-        const int64_t m = (count - head) & 7;
-        group = m == 0 ? x[u] : __fadd_rn(group, x[u]);
-        if (m == 7) out = __fadd_rn(out, group);
-      }
-      ++count;
-    }
+// Columns k .. k + V - 1 of row `row` of table t (V = 4: one float4 load).
+template <int V>
+__device__ void load_row(const PooledTable& t, int64_t row, int64_t k, float* x) {
+  if constexpr (V == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(t.params + row * t.dim + k);
+    x[0] = q.x;
+    x[1] = q.y;
+    x[2] = q.z;
+    x[3] = q.w;
+  } else {
+    x[0] = t.params[row * t.dim + k];
   }
-  return out;
 }
 
-// Columns k .. k + 3 of sum_rows at once (float4 loads; each column added in sum_rows' order).
-__device__ float4 sum_rows4(const TableDev& d, int64_t begin, int64_t end, int64_t head, int64_t k) {
+// The lanes of this thread's sample (or distinct id) within its warp, `lanes` of them.
+__device__ unsigned group_mask(int lanes) {
+  return lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << (static_cast<int>(threadIdx.x & 31) & ~(lanes - 1));
+}
+
+// Columns [k, k + V) of the pooled row of sample [begin, end): the `lanes` threads of `mask` (the
+// sample's) load its ids' rows and weights a lane each, `lanes` ids at a time, and pass them round
+// by shuffles, while each thread adds its columns of the held rows in the CPU's order: unweighted,
+// the first `head` one after another, then each further 8 summed apart and added
+// (tf.sparse.segment_sum's order); weighted, row * w one after another.
+template <int V>
+__device__ void pool_columns(const TableDev& d, int64_t begin, int64_t end, int64_t head, int64_t k, int lane,
+                             int lanes, unsigned mask, float* out) {
   const PooledTable& t = d.t;
-  float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float4 group = out;
+  const bool column = k < t.dim;
+  const bool weighted = t.weights != nullptr;
+  float group[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) out[v] = group[v] = 0.0f;
   int64_t count = 0;
-  for (int64_t j0 = begin; j0 < end; j0 += kUnroll) {
-    float4 x[kUnroll];
-    bool held[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      held[u] = false;
-      x[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (j0 + u < end) {
-        const int64_t row = local_row(d, id_at(t, j0 + u));
-        held[u] = valid_row(row, t.rows);
-        if (held[u]) x[u] = *reinterpret_cast<const float4*>(t.params + row * t.dim + k);
-      }
+  for (int64_t chunk = begin; chunk < end; chunk += lanes) {
+    const int64_t j = chunk + lane;
+    int64_t row = 0;
+    int held = 0;
+    float w = 0.0f;
+    if (j < end) {
+      row = local_row(d, id_at(t, j));
+      held = valid_row(row, t.rows);
+      if (weighted && held) w = t.weights[j];
     }
+    const int64_t n = end - chunk < lanes ? end - chunk : lanes;
+    for (int64_t u0 = 0; u0 < n; u0 += kUnroll) {
+      float x[kUnroll][V];
+      float wu[kUnroll];
+      bool use[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (!held[u]) continue;
-      if (count < head) {
-        out = add4(out, x[u]);
-      } else {
-        const int64_t m = (count - head) & 7;
-        group = m == 0 ? x[u] : add4(group, x[u]);
-        if (m == 7) out = add4(out, group);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int src = u0 + u < n ? static_cast<int>(u0 + u) : 0;  // every lane takes part in each shuffle
+        const int64_t r = __shfl_sync(mask, row, src, lanes);
+        wu[u] = __shfl_sync(mask, w, src, lanes);
+        use[u] = __shfl_sync(mask, held, src, lanes) != 0 && u0 + u < n;
+#pragma unroll
+        for (int v = 0; v < V; ++v) x[u][v] = 0.0f;
+        if (use[u] && column) load_row<V>(t, r, k, x[u]);
       }
-      ++count;
-    }
-  }
-  return out;
-}
-
-// Column k of the sum of row * w of the held ids of [begin, end), one after another.
-__device__ float sum_weighted_rows(const TableDev& d, int64_t begin, int64_t end, int64_t k) {
-  const PooledTable& t = d.t;
-  float out = 0.0f;
-  for (int64_t j0 = begin; j0 < end; j0 += kUnroll) {
-    float x[kUnroll];
-    float w[kUnroll];
-    bool held[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      held[u] = false;
-      x[u] = 0.0f;
-      w[u] = 0.0f;
-      if (j0 + u < end) {
-        const int64_t row = local_row(d, id_at(t, j0 + u));
-        held[u] = valid_row(row, t.rows);
-        if (held[u]) {
-          x[u] = t.params[row * t.dim + k];
-          w[u] = t.weights[j0 + u];
+      for (int u = 0; u < kUnroll; ++u) {
+        if (!use[u]) continue;
+        if (weighted) {
+#pragma unroll
+          for (int v = 0; v < V; ++v) out[v] = __fadd_rn(out[v], __fmul_rn(x[u][v], wu[u]));
+        } else if (count < head) {
+#pragma unroll
+          for (int v = 0; v < V; ++v) out[v] = __fadd_rn(out[v], x[u][v]);
+        } else {
+          const int64_t m = (count - head) & 7;
+#pragma unroll
+          for (int v = 0; v < V; ++v) group[v] = m == 0 ? x[u][v] : __fadd_rn(group[v], x[u][v]);
+          if (m == 7) {
+#pragma unroll
+            for (int v = 0; v < V; ++v) out[v] = __fadd_rn(out[v], group[v]);
+          }
         }
+        ++count;
       }
     }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (held[u]) out = __fadd_rn(out, __fmul_rn(x[u], w[u]));
-    }
   }
-  return out;
 }
 
 // ---- kernels -----------------------------------------------------------------------------------
@@ -372,13 +360,14 @@ __global__ void validate_kernel(const TableDev* tables, int num_tables, int64_t 
   out.samples[p] = static_cast<uint32_t>(lo < 0 ? 0 : lo);
 }
 
-// out (batch, dim) of each table: one sample per `pool_lanes` threads, each `pool_vec` columns at a
-// time.
+// out (batch, dim) of each table: one sample per `pool_lanes` threads of a warp, each `pool_vec`
+// columns at a time.
 __global__ void pool_kernel(const TableDev* tables, int num_tables, int64_t batch) {
   const TableDev& d = block_table(tables, num_tables, kPool);
   const PooledTable& t = d.t;
   const int lanes = d.pool_lanes;
   const int lane = threadIdx.x & (lanes - 1);
+  const unsigned mask = group_mask(lanes);
   const int64_t s =
       (static_cast<int64_t>(blockIdx.x) - d.first_block[kPool]) * (kThreads / lanes) + threadIdx.x / lanes;
   if (s >= batch) return;
@@ -389,23 +378,31 @@ __global__ void pool_kernel(const TableDev* tables, int num_tables, int64_t batc
   float* out = t.out + s * t.dim;
   int64_t head = 0;
   if (t.weights == nullptr) {
-    int64_t num = 0;
-    for (int64_t j = begin; j < end; ++j) num += valid_row(local_row(d, id_at(t, j)), t.rows) ? 1 : 0;
+    int64_t num = 0;  // the held ids, counted `lanes` at a time
+    for (int64_t chunk = begin; chunk < end; chunk += lanes) {
+      const int64_t j = chunk + lane;
+      num += __popc(__ballot_sync(mask, j < end && valid_row(local_row(d, id_at(t, j)), t.rows)));
+    }
     const int64_t rest = num & 7;
     head = num == 1 ? 1 : (rest == 0 ? (num < 8 ? num : 8) : (rest == 1 ? 9 : rest));
   }
   const auto combine = [&](float sum) {
     return t.combiner == kPooledSum ? sum : (div != 0.0f ? __fdiv_rn(sum, div) : 0.0f);
   };
-  if (d.pool_vec == 4) {
-    for (int64_t k = 4 * lane; k < t.dim; k += 4 * lanes) {
-      const float4 sum = sum_rows4(d, begin, end, head, k);
-      *reinterpret_cast<float4*>(out + k) = make_float4(combine(sum.x), combine(sum.y), combine(sum.z), combine(sum.w));
+  const int vec = d.pool_vec;
+  for (int64_t k0 = 0; k0 < t.dim; k0 += int64_t{vec} * lanes) {
+    const int64_t k = k0 + int64_t{vec} * lane;
+    float sum[4];
+    if (vec == 4) {
+      pool_columns<4>(d, begin, end, head, k, lane, lanes, mask, sum);
+      if (k < t.dim) {
+        *reinterpret_cast<float4*>(out + k) =
+            make_float4(combine(sum[0]), combine(sum[1]), combine(sum[2]), combine(sum[3]));
+      }
+    } else {
+      pool_columns<1>(d, begin, end, head, k, lane, lanes, mask, sum);
+      if (k < t.dim) out[k] = combine(sum[0]);
     }
-    return;
-  }
-  for (int64_t k = lane; k < t.dim; k += lanes) {
-    out[k] = combine(t.weights == nullptr ? sum_rows(d, begin, end, head, k) : sum_weighted_rows(d, begin, end, k));
   }
 }
 
@@ -454,7 +451,7 @@ __global__ void heads_kernel(int64_t num, const uint32_t* first, const uint32_t*
   head_sorted[order[p]] = head_of_first[p];
 }
 
-// Where pooled_grad_distinct left the distinct ids.
+// Where pooled_grad_distinct left the distinct ids, and the hot ids' buffers.
 struct Distinct {
   const uint64_t* keys;         // (ids,) sorted
   const uint32_t* positions;    // (ids,) in the order of keys
@@ -465,8 +462,14 @@ struct Distinct {
   const PooledCheck* checks;    // (tables,) pooled_grad_distinct's
   uint64_t row_mask;
   int64_t num;
-  uint32_t* hot;                // (distinct of all tables,) the hot ids (bases[t] + index), any order
+  uint32_t* hot;                // (max_hot,) the hot ids (bases[t] + index), any order
   uint32_t* hot_count;          // how many of them
+  int64_t max_hot;              // the most hot ids there can be: num / (kHotOccurrences + 1)
+  uint32_t* hot_end;            // (max_hot,) the end of each hot id's run of sorted keys
+  uint64_t* hot_counts;         // (max_hot + 1,) segments - 1 << 32 | partial rows (segments when > 1)
+  uint64_t* hot_plan;           // (max_hot + 1,) their exclusive sums: first extra segment, first partial row
+  float* partials;              // (partial rows, partial_stride) the sums of the segments of hot ids
+  int64_t partial_stride;       // the widest table's dim
 };
 
 // Whether the checks of a table found its row_splits and ids valid.
@@ -489,53 +492,112 @@ __device__ float grad_term(const TableDev& d, const Distinct& in, int64_t i, int
   return x;
 }
 
-// Distinct id `index` of table d (`rank` among all tables'): its id and its gradient row, or, for a
-// hot id, its place in the hot list (accumulate_hot_kernel sums it).
-__device__ void accumulate_one(const TableDev& d, const Distinct& in, int64_t rank, int64_t index, int lane) {
+// Columns k .. k + V - 1 of gradient row s of table t (V = 4: one float4 load).
+template <int V>
+__device__ void load_grad(const PooledTable& t, int64_t s, int64_t k, float* x) {
+  if constexpr (V == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(t.grads + s * t.dim + k);
+    x[0] = q.x;
+    x[1] = q.y;
+    x[2] = q.z;
+    x[3] = q.w;
+  } else {
+    x[0] = t.grads[s * t.dim + k];
+  }
+}
+
+// Columns [k, k + V) of the gradient row of a distinct id with at most kHotOccurrences occurrences,
+// the sorted indices head, head + 1, ... while the key is `key`: (grad / divisor) * w of each added
+// in order from 0 (the CPU's order). The `lanes` threads of `mask` (one id's) load the occurrences'
+// samples, divisors and weights a lane each, lanes at a time, and pass them round by shuffles.
+template <int V>
+__device__ void accumulate_columns(const TableDev& d, const Distinct& in, int64_t head, uint64_t key, int64_t index,
+                                   int64_t k, int lane, int lanes, unsigned mask) {
   const PooledTable& t = d.t;
-  const int lanes = d.lanes;
+  const bool column = k < t.dim;
+  float sum[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) sum[v] = 0.0f;
+  for (int64_t chunk = head;; chunk += lanes) {
+    const int64_t i = chunk + lane;
+    const bool same = i < in.num && in.keys[i] == key;
+    int64_t sample = 0;
+    float div = 1.0f;
+    float w = 1.0f;
+    int use = 0;
+    if (same) {
+      const uint32_t p = in.positions[i];
+      sample = in.samples[p];
+      use = 1;
+      if (t.combiner != kPooledSum) {
+        div = in.div[d.div_base + sample];
+        use = div != 0.0f;  // a sample whose divisor is 0 gives zeros: no gradient
+      }
+      if (t.weights != nullptr) w = t.weights[p - d.id_base];
+    }
+    // The run is a prefix of the chunk (the keys are sorted).
+    const int n = __popc(__ballot_sync(mask, same));
+    for (int u0 = 0; u0 < n; u0 += kUnroll) {
+      float x[kUnroll][V];
+      float scale_div[kUnroll];
+      float scale_w[kUnroll];
+      bool add[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int src = u0 + u < n ? u0 + u : 0;  // every lane of the id takes part in each shuffle
+        const int64_t s = __shfl_sync(mask, sample, src, lanes);
+        scale_div[u] = __shfl_sync(mask, div, src, lanes);
+        scale_w[u] = __shfl_sync(mask, w, src, lanes);
+        add[u] = __shfl_sync(mask, use, src, lanes) != 0 && u0 + u < n;
+#pragma unroll
+        for (int v = 0; v < V; ++v) x[u][v] = 0.0f;
+        if (add[u] && column) load_grad<V>(t, s, k, x[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (!add[u]) continue;
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          float g = x[u][v];
+          if (t.combiner != kPooledSum) g = __fdiv_rn(g, scale_div[u]);
+          if (t.weights != nullptr) g = __fmul_rn(g, scale_w[u]);
+          sum[v] = __fadd_rn(sum[v], g);
+        }
+      }
+    }
+    if (n < lanes) break;
+  }
+  if (!column) return;
+  float* out = t.out + index * t.dim + k;
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(out) = make_float4(sum[0], sum[1], sum[2], sum[3]);
+  } else {
+    out[0] = sum[0];
+  }
+}
+
+// Distinct id `index` of table d (`rank` among all tables'): its id and its gradient row, or, for a
+// hot id, its place in the hot list (the hot kernels sum it).
+__device__ void accumulate_one(const TableDev& d, const Distinct& in, int64_t rank, int64_t index, int lane,
+                               unsigned mask) {
+  const PooledTable& t = d.t;
+  const int lanes = d.grad_lanes;
   const int64_t head = in.head_sorted[rank];
   const uint64_t key = in.keys[head];
   if (lane == 0) t.out_ids[index] = static_cast<int64_t>(key & in.row_mask);
   if (head + kHotOccurrences < in.num && in.keys[head + kHotOccurrences] == key) {
-    // More than kHotOccurrences occurrences (the keys are sorted): accumulate_hot_kernel's.
+    // More than kHotOccurrences occurrences (the keys are sorted): the hot kernels'.
     if (lane == 0) in.hot[atomicAdd(in.hot_count, 1u)] = static_cast<uint32_t>(rank);
     return;
   }
-  for (int64_t k = lane; k < t.dim; k += lanes) {
-    float sum = 0.0f;
-    bool more = true;
-    for (int64_t i0 = head; more; i0 += kUnroll) {
-      float g[kUnroll];
-      bool add[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t i = i0 + u;
-        const bool same = i < in.num && in.keys[i] == key;
-        add[u] = false;
-        g[u] = 0.0f;
-        if (same) {
-          const uint32_t p = in.positions[i];
-          const int64_t s = in.samples[p];
-          float x = t.grads[s * t.dim + k];
-          bool use = true;
-          if (t.combiner != kPooledSum) {
-            const float div = in.div[d.div_base + s];
-            use = div != 0.0f;  // a sample whose divisor is 0 gives zeros: no gradient
-            x = __fdiv_rn(x, div);
-          }
-          if (t.weights != nullptr) x = __fmul_rn(x, t.weights[p - d.id_base]);
-          add[u] = use;
-          g[u] = x;
-        }
-        if (u == kUnroll - 1) more = same;
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (add[u]) sum = __fadd_rn(sum, g[u]);
-      }
+  const int vec = d.grad_vec;
+  for (int64_t k0 = 0; k0 < t.dim; k0 += int64_t{vec} * lanes) {
+    const int64_t k = k0 + int64_t{vec} * lane;
+    if (vec == 4) {
+      accumulate_columns<4>(d, in, head, key, index, k, lane, lanes, mask);
+    } else {
+      accumulate_columns<1>(d, in, head, key, index, k, lane, lanes, mask);
     }
-    t.out[index * t.dim + k] = sum;
   }
 }
 
@@ -546,19 +608,20 @@ __device__ int64_t rows_of(const TableDev& d, int ti, const Distinct& in) {
   return static_cast<int64_t>(check.distinct) < d.bound ? static_cast<int64_t>(check.distinct) : d.bound;
 }
 
-// out (rows_of, dim) and out_ids (rows_of,) of each table: one distinct id per `lanes` threads,
-// the table's blocks striding over its ids.
+// out (rows_of, dim) and out_ids (rows_of,) of each table: one distinct id per `grad_lanes` threads
+// of a warp, the table's blocks striding over its ids.
 __global__ void accumulate_kernel(const TableDev* tables, int num_tables, Distinct in) {
   const int ti = table_of(tables, num_tables, kAccumulate);
   const TableDev d = tables[ti];
-  const int lanes = d.lanes;
+  const int lanes = d.grad_lanes;
   const int lane = threadIdx.x & (lanes - 1);
+  const unsigned mask = group_mask(lanes);
   const int64_t distinct = rows_of(d, ti, in);
   const int64_t stride = d.blocks[kAccumulate] * (kThreads / lanes);
   for (int64_t index = (static_cast<int64_t>(blockIdx.x) - d.first_block[kAccumulate]) * (kThreads / lanes) +
                        threadIdx.x / lanes;
        index < distinct; index += stride) {
-    accumulate_one(d, in, in.bases[ti] + index, index, lane);
+    accumulate_one(d, in, in.bases[ti] + index, index, lane, mask);
   }
 }
 
@@ -574,48 +637,122 @@ __global__ void pad_kernel(const TableDev* tables, int num_tables, Distinct in) 
   }
 }
 
-// out (distinct, dim) of the hot ids that accumulate_kernel listed: a block per (hot id, column tile
-// blockIdx.y), blocks striding over the list (its length is only known on the device).
+// The table of distinct id g (a rank among all tables'): the last with bases <= g (an empty table
+// before it shares its base).
+__device__ int table_of_rank(const int64_t* bases, int num_tables, int64_t g) {
+  int lo = 0;
+  int hi = num_tables - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (bases[mid] <= g) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// The first sorted index past the run of the key at head, a run longer than kHotOccurrences: gallop
+// from head + kHotOccurrences (in it), then bisect (last, bound).
+__device__ int64_t run_end(const Distinct& in, int64_t head) {
+  const uint64_t key = in.keys[head];
+  int64_t last = head + kHotOccurrences;
+  int64_t step = 1;
+  while (last + step < in.num && in.keys[last + step] == key) {
+    last += step;
+    step <<= 1;
+  }
+  int64_t bound = last + step < in.num ? last + step : in.num;  // not in the run
+  while (bound - last > 1) {
+    const int64_t mid = last + (bound - last) / 2;
+    if (in.keys[mid] == key) {
+      last = mid;
+    } else {
+      bound = mid;
+    }
+  }
+  return bound;
+}
+
+// hot_end and hot_counts of every hot id that accumulate_kernel listed; 0 for the entries past them
+// (up to max_hot + 1, so that the scan's last entry holds the totals).
+__global__ void hot_plan_kernel(Distinct in) {
+  const int64_t h = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (h > in.max_hot) return;
+  uint64_t counts = 0;
+  if (h < *in.hot_count) {
+    const int64_t head = in.head_sorted[in.hot[h]];
+    const int64_t end = run_end(in, head);
+    in.hot_end[h] = static_cast<uint32_t>(end);
+    const uint64_t segments = static_cast<uint64_t>(ceil_div(end - head, kHotSegment));
+    counts = (segments - 1) << 32 | (segments > 1 ? segments : 0);
+  }
+  in.hot_counts[h] = counts;
+}
+
+// The segments of the hot ids, a block per (segment, column tile blockIdx.y), blocks striding over
+// them (their number is only known on the device): first each listed id's first segment, then the
+// further segments of the ids of several (hot_plan: the scanned hot_counts). An id of one segment
+// gets its row, one of several its segments' sums in partials.
 __global__ void __launch_bounds__(kHotThreads)
-    accumulate_hot_kernel(const TableDev* tables, int num_tables, Distinct in) {
-  const uint32_t count = *in.hot_count;
+    hot_segments_kernel(const TableDev* tables, int num_tables, Distinct in) {
+  const int64_t count = *in.hot_count;
+  const int64_t items = count + static_cast<int64_t>(in.hot_plan[in.max_hot] >> 32);
   const int64_t k = static_cast<int64_t>(blockIdx.y) * kHotColumns + threadIdx.x % kHotColumns;
-  for (uint32_t h = blockIdx.x; h < count; h += gridDim.x) {
-    const int64_t g = in.hot[h];
-    // Its table: the last with bases <= g (an empty table before it shares its base).
-    int lo = 0;
-    int hi = num_tables - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (in.bases[mid] <= g) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    int64_t lo = item;  // the hot id of a first segment
+    int64_t segment = 0;
+    if (item >= count) {
+      // A further segment: the last id whose first further segment is <= extra (that id has some).
+      const int64_t extra = item - count;
+      lo = 0;
+      int64_t hi = count - 1;
+      while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) >> 1;
+        if (static_cast<int64_t>(in.hot_plan[mid] >> 32) <= extra) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
       }
+      segment = 1 + extra - static_cast<int64_t>(in.hot_plan[lo] >> 32);
     }
-    const TableDev d = tables[lo];
-    if (static_cast<int64_t>(blockIdx.y) * kHotColumns >= d.t.dim) continue;  // the whole block
+    const uint64_t plan = in.hot_plan[lo];
+    const int64_t g = in.hot[lo];
+    const int ti = table_of_rank(in.bases, num_tables, g);
+    const TableDev d = tables[ti];
+    const int64_t dim = d.t.dim;
+    if (static_cast<int64_t>(blockIdx.y) * kHotColumns >= dim) continue;  // the whole block
     const int64_t head = in.head_sorted[g];
-    const uint64_t key = in.keys[head];
-    // end = the first sorted index past the id's run: gallop from head + kHotOccurrences (in it),
-    // then bisect (last, bound).
-    int64_t last = head + kHotOccurrences;
-    int64_t step = 1;
-    while (last + step < in.num && in.keys[last + step] == key) {
-      last += step;
-      step <<= 1;
+    const int64_t end = in.hot_end[lo];
+    const int64_t begin = head + segment * kHotSegment;
+    const int64_t stop = begin + kHotSegment < end ? begin + kHotSegment : end;
+    const float sum = hot_sum(begin, stop, k < dim, [&](int64_t i) { return grad_term(d, in, i, k); });
+    if (threadIdx.x >= kHotColumns || k >= dim) continue;
+    if (begin == head && stop == end) {
+      d.t.out[(g - in.bases[ti]) * dim + k] = sum;
+    } else {
+      in.partials[(static_cast<int64_t>(plan & 0xffffffffu) + segment) * in.partial_stride + k] = sum;
     }
-    int64_t bound = last + step < in.num ? last + step : in.num;  // not in the run
-    while (bound - last > 1) {
-      const int64_t mid = last + (bound - last) / 2;
-      if (in.keys[mid] == key) {
-        last = mid;
-      } else {
-        bound = mid;
-      }
+  }
+}
+
+// The row of each hot id of several segments: their sums added in segment order, from 0.
+__global__ void hot_finish_kernel(const TableDev* tables, int num_tables, Distinct in) {
+  const uint32_t count = *in.hot_count;
+  for (int64_t h = blockIdx.x; h < count; h += gridDim.x) {
+    const int64_t first = static_cast<int64_t>(in.hot_plan[h] & 0xffffffffu);
+    const int64_t parts = static_cast<int64_t>(in.hot_plan[h + 1] & 0xffffffffu) - first;
+    if (parts == 0) continue;  // one segment: hot_segments_kernel wrote its row
+    const int64_t g = in.hot[h];
+    const int ti = table_of_rank(in.bases, num_tables, g);
+    const PooledTable& t = tables[ti].t;
+    for (int64_t k = threadIdx.x; k < t.dim; k += blockDim.x) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < parts; ++j) sum = __fadd_rn(sum, in.partials[(first + j) * in.partial_stride + k]);
+      t.out[(g - in.bases[ti]) * t.dim + k] = sum;
     }
-    const float sum = hot_sum(head, bound, k < d.t.dim, [&](int64_t i) { return grad_term(d, in, i, k); });
-    if (threadIdx.x < kHotColumns && k < d.t.dim) d.t.out[(g - in.bases[lo]) * d.t.dim + k] = sum;
   }
 }
 
@@ -627,8 +764,12 @@ struct GradLayout {
   int64_t num_div = 0;  // divisors: batch per "mean" / "sqrtn" table
   int row_bits = 0;     // bits of a row in a sort key (the table index above them)
   int key_bits = 1;
+  int64_t max_hot = 0;         // hot ids: at most num_ids / (kHotOccurrences + 1)
+  int64_t partial_rows = 0;    // segments of hot ids of several: fewer than 2 num_ids / kHotSegment
+  int64_t partial_stride = 0;  // the widest table's dim
   size_t tables = 0, keys_in = 0, keys_out = 0, positions_in = 0, positions_out = 0, samples = 0, first = 0,
-         order = 0, div = 0, bases = 0, hot_count = 0, temp = 0;
+         order = 0, div = 0, bases = 0, hot_count = 0, hot_end = 0, hot_counts = 0, hot_plan = 0, partials = 0,
+         temp = 0;
   size_t temp_bytes = 0;
   size_t total = 0;
   uint64_t row_mask() const { return row_bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << row_bits) - 1; }
@@ -641,8 +782,12 @@ cudaError_t grad_layout(const PooledTable* tables, int num_tables, int64_t batch
   for (int t = 0; t < num_tables; ++t) {
     l.num_ids += tables[t].nnz;
     max_rows = std::max(max_rows, tables[t].rows);
+    l.partial_stride = std::max(l.partial_stride, tables[t].dim);
     if (tables[t].combiner != kPooledSum) l.num_div += batch;
   }
+  l.max_hot = l.num_ids / (kHotOccurrences + 1);
+  // An id of s > 1 segments has more than (s - 1) kHotSegment occurrences, so s < 2 occurrences / kHotSegment.
+  l.partial_rows = 2 * l.num_ids / kHotSegment + 1;
   // row_mask (all ones) is above every row of every table: the key of an id the shard does not hold.
   l.row_bits = bit_width(static_cast<uint64_t>(max_rows));
   l.key_bits = std::max(1, l.row_bits + bit_width(static_cast<uint64_t>(num_tables - 1)));
@@ -663,6 +808,10 @@ cudaError_t grad_layout(const PooledTable* tables, int num_tables, int64_t batch
   l.order = take(n * sizeof(uint32_t));  // then the hot ids
   l.div = take(static_cast<size_t>(l.num_div) * sizeof(float));
   l.bases = take(static_cast<size_t>(num_tables) * sizeof(int64_t));
+  l.hot_end = take(static_cast<size_t>(l.max_hot) * sizeof(uint32_t));
+  l.hot_counts = take(static_cast<size_t>(l.max_hot + 1) * sizeof(uint64_t));
+  l.hot_plan = take(static_cast<size_t>(l.max_hot + 1) * sizeof(uint64_t));
+  l.partials = take(static_cast<size_t>(l.partial_rows * l.partial_stride) * sizeof(float));
   if (l.num_ids > 0) {
     const int num = static_cast<int>(l.num_ids);
     size_t sort_bytes = 0;
@@ -671,9 +820,12 @@ cudaError_t grad_layout(const PooledTable* tables, int num_tables, int64_t batch
                                                     static_cast<uint64_t*>(nullptr),
                                                     static_cast<const uint32_t*>(nullptr),
                                                     static_cast<uint32_t*>(nullptr), num, 0, l.key_bits));
+    size_t plan_bytes = 0;
     SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<const uint32_t*>(nullptr),
                                                   static_cast<uint32_t*>(nullptr), num));
-    l.temp_bytes = std::max(sort_bytes, scan_bytes);
+    SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, plan_bytes, static_cast<const uint64_t*>(nullptr),
+                                                  static_cast<uint64_t*>(nullptr), static_cast<int>(l.max_hot + 1)));
+    l.temp_bytes = std::max({sort_bytes, scan_bytes, plan_bytes});
   }
   l.hot_count = take(sizeof(uint32_t));
   l.temp = take(l.temp_bytes);
@@ -805,7 +957,7 @@ cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* bo
   std::vector<TableDev> d = describe(tables, num_tables, batch);
   for (int t = 0; t < num_tables; ++t) d[t].bound = static_cast<int64_t>(bound[t]);
   const int64_t blocks = plan(&d, kAccumulate, [](const TableDev& x) {
-    return std::min(ceil_div(x.bound, kThreads / x.lanes), kSweepBlocks);
+    return std::min(ceil_div(x.bound, kThreads / x.grad_lanes), kSweepBlocks);
   });
   const int64_t pad_blocks = plan(&d, kPad, [padded](const TableDev& x) {
     return padded ? std::min(ceil_div(x.bound, kThreads), kSweepBlocks) : int64_t{0};
@@ -825,18 +977,33 @@ cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* bo
                     l.row_mask(),
                     l.num_ids,
                     at<uint32_t>(workspace, l.order),  // dead after pooled_grad_distinct
-                    hot_count};
+                    hot_count,
+                    l.max_hot,
+                    at<uint32_t>(workspace, l.hot_end),
+                    at<uint64_t>(workspace, l.hot_counts),
+                    at<uint64_t>(workspace, l.hot_plan),
+                    at<float>(workspace, l.partials),
+                    l.partial_stride};
   SOK_CUDA_RETURN(cudaMemsetAsync(hot_count, 0, sizeof(uint32_t), stream));
   SOK_CUDA_RETURN(launch(accumulate_kernel, blocks, stream, static_cast<const TableDev*>(dev), num_tables, in));
   SOK_CUDA_RETURN(launch(pad_kernel, pad_blocks, stream, static_cast<const TableDev*>(dev), num_tables, in));
-  // At most num_ids / (kHotOccurrences + 1) hot ids; blocks past the device's count exit at once.
-  const int64_t hot_blocks = std::min(l.num_ids / (kHotOccurrences + 1), kHotBlocks);
+  // The hot ids (their count is only on the device: blocks past it exit at once): each one's
+  // segments, their first segment and partial row (a scan), the segments, the ids of several.
   const int64_t tiles = ceil_div(max_dim, kHotColumns);
-  if (hot_blocks == 0 || tiles == 0) return cudaSuccess;
+  if (l.max_hot == 0 || tiles == 0) return cudaSuccess;
   if (tiles > 65535) return cudaErrorInvalidConfiguration;
-  accumulate_hot_kernel<<<dim3(static_cast<unsigned>(hot_blocks), static_cast<unsigned>(tiles)), kHotThreads, 0,
-                          stream>>>(static_cast<const TableDev*>(dev), num_tables, in);
-  return cudaGetLastError();
+  SOK_CUDA_RETURN(launch(hot_plan_kernel, ceil_div(l.max_hot + 1, kThreads), stream, in));
+  size_t temp_bytes = l.temp_bytes;
+  SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(at<void>(workspace, l.temp), temp_bytes,
+                                                static_cast<const uint64_t*>(in.hot_counts), in.hot_plan,
+                                                static_cast<int>(l.max_hot + 1), stream));
+  // At most max_hot ids of one segment, and fewer than partial_rows segments of the others.
+  const int64_t hot_blocks = std::min(l.max_hot + l.partial_rows, kHotBlocks);
+  hot_segments_kernel<<<dim3(static_cast<unsigned>(hot_blocks), static_cast<unsigned>(tiles)), kHotThreads, 0,
+                        stream>>>(static_cast<const TableDev*>(dev), num_tables, in);
+  SOK_CUDA_RETURN(cudaGetLastError());
+  return launch(hot_finish_kernel, std::min(l.max_hot, kHotBlocks), stream, static_cast<const TableDev*>(dev),
+                num_tables, in);
 }
 
 }  // namespace sok_gpu

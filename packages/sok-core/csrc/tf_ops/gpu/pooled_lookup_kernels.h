@@ -20,10 +20,12 @@
 //     marked at its position, an exclusive scan of the marks (the rank of each distinct id in
 //     first-occurrence order), per-table counts into PooledCheck::distinct.
 //   pooled_grad_accumulate (outputs of `bound` rows per table: the counts the host read, or any
-//     upper bound of them, such as the table's ids, when the host reads nothing): one thread per
-//     (distinct id, column) sums the id's occurrences in order, and lists the hot ids; then a block
-//     per (hot id, 32 columns) sums those. With `padded`, the ids past a table's distinct ones are
-//     -1 (their rows are left as they were).
+//     upper bound of them, such as the table's ids, when the host reads nothing): up to a warp per
+//     distinct id sums its occurrences in order, a column (or 4) per thread, and lists the hot ids;
+//     with `padded`, the ids past a table's distinct ones are -1 (their rows are left as they were);
+//     then each hot id's run is measured and cut into segments (a scan gives each its place), a
+//     block per (segment, 32 columns) sums them, and the ids of several segments get the segments'
+//     sums added in order.
 #ifndef SOK_TF_OPS_GPU_POOLED_LOOKUP_KERNELS_H_
 #define SOK_TF_OPS_GPU_POOLED_LOOKUP_KERNELS_H_
 
