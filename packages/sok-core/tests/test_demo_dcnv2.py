@@ -176,6 +176,23 @@ def test_generator_refuses_a_bad_hotness(hotness):
         MultiHotGenerator(hotness=hotness)
 
 
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64], ids=["int32", "int64"])
+@pytest.mark.parametrize("static_batch", [True, False], ids=["static", "dynamic"])
+def test_split_bags_equal_ragged_from_tensor(dtype, static_batch):
+    """Each feature's bag as tf.RaggedTensor.from_tensor makes it (values of the ids' dtype, int64
+    row splits), with the batch's size known when traced or not."""
+    ids = tf.constant(np.arange(5 * sum(SMALL_HOTNESS)).reshape(5, -1), dtype)
+    spec = tf.TensorSpec([5 if static_batch else None, sum(SMALL_HOTNESS)], dtype)
+    bags = tf.function(lambda x: split_bags(x, SMALL_HOTNESS), input_signature=[spec])(ids)
+    start = 0
+    for bag, width in zip(bags, SMALL_HOTNESS):
+        expected = tf.RaggedTensor.from_tensor(ids[:, start : start + width])
+        assert bag.values.dtype == dtype and bag.row_splits.dtype == tf.int64
+        np.testing.assert_array_equal(bag.row_splits.numpy(), expected.row_splits.numpy())
+        np.testing.assert_array_equal(bag.values.numpy(), expected.values.numpy())
+        start += width
+
+
 def test_split_bags_refuses_ids_of_another_hotness():
     with pytest.raises(ValueError, match=r"do not hold the bags of hotness .* valid: \[batch, 214\]"):
         split_bags(tf.zeros([4, 26], tf.int64), MLPERF_HOTNESS)

@@ -28,10 +28,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL, NUM_DENSE, check_hotness
+from sparse_operation_kit.demo.dlrm import column_bags
 from sparse_operation_kit.validate import is_positive_int
 
 __all__ = ["LowRankCrossNet", "DCNv2Tower", "split_bags"]
@@ -53,8 +53,7 @@ def split_bags(ids: Any, hotness: Sequence[int]) -> list[tf.RaggedTensor]:
             f"ids of shape {ids.shape} do not hold the bags of hotness {list(hotness)}; valid: [batch, "
             f"{sum(hotness)}] (the columns of feature i side by side, as MultiHotGenerator.batch makes them)"
         )
-    offsets = np.concatenate([[0], np.cumsum(hotness)])
-    return [tf.RaggedTensor.from_tensor(ids[:, offsets[i] : offsets[i + 1]]) for i in range(NUM_CATEGORICAL)]
+    return column_bags(ids, hotness)
 
 
 class LowRankCrossNet(tf.keras.layers.Layer):

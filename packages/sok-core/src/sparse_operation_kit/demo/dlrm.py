@@ -42,6 +42,7 @@ __all__ = [
     "SokEmbeddings",
     "DenseTower",
     "dynamic_keys",
+    "column_bags",
     "single_id_bags",
     "table_keys",
     "table_plan",
@@ -89,10 +90,34 @@ def dynamic_keys(ids: Any) -> Any:
     return (tf.cast(ids, tf.int64) + 1) * tf.constant(_SPREAD, tf.int64)
 
 
+def column_bags(ids: tf.Tensor, widths: Sequence[int]) -> list[tf.RaggedTensor]:
+    """The bags of ids ``[B, sum(widths)]`` whose feature ``i`` holds the next ``widths[i]`` columns:
+    one ``tf.RaggedTensor`` ``[B, widths[i]]`` per feature, the ids' dtype kept. Their row splits
+    come from the batch's static size (a constant the GPU keeps), or else its shape (int32, which
+    TensorFlow keeps in host memory): nothing is read back from the GPU, as
+    ``tf.RaggedTensor.from_tensor`` does once per feature.
+
+    Example::
+
+        column_bags(tf.constant([[1, 2, 3], [4, 5, 6]]), [1, 2])   # [[[1], [4]], [[2, 3], [5, 6]]]
+    """
+    rows = ids.shape[0]
+    bags, start = [], 0
+    for width in widths:
+        if rows is None:
+            splits = tf.cast(tf.range(tf.shape(ids)[0] + 1) * width, tf.int64)
+        else:
+            splits = tf.range(rows + 1, dtype=tf.int64) * width
+        values = tf.reshape(ids[:, start : start + width], [-1])
+        bags.append(tf.RaggedTensor.from_row_splits(values, splits, validate=False))
+        start += width
+    return bags
+
+
 def single_id_bags(ids: tf.Tensor) -> list[tf.RaggedTensor]:
     """The 26 features of ids ``int64 [B, 26]`` (one id per feature and sample) as one-id bags, one
     ``tf.RaggedTensor`` ``[B, 1]`` per feature: what the embeddings' ``lookup`` takes."""
-    return [tf.RaggedTensor.from_tensor(ids[:, i : i + 1]) for i in range(NUM_CATEGORICAL)]
+    return column_bags(ids, [1] * NUM_CATEGORICAL)
 
 
 def table_keys(sp_ids: Sequence[Any], dynamic: Sequence[bool]) -> list[Any]:
