@@ -16,7 +16,9 @@ way). SOK: the 26 tables through one ``sok.lookup_sparse`` (``--tables``: the de
 default, dynamic tables for the large features and ``sok.Variable`` for the others); baseline: 26
 ``tf.keras.layers.Embedding`` (multi-hot: the sum of a bag's rows). Each model takes ``--warmup``
 untimed steps (tracing), then ``--steps`` timed ones, in turns of ``--chunk`` steps (baseline, SOK,
-baseline, ...) so that load coming and going on the machine is shared by both.
+baseline, ...) so that load coming and going on the machine is shared by both. ``--trace-steps N``
+then traces N more steps of each model and splits their time by part (``step_part``: lookup,
+update, dense, input), from the GPU's kernels and copies or, on a CPU, the host's ops.
 
 Usage::
 
@@ -25,6 +27,8 @@ Usage::
     python benchmarks/dlrm.py --model dcnv2 --mlperf --batch-size 65536 --precision mixed_bfloat16   # GPU
     python benchmarks/dlrm.py --sparse-optimizer rowwise     # sok.RowWiseAdagrad on both models' tables
     python benchmarks/dlrm.py --tables mixed --var-types hbm  # every dynamic table in device memory
+    python benchmarks/dlrm.py --trace-steps 5      # then each model's step time by part (lookup, update, ...)
+    python benchmarks/dlrm.py --input gpu --id-dtype int32   # batches already in GPU memory, int32 ids
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ import dataclasses
 import itertools
 import json
 import os
+import tempfile
 import time
+from collections import Counter
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -57,6 +63,10 @@ GOAL_AUC_GAP = 0.002
 SPARSE_OPTIMIZERS = {"adagrad": tf.keras.optimizers.Adagrad, "rowwise": sok.RowWiseAdagrad}
 #: ``--mlperf``'s batch per step (MLPerf's DCNv2 reference trains at 65,536 per GPU).
 MLPERF_BATCH = 65536
+#: The ``--input`` choices: where a step's batch comes from (see ``feeder``).
+INPUTS = ("host", "gpu")
+#: The ``--id-dtype`` choices: the ids' dtype in the batches of both models.
+ID_DTYPES = {"int64": tf.int64, "int32": tf.int32}
 #: The ``--precision`` choices: Keras dtype policies (float16 would need loss scaling of both optimizers).
 PRECISIONS = ("float32", "mixed_bfloat16")
 
@@ -111,16 +121,72 @@ def make_trainer(embeddings, config: DemoConfig, sparse_optimizer, xla: bool = F
     return step, predict
 
 
-def feeder(pool: list[tuple]) -> Any:
-    """``next_batch()``: the pool's batches in order, cycled; on a GPU through ``tf.data`` with the
-    next two batches copied to it while a step runs (an input pipeline that keeps the GPU fed)."""
-    if not tf.config.list_logical_devices("GPU"):
+def feeder(pool: list[tuple], source: str = "host") -> Any:
+    """``next_batch()``: the pool's batches in order, cycled; on a GPU with ``source`` "host" through
+    ``tf.data`` with the next two batches copied to it while a step runs (an input pipeline that
+    keeps the GPU fed), with "gpu" from copies of the pool made in GPU memory before timing (the
+    step without its input's copy)."""
+    gpu = bool(tf.config.list_logical_devices("GPU"))
+    if not gpu or source == "gpu":
+        if gpu:
+            with tf.device("/GPU:0"):
+                pool = [tuple(tf.identity(part) for part in batch) for batch in pool]
         batches = itertools.cycle(pool)
         return lambda: next(batches)
     stacked = tuple(tf.stack(parts) for parts in zip(*pool))
     dataset = tf.data.Dataset.from_tensor_slices(stacked).repeat()
     iterator = iter(dataset.apply(tf.data.experimental.prefetch_to_device("/GPU:0", buffer_size=2)))
     return lambda: next(iterator)
+
+
+def step_part(op_type: str) -> str:
+    """The part of a training step that a TensorFlow op type (or a copy) belongs to, for
+    ``--trace-steps``' split: "input" (batches copied to the GPU), "update" (the tables' optimizer
+    ops: SOK's and TensorFlow's ``*Apply*``), "lookup" (SOK's other ops: lookups, their gradients,
+    the exchange) and "dense" (everything else: the towers, the loss, the dense optimizer, Keras'
+    own embedding ops)."""
+    if op_type == "memcpy host-to-device":
+        return "input"
+    if "Apply" in op_type:
+        return "update"
+    return "lookup" if op_type.startswith("Sok") else "dense"
+
+
+def traced_split(step, next_batch, steps: int) -> dict:
+    """Traces ``steps`` training steps under TensorFlow's profiler (``profile_step.py``'s trace and
+    summary) and splits their time by ``step_part``: per step, the GPU's kernels and copies by their
+    op's type, or on a CPU the host's time in each op; milliseconds."""
+    from profile_step import summarize_xplane, trace
+
+    path = trace(lambda _: step(*next_batch()), steps, tempfile.mkdtemp(prefix="sok-dlrm-trace-"))
+    summary = summarize_xplane(path, steps, top=12)
+    gpus = [value for key, value in summary.items() if key.startswith("/device:GPU")]
+    if gpus:
+        by_type = [(op_type, us) for op_type, us in gpus[0]["by_op_type"]]
+        busy, window = gpus[0]["busy_us_per_step"] / 1e3, gpus[0]["window_us_per_step"] / 1e3
+    else:
+        by_type = [(op_type, us) for op_type, us, _ in summary["op_types"]]
+        busy, window = None, None
+    parts: Counter = Counter({part: 0.0 for part in ("lookup", "update", "dense", "input")})
+    for op_type, us in by_type:
+        parts[step_part(op_type)] += us / 1e3
+    return {
+        "device": "gpu" if gpus else "cpu",
+        "busy_ms": busy,
+        "window_ms": window,
+        "parts_ms": dict(parts),
+        "top_ms": [(op_type, us / 1e3) for op_type, us in by_type[:12]],
+    }
+
+
+def print_split(name: str, split: dict) -> None:
+    parts = ", ".join(f"{part} {ms:.2f}" for part, ms in split["parts_ms"].items())
+    if split["device"] == "gpu":
+        print(f"  {name:6s} GPU per step: busy {split['busy_ms']:.2f} of {split['window_ms']:.2f} ms; by part "
+              f"(kernels and copies summed): {parts} ms")  # fmt: skip
+    else:
+        print(f"  {name:6s} host time per step in TensorFlow ops, by part: {parts} ms")
+    print("         " + "; ".join(f"{op_type} {ms:.2f}" for op_type, ms in split["top_ms"][:8]))
 
 
 def gpu_bytes() -> tuple[int, int] | None:
@@ -158,10 +224,18 @@ def main(argv: list[str] | None = None) -> dict:
         "--var-types", default="hbm,hybrid", help="the dynamic tables' var_types, in turn (comma-separated)"
     )
     parser.add_argument("--pool", type=int, default=100, help="distinct training batches, made before timing")
+    parser.add_argument("--input", choices=INPUTS, default="host", help="host: tf.data prefetched to the GPU; gpu: "
+                        "the pool's batches in GPU memory (no copy in the step)")  # fmt: skip
+    parser.add_argument("--id-dtype", choices=sorted(ID_DTYPES), default="int64", help="the batches' ids")
     parser.add_argument("--eval-batches", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--trace-steps", type=int, default=0, help="after timing, trace this many steps of each model: time by part"
+    )
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
+    if args.trace_steps < 0:
+        parser.error(f"--trace-steps {args.trace_steps} is negative; give 0 (no trace) or more")
     if args.mlperf and args.model != "dcnv2":
         parser.error("--mlperf sizes the dcnv2 model; add --model dcnv2")
 
@@ -172,8 +246,12 @@ def main(argv: list[str] | None = None) -> dict:
     config = DemoConfig(model=args.model, tables=args.tables, seed=args.seed, var_types=var_types, **sizes)
     keras.mixed_precision.set_global_policy(args.precision)
     gen = config.generator()
-    pool = list(gen.dataset(min(args.pool, args.steps + args.warmup), config.batch_size))
-    evals = list(gen.dataset(args.eval_batches, config.batch_size, "eval"))
+    id_dtype = ID_DTYPES[args.id_dtype]
+    pool = [
+        (d, tf.cast(i, id_dtype), y)
+        for d, i, y in gen.dataset(min(args.pool, args.steps + args.warmup), config.batch_size)
+    ]
+    evals = [(d, tf.cast(i, id_dtype), y) for d, i, y in gen.dataset(args.eval_batches, config.batch_size, "eval")]
     memory: dict[str, tuple[int, int] | None] = {}
     models = {}
     for name in ("keras", "sok"):
@@ -190,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
         memory[name] = None if before is None or after is None else (after[0] - before[0], after[1] - before[1])
     seconds = dict.fromkeys(models, 0.0)
     done = dict.fromkeys(models, 0)
-    feeds = {name: feeder(pool) for name in models}  # each model the pool's batches in the same order
+    feeds = {name: feeder(pool, args.input) for name in models}  # each model the pool's batches in the same order
     for name, (step, _) in models.items():
         for _ in range(args.warmup):
             step(*feeds[name]())
@@ -204,6 +282,10 @@ def main(argv: list[str] | None = None) -> dict:
             float(loss)
             seconds[name] += time.perf_counter() - start
             done[name] += count
+    steps = {name: step for name, (step, _) in models.items()}
+    splits = {
+        name: traced_split(step, feeds[name], args.trace_steps) for name, step in steps.items() if args.trace_steps
+    }
     figures = {
         "config": vars(args),
         "demo_config": dataclasses.asdict(config),
@@ -218,13 +300,15 @@ def main(argv: list[str] | None = None) -> dict:
             "auc": float(auc.result()),
             "gpu_bytes_of_model": None if memory[name] is None else memory[name][0],
             "tf_tensor_bytes_of_model": None if memory[name] is None else memory[name][1],
+            "step_split": splits.get(name),
         }
     ratio = figures["sok"]["samples_per_s"] / figures["keras"]["samples_per_s"]
     gap = figures["sok"]["auc"] - figures["keras"]["auc"]
     figures["ratio"], figures["auc_gap"] = ratio, gap
     title = "DLRM-DCNv2" if config.model == "dcnv2" else "DLRM"
     tables = config.tables if config.tables == "static" else f"{config.tables} ({'/'.join(config.var_types)})"
-    setting = f"tables {tables!r}, {args.sparse_optimizer}, {args.precision}{', XLA towers' if args.xla else ''}"
+    setting = f"tables {tables!r}, {args.sparse_optimizer}, {args.precision}{', XLA towers' if args.xla else ''}, "
+    setting += f"{args.id_dtype} ids from {'GPU memory' if args.input == 'gpu' else 'the host (tf.data)'}"
     print(
         f"{title}, {NUM_CATEGORICAL} tables ({sum(gen.rows):,} rows, dim {config.dim}), {args.steps} steps of "
         f"{config.batch_size}, {setting}; load average {figures['load_average']}"
@@ -238,6 +322,8 @@ def main(argv: list[str] | None = None) -> dict:
         )
         rate, auc = figures[name]["samples_per_s"] / 1e3, figures[name]["auc"]
         print(f"  {name:6s} {rate:8.1f}k samples/s   eval AUC {auc:.4f}{gpu}")
+    for name, split in splits.items():
+        print_split(name, split)
     goal = GOAL_RATIO["gpu" if tf.config.list_logical_devices("GPU") else "cpu"]
     print(f"  SOK / Keras: {ratio:.2f}x (goal >= {goal}x), AUC difference {gap:+.4f} (goal within {GOAL_AUC_GAP})")
     if args.json:

@@ -233,6 +233,17 @@ def _copy_bytes(stats: dict[str, Any]) -> int:
     return 0
 
 
+def _copy_kind(lowered_name: str) -> str | None:
+    """The direction of a GPU event that is a copy ("memcpy device-to-host", ...), None for a kernel."""
+    if "memcpy" not in lowered_name:
+        return None
+    if "dtoh" in lowered_name or "d2h" in lowered_name:
+        return "memcpy device-to-host"
+    if "htod" in lowered_name or "h2d" in lowered_name:
+        return "memcpy host-to-device"
+    return "memcpy device-to-device"
+
+
 #: A TensorFlow op's host event: "scope/name:OpType".
 _OP_EVENT = re.compile(r"^[^ :]+:[A-Za-z0-9_]+$")
 
@@ -258,6 +269,7 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
             counts: Counter = Counter()
             spans: list[tuple[int, int]] = []
             copies: dict[str, Counter] = {"d2h": Counter(), "d2h_bytes": Counter(), "h2d": Counter()}
+            by_type: Counter = Counter()  # GPU time by the TensorFlow op type that launched it
             for line in plane.lines:
                 for ev in line.events:
                     name = names.get(ev.metadata_id, "?")
@@ -265,14 +277,16 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
                     spans.append((begin, begin + ev.duration_ps))
                     kernels[name] += ev.duration_ps / 1e6
                     counts[name] += 1
+                    stats = _stats(plane, ev)
+                    op = str(stats.get("tf_op", "?"))
                     lowered = name.lower()
-                    if "memcpy" in lowered and ("dtoh" in lowered or "d2h" in lowered):
-                        stats = _stats(plane, ev)
-                        op = str(stats.get("tf_op", "?"))
+                    copy = _copy_kind(lowered)
+                    by_type[copy or op.rsplit(":", 1)[-1]] += ev.duration_ps / 1e6
+                    if copy == "memcpy device-to-host":
                         copies["d2h"][op] += 1
                         copies["d2h_bytes"][op] += _copy_bytes(stats)
-                    elif "memcpy" in lowered and ("htod" in lowered or "h2d" in lowered):
-                        copies["h2d"][str(_stats(plane, ev).get("tf_op", "?"))] += 1
+                    elif copy == "memcpy host-to-device":
+                        copies["h2d"][op] += 1
             if not spans:
                 continue
             gpu_spans[plane.name] = spans
@@ -290,6 +304,8 @@ def summarize_xplane(path: str, steps: int, top: int) -> dict[str, Any]:
                 ],
                 "h2d_by_op": [(op, count / steps) for op, count in copies["h2d"].most_common(top)],
                 "top": [(n, us / steps, counts[n] / steps) for n, us in kernels.most_common(top)],
+                # Every op type's GPU time (copies by direction; "?" where the event names no op).
+                "by_op_type": [(t, us / steps) for t, us in by_type.most_common()],
             }
         elif plane.name.startswith("/host:CUPTI"):
             cupti = True

@@ -53,3 +53,40 @@ def test_mlperf_sizes_need_the_dcnv2_model():
     with pytest.raises(SystemExit) as exit_info:
         dlrm.main(["--mlperf", *TINY])
     assert exit_info.value.code == 2
+
+
+def test_trace_splits_each_models_step_by_part(policy_restored, tmp_path):
+    figures = dlrm.main([*TINY, "--tables", "static", "--trace-steps", "2"])
+    for name in ("keras", "sok"):
+        split = figures[name]["step_split"]
+        assert set(split["parts_ms"]) == {"lookup", "update", "dense", "input"}
+        assert split["parts_ms"]["dense"] > 0
+        assert split["top_ms"] and all(ms >= 0 for _, ms in split["top_ms"])
+    sok_parts, keras_parts = figures["sok"]["step_split"]["parts_ms"], figures["keras"]["step_split"]["parts_ms"]
+    # SOK's lookup ops and its tables' Adagrad op are there; Keras' model has no SOK op.
+    assert sok_parts["lookup"] > 0 and sok_parts["update"] > 0 and keras_parts["lookup"] == 0
+
+
+@pytest.mark.parametrize(
+    ("op_type", "part"),
+    [("SokPooledLookupGrad", "lookup"), ("SokSparseApplyAdagradTables", "update"), ("ResourceApplyAdam", "update"),
+     ("memcpy host-to-device", "input"), ("MatMul", "dense"), ("?", "dense")],
+)  # fmt: skip
+def test_step_part_of_each_op_type(op_type, part):
+    assert dlrm.step_part(op_type) == part
+
+
+def test_negative_trace_steps_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        dlrm.main([*TINY, "--trace-steps", "-1"])
+    assert "--trace-steps -1 is negative" in capsys.readouterr().err
+
+
+def test_int32_ids_from_gpu_memory_train_as_int64_ids_from_the_host(policy_restored):
+    """The same batches as int32 ids (and, on a GPU, from GPU memory): the same AUC on both models."""
+    base = [*TINY, "--model", "dcnv2", "--tables", "mixed"]
+    wide = dlrm.main(base)
+    narrow = dlrm.main([*base, "--id-dtype", "int32", "--input", "gpu"])
+    assert narrow["config"]["id_dtype"] == "int32" and narrow["config"]["input"] == "gpu"
+    for name in ("keras", "sok"):
+        assert narrow[name]["auc"] == pytest.approx(wide[name]["auc"], abs=1e-6)
