@@ -36,3 +36,20 @@ def test_ranks_beyond_the_last_row_hold_an_empty_shard(monkeypatch, rows: int, n
         v = sok.Variable(table, dtype=tf.float32)
         np.testing.assert_array_equal(v.numpy(), table[rank::n])
         assert tuple(v.global_shape.as_list()) == (rows, 3)
+
+
+@pytest.mark.parametrize(
+    ("initial_value", "dtype"),
+    [(np.arange(6).reshape(2, 3), None), (np.zeros((2, 3)), None), (np.zeros((2, 3)), tf.bfloat16)],
+    ids=["int64-numpy", "float64-numpy", "bfloat16"],
+)
+def test_rows_of_another_dtype_are_refused_when_the_table_is_made(initial_value, dtype) -> None:
+    """A table the lookups cannot read fails where it is made, naming the dtype and the fix (it
+    failed at the first lookup before)."""
+    with pytest.raises(
+        ValueError, match=r"rows of dtype \w+ are not supported; valid: float32\. Pass dtype=tf.float32"
+    ):
+        sok.Variable(initial_value, dtype=dtype)
+    converted = sok.Variable(initial_value, dtype=tf.float32)
+    assert converted.dtype == tf.float32
+    np.testing.assert_array_equal(converted.numpy(), np.asarray(initial_value, np.float32))

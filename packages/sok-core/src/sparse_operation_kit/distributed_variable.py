@@ -28,6 +28,7 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from sparse_operation_kit import communication
+from sparse_operation_kit.dtypes import VALUE_DTYPE
 
 __all__ = ["Variable", "DistributedVariable", "LocalizedVariable"]
 
@@ -36,6 +37,17 @@ _LOCALIZED = re.compile(r"^localized:(\d+)$")
 
 
 def _global_value(initial_value: Any, shape: Any, initializer: Any, dtype: Any) -> tf.Tensor:
+    value = _initial_value(initial_value, shape, initializer, dtype)
+    if value.dtype.name != VALUE_DTYPE:
+        raise ValueError(
+            f"sok.Variable rows of dtype {value.dtype.name} are not supported; valid: {VALUE_DTYPE}. Pass "
+            f"dtype=tf.{VALUE_DTYPE} (a NumPy or list initial_value is converted; cast a tensor first); under "
+            f"a Keras mixed-precision policy the tables stay {VALUE_DTYPE} and lookups return the compute dtype"
+        )
+    return value
+
+
+def _initial_value(initial_value: Any, shape: Any, initializer: Any, dtype: Any) -> tf.Tensor:
     if initial_value is not None:
         if callable(initial_value):
             initial_value = initial_value()
