@@ -217,17 +217,17 @@ __device__ float divisor(const PooledTable& t, int64_t begin, int64_t end) {
   return t.combiner == kPooledSqrtn ? __fsqrt_rn(total) : total;
 }
 
-// Columns k .. k + V - 1 of row `row` of table t (V = 4: one float4 load).
+// Columns k .. k + V - 1 of row `row` of the (rows, dim) matrix `rows` (V = 4: one float4 load).
 template <int V>
-__device__ void load_row(const PooledTable& t, int64_t row, int64_t k, float* x) {
+__device__ void load_columns(const float* rows, int64_t row, int64_t dim, int64_t k, float* x) {
   if constexpr (V == 4) {
-    const float4 q = *reinterpret_cast<const float4*>(t.params + row * t.dim + k);
+    const float4 q = *reinterpret_cast<const float4*>(rows + row * dim + k);
     x[0] = q.x;
     x[1] = q.y;
     x[2] = q.z;
     x[3] = q.w;
   } else {
-    x[0] = t.params[row * t.dim + k];
+    x[0] = rows[row * dim + k];
   }
 }
 
@@ -274,7 +274,7 @@ __device__ void pool_columns(const TableDev& d, int64_t begin, int64_t end, int6
         use[u] = __shfl_sync(mask, held, src, lanes) != 0 && u0 + u < n;
 #pragma unroll
         for (int v = 0; v < V; ++v) x[u][v] = 0.0f;
-        if (use[u] && column) load_row<V>(t, r, k, x[u]);
+        if (use[u] && column) load_columns<V>(t.params, r, t.dim, k, x[u]);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -492,20 +492,6 @@ __device__ float grad_term(const TableDev& d, const Distinct& in, int64_t i, int
   return x;
 }
 
-// Columns k .. k + V - 1 of gradient row s of table t (V = 4: one float4 load).
-template <int V>
-__device__ void load_grad(const PooledTable& t, int64_t s, int64_t k, float* x) {
-  if constexpr (V == 4) {
-    const float4 q = *reinterpret_cast<const float4*>(t.grads + s * t.dim + k);
-    x[0] = q.x;
-    x[1] = q.y;
-    x[2] = q.z;
-    x[3] = q.w;
-  } else {
-    x[0] = t.grads[s * t.dim + k];
-  }
-}
-
 // Columns [k, k + V) of the gradient row of a distinct id with at most kHotOccurrences occurrences,
 // the sorted indices head, head + 1, ... while the key is `key`: (grad / divisor) * w of each added
 // in order from 0 (the CPU's order). The `lanes` threads of `mask` (one id's) load the occurrences'
@@ -551,7 +537,7 @@ __device__ void accumulate_columns(const TableDev& d, const Distinct& in, int64_
         add[u] = __shfl_sync(mask, use, src, lanes) != 0 && u0 + u < n;
 #pragma unroll
         for (int v = 0; v < V; ++v) x[u][v] = 0.0f;
-        if (add[u] && column) load_grad<V>(t, s, k, x[u]);
+        if (add[u] && column) load_columns<V>(t.grads, s, t.dim, k, x[u]);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
