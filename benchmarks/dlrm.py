@@ -18,7 +18,9 @@ default, dynamic tables for the large features and ``sok.Variable`` for the othe
 untimed steps (tracing), then ``--steps`` timed ones, in turns of ``--chunk`` steps (baseline, SOK,
 baseline, ...) so that load coming and going on the machine is shared by both. ``--trace-steps N``
 then traces N more steps of each model and splits their time by part (``step_part``: lookup,
-update, dense, input), from the GPU's kernels and copies or, on a CPU, the host's ops.
+update, dense, input), from the GPU's kernels and copies or, on a CPU, the host's ops, and sets
+SOK's tables' part (lookup + update) against its bandwidth floor: ``floor_bytes`` of a batch over
+the bandwidth of a device-to-device copy measured in the same run (``copy_bandwidth``).
 
 Usage::
 
@@ -47,6 +49,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 import sparse_operation_kit as sok  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from machine import load_average  # noqa: E402
@@ -58,6 +61,9 @@ from sparse_operation_kit.optimizer import OptimizerWrapper  # noqa: E402
 #: SOK / Keras samples/s to reach: on the CPU at np 1, and on a GPU (an H100) under a CUDA TensorFlow.
 GOAL_RATIO = {"cpu": 1.3, "gpu": 3.0}
 GOAL_AUC_GAP = 0.002
+#: SOK's tables' part of a step (lookup + update, traced) over its bandwidth floor (``floor_bytes``
+#: at ``copy_bandwidth``): the goal on a GPU.
+GOAL_FLOOR = 2.0
 #: The ``--sparse-optimizer`` choices: Keras' Adagrad (one accumulator per element) or SOK's row-wise
 #: one (one per row), given to both models' tables.
 SPARSE_OPTIMIZERS = {"adagrad": tf.keras.optimizers.Adagrad, "rowwise": sok.RowWiseAdagrad}
@@ -179,6 +185,47 @@ def traced_split(step, next_batch, steps: int) -> dict:
     }
 
 
+def floor_bytes(ids: np.ndarray, widths: list[int], dim: int, state_columns: int) -> dict[str, int]:
+    """The bytes the tables' part of one training step must move at least, for a batch's ids
+    ``[B, sum(widths)]`` (feature ``i`` the next ``widths[i]`` columns), float32 rows of ``dim`` and
+    ``state_columns`` floats of optimizer state per row: the ids read once; forward: each id's row
+    read, each sample's pooled row written; backward: each pooled gradient row read, a gradient row
+    per distinct id written; update: that row read, the table's row and its state read and written.
+
+    Example::
+
+        floor_bytes(np.array([[1, 1], [2, 1]]), [2], dim=4, state_columns=1)["distinct"]   # 2
+    """
+    batch, tables, row, state = ids.shape[0], len(widths), 4 * dim, 4 * state_columns
+    distinct, start = 0, 0
+    for width in widths:
+        distinct += int(np.unique(ids[:, start : start + width]).size)
+        start += width
+    out = {
+        "ids": int(ids.size * ids.itemsize),
+        "forward": int(ids.size * row + batch * tables * row),
+        "backward": batch * tables * row + distinct * row,
+        "update": distinct * (3 * row + 2 * state),
+    }
+    return {**out, "total": sum(out.values()), "distinct": distinct}
+
+
+def copy_bandwidth(mib: int = 1024, repeat: int = 5) -> float:
+    """Bytes per second of a device-to-device copy on the GPU (else the CPU): twice the size (read
+    and written) over the best of ``repeat`` copies of ``mib`` MiB."""
+    device = "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
+    with tf.device(device):
+        x = tf.ones([mib * 2**20 // 4], tf.float32)
+        copy = tf.function(lambda t: tf.raw_ops.DeepCopy(x=t)[:1])
+        copy(x).numpy()
+        best = float("inf")
+        for _ in range(repeat):
+            start = time.perf_counter()
+            copy(x).numpy()
+            best = min(best, time.perf_counter() - start)
+    return 2 * x.shape[0] * 4 / best
+
+
 def print_split(name: str, split: dict) -> None:
     parts = ", ".join(f"{part} {ms:.2f}" for part, ms in split["parts_ms"].items())
     if split["device"] == "gpu":
@@ -286,6 +333,15 @@ def main(argv: list[str] | None = None) -> dict:
     splits = {
         name: traced_split(step, feeds[name], args.trace_steps) for name, step in steps.items() if args.trace_steps
     }
+    floor = None
+    if args.trace_steps:
+        widths = list(getattr(gen, "hotness", [1] * NUM_CATEGORICAL))
+        state = 1 if args.sparse_optimizer == "rowwise" else config.dim
+        moved = floor_bytes(np.asarray(pool[0][1]), widths, config.dim, state)
+        bandwidth = copy_bandwidth()
+        part = splits["sok"]["parts_ms"]
+        floor = {"bytes": moved, "copy_bytes_per_s": bandwidth, "floor_ms": moved["total"] / bandwidth * 1e3,
+                 "embedding_ms": part["lookup"] + part["update"]}  # fmt: skip
     figures = {
         "config": vars(args),
         "demo_config": dataclasses.asdict(config),
@@ -302,6 +358,7 @@ def main(argv: list[str] | None = None) -> dict:
             "tf_tensor_bytes_of_model": None if memory[name] is None else memory[name][1],
             "step_split": splits.get(name),
         }
+    figures["embedding_floor"] = floor
     ratio = figures["sok"]["samples_per_s"] / figures["keras"]["samples_per_s"]
     gap = figures["sok"]["auc"] - figures["keras"]["auc"]
     figures["ratio"], figures["auc_gap"] = ratio, gap
@@ -324,6 +381,12 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {name:6s} {rate:8.1f}k samples/s   eval AUC {auc:.4f}{gpu}")
     for name, split in splits.items():
         print_split(name, split)
+    if floor is not None:
+        embed, least = floor["embedding_ms"], floor["floor_ms"]
+        moved, speed = floor["bytes"], floor["copy_bytes_per_s"] / 1e9
+        print(f"  SOK's tables (lookup + update) {embed:.2f} ms a step against its floor {least:.2f} ms "
+              f"({moved['total'] / 1e9:.2f} GB at a copy's {speed:.0f} GB/s, {moved['distinct']:,} distinct ids): "
+              f"{embed / least:.2f}x (goal <= {GOAL_FLOOR}x)")  # fmt: skip
     goal = GOAL_RATIO["gpu" if tf.config.list_logical_devices("GPU") else "cpu"]
     print(f"  SOK / Keras: {ratio:.2f}x (goal >= {goal}x), AUC difference {gap:+.4f} (goal within {GOAL_AUC_GAP})")
     if args.json:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 keras = pytest.importorskip("keras")
@@ -65,6 +66,24 @@ def test_trace_splits_each_models_step_by_part(policy_restored, tmp_path):
     sok_parts, keras_parts = figures["sok"]["step_split"]["parts_ms"], figures["keras"]["step_split"]["parts_ms"]
     # SOK's lookup ops and its tables' Adagrad op are there; Keras' model has no SOK op.
     assert sok_parts["lookup"] > 0 and sok_parts["update"] > 0 and keras_parts["lookup"] == 0
+    floor = figures["embedding_floor"]
+    assert floor["embedding_ms"] == pytest.approx(sok_parts["lookup"] + sok_parts["update"])
+    assert floor["copy_bytes_per_s"] > 0 and floor["floor_ms"] == pytest.approx(
+        floor["bytes"]["total"] / floor["copy_bytes_per_s"] * 1e3
+    )
+
+
+def test_floor_bytes_count_each_part_of_the_step():
+    """Two features (widths 2 and 1) of 3 samples, dim 4 (16-byte rows), one float of state per row."""
+    ids = np.array([[5, 5, 9], [6, 5, 9], [7, 8, 9]], np.int64)
+    moved = dlrm.floor_bytes(ids, [2, 1], dim=4, state_columns=1)
+    distinct = 4 + 1  # {5, 6, 7, 8} and {9}
+    assert moved["distinct"] == distinct
+    assert moved["ids"] == 9 * 8
+    assert moved["forward"] == 9 * 16 + 3 * 2 * 16  # each id's row read, each sample's pooled rows written
+    assert moved["backward"] == 3 * 2 * 16 + distinct * 16
+    assert moved["update"] == distinct * (3 * 16 + 2 * 4)
+    assert moved["total"] == moved["ids"] + moved["forward"] + moved["backward"] + moved["update"]
 
 
 @pytest.mark.parametrize(
