@@ -1,5 +1,5 @@
 // The row-wise optimizer rules that SokSparseApply runs natively (its `rule` attr names one): one
-// list for its CPU kernel (storage_ops.cc) and its GPU kernel (training_ops_gpu.cc), and the names
+// list for its CPU kernel (training_ops.cc) and its GPU kernel (training_ops_gpu.cc), and the names
 // sok.OptimizerWrapper's records give (optimizer.py, OptimizerRecord.natives), which a test
 // compares with the list each library embeds (sok_tf_sparse_rules). Inline only: the two libraries
 // are loaded separately and neither links the other.

@@ -1,10 +1,11 @@
 // DEVICE_GPU kernels of the training path's own ops (libsok_tf_ops_gpu.so): SokUniqueIndex,
 // SokUniqueIndexList, SokUniqueSum, SokLookupDistinct and SokSparseApply, so that a DynamicVariable
-// whose table lives on a GPU trains without copying keys or rows to the host. Their results equal the CPU kernels'
-// (storage_ops.cc) bit for bit, but for SokSparseApply's keys with more than 32 gradient rows (T,
-// kHotOccurrences of gpu/sparse_apply_kernels.cu): those are summed in a fixed parallel order, the
-// same bits run after run and the CPU's within float rounding. Only scalars come to the host (the number of distinct keys, to size
-// outputs, and the first bad position, to refuse bad input before the table changes).
+// whose table lives on a GPU trains without copying keys or rows to the host. Their results equal
+// the CPU kernels' (training_ops.cc; storage_ops.cc for SokLookupDistinct) bit for bit, but for
+// SokSparseApply's keys with more than 32 gradient rows (T, kHotOccurrences of
+// gpu/sparse_apply_kernels.cu): those are summed in a fixed parallel order, the same bits run after
+// run and the CPU's within float rounding. Only scalars come to the host (the number of distinct
+// keys, to size outputs, and the first bad position, to refuse bad input before the table changes).
 //
 // Host code, compiled by g++ with TensorFlow's flags: the device work is in gpu/unique_kernels.cu
 // and gpu/sparse_apply_kernels.cu (nvcc, no TensorFlow headers) behind plain launchers, and the
@@ -36,7 +37,7 @@ Status allocate_workspace(OpKernelContext* ctx, size_t bytes, Tensor* out) {
   return ctx->allocate_temp(::tensorflow::DT_INT8, TensorShape({static_cast<int64_t>(bytes > 0 ? bytes : 1)}), out);
 }
 
-// As check_positions in storage_ops.cc, on the device: positions (n,) are rows of u distinct keys.
+// As check_positions in cpu_ops.h, on the device: positions (n,) are rows of u distinct keys.
 Status check_positions_on_device(OpKernelContext* ctx, cudaStream_t stream, const Tensor& positions, int64_t u) {
   const int64_t n = positions.NumElements();
   if (n == 0) return Status();

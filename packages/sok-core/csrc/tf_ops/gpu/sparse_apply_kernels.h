@@ -1,7 +1,7 @@
 // The GPU half of SokLookupDistinct and SokSparseApply: checking positions, copying the rows of
 // distinct keys to their positions, and the fused optimizer step on rows read from a CUDA table,
-// equal bit for bit to the CPU kernels (storage_ops.cc: check_positions, LookupDistinctOp,
-// sum_rows + RowRule::apply), but for keys with more than 32 gradient rows, which sparse_apply_rows
+// equal bit for bit to the CPU kernels (cpu_ops.h: check_positions; storage_ops.cc: LookupDistinctOp;
+// training_ops.cc: sum_rows + RowRule::apply), but for keys with more than 32 gradient rows, which sparse_apply_rows
 // sums in a fixed parallel order (deterministic; the CPU's within float rounding).
 //
 // Plain C++ launchers over raw device pointers, compiled by nvcc without TensorFlow's headers;
@@ -32,7 +32,7 @@ cudaError_t gather_rows(const float* rows,         // (u, w) device
                         float* out,  // (n, w) device
                         cudaStream_t stream);
 
-// The rules of SokSparseApply, as RowRule in storage_ops.cc.
+// The rules of SokSparseApply, as RowRule in training_ops.cc.
 enum SparseRuleKind : int32_t { kRuleSgd = 0, kRuleMomentum = 1, kRuleAdagrad = 2, kRuleRowWiseAdagrad = 3 };
 
 struct SparseRule {

@@ -1,6 +1,6 @@
 // The GPU half of SokUniqueIndex and SokUniqueSum: the distinct keys of a batch in order of first
 // occurrence, with each key's position among them or the per-key sums of value rows, equal bit for
-// bit to the CPU kernels (storage_ops.cc).
+// bit to the CPU kernels (training_ops.cc).
 //
 // Plain C++ launchers over raw device pointers, compiled by nvcc without TensorFlow's headers. The
 // caller passes a device workspace of unique_workspace_bytes(n, key_bytes) and calls unique_sort,
