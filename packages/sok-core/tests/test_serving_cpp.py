@@ -3,9 +3,11 @@
 ``tests/cpp/serve_savedmodel.cc`` is built here against the TensorFlow wheel's C API
 (``libtensorflow_cc.so.2``); it loads SOK's op library (``libsok_tf_ops.so``, which needs no
 Python), the SavedModel's ``serve`` graph and variables, and serves one batch. Its outputs must equal
-Python's bit for bit, and libpython must never have been mapped into it. A model of ``sok.Variable``
-tables (``sok.lookup_sparse`` then a dense layer) is what exports today; ``sok.DynamicVariable``
-export is not built yet (issue 39).
+Python's bit for bit, and libpython must never have been mapped into it. Two models: one of
+``sok.Variable`` tables (``sok.lookup_sparse`` then a dense layer), and one that mixes two
+``sok.DynamicVariable`` tables with a static one, whose SavedModel holds the dynamic tables' serving
+copies (``serving_table``): keys the tables held when saved read their rows, the others the tables'
+default rows.
 """
 
 from __future__ import annotations
@@ -100,3 +102,59 @@ def test_without_sok_op_library_the_cpp_server_names_the_missing_op(server, tmp_
     done = serve_in_cpp(server, path, np.zeros((1, 2 * HOTNESS), np.int64), tmp_path, [])
     assert done.returncode == 1
     assert "SokPooledLookup" in done.stderr
+
+
+class DynamicModel(tf.Module):
+    """Two ``sok.DynamicVariable`` tables (a constant initializer of 0.25, and random rows) and a
+    ``sok.Variable``, pooled by one ``sok.lookup_sparse`` (sum, mean, sum), then a dense layer."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(5)
+        self.tables = [
+            sok.DynamicVariable(dimension=DIM, initializer=0.25, name="constant_rows"),
+            sok.DynamicVariable(dimension=DIM, name="random_rows"),
+            sok.Variable(rng.normal(size=(ROWS, DIM)).astype(np.float32)),
+        ]
+        keys = tf.range(ROWS, dtype=tf.int64)
+        for table in self.tables[:2]:
+            sok.assign(table, keys, rng.normal(size=(ROWS, DIM)).astype(np.float32))
+        self.kernel = tf.Variable(rng.normal(size=(3 * DIM, 1)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3 * HOTNESS], tf.int64)])
+    def serve(self, ids: tf.Tensor) -> dict[str, tf.Tensor]:
+        bags = [tf.RaggedTensor.from_tensor(part) for part in tf.split(ids, 3, axis=1)]
+        pooled = sok.lookup_sparse(self.tables, bags, combiners=["sum", "mean", "sum"])
+        return {"score": tf.sigmoid(tf.concat(pooled, axis=1) @ self.kernel)}
+
+
+def test_a_saved_model_of_dynamic_tables_serves_their_rows_from_cpp_without_python(server, tmp_path):
+    model = DynamicModel()
+    held = np.random.default_rng(6).integers(0, ROWS, size=(BATCH, 3 * HOTNESS))
+    expected = model.serve(tf.constant(held))["score"].numpy()  # every key held: nothing inserted
+    sizes = [table.storage.size() for table in model.tables[:2]]
+    path = tmp_path / "model"
+    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
+    assert [table.storage.size() for table in model.tables[:2]] == sizes  # saving inserts nothing
+    done = serve_in_cpp(server, path, held, tmp_path, tf_ops.serving_libraries())
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "libpython: absent" in done.stdout
+    served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(BATCH, 1)
+    np.testing.assert_array_equal(served, expected)  # bit for bit
+
+
+def test_keys_a_saved_dynamic_table_did_not_hold_read_its_default_row(server, tmp_path):
+    """Unseen keys: the constant initializer's row (0.25) for one table, zeros for the table of
+    random rows (random rows are a function of the key that the serving ops cannot recompute)."""
+    model = DynamicModel()
+    path = tmp_path / "model"
+    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
+    ids = np.random.default_rng(7).integers(0, ROWS, size=(BATCH, 3 * HOTNESS))
+    ids[:, : 2 * HOTNESS] += 10 * ROWS  # the dynamic tables never held these
+    done = serve_in_cpp(server, path, ids, tmp_path, tf_ops.serving_libraries())
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(BATCH, 1)
+    static = model.tables[2].numpy()[ids[:, 2 * HOTNESS :]].sum(axis=1)
+    pooled = np.concatenate([np.full((BATCH, DIM), 0.25 * HOTNESS), np.zeros((BATCH, DIM)), static], axis=1)
+    expected = 1.0 / (1.0 + np.exp(-(pooled @ model.kernel.numpy().astype(np.float64))))
+    np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+    assert [table.storage.size() for table in model.tables[:2]] == [ROWS, ROWS]

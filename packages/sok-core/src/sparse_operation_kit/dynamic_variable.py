@@ -34,10 +34,11 @@ from tensorflow.python.framework import ops as tf_ops_lib
 from tensorflow.python.framework import random_seed
 from tensorflow.python.ops import resource_variable_ops
 
-from sparse_operation_kit import device_ops, placement, tf_ops
+from sparse_operation_kit import communication, device_ops, placement, tf_ops
 from sparse_operation_kit import initializers as inits
 from sparse_operation_kit.dtypes import KEY_DTYPES
 from sparse_operation_kit.row_layout import RowLayout
+from sparse_operation_kit.serving_table import ServingCopy, saving, writing_saved_model
 from sparse_operation_kit.storage import MAX_ROW_WIDTH, Storage, create_storage
 from sparse_operation_kit.table_ref import TableRef
 from sparse_operation_kit.validate import is_positive_int
@@ -276,6 +277,10 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
                 shape=tf.TensorShape([None, self._dimension]),
                 dtype=tf.float32,
             )
+        # What a SavedModel's lookups read (serving_table): made from the table when one is saved.
+        constant = self._initializer.kind == inits.InitKind.CONSTANT
+        default = np.full(self._dimension, self._initializer.a if constant else 0.0, np.float32)
+        self._serving = ServingCopy(name, self._dimension, default, lambda: export(self))
 
     # -- properties of SOK's DynamicVariable ----------------------------------------------------
     @property
@@ -445,7 +450,11 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
 
     def sparse_read(self, indices: Any, name: str | None = None) -> tf.Tensor:
         """Rows of ``indices`` (any shape; result shape ``indices.shape + [dimension]``), inserting
-        unseen keys with the initializer. Differentiable: the gradient is IndexedSlices over keys."""
+        unseen keys with the initializer. Differentiable: the gradient is IndexedSlices over keys.
+        While a SavedModel is saved, the rows of the variable's serving copy instead (see
+        :meth:`serving_read`): nothing is inserted."""
+        if saving():
+            return self.serving_read(indices)
         with tf.name_scope(name or "SokLookup"), tf.device(self.table_device):
             if self.trainable:
                 tape_lib.variable_accessed(self)
@@ -456,6 +465,28 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
                     *self.table_inputs, keys, distinct, positions, col_begin=0, col_end=self._dimension
                 )
             return lib.sok_lookup(*self.table_inputs, keys, col_begin=0, col_end=self._dimension)
+
+    def serving_read(self, indices: Any) -> tf.Tensor:
+        """Rows of ``indices`` from the variable's serving copy (:mod:`~sparse_operation_kit.serving_table`):
+        every row the table holds, copied once per SavedModel save into constants of the saved
+        functions; the default row for a key the table does not hold (its constant initializer's
+        value, else zeros). TensorFlow ops only: what a SavedModel's lookups of this variable are,
+        so that a process without Python or SOK's tables serves them.
+
+        Raises:
+            ValueError: several ranks hold shards of the table (save the model from one process:
+                ``sok.dump`` on the ranks, ``sok.load`` in one process, then save), or the copy is
+                larger than a SavedModel's graph can hold (``serving_table.MAX_COPY_BYTES``).
+        """
+        ranks = communication.num_ranks()
+        if ranks > 1:
+            raise ValueError(
+                f"{self.name} is saved for serving from {ranks} ranks, but a SavedModel serves the whole "
+                f"table from one process; sok.dump it on the ranks, sok.load it in one process (np 1), "
+                f"then save the model there"
+            )
+        with tf.name_scope("SokServingLookup"):
+            return self._serving.lookup(self.keys_of(indices))
 
     # -- writes through IndexedSlices (SOK's scatter_* for dynamic variables) ------------------
     def _write(self, sparse_delta: Any, accumulate: bool, negate: bool = False) -> None:
@@ -548,7 +579,25 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         raise self._unsupported("batch_scatter_update()")
 
     def _serialize_to_tensors(self):
-        raise self._unsupported("tf.train.Checkpoint / SavedModel")
+        if saving() or writing_saved_model():  # a SavedModel: its functions hold the serving copy
+            return {}
+        raise self._unsupported("tf.train.Checkpoint")
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
+        """The variable's stand-in in a SavedModel's graph (a handle that ops may be colocated
+        with), with nothing to save or restore: lookups there read the serving copy
+        (``serving_read``), and the checkpoint holds no value for it. Refuses a save whose functions
+        TensorFlow traced for an earlier save (they would serve that save's rows)."""
+        if self._serving.stale_for_this_save():
+            raise ValueError(
+                f"{self.name} was saved in a SavedModel before by the same tf.functions, and TensorFlow reuses "
+                f"the trace it made then, whose serving copy holds the rows of that save, not today's; save "
+                f"functions traced anew (wrap the serving function in a new tf.function, or use model.export, "
+                f"which does) so that the SavedModel copies the table's current rows"
+            )
+        handles = super()._export_to_saved_model_graph(object_map, tensor_map, options, **kwargs)
+        object_map[self]._serialize_to_tensors = lambda: {}  # TensorFlow honours the instance's own
+        return handles
 
     def __deepcopy__(self, memo):
         raise self._unsupported("copy.deepcopy()")
@@ -672,6 +721,8 @@ def read_distinct(var: DynamicVariable, keys: Any) -> tf.Tensor:
         rows = read_distinct(v, distinct)   # [len(distinct), v.dimension]
     """
     var = _check_dynamic(var, "read_distinct")
+    if saving():
+        return var.serving_read(keys)
     with tf.name_scope("SokLookup"), tf.device(var.table_device):
         keys = _keys_of_read(var, keys, distinct=True)
         return tf_ops.library().sok_lookup(*var.table_inputs, keys, col_begin=0, col_end=var.dimension)
@@ -700,6 +751,8 @@ def try_sparse_read(
         rows, code, message = try_sparse_read(v, tf.constant([1, 2], tf.int64))
     """
     var = _check_dynamic(var, "try_sparse_read")
+    if saving():
+        return var.serving_read(indices), tf.constant(0, tf.int32), tf.constant("", tf.string)
     with tf.name_scope("SokTryLookup"):
         keys = _keys_of_read(var, indices, distinct)
         return tf_ops.library().sok_try_lookup(*var.table_inputs, keys, col_begin=0, col_end=var.dimension)

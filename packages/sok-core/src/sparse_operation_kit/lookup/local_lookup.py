@@ -26,6 +26,7 @@ from sparse_operation_kit import device_ops, pooled_lookup, tf_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable, read_distinct, try_sparse_read
 from sparse_operation_kit.lookup.input_dist import OwnedIds
 from sparse_operation_kit.lookup.plan import ExchangePlan, TablePlan, dynamic_groups, fused_tables, on_gpu, shard
+from sparse_operation_kit.serving_table import saving
 
 __all__ = ["Status", "pool_dynamic", "pool_held", "pool_rows"]
 
@@ -50,7 +51,7 @@ def _admitted(param: DynamicVariable, keys: tf.Tensor) -> tf.Tensor | None:
     per occurrence (``tf.random.uniform``: reproducible under ``tf.random.set_seed``). The table is
     read without inserting anything."""
     ratio = param.filter_ratio
-    if ratio >= 1.0:
+    if ratio >= 1.0 or saving():  # a SavedModel's lookups admit every key (and insert none)
         return None
     unique, position = tf.unique(keys, out_idx=tf.int64)
     _, found = tf_ops.library().sok_find(*param.table_inputs, _as_table_keys(unique, param), col_begin=0, col_end=1)

@@ -1,0 +1,135 @@
+"""``sok.DynamicVariable`` in a SavedModel (issue 39): ``tf.saved_model.save`` writes a serving copy
+of each dynamic table its functions read (``serving_table``: sorted keys and rows, constants of the
+saved functions, read by TensorFlow's own ops), loaded here in a fresh process that never imports
+``sparse_operation_kit`` (only SOK's op library is loaded, as a C++ server does; the C++ server
+itself is ``test_serving_cpp.py``); and what saving refuses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import sparse_operation_kit as sok  # noqa: E402
+from sparse_operation_kit import communication, serving_table, tf_ops  # noqa: E402
+
+DIM = 3
+
+#: Loads a SavedModel with SOK's op library only and prints its functions' outputs as JSON.
+LOADER = """
+import json, sys
+import tensorflow as tf
+for library in sys.argv[3:]:
+    tf.load_op_library(library)
+model = tf.saved_model.load(sys.argv[1])
+ids = tf.constant(json.loads(sys.stdin.read()), sys.argv[2])
+bags = tf.RaggedTensor.from_row_lengths(ids, [2, 1, 0, 1])
+print(json.dumps({
+    "rows": model.rows(ids).numpy().tolist(),
+    "pooled": model.pooled(bags).numpy().tolist(),
+    "imported_sok": any(name.startswith("sparse_operation_kit") for name in sys.modules),
+}))
+"""
+
+
+class Model(tf.Module):
+    """One dynamic table read two ways: tf.nn.embedding_lookup and sok.lookup_sparse (mean)."""
+
+    def __init__(self, table: sok.DynamicVariable) -> None:
+        self.table = table
+        spec = tf.TensorSpec([None], table.key_type)
+        self.rows = tf.function(lambda ids: tf.nn.embedding_lookup(self.table, ids), input_signature=[spec])
+        ragged = tf.RaggedTensorSpec([None, None], table.key_type, 1, tf.int64)
+        self.pooled = tf.function(
+            lambda bags: sok.lookup_sparse([self.table], [bags], combiners=["mean"])[0], input_signature=[ragged]
+        )
+
+
+def _table(key_type=tf.int64, initializer=None, name="t") -> sok.DynamicVariable:
+    table = sok.DynamicVariable(dimension=DIM, key_type=key_type, initializer=initializer, name=name)
+    keys = tf.constant([5, 9, 2], key_type)
+    sok.assign(table, keys, tf.constant(np.arange(9, dtype=np.float32).reshape(3, DIM) + 1.0))
+    return table
+
+
+def _load_elsewhere(path: Path, ids: list[int], key_type: tf.DType) -> dict:
+    """The saved functions' outputs from a fresh process that loads SOK's op library only."""
+    command = [sys.executable, "-c", LOADER, str(path), key_type.name, *tf_ops.serving_libraries()]
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(command, input=json.dumps(ids), capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("key_type", [tf.int64, tf.int32, tf.uint64], ids=["int64", "int32", "uint64"])
+def test_a_saved_table_serves_its_rows_and_the_default_row_elsewhere(tmp_path, key_type):
+    table = _table(key_type, initializer=0.5, name=f"t_{key_type.name}")
+    model = Model(table)
+    path = tmp_path / "model"
+    tf.saved_model.save(model, str(path))
+    assert table.storage.size() == 3  # saving inserted nothing
+    out = _load_elsewhere(path, [9, 2, 7, 5], key_type)  # 7: never held
+    assert out["imported_sok"] is False
+    np.testing.assert_array_equal(out["rows"], [[4, 5, 6], [7, 8, 9], [0.5] * DIM, [1, 2, 3]])
+    # mean bags [9, 2], [7], [], [5]: the unseen key's default row is pooled like a row
+    np.testing.assert_allclose(out["pooled"], [[5.5, 6.5, 7.5], [0.5] * DIM, [0, 0, 0], [1, 2, 3]])
+    # the same bags from the live table, whose key 7 is the same default (constant initializer)
+    live = sok.lookup_sparse([table], [tf.ragged.constant([[9, 2], [7], [], [5]], key_type)], combiners=["mean"])
+    np.testing.assert_array_equal(out["pooled"], live[0].numpy())
+
+
+def test_a_table_of_random_rows_serves_zeros_for_keys_it_did_not_hold(tmp_path):
+    model = Model(_table(name="random_rows"))
+    path = tmp_path / "model"
+    tf.saved_model.save(model, str(path))
+    loaded = tf.saved_model.load(str(path))
+    np.testing.assert_array_equal(loaded.rows(tf.constant([5, 11], tf.int64)).numpy(), [[1, 2, 3], [0, 0, 0]])
+
+
+def test_each_save_copies_the_rows_of_that_moment(tmp_path):
+    table = _table(name="changing")
+    tf.saved_model.save(Model(table), str(tmp_path / "first"))
+    sok.assign(table, tf.constant([5, 40], tf.int64), tf.constant([[-1.0] * DIM, [8.0] * DIM]))
+    tf.saved_model.save(Model(table), str(tmp_path / "second"))  # new tf.functions: traced anew
+    ids = tf.constant([5, 40], tf.int64)
+    loaded = [tf.saved_model.load(str(tmp_path / name)) for name in ("first", "second")]
+    first, second = (model.rows(ids).numpy() for model in loaded)
+    np.testing.assert_array_equal(first, [[1, 2, 3], [0, 0, 0]])
+    np.testing.assert_array_equal(second, [[-1] * DIM, [8] * DIM])
+
+
+def test_a_checkpoint_still_refuses_the_table(tmp_path):
+    with pytest.raises(
+        NotImplementedError, match=r"tf.train.Checkpoint is not supported by a sok.DynamicVariable.*sok.dump"
+    ):
+        tf.train.Checkpoint(table=_table(name="in_checkpoint")).save(str(tmp_path / "ckpt"))
+
+
+def test_a_shard_of_several_ranks_is_refused_with_the_way_to_save_it(tmp_path, monkeypatch):
+    model = Model(_table(name="sharded"))
+    monkeypatch.setattr(communication, "num_ranks", lambda: 2)
+    with pytest.raises(ValueError, match=r"saved for serving from 2 ranks.*sok.load it in one process"):
+        tf.saved_model.save(model, str(tmp_path / "model"))
+
+
+def test_a_copy_larger_than_a_saved_model_holds_is_refused_with_its_size(tmp_path, monkeypatch):
+    model = Model(_table(name="large"))
+    monkeypatch.setattr(serving_table, "MAX_COPY_BYTES", 16)
+    with pytest.raises(ValueError, match=r"large holds 3 keys \(0\.00 GiB with their rows\), more than a SavedModel"):
+        tf.saved_model.save(model, str(tmp_path / "model"))
+
+
+def test_a_second_save_of_the_same_functions_is_refused(tmp_path):
+    """TensorFlow reuses a function's trace for a later save: it would serve the first save's rows."""
+    table = _table(name="saved_twice")
+    model = Model(table)
+    tf.saved_model.save(model, str(tmp_path / "first"))
+    sok.assign(table, tf.constant([5], tf.int64), tf.constant([[-1.0] * DIM]))
+    with pytest.raises(ValueError, match=r"saved_twice:0 was saved in a SavedModel before by the same tf.functions"):
+        tf.saved_model.save(model, str(tmp_path / "second"))
