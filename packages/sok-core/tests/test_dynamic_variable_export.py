@@ -133,3 +133,20 @@ def test_a_second_save_of_the_same_functions_is_refused(tmp_path):
     sok.assign(table, tf.constant([5], tf.int64), tf.constant([[-1.0] * DIM]))
     with pytest.raises(ValueError, match=r"saved_twice:0 was saved in a SavedModel before by the same tf.functions"):
         tf.saved_model.save(model, str(tmp_path / "second"))
+
+
+def test_a_keras_model_with_sok_dynamic_embedding_exports(tmp_path):
+    """Keras 3 ``model.export`` (new functions each time) of SOK's DynamicEmbedding layer."""
+    keras = pytest.importorskip("keras")
+    from sparse_operation_kit.layers import DynamicEmbedding
+
+    embedding = DynamicEmbedding(DIM, initializer=0.5)
+    inputs = keras.Input(shape=(), dtype="int64")
+    model = keras.Model(inputs, keras.layers.Dense(1, kernel_initializer="ones")(embedding(inputs)))
+    ids = tf.constant([5, 9], tf.int64)
+    expected = model(ids).numpy()  # inserts 5 and 9 with the constant row
+    model.export(str(tmp_path / "keras"))
+    loaded = tf.saved_model.load(str(tmp_path / "keras"))
+    served = loaded.serve(tf.constant([5, 9, 11], tf.int64)).numpy()
+    np.testing.assert_array_equal(served[:2], expected)
+    np.testing.assert_array_equal(served[2], [0.5 * DIM])  # 11: never held, the default row
