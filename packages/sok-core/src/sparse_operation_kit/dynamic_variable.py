@@ -588,12 +588,12 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
         with), with nothing to save or restore: lookups there read the serving copy
         (``serving_read``), and the checkpoint holds no value for it. Refuses a save whose functions
         TensorFlow traced for an earlier save (they would serve that save's rows)."""
-        if self._serving.stale_for_this_save():
+        if self._serving.stale_functions_alive():
             raise ValueError(
-                f"{self.name} was saved in a SavedModel before by the same tf.functions, and TensorFlow reuses "
-                f"the trace it made then, whose serving copy holds the rows of that save, not today's; save "
-                f"functions traced anew (wrap the serving function in a new tf.function, or use model.export, "
-                f"which does) so that the SavedModel copies the table's current rows"
+                f"{self.name}: functions traced for an earlier SavedModel save still exist, and a save that "
+                f"takes one reuses its trace, which holds the table's rows of then; save functions traced "
+                f"anew (a new tf.function, a new model object, or model.export, which traces its own) and let "
+                f"the earlier ones go (del the earlier model or module) before saving"
             )
         handles = super()._export_to_saved_model_graph(object_map, tensor_map, options, **kwargs)
         object_map[self]._serialize_to_tensors = lambda: {}  # TensorFlow honours the instance's own

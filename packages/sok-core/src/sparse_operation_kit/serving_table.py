@@ -10,7 +10,9 @@ was saved reads the default row: the table's initializer where it is a constant 
 ``"ones"``, a number), zeros otherwise (random rows are a function of the key that TensorFlow's ops
 cannot recompute). Nothing is inserted while saving. The copy is part of the SavedModel's graph,
 which protobuf limits to 2 GiB: a table whose keys and rows take more than ``MAX_COPY_BYTES``
-is refused with its size.
+is refused with its size. A function traced for one save holds that save's copy, and TensorFlow
+reuses the trace when a later save takes the function: a save is refused while such a function
+exists (:meth:`ServingCopy.stale_functions_alive`), so no SavedModel serves rows older than its save.
 
 Example::
 
@@ -21,8 +23,10 @@ Example::
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -75,11 +79,15 @@ class ServingCopy:
         self._read = read
         self._made_for: Any = None
         self._copy: tuple[tf.Tensor, tf.Tensor] | None = None
+        # The keys of the copies of earlier saves, weakly: alive while a function traced for such a
+        # save is (it captured them), which a later save may reuse with those rows.
+        self._earlier: list[weakref.ref] = []
 
     def _current(self) -> tuple[tf.Tensor, tf.Tensor]:
         """The eager ``(sorted int64 keys, rows)`` of this save, made at its first lookup."""
         options = save_context.get_save_options()
         if self._copy is None or options is not self._made_for:
+            self._retire()
             with tf.init_scope(), tf.device("/CPU:0"):
                 keys, rows = self._read()
                 bits = _as_int64(tf.convert_to_tensor(keys))
@@ -96,11 +104,23 @@ class ServingCopy:
             self._made_for = options
         return self._copy
 
-    def stale_for_this_save(self) -> bool:
-        """Whether an earlier save made the copy and this one has not (yet) read the table: a save
-        whose functions TensorFlow traced for an earlier save reuses that trace, and with it the
-        earlier save's rows."""
-        return self._copy is not None and self._made_for is not save_context.get_save_options()
+    def _retire(self) -> None:
+        """Keep only a weak reference to the copy of an earlier save."""
+        if self._copy is not None:
+            self._earlier.append(weakref.ref(self._copy[0]))
+        self._copy, self._made_for = None, None
+
+    def stale_functions_alive(self) -> bool:
+        """Whether a function traced for an earlier save still exists (it holds that save's copy):
+        TensorFlow reuses such a trace when a later save takes the function, and with it the rows of
+        then. Called while a save maps its objects, after its functions were traced."""
+        if self._made_for is not save_context.get_save_options():
+            self._retire()  # this save did not read the table: its copy, if any, is an earlier one
+        if not self._earlier:
+            return False
+        gc.collect()  # traced functions live in reference cycles
+        self._earlier = [ref for ref in self._earlier if ref() is not None]
+        return bool(self._earlier)
 
     def lookup(self, ids: Any) -> tf.Tensor:
         """Rows ``ids.shape + [dimension]`` of ``ids`` (the table's key dtype), the default row for a
