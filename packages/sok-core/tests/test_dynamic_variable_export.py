@@ -90,6 +90,7 @@ def test_a_table_of_random_rows_serves_zeros_for_keys_it_did_not_hold(tmp_path):
     tf.saved_model.save(model, str(path))
     loaded = tf.saved_model.load(str(path))
     np.testing.assert_array_equal(loaded.rows(tf.constant([5, 11], tf.int64)).numpy(), [[1, 2, 3], [0, 0, 0]])
+    assert loaded.rows(tf.constant([], tf.int64)).numpy().shape == (0, DIM)
 
 
 def test_each_save_copies_the_rows_of_that_moment(tmp_path):
@@ -174,3 +175,12 @@ def test_a_keras_model_exports_again_after_training(tmp_path):
     model.export(str(tmp_path / "second"))
     loaded = tf.saved_model.load(str(tmp_path / "second"))
     np.testing.assert_array_equal(loaded.serve(tf.constant([5], tf.int64)).numpy(), [[2.0] * DIM])
+
+
+def test_an_empty_table_serves_its_default_row(tmp_path):
+    table = sok.DynamicVariable(dimension=DIM, initializer=-2.0, name="empty")
+    tf.saved_model.save(Model(table), str(tmp_path / "model"))
+    loaded = tf.saved_model.load(str(tmp_path / "model"))
+    np.testing.assert_array_equal(loaded.rows(tf.constant([1, 2], tf.int64)).numpy(), [[-2.0] * DIM] * 2)
+    assert loaded.rows(tf.constant([], tf.int64)).numpy().shape == (0, DIM)
+    assert table.storage.size() == 0
