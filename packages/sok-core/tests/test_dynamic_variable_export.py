@@ -184,3 +184,14 @@ def test_an_empty_table_serves_its_default_row(tmp_path):
     np.testing.assert_array_equal(loaded.rows(tf.constant([1, 2], tf.int64)).numpy(), [[-2.0] * DIM] * 2)
     assert loaded.rows(tf.constant([], tf.int64)).numpy().shape == (0, DIM)
     assert table.storage.size() == 0
+
+
+def test_a_second_save_after_an_empty_one_is_refused(tmp_path):
+    """The functions traced for an empty table's save hold its (empty) copy too: saving them again
+    after rows arrive would serve defaults only."""
+    table = sok.DynamicVariable(dimension=DIM, name="filled_later")
+    model = Model(table)
+    tf.saved_model.save(model, str(tmp_path / "empty"))
+    sok.assign(table, tf.constant([3], tf.int64), tf.constant([[1.0] * DIM]))
+    with pytest.raises(ValueError, match=r"functions traced for an earlier SavedModel save still exist"):
+        tf.saved_model.save(model, str(tmp_path / "filled"))

@@ -131,7 +131,10 @@ class ServingCopy:
         count = int(keys.shape[0])
         default = tf.constant(self._default)
         if count == 0:
-            found = tf.broadcast_to(default, tf.stack([tf.size(flat, out_type=tf.int64), self._dimension]))
+            # The empty keys are read all the same: the function must hold its copy (see
+            # stale_functions_alive), an empty one included.
+            with tf.control_dependencies([tf.size(keys)]):
+                found = tf.broadcast_to(default, tf.stack([tf.size(flat, out_type=tf.int64), self._dimension]))
         else:
             position = tf.minimum(tf.searchsorted(keys, flat, side="left", out_type=tf.int64), count - 1)
             held = tf.gather(keys, position) == flat
