@@ -195,3 +195,17 @@ def test_a_second_save_after_an_empty_one_is_refused(tmp_path):
     sok.assign(table, tf.constant([3], tf.int64), tf.constant([[1.0] * DIM]))
     with pytest.raises(ValueError, match=r"functions traced for an earlier SavedModel save still exist"):
         tf.saved_model.save(model, str(tmp_path / "filled"))
+
+
+def test_a_table_the_saved_object_does_not_track_is_refused(tmp_path):
+    """A function that reads a table held by no attribute of the saved object: TensorFlow refuses
+    it (the serving read names the variable), rather than saving a copy no later save would check."""
+    table = _table(name="untracked")
+
+    class Holder(tf.Module):
+        @tf.function(input_signature=[tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64)])
+        def pooled(self, bags):
+            return sok.lookup_sparse([table], [bags], combiners=["sum"])[0]
+
+    with pytest.raises(AssertionError, match=r"untracked"):
+        tf.saved_model.save(Holder(), str(tmp_path / "model"))

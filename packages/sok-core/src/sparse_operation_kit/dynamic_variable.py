@@ -486,7 +486,11 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
                 f"then save the model there"
             )
         with tf.name_scope("SokServingLookup"):
-            return self._serving.lookup(self.keys_of(indices))
+            # The handle, read for nothing: a function that reads the copy then names the variable,
+            # so a save refuses an untracked one (TensorFlow's "untracked resource") and checks a
+            # tracked one (_export_to_saved_model_graph) instead of passing it by.
+            with tf.control_dependencies([tf.raw_ops.VarIsInitializedOp(resource=self.handle)]):
+                return tf.identity(self._serving.lookup(self.keys_of(indices)))
 
     # -- writes through IndexedSlices (SOK's scatter_* for dynamic variables) ------------------
     def _write(self, sparse_delta: Any, accumulate: bool, negate: bool = False) -> None:
