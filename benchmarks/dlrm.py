@@ -30,7 +30,11 @@ Usage::
     python benchmarks/dlrm.py --sparse-optimizer rowwise     # sok.RowWiseAdagrad on both models' tables
     python benchmarks/dlrm.py --tables mixed --var-types hbm  # every dynamic table in device memory
     python benchmarks/dlrm.py --trace-steps 5      # then each model's step time by part (lookup, update, ...)
-    python benchmarks/dlrm.py --input gpu --id-dtype int32   # batches already in GPU memory, int32 ids
+    python benchmarks/dlrm.py --input gpu          # batches already in GPU memory (int64 ids)
+
+On a GPU, give int64 ids: TensorFlow keeps int32 tensors of its GPU device in host memory, so int32
+ids "in GPU memory" are sliced on the host and copied to the GPU in every step (26 copies per
+DCNv2 step), and int32 ids from ``tf.data`` are copied back to the host first.
 """
 
 from __future__ import annotations
@@ -273,7 +277,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pool", type=int, default=100, help="distinct training batches, made before timing")
     parser.add_argument("--input", choices=INPUTS, default="host", help="host: tf.data prefetched to the GPU; gpu: "
                         "the pool's batches in GPU memory (no copy in the step)")  # fmt: skip
-    parser.add_argument("--id-dtype", choices=sorted(ID_DTYPES), default="int64", help="the batches' ids")
+    parser.add_argument("--id-dtype", choices=sorted(ID_DTYPES), default="int64",
+                        help="the batches' ids (int64 on a GPU: see the docstring)")  # fmt: skip
     parser.add_argument("--eval-batches", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -59,9 +59,16 @@ def _table(key_type=tf.int64, initializer=None, name="t") -> sok.DynamicVariable
 
 
 def _load_elsewhere(path: Path, ids: list[int], key_type: tf.DType) -> dict:
-    """The saved functions' outputs from a fresh process that loads SOK's op library only."""
+    """The saved functions' outputs from a fresh process that loads SOK's op library only (TensorFlow
+    from where this process has it: a PYTHONPATH entry on the GPU host)."""
     command = [sys.executable, "-c", LOADER, str(path), key_type.name, *tf_ops.serving_libraries()]
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    tensorflow_site = str(Path(tf.__file__).resolve().parents[1])
+    env = {
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": tensorflow_site,
+    }
     done = subprocess.run(command, input=json.dumps(ids), capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
