@@ -103,17 +103,19 @@ fi
 for pkg in "${PACKAGES[@]}"; do
   dir="$ROOT/packages/$pkg"
   stamp="$VENV/.sok-built-$pkg.sha"
-  # Backends compile sok-core's C headers and CMake helper: those are part of their inputs.
+  # Backends compile sok-core's C headers and CMake helper: those are part of their inputs. A
+  # tracked file deleted in the work tree is listed too, and skipped.
   sha=$(cd "$ROOT" && git ls-files -co --exclude-standard -- "packages/$pkg" \
           packages/sok-core/src/sparse_operation_kit/include packages/sok-core/src/sparse_operation_kit/cmake \
-        | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)
+        | LC_ALL=C sort -u | while IFS= read -r f; do [[ -e $f ]] && printf '%s\0' "$f"; done \
+        | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
   if [[ "$(cat "$stamp" 2>/dev/null)" == "$sha" ]]; then
     echo "$pkg: up to date"
     continue
   fi
   echo "$pkg: building"
-  # No build isolation: the build tools come from step 2 and the backends find sok-core's C headers
-  # through the installed package. build-dir in each pyproject keeps CMake builds incremental.
+  # No build isolation: the build tools come from step 2 (the backends find sok-core's CMake package
+  # in this checkout). build-dir in each pyproject keeps CMake builds incremental.
   pip_q --no-deps --no-build-isolation "$dir"
   echo "$sha" >"$stamp"
 done

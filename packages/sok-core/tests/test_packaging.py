@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.resources
+import shutil
+import subprocess
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -85,7 +88,36 @@ HEADERS = [
 @pytest.mark.parametrize("header", HEADERS)
 def test_headers_ship_with_the_package(header):
     assert (Path(sparse_operation_kit.get_include()) / "sok" / header).is_file()
-    assert (Path(sparse_operation_kit.get_cmake_dir()) / "SokStorageApi.cmake").is_file()
+
+
+def test_cmake_package_ships_with_the_package():
+    """The backends' find_package(SokCore): the config, and the version file sok-core's build writes."""
+    cmake_dir = Path(sparse_operation_kit.get_cmake_dir())
+    assert (cmake_dir / "SokCoreConfig.cmake").is_file()
+    version_file = (cmake_dir / "SokCoreConfigVersion.cmake").read_text()
+    assert f'set(PACKAGE_VERSION "{sparse_operation_kit.__version__}")' in version_file
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake on PATH")
+def test_cmake_finds_the_installed_package_through_the_entry_point(tmp_path):
+    """scikit-build-core sets <name>_ROOT from each entry point of the group cmake.root, as here."""
+    roots = {ep.name: ep for ep in entry_points(group="cmake.root")}
+    assert "SokCore" in roots, roots
+    root = importlib.resources.files(roots["SokCore"].load())
+    version = sparse_operation_kit.__version__
+    (tmp_path / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.18...3.31)\n"
+        "project(probe LANGUAGES NONE)\n"
+        f"find_package(SokCore {version} EXACT CONFIG REQUIRED)\n"
+        'message(STATUS "SokCore ${SokCore_VERSION} at ${SokCore_DIR}")\n'
+    )
+    configure = subprocess.run(
+        ["cmake", "-S", str(tmp_path), "-B", str(tmp_path / "build"), f"-DSokCore_ROOT={root}"],
+        capture_output=True,
+        text=True,
+    )
+    assert configure.returncode == 0, configure.stderr
+    assert f"SokCore {version} at {sparse_operation_kit.get_cmake_dir()}" in configure.stdout
 
 
 def test_contract_level_holds_only_the_contract():

@@ -26,7 +26,9 @@ def get_include() -> str:
 
 
 def get_cmake_dir() -> str:
-    """The directory of ``SokStorageApi.cmake``, the CMake helper for backends."""
+    """The directory of sok-core's CMake package for backends, ``SokCoreConfig.cmake``
+    (``find_package(SokCore)``); pip's build of a backend finds it by itself, other builds pass
+    ``-DSokCore_DIR=<this directory>``."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "cmake")
 
 

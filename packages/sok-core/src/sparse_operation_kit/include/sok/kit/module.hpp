@@ -7,8 +7,8 @@
 //     sok::export_backend(m, sok::make_storage_api<my_backend::create_storage>("mine"));
 //   }
 //
-// SOK_BACKEND_VERSION, SOK_WITH_CUDA and SOK_CUDA_ARCHS come from sok_configure_backend
-// (SokStorageApi.cmake).
+// SOK_BACKEND_VERSION, SOK_WITH_CUDA and SOK_CUDA_ARCHS come from sok_configure_backend (which
+// sok_add_backend calls) of sok-core's CMake package (SokCoreConfig.cmake).
 #ifndef SOK_KIT_MODULE_HPP_
 #define SOK_KIT_MODULE_HPP_
 

@@ -1,0 +1,91 @@
+# SokCore: sok-core's CMake package, for the storage backends of SparseOperationKit. It ships inside
+# sok-core (sparse_operation_kit/cmake/); a backend's CMakeLists.txt is
+#
+#   cmake_minimum_required(VERSION 3.18...3.31)
+#   project(${SKBUILD_PROJECT_NAME} VERSION ${SKBUILD_PROJECT_VERSION} LANGUAGES CXX)
+#   find_package(SokCore CONFIG REQUIRED)
+#   sok_add_backend(my_sok_backend SOURCES csrc/module.cpp csrc/my_table.cpp)
+#
+# pip's build of the backend (scikit-build-core) finds the sok-core installed in the build's Python
+# by itself: sok-core's entry point in the group cmake.root sets SokCore_ROOT. Any other build names
+# this directory: -DSokCore_DIR=$(python -c "import sparse_operation_kit as s; print(s.get_cmake_dir())").
+#
+# SokCoreConfigVersion.cmake beside this file, for find_package(SokCore <version>), is written by
+# sok-core's build from its version (pyproject.toml), so an installed sok-core has one and a source
+# tree has none: sok-core's own backends build against the checkout they sit in and ask no version.
+#
+# sok_add_backend(<package> SOURCES <source>...) builds the backend's pybind11 module <package>._core
+# from the C++ sources and installs it into <package>. sok_configure_backend(<target>) is the part of
+# it that a module target made otherwise (a backend in plain C, another binding library) calls
+# itself: it gives the target sok-core's C headers (the contract sok/storage_api.h, the C++ kit
+# sok/kit/*.hpp, and sok/gpu_engine/, the GPU hash-table engine of the CUDA sources), C++17, the
+# backend's version as SOK_BACKEND_VERSION, and, where a CUDA toolkit is found, the backend's CUDA
+# sources csrc/*.cu (architectures: CMAKE_CUDA_ARCHITECTURES or $CUDAARCHS, default 80;90), linked
+# with the static CUDA runtime.
+set(SokCore_INCLUDE_DIR "${CMAKE_CURRENT_LIST_DIR}/../include")
+
+# Macros, not functions: enable_language(CUDA) must run in the directory scope.
+macro(sok_add_backend package)
+  cmake_parse_arguments(_sok_add "" "" "SOURCES" ${ARGN})
+  if(NOT _sok_add_SOURCES OR _sok_add_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "sok_add_backend(${package} ${ARGN}): expected sok_add_backend(<package> SOURCES "
+                        "<source>...), e.g. sok_add_backend(my_sok_backend SOURCES csrc/module.cpp)")
+  endif()
+  if(NOT SKBUILD)
+    message(WARNING "Build this package with pip: pip install --no-build-isolation ${CMAKE_CURRENT_SOURCE_DIR}")
+  endif()
+  find_package(Python REQUIRED COMPONENTS Interpreter Development.Module)
+  find_package(pybind11 CONFIG REQUIRED)
+  python_add_library(_core MODULE WITH_SOABI ${_sok_add_SOURCES})
+  target_link_libraries(_core PRIVATE pybind11::headers)
+  sok_configure_backend(_core)
+  install(TARGETS _core DESTINATION ${package})
+endmacro()
+
+macro(sok_configure_backend target)
+  target_include_directories(${target} PRIVATE "${SokCore_INCLUDE_DIR}" "${CMAKE_CURRENT_SOURCE_DIR}/csrc")
+  target_compile_definitions(${target} PRIVATE SOK_BACKEND_VERSION="${PROJECT_VERSION}")
+  set_target_properties(${target} PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_VISIBILITY_PRESET hidden
+                                             VISIBILITY_INLINES_HIDDEN ON)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(${target} PRIVATE -O3 -Wall -Wextra -Wno-unused-parameter)
+  endif()
+  find_package(Threads REQUIRED)
+  target_link_libraries(${target} PRIVATE Threads::Threads)
+
+  file(GLOB _sok_cuda_sources CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/csrc/*.cu")
+  if(_sok_cuda_sources)
+    include(CheckLanguage)
+    check_language(CUDA)
+    if(CMAKE_CUDA_COMPILER)
+      # Architectures: CMAKE_CUDA_ARCHITECTURES, else the CUDAARCHS environment variable (CMake's
+      # own), else 80 and 90 (A100, H100/H200).
+      if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
+        set(CMAKE_CUDA_ARCHITECTURES 80 90)
+      endif()
+      enable_language(CUDA)
+      if(NOT CMAKE_CUDA_ARCHITECTURES)  # an empty value cached by an earlier configure
+        set(CMAKE_CUDA_ARCHITECTURES 80 90)
+      endif()
+      find_package(CUDAToolkit REQUIRED)
+      target_sources(${target} PRIVATE ${_sok_cuda_sources})
+      # Ninja records no header dependencies from nvcc's depfiles here (`ninja -t deps`: 0 for the
+      # .cu objects), so an edit of a header under sok/ (the contract, kit/, gpu_engine/) would leave
+      # the CUDA objects stale: name them all.
+      file(GLOB_RECURSE _sok_headers CONFIGURE_DEPENDS "${SokCore_INCLUDE_DIR}/sok/*.h"
+           "${SokCore_INCLUDE_DIR}/sok/*.hpp" "${SokCore_INCLUDE_DIR}/sok/*.cuh")
+      set_source_files_properties(${_sok_cuda_sources} PROPERTIES OBJECT_DEPENDS "${_sok_headers}")
+      # The target was made before CUDA was enabled: give it the architectures now.
+      set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
+                            CUDA_STANDARD 17 CUDA_RUNTIME_LIBRARY Static)
+      # --fmad=false: the initializers' random stream must equal the host's bit for bit.
+      target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--fmad=false -O3 -Xcompiler=-fvisibility=hidden>)
+      target_link_libraries(${target} PRIVATE CUDA::cudart_static)
+      string(REPLACE ";" "," _sok_cuda_archs "${CMAKE_CUDA_ARCHITECTURES}")  # a list would split the define
+      target_compile_definitions(${target} PRIVATE SOK_WITH_CUDA=1 SOK_CUDA_ARCHS="${_sok_cuda_archs}")
+      message(STATUS "${target}: CUDA build for architectures ${CMAKE_CUDA_ARCHITECTURES}")
+    else()
+      message(STATUS "${target}: no CUDA toolkit found, CPU-only build")
+    endif()
+  endif()
+endmacro()
