@@ -1,9 +1,9 @@
 // DEVICE_GPU kernels of SokPooledLookup and SokPooledLookupGrad: the CPU kernels' results to the bit
 // (pooled_lookup_ops.cc defines the semantics), from SOK's CUDA kernels (gpu/pooled_lookup_kernels.h)
 // on TensorFlow's compute stream. Every input and output is in device memory. One exception: the
-// gradient rows of ids with more than 32 occurrences (T, kHotOccurrences of the .cu) are summed in a
-// fixed parallel order: deterministic (the same bits run after run), the CPU's within float
-// rounding; every other id's row is bit-equal.
+// gradient rows of ids with more than 1024 occurrences (kHotSegment of the .cu) are summed in
+// segments: deterministic (the same bits run after run), the CPU's within float rounding; every
+// other id's row is bit-equal.
 //
 // The ops are registered by libsok_tf_ops.so, loaded first; this file only adds kernels. Each op
 // reads one small array back to the host, after one cudaStreamSynchronize: the checks of each

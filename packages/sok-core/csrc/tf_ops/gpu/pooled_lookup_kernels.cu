@@ -12,13 +12,12 @@
 // The gradient of an id with at most kHotOccurrences occurrences is summed by `grad_lanes` threads
 // of one warp: they load the occurrences' samples, divisors and weights a lane each, then pass them
 // round (shuffles) while each adds its columns in the CPU's order. A hot id (more occurrences) is
-// not summed by one thread per column, a serial chain as long as its occurrences: accumulate_kernel
-// lists it, and hot_segments_kernel gives each kHotSegment of its occurrences and 32-column tile a
-// block whose 32 warps each sum every 32nd occurrence in order, then add their partial sums in a
-// fixed tree (hot_sum); an id of several segments gets their sums added in segment order
-// (hot_finish_kernel). No float atomics: the order depends only on the occurrence count, so the
-// bits are the same run after run; they equal the CPU's within float rounding (the CPU adds in id
-// order), and to the bit for the other ids.
+// not summed in the pass over the distinct ids (one warp would hold the step for its occurrences):
+// accumulate_kernel lists it, and hot_segments_kernel gives each kHotSegment of its occurrences a
+// warp that sums them in order as above; an id of several segments gets their sums added in segment
+// order (hot_finish_kernel). No float atomics: the order depends only on the occurrence count, so
+// the bits are the same run after run; they equal the CPU's within float rounding for an id of
+// several segments (the CPU adds in id order), and to the bit for the other ids.
 #include "pooled_lookup_kernels.h"
 
 #include <algorithm>
@@ -32,22 +31,19 @@
 namespace sok_gpu {
 namespace {
 
-using detail::hot_sum;
-using detail::kHotColumns;
-using detail::kHotThreads;
-
 constexpr int kThreads = 256;
 constexpr int kUnroll = 8;
 // local_row of an id that another shard holds (Table::local of pooled_lookup_ops.cc).
 constexpr int64_t kNotHeld = INT64_MIN;
 constexpr size_t kAlign = 256;
-// T: a distinct id with at most this many occurrences has its gradient summed serially in the CPU's
-// order (bit-exact); one with more is "hot" and summed in a fixed parallel order (hot_sum).
+// A distinct id with at most this many occurrences has its gradient summed in the pass over the
+// distinct ids; one with more is "hot" and summed by the hot kernels, in segments.
 constexpr int64_t kHotOccurrences = 32;
-constexpr int64_t kHotBlocks = 1024;  // the most hot blocks per column tile
-// The occurrences of a hot id that one block sums: an id with more gets a block per segment, so that
-// the hottest id of a batch does not hold the step to the few blocks of its columns.
-constexpr int64_t kHotSegment = 8192;
+constexpr int64_t kHotBlocks = 4096;  // the most blocks of the hot kernels
+// The occurrences of a hot id that one warp sums in order: an id with more gets a warp per segment
+// (their sums added in segment order), so that the hottest id of a batch does not hold the step to
+// one warp's serial chain.
+constexpr int64_t kHotSegment = 1024;
 // The most blocks per table of the gradient's accumulation and padding: their threads stride over
 // the rest (the padded gradient plans for a row per id; most of them are padding).
 constexpr int64_t kSweepBlocks = 2048;
@@ -477,28 +473,14 @@ __device__ bool checks_passed(const PooledCheck& c, const PooledTable& t) {
   return c.first_split == 0 && c.last_split == t.nnz && c.first_decrease == kPooledNone && c.bad_ids == 0;
 }
 
-// The term of occurrence i (a sorted index) in column k of the gradient of table d.
-__device__ float grad_term(const TableDev& d, const Distinct& in, int64_t i, int64_t k) {
-  const PooledTable& t = d.t;
-  const uint32_t p = in.positions[i];
-  const int64_t s = in.samples[p];
-  float x = t.grads[s * t.dim + k];
-  if (t.combiner != kPooledSum) {
-    const float div = in.div[d.div_base + s];
-    if (div == 0.0f) return 0.0f;  // a sample whose divisor is 0 gives zeros: no gradient
-    x = __fdiv_rn(x, div);
-  }
-  if (t.weights != nullptr) x = __fmul_rn(x, t.weights[p - d.id_base]);
-  return x;
-}
-
-// Columns [k, k + V) of the gradient row of a distinct id with at most kHotOccurrences occurrences,
-// the sorted indices head, head + 1, ... while the key is `key`: (grad / divisor) * w of each added
-// in order from 0 (the CPU's order). The `lanes` threads of `mask` (one id's) load the occurrences'
-// samples, divisors and weights a lane each, lanes at a time, and pass them round by shuffles.
+// Columns [k, k + V) of row `out` (the gradient row of a distinct id, or a segment's sum): the
+// sorted indices head, head + 1, ... before `limit` while the key is `key`, (grad / divisor) * w of
+// each added in order from 0 (the CPU's order). The `lanes` threads of `mask` (one id's) load the
+// occurrences' samples, divisors and weights a lane each, lanes at a time, and pass them round by
+// shuffles.
 template <int V>
-__device__ void accumulate_columns(const TableDev& d, const Distinct& in, int64_t head, uint64_t key, int64_t index,
-                                   int64_t k, int lane, int lanes, unsigned mask) {
+__device__ void accumulate_columns(const TableDev& d, const Distinct& in, int64_t head, uint64_t key, int64_t limit,
+                                   float* out, int64_t k, int lane, int lanes, unsigned mask) {
   const PooledTable& t = d.t;
   const bool column = k < t.dim;
   float sum[V];
@@ -506,7 +488,7 @@ __device__ void accumulate_columns(const TableDev& d, const Distinct& in, int64_
   for (int v = 0; v < V; ++v) sum[v] = 0.0f;
   for (int64_t chunk = head;; chunk += lanes) {
     const int64_t i = chunk + lane;
-    const bool same = i < in.num && in.keys[i] == key;
+    const bool same = i < limit && in.keys[i] == key;
     int64_t sample = 0;
     float div = 1.0f;
     float w = 1.0f;
@@ -554,11 +536,25 @@ __device__ void accumulate_columns(const TableDev& d, const Distinct& in, int64_
     if (n < lanes) break;
   }
   if (!column) return;
-  float* out = t.out + index * t.dim + k;
   if constexpr (V == 4) {
-    *reinterpret_cast<float4*>(out) = make_float4(sum[0], sum[1], sum[2], sum[3]);
+    *reinterpret_cast<float4*>(out + k) = make_float4(sum[0], sum[1], sum[2], sum[3]);
   } else {
-    out[0] = sum[0];
+    out[k] = sum[0];
+  }
+}
+
+// Row `out` of the distinct id whose run of sorted keys starts at head, over [head, limit): every
+// column, `lanes` threads of `mask` (an id's), `vec` columns per load.
+__device__ void accumulate_row(const TableDev& d, const Distinct& in, int64_t head, int64_t limit, float* out,
+                               int vec, int lane, int lanes, unsigned mask) {
+  const uint64_t key = in.keys[head];
+  for (int64_t k0 = 0; k0 < d.t.dim; k0 += int64_t{vec} * lanes) {
+    const int64_t k = k0 + int64_t{vec} * lane;
+    if (vec == 4) {
+      accumulate_columns<4>(d, in, head, key, limit, out, k, lane, lanes, mask);
+    } else {
+      accumulate_columns<1>(d, in, head, key, limit, out, k, lane, lanes, mask);
+    }
   }
 }
 
@@ -567,7 +563,6 @@ __device__ void accumulate_columns(const TableDev& d, const Distinct& in, int64_
 __device__ void accumulate_one(const TableDev& d, const Distinct& in, int64_t rank, int64_t index, int lane,
                                unsigned mask) {
   const PooledTable& t = d.t;
-  const int lanes = d.grad_lanes;
   const int64_t head = in.head_sorted[rank];
   const uint64_t key = in.keys[head];
   if (lane == 0) t.out_ids[index] = static_cast<int64_t>(key & in.row_mask);
@@ -576,15 +571,7 @@ __device__ void accumulate_one(const TableDev& d, const Distinct& in, int64_t ra
     if (lane == 0) in.hot[atomicAdd(in.hot_count, 1u)] = static_cast<uint32_t>(rank);
     return;
   }
-  const int vec = d.grad_vec;
-  for (int64_t k0 = 0; k0 < t.dim; k0 += int64_t{vec} * lanes) {
-    const int64_t k = k0 + int64_t{vec} * lane;
-    if (vec == 4) {
-      accumulate_columns<4>(d, in, head, key, index, k, lane, lanes, mask);
-    } else {
-      accumulate_columns<1>(d, in, head, key, index, k, lane, lanes, mask);
-    }
-  }
+  accumulate_row(d, in, head, in.num, t.out + index * t.dim, d.grad_vec, lane, d.grad_lanes, mask);
 }
 
 // The distinct ids of table ti that get rows: none when its checks failed, at most its bound.
@@ -677,16 +664,17 @@ __global__ void hot_plan_kernel(Distinct in) {
   in.hot_counts[h] = counts;
 }
 
-// The segments of the hot ids, a block per (segment, column tile blockIdx.y), blocks striding over
-// them (their number is only known on the device): first each listed id's first segment, then the
-// further segments of the ids of several (hot_plan: the scanned hot_counts). An id of one segment
-// gets its row, one of several its segments' sums in partials.
-__global__ void __launch_bounds__(kHotThreads)
-    hot_segments_kernel(const TableDev* tables, int num_tables, Distinct in) {
+// The segments of the hot ids, a warp per segment, warps striding over them (their number is only
+// known on the device): first each listed id's first segment, then the further segments of the ids
+// of several (hot_plan: the scanned hot_counts). An id of one segment gets its row, one of several
+// its segments' sums in partials (partial_stride: a multiple of 4, for float4 stores).
+__global__ void hot_segments_kernel(const TableDev* tables, int num_tables, Distinct in) {
   const int64_t count = *in.hot_count;
   const int64_t items = count + static_cast<int64_t>(in.hot_plan[in.max_hot] >> 32);
-  const int64_t k = static_cast<int64_t>(blockIdx.y) * kHotColumns + threadIdx.x % kHotColumns;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+  constexpr int kWarps = kThreads / 32;
+  const int lane = threadIdx.x & 31;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; item < items;
+       item += static_cast<int64_t>(gridDim.x) * kWarps) {
     int64_t lo = item;  // the hot id of a first segment
     int64_t segment = 0;
     if (item >= count) {
@@ -704,23 +692,17 @@ __global__ void __launch_bounds__(kHotThreads)
       }
       segment = 1 + extra - static_cast<int64_t>(in.hot_plan[lo] >> 32);
     }
-    const uint64_t plan = in.hot_plan[lo];
     const int64_t g = in.hot[lo];
     const int ti = table_of_rank(in.bases, num_tables, g);
     const TableDev d = tables[ti];
-    const int64_t dim = d.t.dim;
-    if (static_cast<int64_t>(blockIdx.y) * kHotColumns >= dim) continue;  // the whole block
     const int64_t head = in.head_sorted[g];
     const int64_t end = in.hot_end[lo];
     const int64_t begin = head + segment * kHotSegment;
     const int64_t stop = begin + kHotSegment < end ? begin + kHotSegment : end;
-    const float sum = hot_sum(begin, stop, k < dim, [&](int64_t i) { return grad_term(d, in, i, k); });
-    if (threadIdx.x >= kHotColumns || k >= dim) continue;
-    if (begin == head && stop == end) {
-      d.t.out[(g - in.bases[ti]) * dim + k] = sum;
-    } else {
-      in.partials[(static_cast<int64_t>(plan & 0xffffffffu) + segment) * in.partial_stride + k] = sum;
-    }
+    const int64_t partial = static_cast<int64_t>(in.hot_plan[lo] & 0xffffffffu) + segment;
+    float* out = begin == head && stop == end ? d.t.out + (g - in.bases[ti]) * d.t.dim
+                                              : in.partials + partial * in.partial_stride;
+    accumulate_row(d, in, begin, stop, out, d.grad_vec, lane, 32, 0xffffffffu);
   }
 }
 
@@ -752,7 +734,7 @@ struct GradLayout {
   int key_bits = 1;
   int64_t max_hot = 0;         // hot ids: at most num_ids / (kHotOccurrences + 1)
   int64_t partial_rows = 0;    // segments of hot ids of several: fewer than 2 num_ids / kHotSegment
-  int64_t partial_stride = 0;  // the widest table's dim
+  int64_t partial_stride = 0;  // the widest table's dim, rounded up to a multiple of 4
   size_t tables = 0, keys_in = 0, keys_out = 0, positions_in = 0, positions_out = 0, samples = 0, first = 0,
          order = 0, div = 0, bases = 0, hot_count = 0, hot_end = 0, hot_counts = 0, hot_plan = 0, partials = 0,
          temp = 0;
@@ -774,6 +756,7 @@ cudaError_t grad_layout(const PooledTable* tables, int num_tables, int64_t batch
   l.max_hot = l.num_ids / (kHotOccurrences + 1);
   // An id of s > 1 segments has more than (s - 1) kHotSegment occurrences, so s < 2 occurrences / kHotSegment.
   l.partial_rows = 2 * l.num_ids / kHotSegment + 1;
+  l.partial_stride = ceil_div(l.partial_stride, 4) * 4;
   // row_mask (all ones) is above every row of every table: the key of an id the shard does not hold.
   l.row_bits = bit_width(static_cast<uint64_t>(max_rows));
   l.key_bits = std::max(1, l.row_bits + bit_width(static_cast<uint64_t>(num_tables - 1)));
@@ -948,8 +931,6 @@ cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* bo
   const int64_t pad_blocks = plan(&d, kPad, [padded](const TableDev& x) {
     return padded ? std::min(ceil_div(x.bound, kThreads), kSweepBlocks) : int64_t{0};
   });
-  int64_t max_dim = 0;
-  for (const TableDev& x : d) max_dim = std::max(max_dim, x.bound > 0 ? x.t.dim : int64_t{0});
   auto* dev = at<TableDev>(workspace, l.tables);
   SOK_CUDA_RETURN(upload(d, dev, stream));
   auto* hot_count = at<uint32_t>(workspace, l.hot_count);
@@ -975,19 +956,16 @@ cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* bo
   SOK_CUDA_RETURN(launch(pad_kernel, pad_blocks, stream, static_cast<const TableDev*>(dev), num_tables, in));
   // The hot ids (their count is only on the device: blocks past it exit at once): each one's
   // segments, their first segment and partial row (a scan), the segments, the ids of several.
-  const int64_t tiles = ceil_div(max_dim, kHotColumns);
-  if (l.max_hot == 0 || tiles == 0) return cudaSuccess;
-  if (tiles > 65535) return cudaErrorInvalidConfiguration;
+  if (l.max_hot == 0) return cudaSuccess;
   SOK_CUDA_RETURN(launch(hot_plan_kernel, ceil_div(l.max_hot + 1, kThreads), stream, in));
   size_t temp_bytes = l.temp_bytes;
   SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(at<void>(workspace, l.temp), temp_bytes,
                                                 static_cast<const uint64_t*>(in.hot_counts), in.hot_plan,
                                                 static_cast<int>(l.max_hot + 1), stream));
   // At most max_hot ids of one segment, and fewer than partial_rows segments of the others.
-  const int64_t hot_blocks = std::min(l.max_hot + l.partial_rows, kHotBlocks);
-  hot_segments_kernel<<<dim3(static_cast<unsigned>(hot_blocks), static_cast<unsigned>(tiles)), kHotThreads, 0,
-                        stream>>>(static_cast<const TableDev*>(dev), num_tables, in);
-  SOK_CUDA_RETURN(cudaGetLastError());
+  const int64_t hot_blocks = std::min(ceil_div(l.max_hot + l.partial_rows, kThreads / 32), kHotBlocks);
+  SOK_CUDA_RETURN(
+      launch(hot_segments_kernel, hot_blocks, stream, static_cast<const TableDev*>(dev), num_tables, in));
   return launch(hot_finish_kernel, std::min(l.max_hot, kHotBlocks), stream, static_cast<const TableDev*>(dev),
                 num_tables, in);
 }

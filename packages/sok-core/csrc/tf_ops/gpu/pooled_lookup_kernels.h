@@ -9,9 +9,9 @@
 //     apart and added (sum_rows: tf.sparse.segment_sum's order);
 //   forward, weighted: row * w added one after another; divisors: sequential sums, then sqrt;
 //   gradient: per distinct held id (first-occurrence order), (grad / divisor) * w of its
-//     occurrences added in id order, starting from 0; except for an id with more than 32
-//     occurrences (kHotOccurrences): its terms are summed in a fixed parallel order (hot_sum of the
-//     .cu), deterministic and equal to the CPU's within float rounding.
+//     occurrences added in id order, starting from 0; except for an id of more than one segment
+//     (kHotSegment occurrences of the .cu): each segment summed so, then the segments' sums added
+//     in order, deterministic and equal to the CPU's within float rounding.
 //
 // Launch sequences (all on `stream`, nothing waits on the host):
 //   pooled_forward: descriptors up, checks zeroed, row_splits and ids checked, samples pooled.
