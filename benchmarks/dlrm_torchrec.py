@@ -81,6 +81,7 @@ from typing import Any
 
 import numpy as np
 from machine import load_average
+from torchrec_names import import_torchrec
 
 try:
     from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL, NUM_DENSE, preprocess_dense
@@ -235,40 +236,6 @@ def thresholded_auc(labels: np.ndarray, scores: np.ndarray, num_thresholds: int 
     recall = tp / positives if positives else np.zeros_like(tp)
     fp_rate = fp / negatives if negatives else np.zeros_like(fp)
     return float(np.sum((fp_rate[:-1] - fp_rate[1:]) * (recall[:-1] + recall[1:]) / 2.0))
-
-
-def import_torchrec() -> dict[str, Any]:
-    """TorchRec's and FBGEMM's names used here, or SystemExit saying what is missing and how to get it."""
-    try:
-        import fbgemm_gpu  # noqa: F401  (registers FBGEMM's operators)
-        import torch
-        import torchrec
-        from fbgemm_gpu.split_embedding_configs import EmbOptimType
-        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
-        from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-        from torchrec.distributed.model_parallel import DistributedModelParallel
-        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-        from torchrec.distributed.types import ShardingEnv, ShardingType
-        from torchrec.models.dlrm import DLRM_DCN
-        from torchrec.optim.optimizers import in_backward_optimizer_filter
-    except ImportError as error:
-        raise SystemExit(
-            f"dlrm_torchrec.py needs torch, torchrec and fbgemm-gpu importable: {error}. On the GPU host stage "
-            f"them with ci/stage_torchrec.sh (its install.sh), then 'source /tmp/torchrec/env.sh'; elsewhere "
-            f"'pip install fbgemm-gpu==1.6.0 torchrec==1.6.1' beside torch 2.11 (CPU: fbgemm-gpu-cpu)"
-        ) from error
-    return {
-        "torch": torch, "torchrec": torchrec, "fbgemm_gpu": fbgemm_gpu, "EmbOptimType": EmbOptimType,
-        "EmbeddingBagCollection": EmbeddingBagCollection, "EmbeddingBagConfig": EmbeddingBagConfig,
-        "KeyedJaggedTensor": KeyedJaggedTensor, "PoolingType": PoolingType,
-        "EmbeddingComputeKernel": EmbeddingComputeKernel,
-        "EmbeddingBagCollectionSharder": EmbeddingBagCollectionSharder,
-        "DistributedModelParallel": DistributedModelParallel, "EmbeddingShardingPlanner": EmbeddingShardingPlanner,
-        "ParameterConstraints": ParameterConstraints, "Topology": Topology, "ShardingEnv": ShardingEnv,
-        "ShardingType": ShardingType, "DLRM_DCN": DLRM_DCN,
-        "in_backward_optimizer_filter": in_backward_optimizer_filter,
-    }  # fmt: skip
 
 
 def one_rank_group(device: Any) -> Any:
@@ -448,7 +415,7 @@ def traced_split(step: Any, next_batch: Any, steps: int, device: Any, torch: Any
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     config = demo_config(args)
-    tr = import_torchrec()
+    tr = import_torchrec("dlrm_torchrec.py")
     torch = tr["torch"]
     import torch.nn.functional as F
 

@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from scaling_gpu import HOTNESS, POOL, csv, make_pool, table_rows
+from torchrec_names import import_torchrec
 
 SHARDINGS = {"tw": "table_wise", "rw": "row_wise"}
 
@@ -63,33 +64,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.batch, args.cap, args.dims, args.steps, args.warmup, args.repeat = 512, 2**12, [8], 3, 1, 1
         args.a2a_bytes = [2**20]
     return args
-
-
-def import_torchrec() -> dict[str, Any]:
-    """TorchRec's and FBGEMM's names used here, or SystemExit saying what is missing and how to get it."""
-    try:
-        import fbgemm_gpu  # noqa: F401  (registers FBGEMM's operators)
-        from fbgemm_gpu.split_embedding_configs import EmbOptimType
-        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
-        from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-        from torchrec.distributed.model_parallel import DistributedModelParallel
-        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-        from torchrec.distributed.types import ShardingEnv
-    except ImportError as error:
-        raise SystemExit(
-            f"scaling_torchrec.py needs torchrec and fbgemm-gpu importable beside a CUDA torch: {error}. On the GPU "
-            f"host stage them with ci/stage_torchrec.sh (its install.sh), then 'source /tmp/torchrec/env.sh'; "
-            f"elsewhere 'pip install fbgemm-gpu==1.6.0 torchrec==1.6.1' for the host's torch"
-        ) from error
-    return {
-        "EmbOptimType": EmbOptimType, "EmbeddingBagCollection": EmbeddingBagCollection,
-        "EmbeddingBagConfig": EmbeddingBagConfig, "KeyedJaggedTensor": KeyedJaggedTensor, "PoolingType": PoolingType,
-        "EmbeddingComputeKernel": EmbeddingComputeKernel,
-        "EmbeddingBagCollectionSharder": EmbeddingBagCollectionSharder,
-        "DistributedModelParallel": DistributedModelParallel, "EmbeddingShardingPlanner": EmbeddingShardingPlanner,
-        "ParameterConstraints": ParameterConstraints, "Topology": Topology, "ShardingEnv": ShardingEnv,
-    }  # fmt: skip
 
 
 def kjt_pool(args: argparse.Namespace, rows: list[int], hotness: str, rank: int, tr: dict[str, Any]) -> list[Any]:
@@ -239,7 +213,7 @@ def all_to_all(sizes: list[int], repeat: int, world: int, rank: int) -> list[dic
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    tr = import_torchrec()
+    tr = import_torchrec("scaling_torchrec.py")
     import torch
     import torch.distributed as dist
 

@@ -67,7 +67,7 @@ def test_quick_run_reports_dlrm_pys_figures(tmp_path):
 @pytest.mark.parametrize("optimizer", ["rowwise", "adagrad"])
 def test_fused_update_is_sok_and_keras_adagrad_rule(optimizer):
     pytest.importorskip("torchrec")
-    tr = dlrm_torchrec.import_torchrec()
+    tr = dlrm_torchrec.import_torchrec("dlrm_torchrec.py")
     torch = tr["torch"]
     args = dlrm_torchrec.parse_args(["--quick", "--batch-size", "32", "--sparse-optimizer", optimizer])
     config = dlrm_torchrec.demo_config(args)
