@@ -91,6 +91,26 @@ def test_a_saved_table_serves_its_rows_and_the_default_row_elsewhere(tmp_path, k
     np.testing.assert_array_equal(out["pooled"], live[0].numpy())
 
 
+def test_a_function_that_reads_and_evicts_serves_the_rows_and_evicts_nothing(tmp_path):
+    """sok.sparse_read_and_evict in a saved function reads the serving copy (a hybrid table): its
+    rows and the default row, no evicted row, nothing inserted; the live read still evicts."""
+    table = sok.DynamicVariable(dimension=DIM, var_type="hybrid", initializer=0.25, name="evicting")
+    sok.assign(table, tf.constant([5, 9], tf.int64), tf.constant([[1.0] * DIM, [2.0] * DIM]))
+    module = tf.Module()
+    module.table = table
+    module.read = tf.function(
+        lambda ids: sok.sparse_read_and_evict(module.table, ids), input_signature=[tf.TensorSpec([None], tf.int64)]
+    )
+    path = tmp_path / "model"
+    tf.saved_model.save(module, str(path))
+    assert table.storage.size() == 2
+    loaded = tf.saved_model.load(str(path))
+    rows, keys, values = loaded.read(tf.constant([9, 7, 5], tf.int64))
+    np.testing.assert_array_equal(rows.numpy(), [[2.0] * DIM, [0.25] * DIM, [1.0] * DIM])
+    assert keys.numpy().shape == (0,) and values.numpy().shape == (0, DIM)
+    assert table.storage.size() == 2  # the SavedModel read its copy, not this live table
+
+
 def test_a_table_of_random_rows_serves_zeros_for_keys_it_did_not_hold(tmp_path):
     model = Model(_table(name="random_rows"))
     path = tmp_path / "model"

@@ -771,7 +771,9 @@ def sparse_read_and_evict(var: DynamicVariable, indices: Any, name: str | None =
     """Rows of ``indices`` from a table with eviction; missing keys are inserted, and the rows
     evicted to make room are returned: ``(embeddings, evicted_keys, evicted_values)``.
 
-    Only backends with eviction (``"hybrid"``) evict; the gradient flows to ``embeddings``.
+    Only backends with eviction (``"hybrid"``) evict; the gradient flows to ``embeddings``. While a
+    SavedModel is saved, the rows of the variable's serving copy (:meth:`DynamicVariable.serving_read`)
+    and no evicted row: serving inserts nothing, so it evicts nothing.
 
     Example::
 
@@ -783,6 +785,9 @@ def sparse_read_and_evict(var: DynamicVariable, indices: Any, name: str | None =
             f"sparse_read_and_evict needs a backend with eviction (e.g. var_type 'hybrid'); "
             f"{var.name} uses var_type {var.backend_type!r}, which never evicts"
         )
+    if saving():
+        none = tf.zeros([0], var.keys_of(tf.zeros([0], var.key_type)).dtype)
+        return var.serving_read(indices), none, tf.zeros([0, var.dimension], tf.float32)
     with tf.name_scope(name or "SokLookupAndEvict"):
         if var.trainable:
             tape_lib.variable_accessed(var)
