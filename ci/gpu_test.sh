@@ -4,8 +4,9 @@
 #   ci/gpu_test.sh [--build-only] [--reuse-build] [--tf[=core|hps]] [--multi-gpu] [--sanitize] [--bench] [--profile]
 #                  [--scaling]
 #
-#   build     sok-core, sok-backend-det, sok-backend-hkv (and the pure-Python sok-hps), with CUDA for CMAKE_CUDA_ARCHITECTURES
-#             (default 90), into $SOK_GPU_WORK/site (default /tmp/sok-gpu/site) with $PYTHON (default
+#   build     sok-core, sok-backend-det, sok-backend-hkv with CUDA for CMAKE_CUDA_ARCHITECTURES (default 90), and sok-hps
+#             (sok-core's op libraries and sok-hps's, the ops of NVIDIA's HPS plugin, against the TensorFlow of $PYTHON
+#             where it imports), into $SOK_GPU_WORK/site (default /tmp/sok-gpu/site) with $PYTHON (default
 #             python3: the one holding CuPy, Torch, pybind11, scikit-build-core, pytest). Not a venv:
 #             a venv made from a venv's python sees only the base interpreter's packages, not CuPy.
 #             --reuse-build skips the build when the site already holds this checkout's build (a
@@ -132,7 +133,7 @@ step() {
 }
 
 # The build's stamp, which --reuse-build compares: a checksum of the packages' files and where
-# TensorFlow is (sok-core's TensorFlow ops are built only where it is importable).
+# TensorFlow is (sok-core's and sok-hps's TensorFlow ops are built only where it is importable).
 sources_sum() {
   find packages -type f -not -path '*/__pycache__/*' -not -path '*.egg-info/*' -print0 | sort -z | xargs -0 cksum | cksum
   "$PYTHON" -c 'import importlib.util as u; s = u.find_spec("tensorflow"); print(s.origin if s else "no tensorflow")'

@@ -103,8 +103,8 @@ fi
 for pkg in "${PACKAGES[@]}"; do
   dir="$ROOT/packages/$pkg"
   stamp="$VENV/.sok-built-$pkg.sha"
-  # Backends compile sok-core's C headers and CMake helper: those are part of their inputs. A
-  # tracked file deleted in the work tree is listed too, and skipped.
+  # The backends and sok-hps compile sok-core's C headers with its CMake package: those are part of
+  # their inputs. A tracked file deleted in the work tree is listed too, and skipped.
   sha=$(cd "$ROOT" && git ls-files -co --exclude-standard -- "packages/$pkg" \
           packages/sok-core/src/sparse_operation_kit/include packages/sok-core/src/sparse_operation_kit/cmake \
         | LC_ALL=C sort -u | while IFS= read -r f; do [[ -e $f ]] && printf '%s\0' "$f"; done \
@@ -114,8 +114,9 @@ for pkg in "${PACKAGES[@]}"; do
     continue
   fi
   echo "$pkg: building"
-  # No build isolation: the build tools come from step 2 (the backends find sok-core's CMake package
-  # in this checkout). build-dir in each pyproject keeps CMake builds incremental.
+  # No build isolation: the build tools come from step 2, TensorFlow from step 3 (sok-core's and
+  # sok-hps's op libraries are built against it), and the backends and sok-hps find sok-core's CMake
+  # package in this checkout. build-dir in each pyproject keeps CMake builds incremental.
   pip_q --no-deps --no-build-isolation "$dir"
   echo "$sha" >"$stamp"
 done

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import importlib.resources
+import os
 import shutil
 import subprocess
+import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 import sparse_operation_kit
 import tomllib
+from sparse_operation_kit import tf_ops
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("sok-core", "sok-backend-det", "sok-backend-hkv", "sok-hps")
@@ -53,6 +56,18 @@ def test_sok_core_python_imports_nothing_of_sok_hps():
     assert importing == []
 
 
+def test_sok_core_builds_nothing_of_sok_hps():
+    """sok-hps builds its own op library (NVIDIA's plugin ops) with sok-core's CMake package: no
+    source sok-core compiles names its Python, and sok-core installs only the libraries tf_ops names."""
+    core = ROOT / "packages" / "sok-core"
+    sources = [core / "CMakeLists.txt", *sorted((core / "csrc").rglob("*.*"))]
+    naming = [str(path.relative_to(core)) for path in sources if "hierarchical_parameter_server" in path.read_text()]
+    assert naming == []
+    own = {tf_ops.LIBRARY, tf_ops.GPU_LIBRARY, tf_ops.PYTHON_LIBRARY, tf_ops.NCCL_LIBRARY}
+    installed = {name for name in os.listdir(tf_ops._LIB_DIR) if name.endswith(".so")}
+    assert installed <= own, sorted(installed - own)
+
+
 def test_backends_declare_entry_points():
     names = {ep.name: ep.value for ep in entry_points(group="sok.backends")}
     assert names["det"] == "sok_backend_det.plugin"
@@ -82,6 +97,7 @@ HEADERS = [
     "gpu_engine/bucket_kernels.cuh",
     "gpu_engine/bucket_table.cuh",
     "gpu_engine/device_guard.hpp",
+    "tf/python_call.h",  # for the op libraries whose kernels call Python (sok-core's, sok-hps's)
 ]
 
 
@@ -118,6 +134,41 @@ def test_cmake_finds_the_installed_package_through_the_entry_point(tmp_path):
     )
     assert configure.returncode == 0, configure.stderr
     assert f"SokCore {version} at {sparse_operation_kit.get_cmake_dir()}" in configure.stdout
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake on PATH")
+@pytest.mark.parametrize("importable", [True, False], ids=["tensorflow", "no-tensorflow"])
+def test_sok_find_tensorflow_reads_the_build_pythons_tensorflow(tmp_path, importable):
+    """The one home of the TensorFlow flags of every package with TensorFlow ops (sok-core's
+    CMakeLists.txt, sok-hps's): TF_FOUND, and where TensorFlow imports its version."""
+    if importable:
+        tf = pytest.importorskip("tensorflow")
+        python, expected = sys.executable, f"TRUE {tf.__version__} flags"
+    else:
+        python, expected = shutil.which("false"), "FALSE  "
+    (tmp_path / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.18...3.31)\n"
+        "project(probe LANGUAGES NONE)\n"
+        "find_package(SokCore CONFIG REQUIRED)\n"
+        "sok_find_tensorflow()\n"
+        "if(TF_COMPILE_FLAGS AND TF_LINK_FLAGS)\n  set(flags flags)\nendif()\n"
+        'message(STATUS "probe: ${TF_FOUND} ${TF_VERSION} ${flags}")\n'
+    )
+    configure = subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(tmp_path),
+            "-B",
+            str(tmp_path / "build"),
+            f"-DSokCore_DIR={sparse_operation_kit.get_cmake_dir()}",
+            f"-DPython_EXECUTABLE={python}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert configure.returncode == 0, configure.stderr
+    assert f"probe: {expected}\n" in configure.stdout
 
 
 def test_contract_level_holds_only_the_contract():

@@ -454,17 +454,17 @@ def test_nvidias_ops_are_registered_with_the_plugins_signatures(name):
     assert all(not a.HasField("default_value") for a in op.attr)  # a stripped NodeDef loses nothing
 
 
-def test_a_savedmodel_of_nvidias_ops_serves_in_a_fresh_process(tmp_path):
+@pytest.mark.parametrize("script", [SERVE, SERVE_HPS_FIRST], ids=["tensorflow-first", "hps-imported-first"])
+def test_a_savedmodel_of_nvidias_ops_serves_in_a_fresh_process(tmp_path, script):
     """A SavedModel whose graph holds the plugin's Init and Lookup, as one exported with it does:
-    loaded in a fresh process, Init starts HPS from its ps_config_file and Lookup serves the rows
-    (the default value for keys no tier has)."""
-    from sparse_operation_kit import tf_ops
-
+    loaded in a fresh process (which imports HPS after TensorFlow, or before it as NVIDIA's
+    notebooks do), Init starts HPS from its ps_config_file and Lookup serves the rows (the default
+    value for keys no tier has)."""
     folder, weights = support.write_table(tmp_path / "t0", ROWS, DIM0, seed=8)
     path = support.write_config(
         tmp_path / "ps.json", support.ps_config([support.model_entry("dlrm", [folder], [DIM0])], **support.DISABLED_DBS)
     )
-    lib = tf_ops.hps_compat_library()
+    lib = graph_calls.compat_library()
 
     def lookup(ids):
         status = lib.init(
@@ -485,18 +485,16 @@ def test_a_savedmodel_of_nvidias_ops_serves_in_a_fresh_process(tmp_path):
     tf.saved_model.save(module, str(tmp_path / "saved"))
     ids = np.random.default_rng(3).integers(0, ROWS + 10, size=(16, 3)).astype(np.int64)
     save_batch(tmp_path / "batch.npz", ids)
-    got = _serve_in_a_fresh_process(tmp_path / "saved", tmp_path / "batch.npz", tmp_path / "out.npy")
+    got = _serve_in_a_fresh_process(tmp_path / "saved", tmp_path / "batch.npz", tmp_path / "out.npy", script)
     np.testing.assert_array_equal(got, support.oracle(weights, 0.5, 10)[ids])
 
 
 def test_nvidias_lookup_checks_its_init_status_and_its_width(tmp_path):
-    from sparse_operation_kit import tf_ops
-
     folder, _ = support.write_table(tmp_path / "t0", ROWS, DIM0, seed=8)
     path = support.write_config(
         tmp_path / "ps.json", support.ps_config([support.model_entry("dlrm", [folder], [DIM0])], **support.DISABLED_DBS)
     )
-    lib = tf_ops.hps_compat_library()
+    lib = graph_calls.compat_library()
     ids = tf.constant([[1, 2]], tf.int64)
     common = {"global_replica_id": 0, "model_name": "dlrm", "table_id": 0, "dtype": tf.float32}
     with pytest.raises(tf.errors.FailedPreconditionError, match="not initialized"):

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "python_call.h"
 #include "sok/table_ref.h"
+#include "sok/tf/python_call.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 

@@ -21,14 +21,15 @@ except PackageNotFoundError:  # running from a source tree
 
 
 def get_include() -> str:
-    """The directory of sok-core's C headers (``sok/storage_api.h``) for building backends."""
+    """The directory of sok-core's C headers: ``sok/storage_api.h`` for building backends,
+    ``sok/tf/python_call.h`` for other packages' TensorFlow ops whose kernels call Python."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 
 def get_cmake_dir() -> str:
-    """The directory of sok-core's CMake package for backends, ``SokCoreConfig.cmake``
-    (``find_package(SokCore)``); pip's build of a backend finds it by itself, other builds pass
-    ``-DSokCore_DIR=<this directory>``."""
+    """The directory of sok-core's CMake package for backends and other packages' TensorFlow ops
+    (sok-hps's), ``SokCoreConfig.cmake`` (``find_package(SokCore)``); pip's build of such a package
+    finds it by itself, other builds pass ``-DSokCore_DIR=<this directory>``."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "cmake")
 
 

@@ -4,10 +4,10 @@ The library is compiled against the TensorFlow present when sok-core was built; 
 another TensorFlow version fails with a message naming both versions and the fix. Its GPU kernels
 are a second library (``libsok_tf_ops_gpu.so``, built when a CUDA toolkit was found), loaded only by
 a CUDA build of TensorFlow. The ops whose kernels call Python are a third (``libsok_tf_python.so``,
-:func:`python_library`), and the ops of SavedModels exported with NVIDIA's HPS plugin a fourth
-(``libsok_tf_hps_compat.so``, :func:`hps_compat_library`). SOK's own NCCL collectives, for the
-lookup's exchange on GPU ranks, are a fifth (``libsok_tf_nccl.so``, built where NCCL was found;
-:func:`nccl_library`).
+:func:`python_library`). SOK's own NCCL collectives, for the lookup's exchange on GPU ranks, are a
+fourth (``libsok_tf_nccl.so``, built where NCCL was found; :func:`nccl_library`). Other packages'
+op libraries, built with sok-core's CMake package (``sok_find_tensorflow``), load with the same
+checks through :func:`load_op_library`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ _LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
 LIBRARY = "libsok_tf_ops.so"
 GPU_LIBRARY = "libsok_tf_ops_gpu.so"
 PYTHON_LIBRARY = "libsok_tf_python.so"
-HPS_COMPAT_LIBRARY = "libsok_tf_hps_compat.so"
 NCCL_LIBRARY = "libsok_tf_nccl.so"
+# The TensorFlow version the op libraries of a directory were built against, written beside them by
+# sok_install_tensorflow_stamp (SokCoreConfig.cmake).
+_TF_STAMP = "tf_build.txt"
 # What the build recorded about the GPU kernels: the CUDA toolkit version, or "none".
 _GPU_STAMP = "gpu_build.txt"
 _REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps sok-core (or: make setup in the repository)"
@@ -46,20 +48,13 @@ def library() -> Any:
             "(or tensorflow-cpu), then rebuild sok-core: " + _REBUILD
         ) from error
     path = os.path.join(_LIB_DIR, LIBRARY)
-    stamp = os.path.join(_LIB_DIR, "tf_build.txt")
     if not os.path.exists(path):
         raise OpLibraryError(
             f"sok-core was built without its TensorFlow op library (no {path}); TensorFlow was not "
             f"importable when it was built. Rebuild it now that TensorFlow {tf.__version__} is installed: {_REBUILD}"
         )
-    with open(stamp) as f:
-        built_for = f.read().strip()
-    if built_for != tf.__version__:
-        raise OpLibraryError(
-            f"sok-core's op library was built for TensorFlow {built_for} but TensorFlow {tf.__version__} is "
-            f"installed; rebuild it: {_REBUILD}"
-        )
-    lib = _load(tf, path)
+    _check_built_for(tf, path, "sok-core", _REBUILD)
+    lib = _load(tf, path, _REBUILD)
     if tf.test.is_built_with_cuda():
         _load_gpu_kernels(tf)
     return lib
@@ -85,13 +80,6 @@ def python_library() -> Any:
     return _load_beside(PYTHON_LIBRARY)
 
 
-@functools.cache
-def hps_compat_library() -> Any:
-    """The loaded library of the two ops of SavedModels exported with NVIDIA's HPS plugin (``Init``,
-    ``Lookup``, with the plugin's signatures; their kernels call ``hierarchical_parameter_server``)."""
-    return _load_beside(HPS_COMPAT_LIBRARY)
-
-
 def nccl_built() -> bool:
     """Whether sok-core was built with its NCCL collectives (``lib/libsok_tf_nccl.so``), without
     importing TensorFlow."""
@@ -112,23 +100,64 @@ def nccl_library() -> Any | None:
     return _load_beside(NCCL_LIBRARY)
 
 
-def _load_beside(name: str) -> Any:
-    """``tf.load_op_library`` of ``lib/<name>``, after :func:`library` and its checks."""
+def load_op_library(path: str, *, package: str, rebuild: str) -> Any:
+    """``tf.load_op_library(path)`` of an op library that the distribution ``package`` built with
+    sok-core's CMake package, after :func:`library` and its checks: the library's directory holds
+    the stamp of ``sok_install_tensorflow_stamp``, which must name the installed TensorFlow.
+
+    Args:
+        path: the library's file.
+        package: the distribution that built it, named in the messages (``"sok-hps"``).
+        rebuild: the command that rebuilds it, which ends the messages.
+
+    Raises:
+        OpLibraryError: the file is missing (``package`` was built where TensorFlow was not
+            importable), it was built for another TensorFlow version, or TensorFlow's loader refused it.
+
+    Example::
+
+        lib = tf_ops.load_op_library(
+            os.path.join(lib_dir, "libmy_ops.so"), package="my-package",
+            rebuild="pip install --no-build-isolation --force-reinstall --no-deps my-package")
+    """
     import tensorflow as tf
 
     library()
-    path = os.path.join(_LIB_DIR, name)
     if not os.path.exists(path):
-        raise OpLibraryError(f"sok-core was built without {path}; rebuild it: {_REBUILD}")
-    return _load(tf, path)
+        raise OpLibraryError(f"{package} was built without {path}; rebuild it: {rebuild}")
+    _check_built_for(tf, path, package, rebuild)
+    return _load(tf, path, rebuild)
 
 
-def _load(tf: Any, path: str) -> Any:
+def _load_beside(name: str) -> Any:
+    """``tf.load_op_library`` of sok-core's ``lib/<name>``, after :func:`library` and its checks."""
+    return load_op_library(os.path.join(_LIB_DIR, name), package="sok-core", rebuild=_REBUILD)
+
+
+def _check_built_for(tf: Any, path: str, package: str, rebuild: str) -> None:
+    """Raises OpLibraryError unless the stamp beside the op library ``path`` names ``tf.__version__``."""
+    stamp = os.path.join(os.path.dirname(path), _TF_STAMP)
+    try:
+        with open(stamp) as f:
+            built_for = f.read().strip()
+    except FileNotFoundError as error:
+        raise OpLibraryError(
+            f"{package}'s op library {path} has no {stamp} (the TensorFlow version it was built for); "
+            f"rebuild it: {rebuild}"
+        ) from error
+    if built_for != tf.__version__:
+        raise OpLibraryError(
+            f"{package}'s op library was built for TensorFlow {built_for} but TensorFlow {tf.__version__} is "
+            f"installed; rebuild it: {rebuild}"
+        )
+
+
+def _load(tf: Any, path: str, rebuild: str) -> Any:
     """``tf.load_op_library(path)``; a failure raises OpLibraryError with the loader's message."""
     try:
         return tf.load_op_library(path)
     except Exception as error:  # the loader's message is the useful part: keep it
-        raise OpLibraryError(f"loading {path} failed: {error}. Rebuild it: {_REBUILD}") from error
+        raise OpLibraryError(f"loading {path} failed: {error}. Rebuild it: {rebuild}") from error
 
 
 def gpu_build() -> str | None:

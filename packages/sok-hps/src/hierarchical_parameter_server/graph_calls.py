@@ -34,10 +34,12 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sparse_operation_kit import python_ops
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CACHE_TABLE",
+    "COMPAT_LIBRARY",
     "FETCH",
     "FILL",
     "LOOKUP",
@@ -71,6 +74,7 @@ __all__ = [
     "VOLATILE_TABLE",
     "TracedTableChangedError",
     "check_traced",
+    "compat_library",
     "context_of",
     "load_ops",
     "lookup",
@@ -86,16 +90,39 @@ logger = logging.getLogger(__name__)
 #: ``init.get_server``, given by :mod:`.init` when it is imported (:func:`serve_process_server`).
 _process_server: Callable[..., ParameterServer] | None = None
 
+#: sok-hps's op library (csrc/hps_compat_ops.cc, built by its CMakeLists.txt): the ops of SavedModels
+#: exported with NVIDIA's HPS plugin.
+COMPAT_LIBRARY = "libsok_tf_hps_compat.so"
+_LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
+_REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps sok-hps (or: make setup in the repository)"
+
+
+@functools.cache
+def compat_library() -> Any:
+    """The loaded library of the two ops of SavedModels exported with NVIDIA's HPS plugin (``Init``,
+    ``Lookup``, with the plugin's signatures; their kernels call :func:`nvidia_init` and
+    :func:`nvidia_lookup`): sok-hps's ``lib/libsok_tf_hps_compat.so``, after sok-core's op library.
+
+    Raises:
+        sparse_operation_kit.tf_ops.OpLibraryError: the library is missing (sok-hps was built where
+            TensorFlow was not importable), was built for another TensorFlow, or does not load; the
+            message names the file and how to rebuild sok-hps.
+    """
+    from sparse_operation_kit import tf_ops
+
+    return tf_ops.load_op_library(os.path.join(_LIB_DIR, COMPAT_LIBRARY), package="sok-hps", rebuild=_REBUILD)
+
 
 def load_ops() -> None:
     """Load the ops that lookup graphs name (``SokResolveTable``, ``SokPyCall``) and those of
-    SavedModels exported with NVIDIA's plugin (``Init``, ``Lookup``). Where another library holds
-    ops of those two generic names, the latter are left out with a warning."""
+    SavedModels exported with NVIDIA's plugin (``Init``, ``Lookup``, :func:`compat_library`). Where
+    these two cannot load (another library holds ops of their generic names, or sok-hps was built
+    without them), they are left out with a warning."""
     from sparse_operation_kit import tf_ops
 
     tf_ops.python_library()
     try:
-        tf_ops.hps_compat_library()
+        compat_library()
     except tf_ops.OpLibraryError as error:
         logger.warning("SavedModels exported with NVIDIA's HPS plugin (ops Init, Lookup) will not load: %s", error)
 

@@ -22,7 +22,53 @@
 # backend's version as SOK_BACKEND_VERSION, and, where a CUDA toolkit is found, the backend's CUDA
 # sources csrc/*.cu (architectures: CMAKE_CUDA_ARCHITECTURES or $CUDAARCHS, default 80;90), linked
 # with the static CUDA runtime.
+#
+# A package that compiles TensorFlow ops (sok-core's op libraries, sok-hps's ops of NVIDIA's HPS
+# plugin) calls sok_find_tensorflow() after find_package(Python COMPONENTS Interpreter), builds its
+# libraries with ${TF_COMPILE_FLAGS} and ${TF_LINK_FLAGS} (sok/tf/python_call.h, under
+# SokCore_INCLUDE_DIR, where their kernels call Python), and installs beside them the stamp of
+# sok_install_tensorflow_stamp(), which sparse_operation_kit.tf_ops checks when it loads them.
 set(SokCore_INCLUDE_DIR "${CMAKE_CURRENT_LIST_DIR}/../include")
+
+# sok_find_tensorflow(): the TensorFlow of the build's Python (Python_EXECUTABLE). Sets TF_FOUND;
+# where TensorFlow imports, also TF_VERSION, TF_COMPILE_FLAGS and TF_LINK_FLAGS (;-lists). Link
+# the flags as libraries (target_link_libraries), not options: they must follow the objects (the
+# linker drops an --as-needed library named before them). Where TensorFlow does not import, the
+# caller says what it builds without it.
+function(sok_find_tensorflow)
+  if(NOT Python_EXECUTABLE)
+    message(FATAL_ERROR "sok_find_tensorflow(): Python_EXECUTABLE is not set; call "
+                        "find_package(Python REQUIRED COMPONENTS Interpreter) before it")
+  endif()
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -c
+            "import tensorflow as tf; print(tf.__version__); print(';'.join(tf.sysconfig.get_compile_flags())); print(';'.join(tf.sysconfig.get_link_flags()))"
+    OUTPUT_VARIABLE _sok_tf_info RESULT_VARIABLE _sok_tf_result ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT _sok_tf_result EQUAL 0)
+    set(TF_FOUND FALSE PARENT_SCOPE)
+    return()
+  endif()
+  # Three lines: the version, then the compile and the link flags (each a ;-list).
+  if(NOT _sok_tf_info MATCHES "^([^\n]*)\n([^\n]*)\n([^\n]*)$")
+    message(FATAL_ERROR "unexpected output from TensorFlow's sysconfig (${Python_EXECUTABLE}): ${_sok_tf_info}")
+  endif()
+  set(TF_FOUND TRUE PARENT_SCOPE)
+  set(TF_VERSION "${CMAKE_MATCH_1}" PARENT_SCOPE)
+  set(TF_COMPILE_FLAGS "${CMAKE_MATCH_2}" PARENT_SCOPE)
+  set(TF_LINK_FLAGS "${CMAKE_MATCH_3}" PARENT_SCOPE)
+endfunction()
+
+# sok_install_tensorflow_stamp(<destination>): installs tf_build.txt, holding TF_VERSION (of
+# sok_find_tensorflow), into <destination>, the directory of the op libraries built against it:
+# sparse_operation_kit.tf_ops (_TF_STAMP) refuses to load them under another TensorFlow.
+function(sok_install_tensorflow_stamp destination)
+  if(NOT TF_VERSION)
+    message(FATAL_ERROR "sok_install_tensorflow_stamp(${destination}): TF_VERSION is not set; call "
+                        "sok_find_tensorflow() before it, and build op libraries only where it sets TF_FOUND")
+  endif()
+  file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/tf_build.txt" "${TF_VERSION}\n")
+  install(FILES "${CMAKE_CURRENT_BINARY_DIR}/tf_build.txt" DESTINATION "${destination}")
+endfunction()
 
 # Macros, not functions: enable_language(CUDA) must run in the directory scope.
 macro(sok_add_backend package)

@@ -1,9 +1,9 @@
 // The two ops of SavedModels exported with NVIDIA's HPS TensorFlow plugin, `Init` and `Lookup`,
 // with the plugin's names, inputs and attrs (libsok_tf_hps_compat.so), so that such a SavedModel
 // loads and serves with hierarchical_parameter_server. Their kernels call
-// hierarchical_parameter_server.graph_calls (nvidia_init, nvidia_lookup) through python_call.h: a
-// library of its own, because the generic names could clash with another library's ops, and a clash
-// must not take SOK's other ops with it.
+// hierarchical_parameter_server.graph_calls (nvidia_init, nvidia_lookup) through sok-core's
+// sok/tf/python_call.h: a library of its own, because the generic names could clash with another
+// library's ops, and a clash must not take SOK's other ops with it.
 //
 // Init(global_replica_id, num_replicas_in_sync, visible_devices) -> status "OK": initialises HPS
 // from the ps_config_file attr, once per process (later calls change nothing).
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "python_call.h"
+#include "sok/tf/python_call.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"

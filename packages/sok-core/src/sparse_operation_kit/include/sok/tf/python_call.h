@@ -1,9 +1,12 @@
 // Calling Python from TensorFlow kernels: the GIL, references, Python errors as Status, and
-// call_into_outputs, which runs sparse_operation_kit.python_ops.kernel_call. Shared by
-// libsok_tf_python.so (python_ops.cc) and libsok_tf_hps_compat.so (hps_compat_ops.cc); each library
-// has its own copy (everything here is inline).
-#ifndef SOK_TF_OPS_PYTHON_CALL_H_
-#define SOK_TF_OPS_PYTHON_CALL_H_
+// call_into_outputs, which runs sparse_operation_kit.python_ops.kernel_call. Used by sok-core's
+// libsok_tf_python.so (csrc/tf_ops/python_ops.cc) and by other packages' op libraries whose kernels
+// call Python (sok-hps's ops of NVIDIA's HPS plugin), which get it from SokCoreConfig.cmake
+// (SokCore_INCLUDE_DIR): shipped, not in csrc/, for them. Each library has its own copy (everything
+// here is inline). Compile with TensorFlow's flags (sok_find_tensorflow) and Python's headers, and
+// leave libpython unlinked: the interpreter that loads the library provides it.
+#ifndef SOK_TF_PYTHON_CALL_H_
+#define SOK_TF_PYTHON_CALL_H_
 
 #include <Python.h>
 
@@ -185,4 +188,4 @@ inline Status call_into_outputs(OpKernelContext* ctx, const std::string& what, c
 
 }  // namespace sok_tf_python
 
-#endif  // SOK_TF_OPS_PYTHON_CALL_H_
+#endif  // SOK_TF_PYTHON_CALL_H_
