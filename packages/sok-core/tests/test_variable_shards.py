@@ -40,8 +40,8 @@ def test_ranks_beyond_the_last_row_hold_an_empty_shard(monkeypatch, rows: int, n
 
 @pytest.mark.parametrize(
     ("initial_value", "dtype"),
-    [(np.arange(6).reshape(2, 3), None), (np.zeros((2, 3)), None), (np.zeros((2, 3)), tf.bfloat16)],
-    ids=["int64-numpy", "float64-numpy", "bfloat16"],
+    [(tf.constant([[1, 2, 3]]), None), (tf.zeros((2, 3), tf.float64), None), (np.zeros((2, 3)), tf.bfloat16)],
+    ids=["int32-tensor", "float64-tensor", "bfloat16"],
 )
 def test_rows_of_another_dtype_are_refused_when_the_table_is_made(initial_value, dtype) -> None:
     """A table the lookups cannot read fails where it is made, naming the dtype and the fix (it
@@ -50,6 +50,18 @@ def test_rows_of_another_dtype_are_refused_when_the_table_is_made(initial_value,
         ValueError, match=r"rows of dtype \w+ are not supported; valid: float32\. Pass dtype=tf.float32"
     ):
         sok.Variable(initial_value, dtype=dtype)
-    converted = sok.Variable(initial_value, dtype=tf.float32)
+    converted = sok.Variable(tf.cast(initial_value, tf.float32))
     assert converted.dtype == tf.float32
-    np.testing.assert_array_equal(converted.numpy(), np.asarray(initial_value, np.float32))
+
+
+@pytest.mark.parametrize(
+    "initial_value",
+    [[[3, 4, 5]], np.arange(6).reshape(2, 3), np.linspace(0.0, 1.0, 6).reshape(2, 3)],
+    ids=["int-list", "int64-numpy", "float64-numpy"],
+)
+def test_numbers_given_without_a_dtype_become_float32_rows(initial_value) -> None:
+    """NVIDIA's own scripts write sok.Variable([[3, 4, 5]]): a list or NumPy array of numbers with no
+    dtype is a table of float32 rows."""
+    v = sok.Variable(initial_value)
+    assert v.dtype == tf.float32
+    np.testing.assert_array_equal(v.numpy(), np.asarray(initial_value, np.float32))

@@ -41,8 +41,9 @@ def _global_value(initial_value: Any, shape: Any, initializer: Any, dtype: Any) 
     if value.dtype.name != VALUE_DTYPE:
         raise ValueError(
             f"sok.Variable rows of dtype {value.dtype.name} are not supported; valid: {VALUE_DTYPE}. Pass "
-            f"dtype=tf.{VALUE_DTYPE} (a NumPy or list initial_value is converted; cast a tensor first); under "
-            f"a Keras mixed-precision policy the tables stay {VALUE_DTYPE} and lookups return the compute dtype"
+            f"dtype=tf.{VALUE_DTYPE} or leave dtype unset (a NumPy or list initial_value of numbers is then "
+            f"converted; cast a tensor first); under a Keras mixed-precision policy the tables stay "
+            f"{VALUE_DTYPE} and lookups return the compute dtype"
         )
     return value
 
@@ -51,6 +52,8 @@ def _initial_value(initial_value: Any, shape: Any, initializer: Any, dtype: Any)
     if initial_value is not None:
         if callable(initial_value):
             initial_value = initial_value()
+        if dtype is None and _untyped_numbers(initial_value):
+            dtype = VALUE_DTYPE  # rows are float32: [[3, 4, 5]] or np.arange(...) are meant as such
         value = tf.convert_to_tensor(initial_value, dtype=dtype)
         if value.shape.rank == 1:
             value = tf.reshape(value, [1, -1])
@@ -65,6 +68,15 @@ def _initial_value(initial_value: Any, shape: Any, initializer: Any, dtype: Any)
     if isinstance(initializer, str):
         initializer = tf.keras.initializers.get(initializer)
     return tf.convert_to_tensor(initializer(shape=shape, dtype=dtype or tf.float32))
+
+
+def _untyped_numbers(initial_value: Any) -> bool:
+    """Whether ``initial_value`` is a list or NumPy array of numbers (integers or floats), whose dtype
+    the caller did not choose for the table: NVIDIA's own scripts write ``sok.Variable([[3, 4, 5]])``."""
+    if isinstance(initial_value, (tf.Tensor, tf.Variable)):
+        return False
+    kind = np.asarray(initial_value).dtype.kind
+    return kind in "iuf"
 
 
 #: The fields of a variable's fingerprint, in the order of the allgathered record.
@@ -265,7 +277,16 @@ def Variable(*args: Any, mode: str | None = None, **kwargs: Any) -> DistributedV
     """A static model-parallel table: ``sok.Variable(initial_value, dtype=..., mode=None | "distributed" |
     "localized:N")``, or ``shape=[rows, dim]`` with ``initializer``. Every rank must pass the same
     initial value (broadcast it first if it is random): with several ranks, every rank raises a
-    ValueError naming what differs (shape, mode, dtype or initial_value)."""
+    ValueError naming what differs (shape, mode, dtype or initial_value).
+
+    Rows are float32. A list or NumPy array of numbers given without ``dtype`` is converted (NVIDIA
+    SOK kept its dtype, e.g. int64 for ``np.arange``); a tensor or an explicit ``dtype`` of another
+    type is refused where the table is made.
+
+    Example::
+
+        v = sok.Variable([[3, 4, 5], [6, 7, 8]])   # float32 rows [[3., 4., 5.], [6., 7., 8.]]
+    """
     if mode is None or mode == "distributed":
         return DistributedVariable(*args, **kwargs)
     match = _LOCALIZED.match(mode) if isinstance(mode, str) else None
