@@ -786,8 +786,7 @@ def sparse_read_and_evict(var: DynamicVariable, indices: Any, name: str | None =
             f"{var.name} uses var_type {var.backend_type!r}, which never evicts"
         )
     if saving():
-        none = tf.zeros([0], var.keys_of(tf.zeros([0], var.key_type)).dtype)
-        return var.serving_read(indices), none, tf.zeros([0, var.dimension], tf.float32)
+        return var.serving_read(indices), tf.zeros([0], var.key_type), tf.zeros([0, var.dimension], tf.float32)
     with tf.name_scope(name or "SokLookupAndEvict"):
         if var.trainable:
             tape_lib.variable_accessed(var)
