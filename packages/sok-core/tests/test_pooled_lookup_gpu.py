@@ -206,6 +206,17 @@ def test_equals_the_cpu_kernel_to_the_bit(combiner: str, weighted: bool, id_dtyp
     _assert_same_on_both(x, [combiner] * len(DIMS), weighted, shard)
 
 
+@pytest.mark.parametrize("max_ids", [1, 2, 3])
+@pytest.mark.parametrize("shard", [None, (2, 1)], ids=["whole", "2-1"])
+def test_short_samples_equal_the_cpu_kernel_to_the_bit(max_ids: int, shard) -> None:
+    """Up to three ids per sample (most of DCNv2's features): the forward pools runs of up to 32
+    such samples per warp and the gradient streams spans of the sorted ids, both in the CPU's order,
+    over many runs and spans and a hot id of several hundred occurrences."""
+    x = _inputs(11, (4, 32, 128, 130), batch=4096, id_dtype=np.int64, shard=shard, max_ids=max_ids)
+    for weighted in (False, True):
+        _assert_same_on_both(x, ["sum", "mean", "sqrtn", "sum"], weighted, shard)
+
+
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 def test_many_tables_of_mixed_combiners_and_id_dtypes(weighted: bool) -> None:
     rng = np.random.default_rng(1)

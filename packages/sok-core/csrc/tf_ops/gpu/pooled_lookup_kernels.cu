@@ -1,18 +1,19 @@
 // CUDA kernels of SokPooledLookup and SokPooledLookupGrad: see pooled_lookup_kernels.h.
 //
 // Every kernel covers all tables of a call in one launch: the host gives each table a range of
-// blocks (first_block, in its descriptor) and a block finds its table by binary search. A sample
-// (forward) gets `pool_lanes` threads of one warp (a power of two, from its table's dim): they load
-// its ids, rows of the shard and weights a lane each, then pass them round (shuffles) while each
-// sums its columns alone, in the CPU kernel's order. The loops load kUnroll rows before they add
-// them, so the adds stay in order while the loads overlap; both directions load 4 columns at once
-// (float4) where they can, and each forward block reads its table's descriptor once, into shared
-// memory (block_table).
+// blocks (first_block, in its descriptor) and a block finds its table by binary search. A run of
+// samples (forward: pool_run of them, about kRunIds ids) gets `pool_lanes` threads of one warp (a
+// power of two, from its table's dim): they load its ids, rows of the shard and weights a lane each,
+// then pass them round (shuffles) while each sums its columns alone, in the CPU kernel's order. The
+// loops load kUnroll rows before they add them, so the adds stay in order while the loads overlap
+// (across the samples of a run too); both directions load 4 columns at once (float4) where they can,
+// and each forward block reads its table's descriptor once, into shared memory (block_table).
 //
-// The gradient of an id with at most kHotOccurrences occurrences is summed by `grad_lanes` threads
-// of one warp: they load the occurrences' samples, divisors and weights a lane each, then pass them
-// round (shuffles) while each adds its columns in the CPU's order. A hot id (more occurrences) is
-// not summed in the pass over the distinct ids (one warp would hold the step for its occurrences):
+// The gradient of an id with at most kHotOccurrences occurrences is summed in a span: `grad_lanes`
+// threads of one warp take as many sorted keys and stream the occurrences of the ids whose runs
+// start there, as a forward run streams its ids: they load the occurrences' samples, divisors and
+// weights a lane each, then pass them round (shuffles) while each adds its columns in the CPU's
+// order. A hot id (more occurrences) is not summed there (one warp would hold the step for them):
 // accumulate_kernel lists it, and hot_segments_kernel gives each kHotSegment of its occurrences a
 // warp that sums them in order as above; an id of several segments gets their sums added in segment
 // order (hot_finish_kernel). No float atomics: the order depends only on the occurrence count, so
@@ -33,6 +34,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 8;
+// The ids a forward run of short samples aims at (pool_run: their samples, from the mean per sample).
+constexpr int64_t kRunIds = 32;
 // local_row of an id that another shard holds (Table::local of pooled_lookup_ops.cc).
 constexpr int64_t kNotHeld = INT64_MIN;
 constexpr size_t kAlign = 256;
@@ -44,6 +47,12 @@ constexpr int64_t kHotBlocks = 4096;  // the most blocks of the hot kernels
 // (their sums added in segment order), so that the hottest id of a batch does not hold the step to
 // one warp's serial chain.
 constexpr int64_t kHotSegment = 1024;
+// Blocks per SM asked of the compiler (__launch_bounds__) by the kernels that gather rows: their
+// loads wait on memory, so more warps in flight beat more registers per thread. The forward and the
+// hot segments: 3 (80 registers, a few spilled); the spans of the gradient: 2 (3 spilled more than it
+// gained). benchmarks/LOG.md has the measurements.
+constexpr int kGatherBlocksPerSm = 3;
+constexpr int kSpanBlocksPerSm = 2;
 // The most blocks per table of the gradient's accumulation and padding: their threads stride over
 // the rest (the padded gradient plans for a row per id; most of them are padding).
 constexpr int64_t kSweepBlocks = 2048;
@@ -62,6 +71,7 @@ struct TableDev {
   int32_t shift;                // log2(stride) when stride is a power of two, else -1
   int32_t pool_lanes;           // the forward's threads per sample (dim / pool_vec up to a warp)
   int32_t pool_vec;             // the forward's columns per load: 4 (float4) or 1
+  int32_t pool_run;             // the forward's samples per pool_lanes threads (up to pool_lanes)
   int32_t grad_lanes;           // the gradient's threads per distinct id (dim / grad_vec up to a warp)
   int32_t grad_vec;             // the gradient's columns per load: 4 (float4) or 1
 };
@@ -107,6 +117,8 @@ std::vector<TableDev> describe(const PooledTable* tables, int num_tables, int64_
     d.pool_vec = out4 && aligned16(d.t.params) ? 4 : 1;
     d.pool_lanes = 1;
     while (d.pool_lanes < d.t.dim / d.pool_vec && d.pool_lanes < 32) d.pool_lanes <<= 1;
+    const int64_t per_sample = batch > 0 ? std::max<int64_t>(ceil_div(d.t.nnz, batch), 1) : 1;
+    d.pool_run = static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(kRunIds / per_sample, 1), d.pool_lanes));
     d.grad_vec = out4 && aligned16(d.t.grads) ? 4 : 1;
     d.grad_lanes = 1;
     while (d.grad_lanes < d.t.dim / d.grad_vec && d.grad_lanes < 32) d.grad_lanes <<= 1;
@@ -232,32 +244,90 @@ __device__ unsigned group_mask(int lanes) {
   return lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << (static_cast<int>(threadIdx.x & 31) & ~(lanes - 1));
 }
 
-// Columns [k, k + V) of the pooled row of sample [begin, end): the `lanes` threads of `mask` (the
-// sample's) load its ids' rows and weights a lane each, `lanes` ids at a time, and pass them round
-// by shuffles, while each thread adds its columns of the held rows in the CPU's order: unweighted,
-// the first `head` one after another, then each further 8 summed apart and added
-// (tf.sparse.segment_sum's order); weighted, row * w one after another.
+// The head of the CPU's unweighted order for a sample of `num` held ids: the first `head` rows are
+// added one after another, then each further 8 summed apart and added (num - head is a multiple of 8).
+__device__ int64_t order_head(int64_t num) {
+  const int64_t rest = num & 7;
+  return num == 1 ? 1 : (rest == 0 ? (num < 8 ? num : 8) : (rest == 1 ? 9 : rest));
+}
+
+// The held ids of [begin, end), counted by the `lanes` threads of `mask`, `lanes` at a time.
+__device__ int64_t held_ids(const TableDev& d, int64_t begin, int64_t end, int lane, int lanes, unsigned mask) {
+  int64_t num = 0;
+  for (int64_t chunk = begin; chunk < end; chunk += lanes) {
+    const int64_t j = chunk + lane;
+    num += __popc(__ballot_sync(mask, j < end && valid_row(local_row(d, id_at(d.t, j)), d.t.rows)));
+  }
+  return num;
+}
+
+// Columns [k, k + V) of the pooled rows of the `run` samples from s0 (a run: `lanes` <= 32 threads
+// of `mask`, run <= lanes). The run's ids are one stream: the lanes load `lanes` ids (row and weight)
+// at a time, a lane each, and pass them round by shuffles, kUnroll rows loaded before they are added,
+// so that the loads of a run of short samples overlap as those of one long sample do; each thread
+// adds its columns in the CPU's order per sample (unweighted: order_head; weighted: row * w one
+// after another), and writes a sample's row when the stream passes its end. Lane i holds the end of
+// sample s0 + i, clamped to [begin, nnz] and made non-decreasing (a max scan), so that row_splits the
+// checks refuse read nothing outside the ids. A table whose shard holds every valid id (stride 1,
+// offset 0) counts a sample's ids from its row_splits; others count its held ids first (held_ids).
+// (Ids the checks refuse leave such rows wrong, and the op raises.)
 template <int V>
-__device__ void pool_columns(const TableDev& d, int64_t begin, int64_t end, int64_t head, int64_t k, int lane,
-                             int lanes, unsigned mask, float* out) {
+__device__ void pool_run(const TableDev& d, int64_t s0, int run, int64_t k, int lane, int lanes, unsigned mask) {
   const PooledTable& t = d.t;
   const bool column = k < t.dim;
   const bool weighted = t.weights != nullptr;
-  float group[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) out[v] = group[v] = 0.0f;
+  const bool whole = t.stride == 1 && t.offset == 0;
+  const auto clamp = [&t](int64_t x, int64_t lo) { return x < lo ? lo : (x > t.nnz ? t.nnz : x); };
+  const int64_t first = clamp(t.splits[s0], 0);
+  int64_t ends = lane < run ? t.splits[s0 + lane + 1] : INT64_MIN;
+  for (int offset = 1; offset < lanes; offset <<= 1) {
+    const int64_t before = __shfl_up_sync(mask, ends, offset, lanes);
+    if (lane >= offset && before > ends) ends = before;
+  }
+  ends = clamp(ends, first);
+  const int64_t last = __shfl_sync(mask, ends, run - 1, lanes);
+
+  int cur = 0;  // the sample being summed, from s0
+  int64_t begin = first;
+  int64_t end = __shfl_sync(mask, ends, 0, lanes);
+  int64_t head = 0;
   int64_t count = 0;
-  for (int64_t chunk = begin; chunk < end; chunk += lanes) {
+  float div = 1.0f;
+  float out[V];
+  float group[V];
+  const auto start = [&]() {
+    count = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v) out[v] = group[v] = 0.0f;
+    if (!weighted) head = order_head(whole ? end - begin : held_ids(d, begin, end, lane, lanes, mask));
+    div = divisor(t, begin, end);
+  };
+  const auto finish = [&]() {
+    if (!column) return;
+    float r[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      r[v] = t.combiner == kPooledSum ? out[v] : (div != 0.0f ? __fdiv_rn(out[v], div) : 0.0f);
+    }
+    float* row = t.out + (s0 + cur) * t.dim + k;
+    if constexpr (V == 4) {
+      *reinterpret_cast<float4*>(row) = make_float4(r[0], r[1], r[2], r[3]);
+    } else {
+      row[0] = r[0];
+    }
+  };
+  start();
+  for (int64_t chunk = first; chunk < last; chunk += lanes) {
     const int64_t j = chunk + lane;
     int64_t row = 0;
     int held = 0;
     float w = 0.0f;
-    if (j < end) {
+    if (j < last) {
       row = local_row(d, id_at(t, j));
       held = valid_row(row, t.rows);
       if (weighted && held) w = t.weights[j];
     }
-    const int64_t n = end - chunk < lanes ? end - chunk : lanes;
+    const int64_t n = last - chunk < lanes ? last - chunk : lanes;
     for (int64_t u0 = 0; u0 < n; u0 += kUnroll) {
       float x[kUnroll][V];
       float wu[kUnroll];
@@ -274,6 +344,15 @@ __device__ void pool_columns(const TableDev& d, int64_t begin, int64_t end, int6
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
+        if (u0 + u >= n) break;
+        // The samples that end before this id (empty ones too) are done.
+        while (chunk + u0 + u >= end) {
+          finish();
+          ++cur;
+          begin = end;
+          end = __shfl_sync(mask, ends, cur, lanes);
+          start();
+        }
         if (!use[u]) continue;
         if (weighted) {
 #pragma unroll
@@ -293,6 +372,14 @@ __device__ void pool_columns(const TableDev& d, int64_t begin, int64_t end, int6
         ++count;
       }
     }
+  }
+  // The last sample with ids, and the empty ones after it.
+  for (;;) {
+    finish();
+    if (++cur >= run) break;
+    begin = end;
+    end = __shfl_sync(mask, ends, cur, lanes);
+    start();
   }
 }
 
@@ -356,48 +443,26 @@ __global__ void validate_kernel(const TableDev* tables, int num_tables, int64_t 
   out.samples[p] = static_cast<uint32_t>(lo < 0 ? 0 : lo);
 }
 
-// out (batch, dim) of each table: one sample per `pool_lanes` threads of a warp, each `pool_vec`
-// columns at a time.
-__global__ void pool_kernel(const TableDev* tables, int num_tables, int64_t batch) {
+// out (batch, dim) of each table: a run of `pool_run` samples per `pool_lanes` threads of a warp,
+// each `pool_vec` columns at a time.
+__global__ void __launch_bounds__(kThreads, kGatherBlocksPerSm)
+    pool_kernel(const TableDev* tables, int num_tables, int64_t batch) {
   const TableDev& d = block_table(tables, num_tables, kPool);
-  const PooledTable& t = d.t;
   const int lanes = d.pool_lanes;
   const int lane = threadIdx.x & (lanes - 1);
   const unsigned mask = group_mask(lanes);
-  const int64_t s =
-      (static_cast<int64_t>(blockIdx.x) - d.first_block[kPool]) * (kThreads / lanes) + threadIdx.x / lanes;
-  if (s >= batch) return;
-  int64_t begin = 0;
-  int64_t end = 0;
-  sample_range(t, s, &begin, &end);
-  const float div = divisor(t, begin, end);
-  float* out = t.out + s * t.dim;
-  int64_t head = 0;
-  if (t.weights == nullptr) {
-    int64_t num = 0;  // the held ids, counted `lanes` at a time
-    for (int64_t chunk = begin; chunk < end; chunk += lanes) {
-      const int64_t j = chunk + lane;
-      num += __popc(__ballot_sync(mask, j < end && valid_row(local_row(d, id_at(t, j)), t.rows)));
-    }
-    const int64_t rest = num & 7;
-    head = num == 1 ? 1 : (rest == 0 ? (num < 8 ? num : 8) : (rest == 1 ? 9 : rest));
-  }
-  const auto combine = [&](float sum) {
-    return t.combiner == kPooledSum ? sum : (div != 0.0f ? __fdiv_rn(sum, div) : 0.0f);
-  };
+  const int64_t s0 =
+      ((static_cast<int64_t>(blockIdx.x) - d.first_block[kPool]) * (kThreads / lanes) + threadIdx.x / lanes) *
+      d.pool_run;
+  if (s0 >= batch) return;
+  const int run = static_cast<int>(batch - s0 < d.pool_run ? batch - s0 : d.pool_run);
   const int vec = d.pool_vec;
-  for (int64_t k0 = 0; k0 < t.dim; k0 += int64_t{vec} * lanes) {
+  for (int64_t k0 = 0; k0 < d.t.dim; k0 += int64_t{vec} * lanes) {
     const int64_t k = k0 + int64_t{vec} * lane;
-    float sum[4];
     if (vec == 4) {
-      pool_columns<4>(d, begin, end, head, k, lane, lanes, mask, sum);
-      if (k < t.dim) {
-        *reinterpret_cast<float4*>(out + k) =
-            make_float4(combine(sum[0]), combine(sum[1]), combine(sum[2]), combine(sum[3]));
-      }
+      pool_run<4>(d, s0, run, k, lane, lanes, mask);
     } else {
-      pool_columns<1>(d, begin, end, head, k, lane, lanes, mask, sum);
-      if (k < t.dim) out[k] = combine(sum[0]);
+      pool_run<1>(d, s0, run, k, lane, lanes, mask);
     }
   }
 }
@@ -454,11 +519,12 @@ struct Distinct {
   const uint32_t* samples;      // (ids,) by position
   const uint32_t* head_sorted;  // (distinct,) in first-occurrence order
   const float* div;             // divisors
+  const uint32_t* order;        // (ids,) by position: the rank of the distinct id whose head is there
   const int64_t* bases;         // (tables,) count_kernel's
   const PooledCheck* checks;    // (tables,) pooled_grad_distinct's
   uint64_t row_mask;
   int64_t num;
-  uint32_t* hot;                // (max_hot,) the hot ids (bases[t] + index), any order
+  uint32_t* hot;                // (max_hot,) the hot ids (their ranks), any order
   uint32_t* hot_count;          // how many of them
   int64_t max_hot;              // the most hot ids there can be: num / (kHotOccurrences + 1)
   uint32_t* hot_end;            // (max_hot,) the end of each hot id's run of sorted keys
@@ -558,22 +624,6 @@ __device__ void accumulate_row(const TableDev& d, const Distinct& in, int64_t he
   }
 }
 
-// Distinct id `index` of table d (`rank` among all tables'): its id and its gradient row, or, for a
-// hot id, its place in the hot list (the hot kernels sum it).
-__device__ void accumulate_one(const TableDev& d, const Distinct& in, int64_t rank, int64_t index, int lane,
-                               unsigned mask) {
-  const PooledTable& t = d.t;
-  const int64_t head = in.head_sorted[rank];
-  const uint64_t key = in.keys[head];
-  if (lane == 0) t.out_ids[index] = static_cast<int64_t>(key & in.row_mask);
-  if (head + kHotOccurrences < in.num && in.keys[head + kHotOccurrences] == key) {
-    // More than kHotOccurrences occurrences (the keys are sorted): the hot kernels'.
-    if (lane == 0) in.hot[atomicAdd(in.hot_count, 1u)] = static_cast<uint32_t>(rank);
-    return;
-  }
-  accumulate_row(d, in, head, in.num, t.out + index * t.dim, d.grad_vec, lane, d.grad_lanes, mask);
-}
-
 // The distinct ids of table ti that get rows: none when its checks failed, at most its bound.
 __device__ int64_t rows_of(const TableDev& d, int ti, const Distinct& in) {
   const PooledCheck& check = in.checks[ti];
@@ -581,20 +631,158 @@ __device__ int64_t rows_of(const TableDev& d, int ti, const Distinct& in) {
   return static_cast<int64_t>(check.distinct) < d.bound ? static_cast<int64_t>(check.distinct) : d.bound;
 }
 
-// out (rows_of, dim) and out_ids (rows_of,) of each table: one distinct id per `grad_lanes` threads
-// of a warp, the table's blocks striding over its ids.
-__global__ void accumulate_kernel(const TableDev* tables, int num_tables, Distinct in) {
+// What accumulate_span passes round about an occurrence (bits of one int).
+enum Occurrence { kUse = 1, kHead = 2, kHeld = 4, kHot = 8 };
+
+// Columns [k, k + V) of the gradient rows of the distinct ids of table d whose runs of sorted keys
+// start in [h0, h1) (a span: `lanes` threads of `mask`), `rows` of them at most, the first at
+// `base` among all tables' (their index is order[position] - base); with `list`, each one's id
+// into out_ids and each hot one (more than kHotOccurrences occurrences) into the hot list. The
+// span's occurrences are one stream, as a forward run's ids (pool_run): the lanes load `lanes`
+// occurrences (key, sample, divisor, weight) at a time, a lane each, pass them round by shuffles,
+// and load kUnroll gradient rows before they add them, (grad / divisor) * w in order from 0 per id
+// (the CPU's order), writing an id's row where its run ends. A cold run that starts in the span
+// ends within kHotOccurrences of h1; the stream stops at a hot id's head (its run reaches past h1),
+// at the first run that starts at h1 or later, and at the table's keys of ids the shard does not
+// hold (row_mask: sorted last).
+template <int V>
+__device__ void accumulate_span(const TableDev& d, const Distinct& in, int64_t h0, int64_t h1, int64_t end,
+                                int64_t rows, int64_t base, bool list, int64_t k, int lane, int lanes,
+                                unsigned mask) {
+  const PooledTable& t = d.t;
+  const bool column = k < t.dim;
+  const auto held_key = [&in](uint64_t key) { return (key & in.row_mask) != in.row_mask; };
+  {  // the stream starts at the span's first head
+    const int64_t h = h0 + lane;
+    bool head = false;
+    if (h < h1) {
+      const uint64_t key = in.keys[h];
+      head = held_key(key) && (h == 0 || in.keys[h - 1] != key);
+    }
+    const unsigned heads = (__ballot_sync(mask, head) & mask) >> (static_cast<int>(threadIdx.x & 31) & ~(lanes - 1));
+    if (heads == 0) return;
+    h0 += __ffs(heads) - 1;
+  }
+  float sum[V] = {};
+  int64_t index = -1;  // the open run's row, -1: none open
+  const auto flush = [&]() {
+    if (index < 0 || index >= rows || !column) return;
+    float* row = t.out + index * t.dim + k;
+    if constexpr (V == 4) {
+      *reinterpret_cast<float4*>(row) = make_float4(sum[0], sum[1], sum[2], sum[3]);
+    } else {
+      row[0] = sum[0];
+    }
+  };
+  for (int64_t chunk = h0;; chunk += lanes) {
+    const int64_t j = chunk + lane;
+    uint32_t sample = 0;
+    float div = 1.0f;
+    float w = 1.0f;
+    int flags = 0;
+    int32_t at = -1;  // pooled_grad_unsupported: fewer than 2^31 ids
+    if (j < end) {
+      const uint64_t key = in.keys[j];
+      if (held_key(key)) {
+        flags = kHeld | kUse;
+        const uint32_t p = in.positions[j];
+        sample = in.samples[p];
+        if (t.combiner != kPooledSum) {
+          div = in.div[d.div_base + sample];
+          if (div == 0.0f) flags &= ~kUse;  // a sample whose divisor is 0 gives zeros: no gradient
+        }
+        if (t.weights != nullptr) w = t.weights[p - d.id_base];
+        if (j == 0 || in.keys[j - 1] != key) {
+          flags |= kHead;
+          at = static_cast<int32_t>(in.order[p] - base);
+          const bool hot = j + kHotOccurrences < end && in.keys[j + kHotOccurrences] == key;
+          if (hot) flags |= kHot;
+          if (list && j < h1 && at < rows) {
+            t.out_ids[at] = static_cast<int64_t>(key & in.row_mask);
+            // The hot kernels sum it.
+            if (hot) in.hot[atomicAdd(in.hot_count, 1u)] = static_cast<uint32_t>(base + at);
+          }
+        }
+      }
+    }
+    const int64_t n = end - chunk < lanes ? end - chunk : lanes;
+    bool stop = false;
+    for (int64_t u0 = 0; u0 < n; u0 += kUnroll) {
+      float x[kUnroll][V];
+      float scale_div[kUnroll];
+      float scale_w[kUnroll];
+      int occurrence[kUnroll];
+      int32_t row_at[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int src = u0 + u < n ? static_cast<int>(u0 + u) : 0;  // every lane of the span takes part
+        const uint32_t s = __shfl_sync(mask, sample, src, lanes);
+        scale_div[u] = __shfl_sync(mask, div, src, lanes);
+        scale_w[u] = __shfl_sync(mask, w, src, lanes);
+        const int f = __shfl_sync(mask, flags, src, lanes);
+        occurrence[u] = u0 + u < n ? f : 0;
+        row_at[u] = __shfl_sync(mask, at, src, lanes);
+#pragma unroll
+        for (int v = 0; v < V; ++v) x[u][v] = 0.0f;
+        if ((occurrence[u] & kUse) != 0 && column) load_columns<V>(t.grads, s, t.dim, k, x[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (u0 + u >= n) break;
+        const int f = occurrence[u];
+        if ((f & (kHead | kHeld)) != kHeld) {  // a head, or an id the shard does not hold: the run ends
+          flush();
+          index = -1;
+          if ((f & kHeld) == 0 || chunk + u0 + u >= h1 || (f & kHot) != 0) {
+            stop = true;
+            break;
+          }
+          index = row_at[u];
+#pragma unroll
+          for (int v = 0; v < V; ++v) sum[v] = 0.0f;
+        }
+        if ((f & kUse) == 0) continue;
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          float g = x[u][v];
+          if (t.combiner != kPooledSum) g = __fdiv_rn(g, scale_div[u]);
+          if (t.weights != nullptr) g = __fmul_rn(g, scale_w[u]);
+          sum[v] = __fadd_rn(sum[v], g);
+        }
+      }
+      if (stop) break;
+    }
+    if (stop || n < lanes) break;  // n < lanes: the table's last occurrences
+  }
+  flush();
+}
+
+// out (rows_of, dim) and out_ids (rows_of,) of each table: `grad_lanes` threads of a warp per span of
+// as many sorted keys (accumulate_span), the table's blocks striding over its keys.
+__global__ void __launch_bounds__(kThreads, kSpanBlocksPerSm)
+    accumulate_kernel(const TableDev* tables, int num_tables, Distinct in) {
   const int ti = table_of(tables, num_tables, kAccumulate);
   const TableDev d = tables[ti];
   const int lanes = d.grad_lanes;
   const int lane = threadIdx.x & (lanes - 1);
   const unsigned mask = group_mask(lanes);
-  const int64_t distinct = rows_of(d, ti, in);
-  const int64_t stride = d.blocks[kAccumulate] * (kThreads / lanes);
-  for (int64_t index = (static_cast<int64_t>(blockIdx.x) - d.first_block[kAccumulate]) * (kThreads / lanes) +
-                       threadIdx.x / lanes;
-       index < distinct; index += stride) {
-    accumulate_one(d, in, in.bases[ti] + index, index, lane, mask);
+  const int64_t rows = rows_of(d, ti, in);
+  if (rows == 0) return;
+  const int64_t base = in.bases[ti];
+  const int64_t end = d.id_base + d.t.nnz;  // the table's keys are [id_base, end) of the sorted keys
+  const int64_t stride = d.blocks[kAccumulate] * kThreads;
+  for (int64_t h0 = d.id_base + ((static_cast<int64_t>(blockIdx.x) - d.first_block[kAccumulate]) * kThreads +
+                                 (threadIdx.x & ~(lanes - 1)));
+       h0 < end; h0 += stride) {
+    const int64_t h1 = h0 + lanes < end ? h0 + lanes : end;
+    for (int64_t k0 = 0; k0 < d.t.dim; k0 += int64_t{d.grad_vec} * lanes) {
+      const int64_t k = k0 + int64_t{d.grad_vec} * lane;
+      if (d.grad_vec == 4) {
+        accumulate_span<4>(d, in, h0, h1, end, rows, base, k0 == 0, k, lane, lanes, mask);
+      } else {
+        accumulate_span<1>(d, in, h0, h1, end, rows, base, k0 == 0, k, lane, lanes, mask);
+      }
+    }
   }
 }
 
@@ -664,17 +852,21 @@ __global__ void hot_plan_kernel(Distinct in) {
   in.hot_counts[h] = counts;
 }
 
-// The segments of the hot ids, a warp per segment, warps striding over them (their number is only
-// known on the device): first each listed id's first segment, then the further segments of the ids
-// of several (hot_plan: the scanned hot_counts). An id of one segment gets its row, one of several
-// its segments' sums in partials (partial_stride: a multiple of 4, for float4 stores).
-__global__ void hot_segments_kernel(const TableDev* tables, int num_tables, Distinct in) {
+// The segments of the hot ids, `lanes` threads of a warp per segment (a power of two: the widest
+// table's columns / 4, up to 32, so that narrow tables do not leave most lanes idle), groups
+// striding over them (their number is only known on the device): first each listed id's first
+// segment, then the further segments of the ids of several (hot_plan: the scanned hot_counts). An
+// id of one segment gets its row, one of several its segments' sums in partials (partial_stride: a
+// multiple of 4, for float4 stores).
+__global__ void __launch_bounds__(kThreads, kGatherBlocksPerSm)
+    hot_segments_kernel(const TableDev* tables, int num_tables, Distinct in, int lanes) {
   const int64_t count = *in.hot_count;
   const int64_t items = count + static_cast<int64_t>(in.hot_plan[in.max_hot] >> 32);
-  constexpr int kWarps = kThreads / 32;
-  const int lane = threadIdx.x & 31;
-  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; item < items;
-       item += static_cast<int64_t>(gridDim.x) * kWarps) {
+  const int groups = kThreads / lanes;
+  const int lane = threadIdx.x & (lanes - 1);
+  const unsigned mask = group_mask(lanes);
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * groups + threadIdx.x / lanes; item < items;
+       item += static_cast<int64_t>(gridDim.x) * groups) {
     int64_t lo = item;  // the hot id of a first segment
     int64_t segment = 0;
     if (item >= count) {
@@ -702,7 +894,7 @@ __global__ void hot_segments_kernel(const TableDev* tables, int num_tables, Dist
     const int64_t partial = static_cast<int64_t>(in.hot_plan[lo] & 0xffffffffu) + segment;
     float* out = begin == head && stop == end ? d.t.out + (g - in.bases[ti]) * d.t.dim
                                               : in.partials + partial * in.partial_stride;
-    accumulate_row(d, in, begin, stop, out, d.grad_vec, lane, 32, 0xffffffffu);
+    accumulate_row(d, in, begin, stop, out, d.grad_vec, lane, lanes, mask);
   }
 }
 
@@ -736,7 +928,7 @@ struct GradLayout {
   int64_t partial_rows = 0;    // segments of hot ids of several: fewer than 2 num_ids / kHotSegment
   int64_t partial_stride = 0;  // the widest table's dim, rounded up to a multiple of 4
   size_t tables = 0, keys_in = 0, keys_out = 0, positions_in = 0, positions_out = 0, samples = 0, first = 0,
-         order = 0, div = 0, bases = 0, hot_count = 0, hot_end = 0, hot_counts = 0, hot_plan = 0, partials = 0,
+         order = 0, div = 0, bases = 0, hot = 0, hot_count = 0, hot_end = 0, hot_counts = 0, hot_plan = 0, partials = 0,
          temp = 0;
   size_t temp_bytes = 0;
   size_t total = 0;
@@ -774,9 +966,10 @@ cudaError_t grad_layout(const PooledTable* tables, int num_tables, int64_t batch
   l.positions_out = take(n * sizeof(uint32_t));
   l.samples = take(n * sizeof(uint32_t));
   l.first = take(n * sizeof(uint32_t));
-  l.order = take(n * sizeof(uint32_t));  // then the hot ids
+  l.order = take(n * sizeof(uint32_t));
   l.div = take(static_cast<size_t>(l.num_div) * sizeof(float));
   l.bases = take(static_cast<size_t>(num_tables) * sizeof(int64_t));
+  l.hot = take(static_cast<size_t>(l.max_hot) * sizeof(uint32_t));
   l.hot_end = take(static_cast<size_t>(l.max_hot) * sizeof(uint32_t));
   l.hot_counts = take(static_cast<size_t>(l.max_hot + 1) * sizeof(uint64_t));
   l.hot_plan = take(static_cast<size_t>(l.max_hot + 1) * sizeof(uint64_t));
@@ -831,7 +1024,7 @@ cudaError_t pooled_forward(const PooledTable* tables, int num_tables, int64_t ba
   std::vector<TableDev> d = describe(tables, num_tables, batch);
   const int64_t validate = plan(&d, kValidate, [batch](const TableDev& x) { return validate_blocks(x, batch); });
   const int64_t pool = plan(&d, kPool, [batch](const TableDev& x) {
-    return x.t.dim > 0 ? ceil_div(batch, kThreads / x.pool_lanes) : int64_t{0};
+    return x.t.dim > 0 ? ceil_div(ceil_div(batch, x.pool_run), kThreads / x.pool_lanes) : int64_t{0};
   });
   auto* dev = static_cast<TableDev*>(workspace);
   SOK_CUDA_RETURN(upload(d, dev, stream));
@@ -926,7 +1119,7 @@ cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* bo
   std::vector<TableDev> d = describe(tables, num_tables, batch);
   for (int t = 0; t < num_tables; ++t) d[t].bound = static_cast<int64_t>(bound[t]);
   const int64_t blocks = plan(&d, kAccumulate, [](const TableDev& x) {
-    return std::min(ceil_div(x.bound, kThreads / x.grad_lanes), kSweepBlocks);
+    return x.bound > 0 ? std::min(ceil_div(x.t.nnz, kThreads), kSweepBlocks) : int64_t{0};
   });
   const int64_t pad_blocks = plan(&d, kPad, [padded](const TableDev& x) {
     return padded ? std::min(ceil_div(x.bound, kThreads), kSweepBlocks) : int64_t{0};
@@ -939,11 +1132,12 @@ cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* bo
                     at<uint32_t>(workspace, l.samples),
                     at<uint32_t>(workspace, l.keys_in),
                     at<float>(workspace, l.div),
+                    at<uint32_t>(workspace, l.order),
                     at<int64_t>(workspace, l.bases),
                     checks,
                     l.row_mask(),
                     l.num_ids,
-                    at<uint32_t>(workspace, l.order),  // dead after pooled_grad_distinct
+                    at<uint32_t>(workspace, l.hot),
                     hot_count,
                     l.max_hot,
                     at<uint32_t>(workspace, l.hot_end),
@@ -963,9 +1157,13 @@ cudaError_t pooled_grad_accumulate(const PooledTable* tables, const uint64_t* bo
                                                 static_cast<const uint64_t*>(in.hot_counts), in.hot_plan,
                                                 static_cast<int>(l.max_hot + 1), stream));
   // At most max_hot ids of one segment, and fewer than partial_rows segments of the others.
-  const int64_t hot_blocks = std::min(ceil_div(l.max_hot + l.partial_rows, kThreads / 32), kHotBlocks);
+  int64_t max_dim = 0;
+  for (const TableDev& x : d) max_dim = std::max(max_dim, x.bound > 0 ? x.t.dim : int64_t{0});
+  int lanes = 1;
+  while (lanes < max_dim / 4 && lanes < 32) lanes <<= 1;
+  const int64_t hot_blocks = std::min(ceil_div(l.max_hot + l.partial_rows, kThreads / lanes), kHotBlocks);
   SOK_CUDA_RETURN(
-      launch(hot_segments_kernel, hot_blocks, stream, static_cast<const TableDev*>(dev), num_tables, in));
+      launch(hot_segments_kernel, hot_blocks, stream, static_cast<const TableDev*>(dev), num_tables, in, lanes));
   return launch(hot_finish_kernel, std::min(l.max_hot, kHotBlocks), stream, static_cast<const TableDev*>(dev),
                 num_tables, in);
 }

@@ -14,18 +14,20 @@
 //     in order, deterministic and equal to the CPU's within float rounding.
 //
 // Launch sequences (all on `stream`, nothing waits on the host):
-//   pooled_forward: descriptors up, checks zeroed, row_splits and ids checked, samples pooled.
+//   pooled_forward: descriptors up, checks zeroed, row_splits and ids checked, samples pooled (runs
+//     of consecutive samples per warp, about 32 ids each, so that short samples' loads overlap).
 //   pooled_grad_distinct: the same checks, then the distinct held ids of every table: a stable
 //     radix sort of (table, row) keys with their positions, the first occurrence of each key
 //     marked at its position, an exclusive scan of the marks (the rank of each distinct id in
 //     first-occurrence order), per-table counts into PooledCheck::distinct.
 //   pooled_grad_accumulate (outputs of `bound` rows per table: the counts the host read, or any
 //     upper bound of them, such as the table's ids, when the host reads nothing): up to a warp per
-//     distinct id sums its occurrences in order, a column (or 4) per thread, and lists the hot ids;
+//     span of as many sorted keys sums the occurrences of the ids whose runs start there, in order,
+//     a column (or 4) per thread, and lists the hot ids;
 //     with `padded`, the ids past a table's distinct ones are -1 (their rows are left as they were);
-//     then each hot id's run is measured and cut into segments (a scan gives each its place), a
-//     block per (segment, 32 columns) sums them, and the ids of several segments get the segments'
-//     sums added in order.
+//     then each hot id's run is measured and cut into segments (a scan gives each its place), up to
+//     a warp per segment (lanes from the widest table's dim) sums them, and the ids of several
+//     segments get the segments' sums added in order.
 #ifndef SOK_TF_OPS_GPU_POOLED_LOOKUP_KERNELS_H_
 #define SOK_TF_OPS_GPU_POOLED_LOOKUP_KERNELS_H_
 
