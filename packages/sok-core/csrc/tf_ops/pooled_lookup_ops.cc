@@ -59,7 +59,7 @@ constexpr int64_t kCachedBytes = 1 << 20;
 // Table::local of an id that another shard holds.
 constexpr int64_t kNotHeld = std::numeric_limits<int64_t>::min();
 
-enum class Combiner { kSum, kMean, kSqrtn };
+enum class Combiner : int32_t { kSum = kCombineSum, kMean = kCombineMean, kSqrtn = kCombineSqrtn };
 
 // One table of the call: borrowed pointers into the op's inputs.
 struct Table {
@@ -92,68 +92,24 @@ struct Table {
   bool valid(int64_t row) const { return static_cast<uint64_t>(row) < static_cast<uint64_t>(rows); }
 };
 
-// How the tables of an op are sharded: strides and offsets per table (attrs of both ops).
-struct Sharding {
-  std::vector<int64_t> strides;
-  std::vector<int64_t> offsets;
-};
-
-Status parse_combiners(const std::vector<std::string>& names, std::vector<Combiner>* out) {
-  for (size_t t = 0; t < names.size(); ++t) {
-    if (names[t] == "sum") {
-      out->push_back(Combiner::kSum);
-    } else if (names[t] == "mean") {
-      out->push_back(Combiner::kMean);
-    } else if (names[t] == "sqrtn") {
-      out->push_back(Combiner::kSqrtn);
-    } else {
-      return errors::InvalidArgument("combiners[", t, "] = '", names[t], "' is not valid; valid: sum, mean, sqrtn");
-    }
-  }
-  return Status();
-}
-
-// The strides and offsets attrs: empty (every table whole, world size 1) or one valid pair per table.
-Status parse_sharding(OpKernelConstruction* ctx, size_t num_tables, Sharding* out) {
-  TF_RETURN_IF_ERROR(ctx->GetAttr("strides", &out->strides));
-  TF_RETURN_IF_ERROR(ctx->GetAttr("offsets", &out->offsets));
-  if (out->strides.empty() && out->offsets.empty()) {
-    out->strides.assign(num_tables, 1);
-    out->offsets.assign(num_tables, 0);
-  }
-  if (out->strides.size() != num_tables || out->offsets.size() != num_tables) {
-    return errors::InvalidArgument("strides has ", out->strides.size(), " entries and offsets ", out->offsets.size(),
-                                   " for ", num_tables, " tables; valid: both empty or one per table");
-  }
-  for (size_t t = 0; t < num_tables; ++t) {
-    if (out->strides[t] < 1 || out->offsets[t] < -1 || out->offsets[t] >= out->strides[t]) {
-      return errors::InvalidArgument("strides[", t, "] = ", out->strides[t], ", offsets[", t, "] = ", out->offsets[t],
-                                     "; valid: stride >= 1 and -1 <= offset < stride");
-    }
-  }
-  return Status();
-}
-
 // The tables of the inputs ids, row_splits and weights (both ops), with their row counts and widths;
 // params stays unset (the gradient op has none).
-Status gather_tables(OpKernelContext* ctx, const std::vector<Combiner>& combiners, const Sharding& sharding,
-                     const std::vector<int64_t>& rows, const std::vector<int64_t>& dims, std::vector<Table>* tables,
-                     int64_t* batch) {
+Status gather_tables(OpKernelContext* ctx, const PooledAttrs& attrs, const std::vector<int64_t>& rows,
+                     const std::vector<int64_t>& dims, std::vector<Table>* tables, int64_t* batch) {
   OpInputList ids, splits, weights;
   TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
   TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
   TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
-  const int n = static_cast<int>(combiners.size());
+  const int n = static_cast<int>(attrs.combiners.size());
   if (ids.size() != n || splits.size() != n || (weights.size() != 0 && weights.size() != n)) {
-    return errors::InvalidArgument("SokPooledLookup: ", n, " tables but ", ids.size(), " ids, ", splits.size(),
-                                   " row_splits and ", weights.size(), " weights (valid: 0 or ", n, ")");
+    return pooled_errors::list_lengths(n, ids.size(), splits.size(), weights.size());
   }
   *batch = splits[0].NumElements() - 1;
   for (int t = 0; t < n; ++t) {
     Table table{};
     table.rows = rows[t];
     table.dim = dims[t];
-    if (ids[t].dims() != 1) return errors::InvalidArgument("ids[", t, "] must be 1-D, got ", ids[t].shape());
+    if (ids[t].dims() != 1) return pooled_errors::ids_rank(t, ids[t].shape());
     table.nnz = ids[t].NumElements();
     if (ids[t].dtype() == ::tensorflow::DT_INT64) {
       table.ids64 = ids[t].flat<int64_t>().data();
@@ -162,29 +118,24 @@ Status gather_tables(OpKernelContext* ctx, const std::vector<Combiner>& combiner
     }
     const Tensor& s = splits[t];
     if (s.dims() != 1 || s.NumElements() != *batch + 1) {
-      return errors::InvalidArgument("row_splits[", t, "] must have shape [", *batch + 1, "] (batch + 1), got ",
-                                     s.shape());
+      return pooled_errors::splits_shape(t, *batch, s.shape());
     }
     table.splits = s.flat<int64_t>().data();
     if (table.splits[0] != 0 || table.splits[*batch] != table.nnz) {
-      return errors::InvalidArgument("row_splits[", t, "] must run from 0 to ", table.nnz, " (the ids), got ",
-                                     table.splits[0], " .. ", table.splits[*batch]);
+      return pooled_errors::splits_range(t, table.nnz, table.splits[0], table.splits[*batch]);
     }
     for (int64_t b = 0; b < *batch; ++b) {
-      if (table.splits[b + 1] < table.splits[b]) {
-        return errors::InvalidArgument("row_splits[", t, "] decreases at row ", b);
-      }
+      if (table.splits[b + 1] < table.splits[b]) return pooled_errors::splits_decrease(t, b);
     }
     if (weights.size() != 0) {
       if (weights[t].NumElements() != table.nnz) {
-        return errors::InvalidArgument("weights[", t, "] has ", weights[t].NumElements(), " values for ", table.nnz,
-                                       " ids");
+        return pooled_errors::weights_count(t, weights[t].NumElements(), table.nnz);
       }
       table.weights = weights[t].flat<float>().data();
     }
-    table.combiner = combiners[t];
-    table.stride = sharding.strides[t];
-    table.offset = sharding.offsets[t];
+    table.combiner = static_cast<Combiner>(attrs.combiners[t]);
+    table.stride = attrs.strides[t];
+    table.offset = attrs.offsets[t];
     table.shift = -1;
     for (int b = 1; b < 63; ++b) {
       if (table.stride == int64_t{1} << b) table.shift = b;
@@ -343,59 +294,41 @@ void for_each_parallel(OpKernelContext* ctx, int64_t n, int64_t cost_per_unit, F
 }
 
 // The error for table t's ids outside [0, rows) (of its shard, when it is sharded).
-Status out_of_range(const Table& t, int position, const std::string& name) {
+Status out_of_range(const Table& t, int64_t position, const std::string& name) {
   int64_t count = 0;
   int64_t example = 0;
   for (int64_t j = 0; j < t.nnz; ++j) {
     const int64_t row = t.local(j);
     if (row != kNotHeld && !t.valid(row) && count++ == 0) example = t.id(j);
   }
-  const std::string shard = t.stride == 1 ? "" : " (this rank holds id i at row i / " + std::to_string(t.stride) + ")";
-  return errors::InvalidArgument("sp_ids[", position, "] has ids outside [0, ", t.rows, ")", shard, " for table ", name,
-                                 ": ", count, " of them, e.g. ", example, "; static tables take ids 0 .. rows-1");
+  return pooled_errors::out_of_range(position, t.rows, t.stride, name, count, example);
 }
 
 // Attributes both ops share.
 class PooledOpBase : public OpKernel {
  public:
   explicit PooledOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::vector<std::string> names;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiners", &names));
-    OP_REQUIRES_OK(ctx, parse_combiners(names, &combiners_));
-    OP_REQUIRES_OK(ctx, parse_sharding(ctx, combiners_.size(), &sharding_));
+    OP_REQUIRES_OK(ctx, parse_pooled_attrs(ctx, &attrs_));
   }
 
  protected:
-  std::vector<Combiner> combiners_;
-  Sharding sharding_;
+  PooledAttrs attrs_;
 };
 
 class PooledLookupOp : public PooledOpBase {
  public:
   explicit PooledLookupOp(OpKernelConstruction* ctx) : PooledOpBase(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("positions", &positions_));
-    OP_REQUIRES(ctx, names_.size() == combiners_.size() && positions_.size() == combiners_.size(),
-                errors::InvalidArgument("SokPooledLookup: ", combiners_.size(), " combiners but ", names_.size(),
-                                        " names and ", positions_.size(), " positions"));
+    OP_REQUIRES_OK(ctx, parse_lookup_attrs(ctx, attrs_.combiners.size(), &names_, &positions_));
   }
 
   void Compute(OpKernelContext* ctx) override {
+    std::vector<int64_t> rows, dims;
+    OP_REQUIRES_OK(ctx, params_shapes(ctx, attrs_.combiners.size(), &rows, &dims));
     OpInputList params;
     OP_REQUIRES_OK(ctx, ctx->input_list("params", &params));
-    OP_REQUIRES(ctx, params.size() == static_cast<int>(combiners_.size()),
-                errors::InvalidArgument("SokPooledLookup: ", params.size(), " params for ", combiners_.size(),
-                                        " combiners"));
-    std::vector<int64_t> rows, dims;
-    for (int t = 0; t < params.size(); ++t) {
-      OP_REQUIRES(ctx, params[t].dims() == 2,
-                  errors::InvalidArgument("params[", t, "] must be [rows, dim], got ", params[t].shape()));
-      rows.push_back(params[t].dim_size(0));
-      dims.push_back(params[t].dim_size(1));
-    }
     std::vector<Table> tables;
     int64_t batch = 0;
-    OP_REQUIRES_OK(ctx, gather_tables(ctx, combiners_, sharding_, rows, dims, &tables, &batch));
+    OP_REQUIRES_OK(ctx, gather_tables(ctx, attrs_, rows, dims, &tables, &batch));
     for (int t = 0; t < params.size(); ++t) tables[t].params = params[t].flat<float>().data();
     OpOutputList outputs;
     OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
@@ -536,38 +469,28 @@ void accumulate(const Table& t, int64_t batch, const float* __restrict__ grad, c
 class PooledLookupGradOp : public PooledOpBase {
  public:
   explicit PooledLookupGradOp(OpKernelConstruction* ctx) : PooledOpBase(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_rows", &rows_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("padded", &padded_));
-    OP_REQUIRES(ctx, rows_.size() == combiners_.size(),
-                errors::InvalidArgument("SokPooledLookupGrad: ", combiners_.size(), " combiners but ", rows_.size(),
-                                        " row counts"));
+    OP_REQUIRES_OK(ctx, parse_grad_attrs(ctx, attrs_.combiners.size(), &rows_, &padded_));
   }
 
   void Compute(OpKernelContext* ctx) override {
+    std::vector<int64_t> dims;
+    OP_REQUIRES_OK(ctx, grads_dims(ctx, &dims));
     OpInputList grads;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
-    std::vector<int64_t> dims;
-    for (int t = 0; t < grads.size(); ++t) {
-      OP_REQUIRES(ctx, grads[t].dims() == 2,
-                  errors::InvalidArgument("grads[", t, "] must be [batch, dim], got ", grads[t].shape()));
-      dims.push_back(grads[t].dim_size(1));
-    }
     std::vector<int64_t> rows_of;
     OP_REQUIRES_OK(ctx, resolve_table_rows(ctx, rows_, &rows_of));
     std::vector<Table> tables;
     int64_t batch = 0;
-    OP_REQUIRES_OK(ctx, gather_tables(ctx, combiners_, sharding_, rows_of, dims, &tables, &batch));
+    OP_REQUIRES_OK(ctx, gather_tables(ctx, attrs_, rows_of, dims, &tables, &batch));
     const int64_t n = static_cast<int64_t>(tables.size());
     for (int64_t t = 0; t < n; ++t) {
-      OP_REQUIRES(ctx, grads[t].dim_size(0) == batch,
-                  errors::InvalidArgument("grads[", t, "] has ", grads[t].dim_size(0), " rows for a batch of ", batch));
+      OP_REQUIRES(ctx, grads[t].dim_size(0) == batch, pooled_errors::grads_rows(t, grads[t].dim_size(0), batch));
     }
     std::vector<Distinct> distinct(n);
     std::vector<std::atomic<bool>> bad(n);
     for_each_parallel(ctx, n, kTaskCost * 8, [&](int64_t t) { bad[t] = !find_distinct(tables[t], &distinct[t]); });
     for (int64_t t = 0; t < n; ++t) {
-      OP_REQUIRES(ctx, !bad[t].load(),
-                  errors::InvalidArgument("ids[", t, "] has ids outside [0, ", rows_of[t], "), the rows of its shard"));
+      OP_REQUIRES(ctx, !bad[t].load(), pooled_errors::shard_rows(t, rows_of[t]));
     }
     OpOutputList rows, indices;
     OP_REQUIRES_OK(ctx, ctx->output_list("rows", &rows));

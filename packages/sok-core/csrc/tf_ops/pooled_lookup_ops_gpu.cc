@@ -50,44 +50,10 @@ Status allocate_bytes(OpKernelContext* ctx, size_t bytes, Tensor* out) {
   return Status();
 }
 
-// (The std::vector calls of this file are the ones that libstdc++ inlines: no out-of-line template
-// instance of a standard type gets exported from the library, which exports its kernel tables only.)
-Status parse_combiners(const std::vector<std::string>& names, std::vector<int32_t>* out) {
-  std::vector<int32_t> combiners(names.size(), sok_gpu::kPooledSum);
-  for (size_t t = 0; t < names.size(); ++t) {
-    if (names[t] == "mean") {
-      combiners[t] = sok_gpu::kPooledMean;
-    } else if (names[t] == "sqrtn") {
-      combiners[t] = sok_gpu::kPooledSqrtn;
-    } else if (names[t] != "sum") {
-      return errors::InvalidArgument("combiners[", t, "] = '", names[t], "' is not valid; valid: sum, mean, sqrtn");
-    }
-  }
-  *out = std::move(combiners);
-  return Status();
-}
-
-// The strides and offsets attrs (parse_sharding of pooled_lookup_ops.cc).
-Status parse_sharding(OpKernelConstruction* ctx, size_t num_tables, std::vector<int64_t>* strides,
-                      std::vector<int64_t>* offsets) {
-  TF_RETURN_IF_ERROR(ctx->GetAttr("strides", strides));
-  TF_RETURN_IF_ERROR(ctx->GetAttr("offsets", offsets));
-  if (strides->empty() && offsets->empty()) {
-    *strides = std::vector<int64_t>(num_tables, 1);
-    *offsets = std::vector<int64_t>(num_tables, 0);
-  }
-  if (strides->size() != num_tables || offsets->size() != num_tables) {
-    return errors::InvalidArgument("strides has ", strides->size(), " entries and offsets ", offsets->size(), " for ",
-                                   num_tables, " tables; valid: both empty or one per table");
-  }
-  for (size_t t = 0; t < num_tables; ++t) {
-    if ((*strides)[t] < 1 || (*offsets)[t] < -1 || (*offsets)[t] >= (*strides)[t]) {
-      return errors::InvalidArgument("strides[", t, "] = ", (*strides)[t], ", offsets[", t, "] = ", (*offsets)[t],
-                                     "; valid: stride >= 1 and -1 <= offset < stride");
-    }
-  }
-  return Status();
-}
+static_assert(static_cast<int32_t>(kCombineSum) == sok_gpu::kPooledSum &&
+                  static_cast<int32_t>(kCombineMean) == sok_gpu::kPooledMean &&
+                  static_cast<int32_t>(kCombineSqrtn) == sok_gpu::kPooledSqrtn,
+              "the combiner codes of pooled_lookup_ops.h and gpu/pooled_lookup_kernels.h differ");
 
 // The tables of an op, from the checks of gather_tables (pooled_lookup_ops.cc) that need no device
 // data. `error` is the first of them that failed and `before` the number of tables whose row_splits
@@ -108,17 +74,15 @@ void defer(Gathered* g, int before, Status error) {
 
 // Fills g from the inputs ids, row_splits and weights (params and grads stay unset); a returned error
 // precedes every device check (the list lengths).
-Status gather(OpKernelContext* ctx, const std::vector<int32_t>& combiners, const std::vector<int64_t>& strides,
-              const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows, const std::vector<int64_t>& dims,
-              Gathered* g) {
+Status gather(OpKernelContext* ctx, const PooledAttrs& attrs, const std::vector<int64_t>& rows,
+              const std::vector<int64_t>& dims, Gathered* g) {
   OpInputList ids, splits, weights;
   TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
   TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
   TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
-  const int n = static_cast<int>(combiners.size());
+  const int n = static_cast<int>(attrs.combiners.size());
   if (ids.size() != n || splits.size() != n || (weights.size() != 0 && weights.size() != n)) {
-    return errors::InvalidArgument("SokPooledLookup: ", n, " tables but ", ids.size(), " ids, ", splits.size(),
-                                   " row_splits and ", weights.size(), " weights (valid: 0 or ", n, ")");
+    return pooled_errors::list_lengths(n, ids.size(), splits.size(), weights.size());
   }
   g->batch = splits[0].NumElements() - 1;
   if (g->batch < 0) {
@@ -130,11 +94,11 @@ Status gather(OpKernelContext* ctx, const std::vector<int32_t>& combiners, const
     PooledTable table{};
     table.rows = rows[t];
     table.dim = dims[t];
-    table.combiner = combiners[t];
-    table.stride = strides[t];
-    table.offset = offsets[t];
+    table.combiner = attrs.combiners[t];
+    table.stride = attrs.strides[t];
+    table.offset = attrs.offsets[t];
     if (ids[t].dims() != 1) {
-      defer(g, t, errors::InvalidArgument("ids[", t, "] must be 1-D, got ", ids[t].shape()));
+      defer(g, t, pooled_errors::ids_rank(t, ids[t].shape()));
       break;
     }
     table.nnz = ids[t].NumElements();
@@ -142,16 +106,14 @@ Status gather(OpKernelContext* ctx, const std::vector<int32_t>& combiners, const
     table.ids_int64 = ids[t].dtype() == ::tensorflow::DT_INT64 ? 1 : 0;
     const Tensor& s = splits[t];
     if (s.dims() != 1 || s.NumElements() != g->batch + 1) {
-      defer(g, t, errors::InvalidArgument("row_splits[", t, "] must have shape [", g->batch + 1,
-                                          "] (batch + 1), got ", s.shape()));
+      defer(g, t, pooled_errors::splits_shape(t, g->batch, s.shape()));
       break;
     }
     table.splits = s.flat<int64_t>().data();
     if (weights.size() != 0) {
       if (weights[t].NumElements() != table.nnz) {
         g->tables.push_back(table);  // its row_splits values come first
-        defer(g, t + 1, errors::InvalidArgument("weights[", t, "] has ", weights[t].NumElements(), " values for ",
-                                                table.nnz, " ids"));
+        defer(g, t + 1, pooled_errors::weights_count(t, weights[t].NumElements(), table.nnz));
         break;
       }
       table.weights = weights[t].flat<float>().data();
@@ -175,11 +137,10 @@ Status splits_error(const std::vector<PooledTable>& tables, const std::vector<Po
   for (size_t t = 0; t < checks.size(); ++t) {
     const PooledCheck& c = checks[t];
     if (c.first_split != 0 || c.last_split != tables[t].nnz) {
-      return errors::InvalidArgument("row_splits[", t, "] must run from 0 to ", tables[t].nnz, " (the ids), got ",
-                                     c.first_split, " .. ", c.last_split);
+      return pooled_errors::splits_range(t, tables[t].nnz, c.first_split, c.last_split);
     }
     if (c.first_decrease != sok_gpu::kPooledNone) {
-      return errors::InvalidArgument("row_splits[", t, "] decreases at row ", static_cast<int64_t>(c.first_decrease));
+      return pooled_errors::splits_decrease(t, static_cast<int64_t>(c.first_decrease));
     }
   }
   return Status();
@@ -217,43 +178,26 @@ Status id_at(const PooledTable& t, uint64_t j, cudaStream_t stream, int64_t* id)
 class PooledGpuOpBase : public OpKernel {
  public:
   explicit PooledGpuOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::vector<std::string> names;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiners", &names));
-    OP_REQUIRES_OK(ctx, parse_combiners(names, &combiners_));
-    OP_REQUIRES_OK(ctx, parse_sharding(ctx, combiners_.size(), &strides_, &offsets_));
+    OP_REQUIRES_OK(ctx, parse_pooled_attrs(ctx, &attrs_));
   }
 
  protected:
-  std::vector<int32_t> combiners_;
-  std::vector<int64_t> strides_;
-  std::vector<int64_t> offsets_;
+  PooledAttrs attrs_;
 };
 
 class PooledLookupGpuOp : public PooledGpuOpBase {
  public:
   explicit PooledLookupGpuOp(OpKernelConstruction* ctx) : PooledGpuOpBase(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("positions", &positions_));
-    OP_REQUIRES(ctx, names_.size() == combiners_.size() && positions_.size() == combiners_.size(),
-                errors::InvalidArgument("SokPooledLookup: ", combiners_.size(), " combiners but ", names_.size(),
-                                        " names and ", positions_.size(), " positions"));
+    OP_REQUIRES_OK(ctx, parse_lookup_attrs(ctx, attrs_.combiners.size(), &names_, &positions_));
   }
 
   void Compute(OpKernelContext* ctx) override {
+    std::vector<int64_t> rows, dims;
+    OP_REQUIRES_OK(ctx, params_shapes(ctx, attrs_.combiners.size(), &rows, &dims));
     OpInputList params;
     OP_REQUIRES_OK(ctx, ctx->input_list("params", &params));
-    OP_REQUIRES(ctx, params.size() == static_cast<int>(combiners_.size()),
-                errors::InvalidArgument("SokPooledLookup: ", params.size(), " params for ", combiners_.size(),
-                                        " combiners"));
-    std::vector<int64_t> rows(params.size(), 0), dims(params.size(), 0);
-    for (int t = 0; t < params.size(); ++t) {
-      OP_REQUIRES(ctx, params[t].dims() == 2,
-                  errors::InvalidArgument("params[", t, "] must be [rows, dim], got ", params[t].shape()));
-      rows[t] = params[t].dim_size(0);
-      dims[t] = params[t].dim_size(1);
-    }
     Gathered g;
-    OP_REQUIRES_OK(ctx, gather(ctx, combiners_, strides_, offsets_, rows, dims, &g));
+    OP_REQUIRES_OK(ctx, gather(ctx, attrs_, rows, dims, &g));
     DeviceGuard guard;
     const sok_exec_context exec = GpuExec::of(ctx);
     OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
@@ -278,24 +222,15 @@ class PooledLookupGpuOp : public PooledGpuOpBase {
     OP_REQUIRES_OK(ctx, splits_error(g.tables, host));
     for (int t = 0; t < n; ++t) {
       if (host[t].bad_ids > 0) {
-        OP_REQUIRES_OK(ctx, out_of_range(g.tables[t], host[t], static_cast<int>(positions_[t]), names_[t], stream));
+        int64_t example = 0;
+        OP_REQUIRES_OK(ctx, id_at(g.tables[t], host[t].first_bad, stream, &example));
+        OP_REQUIRES_OK(ctx, pooled_errors::out_of_range(positions_[t], g.tables[t].rows, g.tables[t].stride, names_[t],
+                                                        static_cast<int64_t>(host[t].bad_ids), example));
       }
     }
   }
 
  private:
-  // out_of_range of pooled_lookup_ops.cc, from the device's count and first offending position.
-  static Status out_of_range(const PooledTable& t, const PooledCheck& c, int position, const std::string& name,
-                             cudaStream_t stream) {
-    int64_t example = 0;
-    TF_RETURN_IF_ERROR(id_at(t, c.first_bad, stream, &example));
-    const std::string shard =
-        t.stride == 1 ? "" : ::tensorflow::strings::StrCat(" (this rank holds id i at row i / ", t.stride, ")");
-    return errors::InvalidArgument("sp_ids[", position, "] has ids outside [0, ", t.rows, ")", shard, " for table ",
-                                   name, ": ", static_cast<int64_t>(c.bad_ids), " of them, e.g. ", example,
-                                   "; static tables take ids 0 .. rows-1");
-  }
-
   std::vector<std::string> names_;
   std::vector<int64_t> positions_;
 };
@@ -303,32 +238,21 @@ class PooledLookupGpuOp : public PooledGpuOpBase {
 class PooledLookupGradGpuOp : public PooledGpuOpBase {
  public:
   explicit PooledLookupGradGpuOp(OpKernelConstruction* ctx) : PooledGpuOpBase(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_rows", &rows_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("padded", &padded_));
-    OP_REQUIRES(ctx, rows_.size() == combiners_.size(),
-                errors::InvalidArgument("SokPooledLookupGrad: ", combiners_.size(), " combiners but ", rows_.size(),
-                                        " row counts"));
+    OP_REQUIRES_OK(ctx, parse_grad_attrs(ctx, attrs_.combiners.size(), &rows_, &padded_));
   }
 
   void Compute(OpKernelContext* ctx) override {
+    std::vector<int64_t> dims;
+    OP_REQUIRES_OK(ctx, grads_dims(ctx, &dims));
     OpInputList grads;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
-    std::vector<int64_t> dims(grads.size(), 0);
-    for (int t = 0; t < grads.size(); ++t) {
-      OP_REQUIRES(ctx, grads[t].dims() == 2,
-                  errors::InvalidArgument("grads[", t, "] must be [batch, dim], got ", grads[t].shape()));
-      dims[t] = grads[t].dim_size(1);
-    }
     std::vector<int64_t> rows_of;
     OP_REQUIRES_OK(ctx, resolve_table_rows(ctx, rows_, &rows_of));
     Gathered g;
-    OP_REQUIRES_OK(ctx, gather(ctx, combiners_, strides_, offsets_, rows_of, dims, &g));
-    const int n = static_cast<int>(combiners_.size());
+    OP_REQUIRES_OK(ctx, gather(ctx, attrs_, rows_of, dims, &g));
+    const int n = static_cast<int>(attrs_.combiners.size());
     for (int t = 0; t < n && g.error.ok(); ++t) {
-      if (grads[t].dim_size(0) != g.batch) {
-        defer(&g, n, errors::InvalidArgument("grads[", t, "] has ", grads[t].dim_size(0), " rows for a batch of ",
-                                             g.batch));
-      }
+      if (grads[t].dim_size(0) != g.batch) defer(&g, n, pooled_errors::grads_rows(t, grads[t].dim_size(0), g.batch));
       g.tables[t].grads = grads[t].flat<float>().data();
     }
     if (g.error.ok()) {
@@ -361,9 +285,7 @@ class PooledLookupGradGpuOp : public PooledGpuOpBase {
       OP_REQUIRES_OK(ctx, read_checks(stream, checks, n, &host));
       OP_REQUIRES_OK(ctx, splits_error(g.tables, host));
       for (int t = 0; t < n; ++t) {
-        OP_REQUIRES(ctx, host[t].bad_ids == 0,
-                    errors::InvalidArgument("ids[", t, "] has ids outside [0, ", rows_of[t],
-                                            "), the rows of its shard"));
+        OP_REQUIRES(ctx, host[t].bad_ids == 0, pooled_errors::shard_rows(t, rows_of[t]));
         bound[t] = host[t].distinct;
       }
     }
