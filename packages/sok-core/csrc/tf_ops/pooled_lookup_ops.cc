@@ -304,22 +304,9 @@ Status out_of_range(const Table& t, int64_t position, const std::string& name) {
   return pooled_errors::out_of_range(position, t.rows, t.stride, name, count, example);
 }
 
-// Attributes both ops share.
-class PooledOpBase : public OpKernel {
+class PooledLookupOp : public PooledLookupKernel {
  public:
-  explicit PooledOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, parse_pooled_attrs(ctx, &attrs_));
-  }
-
- protected:
-  PooledAttrs attrs_;
-};
-
-class PooledLookupOp : public PooledOpBase {
- public:
-  explicit PooledLookupOp(OpKernelConstruction* ctx) : PooledOpBase(ctx) {
-    OP_REQUIRES_OK(ctx, parse_lookup_attrs(ctx, attrs_.combiners.size(), &names_, &positions_));
-  }
+  using PooledLookupKernel::PooledLookupKernel;
 
   void Compute(OpKernelContext* ctx) override {
     std::vector<int64_t> rows, dims;
@@ -349,9 +336,6 @@ class PooledLookupOp : public PooledOpBase {
     }
   }
 
- private:
-  std::vector<std::string> names_;
-  std::vector<int64_t> positions_;
 };
 
 // The distinct held rows of a table in first-occurrence order and each id's index among them.
@@ -466,11 +450,9 @@ void accumulate(const Table& t, int64_t batch, const float* __restrict__ grad, c
   }
 }
 
-class PooledLookupGradOp : public PooledOpBase {
+class PooledLookupGradOp : public PooledLookupGradKernel {
  public:
-  explicit PooledLookupGradOp(OpKernelConstruction* ctx) : PooledOpBase(ctx) {
-    OP_REQUIRES_OK(ctx, parse_grad_attrs(ctx, attrs_.combiners.size(), &rows_, &padded_));
-  }
+  using PooledLookupGradKernel::PooledLookupGradKernel;
 
   void Compute(OpKernelContext* ctx) override {
     std::vector<int64_t> dims;
@@ -478,7 +460,7 @@ class PooledLookupGradOp : public PooledOpBase {
     OpInputList grads;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
     std::vector<int64_t> rows_of;
-    OP_REQUIRES_OK(ctx, resolve_table_rows(ctx, rows_, &rows_of));
+    OP_REQUIRES_OK(ctx, resolve_table_rows(ctx, table_rows_, &rows_of));
     std::vector<Table> tables;
     int64_t batch = 0;
     OP_REQUIRES_OK(ctx, gather_tables(ctx, attrs_, rows_of, dims, &tables, &batch));
@@ -515,9 +497,6 @@ class PooledLookupGradOp : public PooledOpBase {
     });
   }
 
- private:
-  std::vector<int64_t> rows_;
-  bool padded_ = false;
 };
 
 // Output i has shape [batch, dim of params i]; batch is row_splits[0]'s length - 1.

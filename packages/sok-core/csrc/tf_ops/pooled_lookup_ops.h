@@ -86,6 +86,40 @@ inline ::tensorflow::Status parse_grad_attrs(::tensorflow::OpKernelConstruction*
   return ::tensorflow::Status();
 }
 
+// The attributes of each op, read when its kernel is made: the kernels of both devices derive from
+// PooledLookupKernel (SokPooledLookup) and PooledLookupGradKernel (SokPooledLookupGrad).
+class PooledOpKernel : public ::tensorflow::OpKernel {
+ public:
+  explicit PooledOpKernel(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, parse_pooled_attrs(ctx, &attrs_));
+  }
+
+ protected:
+  PooledAttrs attrs_;
+};
+
+class PooledLookupKernel : public PooledOpKernel {
+ public:
+  explicit PooledLookupKernel(::tensorflow::OpKernelConstruction* ctx) : PooledOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, parse_lookup_attrs(ctx, attrs_.combiners.size(), &names_, &positions_));
+  }
+
+ protected:
+  std::vector<std::string> names_;
+  std::vector<int64_t> positions_;
+};
+
+class PooledLookupGradKernel : public PooledOpKernel {
+ public:
+  explicit PooledLookupGradKernel(::tensorflow::OpKernelConstruction* ctx) : PooledOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, parse_grad_attrs(ctx, attrs_.combiners.size(), &table_rows_, &padded_));
+  }
+
+ protected:
+  std::vector<int64_t> table_rows_;
+  bool padded_ = false;
+};
+
 // The rows and dim of each of SokPooledLookup's params, one per table.
 inline ::tensorflow::Status params_shapes(::tensorflow::OpKernelContext* ctx, size_t num_tables,
                                           std::vector<int64_t>* rows, std::vector<int64_t>* dims) {

@@ -174,22 +174,9 @@ Status id_at(const PooledTable& t, uint64_t j, cudaStream_t stream, int64_t* id)
   return Status();
 }
 
-// Attributes both ops share.
-class PooledGpuOpBase : public OpKernel {
+class PooledLookupGpuOp : public PooledLookupKernel {
  public:
-  explicit PooledGpuOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, parse_pooled_attrs(ctx, &attrs_));
-  }
-
- protected:
-  PooledAttrs attrs_;
-};
-
-class PooledLookupGpuOp : public PooledGpuOpBase {
- public:
-  explicit PooledLookupGpuOp(OpKernelConstruction* ctx) : PooledGpuOpBase(ctx) {
-    OP_REQUIRES_OK(ctx, parse_lookup_attrs(ctx, attrs_.combiners.size(), &names_, &positions_));
-  }
+  using PooledLookupKernel::PooledLookupKernel;
 
   void Compute(OpKernelContext* ctx) override {
     std::vector<int64_t> rows, dims;
@@ -230,16 +217,11 @@ class PooledLookupGpuOp : public PooledGpuOpBase {
     }
   }
 
- private:
-  std::vector<std::string> names_;
-  std::vector<int64_t> positions_;
 };
 
-class PooledLookupGradGpuOp : public PooledGpuOpBase {
+class PooledLookupGradGpuOp : public PooledLookupGradKernel {
  public:
-  explicit PooledLookupGradGpuOp(OpKernelConstruction* ctx) : PooledGpuOpBase(ctx) {
-    OP_REQUIRES_OK(ctx, parse_grad_attrs(ctx, attrs_.combiners.size(), &rows_, &padded_));
-  }
+  using PooledLookupGradKernel::PooledLookupGradKernel;
 
   void Compute(OpKernelContext* ctx) override {
     std::vector<int64_t> dims;
@@ -247,7 +229,7 @@ class PooledLookupGradGpuOp : public PooledGpuOpBase {
     OpInputList grads;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
     std::vector<int64_t> rows_of;
-    OP_REQUIRES_OK(ctx, resolve_table_rows(ctx, rows_, &rows_of));
+    OP_REQUIRES_OK(ctx, resolve_table_rows(ctx, table_rows_, &rows_of));
     Gathered g;
     OP_REQUIRES_OK(ctx, gather(ctx, attrs_, rows_of, dims, &g));
     const int n = static_cast<int>(attrs_.combiners.size());
@@ -305,9 +287,6 @@ class PooledLookupGradGpuOp : public PooledGpuOpBase {
                                                                  stream)));
   }
 
- private:
-  std::vector<int64_t> rows_;
-  bool padded_ = false;
 };
 
 // One list drives the registrations and the kernel table below (read by the build test).
