@@ -180,10 +180,14 @@ def test_generator_refuses_a_bad_hotness(hotness):
 @pytest.mark.parametrize("static_batch", [True, False], ids=["static", "dynamic"])
 def test_split_bags_equal_ragged_from_tensor(dtype, static_batch):
     """Each feature's bag as tf.RaggedTensor.from_tensor makes it (values of the ids' dtype, int64
-    row splits), with the batch's size known when traced or not."""
+    row splits), with the batch's size known when traced or not; known, the splits are constants
+    (a Range of constants placed on a GPU copies its start and limit to the host at every step)."""
     ids = tf.constant(np.arange(5 * sum(SMALL_HOTNESS)).reshape(5, -1), dtype)
     spec = tf.TensorSpec([5 if static_batch else None, sum(SMALL_HOTNESS)], dtype)
-    bags = tf.function(lambda x: split_bags(x, SMALL_HOTNESS), input_signature=[spec])(ids)
+    split = tf.function(lambda x: split_bags(x, SMALL_HOTNESS), input_signature=[spec])
+    bags = split(ids)
+    ops = {op.type for op in split.get_concrete_function().graph.get_operations()}
+    assert ("Range" in ops) != static_batch, ops
     start = 0
     for bag, width in zip(bags, SMALL_HOTNESS):
         expected = tf.RaggedTensor.from_tensor(ids[:, start : start + width])

@@ -93,8 +93,9 @@ def dynamic_keys(ids: Any) -> Any:
 def column_bags(ids: tf.Tensor, widths: Sequence[int]) -> list[tf.RaggedTensor]:
     """The bags of ids ``[B, sum(widths)]`` whose feature ``i`` holds the next ``widths[i]`` columns:
     one ``tf.RaggedTensor`` ``[B, widths[i]]`` per feature, the ids' dtype kept. Their row splits
-    come from the batch's static size (a constant the GPU keeps), or else its shape (int32, which
-    TensorFlow keeps in host memory): nothing is read back from the GPU, as
+    come from the batch's static size (a constant, made once: ``tf.range`` of constants placed on a
+    GPU would copy its start and limit back to the host at every step), or else its shape (int32,
+    which TensorFlow keeps in host memory): nothing is read back from the GPU, as
     ``tf.RaggedTensor.from_tensor`` does once per feature.
 
     Example::
@@ -102,12 +103,13 @@ def column_bags(ids: tf.Tensor, widths: Sequence[int]) -> list[tf.RaggedTensor]:
         column_bags(tf.constant([[1, 2, 3], [4, 5, 6]]), [1, 2])   # [[[1], [4]], [[2, 3], [5, 6]]]
     """
     rows = ids.shape[0]
+    sample_starts = None if rows is None else tf.constant(np.arange(rows + 1, dtype=np.int64))
     bags, start = [], 0
     for width in widths:
-        if rows is None:
+        if sample_starts is None:
             splits = tf.cast(tf.range(tf.shape(ids)[0] + 1) * width, tf.int64)
         else:
-            splits = tf.range(rows + 1, dtype=tf.int64) * width
+            splits = sample_starts if width == 1 else sample_starts * width
         values = tf.reshape(ids[:, start : start + width], [-1])
         bags.append(tf.RaggedTensor.from_row_splits(values, splits, validate=False))
         start += width
