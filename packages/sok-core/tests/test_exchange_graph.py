@@ -154,6 +154,20 @@ def test_exchange_of_static_and_dynamic_tables_keeps_int64_ids_off_host_bound_op
     assert _read_on_the_host(ops) == []
 
 
+def test_the_owners_pooling_reads_nothing_back_at_several_ranks(two_ranks):
+    """At several ranks the call's agreement checked every static id against its table before the
+    exchange and the exchange made the row splits, so the owner's SokPooledLookup is "checked" (its
+    GPU kernel then does not wait for the GPU); at one rank the op is the check."""
+    ops = [op for op in _ops_of(_traced_step(_every_kind(), weighted=True)) if op.type == "SokPooledLookup"]
+    assert len(ops) == 2 and all(op.get_attr("checked") for op in ops), [op.name for op in ops]
+
+
+def test_one_rank_pooling_checks_its_ids():
+    params = [sok.Variable(tf.zeros([64, 4])), sok.DynamicVariable(dimension=4, var_type="hbm")]
+    ops = [op for op in _ops_of(_traced_step(params, weighted=True)) if op.type == "SokPooledLookup"]
+    assert len(ops) == 2 and not any(op.get_attr("checked") for op in ops), [op.name for op in ops]
+
+
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 def test_ranges_take_their_start_and_step_from_the_host(two_ranks, weighted):
     """Every Range of the exchange has its start and step made on the host (``device_ops.arange``):

@@ -104,6 +104,11 @@ CASES = [
         {"ids": [np.array([1, 11, 2], np.int64)], "strides": [2], "offsets": [1]},
         "sp_ids[0] has ids outside [0, 5) (this rank holds id i at row i / 2) for table t0: 1 of them, e.g. 11",
     ),
+    (  # the CPU kernel checks the ids of a call its caller checked too (it waits on nothing)
+        _forward,
+        {"ids": [np.array([0, 7, 2], np.int64)], "checked": True},
+        "sp_ids[0] has ids outside [0, 5) for table t0: 1 of them, e.g. 7",
+    ),
     (_gradient, {"table_rows": [5, 5]}, "SokPooledLookupGrad: 1 combiners but 2 row counts"),
     (_gradient, {"table_rows": [-2]}, "table_rows[0] = -2; valid: the table's rows (>= 0), or -1 for ids that number "),
     (_gradient, {"grads": [np.ones(4, np.float32)]}, "grads[0] must be [batch, dim], got [4]"),

@@ -547,6 +547,12 @@ REGISTER_OP("SokPooledLookup")
     // Per table (or empty: none), whether its ids number its params, the rows of a lookup's distinct
     // keys, in order of first occurrence (SokUniqueIndexList): read by the gradient function only.
     .Attr("numbered: list(bool) = []")
+    // Whether the caller has checked the ids and row splits (sok.lookup_sparse at several ranks: the
+    // call's agreement counted ids outside each table before the exchange, and the row splits of the
+    // ids it delivers are made, not given): the GPU kernel then reads nothing back, so it does not
+    // wait for the GPU, and pools the valid ids only. The CPU kernel checks anyway (it waits on
+    // nothing).
+    .Attr("checked: bool = false")
     .SetShapeFn(pooled_lookup_shape)
     .Doc("Pooled lookups of several static tables (see pooled_lookup_ops.cc).");
 

@@ -102,11 +102,13 @@ class PooledLookupKernel : public PooledOpKernel {
  public:
   explicit PooledLookupKernel(::tensorflow::OpKernelConstruction* ctx) : PooledOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, parse_lookup_attrs(ctx, attrs_.combiners.size(), &names_, &positions_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("checked", &checked_));
   }
 
  protected:
   std::vector<std::string> names_;
   std::vector<int64_t> positions_;
+  bool checked_ = false;  // the caller checked ids and row splits (the op's "checked" attr)
 };
 
 class PooledLookupGradKernel : public PooledOpKernel {

@@ -8,7 +8,8 @@
 // The ops are registered by libsok_tf_ops.so, loaded first; this file only adds kernels. Each op
 // reads one small array back to the host, after one cudaStreamSynchronize: the checks of each
 // table's row_splits and ids and, for the gradient, its count of distinct ids (the size of its
-// outputs). An offending id is copied only on the error path. The gradient with `padded` reads
+// outputs); the forward with its "checked" attr (the caller checked) reads nothing. An offending id
+// is copied only on the error path. The gradient with `padded` reads
 // nothing back: its outputs have a row per id, the distinct ids' rows first, then index -1 with
 // rows left unwritten (all of them for a table whose checks failed: the forward op of the same ids
 // raised). The errors are the CPU kernels', with the same texts and in the same order: the shape
@@ -204,6 +205,7 @@ class PooledLookupGpuOp : public PooledLookupKernel {
     OP_REQUIRES_OK(ctx, allocate_bytes(ctx, n * sizeof(PooledCheck), &checks));
     OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::pooled_forward(g.tables.data(), n, g.batch, workspace.data(),
                                                          static_cast<PooledCheck*>(checks.data()), stream)));
+    if (checked_) return;  // nothing to read back: the caller checked (the "checked" attr)
     std::vector<PooledCheck> host;
     OP_REQUIRES_OK(ctx, read_checks(stream, checks, n, &host));
     OP_REQUIRES_OK(ctx, splits_error(g.tables, host));

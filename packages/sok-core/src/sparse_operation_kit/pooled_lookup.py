@@ -42,6 +42,7 @@ def pooled_lookup(
     shards: Sequence[tuple[int, int]] | None = None,
     names: Sequence[str] | None = None,
     numbered: bool = False,
+    checked: bool = False,
 ) -> list[tf.Tensor]:
     """``[batch, dim_t]`` pooled rows of each static table.
 
@@ -62,6 +63,10 @@ def pooled_lookup(
         numbered: whether ``ids`` number the rows of ``params`` in order of first occurrence
             (``device_ops.unique_index_list``'s positions: ``local_lookup.pool_dynamic``): each
             row is then read, and the gradient of ``params`` is a dense tensor, the rows in order.
+        checked: the caller has checked the ids against the tables and made the row splits
+            (``lookup.local_lookup.pool_held``: the call's agreement counted ids outside each table
+            on every rank before the exchange): on a GPU the op then reads nothing back, so the step
+            does not wait for the GPU there; the CPU kernel checks anyway.
     """
     strides, offsets = ([], []) if shards is None else ([s for s, _ in shards], [o for _, o in shards])
     with _on_device(params[0].device):
@@ -76,6 +81,7 @@ def pooled_lookup(
             strides=strides,
             offsets=offsets,
             numbered=[numbered] * len(params) if numbered else [],
+            checked=checked,
         )
 
 

@@ -108,13 +108,15 @@ def pool_dynamic(
     combiners: list[str],
     positions: list[int],
     report_status: bool = False,
+    checked: bool = False,
 ) -> tuple[list[tf.Tensor], list[Status | None]]:
     """Pooled rows ``[batch, dim_t]`` of dynamic tables on one device, from each table's ids
     (``keys[t]``, int64 ``row_splits[t]``, float32 ``weights[t]`` or None): one op indexes the
     distinct keys of every table, each table reads the rows of its distinct keys once (inserting the
     new ones), and one ``pooled_lookup`` pools those rows with ``combiners`` (``positions``: each
     table's index in the caller's ``sp_ids``). With ``report_status`` each table's read does not
-    raise but gives the ``(code, message)`` of its lookup (else None), as :func:`pool_rows`."""
+    raise but gives the ``(code, message)`` of its lookup (else None), as :func:`pool_rows`;
+    ``checked``: the row splits were made by the exchange (``pooled_lookup``'s ``checked``)."""
     keys = [_as_table_keys(k, p) for k, p in zip(keys, params)]
     with tf.name_scope("pool_dynamic"), tf.device(params[0].table_device):
         distinct, numbering = device_ops.unique_index_list(keys)
@@ -137,6 +139,7 @@ def pool_dynamic(
             positions,
             names=[p.name for p in params],
             numbered=True,
+            checked=checked,
         )
     return pooled, statuses
 
@@ -170,6 +173,7 @@ def pool_held(
             ["sum"] * len(fused),
             fused,
             [shard(plan.tables[t], plan.rank, plan.n) for t in fused],
+            checked=True,  # the call's agreement counted ids outside each table, the exchange made the splits
         )
         partial.update(zip(fused, pooled))
     for group in groups:
@@ -181,6 +185,7 @@ def pool_held(
             ["sum"] * len(group),
             group,
             report_status=True,
+            checked=True,
         )
         partial.update(zip(group, pooled))
         statuses.update((t, status) for t, status in zip(group, group_statuses) if status is not None)
