@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "pooled_lookup_ops.h"
+#include "pooled_order.h"
 #include "sok/kit/prefetch.hpp"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -158,12 +159,10 @@ float divisor(const Table& t, int64_t begin, int64_t end) {
   return t.combiner == Combiner::kSqrtn ? std::sqrt(total) : total;
 }
 
-// out (dim) = the sum of the num rows (dim each) in tf.sparse.segment_sum's order, so the sums are
-// the same to the bit: the first (num mod 8) rows (8 or 9 when that is 0 or 1) one after another,
-// then each further 8 summed apart and added.
+// out (dim) = the sum of the num rows (dim each) in tf.sparse.segment_sum's order (pooled_order.h),
+// so the sums are the same to the bit.
 void sum_rows(const float* const* rows, int64_t num, int64_t dim, float* __restrict__ out) {
-  const int64_t rest = num & 7;
-  const int64_t head = num == 1 ? 1 : (rest == 0 ? std::min<int64_t>(num, 8) : (rest == 1 ? 9 : rest));
+  const int64_t head = sok_pooled::order_head(num);
   std::fill(out, out + dim, 0.0f);
   for (int64_t j = 0; j < head; ++j) {
     const float* __restrict__ row = rows[j];

@@ -27,6 +27,7 @@
 #include <cub/device/device_scan.cuh>
 #include <vector>
 
+#include "pooled_order.h"
 #include "common.cuh"
 
 namespace sok_gpu {
@@ -244,13 +245,6 @@ __device__ unsigned group_mask(int lanes) {
   return lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << (static_cast<int>(threadIdx.x & 31) & ~(lanes - 1));
 }
 
-// The head of the CPU's unweighted order for a sample of `num` held ids: the first `head` rows are
-// added one after another, then each further 8 summed apart and added (num - head is a multiple of 8).
-__device__ int64_t order_head(int64_t num) {
-  const int64_t rest = num & 7;
-  return num == 1 ? 1 : (rest == 0 ? (num < 8 ? num : 8) : (rest == 1 ? 9 : rest));
-}
-
 // The held ids of [begin, end), counted by the `lanes` threads of `mask`, `lanes` at a time.
 __device__ int64_t held_ids(const TableDev& d, int64_t begin, int64_t end, int lane, int lanes, unsigned mask) {
   int64_t num = 0;
@@ -265,7 +259,7 @@ __device__ int64_t held_ids(const TableDev& d, int64_t begin, int64_t end, int l
 // of `mask`, run <= lanes). The run's ids are one stream: the lanes load `lanes` ids (row and weight)
 // at a time, a lane each, and pass them round by shuffles, kUnroll rows loaded before they are added,
 // so that the loads of a run of short samples overlap as those of one long sample do; each thread
-// adds its columns in the CPU's order per sample (unweighted: order_head; weighted: row * w one
+// adds its columns in the CPU's order per sample (unweighted: pooled_order.h; weighted: row * w one
 // after another), and writes a sample's row when the stream passes its end. Lane i holds the end of
 // sample s0 + i, clamped to [begin, nnz] and made non-decreasing (a max scan), so that row_splits the
 // checks refuse read nothing outside the ids. A table whose shard holds every valid id (stride 1,
@@ -299,7 +293,7 @@ __device__ void pool_run(const TableDev& d, int64_t s0, int run, int64_t k, int 
     count = 0;
 #pragma unroll
     for (int v = 0; v < V; ++v) out[v] = group[v] = 0.0f;
-    if (!weighted) head = order_head(whole ? end - begin : held_ids(d, begin, end, lane, lanes, mask));
+    if (!weighted) head = sok_pooled::order_head(whole ? end - begin : held_ids(d, begin, end, lane, lanes, mask));
     div = divisor(t, begin, end);
   };
   const auto finish = [&]() {
