@@ -15,6 +15,8 @@ tf = pytest.importorskip("tensorflow")
 
 import sparse_operation_kit as sok  # noqa: E402
 from sparse_operation_kit import communication  # noqa: E402
+from sparse_operation_kit.demo.dlrm import SokEmbeddings  # noqa: E402
+from sparse_operation_kit.demo.train import MLPERF_DCNV2, DemoConfig, build_model  # noqa: E402
 from sparse_operation_kit.lookup.input_dist import RECORD_TABLES  # noqa: E402
 
 #: Op types whose GPU kernels take no int64 values (``T``; ``Bincount``'s ``T`` is its weights',
@@ -252,6 +254,33 @@ def test_one_process_training_step_makes_no_host_input_on_the_device(weighted):
     graph = _traced_step(params, weighted, sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.1)))
     assert any(op.type == "SokSparseApplyAdagradTables" for op in graph.get_operations())
     assert _host_inputs_made_on_the_device(graph) == []
+
+
+def test_the_demo_dcnv2_training_step_makes_no_host_input_on_the_device():
+    """`sok demo --model dcnv2`'s step (and benchmarks/dlrm.py's): its bags' row splits too. Run p's
+    DCNv2 trace on an H200 showed a tf.range of int64 constants copying its start and limit back to
+    the host every step."""
+    config = DemoConfig(model="dcnv2", tables="static", **dict(MLPERF_DCNV2, batch_size=64, max_rows=500))
+    gen = config.generator()
+    embeddings = SokEmbeddings(gen.rows, config.dim, config.tables, config.var_types, seed=0)
+    tower, embed, _ = build_model(config, embeddings)
+    sparse_opt = sok.OptimizerWrapper(sok.RowWiseAdagrad(learning_rate=0.01))
+    dense_opt = tf.keras.optimizers.Adam()
+    dense, ids, labels = next(iter(gen.dataset(1, config.batch_size)))
+    specs = [tf.TensorSpec(dense.shape, dense.dtype), tf.TensorSpec(ids.shape, tf.int64), tf.TensorSpec(labels.shape)]
+
+    @tf.function(autograph=False, input_signature=specs)
+    def step(dense: tf.Tensor, ids: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            logits = tf.cast(tower((dense, embed(ids))), tf.float32)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+        tables, dense_vars = embeddings.tables, tower.trainable_variables
+        grads = tape.gradient(loss, tables + dense_vars)
+        sparse_opt.apply_gradients(zip(grads[: len(tables)], tables))
+        dense_opt.apply_gradients(zip(grads[len(tables) :], dense_vars))
+        return loss
+
+    assert _host_inputs_made_on_the_device(step.get_concrete_function().graph) == []
 
 
 def test_the_host_input_lint_finds_an_int64_range_and_slice() -> None:
