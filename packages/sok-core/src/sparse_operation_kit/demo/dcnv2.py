@@ -162,7 +162,11 @@ class DCNv2Tower(tf.keras.Model):
         x = dense
         for layer in self.bottom:
             x = layer(x)
-        y = self.cross(tf.concat([x] + list(embeddings), axis=1))  # [B, 27 * dim]
+        # [B, 27 * dim], as tf.concat(axis=1) would make it; but the gradient of a concat needs its
+        # axis, an int32 tensor that an XLA-compiled tower then returns in host memory, a copy from
+        # the GPU at every step (run p's trace); stack and reshape need none.
+        vectors = [x] + list(embeddings)
+        y = self.cross(tf.reshape(tf.stack(vectors, axis=1), [-1, len(vectors) * self.dim]))
         for layer in self.top:
             y = layer(y)
         return y
