@@ -334,7 +334,6 @@ class PooledLookupOp : public PooledLookupKernel {
       OP_REQUIRES(ctx, !bad[t].load(), out_of_range(tables[t], positions_[t], names_[t]));
     }
   }
-
 };
 
 // The distinct held rows of a table in first-occurrence order and each id's index among them.
@@ -495,7 +494,6 @@ class PooledLookupGradOp : public PooledLookupGradKernel {
       accumulate(tables[t], batch, grads[t].flat<float>().data(), distinct[t], out[t]);
     });
   }
-
 };
 
 // Output i has shape [batch, dim of params i]; batch is row_splits[0]'s length - 1.

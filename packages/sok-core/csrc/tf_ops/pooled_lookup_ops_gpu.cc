@@ -9,12 +9,12 @@
 // reads one small array back to the host, after one cudaStreamSynchronize: the checks of each
 // table's row_splits and ids and, for the gradient, its count of distinct ids (the size of its
 // outputs); the forward with its "checked" attr (the caller checked) reads nothing. An offending id
-// is copied only on the error path. The gradient with `padded` reads
-// nothing back: its outputs have a row per id, the distinct ids' rows first, then index -1 with
-// rows left unwritten (all of them for a table whose checks failed: the forward op of the same ids
-// raised). The errors are the CPU kernels', with the same texts and in the same order: the shape
-// checks of a table run on the host, its row_splits values on the device, and a host error after
-// tables whose row_splits are not yet checked waits for their check first.
+// is copied only on the error path. The gradient with `padded` reads nothing back: its outputs have
+// a row per id, the distinct ids' rows first, then index -1 with rows left unwritten (all of them
+// for a table whose checks failed: the forward op of the same ids raised). The errors are the CPU
+// kernels', with the same texts and in the same order: the shape checks of a table run on the host,
+// its row_splits values on the device, and a host error after tables whose row_splits are not yet
+// checked waits for their check first.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -218,7 +218,6 @@ class PooledLookupGpuOp : public PooledLookupKernel {
       }
     }
   }
-
 };
 
 class PooledLookupGradGpuOp : public PooledLookupGradKernel {
@@ -288,7 +287,6 @@ class PooledLookupGradGpuOp : public PooledLookupGradKernel {
                                                                  device_checks, n, g.batch, workspace.data(), bytes,
                                                                  stream)));
   }
-
 };
 
 // One list drives the registrations and the kernel table below (read by the build test).

@@ -240,6 +240,16 @@ __device__ void load_columns(const float* rows, int64_t row, int64_t dim, int64_
   }
 }
 
+// Columns k .. k + V - 1 of row `row` of the (rows, dim) matrix `rows` = x (load_columns' store).
+template <int V>
+__device__ void store_columns(float* rows, int64_t row, int64_t dim, int64_t k, const float* x) {
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(rows + row * dim + k) = make_float4(x[0], x[1], x[2], x[3]);
+  } else {
+    rows[row * dim + k] = x[0];
+  }
+}
+
 // The lanes of this thread's sample (or distinct id) within its warp, `lanes` of them.
 __device__ unsigned group_mask(int lanes) {
   return lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << (static_cast<int>(threadIdx.x & 31) & ~(lanes - 1));
@@ -303,12 +313,7 @@ __device__ void pool_run(const TableDev& d, int64_t s0, int run, int64_t k, int 
     for (int v = 0; v < V; ++v) {
       r[v] = t.combiner == kPooledSum ? out[v] : (div != 0.0f ? __fdiv_rn(out[v], div) : 0.0f);
     }
-    float* row = t.out + (s0 + cur) * t.dim + k;
-    if constexpr (V == 4) {
-      *reinterpret_cast<float4*>(row) = make_float4(r[0], r[1], r[2], r[3]);
-    } else {
-      row[0] = r[0];
-    }
+    store_columns<V>(t.out, s0 + cur, t.dim, k, r);
   };
   start();
   for (int64_t chunk = first; chunk < last; chunk += lanes) {
@@ -595,12 +600,7 @@ __device__ void accumulate_columns(const TableDev& d, const Distinct& in, int64_
     }
     if (n < lanes) break;
   }
-  if (!column) return;
-  if constexpr (V == 4) {
-    *reinterpret_cast<float4*>(out + k) = make_float4(sum[0], sum[1], sum[2], sum[3]);
-  } else {
-    out[k] = sum[0];
-  }
+  if (column) store_columns<V>(out, 0, t.dim, k, sum);
 }
 
 // Row `out` of the distinct id whose run of sorted keys starts at head, over [head, limit): every
@@ -661,12 +661,7 @@ __device__ void accumulate_span(const TableDev& d, const Distinct& in, int64_t h
   int64_t index = -1;  // the open run's row, -1: none open
   const auto flush = [&]() {
     if (index < 0 || index >= rows || !column) return;
-    float* row = t.out + index * t.dim + k;
-    if constexpr (V == 4) {
-      *reinterpret_cast<float4*>(row) = make_float4(sum[0], sum[1], sum[2], sum[3]);
-    } else {
-      row[0] = sum[0];
-    }
+    store_columns<V>(t.out, index, t.dim, k, sum);
   };
   for (int64_t chunk = h0;; chunk += lanes) {
     const int64_t j = chunk + lane;
