@@ -170,6 +170,82 @@ def test_one_rank_pooling_checks_its_ids():
     assert len(ops) == 2 and not any(op.get_attr("checked") for op in ops), [op.name for op in ops]
 
 
+def _static_kinds() -> list:
+    """A distributed and a localized static table: a call whose ids travel sized by shapes."""
+    return [sok.Variable(tf.zeros([64, 4])), sok.Variable(tf.zeros([32, 8]), mode="localized:1")]
+
+
+def _device_values_read_on_the_host(graph: tf.Graph) -> list[str]:
+    """Ops of the main graph on the host that take a tensor made off the host (a copy back, and a
+    wait for the GPU under a CUDA TensorFlow): the predicate of a tf.cond too."""
+    found = []
+    for op in graph.get_operations():
+        conditional = op.type in ("If", "StatelessIf")
+        if op.device != HOST_SCOPE and not conditional:
+            continue
+        for x in op.inputs[:1] if conditional else op.inputs:
+            producer = x.op
+            if producer.device == HOST_SCOPE or producer.type in HOST_OUTPUTS or x.dtype == tf.resource:
+                continue
+            found.append(f"{op.name} ({op.type}) <- {producer.name} ({producer.type}, {x.dtype.name})")
+    return found
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_static_tables_exchange_reads_one_flag_after_the_ids_moved(two_ranks, weighted):
+    """A call of static tables at several ranks sizes its collectives from shapes (``holder_dist``):
+    the host reads one value of the devices' in the whole step, the flag of every rank's checks,
+    and only after the all-to-all of the ids; the routed exchange reads the call's records first."""
+    graph = _traced_step(_static_kinds(), weighted)
+    ops = _ops_of(graph)
+    assert not any(op.type == "SokGroupByKey" for op in ops), "the call's ids were routed"
+    reads = _device_values_read_on_the_host(graph)
+    assert len(reads) == 1 and ("(If)" in reads[0] or "(StatelessIf)" in reads[0]), reads
+    flag = next(op for op in graph.get_operations() if reads[0].startswith(f"{op.name} ("))
+    assert any(_splits_received_ids(op) for op in _ancestors(flag.inputs[0].op)), "read before the ids moved"
+    assert _host_bound(ops) == [] and _read_on_the_host(ops) == []
+    assert _host_inputs_made_on_the_device(graph) == []
+    pooled = [op for op in ops if op.type == "SokPooledLookup"]
+    assert len(pooled) == 1 and pooled[0].get_attr("checked")
+
+
+def test_routed_ids_read_the_records_first(two_ranks, monkeypatch):
+    """``SOK_ID_EXCHANGE=routed`` sends a static call's ids to their owners, sized by the records the
+    host reads back before the exchange (what the lint above tells apart)."""
+    monkeypatch.setenv("SOK_ID_EXCHANGE", "routed")
+    graph = _traced_step(_static_kinds(), weighted=False)
+    assert any(op.type == "SokGroupByKey" for op in _ops_of(graph))
+    reads = _device_values_read_on_the_host(graph)
+    assert len(reads) == 1 and "(Identity)" in reads[0], reads
+    record = next(op for op in graph.get_operations() if reads[0].startswith(f"{op.name} ("))
+    assert not any(_splits_received_ids(op) for op in _ancestors(record))
+
+
+def _splits_received_ids(op: tf.Operation) -> bool:
+    """Whether ``op`` splits the ids an all-to-all brought (as float64 bits: SplitV of int64 has no
+    GPU kernel); the stand-in tool's collectives are identities, so the split marks the exchange."""
+    return op.type == "SplitV" and op.get_attr("T") == tf.float64
+
+
+def _ancestors(op: tf.Operation) -> set[tf.Operation]:
+    """``op`` and every op it depends on (data and control inputs) in its graph."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        todo.extend(x.op for x in current.inputs)
+        todo.extend(current.control_inputs)
+    return seen
+
+
+def test_an_unknown_id_exchange_is_refused(two_ranks, monkeypatch):
+    monkeypatch.setenv("SOK_ID_EXCHANGE", "broadcast")
+    with pytest.raises(ValueError, match=r"SOK_ID_EXCHANGE='broadcast' is not a way to send ids; valid: auto, routed"):
+        _traced_forward(_static_kinds())
+
+
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 def test_ranges_take_their_start_and_step_from_the_host(two_ranks, weighted):
     """Every Range of the exchange has its start and step made on the host (``device_ops.arange``):

@@ -10,6 +10,7 @@ how many ids of each table it receives from each.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from sparse_operation_kit import communication, device_ops
 from sparse_operation_kit.lookup.asserts import gate, raise_unless
 from sparse_operation_kit.lookup.exchange import Exchange
 
-__all__ = ["agreed_checks"]
+__all__ = ["ShapeAgreement", "agreed_checks", "agreed_shapes"]
 
 #: The values of a rank's record before its counts: fingerprint, number of counts, batch size.
 #: (The record of the call's allgather then has the sum of the counts and the ids per owner and table.)
@@ -86,11 +87,7 @@ def agreed_checks(
         return [], None, None
     messages = [problem.message for problem in problems]
 
-    def counts() -> tf.Tensor:
-        # Each problem's count, made only where a check failed (a tf.cond branch): the fast path
-        # adds all of them in a few ops (_total_of).
-        return tf.stack([problem.count() for problem in problems]) if problems else tf.zeros([0], tf.int64)
-
+    counts = functools.partial(_counts, problems)
     total = _total_of(problems, ragged)
     if n == 1:
         return [gate(tf.equal(total, 0), lambda: _assert_none(counts(), messages))], None, None
@@ -113,10 +110,94 @@ def agreed_checks(
             & tf.reduce_all(tf.equal(table[:, _HEAD], 0))
         )
 
+    report = _reporter(problems, head, counts, comm, fingerprint, description)
+
+    with device_ops.on_host():  # slices of a host tensor: on the host too (an int64 op would go to the GPU)
+        batch_sizes, sends_of_all = table[:, 2], table[:, _HEAD + 1 :]
+    return [gate(ok, report)], batch_sizes, sends_of_all
+
+
+@dataclass(frozen=True)
+class ShapeAgreement:
+    """What ``agreed_shapes`` learns before a call's exchange, with nothing read from a GPU:
+    ``checks`` gate the exchange (every rank makes the same call), ``batch_sizes`` (int64 ``[n]``)
+    and ``nnz`` (int64 ``[n, tables]``: each rank's ids per table) are in host memory; ``total`` is
+    this rank's count of problems (int64 scalar, on the ids' device), to travel with the ids, and
+    ``confirm(totals)`` the check of every rank's (int64 ``[n]``, in rank order), which raises the
+    errors that name each problem on every rank together."""
+
+    checks: list[tf.Operation | tf.Tensor]
+    batch_sizes: tf.Tensor
+    nnz: tf.Tensor
+    total: tf.Tensor
+    confirm: Callable[[tf.Tensor], tf.Tensor]
+
+
+def agreed_shapes(
+    params: Sequence[Any],
+    kinds: Sequence[str],
+    ragged: Sequence[tf.RaggedTensor],
+    weights: Sequence[tf.RaggedTensor] | None,
+    comm: communication.CommunicationTool,
+    hotness: Sequence[int] | None,
+    *,
+    combiners: Sequence[str],
+) -> ShapeAgreement:
+    """The agreement of a call at several ranks from what the host knows without the GPU: each rank
+    sends ``[fingerprint of its call, number of counts, its batch size, its ids per table...]``
+    (the sizes are the tensors' shapes) in one allgather of the communication tool on host tensors,
+    which waits for the other ranks' hosts, never for a GPU. Every rank checks that all records
+    carry its fingerprint before any collective of the exchange (``checks``); the counts of
+    problems (ids outside a static table, ...), made on the device, travel with the ids and are
+    checked after the exchange by ``confirm``. Either failure takes the path of
+    :func:`agreed_checks`: a second allgather brings every count, and the asserts name the problem."""
+    problems = _problems(params, kinds, ragged, weights, hotness, ())
+    n = comm.num_ranks()
+
+    counts = functools.partial(_counts, problems)
+    total = _total_of(problems, ragged)
+    description = _call_description(params, kinds, combiners, weights is not None, hotness)
+    fingerprint = communication.fingerprint(description.encode())
+    nnz = device_ops.lengths([ids.values for ids in ragged])
+    batch = device_ops.length(ragged[0].row_splits)
+    width = _HEAD + len(ragged)
+    with device_ops.on_host():
+        record = tf.concat([tf.constant([fingerprint, len(problems)], tf.int64), tf.reshape(batch - 1, [1]), nnz], 0)
+        gathered = comm.allgather(record, name="sok.lookup_sparse: allgather of the call's fingerprint and sizes")
+        # Records of another length (another number of tables) make the size differ, or move another
+        # rank's fingerprint into the first column: either fails the agreement.
+        table = _as_records(gathered, n, width)
+        ok = (
+            tf.equal(tf.size(gathered, out_type=tf.int64), n * width)
+            & tf.reduce_all(tf.equal(table[:, 0], fingerprint))
+            & tf.reduce_all(tf.equal(table[:, 1], len(problems)))
+        )
+        batch_sizes, nnz_of_all = table[:, 2], table[:, _HEAD:]
+    head = tf.concat([tf.constant([fingerprint, len(problems)], tf.int64), tf.reshape(batch - 1, [1])], 0)
+    report = _reporter(problems, head, counts, comm, fingerprint, description)
+
+    def confirm(totals: tf.Tensor) -> tf.Tensor:
+        return gate(tf.equal(tf.reduce_sum(totals), 0), report)
+
+    return ShapeAgreement([gate(ok, report)], batch_sizes, nnz_of_all, total, confirm)
+
+
+def _reporter(
+    problems: Sequence[_Problem],
+    head: tf.Tensor,
+    counts: Callable[[], tf.Tensor],
+    comm: communication.CommunicationTool,
+    fingerprint: int,
+    description: str,
+) -> Callable[[], tf.Tensor]:
+    """The failure branch of a call's agreement: every rank gets there together (they read the same
+    gathered values); the records with every count, whose lengths may differ, travel through the
+    communication tool, then the asserts run that name the disagreement first (the counts mean
+    nothing then), then each count. ``head``: this rank's ``[fingerprint, number of counts, batch]``."""
+    n = comm.num_ranks()
+    messages = [problem.message for problem in problems]
+
     def report() -> tf.Tensor:
-        # Every rank gets here together (they read the same table): the records with every count,
-        # whose lengths may differ, through the communication tool, then the disagreement first
-        # (the counts mean nothing then), then each count.
         detailed = comm.allgather(
             tf.concat([head, counts()], 0), name="sok.lookup_sparse: allgather of the call's fingerprint and checks"
         )
@@ -131,9 +212,7 @@ def agreed_checks(
         with tf.control_dependencies([agreement]):
             return _assert_none(tf.reduce_sum(records[:, _HEAD:], axis=0), messages)
 
-    with device_ops.on_host():  # slices of a host tensor: on the host too (an int64 op would go to the GPU)
-        batch_sizes, sends_of_all = table[:, 2], table[:, _HEAD + 1 :]
-    return [gate(ok, report)], batch_sizes, sends_of_all
+    return report
 
 
 @dataclass(frozen=True)
@@ -210,6 +289,12 @@ def _problems(
                 )
             )
     return problems
+
+
+def _counts(problems: Sequence[_Problem]) -> tf.Tensor:
+    """Each problem's count (int64 ``[problems]``), made only where a check failed (a tf.cond
+    branch): the fast path adds all of them in a few ops (``_total_of``)."""
+    return tf.stack([problem.count() for problem in problems]) if problems else tf.zeros([0], tf.int64)
 
 
 def _total_of(problems: Sequence[_Problem], ragged: Sequence[tf.RaggedTensor]) -> tf.Tensor:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -53,7 +53,19 @@ import tensorflow as tf
 from sparse_operation_kit import communication, tf_ops
 from sparse_operation_kit.lookup.asserts import raise_unless
 
-__all__ = ["EXCHANGES", "INT32_MAX", "SETTING", "Exchange", "HorovodExchange", "NcclExchange", "int32_counts", "of"]
+__all__ = [
+    "EXCHANGES",
+    "IDS_SETTING",
+    "ID_EXCHANGES",
+    "INT32_MAX",
+    "SETTING",
+    "Exchange",
+    "HorovodExchange",
+    "NcclExchange",
+    "ids_by_shapes",
+    "int32_counts",
+    "of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +73,14 @@ logger = logging.getLogger(__name__)
 SETTING = "SOK_EXCHANGE"
 EXCHANGES = ("auto", "nccl", "horovod")
 
+
+#: The environment variable that chooses how the ids of a call of static tables travel, and its
+#: values: ``auto`` (the default) sends each table's ids whole to every rank that holds rows of it,
+#: sized by the tensors' shapes (``holder_dist``), when one op per rank pools all the call's tables;
+#: ``routed`` sends each id to its owner alone, sized by counts read from the device (``input_dist``),
+#: as calls with dynamic tables always do. Every rank must have the same value.
+IDS_SETTING = "SOK_ID_EXCHANGE"
+ID_EXCHANGES = ("auto", "routed")
 
 #: The largest count the exchange's all-to-all takes: its counts (and Horovod's offsets) are int32.
 INT32_MAX = 2**31 - 1
@@ -200,6 +220,19 @@ class NcclExchange(Exchange):
             sent = int32_counts(tf.fill([n], mine[0]), f"{name}: the rows sent")
         copies = tf.tile(values, [n] + [1] * (values.shape.rank - 1))
         return self.alltoall(copies, sent, received, name=name)
+
+
+def ids_by_shapes(kinds: Sequence[str], fused: Sequence[int]) -> bool:
+    """Whether a call's ids go to their tables' holders sized by shapes (``IDS_SETTING``): its
+    tables are all static and pooled by one op (``fused``: their indices), and the setting allows."""
+    setting = os.environ.get(IDS_SETTING, "auto").strip().lower() or "auto"
+    if setting not in ID_EXCHANGES:
+        raise ValueError(
+            f"{IDS_SETTING}={os.environ[IDS_SETTING]!r} is not a way to send ids; valid: {', '.join(ID_EXCHANGES)} "
+            f"(auto: a call of static tables sends each table's ids to its holders, sized by shapes; routed: each "
+            f"id to its owner, sized by counts read from the device)"
+        )
+    return setting == "auto" and "dynamic" not in kinds and len(fused) == len(kinds)
 
 
 _chosen: tuple[communication.CommunicationTool, Exchange] | None = None

@@ -28,7 +28,7 @@ from sparse_operation_kit.lookup.input_dist import OwnedIds
 from sparse_operation_kit.lookup.plan import ExchangePlan, TablePlan, dynamic_groups, fused_tables, on_gpu, shard
 from sparse_operation_kit.serving_table import saving
 
-__all__ = ["Status", "pool_dynamic", "pool_held", "pool_rows"]
+__all__ = ["Status", "empty_reads", "pool_dynamic", "pool_fused", "pool_held", "pool_rows"]
 
 #: A dynamic table's lookup on this rank: TensorFlow's error code (0: it worked) and the message.
 Status = tuple[tf.Tensor, tf.Tensor]
@@ -162,20 +162,7 @@ def pool_held(
     pooled_here = fused + [t for group in groups for t in group]
     splits = dict(zip(pooled_here, owned.row_splits(pooled_here)))  # one search for all of them
     if fused:
-
-        def ragged(values: list[tf.Tensor], t: int) -> tf.RaggedTensor:
-            return tf.RaggedTensor.from_row_splits(values[t], splits[t], validate=False)
-
-        pooled = pooled_lookup.pooled_lookup(
-            [params[t] for t in fused],
-            [ragged(owned.keys, t) for t in fused],
-            None if owned.weights is None else [ragged(owned.weights, t) for t in fused],
-            ["sum"] * len(fused),
-            fused,
-            [shard(plan.tables[t], plan.rank, plan.n) for t in fused],
-            checked=True,  # the call's agreement counted ids outside each table, the exchange made the splits
-        )
-        partial.update(zip(fused, pooled))
+        partial.update(pool_fused(plan, fused, dict(enumerate(owned.keys)), splits, _by_table(owned.weights)))
     for group in groups:
         pooled, group_statuses = pool_dynamic(
             [params[t] for t in group],
@@ -206,8 +193,44 @@ def pool_held(
         )
         if status is not None:
             statuses[t] = status
-    empty = [_empty_read(table) for t, table in enumerate(plan.tables) if t not in partial]
-    return partial, statuses, empty
+    return partial, statuses, empty_reads(plan, partial)
+
+
+def pool_fused(
+    plan: ExchangePlan,
+    tables: list[int],
+    ids: dict[int, tf.Tensor],
+    row_splits: dict[int, tf.Tensor],
+    weights: dict[int, tf.Tensor] | None,
+) -> dict[int, tf.Tensor]:
+    """This rank's partial sums ``[global_batch, dim_t]`` of the static ``tables`` it holds, all on
+    one device, from their ids over the global batch (int64, with int64 ``row_splits``; ids the
+    rank does not hold are skipped), by one ``pooled_lookup``: checked, as the call's agreement
+    counted the ids outside each table on every rank and the exchange made the splits."""
+
+    def ragged(values: dict[int, tf.Tensor], t: int) -> tf.RaggedTensor:
+        return tf.RaggedTensor.from_row_splits(values[t], row_splits[t], validate=False)
+
+    pooled = pooled_lookup.pooled_lookup(
+        [plan.tables[t].param for t in tables],
+        [ragged(ids, t) for t in tables],
+        None if weights is None else [ragged(weights, t) for t in tables],
+        ["sum"] * len(tables),
+        tables,
+        [shard(plan.tables[t], plan.rank, plan.n) for t in tables],
+        checked=True,
+    )
+    return dict(zip(tables, pooled))
+
+
+def empty_reads(plan: ExchangePlan, held: Any) -> list[tf.Tensor]:
+    """An empty read (``[0, dim]`` rows) of each table of the call not in ``held``: sent along by
+    ``output_dist.return_sums``, so that every table has a gradient on this rank."""
+    return [_empty_read(table) for t, table in enumerate(plan.tables) if t not in held]
+
+
+def _by_table(values: list[tf.Tensor] | None) -> dict[int, tf.Tensor] | None:
+    return None if values is None else dict(enumerate(values))
 
 
 def _empty_read(table: TablePlan) -> tf.Tensor:

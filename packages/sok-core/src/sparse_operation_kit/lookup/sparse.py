@@ -52,12 +52,13 @@ import tensorflow as tf
 from sparse_operation_kit import communication, device_ops, pooled_lookup, validate
 from sparse_operation_kit.lookup import arguments
 from sparse_operation_kit.lookup import exchange as exchanges
-from sparse_operation_kit.lookup.checks import agreed_checks
+from sparse_operation_kit.lookup.checks import agreed_checks, agreed_shapes
 from sparse_operation_kit.lookup.exchange import Exchange
+from sparse_operation_kit.lookup.holder_dist import send_ids_to_holders
 from sparse_operation_kit.lookup.input_dist import Routes, record_counts, route, send_ids_to_owners
-from sparse_operation_kit.lookup.local_lookup import pool_dynamic, pool_held, pool_rows
+from sparse_operation_kit.lookup.local_lookup import empty_reads, pool_dynamic, pool_fused, pool_held, pool_rows
 from sparse_operation_kit.lookup.output_dist import return_sums
-from sparse_operation_kit.lookup.plan import ExchangePlan, dynamic_groups, fused_tables
+from sparse_operation_kit.lookup.plan import ExchangePlan, dynamic_groups, fused_tables, on_gpu
 
 __all__ = ["lookup_sparse", "all2all_dense_embedding"]
 
@@ -146,6 +147,9 @@ def lookup_sparse(
     if n > 1:
         exchange = exchanges.of(comm)
         plan = ExchangePlan.of(params, kinds, comm.rank(), n)
+        if exchanges.ids_by_shapes(kinds, fused_tables(params, kinds)):
+            pooled = _lookup_by_shapes(params, kinds, ragged, weights, names, hotness, comm, exchange, plan)
+            return pooled[0] if single else pooled
         routes = route(plan, [_as_int64(ids.values) for ids in ragged])
     checks, batch_sizes, sends = agreed_checks(
         params,
@@ -187,6 +191,47 @@ def lookup_sparse(
         for i, embedding in zip(rest, pooled):
             outputs[i] = embedding
     return outputs[0] if single else outputs
+
+
+def _lookup_by_shapes(
+    params: list[Any],
+    kinds: list[str],
+    ragged: list[tf.RaggedTensor],
+    weights: list[tf.RaggedTensor] | None,
+    names: list[str],
+    hotness: list[int] | None,
+    comm: communication.CommunicationTool,
+    exchange: Exchange,
+    plan: ExchangePlan,
+) -> list[tf.Tensor]:
+    """A call of static tables at several ranks, all pooled by one op per rank, with nothing read
+    from a GPU before its collectives (``holder_dist``): the ranks agree on the call and its sizes
+    on the host, every holder of a table receives its ids whole, and the counts of problems that
+    traveled with them are checked before the lookups are returned (on the host's tables, before
+    the op pools them: its CPU kernel raises on bad ids itself, on its rank alone)."""
+    agreement = agreed_shapes(params, kinds, ragged, weights, comm, hotness, combiners=names)
+    with tf.control_dependencies(agreement.checks):
+        held = send_ids_to_holders(plan, ragged, weights, agreement, exchange)
+    # The check is a tf.cond with side effects on its failing branch, and TensorFlow runs such ops
+    # of a function in the order they were made: made after the last collective of the call, it
+    # holds back none of them. On the host's tables the op must not see a bad id (its CPU kernel
+    # raises on its rank alone): there the check comes first.
+    on_host_tables = not on_gpu(params[0])
+    confirmed = agreement.confirm(held.totals) if on_host_tables else None
+    mine = plan.held(plan.rank)
+    with tf.control_dependencies([confirmed] if on_host_tables else []):
+        partial = pool_fused(plan, mine, held.ids, held.row_splits, held.weights) if mine else {}
+    lengths = [tf.cast(ids.row_lengths(), tf.int64) for ids in ragged]
+    local_batch = device_ops.length(lengths[0])
+    sums = return_sums(plan, partial, {}, empty_reads(plan, partial), agreement.batch_sizes, local_batch, exchange)
+    if confirmed is None:
+        confirmed = agreement.confirm(held.totals)
+    with tf.control_dependencies([confirmed]):
+        sums = [tf.identity(x) for x in sums]
+    return [
+        _combine(pooled, name, lengths[i], None if weights is None else weights[i])
+        for i, (pooled, name) in enumerate(zip(sums, names))
+    ]
 
 
 @dataclass(frozen=True)
