@@ -142,11 +142,14 @@ def agreed_shapes(
     hotness: Sequence[int] | None,
     *,
     combiners: Sequence[str],
+    exchange: Exchange,
+    record_tables: int,
 ) -> ShapeAgreement:
     """The agreement of a call at several ranks from what the host knows without the GPU: each rank
     sends ``[fingerprint of its call, number of counts, its batch size, its ids per table...]``
-    (the sizes are the tensors' shapes) in one allgather of the communication tool on host tensors,
-    which waits for the other ranks' hosts, never for a GPU. Every rank checks that all records
+    (the sizes are the tensors' shapes; zeros after them up to ``record_tables`` tables, one length
+    whatever the call) in one ``host_allgather`` of ``exchange``, which waits for the other ranks, never for
+    the work queued on a GPU. Every rank checks that all records
     carry its fingerprint before any collective of the exchange (``checks``); the counts of
     problems (ids outside a static table, ...), made on the device, travel with the ids and are
     checked after the exchange by ``confirm``. Either failure takes the path of
@@ -158,22 +161,19 @@ def agreed_shapes(
     total = _total_of(problems, ragged)
     description = _call_description(params, kinds, combiners, weights is not None, hotness)
     fingerprint = communication.fingerprint(description.encode())
+    if len(ragged) > record_tables:
+        raise ValueError(f"agreed_shapes: {len(ragged)} tables do not fit a record of {record_tables} tables")
+    width = _HEAD + record_tables
     nnz = device_ops.lengths([ids.values for ids in ragged])
     batch = device_ops.length(ragged[0].row_splits)
-    width = _HEAD + len(ragged)
     with device_ops.on_host():
-        record = tf.concat([tf.constant([fingerprint, len(problems)], tf.int64), tf.reshape(batch - 1, [1]), nnz], 0)
-        gathered = comm.allgather(record, name="sok.lookup_sparse: allgather of the call's fingerprint and sizes")
-        # Records of another length (another number of tables) make the size differ, or move another
-        # rank's fingerprint into the first column: either fails the agreement.
-        table = _as_records(gathered, n, width)
-        ok = (
-            tf.equal(tf.size(gathered, out_type=tf.int64), n * width)
-            & tf.reduce_all(tf.equal(table[:, 0], fingerprint))
-            & tf.reduce_all(tf.equal(table[:, 1], len(problems)))
-        )
-        batch_sizes, nnz_of_all = table[:, 2], table[:, _HEAD:]
-    head = tf.concat([tf.constant([fingerprint, len(problems)], tf.int64), tf.reshape(batch - 1, [1])], 0)
+        head = tf.concat([tf.constant([fingerprint, len(problems)], tf.int64), tf.reshape(batch - 1, [1])], 0)
+        record = tf.concat([head, nnz, tf.zeros([width - _HEAD - len(ragged)], tf.int64)], 0)
+    gathered = exchange.host_allgather(record, name="sok.lookup_sparse: allgather of the call's fingerprint and sizes")
+    with device_ops.on_host():
+        table = tf.reshape(gathered, [n, width])
+        ok = tf.reduce_all(tf.equal(table[:, 0], fingerprint)) & tf.reduce_all(tf.equal(table[:, 1], len(problems)))
+        batch_sizes, nnz_of_all = table[:, 2], table[:, _HEAD : _HEAD + len(ragged)]
     report = _reporter(problems, head, counts, comm, fingerprint, description)
 
     def confirm(totals: tf.Tensor) -> tf.Tensor:

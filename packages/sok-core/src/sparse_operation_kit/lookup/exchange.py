@@ -14,7 +14,10 @@ their counts from the host:
   floats, its gradient is the all-to-all back;
 - ``allreduce_sum(values)``: the sum over the ranks of a tensor of one shape everywhere;
 - ``allgather_rows(values)``: every rank's rows (their number may differ between ranks), in rank
-  order.
+  order;
+- ``host_allgather(values)``: every rank's int64 vector in host memory (one length on every rank),
+  in rank order, in host memory, without waiting for the GPU's queued work (on GPU ranks a second
+  NCCL communicator on a stream of its own, in the same chain as the others).
 
 Horovod negotiates each collective among the ranks on its background thread and waits on the host
 for the collective's input; SOK's NCCL ops (``libsok_tf_nccl.so``) enqueue NCCL's kernels on
@@ -121,6 +124,9 @@ class Exchange:
     def allgather_rows(self, values: tf.Tensor, name: str) -> tf.Tensor:
         raise NotImplementedError
 
+    def host_allgather(self, values: tf.Tensor, name: str) -> tf.Tensor:
+        raise NotImplementedError
+
 
 class HorovodExchange(Exchange):
     """Horovod's collectives, through the communication tool (CPU ranks, and GPU ranks without NCCL)."""
@@ -141,6 +147,10 @@ class HorovodExchange(Exchange):
 
     def allgather_rows(self, values: tf.Tensor, name: str) -> tf.Tensor:
         return self._comm.allgather(values, name=name)
+
+    def host_allgather(self, values: tf.Tensor, name: str) -> tf.Tensor:
+        with tf.device("/CPU:0"):
+            return self._comm.allgather(values, name=name)
 
 
 class NcclExchange(Exchange):
@@ -220,6 +230,11 @@ class NcclExchange(Exchange):
             sent = int32_counts(tf.fill([n], mine[0]), f"{name}: the rows sent")
         copies = tf.tile(values, [n] + [1] * (values.shape.rank - 1))
         return self.alltoall(copies, sent, received, name=name)
+
+    def host_allgather(self, values: tf.Tensor, name: str) -> tf.Tensor:
+        op = communication.op_name(name)
+        with tf.device("/GPU:0"):  # a GPU op whose input and output are in host memory
+            return self._in_order(lambda: self._ops.sok_nccl_host_all_gather(values, name=op))
 
 
 def ids_by_shapes(kinds: Sequence[str], fused: Sequence[int]) -> bool:

@@ -16,7 +16,7 @@ tables take the routed exchange (a dynamic table's owner inserts the keys it rec
 
 Example::
 
-    agreement = agreed_shapes(params, kinds, ragged, weights, comm, hotness, combiners=names)
+    agreement = agreed_shapes(..., exchange=exchange, record_tables=RECORD_TABLES)
     held = send_ids_to_holders(plan, ragged, weights, agreement, exchange)
     held.ids[t], held.row_splits[t]   # table t's ids over the global batch, from every rank
 """

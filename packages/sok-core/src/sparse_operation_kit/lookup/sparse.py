@@ -55,7 +55,7 @@ from sparse_operation_kit.lookup import exchange as exchanges
 from sparse_operation_kit.lookup.checks import agreed_checks, agreed_shapes
 from sparse_operation_kit.lookup.exchange import Exchange
 from sparse_operation_kit.lookup.holder_dist import send_ids_to_holders
-from sparse_operation_kit.lookup.input_dist import Routes, record_counts, route, send_ids_to_owners
+from sparse_operation_kit.lookup.input_dist import RECORD_TABLES, Routes, record_counts, route, send_ids_to_owners
 from sparse_operation_kit.lookup.local_lookup import empty_reads, pool_dynamic, pool_fused, pool_held, pool_rows
 from sparse_operation_kit.lookup.output_dist import return_sums
 from sparse_operation_kit.lookup.plan import ExchangePlan, dynamic_groups, fused_tables, on_gpu
@@ -147,7 +147,7 @@ def lookup_sparse(
     if n > 1:
         exchange = exchanges.of(comm)
         plan = ExchangePlan.of(params, kinds, comm.rank(), n)
-        if exchanges.ids_by_shapes(kinds, fused_tables(params, kinds)):
+        if len(params) <= RECORD_TABLES and exchanges.ids_by_shapes(kinds, fused_tables(params, kinds)):
             pooled = _lookup_by_shapes(params, kinds, ragged, weights, names, hotness, comm, exchange, plan)
             return pooled[0] if single else pooled
         routes = route(plan, [_as_int64(ids.values) for ids in ragged])
@@ -209,7 +209,9 @@ def _lookup_by_shapes(
     on the host, every holder of a table receives its ids whole, and the counts of problems that
     traveled with them are checked before the lookups are returned (on the host's tables, before
     the op pools them: its CPU kernel raises on bad ids itself, on its rank alone)."""
-    agreement = agreed_shapes(params, kinds, ragged, weights, comm, hotness, combiners=names)
+    agreement = agreed_shapes(
+        params, kinds, ragged, weights, comm, hotness, combiners=names, exchange=exchange, record_tables=RECORD_TABLES
+    )
     with tf.control_dependencies(agreement.checks):
         held = send_ids_to_holders(plan, ragged, weights, agreement, exchange)
     # The check is a tf.cond with side effects on its failing branch, and TensorFlow runs such ops
