@@ -193,7 +193,8 @@ def _device_values_read_on_the_host(graph: tf.Graph) -> list[str]:
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 def test_static_tables_exchange_reads_one_flag_after_the_ids_moved(two_ranks, weighted):
-    """A call of static tables at several ranks sizes its collectives from shapes (``holder_dist``):
+    """A call of static tables at several ranks (Horovod's collectives) sizes its collectives from
+    shapes (``holder_dist``):
     the host reads one value of the devices' in the whole step, the flag of every rank's checks,
     and only after the all-to-all of the ids; the routed exchange reads the call's records first."""
     graph = _traced_step(_static_kinds(), weighted)
@@ -242,8 +243,32 @@ def _ancestors(op: tf.Operation) -> set[tf.Operation]:
 
 def test_an_unknown_id_exchange_is_refused(two_ranks, monkeypatch):
     monkeypatch.setenv("SOK_ID_EXCHANGE", "broadcast")
-    with pytest.raises(ValueError, match=r"SOK_ID_EXCHANGE='broadcast' is not a way to send ids; valid: auto, routed"):
+    expected = r"SOK_ID_EXCHANGE='broadcast' is not a way to send ids; valid: auto, holders, routed"
+    with pytest.raises(ValueError, match=expected):
         _traced_forward(_static_kinds())
+
+
+@pytest.mark.parametrize(
+    ("setting", "exchange", "kinds", "expected"),
+    [
+        ("auto", "horovod", ["distributed", "localized"], True),
+        ("auto", "nccl", ["distributed", "localized"], False),
+        ("holders", "nccl", ["distributed"], True),
+        ("routed", "horovod", ["distributed"], False),
+        ("holders", "horovod", ["distributed", "dynamic"], False),
+    ],
+)
+def test_which_calls_send_ids_to_holders(monkeypatch, setting, exchange, kinds, expected):
+    """``SOK_ID_EXCHANGE``: ``auto`` sends a static call's ids to their holders with Horovod's
+    collectives and routes them with SOK's NCCL ones (the faster way of each); a call with a dynamic
+    table, or tables not pooled by one op, is routed whatever the setting."""
+    from sparse_operation_kit.lookup import exchange as exchanges
+
+    monkeypatch.setenv("SOK_ID_EXCHANGE", setting)
+    chosen = type("Chosen", (), {"name": exchange})()
+    fused = [i for i, kind in enumerate(kinds) if kind != "dynamic"]
+    assert exchanges.ids_to_holders(kinds, fused, chosen) is expected
+    assert exchanges.ids_to_holders(kinds, fused[:-1], chosen) is False
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])

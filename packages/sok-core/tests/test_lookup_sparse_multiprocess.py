@@ -32,10 +32,11 @@ TIMEOUT_S = 240
 KNOWN_BUGS: dict[str, str] = {}  # check name -> reason, for checks that are expected to fail
 
 
-@pytest.fixture(scope="module", params=["auto", "routed"], ids=["ids-by-shapes", "ids-routed"])
+@pytest.fixture(scope="module", params=["holders", "routed"], ids=["ids-to-holders", "ids-routed"])
 def worker_run(request: pytest.FixtureRequest) -> tuple[int, str, dict]:
     """One launch per way the ids of a call of static tables travel (``SOK_ID_EXCHANGE``): to every
-    holder sized by shapes (the default), and routed to their owners (as calls with dynamic tables)."""
+    holder sized by shapes (the default on CPU ranks), and routed to their owners (the default with
+    SOK's NCCL collectives, and calls with dynamic tables always)."""
     returncode, output = launch(WORKER, NP, env={"SOK_ID_EXCHANGE": request.param}, timeout=TIMEOUT_S)
     return returncode, output, results(output)
 

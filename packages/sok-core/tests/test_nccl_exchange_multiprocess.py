@@ -3,8 +3,7 @@
 One ``horovodrun -np N --gloo`` launch of ``distributed/nccl_exchange_worker.py`` with N the host's
 GPUs (at most 4): the exchange is NCCL's under ``SOK_EXCHANGE=auto``; uneven all-to-alls of floats
 and int64 (eager, and two in one tf.function with their gradients), an empty one and an allgather
-give what every rank sent, and the allgather of host values does so without waiting for the GPU's
-queued work; the allreduce (floats, int32) and the allgather of rows of uneven counts
+give what every rank sent; the allreduce (floats, int32) and the allgather of rows of uneven counts
 (sok.allreduce_dense_gradients' collectives) give what every rank gave; counts of the wrong length
 are refused before anything moves. The lookup's own oracle tests
 (test_lookup_sparse_multiprocess.py) run through the same collectives on GPU ranks. Skipped unless
@@ -31,8 +30,6 @@ CHECKS = [
     "alltoall_in_function_with_gradient",
     "alltoall_empty",
     "allgather",
-    "host_allgather",
-    "host_allgather_skips_queued_work",
     "allreduce_sum",
     "allgather_rows",
     "bad_counts_refused",

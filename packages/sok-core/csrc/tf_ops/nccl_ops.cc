@@ -19,12 +19,6 @@
 // peer that waits for us). Horovod orders its own collectives on its background thread, not with
 // the graph's; one communicator for the whole step leaves a single order.
 //
-// SokNcclHostAllGather is the exception that keeps this order: the host values a lookup's sizes come
-// from (batch sizes, ids per table: tensors' shapes) travel through a second communicator, split
-// from the first, on a stream of its own, and the op waits for them on the host. On the compute
-// stream they would wait behind the step's work. It is chained with the others (the same control
-// dependencies), so every rank enqueues both communicators' collectives in one order too.
-//
 // No int32 data: TensorFlow keeps int32 tensors of GPU ops in host memory. Host code compiled by g++
 // with TensorFlow's flags, like the *_gpu.cc kernels.
 #include <cuda_runtime_api.h>
@@ -65,26 +59,11 @@ Status nccl_status(ncclResult_t r, const char* call, const char* file, int line)
 // An NCCL call as a Status naming the call, file and line.
 #define SOK_NCCL(call) nccl_status((call), #call, __FILE__, __LINE__)
 
-// The bytes of a side channel's buffers: SokNcclHostAllGather's input and output together.
-constexpr size_t kSideBytes = size_t{1} << 20;
-
-// The side channel of SokNcclHostAllGather: a second communicator (split from the first, so the
-// same ranks) whose collectives run on a stream of their own, and its buffers (pinned on the host,
-// and on the device). Made by SokNcclInit, kept for the process.
-struct SideChannel {
-  ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
-  char* host = nullptr;
-  char* device = nullptr;
-  std::mutex mu;  // one allgather at a time
-};
-
 // The communicator of this process on each CUDA device (one rank per GPU: one entry in practice).
 struct Communicator {
   ncclComm_t comm = nullptr;
   int rank = 0;
   int size = 0;
-  SideChannel* side = nullptr;
 };
 
 class Communicators {
@@ -121,32 +100,6 @@ class Watchdog {
   void set_bound(int64_t seconds) {
     std::lock_guard<std::mutex> lock(mu_);
     bound_s_ = seconds;
-  }
-
-  // Waits on the host for `stream` (a side channel's, whose work is one small collective): polls
-  // it, so the wait ends within microseconds of the peers' arrival; past the bound, ends the
-  // process as a stalled collective does.
-  Status wait(int device, cudaStream_t stream, const std::string& what, const Communicator& comm) {
-    int64_t bound_s = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      bound_s = bound_s_;
-    }
-    const auto start = std::chrono::steady_clock::now();
-    for (int polls = 0;; ++polls) {
-      const cudaError_t state = cudaStreamQuery(stream);
-      if (state == cudaSuccess) return Status();
-      if (state != cudaErrorNotReady) return SOK_CUDA(state);
-      if (polls < 1000) {
-        std::this_thread::yield();
-        continue;
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-      if (bound_s > 0 && std::chrono::steady_clock::now() - start > std::chrono::seconds(bound_s)) {
-        std::lock_guard<std::mutex> lock(mu_);
-        stall(Pending{nullptr, device, start, what, comm});
-      }
-    }
   }
 
   // Records an event after the collective just enqueued on `stream` (device `device`).
@@ -294,12 +247,6 @@ class NcclInitOp : public OpKernel {
     made.rank = static_cast<int>(rank_);
     made.size = static_cast<int>(size_);
     OP_REQUIRES_OK(ctx, SOK_NCCL(ncclCommInitRank(&made.comm, made.size, unique, made.rank)));
-    auto* side = new SideChannel();  // kept for the process, as the communicator
-    OP_REQUIRES_OK(ctx, SOK_NCCL(ncclCommSplit(made.comm, 0, made.rank, &side->comm, nullptr)));
-    OP_REQUIRES_OK(ctx, SOK_CUDA(cudaStreamCreateWithFlags(&side->stream, cudaStreamNonBlocking)));
-    OP_REQUIRES_OK(ctx, SOK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&side->host), kSideBytes)));
-    OP_REQUIRES_OK(ctx, SOK_CUDA(cudaMalloc(reinterpret_cast<void**>(&side->device), kSideBytes)));
-    made.side = side;
     Communicators::get().set(exec.device_id, made);
     Watchdog::get().set_bound(timeout_s_);
   }
@@ -438,59 +385,6 @@ class NcclAllGatherOp : public OpKernel {
     OP_REQUIRES_OK(ctx, Watchdog::get().watch(exec.device_id, stream_of(exec), name(), comm));
   }
 };
-
-// ---------------------------------------------------------------------------------------------
-REGISTER_OP("SokNcclHostAllGather")
-    .Input("input: int64")
-    .Output("output: int64")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle input;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &input));
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-      return Status();
-    })
-    .Doc("Every rank's `input` (a vector of one length on every rank, in host memory), in rank order, in host "
-         "memory. It travels through a second communicator on a stream of its own, so it does not wait for the "
-         "work TensorFlow enqueued on the GPU: the op returns once every rank's values are here (microseconds "
-         "after the last rank arrives).");
-
-class NcclHostAllGatherOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& input = ctx->input(0);
-    OP_REQUIRES(ctx, input.dims() == 1,
-                errors::InvalidArgument("SokNcclHostAllGather: input has shape ", input.shape().DebugString(),
-                                        "; it takes a vector"));
-    const sok_exec_context exec = GpuExec::of(ctx);
-    Communicator comm;
-    OP_REQUIRES_OK(ctx, communicator_of(exec.device_id, "SokNcclHostAllGather", &comm));
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({input.dim_size(0) * comm.size}), &output));
-    const size_t bytes = static_cast<size_t>(input.NumElements()) * sizeof(int64_t);
-    if (bytes == 0) return;
-    OP_REQUIRES(ctx, bytes * (comm.size + 1) <= kSideBytes,
-                errors::InvalidArgument("SokNcclHostAllGather: ", input.NumElements(), " values from each of ",
-                                        comm.size, " ranks need ", bytes * (comm.size + 1), " bytes; its buffers "
-                                        "hold ", kSideBytes));
-    SideChannel& side = *comm.side;
-    std::lock_guard<std::mutex> lock(side.mu);
-    DeviceGuard guard;
-    OP_REQUIRES_OK(ctx, guard.enter(exec.device_id));
-    std::memcpy(side.host, input.flat<int64_t>().data(), bytes);
-    OP_REQUIRES_OK(ctx, SOK_CUDA(cudaMemcpyAsync(side.device, side.host, bytes, cudaMemcpyHostToDevice, side.stream)));
-    OP_REQUIRES_OK(ctx, SOK_NCCL(ncclAllGather(side.device, side.device + bytes, bytes, ncclUint8, side.comm,
-                                               side.stream)));
-    OP_REQUIRES_OK(ctx, SOK_CUDA(cudaMemcpyAsync(side.host + bytes, side.device + bytes, bytes * comm.size,
-                                                 cudaMemcpyDeviceToHost, side.stream)));
-    OP_REQUIRES_OK(ctx, Watchdog::get().wait(exec.device_id, side.stream, name(), comm));
-    std::memcpy(output->flat<int64_t>().data(), side.host + bytes, bytes * comm.size);
-  }
-};
-REGISTER_KERNEL_BUILDER(Name("SokNcclHostAllGather").Device(DEVICE_GPU).HostMemory("input").HostMemory("output"),
-                        NcclHostAllGatherOp);
 
 // ---------------------------------------------------------------------------------------------
 REGISTER_OP("SokNcclAllReduce")

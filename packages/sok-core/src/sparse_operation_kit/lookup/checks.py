@@ -142,18 +142,17 @@ def agreed_shapes(
     hotness: Sequence[int] | None,
     *,
     combiners: Sequence[str],
-    exchange: Exchange,
     record_tables: int,
 ) -> ShapeAgreement:
     """The agreement of a call at several ranks from what the host knows without the GPU: each rank
     sends ``[fingerprint of its call, number of counts, its batch size, its ids per table...]``
     (the sizes are the tensors' shapes; zeros after them up to ``record_tables`` tables, one length
-    whatever the call) in one ``host_allgather`` of ``exchange``, which waits for the other ranks, never for
-    the work queued on a GPU. Every rank checks that all records
-    carry its fingerprint before any collective of the exchange (``checks``); the counts of
-    problems (ids outside a static table, ...), made on the device, travel with the ids and are
-    checked after the exchange by ``confirm``. Either failure takes the path of
-    :func:`agreed_checks`: a second allgather brings every count, and the asserts name the problem."""
+    whatever the call) in one allgather of the communication tool on host tensors, which waits for
+    the other ranks' hosts, never for a GPU. Every rank checks that all records carry its
+    fingerprint before any collective of the exchange (``checks``); the counts of problems (ids
+    outside a static table, ...), made on the device, travel with the ids and are checked after the
+    exchange by ``confirm``. Either failure takes the path of :func:`agreed_checks`: a second
+    allgather brings every count, and the asserts name the problem."""
     problems = _problems(params, kinds, ragged, weights, hotness, ())
     n = comm.num_ranks()
 
@@ -169,8 +168,7 @@ def agreed_shapes(
     with device_ops.on_host():
         head = tf.concat([tf.constant([fingerprint, len(problems)], tf.int64), tf.reshape(batch - 1, [1])], 0)
         record = tf.concat([head, nnz, tf.zeros([width - _HEAD - len(ragged)], tf.int64)], 0)
-    gathered = exchange.host_allgather(record, name="sok.lookup_sparse: allgather of the call's fingerprint and sizes")
-    with device_ops.on_host():
+        gathered = comm.allgather(record, name="sok.lookup_sparse: allgather of the call's fingerprint and sizes")
         table = tf.reshape(gathered, [n, width])
         ok = tf.reduce_all(tf.equal(table[:, 0], fingerprint)) & tf.reduce_all(tf.equal(table[:, 1], len(problems)))
         batch_sizes, nnz_of_all = table[:, 2], table[:, _HEAD : _HEAD + len(ragged)]

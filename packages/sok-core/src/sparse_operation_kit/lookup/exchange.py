@@ -14,10 +14,7 @@ their counts from the host:
   floats, its gradient is the all-to-all back;
 - ``allreduce_sum(values)``: the sum over the ranks of a tensor of one shape everywhere;
 - ``allgather_rows(values)``: every rank's rows (their number may differ between ranks), in rank
-  order;
-- ``host_allgather(values)``: every rank's int64 vector in host memory (one length on every rank),
-  in rank order, in host memory, without waiting for the GPU's queued work (on GPU ranks a second
-  NCCL communicator on a stream of its own, in the same chain as the others).
+  order.
 
 Horovod negotiates each collective among the ranks on its background thread and waits on the host
 for the collective's input; SOK's NCCL ops (``libsok_tf_nccl.so``) enqueue NCCL's kernels on
@@ -65,7 +62,7 @@ __all__ = [
     "Exchange",
     "HorovodExchange",
     "NcclExchange",
-    "ids_by_shapes",
+    "ids_to_holders",
     "int32_counts",
     "of",
 ]
@@ -78,12 +75,14 @@ EXCHANGES = ("auto", "nccl", "horovod")
 
 
 #: The environment variable that chooses how the ids of a call of static tables travel, and its
-#: values: ``auto`` (the default) sends each table's ids whole to every rank that holds rows of it,
-#: sized by the tensors' shapes (``holder_dist``), when one op per rank pools all the call's tables;
+#: values: ``holders`` sends each table's ids whole to every rank that holds rows of it, sized by
+#: the tensors' shapes (``holder_dist``), when one op per rank pools all the call's tables;
 #: ``routed`` sends each id to its owner alone, sized by counts read from the device (``input_dist``),
-#: as calls with dynamic tables always do. Every rank must have the same value.
+#: as calls with dynamic tables always do; ``auto`` (the default) takes ``holders`` with Horovod's
+#: collectives and ``routed`` with SOK's NCCL ones (the faster of the two in each, as measured:
+#: benchmarks/README.md). Every rank must have the same value.
 IDS_SETTING = "SOK_ID_EXCHANGE"
-ID_EXCHANGES = ("auto", "routed")
+ID_EXCHANGES = ("auto", "holders", "routed")
 
 #: The largest count the exchange's all-to-all takes: its counts (and Horovod's offsets) are int32.
 INT32_MAX = 2**31 - 1
@@ -124,9 +123,6 @@ class Exchange:
     def allgather_rows(self, values: tf.Tensor, name: str) -> tf.Tensor:
         raise NotImplementedError
 
-    def host_allgather(self, values: tf.Tensor, name: str) -> tf.Tensor:
-        raise NotImplementedError
-
 
 class HorovodExchange(Exchange):
     """Horovod's collectives, through the communication tool (CPU ranks, and GPU ranks without NCCL)."""
@@ -147,10 +143,6 @@ class HorovodExchange(Exchange):
 
     def allgather_rows(self, values: tf.Tensor, name: str) -> tf.Tensor:
         return self._comm.allgather(values, name=name)
-
-    def host_allgather(self, values: tf.Tensor, name: str) -> tf.Tensor:
-        with tf.device("/CPU:0"):
-            return self._comm.allgather(values, name=name)
 
 
 class NcclExchange(Exchange):
@@ -231,23 +223,21 @@ class NcclExchange(Exchange):
         copies = tf.tile(values, [n] + [1] * (values.shape.rank - 1))
         return self.alltoall(copies, sent, received, name=name)
 
-    def host_allgather(self, values: tf.Tensor, name: str) -> tf.Tensor:
-        op = communication.op_name(name)
-        with tf.device("/GPU:0"):  # a GPU op whose input and output are in host memory
-            return self._in_order(lambda: self._ops.sok_nccl_host_all_gather(values, name=op))
 
-
-def ids_by_shapes(kinds: Sequence[str], fused: Sequence[int]) -> bool:
-    """Whether a call's ids go to their tables' holders sized by shapes (``IDS_SETTING``): its
-    tables are all static and pooled by one op (``fused``: their indices), and the setting allows."""
+def ids_to_holders(kinds: Sequence[str], fused: Sequence[int], exchange: Exchange) -> bool:
+    """Whether a call's ids go to their tables' holders sized by shapes (``IDS_SETTING``, with the
+    call's ``exchange``): its tables are all static and pooled by one op (``fused``: their indices)."""
     setting = os.environ.get(IDS_SETTING, "auto").strip().lower() or "auto"
     if setting not in ID_EXCHANGES:
         raise ValueError(
             f"{IDS_SETTING}={os.environ[IDS_SETTING]!r} is not a way to send ids; valid: {', '.join(ID_EXCHANGES)} "
-            f"(auto: a call of static tables sends each table's ids to its holders, sized by shapes; routed: each "
-            f"id to its owner, sized by counts read from the device)"
+            f"(holders: a call of static tables sends each table's ids to its holders, sized by shapes; routed: each "
+            f"id to its owner, sized by counts read from the device; auto: holders with Horovod's collectives, routed "
+            f"with SOK's NCCL ones)"
         )
-    return setting == "auto" and "dynamic" not in kinds and len(fused) == len(kinds)
+    if setting == "routed" or "dynamic" in kinds or len(fused) != len(kinds):
+        return False
+    return setting == "holders" or exchange.name != NcclExchange.name
 
 
 _chosen: tuple[communication.CommunicationTool, Exchange] | None = None

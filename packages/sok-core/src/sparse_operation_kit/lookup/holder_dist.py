@@ -11,12 +11,13 @@ more value, its count of problems (ids outside a table, ...), which every rank t
 the exchange (``checks.agreed_shapes``). The holder pools the rows it holds and skips the ids it
 does not (``pooled_lookup``'s shards): a distributed table's ids reach all ``n`` ranks, so each
 sends ``n`` times its ids of those tables (8 bytes an id, where the routed exchange sends 16 to one
-owner), while the pooled rows, the larger part at any dim, do not change. Calls with dynamic
-tables take the routed exchange (a dynamic table's owner inserts the keys it receives).
+owner), while the pooled rows, the larger part at any dim, do not change. Which calls take it:
+``exchange.IDS_SETTING`` (by default those of static tables with Horovod's collectives; a dynamic
+table's owner inserts the keys it receives, so calls with one are always routed).
 
 Example::
 
-    agreement = agreed_shapes(..., exchange=exchange, record_tables=RECORD_TABLES)
+    agreement = agreed_shapes(..., record_tables=RECORD_TABLES)
     held = send_ids_to_holders(plan, ragged, weights, agreement, exchange)
     held.ids[t], held.row_splits[t]   # table t's ids over the global batch, from every rank
 """

@@ -24,6 +24,10 @@ the others by TensorFlow ops. With several ranks (each step is a module of this 
    ``tf.nn.embedding_lookup_sparse``). A failed lookup of a dynamic table (a full ``"hbm"`` table,
    say) travels as a status row, so every rank raises an error naming the table and the ranks.
 
+A call of static tables may instead send each table's ids whole to every rank that holds rows of
+it (``holder_dist``: every size is then a shape, and the checks' counts travel with the ids), the
+default with Horovod's collectives (``exchange.IDS_SETTING``).
+
 What a rank sends grows with its own batch, not with the number of ranks, except the partial sums
 of distributed tables (``[batch, dim]`` to each rank, as a reduce-scatter of them would); localized
 tables travel whole from their rank alone. Gradients come from TensorFlow's autodiff through the
@@ -147,7 +151,7 @@ def lookup_sparse(
     if n > 1:
         exchange = exchanges.of(comm)
         plan = ExchangePlan.of(params, kinds, comm.rank(), n)
-        if len(params) <= RECORD_TABLES and exchanges.ids_by_shapes(kinds, fused_tables(params, kinds)):
+        if len(params) <= RECORD_TABLES and exchanges.ids_to_holders(kinds, fused_tables(params, kinds), exchange):
             pooled = _lookup_by_shapes(params, kinds, ragged, weights, names, hotness, comm, exchange, plan)
             return pooled[0] if single else pooled
         routes = route(plan, [_as_int64(ids.values) for ids in ragged])
@@ -210,7 +214,7 @@ def _lookup_by_shapes(
     traveled with them are checked before the lookups are returned (on the host's tables, before
     the op pools them: its CPU kernel raises on bad ids itself, on its rank alone)."""
     agreement = agreed_shapes(
-        params, kinds, ragged, weights, comm, hotness, combiners=names, exchange=exchange, record_tables=RECORD_TABLES
+        params, kinds, ragged, weights, comm, hotness, combiners=names, record_tables=RECORD_TABLES
     )
     with tf.control_dependencies(agreement.checks):
         held = send_ids_to_holders(plan, ragged, weights, agreement, exchange)
