@@ -16,7 +16,8 @@ in either kind: the gradients (``tf.IndexedSlices``) are returned by the functio
 computed in full and nothing else is.
 
 * ``sok``: one ``sok.lookup_sparse`` call over 26 ``sok.Variable`` tables (distributed: row ``i``
-  on rank ``i % np``), the ids as ``tf.RaggedTensor``;
+  on rank ``i % np``), the ids as ``tf.RaggedTensor``; with ``--tables dynamic`` 26
+  ``sok.DynamicVariable`` tables instead (key ``k`` on rank ``k mod np``; rows of zeros);
 * ``tf``: 26 ``tf.nn.embedding_lookup_sparse`` calls on plain ``tf.Variable`` tables holding the
   FULL tables on every process, the same ``tf.RaggedTensor`` ids; at np 2 each process runs it
   on its own batch with no communication at all (data parallel without the gradient exchange:
@@ -270,6 +271,10 @@ class Worker:
         tf, sok, seed = self.tf, self.sok, self.args.seed
         sok_tables, tf_tables = [], []
         for t, r in enumerate(rows):
+            if self.args.tables == "dynamic":  # rows of zeros on both sides: the first step's check holds
+                sok_tables.append(sok.DynamicVariable(dimension=dim, initializer="0", var_type="hbm", name=f"sok_t{t}"))
+                tf_tables.append(tf.Variable(tf.zeros([r, dim]), name=f"tf_t{t}"))
+                continue
             value = np.random.default_rng([seed, 1000 + t]).random((r, dim), dtype=np.float32) - 0.5
             sok_tables.append(sok.Variable(value, dtype=tf.float32, name=f"sok_t{t}"))  # keeps its rows
             tf_tables.append(tf.Variable(value, name=f"tf_t{t}"))  # the full table
@@ -367,6 +372,7 @@ def forwarded(args: argparse.Namespace) -> list[str]:
         "--dims", *map(str, args.dims), "--batch", str(args.batch), "--steps", str(args.steps),
         "--warmup", str(args.warmup), "--repeat", str(args.repeat), "--seed", str(args.seed),
         "--zipf", str(args.zipf), "--table-mib", str(args.table_mib), "--threads", str(args.threads),
+        "--tables", args.tables,
     ]  # fmt: skip
 
 
@@ -533,6 +539,13 @@ def main(argv: list[str] | None = None) -> int:
         help="TF intra- and inter-op threads per process (default 0: TensorFlow's choice)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tables",
+        choices=["static", "dynamic"],
+        default="static",
+        help="the sok kind's tables: sok.Variable (static, default), or sok.DynamicVariable (var_type 'hbm', rows "
+        "of zeros, as the tf kind's tables then: the first step's check compares zeros)",
+    )
     parser.add_argument(
         "--no-launch",
         action="store_true",

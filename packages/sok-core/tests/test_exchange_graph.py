@@ -98,7 +98,10 @@ def two_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(communication, "_tool", _TwoRanks())
     # The collectives of the fake ranks: Horovod's exchange over the tool's identity collectives (on
     # a GPU host the default, SOK's NCCL collectives, would wait for a second process to set up).
+    # The ids routed, as SOK's NCCL collectives send them by default: the path these lints are for
+    # (the tests of the holders' way set their own).
     monkeypatch.setenv("SOK_EXCHANGE", "horovod")
+    monkeypatch.setenv("SOK_ID_EXCHANGE", "routed")
 
 
 def _signature(params: list, batch: int = 4) -> list:
@@ -192,11 +195,12 @@ def _device_values_read_on_the_host(graph: tf.Graph) -> list[str]:
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
-def test_static_tables_exchange_reads_one_flag_after_the_ids_moved(two_ranks, weighted):
+def test_static_tables_exchange_reads_one_flag_after_the_ids_moved(two_ranks, weighted, monkeypatch):
     """A call of static tables at several ranks (Horovod's collectives) sizes its collectives from
     shapes (``holder_dist``):
     the host reads one value of the devices' in the whole step, the flag of every rank's checks,
     and only after the all-to-all of the ids; the routed exchange reads the call's records first."""
+    monkeypatch.setenv("SOK_ID_EXCHANGE", "holders")
     graph = _traced_step(_static_kinds(), weighted)
     ops = _ops_of(graph)
     assert not any(op.type == "SokGroupByKey" for op in ops), "the call's ids were routed"
@@ -208,6 +212,17 @@ def test_static_tables_exchange_reads_one_flag_after_the_ids_moved(two_ranks, we
     assert _host_inputs_made_on_the_device(graph) == []
     pooled = [op for op in ops if op.type == "SokPooledLookup"]
     assert len(pooled) == 1 and pooled[0].get_attr("checked")
+
+
+def test_dynamic_tables_keys_go_to_their_holders_with_horovods_collectives(two_ranks, monkeypatch):
+    """``auto`` with Horovod's collectives: a call with a dynamic table sends its keys to the
+    holders too; each keeps the keys it owns before the table's lookup (which inserts them), so the
+    graph masks the dynamic table's keys and routes nothing."""
+    monkeypatch.setenv("SOK_ID_EXCHANGE", "auto")
+    ops = _ops_of(_traced_step(_every_kind(), weighted=True))
+    assert not any(op.type == "SokGroupByKey" for op in ops), "the call's ids were routed"
+    assert any(op.type == "SokUniqueIndexList" for op in ops) and any("boolean_mask" in op.name for op in ops)
+    assert _host_bound(ops) == []
 
 
 def test_routed_ids_read_the_records_first(two_ranks, monkeypatch):
@@ -249,26 +264,24 @@ def test_an_unknown_id_exchange_is_refused(two_ranks, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("setting", "exchange", "kinds", "expected"),
+    ("setting", "exchange", "pooled", "expected"),
     [
-        ("auto", "horovod", ["distributed", "localized"], True),
-        ("auto", "nccl", ["distributed", "localized"], False),
-        ("holders", "nccl", ["distributed"], True),
-        ("routed", "horovod", ["distributed"], False),
-        ("holders", "horovod", ["distributed", "dynamic"], False),
+        ("auto", "horovod", True, True),
+        ("auto", "nccl", True, False),
+        ("holders", "nccl", True, True),
+        ("routed", "horovod", True, False),
+        ("holders", "horovod", False, False),
     ],
 )
-def test_which_calls_send_ids_to_holders(monkeypatch, setting, exchange, kinds, expected):
-    """``SOK_ID_EXCHANGE``: ``auto`` sends a static call's ids to their holders with Horovod's
-    collectives and routes them with SOK's NCCL ones (the faster way of each); a call with a dynamic
-    table, or tables not pooled by one op, is routed whatever the setting."""
+def test_which_calls_send_ids_to_holders(monkeypatch, setting, exchange, pooled, expected):
+    """``SOK_ID_EXCHANGE``: ``auto`` sends a call's ids to their holders with Horovod's collectives
+    and routes them with SOK's NCCL ones (the faster way of each); a call whose tables are not all
+    pooled by ops (tables TensorFlow ops pool, the low-frequency filter) is routed whatever the
+    setting."""
     from sparse_operation_kit.lookup import exchange as exchanges
 
     monkeypatch.setenv("SOK_ID_EXCHANGE", setting)
-    chosen = type("Chosen", (), {"name": exchange})()
-    fused = [i for i, kind in enumerate(kinds) if kind != "dynamic"]
-    assert exchanges.ids_to_holders(kinds, fused, chosen) is expected
-    assert exchanges.ids_to_holders(kinds, fused[:-1], chosen) is False
+    assert exchanges.ids_to_holders(pooled, type("Chosen", (), {"name": exchange})()) is expected
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])

@@ -47,6 +47,7 @@ __all__ = [
     "floormod",
     "group_by_key",
     "head_rows",
+    "int64_bits",
     "length",
     "lengths",
     "on_host",
@@ -119,6 +120,19 @@ def sample_ids(row_splits: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
     (int32 or int64, ``[batch + 1]``, starting at 0 and ending at ``len(values)``)."""
     positions = arange(length(values))
     return tf.searchsorted(tf.cast(row_splits[1:], tf.int64), positions, side="right", out_type=tf.int64)
+
+
+def int64_bits(keys: tf.Tensor) -> tf.Tensor:
+    """Keys as int64: int32 widened, uint64 as their bits (one order for sorting and searching, the
+    owner of a key by ``floormod`` of them, as ``sok.load`` places uint64 keys).
+
+    Example::
+
+        int64_bits(tf.constant([2**63], tf.uint64))   # [-2**63]
+    """
+    if keys.dtype == tf.uint64:
+        return tf.bitcast(keys, tf.int64)
+    return tf.cast(keys, tf.int64)
 
 
 def floormod(ids: tf.Tensor, n: int) -> tf.Tensor:

@@ -34,6 +34,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
+from sparse_operation_kit import device_ops
+
 __all__ = ["MAX_COPY_BYTES", "ServingCopy", "saving", "writing_saved_model"]
 
 #: The most bytes (keys and rows) of one table's serving copy: the SavedModel's graph holds it, and
@@ -90,7 +92,7 @@ class ServingCopy:
             self._retire()
             with tf.init_scope(), tf.device("/CPU:0"):
                 keys, rows = self._read()
-                bits = _as_int64(tf.convert_to_tensor(keys))
+                bits = device_ops.int64_bits(tf.convert_to_tensor(keys))
                 rows = tf.reshape(tf.convert_to_tensor(rows, tf.float32), [-1, self._dimension])
                 size = int(tf.size(bits)) * 8 + int(tf.size(rows)) * 4
                 if size > MAX_COPY_BYTES:
@@ -127,7 +129,7 @@ class ServingCopy:
         key the copy does not hold."""
         keys, rows = self._current()
         ids = tf.convert_to_tensor(ids)
-        flat = _as_int64(tf.reshape(ids, [-1]))
+        flat = device_ops.int64_bits(tf.reshape(ids, [-1]))
         count = int(keys.shape[0])
         default = tf.constant(self._default)
         if count == 0:
@@ -140,10 +142,3 @@ class ServingCopy:
             held = tf.gather(keys, position) == flat
             found = tf.where(held[:, None], tf.gather(rows, position), default[None, :])
         return tf.reshape(found, tf.concat([tf.shape(ids, out_type=tf.int64), [self._dimension]], 0))
-
-
-def _as_int64(keys: tf.Tensor) -> tf.Tensor:
-    """Keys as int64 (int32 widened, uint64 as their bits): one order for sorting and searching."""
-    if keys.dtype == tf.uint64:
-        return tf.bitcast(keys, tf.int64)
-    return tf.cast(keys, tf.int64)

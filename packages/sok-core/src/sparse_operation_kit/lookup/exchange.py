@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -74,13 +74,13 @@ SETTING = "SOK_EXCHANGE"
 EXCHANGES = ("auto", "nccl", "horovod")
 
 
-#: The environment variable that chooses how the ids of a call of static tables travel, and its
-#: values: ``holders`` sends each table's ids whole to every rank that holds rows of it, sized by
-#: the tensors' shapes (``holder_dist``), when one op per rank pools all the call's tables;
-#: ``routed`` sends each id to its owner alone, sized by counts read from the device (``input_dist``),
-#: as calls with dynamic tables always do; ``auto`` (the default) takes ``holders`` with Horovod's
-#: collectives and ``routed`` with SOK's NCCL ones (the faster of the two in each, as measured:
-#: benchmarks/README.md). Every rank must have the same value.
+#: The environment variable that chooses how the ids of a call travel, and its values: ``holders``
+#: sends each table's ids whole to every rank that holds rows of it, sized by the tensors' shapes
+#: (``holder_dist``), where ops pool all the call's tables (no low-frequency filter); ``routed``
+#: sends each id to its owner alone, sized by counts read from the device (``input_dist``);
+#: ``auto`` (the default) takes ``holders`` with Horovod's collectives and ``routed`` with SOK's
+#: NCCL ones (the faster of the two in each, as measured: benchmarks/README.md). Every rank must
+#: have the same value.
 IDS_SETTING = "SOK_ID_EXCHANGE"
 ID_EXCHANGES = ("auto", "holders", "routed")
 
@@ -224,18 +224,20 @@ class NcclExchange(Exchange):
         return self.alltoall(copies, sent, received, name=name)
 
 
-def ids_to_holders(kinds: Sequence[str], fused: Sequence[int], exchange: Exchange) -> bool:
+def ids_to_holders(pooled_by_ops: bool, exchange: Exchange) -> bool:
     """Whether a call's ids go to their tables' holders sized by shapes (``IDS_SETTING``, with the
-    call's ``exchange``): its tables are all static and pooled by one op (``fused``: their indices)."""
+    call's ``exchange``); ``pooled_by_ops``: every table of the call is pooled by one op per rank
+    and device (the static ones by ``pooled_lookup``, the dynamic ones by ``pool_dynamic``) and
+    nothing filters the dynamic ones' keys."""
     setting = os.environ.get(IDS_SETTING, "auto").strip().lower() or "auto"
     if setting not in ID_EXCHANGES:
         raise ValueError(
             f"{IDS_SETTING}={os.environ[IDS_SETTING]!r} is not a way to send ids; valid: {', '.join(ID_EXCHANGES)} "
-            f"(holders: a call of static tables sends each table's ids to its holders, sized by shapes; routed: each "
-            f"id to its owner, sized by counts read from the device; auto: holders with Horovod's collectives, routed "
-            f"with SOK's NCCL ones)"
+            f"(holders: each table's ids to every rank that holds rows of it, sized by shapes; routed: each id to its "
+            f"owner, sized by counts read from the device; auto: holders with Horovod's collectives, routed with "
+            f"SOK's NCCL ones)"
         )
-    if setting == "routed" or "dynamic" in kinds or len(fused) != len(kinds):
+    if setting == "routed" or not pooled_by_ops:
         return False
     return setting == "holders" or exchange.name != NcclExchange.name
 

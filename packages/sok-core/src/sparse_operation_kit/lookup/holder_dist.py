@@ -1,19 +1,20 @@
-"""Input distribution of static tables with nothing read from a GPU: each table's ids and row
-splits go whole to every rank that holds rows of it.
+"""Input distribution with nothing read from a GPU: each table's ids and row splits go whole to
+every rank that holds rows of it.
 
 The routed exchange (``input_dist``) sends each id to its owner alone, so the sizes of its
 all-to-all are counts the device makes, which the host must read back before it can start the
 collective: the GPU drains there, and waits again while the host launches what follows. Here every
 size is a tensor's shape, which the host knows when the tensor is allocated: rank ``r`` sends rank
 ``o``, for each table ``o`` holds rows of (``ExchangePlan.held``: every distributed table, and the
-tables localized on ``o``), its ``batch + 1`` row splits and all its ids of that table, and one
-more value, its count of problems (ids outside a table, ...), which every rank then checks after
-the exchange (``checks.agreed_shapes``). The holder pools the rows it holds and skips the ids it
-does not (``pooled_lookup``'s shards): a distributed table's ids reach all ``n`` ranks, so each
-sends ``n`` times its ids of those tables (8 bytes an id, where the routed exchange sends 16 to one
-owner), while the pooled rows, the larger part at any dim, do not change. Which calls take it:
-``exchange.IDS_SETTING`` (by default those of static tables with Horovod's collectives; a dynamic
-table's owner inserts the keys it receives, so calls with one are always routed).
+tables localized on ``o``), its ``batch + 1`` row splits and all its ids of that table (a uint64
+table's keys as their int64 bits), and one more value, its count of problems (ids outside a table,
+...), which every rank then checks after the exchange (``checks.agreed_shapes``). The holder pools
+the rows it holds and skips the ids it does not (``pooled_lookup``'s shards); of a dynamic table it
+keeps the keys it owns before the lookup, which inserts them (``local_lookup.pool_received_dynamic``).
+A distributed table's ids reach all ``n`` ranks, so each sends ``n`` times its ids of those tables
+(8 bytes an id, where the routed exchange sends 16 to one owner), while the pooled rows, the larger
+part at any dim, do not change. Which calls take it: ``exchange.IDS_SETTING`` (by default every
+call with Horovod's collectives, but one with the low-frequency filter).
 
 Example::
 
@@ -39,10 +40,11 @@ __all__ = ["HeldIds", "send_ids_to_holders"]
 
 @dataclass(frozen=True)
 class HeldIds:
-    """What a rank received for the tables it holds (``plan.held(rank)``), per table: ``ids`` (int64)
-    and ``row_splits`` (int64 ``[global_batch + 1]``) over the call's global batch (source rank
-    ``s``'s sample ``b`` is sample ``b + sum(batch of ranks < s)``), ``weights`` (float32) or None;
-    ``totals`` every rank's count of problems (int64 ``[n]``, on the device)."""
+    """What a rank received for the tables it holds (``plan.held(rank)``), per table: ``ids`` (int64,
+    a uint64 table's keys as their bits) and ``row_splits`` (int64 ``[global_batch + 1]``) over
+    the call's global batch (source rank ``s``'s sample ``b`` is sample ``b + sum(batch of ranks <
+    s)``), ``weights`` (float32) or None; ``totals`` every rank's count of problems (int64 ``[n]``,
+    on the device)."""
 
     ids: dict[int, tf.Tensor]
     row_splits: dict[int, tf.Tensor]
@@ -59,12 +61,12 @@ def send_ids_to_holders(
 ) -> HeldIds:
     """Sends every rank the row splits and ids (and weights) of each table it holds, with this
     rank's count of problems (``agreement.total``), in one all-to-all (a second for the weights);
-    returns what this rank received. ``ragged``: one table's ids per entry (int32/int64, a static
-    table's), the same local batch for all."""
+    returns what this rank received. ``ragged``: one table's ids per entry (int32, int64 or a
+    dynamic table's uint64 keys), the same local batch for all."""
     n, rank = plan.n, plan.rank
     held = [plan.held(o) for o in range(n)]
     mine = held[rank]
-    ids = [tf.cast(r.values, tf.int64) for r in ragged]
+    ids = [device_ops.int64_bits(r.values) for r in ragged]
     splits = [tf.cast(r.row_splits, tf.int64) for r in ragged]
     total = tf.reshape(tf.cast(agreement.total, tf.int64), [1])
     send = tf.concat([part for o in range(n) for part in [total] + _pieces(held[o], splits, ids)], 0)

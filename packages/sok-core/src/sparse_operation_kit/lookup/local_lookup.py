@@ -24,11 +24,20 @@ import tensorflow as tf
 
 from sparse_operation_kit import device_ops, pooled_lookup, tf_ops
 from sparse_operation_kit.dynamic_variable import DynamicVariable, read_distinct, try_sparse_read
+from sparse_operation_kit.lookup.holder_dist import HeldIds
 from sparse_operation_kit.lookup.input_dist import OwnedIds
 from sparse_operation_kit.lookup.plan import ExchangePlan, TablePlan, dynamic_groups, fused_tables, on_gpu, shard
 from sparse_operation_kit.serving_table import saving
 
-__all__ = ["Status", "empty_reads", "pool_dynamic", "pool_fused", "pool_held", "pool_rows"]
+__all__ = [
+    "Status",
+    "empty_reads",
+    "pool_dynamic",
+    "pool_fused",
+    "pool_held",
+    "pool_received_dynamic",
+    "pool_rows",
+]
 
 #: A dynamic table's lookup on this rank: TensorFlow's error code (0: it worked) and the message.
 Status = tuple[tf.Tensor, tf.Tensor]
@@ -221,6 +230,53 @@ def pool_fused(
         checked=True,
     )
     return dict(zip(tables, pooled))
+
+
+def pool_received_dynamic(
+    plan: ExchangePlan, tables: list[int], held: HeldIds
+) -> tuple[dict[int, tf.Tensor], dict[int, Status]]:
+    """This rank's partial sums ``[global_batch, dim_t]`` of the dynamic ``tables`` it holds rows
+    of, and their lookups' statuses, from every rank's keys of each (``holder_dist``: all of them,
+    also those another rank owns): the keys this rank owns are kept (``key mod n``, or all of a
+    localized table's), the row splits counted again over them, and ``pool_dynamic`` pools them
+    per device, inserting only this rank's keys."""
+    partial: dict[int, tf.Tensor] = {}
+    statuses: dict[int, Status] = {}
+    params = [table.param for table in plan.tables]
+    for group in dynamic_groups(params, tables):
+        owned = [_owned_keys(plan, t, held) for t in group]
+        pooled, group_statuses = pool_dynamic(
+            [params[t] for t in group],
+            [keys for keys, _, _ in owned],
+            [splits for _, splits, _ in owned],
+            None if held.weights is None else [weights for _, _, weights in owned],
+            ["sum"] * len(group),
+            group,
+            report_status=True,
+            checked=True,
+        )
+        partial.update(zip(group, pooled))
+        statuses.update((t, status) for t, status in zip(group, group_statuses) if status is not None)
+    return partial, statuses
+
+
+def _owned_keys(plan: ExchangePlan, t: int, held: HeldIds) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
+    """The keys of table ``t`` this rank owns among those it received (int64 bits), their row
+    splits over the global batch and their weights (or None)."""
+    keys, splits = held.ids[t], held.row_splits[t]
+    weights = None if held.weights is None else held.weights[t]
+    if len(plan.tables[t].holders) == 1:
+        return keys, splits, weights
+    keep = tf.equal(device_ops.floormod(keys, plan.n), plan.rank)
+    with device_ops.on_host():
+        samples = device_ops.length(splits) - 1
+    kept = tf.math.unsorted_segment_sum(tf.cast(keep, tf.int64), device_ops.sample_ids(splits, keys), samples)
+    owned_splits = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(kept)], 0)
+    return (
+        tf.boolean_mask(keys, keep),
+        owned_splits,
+        None if weights is None else tf.boolean_mask(weights, keep),
+    )
 
 
 def empty_reads(plan: ExchangePlan, held: Any) -> list[tf.Tensor]:

@@ -24,9 +24,10 @@ the others by TensorFlow ops. With several ranks (each step is a module of this 
    ``tf.nn.embedding_lookup_sparse``). A failed lookup of a dynamic table (a full ``"hbm"`` table,
    say) travels as a status row, so every rank raises an error naming the table and the ranks.
 
-A call of static tables may instead send each table's ids whole to every rank that holds rows of
-it (``holder_dist``: every size is then a shape, and the checks' counts travel with the ids), the
-default with Horovod's collectives (``exchange.IDS_SETTING``).
+A call may instead send each table's ids whole to every rank that holds rows of it
+(``holder_dist``: every size is then a shape, and the checks' counts travel with the ids; a
+dynamic table's holder keeps the keys it owns), the default with Horovod's collectives
+(``exchange.IDS_SETTING``).
 
 What a rank sends grows with its own batch, not with the number of ranks, except the partial sums
 of distributed tables (``[batch, dim]`` to each rank, as a reduce-scatter of them would); localized
@@ -60,7 +61,14 @@ from sparse_operation_kit.lookup.checks import agreed_checks, agreed_shapes
 from sparse_operation_kit.lookup.exchange import Exchange
 from sparse_operation_kit.lookup.holder_dist import send_ids_to_holders
 from sparse_operation_kit.lookup.input_dist import RECORD_TABLES, Routes, record_counts, route, send_ids_to_owners
-from sparse_operation_kit.lookup.local_lookup import empty_reads, pool_dynamic, pool_fused, pool_held, pool_rows
+from sparse_operation_kit.lookup.local_lookup import (
+    empty_reads,
+    pool_dynamic,
+    pool_fused,
+    pool_held,
+    pool_received_dynamic,
+    pool_rows,
+)
 from sparse_operation_kit.lookup.output_dist import return_sums
 from sparse_operation_kit.lookup.plan import ExchangePlan, dynamic_groups, fused_tables, on_gpu
 
@@ -151,10 +159,12 @@ def lookup_sparse(
     if n > 1:
         exchange = exchanges.of(comm)
         plan = ExchangePlan.of(params, kinds, comm.rank(), n)
-        if len(params) <= RECORD_TABLES and exchanges.ids_to_holders(kinds, fused_tables(params, kinds), exchange):
+        if len(params) <= RECORD_TABLES and exchanges.ids_to_holders(
+            _pooled_by_ops(params, kinds, low_frequency_filter), exchange
+        ):
             pooled = _lookup_by_shapes(params, kinds, ragged, weights, names, hotness, comm, exchange, plan)
             return pooled[0] if single else pooled
-        routes = route(plan, [_as_int64(ids.values) for ids in ragged])
+        routes = route(plan, [device_ops.int64_bits(ids.values) for ids in ragged])
     checks, batch_sizes, sends = agreed_checks(
         params,
         kinds,
@@ -197,6 +207,17 @@ def lookup_sparse(
     return outputs[0] if single else outputs
 
 
+def _pooled_by_ops(params: list[Any], kinds: list[str], low_frequency_filter: bool) -> bool:
+    """Whether ops pool every table of a call at a rank that holds them all: the static tables by
+    one ``pooled_lookup``, the dynamic ones by ``pool_dynamic`` per device (``holder_dist``'s
+    condition; the low-frequency filter reads a dynamic table before the pooling: routed)."""
+    dynamic = [i for i, kind in enumerate(kinds) if kind == "dynamic"]
+    if dynamic and low_frequency_filter:
+        return False
+    static = len(kinds) - len(dynamic)
+    return len(fused_tables(params, kinds)) == static and sum(map(len, dynamic_groups(params, dynamic))) == len(dynamic)
+
+
 def _lookup_by_shapes(
     params: list[Any],
     kinds: list[str],
@@ -208,11 +229,12 @@ def _lookup_by_shapes(
     exchange: Exchange,
     plan: ExchangePlan,
 ) -> list[tf.Tensor]:
-    """A call of static tables at several ranks, all pooled by one op per rank, with nothing read
-    from a GPU before its collectives (``holder_dist``): the ranks agree on the call and its sizes
-    on the host, every holder of a table receives its ids whole, and the counts of problems that
-    traveled with them are checked before the lookups are returned (on the host's tables, before
-    the op pools them: its CPU kernel raises on bad ids itself, on its rank alone)."""
+    """A call at several ranks whose tables ops pool (``_pooled_by_ops``), with nothing read from a
+    GPU before its collectives (``holder_dist``): the ranks agree on the call and its sizes on the
+    host, every holder of a table receives its ids whole, and the counts of problems that traveled
+    with them are checked before the lookups are returned; before the pooling where it could write
+    or raise on one rank alone (a dynamic table inserts the keys it looks up; the host's pooled op
+    raises on bad ids itself)."""
     agreement = agreed_shapes(
         params, kinds, ragged, weights, comm, hotness, combiners=names, record_tables=RECORD_TABLES
     )
@@ -220,16 +242,20 @@ def _lookup_by_shapes(
         held = send_ids_to_holders(plan, ragged, weights, agreement, exchange)
     # The check is a tf.cond with side effects on its failing branch, and TensorFlow runs such ops
     # of a function in the order they were made: made after the last collective of the call, it
-    # holds back none of them. On the host's tables the op must not see a bad id (its CPU kernel
-    # raises on its rank alone): there the check comes first.
-    on_host_tables = not on_gpu(params[0])
-    confirmed = agreement.confirm(held.totals) if on_host_tables else None
+    # holds back none of them.
+    first = "dynamic" in kinds or not all(on_gpu(p) for p in params)
+    confirmed = agreement.confirm(held.totals) if first else None
     mine = plan.held(plan.rank)
-    with tf.control_dependencies([confirmed] if on_host_tables else []):
-        partial = pool_fused(plan, mine, held.ids, held.row_splits, held.weights) if mine else {}
+    with tf.control_dependencies([confirmed] if first else []):
+        static = [t for t in mine if kinds[t] != "dynamic"]
+        partial = pool_fused(plan, static, held.ids, held.row_splits, held.weights) if static else {}
+        pooled, statuses = pool_received_dynamic(plan, [t for t in mine if kinds[t] == "dynamic"], held)
+        partial.update(pooled)
     lengths = [tf.cast(ids.row_lengths(), tf.int64) for ids in ragged]
     local_batch = device_ops.length(lengths[0])
-    sums = return_sums(plan, partial, {}, empty_reads(plan, partial), agreement.batch_sizes, local_batch, exchange)
+    sums = return_sums(
+        plan, partial, statuses, empty_reads(plan, partial), agreement.batch_sizes, local_batch, exchange
+    )
     if confirmed is None:
         confirmed = agreement.confirm(held.totals)
     with tf.control_dependencies([confirmed]):
@@ -250,11 +276,6 @@ class _Exchanged:
     routes: Routes
     batch_sizes: tf.Tensor
     sends: tf.Tensor
-
-
-def _as_int64(keys: tf.Tensor) -> tf.Tensor:
-    """Ids as the exchange carries them: int64, a uint64 table's keys as their bits."""
-    return tf.bitcast(keys, tf.int64) if keys.dtype == tf.uint64 else tf.cast(keys, tf.int64)
 
 
 def _lookup_with_tf_ops(
@@ -290,7 +311,7 @@ def _lookup_with_tf_ops(
     plan = exchanged.plan
     owned = send_ids_to_owners(
         plan,
-        [_as_int64(k) for k in keys],
+        [device_ops.int64_bits(k) for k in keys],
         device_ops.sample_ids_of([ids.row_splits for ids in ragged], keys),
         values,
         exchanged.routes,
