@@ -164,27 +164,14 @@ def pool_held(
     held = plan.held(plan.rank)
     params = [table.param for table in plan.tables]
     fused = [t for t in fused_tables(params, [table.kind for table in plan.tables]) if t in held]
-    partial: dict[int, tf.Tensor] = {}
-    statuses: dict[int, Status] = {}
     dynamic = [] if low_frequency_filter else [t for t in held if plan.tables[t].kind == "dynamic"]
     groups = dynamic_groups(params, dynamic)
     pooled_here = fused + [t for group in groups for t in group]
     splits = dict(zip(pooled_here, owned.row_splits(pooled_here)))  # one search for all of them
+    keys, weights = dict(enumerate(owned.keys)), _by_table(owned.weights)
+    partial, statuses = _pool_groups(plan, groups, keys, splits, weights)
     if fused:
-        partial.update(pool_fused(plan, fused, dict(enumerate(owned.keys)), splits, _by_table(owned.weights)))
-    for group in groups:
-        pooled, group_statuses = pool_dynamic(
-            [params[t] for t in group],
-            [owned.keys[t] for t in group],
-            [splits[t] for t in group],
-            None if owned.weights is None else [owned.weights[t] for t in group],
-            ["sum"] * len(group),
-            group,
-            report_status=True,
-            checked=True,
-        )
-        partial.update(zip(group, pooled))
-        statuses.update((t, status) for t, status in zip(group, group_statuses) if status is not None)
+        partial.update(pool_fused(plan, fused, keys, splits, weights))
     for t in held:
         if t in partial:
             continue
@@ -240,16 +227,30 @@ def pool_received_dynamic(
     also those another rank owns): the keys this rank owns are kept (``key mod n``, or all of a
     localized table's), the row splits counted again over them, and ``pool_dynamic`` pools them
     per device, inserting only this rank's keys."""
+    owned = {t: _owned_keys(plan, t, held) for t in tables}
+    keys = {t: k for t, (k, _, _) in owned.items()}
+    splits = {t: r for t, (_, r, _) in owned.items()}
+    weights = None if held.weights is None else {t: w for t, (_, _, w) in owned.items()}
+    return _pool_groups(plan, dynamic_groups([table.param for table in plan.tables], tables), keys, splits, weights)
+
+
+def _pool_groups(
+    plan: ExchangePlan,
+    groups: list[list[int]],
+    keys: dict[int, tf.Tensor],
+    splits: dict[int, tf.Tensor],
+    weights: dict[int, tf.Tensor] | None,
+) -> tuple[dict[int, tf.Tensor], dict[int, Status]]:
+    """``pool_dynamic`` of each group of dynamic tables (one device each) over the global batch,
+    with the statuses of their lookups: the partial sums and the statuses by table."""
     partial: dict[int, tf.Tensor] = {}
     statuses: dict[int, Status] = {}
-    params = [table.param for table in plan.tables]
-    for group in dynamic_groups(params, tables):
-        owned = [_owned_keys(plan, t, held) for t in group]
+    for group in groups:
         pooled, group_statuses = pool_dynamic(
-            [params[t] for t in group],
-            [keys for keys, _, _ in owned],
-            [splits for _, splits, _ in owned],
-            None if held.weights is None else [weights for _, _, weights in owned],
+            [plan.tables[t].param for t in group],
+            [keys[t] for t in group],
+            [splits[t] for t in group],
+            None if weights is None else [weights[t] for t in group],
             ["sum"] * len(group),
             group,
             report_status=True,
