@@ -201,6 +201,9 @@ def test_static_tables_exchange_reads_one_flag_after_the_ids_moved(two_ranks, we
     the host reads one value of the devices' in the whole step, the flag of every rank's checks,
     and only after the all-to-all of the ids; the routed exchange reads the call's records first."""
     monkeypatch.setenv("SOK_ID_EXCHANGE", "holders")
+    # As with GPU tables: the agreement gates the exchange (on the host's tables the sizes come out
+    # of its check instead, a tf.cond that takes the ids: free there, a copy on a GPU).
+    monkeypatch.setattr("sparse_operation_kit.lookup.checks.on_gpu", lambda param: True)
     graph = _traced_step(_static_kinds(), weighted)
     ops = _ops_of(graph)
     assert not any(op.type == "SokGroupByKey" for op in ops), "the call's ids were routed"

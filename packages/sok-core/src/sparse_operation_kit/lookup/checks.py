@@ -20,6 +20,7 @@ import tensorflow as tf
 from sparse_operation_kit import communication, device_ops
 from sparse_operation_kit.lookup.asserts import gate, raise_unless
 from sparse_operation_kit.lookup.exchange import Exchange
+from sparse_operation_kit.lookup.plan import on_gpu
 
 __all__ = ["ShapeAgreement", "agreed_checks", "agreed_shapes"]
 
@@ -120,8 +121,9 @@ def agreed_checks(
 @dataclass(frozen=True)
 class ShapeAgreement:
     """What ``agreed_shapes`` learns before a call's exchange, with nothing read from a GPU:
-    ``checks`` gate the exchange (every rank makes the same call), ``batch_sizes`` (int64 ``[n]``)
-    and ``nnz`` (int64 ``[n, tables]``: each rank's ids per table) are in host memory; ``total`` is
+    ``batch_sizes`` (int64 ``[n]``) and ``nnz`` (int64 ``[n, tables]``: each rank's ids per table)
+    in host memory, and ``checks``, the check that every rank makes the same call, to gate the
+    exchange on (empty where the sizes come out of that check: tables on the host); ``total`` is
     this rank's count of problems (int64 scalar, on the ids' device), to travel with the ids, and
     ``confirm(totals)`` the check of every rank's (int64 ``[n]``, in rank order), which raises the
     errors that name each problem on every rank together."""
@@ -149,10 +151,10 @@ def agreed_shapes(
     (the sizes are the tensors' shapes; zeros after them up to ``record_tables`` tables, one length
     whatever the call) in one allgather of the communication tool on host tensors, which waits for
     the other ranks' hosts, never for a GPU. Every rank checks that all records carry its
-    fingerprint before any collective of the exchange (``checks``); the counts of problems (ids
-    outside a static table, ...), made on the device, travel with the ids and are checked after the
-    exchange by ``confirm``. Either failure takes the path of :func:`agreed_checks`: a second
-    allgather brings every count, and the asserts name the problem."""
+    fingerprint before any collective of the exchange (``checks``, or the sizes come out of that
+    check); the counts of problems (ids outside a static table, ...), made on the device, travel with the ids
+    and are checked after the exchange by ``confirm``. Either failure takes the path of
+    :func:`agreed_checks`: a second allgather brings every count, and the asserts name the problem."""
     problems = _problems(params, kinds, ragged, weights, hotness, ())
     n = comm.num_ranks()
 
@@ -171,13 +173,30 @@ def agreed_shapes(
         gathered = comm.allgather(record, name="sok.lookup_sparse: allgather of the call's fingerprint and sizes")
         table = tf.reshape(gathered, [n, width])
         ok = tf.reduce_all(tf.equal(table[:, 0], fingerprint)) & tf.reduce_all(tf.equal(table[:, 1], len(problems)))
-        batch_sizes, nnz_of_all = table[:, 2], table[:, _HEAD : _HEAD + len(ragged)]
     report = _reporter(problems, head, counts, comm, fingerprint, description)
+    checks: list[tf.Operation | tf.Tensor] = []
+    if any(on_gpu(param) for param in params):
+        # The check's failing branch reads the ids (its counts): a tf.cond whose output the sizes
+        # came out of would take them as an input, copied to the host every step.
+        checks.append(gate(ok, report))
+    else:
+        records = table
+
+        def failed() -> tf.Tensor:
+            with tf.control_dependencies([report()]):
+                return tf.identity(records)
+
+        # Every size of the exchange comes out of the check (data, not a control dependency: in a
+        # tf.function TensorFlow may run an op whose control input is a lowered cond before its
+        # failing branch raised), so no collective starts on a call the ranks disagree on.
+        table = tf.cond(ok, lambda: tf.identity(records), failed)
+    with device_ops.on_host():
+        batch_sizes, nnz_of_all = table[:, 2], table[:, _HEAD : _HEAD + len(ragged)]
 
     def confirm(totals: tf.Tensor) -> tf.Tensor:
         return gate(tf.equal(tf.reduce_sum(totals), 0), report)
 
-    return ShapeAgreement([gate(ok, report)], batch_sizes, nnz_of_all, total, confirm)
+    return ShapeAgreement(checks, batch_sizes, nnz_of_all, total, confirm)
 
 
 def _reporter(
