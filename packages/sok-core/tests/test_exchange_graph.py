@@ -102,6 +102,9 @@ def two_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     # (the tests of the holders' way set their own).
     monkeypatch.setenv("SOK_EXCHANGE", "horovod")
     monkeypatch.setenv("SOK_ID_EXCHANGE", "routed")
+    # The agreement as with GPU tables: its check gates the exchange (on the host's tables the sizes
+    # come out of it instead, a tf.cond that takes the ids: free there, a copy on a GPU).
+    monkeypatch.setattr("sparse_operation_kit.lookup.checks.on_gpu", lambda param: True)
 
 
 def _signature(params: list, batch: int = 4) -> list:
@@ -201,9 +204,6 @@ def test_static_tables_exchange_reads_one_flag_after_the_ids_moved(two_ranks, we
     the host reads one value of the devices' in the whole step, the flag of every rank's checks,
     and only after the all-to-all of the ids; the routed exchange reads the call's records first."""
     monkeypatch.setenv("SOK_ID_EXCHANGE", "holders")
-    # As with GPU tables: the agreement gates the exchange (on the host's tables the sizes come out
-    # of its check instead, a tf.cond that takes the ids: free there, a copy on a GPU).
-    monkeypatch.setattr("sparse_operation_kit.lookup.checks.on_gpu", lambda param: True)
     graph = _traced_step(_static_kinds(), weighted)
     ops = _ops_of(graph)
     assert not any(op.type == "SokGroupByKey" for op in ops), "the call's ids were routed"
@@ -226,6 +226,19 @@ def test_dynamic_tables_keys_go_to_their_holders_with_horovods_collectives(two_r
     assert not any(op.type == "SokGroupByKey" for op in ops), "the call's ids were routed"
     assert any(op.type == "SokUniqueIndexList" for op in ops) and any("boolean_mask" in op.name for op in ops)
     assert _host_bound(ops) == []
+
+
+@pytest.mark.parametrize("way", ["holders", "routed"])
+def test_host_tables_sizes_come_out_of_the_agreement(two_ranks, monkeypatch, way):
+    """On the host's tables every size of the exchange is read from the agreement's tf.cond output
+    (data): the all-to-all's counts are downstream of the cond, so no collective can start before
+    the ranks agreed, also where TensorFlow passes a control dependency on a lowered cond early."""
+    monkeypatch.setenv("SOK_ID_EXCHANGE", way)
+    monkeypatch.setattr("sparse_operation_kit.lookup.checks.on_gpu", lambda param: False)
+    graph = _traced_forward(_static_kinds())
+    conds = {op for op in graph.get_operations() if op.type in ("If", "StatelessIf")}
+    sizes = [op for op in graph.get_operations() if op.type == "Cast" and op.get_attr("DstT") == tf.int32]
+    assert sizes and all(conds & _ancestors(op) for op in sizes), "a count of the exchange does not wait for the check"
 
 
 def test_routed_ids_read_the_records_first(two_ranks, monkeypatch):

@@ -41,12 +41,12 @@ CHECK_NAMES = [
 ]
 
 #: Checks that fail because of library gaps (not strict: whether the ranks hang depends on TensorFlow's
-#: scheduling, so a passing run does not prove the gap closed). Only where the ids are routed (GPU
-#: ranks with SOK's NCCL collectives): sent to their holders (CPU ranks), every size of the exchange
-#: comes out of the agreement's check, so no collective starts before it passed.
+#: scheduling, so a passing run does not prove the gap closed). Only on GPU ranks: with the host's
+#: tables every size of the exchange comes out of the agreement's check, either way the ids travel,
+#: so no collective starts before it passed.
 KNOWN_BUGS = {
     "different-calls-in-tf-function": (
-        "with routed ids, bounded by the stall shutdown (STALL_BOUND), not yet a clear error: "
+        "on GPU ranks, bounded by the stall shutdown (STALL_BOUND), not yet a clear error: "
         "inside tf.function TensorFlow may start the exchange's collectives before the agreement check fails (a "
         "control dependency on a lowered cond/assert does not wait for its branch), so a rank with other "
         "collectives (sp_weights, other tables) can leave both ranks waiting; gating the allgathers' inputs on the "
@@ -60,9 +60,11 @@ KNOWN_BUGS = {
 STALL_BOUND = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "10", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"}
 
 
-@pytest.fixture(scope="module")
-def worker_run() -> tuple[int, str, dict]:
-    returncode, output = launch(WORKER, NP, env=STALL_BOUND, timeout=TIMEOUT_S)
+@pytest.fixture(scope="module", params=["holders", "routed"], ids=["ids-to-holders", "ids-routed"])
+def worker_run(request: pytest.FixtureRequest) -> tuple[int, str, dict]:
+    """One launch per way the ids travel (``SOK_ID_EXCHANGE``), each with its own agreement."""
+    env = dict(STALL_BOUND, SOK_ID_EXCHANGE=request.param)
+    returncode, output = launch(WORKER, NP, env=env, timeout=TIMEOUT_S)
     return returncode, output, results(output)
 
 

@@ -112,10 +112,10 @@ def agreed_checks(
         )
 
     report = _reporter(problems, head, counts, comm, fingerprint, description)
-
+    checks, table = _sizes_after_check(ok, table, report, params)
     with device_ops.on_host():  # slices of a host tensor: on the host too (an int64 op would go to the GPU)
         batch_sizes, sends_of_all = table[:, 2], table[:, _HEAD + 1 :]
-    return [gate(ok, report)], batch_sizes, sends_of_all
+    return checks, batch_sizes, sends_of_all
 
 
 @dataclass(frozen=True)
@@ -174,22 +174,7 @@ def agreed_shapes(
         table = tf.reshape(gathered, [n, width])
         ok = tf.reduce_all(tf.equal(table[:, 0], fingerprint)) & tf.reduce_all(tf.equal(table[:, 1], len(problems)))
     report = _reporter(problems, head, counts, comm, fingerprint, description)
-    checks: list[tf.Operation | tf.Tensor] = []
-    if any(on_gpu(param) for param in params):
-        # The check's failing branch reads the ids (its counts): a tf.cond whose output the sizes
-        # came out of would take them as an input, copied to the host every step.
-        checks.append(gate(ok, report))
-    else:
-        records = table
-
-        def failed() -> tf.Tensor:
-            with tf.control_dependencies([report()]):
-                return tf.identity(records)
-
-        # Every size of the exchange comes out of the check (data, not a control dependency: in a
-        # tf.function TensorFlow may run an op whose control input is a lowered cond before its
-        # failing branch raised), so no collective starts on a call the ranks disagree on.
-        table = tf.cond(ok, lambda: tf.identity(records), failed)
+    checks, table = _sizes_after_check(ok, table, report, params)
     with device_ops.on_host():
         batch_sizes, nnz_of_all = table[:, 2], table[:, _HEAD : _HEAD + len(ragged)]
 
@@ -197,6 +182,26 @@ def agreed_shapes(
         return gate(tf.equal(tf.reduce_sum(totals), 0), report)
 
     return ShapeAgreement(checks, batch_sizes, nnz_of_all, total, confirm)
+
+
+def _sizes_after_check(
+    ok: tf.Tensor, records: tf.Tensor, report: Callable[[], tf.Tensor], params: Sequence[Any]
+) -> tuple[list[tf.Operation | tf.Tensor], tf.Tensor]:
+    """The check of a call's agreement (``ok``, on the host; ``report`` raises its errors) and the
+    gathered ``records`` every size of the exchange is read from: on the host's tables the records
+    come out of the check (a tf.cond's output: data, not a control dependency, which TensorFlow may
+    pass in a tf.function before a lowered cond's failing branch raised), so no collective starts
+    on a call the ranks disagree on, and no check is returned; on GPU tables the check is returned,
+    to gate the exchange on, and the records as they were (the failing branch reads the ids, so a
+    cond the records came out of would take the ids as an input, copied to the host every step)."""
+    if any(on_gpu(param) for param in params):
+        return [gate(ok, report)], records
+
+    def failed() -> tf.Tensor:
+        with tf.control_dependencies([report()]):
+            return tf.identity(records)
+
+    return [], tf.cond(ok, lambda: tf.identity(records), failed)
 
 
 def _reporter(
