@@ -81,7 +81,8 @@ def agreed_checks(
     fails (on every rank: they read the same records) does a second allgather, of the
     communication tool, bring every count, and the asserts run that name the problem: the
     disagreement first, then each count. The id ranges of the tables in ``checked_by_op`` are left
-    to ``pooled_lookup``'s op (one rank)."""
+    to ``pooled_lookup``'s op (one rank). At several ranks on the host's tables the batch sizes and
+    sends come out of the check, and no check is returned (``_sizes_after_check``)."""
     problems = _problems(params, kinds, ragged, weights, hotness, checked_by_op)
     n = comm.num_ranks()
     if n == 1 and not problems:
@@ -151,9 +152,9 @@ def agreed_shapes(
     (the sizes are the tensors' shapes; zeros after them up to ``record_tables`` tables, one length
     whatever the call) in one allgather of the communication tool on host tensors, which waits for
     the other ranks' hosts, never for a GPU. Every rank checks that all records carry its
-    fingerprint before any collective of the exchange (``checks``, or the sizes come out of that
-    check); the counts of problems (ids outside a static table, ...), made on the device, travel with the ids
-    and are checked after the exchange by ``confirm``. Either failure takes the path of
+    fingerprint before any collective of the exchange (``_sizes_after_check``); the counts of
+    problems (ids outside a static table, ...), made on the device, travel with the ids and are
+    checked after the exchange by ``confirm``. Either failure takes the path of
     :func:`agreed_checks`: a second allgather brings every count, and the asserts name the problem."""
     problems = _problems(params, kinds, ragged, weights, hotness, ())
     n = comm.num_ranks()

@@ -162,7 +162,7 @@ def lookup_sparse(
         if len(params) <= RECORD_TABLES and exchanges.ids_to_holders(
             _pooled_by_ops(params, kinds, low_frequency_filter), exchange
         ):
-            pooled = _lookup_by_shapes(params, kinds, ragged, weights, names, hotness, comm, exchange, plan)
+            pooled = _lookup_through_holders(params, kinds, ragged, weights, names, hotness, comm, exchange, plan)
             return pooled[0] if single else pooled
         routes = route(plan, [device_ops.int64_bits(ids.values) for ids in ragged])
     checks, batch_sizes, sends = agreed_checks(
@@ -218,7 +218,7 @@ def _pooled_by_ops(params: list[Any], kinds: list[str], low_frequency_filter: bo
     return len(fused_tables(params, kinds)) == static and sum(map(len, dynamic_groups(params, dynamic))) == len(dynamic)
 
 
-def _lookup_by_shapes(
+def _lookup_through_holders(
     params: list[Any],
     kinds: list[str],
     ragged: list[tf.RaggedTensor],
