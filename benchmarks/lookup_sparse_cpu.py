@@ -28,7 +28,7 @@ Figures are samples/s: per rank (the batch over the slowest rank's step time, be
 ``vs tf np1`` is against the ``tf`` kind at np 1 of the same dim; ``scaling`` is total samples/s
 over the same kind's total at np 1. Goals: sok >= 1.5x tf at np 1; sok at np 2 >= 1.6x sok at
 np 1 (total samples/s). The bytes each rank receives per step in sok's exchange are computed
-analytically from the shapes (not measured): the allgather of int64 ids and row lengths, the
+analytically from the shapes (not measured): the ids and row splits sent to their holders, the
 forward all-to-all of partial sums (global batch x sum(dims) x 4 bytes, less the local part)
 and the backward all-to-all of their gradients (the same size).
 
@@ -114,13 +114,17 @@ def make_batches(rows: list[int], args: argparse.Namespace, rank: int) -> list[l
 
 def exchange_bytes(n: int, batch: int, dim: int) -> dict[str, int]:
     """Bytes one rank receives from the other ranks per step in sok's exchange (it sends as much),
-    computed from the shapes: every table has ``dim`` columns and every rank ``batch`` samples."""
+    computed from the shapes, for the ids sent to their holders (``SOK_ID_EXCHANGE`` holders, the
+    default on CPU ranks: every rank holds rows of every distributed table): every table has
+    ``dim`` columns and every rank ``batch`` samples."""
+    from sparse_operation_kit.lookup.input_dist import RECORD_TABLES  # the record's tables (imports TensorFlow)
+
     ids = batch * sum(HOTNESS)
     peers = n - 1
     result = {
-        "ids": peers * ids * 8,  # allgather, int64
-        "row lengths": peers * NUM_TABLES * batch * 8,  # allgather, int64
-        "other": (peers * NUM_TABLES * 8 + peers * 8) if n > 1 else 0,  # id-check allreduce, batch sizes
+        "ids": peers * ids * 8,  # to every holder, int64
+        "row lengths": peers * NUM_TABLES * (batch + 1) * 8,  # the row splits, int64
+        "other": peers * (3 + RECORD_TABLES + 1) * 8,  # the call's record, and each rank's count of problems
         "sums fwd": peers * batch * NUM_TABLES * dim * 4,  # all-to-all of float32 partial sums
         "grads bwd": peers * batch * NUM_TABLES * dim * 4,  # its gradient: the same all-to-all back
     }
@@ -461,10 +465,11 @@ def report(args: argparse.Namespace, runs: dict[int, dict[str, Any]]) -> list[di
                 volume = exchange_bytes(n, args.batch, dim)
                 print(f"  {n:>3} {dim:>4} " + " ".join(f"{mib(volume[c]):>12}" for c in columns))
         print(
-            "  ids, row lengths: allgather of int64; other: id-check allreduce and batch sizes; sums fwd: "
-            "all-to-all of\n  float32 partial sums (global batch x 26 x dim x 4 bytes, less the local part); "
-            "grads bwd: its gradient, the same\n  all-to-all back; rows instead: what sending every looked-up "
-            "row and its gradient would take."
+            "  ids, row lengths: every table's ids and row splits to every holder (SOK_ID_EXCHANGE holders, the "
+            "default\n  here; routed: each id to its owner, 16 bytes); other: the call's record and count of "
+            "problems; sums fwd:\n  all-to-all of float32 partial sums (global batch x 26 x dim x 4 bytes, less "
+            "the local part); grads bwd: its\n  gradient, the same all-to-all back; rows instead: what sending "
+            "every looked-up row and its gradient would take."
         )
     print(
         f"threads per process: {runs[nps[0]]['threads']}; load average at the end: {runs[nps[-1]]['load_average_end']}"
