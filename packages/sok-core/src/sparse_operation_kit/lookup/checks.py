@@ -29,15 +29,16 @@ __all__ = ["ShapeAgreement", "agreed_checks", "agreed_shapes"]
 _HEAD = 3
 
 
-def _call_description(
+def _identity(
     params: Sequence[Any],
     kinds: Sequence[str],
     combiners: Sequence[str],
-    weighted: bool,
+    weights: Sequence[tf.RaggedTensor] | None,
     hotness: Sequence[int] | None,
-) -> str:
-    """What every rank's call must agree on: the tables (names, kinds, shapes), the combiners, and
-    whether sp_weights and hotness are given; they decide which collectives the call makes."""
+) -> tuple[str, int]:
+    """What every rank's call must agree on, described (for the disagreement's message), and its
+    fingerprint (int64): the tables (names, kinds, shapes), the combiners, and whether sp_weights
+    and hotness are given; they decide which collectives the call makes."""
     tables = []
     for i, (param, kind) in enumerate(zip(params, kinds)):
         if kind == "dynamic":
@@ -47,10 +48,11 @@ def _call_description(
                 f", localized:{param.target_gpu}" if kind == "localized" else ""
             )
         tables.append(f"params[{i}] = {param.name} ({kind}, {shape}, combiner {combiners[i]})")
-    return (
-        f"{len(tables)} table(s): {'; '.join(tables)}; sp_weights {'given' if weighted else 'None'}; "
+    description = (
+        f"{len(tables)} table(s): {'; '.join(tables)}; sp_weights {'None' if weights is None else 'given'}; "
         f"hotness {None if hotness is None else list(hotness)}"
     )
+    return description, communication.fingerprint(description.encode())
 
 
 def agreed_checks(
@@ -93,11 +95,8 @@ def agreed_checks(
     total = _total_of(problems, ragged)
     if n == 1:
         return [gate(tf.equal(total, 0), lambda: _assert_none(counts(), messages))], None, None
-    description = _call_description(params, kinds, combiners, weights is not None, hotness)
-    fingerprint = communication.fingerprint(description.encode())
-    head = tf.concat(
-        [tf.constant([fingerprint, len(problems)], tf.int64), tf.reshape(ragged[0].nrows(out_type=tf.int64), [1])], 0
-    )
+    description, fingerprint = _identity(params, kinds, combiners, weights, hotness)
+    head = _head(fingerprint, problems, ragged[0].nrows(out_type=tf.int64))
     if exchange is None or sends is None:
         raise ValueError(f"agreed_checks at {n} ranks takes the call's exchange and its ids per owner")
     record = tf.concat([head, tf.reshape(total, [1]), tf.cast(sends, tf.int64)], 0)
@@ -106,11 +105,7 @@ def agreed_checks(
     )
     with device_ops.on_host():  # the call's one copy to the host
         table = tf.reshape(tf.identity(gathered), [n, _HEAD + 1 + int(sends.shape[0])])
-        ok = (
-            tf.reduce_all(tf.equal(table[:, 0], fingerprint))
-            & tf.reduce_all(tf.equal(table[:, 1], len(problems)))
-            & tf.reduce_all(tf.equal(table[:, _HEAD], 0))
-        )
+        ok = _same_call(table, fingerprint, problems) & tf.reduce_all(tf.equal(table[:, _HEAD], 0))
 
     report = _reporter(problems, head, counts, comm, fingerprint, description)
     checks, table = _sizes_after_check(ok, table, report, params)
@@ -161,19 +156,18 @@ def agreed_shapes(
 
     counts = functools.partial(_counts, problems)
     total = _total_of(problems, ragged)
-    description = _call_description(params, kinds, combiners, weights is not None, hotness)
-    fingerprint = communication.fingerprint(description.encode())
+    description, fingerprint = _identity(params, kinds, combiners, weights, hotness)
     if len(ragged) > record_tables:
         raise ValueError(f"agreed_shapes: {len(ragged)} tables do not fit a record of {record_tables} tables")
     width = _HEAD + record_tables
     nnz = device_ops.lengths([ids.values for ids in ragged])
     batch = device_ops.length(ragged[0].row_splits)
     with device_ops.on_host():
-        head = tf.concat([tf.constant([fingerprint, len(problems)], tf.int64), tf.reshape(batch - 1, [1])], 0)
+        head = _head(fingerprint, problems, batch - 1)
         record = tf.concat([head, nnz, tf.zeros([width - _HEAD - len(ragged)], tf.int64)], 0)
         gathered = comm.allgather(record, name="sok.lookup_sparse: allgather of the call's fingerprint and sizes")
         table = tf.reshape(gathered, [n, width])
-        ok = tf.reduce_all(tf.equal(table[:, 0], fingerprint)) & tf.reduce_all(tf.equal(table[:, 1], len(problems)))
+        ok = _same_call(table, fingerprint, problems)
     report = _reporter(problems, head, counts, comm, fingerprint, description)
     checks, table = _sizes_after_check(ok, table, report, params)
     with device_ops.on_host():
@@ -183,6 +177,17 @@ def agreed_shapes(
         return gate(tf.equal(tf.reduce_sum(totals), 0), report)
 
     return ShapeAgreement(checks, batch_sizes, nnz_of_all, total, confirm)
+
+
+def _head(fingerprint: int, problems: Sequence[_Problem], batch: tf.Tensor) -> tf.Tensor:
+    """A rank's ``[fingerprint, number of counts, batch]`` (int64), where its record starts."""
+    return tf.concat([tf.constant([fingerprint, len(problems)], tf.int64), tf.reshape(batch, [1])], 0)
+
+
+def _same_call(records: tf.Tensor, fingerprint: int, problems: Sequence[_Problem]) -> tf.Tensor:
+    """Whether every rank's record (``[n, ...]``, each starting with its ``_head``) carries this
+    rank's fingerprint and number of counts."""
+    return tf.reduce_all(tf.equal(records[:, 0], fingerprint)) & tf.reduce_all(tf.equal(records[:, 1], len(problems)))
 
 
 def _sizes_after_check(
@@ -226,11 +231,7 @@ def _reporter(
         )
         width = _HEAD + len(problems)
         records = _as_records(detailed, n, width)
-        agree = (
-            tf.equal(tf.size(detailed, out_type=tf.int64), n * width)
-            & tf.reduce_all(tf.equal(records[:, 0], fingerprint))
-            & tf.reduce_all(tf.equal(records[:, 1], len(problems)))
-        )
+        agree = tf.equal(tf.size(detailed, out_type=tf.int64), n * width) & _same_call(records, fingerprint, problems)
         agreement = _assert_same_call(detailed, agree, fingerprint, n, comm.rank(), description)
         with tf.control_dependencies([agreement]):
             return _assert_none(tf.reduce_sum(records[:, _HEAD:], axis=0), messages)

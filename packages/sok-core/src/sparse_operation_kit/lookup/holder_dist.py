@@ -74,7 +74,7 @@ def send_ids_to_holders(
     with device_ops.on_host():
         batch, nnz = agreement.batch_sizes, agreement.nnz  # [n], [n, tables]
         local = nnz[rank]
-        send_counts = tf.stack([1 + _held_size(held[o], batch[rank], local) for o in range(n)])
+        send_counts = tf.stack([tf.reduce_sum(_pieces_of(held[o], batch[rank], local)) for o in range(n)])
         from_each = [_pieces_of(mine, batch[s], nnz[s]) for s in range(n)]  # [total, splits, ids per table]
         sizes = tf.concat(from_each, 0)
         received_counts = tf.stack([tf.reduce_sum(part) for part in from_each])
@@ -147,13 +147,6 @@ def _pieces_of(tables: list[int], batch: tf.Tensor, nnz: tf.Tensor) -> tf.Tensor
     ``tables`` (int64, host): its count, the row splits of all of them, and each one's ids."""
     head = tf.stack([tf.constant(1, tf.int64), len(tables) * (batch + 1)])
     return tf.concat([head, tf.gather(nnz, tables)], 0) if tables else head
-
-
-def _held_size(tables: list[int], batch: tf.Tensor, nnz: tf.Tensor) -> tf.Tensor:
-    """The splits and ids a rank of ``batch`` samples sends a holder of ``tables`` (int64, host)."""
-    if not tables:
-        return _zero()
-    return len(tables) * (batch + 1) + tf.reduce_sum(tf.gather(nnz, tables))
 
 
 def _zero() -> tf.Tensor:
