@@ -43,8 +43,15 @@ __global__ void update_kernel(Batch batch, const float* learning_rate, float eps
   }
 }
 
-// A warp per row: the mean of the row's squares (lane sums, then a butterfly over the warp: the same
-// order every run), its accumulator, then the row.
+// Columns per lane that row_wise_kernel holds in registers (a row of up to kWarp * kHeld columns
+// takes one pass: DCNv2's 128).
+constexpr int kHeld = 4;
+
+// A warp per row: the mean of the row's squares (lane sums over columns lane, lane + kWarp, ...,
+// then a butterfly over the warp: the same order every run), its accumulator, then the row. The
+// row's index, its gradient's and the table's first kWarp * kHeld columns and its accumulator are
+// loaded together, so that a row waits on memory once, not once per dependent step (index,
+// gradient, accumulator, table); columns past them are read as they are used.
 __global__ void row_wise_kernel(Batch batch, const float* learning_rate, float epsilon) {
   const AdagradTable& x = batch.t[blockIdx.y];
   const float lr = *learning_rate;
@@ -54,18 +61,40 @@ __global__ void row_wise_kernel(Batch batch, const float* learning_rate, float e
     const int64_t row = x.indices[i];
     if (row < 0) break;  // padding: it ends the gradient (the warp's rows only go up)
     const float* g = x.grads + i * x.dim;
+    float* w = x.table + row * x.dim;
+    const float before = x.accumulator[row];
+    float gh[kHeld];
+    float wh[kHeld];
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int64_t c = lane + int64_t{k} * kWarp;
+      gh[k] = c < x.dim ? g[c] : 0.0f;
+      wh[k] = c < x.dim ? w[c] : 0.0f;
+    }
     float squares = 0.0f;
-    for (int64_t c = lane; c < x.dim; c += kWarp) squares = __fadd_rn(squares, __fmul_rn(g[c], g[c]));
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      if (lane + int64_t{k} * kWarp < x.dim) squares = __fadd_rn(squares, __fmul_rn(gh[k], gh[k]));
+    }
+    for (int64_t c = lane + int64_t{kHeld} * kWarp; c < x.dim; c += kWarp) {
+      squares = __fadd_rn(squares, __fmul_rn(g[c], g[c]));
+    }
     for (int offset = kWarp / 2; offset > 0; offset /= 2) {
       squares = __fadd_rn(squares, __shfl_xor_sync(0xffffffffu, squares, offset));
     }
     const float mean = x.dim > 0 ? __fdiv_rn(squares, static_cast<float>(x.dim)) : 0.0f;
-    const float accumulated = __fadd_rn(x.accumulator[row], mean);
+    const float accumulated = __fadd_rn(before, mean);
     __syncwarp();
     if (lane == 0) x.accumulator[row] = accumulated;
     const float denominator = __fadd_rn(__fsqrt_rn(accumulated), epsilon);
-    float* w = x.table + row * x.dim;
-    for (int64_t c = lane; c < x.dim; c += kWarp) w[c] = __fsub_rn(w[c], __fdiv_rn(__fmul_rn(lr, g[c]), denominator));
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int64_t c = lane + int64_t{k} * kWarp;
+      if (c < x.dim) w[c] = __fsub_rn(wh[k], __fdiv_rn(__fmul_rn(lr, gh[k]), denominator));
+    }
+    for (int64_t c = lane + int64_t{kHeld} * kWarp; c < x.dim; c += kWarp) {
+      w[c] = __fsub_rn(w[c], __fdiv_rn(__fmul_rn(lr, g[c]), denominator));
+    }
   }
 }
 
