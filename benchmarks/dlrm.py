@@ -60,6 +60,7 @@ from machine import load_average  # noqa: E402
 from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL  # noqa: E402
 from sparse_operation_kit.demo.dlrm import SokEmbeddings  # noqa: E402
 from sparse_operation_kit.demo.train import AUC_THRESHOLDS, MLPERF_DCNV2, MODELS, DemoConfig, build_model  # noqa: E402
+from sparse_operation_kit.dtypes import STATIC_ROW_DTYPES  # noqa: E402
 from sparse_operation_kit.optimizer import OptimizerWrapper  # noqa: E402
 
 #: SOK / Keras samples/s to reach: on the CPU at np 1, and on a GPU (an H100) under a CUDA TensorFlow.
@@ -189,27 +190,31 @@ def traced_split(step, next_batch, steps: int) -> dict:
     }
 
 
-def floor_bytes(ids: np.ndarray, widths: list[int], dim: int, state_columns: int) -> dict[str, int]:
+def floor_bytes(
+    ids: np.ndarray, widths: list[int], dim: int, state_columns: int, row_itemsize: int = 4
+) -> dict[str, int]:
     """The bytes the tables' part of one training step must move at least, for a batch's ids
-    ``[B, sum(widths)]`` (feature ``i`` the next ``widths[i]`` columns), float32 rows of ``dim`` and
-    ``state_columns`` floats of optimizer state per row: the ids read once; forward: each id's row
-    read, each sample's pooled row written; backward: each pooled gradient row read, a gradient row
-    per distinct id written; update: that row read, the table's row and its state read and written.
+    ``[B, sum(widths)]`` (feature ``i`` the next ``widths[i]`` columns), table rows of ``dim``
+    elements of ``row_itemsize`` bytes (4: float32, 2: float16 / bfloat16) and ``state_columns``
+    floats of optimizer state per row: the ids read once; forward: each id's row read, each sample's
+    pooled row (float32) written; backward: each pooled gradient row read, a float32 gradient row per
+    distinct id written; update: that row read, the table's row and its state read and written.
 
     Example::
 
         floor_bytes(np.array([[1, 1], [2, 1]]), [2], dim=4, state_columns=1)["distinct"]   # 2
     """
     batch, tables, row, state = ids.shape[0], len(widths), 4 * dim, 4 * state_columns
+    table_row = row_itemsize * dim
     distinct, start = 0, 0
     for width in widths:
         distinct += int(np.unique(ids[:, start : start + width]).size)
         start += width
     out = {
         "ids": int(ids.size * ids.itemsize),
-        "forward": int(ids.size * row + batch * tables * row),
+        "forward": int(ids.size * table_row + batch * tables * row),
         "backward": batch * tables * row + distinct * row,
-        "update": distinct * (3 * row + 2 * state),
+        "update": distinct * (row + 2 * table_row + 2 * state),
     }
     return {**out, "total": sum(out.values()), "distinct": distinct}
 
@@ -264,6 +269,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--sparse-optimizer", choices=sorted(SPARSE_OPTIMIZERS), default="adagrad", help="both models' tables"
     )
+    parser.add_argument(
+        "--row-dtype", choices=STATIC_ROW_DTYPES, default="float32",
+        help="SOK's static tables' rows (float16 / bfloat16: with --sparse-optimizer rowwise); Keras' stay float32",
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--chunk", type=int, default=50, help="steps per turn")
@@ -288,6 +297,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.trace_steps < 0:
         parser.error(f"--trace-steps {args.trace_steps} is negative; give 0 (no trace) or more")
+    if args.row_dtype != "float32" and (args.sparse_optimizer != "rowwise" or args.tables != "static"):
+        parser.error(f"--row-dtype {args.row_dtype} takes --sparse-optimizer rowwise and --tables static")
     if args.mlperf and args.model != "dcnv2":
         parser.error("--mlperf sizes the dcnv2 model; add --model dcnv2")
 
@@ -312,7 +323,9 @@ def main(argv: list[str] | None = None) -> dict:
             embeddings = KerasEmbeddings(list(gen.rows), config.dim, config.seed)
             optimizer = SPARSE_OPTIMIZERS[args.sparse_optimizer](learning_rate=config.sparse_lr)
         else:
-            embeddings = SokEmbeddings(gen.rows, config.dim, config.tables, config.var_types, seed=config.seed)
+            embeddings = SokEmbeddings(
+                gen.rows, config.dim, config.tables, config.var_types, seed=config.seed, row_dtype=args.row_dtype
+            )
             optimizer = OptimizerWrapper(SPARSE_OPTIMIZERS[args.sparse_optimizer](learning_rate=config.sparse_lr))
         models[name] = make_trainer(embeddings, config, optimizer, xla=args.xla)
         models[name][0](*pool[0])  # the tables' optimizer state exists after a first step
@@ -342,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.trace_steps:
         widths = list(getattr(gen, "hotness", [1] * NUM_CATEGORICAL))
         state = 1 if args.sparse_optimizer == "rowwise" else config.dim
-        moved = floor_bytes(np.asarray(pool[0][1]), widths, config.dim, state)
+        moved = floor_bytes(np.asarray(pool[0][1]), widths, config.dim, state, tf.as_dtype(args.row_dtype).size)
         bandwidth = copy_bandwidth()
         part = splits["sok"]["parts_ms"]
         floor = {"bytes": moved, "copy_bytes_per_s": bandwidth, "floor_ms": moved["total"] / bandwidth * 1e3,
@@ -369,7 +382,8 @@ def main(argv: list[str] | None = None) -> dict:
     figures["ratio"], figures["auc_gap"] = ratio, gap
     title = "DLRM-DCNv2" if config.model == "dcnv2" else "DLRM"
     tables = config.tables if config.tables == "static" else f"{config.tables} ({'/'.join(config.var_types)})"
-    setting = f"tables {tables!r}, {args.sparse_optimizer}, {args.precision}{', XLA towers' if args.xla else ''}, "
+    setting = f"tables {tables!r} ({args.row_dtype} rows), {args.sparse_optimizer}, {args.precision}"
+    setting += f"{', XLA towers' if args.xla else ''}, "
     setting += f"{args.id_dtype} ids from {'GPU memory' if args.input == 'gpu' else 'the host (tf.data)'}"
     print(
         f"{title}, {NUM_CATEGORICAL} tables ({sum(gen.rows):,} rows, dim {config.dim}), {args.steps} steps of "

@@ -84,6 +84,23 @@ def test_floor_bytes_count_each_part_of_the_step():
     assert moved["backward"] == 3 * 2 * 16 + distinct * 16
     assert moved["update"] == distinct * (3 * 16 + 2 * 4)
     assert moved["total"] == moved["ids"] + moved["forward"] + moved["backward"] + moved["update"]
+    half = dlrm.floor_bytes(ids, [2, 1], dim=4, state_columns=1, row_itemsize=2)  # bfloat16 rows: 8 bytes
+    assert half["forward"] == 9 * 8 + 3 * 2 * 16 and half["backward"] == moved["backward"]
+    assert half["update"] == distinct * (16 + 2 * 8 + 2 * 4)
+
+
+def test_dcnv2_of_bfloat16_rows_trains_and_reports(policy_restored):
+    figures = dlrm.main(
+        ["--model", "dcnv2", "--tables", "static", "--sparse-optimizer", "rowwise", "--row-dtype", "bfloat16", *TINY]
+    )
+    assert figures["config"]["row_dtype"] == "bfloat16" and 0.0 <= figures["sok"]["auc"] <= 1.0
+
+
+@pytest.mark.parametrize("options", [["--sparse-optimizer", "adagrad", "--tables", "static"], ["--tables", "mixed"]])
+def test_half_rows_need_row_wise_adagrad_and_static_tables(options):
+    with pytest.raises(SystemExit) as exit_info:
+        dlrm.main(["--row-dtype", "float16", "--sparse-optimizer", "rowwise", *options, *TINY])
+    assert exit_info.value.code == 2
 
 
 @pytest.mark.parametrize(

@@ -160,9 +160,39 @@ def test_table_not_a_float32_matrix(call, dtype, shape, got):
     accumulator = call.variable(31, shape, np.float32)
     call.assert_refused(
         tf.errors.InvalidArgumentError,
-        rf"tables\[1\] \(table second\) must be a float32 \[rows, dim\] variable, got {got}",
+        rf"tables\[1\] \(table second\) must be a \[rows, dim\] variable of float32, got {got}",
         tables=[call.tables[0].handle, table.handle],
         accumulators=[call.accumulators[0].handle, accumulator.handle],
+    )
+
+
+TF_NAMES = {"float16": "half", "bfloat16": "bfloat16"}  # DataTypeString's names
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_table_needs_the_row_wise_step(call, dtype):
+    """Half-width rows are updated by the row-wise step only (its float32 accumulators are one column);
+    Keras' element-wise Adagrad refuses them, naming the dtype it takes."""
+    table = tf.Variable(tf.cast(rows(30, (7, 2)), dtype))
+    call.extra.append(table)
+    call.assert_refused(
+        tf.errors.InvalidArgumentError,
+        rf"tables\[1\] \(table second\) must be a \[rows, dim\] variable of float32, got {TF_NAMES[dtype]} \[7,2\]",
+        tables=[call.tables[0].handle, table.handle],
+    )
+
+
+def test_row_wise_table_of_a_dtype_rows_cannot_have(call):
+    table = call.variable(30, (7, 2), np.float64)
+    first_accumulator = call.variable(29, (5, 1), np.float32)
+    accumulator = call.variable(31, (7, 1), np.float32)
+    call.assert_refused(
+        tf.errors.InvalidArgumentError,
+        r"tables\[1\] \(table second\) must be a \[rows, dim\] variable of float32, float16 or bfloat16, got "
+        r"double \[7,2\]",
+        tables=[call.tables[0].handle, table.handle],
+        accumulators=[first_accumulator.handle, accumulator.handle],
+        row_wise=True,
     )
 
 
@@ -181,7 +211,7 @@ def test_accumulator_unlike_its_table(call, dtype, shape, got):
     accumulator = call.variable(32, shape, dtype)
     call.assert_refused(
         tf.errors.InvalidArgumentError,
-        rf"accumulators\[1\] \(table second\) is {got}; it must have the table's dtype and shape, float \[7,2\]",
+        rf"accumulators\[1\] \(table second\) is {got}; it must be float32 with the table's shape: float \[7,2\]",
         accumulators=[call.accumulators[0].handle, accumulator.handle],
     )
 
@@ -190,8 +220,8 @@ def test_row_wise_accumulator_is_one_column(call):
     """row_wise takes [rows, 1] accumulators: a table's own shape is refused, naming the one wanted."""
     call.assert_refused(
         tf.errors.InvalidArgumentError,
-        r"accumulators\[0\] \(table first\) is float \[5,3\]; it must have the table's dtype and rows, one column, "
-        r"float \[5,1\]",
+        r"accumulators\[0\] \(table first\) is float \[5,3\]; it must be float32 with the table's rows and one "
+        r"column: float \[5,1\]",
         row_wise=True,
     )
 

@@ -89,11 +89,13 @@ def _attrs(n: int, shard: tuple[int, int] | None) -> dict[str, list[int]]:
     return {"strides": [] if shard is None else [shard[0]] * n, "offsets": [] if shard is None else [shard[1]] * n}
 
 
-def _forward(device: str, x: dict, combiners: list[str], weighted: bool, shard=None) -> list[tf.Tensor]:
+def _forward(
+    device: str, x: dict, combiners: list[str], weighted: bool, shard=None, row_dtype: str = "float32"
+) -> list[tf.Tensor]:
     n = len(x["params"])
     with tf.device(device):
         return tf_ops.library().sok_pooled_lookup(
-            params=[tf.constant(p) for p in x["params"]],
+            params=[tf.cast(tf.constant(p), row_dtype) for p in x["params"]],
             ids=[tf.constant(i) for i in x["ids"]],
             row_splits=[tf.constant(s) for s in x["splits"]],
             weights=[tf.constant(w) for w in x["weights"]] if weighted else [],
@@ -392,3 +394,92 @@ def test_host_tables_are_fused_before_gpu_tables_and_stay_on_the_host() -> None:
     host_out, device_out = sok.lookup_sparse([host, device], [ids, ids], combiners=["sum", "sum"])
     assert "CPU" in host_out.device, host_out.device
     np.testing.assert_array_equal(device_out.numpy(), host_out.numpy())
+
+
+@pytest.mark.parametrize("row_dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shard", [None, (2, 1)], ids=["whole", "2-1"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_half_rows_equal_the_cpu_kernel_and_the_widened_rows_to_the_bit(row_dtype: str, shard, weighted: bool) -> None:
+    """float16 / bfloat16 params (every dim of DIMS: 4 columns per load where the dim allows, one
+    otherwise) read widened to float32: the GPU equals the CPU kernel, and both equal float32
+    params of the same values."""
+    x = _inputs(11, DIMS, batch=211, id_dtype=np.int64, shard=shard)
+    combiners = ["sum", "mean", "sqrtn", "mean"]
+    cpu = _forward(CPU, x, combiners, weighted, shard, row_dtype)
+    gpu = _forward(GPU, x, combiners, weighted, shard, row_dtype)
+    widened = dict(x, params=[tf.cast(tf.cast(p, row_dtype), tf.float32).numpy() for p in x["params"]])
+    full = _forward(GPU, widened, combiners, weighted, shard)
+    for t, (a, b, c) in enumerate(zip(cpu, gpu, full)):
+        assert "GPU" in b.device and b.dtype == tf.float32, (b.device, b.dtype)
+        np.testing.assert_array_equal(b.numpy(), a.numpy(), err_msg=f"table {t}: GPU against CPU")
+        np.testing.assert_array_equal(b.numpy(), c.numpy(), err_msg=f"table {t}: half against widened rows")
+
+
+#: A unit in the last place of each row dtype, relative.
+ULP = {"float32": 2.0**-22, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+
+@pytest.mark.parametrize("row_dtype", ["float32", "float16", "bfloat16"])
+def test_row_wise_step_on_the_gpu_equals_the_cpu(row_dtype: str) -> None:
+    """sok.RowWiseAdagrad's fused step (SokSparseApplyAdagradTables, row_wise) on tables of each row
+    dtype: float32 accumulators, the row in float32 and stored rounded; the GPU's squares are summed
+    in another order than the CPU's (equal within rounding, then rounded to the row dtype alike but
+    where a sum lands on a rounding boundary), padding rows (-1) skipped, other rows untouched."""
+    rng = np.random.default_rng(12)
+    values = rng.standard_normal((300, 128)).astype(np.float32)
+    grads = rng.standard_normal((50, 128)).astype(np.float32)
+    indices = np.concatenate([rng.permutation(300)[:40], -np.ones(10, np.int64)]).astype(np.int64)
+    results = {}
+    for device in (CPU, GPU):
+        with tf.device(device):
+            table = tf.Variable(tf.cast(values, row_dtype))
+            accumulator = tf.Variable(np.full((300, 1), 0.1, np.float32))
+            tf_ops.library().sok_sparse_apply_adagrad_tables(
+                tables=[table.handle],
+                accumulators=[accumulator.handle],
+                learning_rate=tf.constant(0.05),
+                indices=[tf.constant(indices)],
+                grads=[tf.constant(grads)],
+                epsilon=1e-7,
+                check_indices=False,
+                row_wise=True,
+                names=["t"],
+            )
+        results[device] = (tf.cast(table, tf.float32).numpy(), accumulator.numpy())
+    (w_cpu, a_cpu), (w_gpu, a_gpu) = results[CPU], results[GPU]
+    np.testing.assert_allclose(a_gpu, a_cpu, rtol=1e-6)
+    ulp = np.abs(w_cpu) * ULP[row_dtype] + 1e-6
+    assert (np.abs(w_gpu - w_cpu) <= ulp).all()
+    untouched = np.setdiff1d(np.arange(300), indices)
+    np.testing.assert_array_equal(w_gpu[untouched], tf.cast(tf.cast(values, row_dtype), tf.float32).numpy()[untouched])
+
+
+def test_lookup_sparse_and_row_wise_training_of_a_bfloat16_gpu_table() -> None:
+    """The user's path on the GPU: sok.Variable(dtype=tf.bfloat16), sok.lookup_sparse and
+    sok.RowWiseAdagrad in a tf.function: the lookup equals the float32 table of the same values,
+    the step runs on the GPU in one fused op and moves the table."""
+    rng = np.random.default_rng(13)
+    with tf.device(GPU):
+        table = sok.Variable(rng.standard_normal((1000, 64)).astype(np.float32), dtype=tf.bfloat16)
+        widened = sok.Variable(tf.cast(table, tf.float32))
+    ids = tf.RaggedTensor.from_row_lengths(rng.integers(0, 1000, 400), np.full(100, 4))
+    np.testing.assert_array_equal(
+        sok.lookup_sparse(table, ids, combiners="sum").numpy(), sok.lookup_sparse(widened, ids, combiners="sum").numpy()
+    )
+    optimizer = sok.OptimizerWrapper(sok.RowWiseAdagrad(learning_rate=0.05))
+
+    @tf.function
+    def step() -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse(table, ids, combiners="sum") ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+
+    before = tf.cast(table, tf.float32).numpy()
+    step()
+    graph = step.get_concrete_function().graph
+    graphs = [graph] + [f.graph for f in graph._functions.values()]
+    assert "SokSparseApplyAdagradTables" in {op.type for g in graphs for op in g.get_operations()}
+    after = tf.cast(table, tf.float32).numpy()
+    assert table.dtype == tf.bfloat16 and "GPU" in table.device
+    assert not np.array_equal(after, before) and np.isfinite(after).all()
+    assert optimizer.static_slots(table)["accumulator"].dtype == "float32"

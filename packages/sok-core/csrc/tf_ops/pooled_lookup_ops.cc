@@ -64,7 +64,8 @@ enum class Combiner : int32_t { kSum = kCombineSum, kMean = kCombineMean, kSqrtn
 
 // One table of the call: borrowed pointers into the op's inputs.
 struct Table {
-  const float* params;  // (rows, dim)
+  const void* params;  // (rows, dim) of row_type
+  sok_gpu::RowType row_type;
   int64_t rows;
   int64_t dim;
   const int32_t* ids32;  // (nnz,), one of ids32 / ids64
@@ -91,6 +92,11 @@ struct Table {
   }
   // Whether a row from local() is in [0, rows).
   bool valid(int64_t row) const { return static_cast<uint64_t>(row) < static_cast<uint64_t>(rows); }
+  // The params as rows of Row (row_type's C++ type).
+  template <class Row>
+  const Row* rows_of() const {
+    return static_cast<const Row*>(params);
+  }
 };
 
 // The tables of the inputs ids, row_splits and weights (both ops), with their row counts and widths;
@@ -159,39 +165,43 @@ float divisor(const Table& t, int64_t begin, int64_t end) {
   return t.combiner == Combiner::kSqrtn ? std::sqrt(total) : total;
 }
 
-// out (dim) = the sum of the num rows (dim each) in tf.sparse.segment_sum's order (pooled_order.h),
-// so the sums are the same to the bit.
-void sum_rows(const float* const* rows, int64_t num, int64_t dim, float* __restrict__ out) {
+// out (dim) = the sum of the num rows (dim each, widened to float) in tf.sparse.segment_sum's order
+// (pooled_order.h), so the sums are the same to the bit.
+template <class Row>
+void sum_rows(const Row* const* rows, int64_t num, int64_t dim, float* __restrict__ out) {
   const int64_t head = sok_pooled::order_head(num);
   std::fill(out, out + dim, 0.0f);
+  const auto f = [](Row x) { return static_cast<float>(x); };
   for (int64_t j = 0; j < head; ++j) {
-    const float* __restrict__ row = rows[j];
-    for (int64_t k = 0; k < dim; ++k) out[k] += row[k];
+    const Row* __restrict__ row = rows[j];
+    for (int64_t k = 0; k < dim; ++k) out[k] += f(row[k]);
   }
   for (int64_t j = head; j < num; j += 8) {
-    const float* const* r = rows + j;
+    const Row* const* r = rows + j;
     for (int64_t k = 0; k < dim; ++k) {
-      out[k] += r[0][k] + r[1][k] + r[2][k] + r[3][k] + r[4][k] + r[5][k] + r[6][k] + r[7][k];
+      out[k] += f(r[0][k]) + f(r[1][k]) + f(r[2][k]) + f(r[3][k]) + f(r[4][k]) + f(r[5][k]) + f(r[6][k]) + f(r[7][k]);
     }
   }
 }
 
 // out (dim) = the sum of weights[j] * rows[j] of the num rows (dim each), one after another
 // (unsorted_segment_sum's order).
-void sum_weighted_rows(const float* const* rows, const float* weights, int64_t num, int64_t dim,
+template <class Row>
+void sum_weighted_rows(const Row* const* rows, const float* weights, int64_t num, int64_t dim,
                        float* __restrict__ out) {
   std::fill(out, out + dim, 0.0f);
   for (int64_t j = 0; j < num; ++j) {
-    const float* __restrict__ row = rows[j];
+    const Row* __restrict__ row = rows[j];
     const float w = weights[j];
-    for (int64_t k = 0; k < dim; ++k) out[k] += row[k] * w;
+    for (int64_t k = 0; k < dim; ++k) out[k] += static_cast<float>(row[k]) * w;
   }
 }
 
 // The rows (and weights, when the table has them) of the held ids of a sample. Whether a shard
 // holds an id is random (half of them at two ranks), so collect() does not branch on it.
+template <class Row>
 struct SampleRows {
-  std::vector<const float*> rows;
+  std::vector<const Row*> rows;
   std::vector<float> weights;
   int64_t count = 0;
 
@@ -208,7 +218,7 @@ struct SampleRows {
       const int64_t row = t.local(j);
       const int64_t valid = t.valid(row);
       ok &= static_cast<bool>(valid) | (row == kNotHeld);
-      rows[count] = t.params + (row & -valid) * t.dim;
+      rows[count] = t.rows_of<Row>() + (row & -valid) * t.dim;
       if (t.weights != nullptr) weights[count] = t.weights[j];
       count += valid;
     }
@@ -218,7 +228,8 @@ struct SampleRows {
 
 // out (dim) = the combined held rows of sample [begin, end) (found: scratch space); false (out
 // untouched) when a held id is outside [0, rows).
-bool pool_sample(const Table& t, int64_t begin, int64_t end, SampleRows* found, float* __restrict__ out) {
+template <class Row>
+bool pool_sample(const Table& t, int64_t begin, int64_t end, SampleRows<Row>* found, float* __restrict__ out) {
   const int64_t dim = t.dim;
   if (!found->collect(t, begin, end)) return false;
   const int64_t num = found->count;
@@ -240,16 +251,18 @@ bool pool_sample(const Table& t, int64_t begin, int64_t end, SampleRows* found, 
 
 // Pools samples [begin, end) of a table into out (its (batch, dim) output), prefetching the rows of
 // the ids kAhead ids further on; false when an id is outside [0, rows).
+template <class Row>
 bool pool_block(const Table& t, int64_t begin, int64_t end, float* out) {
   const int64_t last = t.splits[end];
-  const size_t row_bytes = static_cast<size_t>(t.dim) * sizeof(float);
+  const size_t row_bytes = static_cast<size_t>(t.dim) * sizeof(Row);
   int64_t ahead = t.rows * static_cast<int64_t>(row_bytes) > kCachedBytes ? t.splits[begin] : last;
   bool ok = true;
-  SampleRows found;
+  SampleRows<Row> found;
   for (int64_t s = begin; s < end; ++s) {
     for (const int64_t stop = std::min(last, t.splits[s + 1] + kAhead); ahead < stop; ++ahead) {
       const int64_t row = t.local(ahead);
-      sok::prefetch_range(t.params + (row & -static_cast<int64_t>(t.valid(row))) * t.dim, row_bytes);  // see SampleRows
+      sok::prefetch_range(t.rows_of<Row>() + (row & -static_cast<int64_t>(t.valid(row))) * t.dim,
+                          row_bytes);  // see SampleRows
     }
     ok &= pool_sample(t, t.splits[s], t.splits[s + 1], &found, out + s * t.dim);
   }
@@ -315,7 +328,10 @@ class PooledLookupOp : public PooledLookupKernel {
     std::vector<Table> tables;
     int64_t batch = 0;
     OP_REQUIRES_OK(ctx, gather_tables(ctx, attrs_, rows, dims, &tables, &batch));
-    for (int t = 0; t < params.size(); ++t) tables[t].params = params[t].flat<float>().data();
+    for (int t = 0; t < params.size(); ++t) {
+      tables[t].params = params[t].tensor_data().data();
+      tables[t].row_type = row_type_;
+    }
     OpOutputList outputs;
     OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
     std::vector<float*> out(tables.size());
@@ -328,7 +344,10 @@ class PooledLookupOp : public PooledLookupKernel {
     std::vector<std::atomic<bool>> bad(tables.size());
     for_each_parallel(ctx, static_cast<int64_t>(blocks.size()), kTaskCost, [&](int64_t i) {
       const Block& b = blocks[i];
-      if (!pool_block(tables[b.table], b.begin, b.end, out[b.table])) bad[b.table].store(true, std::memory_order_relaxed);
+      const Table& table = tables[b.table];
+      bool ok = true;
+      with_row_type(table.row_type, [&](auto row) { ok = pool_block<decltype(row)>(table, b.begin, b.end, out[b.table]); });
+      if (!ok) bad[b.table].store(true, std::memory_order_relaxed);
     });
     for (size_t t = 0; t < tables.size(); ++t) {
       OP_REQUIRES(ctx, !bad[t].load(), out_of_range(tables[t], positions_[t], names_[t]));
@@ -528,12 +547,14 @@ Status pooled_lookup_grad_shape(InferenceContext* c) {
 }  // namespace
 
 REGISTER_OP("SokPooledLookup")
-    .Input("params: num_tables * float")
+    .Input("params: num_tables * T")
     .Input("ids: Tids")
     .Input("row_splits: num_tables * int64")
     .Input("weights: num_weights * float")
     .Output("embeddings: num_tables * float")
     .Attr("num_tables: int >= 1")
+    // The rows' dtype (all tables of one call): read widened to float32, summed in float32.
+    .Attr("T: {float, half, bfloat16} = DT_FLOAT")
     .Attr("num_weights: int >= 0")
     .Attr("Tids: list({int32, int64})")
     .Attr("combiners: list(string)")

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "row_dtypes.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace sok_tf {
@@ -103,12 +104,19 @@ class PooledLookupKernel : public PooledOpKernel {
   explicit PooledLookupKernel(::tensorflow::OpKernelConstruction* ctx) : PooledOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, parse_lookup_attrs(ctx, attrs_.combiners.size(), &names_, &positions_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("checked", &checked_));
+    ::tensorflow::DataType dtype = ::tensorflow::DT_INVALID;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype));
+    OP_REQUIRES(ctx, row_type_of(dtype, &row_type_),
+                ::tensorflow::errors::InvalidArgument("SokPooledLookup: params of dtype ",
+                                                      ::tensorflow::DataTypeString(dtype), "; valid: ",
+                                                      kRowDtypesText));
   }
 
  protected:
   std::vector<std::string> names_;
   std::vector<int64_t> positions_;
   bool checked_ = false;  // the caller checked ids and row splits (the op's "checked" attr)
+  sok_gpu::RowType row_type_ = sok_gpu::kRowFloat32;  // the params' dtype (the op's "T" attr)
 };
 
 class PooledLookupGradKernel : public PooledOpKernel {

@@ -197,7 +197,8 @@ class PooledLookupGpuOp : public PooledLookupKernel {
     for (int t = 0; t < n; ++t) {
       Tensor* tensor = nullptr;
       OP_REQUIRES_OK(ctx, outputs.allocate(t, TensorShape({g.batch, dims[t]}), &tensor));
-      g.tables[t].params = params[t].flat<float>().data();
+      g.tables[t].params = params[t].tensor_data().data();
+      g.tables[t].row_type = row_type_;
       g.tables[t].out = tensor->flat<float>().data();
     }
     Tensor workspace, checks;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "row_dtypes.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -45,6 +46,7 @@ struct Table {
   int64_t rows = 0;
   int64_t dim = 0;
   int64_t count = 0;  // rows of the gradient
+  sok_gpu::RowType row_type = sok_gpu::kRowFloat32;  // the table's dtype
 };
 
 // The variables of a call, looked up, referenced and locked in address order (as TensorFlow locks
@@ -142,18 +144,20 @@ inline Status gather(OpKernelContext* ctx, const std::vector<std::string>& names
     }
     const Tensor& w = *x.var->tensor();
     const Tensor& a = *x.accumulator->tensor();
-    if (w.dtype() != ::tensorflow::DT_FLOAT || w.dims() != 2) {
-      return errors::InvalidArgument("tables[", t, "] (table ", name, ") must be a float32 [rows, dim] variable, got ",
+    // Row-wise steps take rows of any row dtype (float32 accumulators); Keras' Adagrad float32 rows.
+    const bool row_type_ok = row_type_of(w.dtype(), &x.row_type) && (row_wise || x.row_type == sok_gpu::kRowFloat32);
+    if (!row_type_ok || w.dims() != 2) {
+      return errors::InvalidArgument("tables[", t, "] (table ", name, ") must be a [rows, dim] variable of ",
+                                     row_wise ? kRowDtypesText : "float32", ", got ",
                                      ::tensorflow::DataTypeString(w.dtype()), " ", w.shape().DebugString());
     }
     ::tensorflow::TensorShape want = w.shape();
     if (row_wise && want.dims() == 2) want.set_dim(1, 1);
-    if (a.dtype() != w.dtype() || a.shape() != want) {
+    if (a.dtype() != ::tensorflow::DT_FLOAT || a.shape() != want) {
       return errors::InvalidArgument("accumulators[", t, "] (table ", name, ") is ",
                                      ::tensorflow::DataTypeString(a.dtype()), " ", a.shape().DebugString(),
-                                     "; it must have the table's dtype and ",
-                                     row_wise ? "rows, one column, " : "shape, ",
-                                     ::tensorflow::DataTypeString(w.dtype()), " ", want.DebugString());
+                                     "; it must be float32 with the table's ", row_wise ? "rows and one column" : "shape",
+                                     ": float ", want.DebugString());
     }
     x.rows = w.dim_size(0);
     x.dim = w.dim_size(1);

@@ -82,7 +82,7 @@ class SparseApplyAdagradTablesOp : public OpKernel {
     OP_REQUIRES_OK(ctx, static_apply::prepare_in_place_writes(ctx, tables, copy));
     for (const Table& x : tables) {
       if (row_wise_) {
-        apply_row_wise(x, lr);
+        with_row_type(x.row_type, [&](auto row) { apply_row_wise<decltype(row)>(x, lr); });
       } else {
         apply(x, lr);
       }
@@ -91,22 +91,25 @@ class SparseApplyAdagradTablesOp : public OpKernel {
 
  private:
   // The buffers of one table's step (after prepare_in_place_writes).
+  // Row: the table's C++ row type.
+  template <class Row>
   struct Buffers {
     explicit Buffers(const Table& x)
-        : w(x.var->tensor()->flat<float>().data()),
+        : w(reinterpret_cast<Row*>(const_cast<char*>(x.var->tensor()->tensor_data().data()))),
           acc(x.accumulator->tensor()->flat<float>().data()),
           idx(x.indices->flat<int64_t>().data()),
           g(x.grads->flat<float>().data()) {}
-    float* w;
+    Row* w;
     float* acc;
     const int64_t* idx;
     const float* g;
   };
 
   // sok.RowWiseAdagrad's step, row after row (the rows are distinct); the mean of the squares summed
-  // in column order.
+  // in column order; rows read widened to float, stored rounded to nearest even.
+  template <class Row>
   void apply_row_wise(const Table& x, float lr) const {
-    const Buffers b(x);
+    const Buffers<Row> b(x);
     const int64_t d = x.dim;
     for (int64_t i = 0; i < x.count; ++i) {
       if (b.idx[i] < 0) continue;  // padding
@@ -116,14 +119,14 @@ class SparseApplyAdagradTablesOp : public OpKernel {
       float& a = b.acc[b.idx[i]];
       a = a + (d > 0 ? squares / static_cast<float>(d) : 0.0f);
       const float denominator = std::sqrt(a) + epsilon_;
-      float* row = b.w + b.idx[i] * d;
-      for (int64_t c = 0; c < d; ++c) row[c] = row[c] - lr * gi[c] / denominator;
+      Row* row = b.w + b.idx[i] * d;
+      for (int64_t c = 0; c < d; ++c) row[c] = static_cast<Row>(static_cast<float>(row[c]) - lr * gi[c] / denominator);
     }
   }
 
   // Keras 3 Adagrad's step: every accumulator row first, then every table row.
   void apply(const Table& x, float lr) const {
-    const Buffers b(x);
+    const Buffers<float> b(x);
     const int64_t d = x.dim;
     for (int64_t i = 0; i < x.count; ++i) {
       if (b.idx[i] < 0) continue;  // padding

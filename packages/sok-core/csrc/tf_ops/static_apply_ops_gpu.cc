@@ -50,7 +50,8 @@ class SparseApplyAdagradTablesGpuOp : public OpKernel {
     };
     OP_REQUIRES_OK(ctx, static_apply::prepare_in_place_writes(ctx, tables, copy));
     for (size_t t = 0; t < tables.size(); ++t) {  // the buffers after any copy
-      device[t].table = tables[t].var->tensor()->flat<float>().data();
+      device[t].table = const_cast<char*>(tables[t].var->tensor()->tensor_data().data());
+      device[t].row_type = tables[t].row_type;
       device[t].accumulator = tables[t].accumulator->tensor()->flat<float>().data();
     }
     const auto apply = row_wise_ ? sok_gpu::sparse_apply_row_wise_adagrad : sok_gpu::sparse_apply_adagrad;

@@ -28,7 +28,7 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from sparse_operation_kit import communication
-from sparse_operation_kit.dtypes import VALUE_DTYPE
+from sparse_operation_kit.dtypes import STATIC_ROW_DTYPES, VALUE_DTYPE
 
 __all__ = ["Variable", "DistributedVariable", "LocalizedVariable"]
 
@@ -37,24 +37,44 @@ _LOCALIZED = re.compile(r"^localized:(\d+)$")
 
 
 def _global_value(initial_value: Any, shape: Any, initializer: Any, dtype: Any) -> tf.Tensor:
-    value = _initial_value(initial_value, shape, initializer, dtype)
-    if value.dtype.name != VALUE_DTYPE:
+    value = _initial_value(initial_value, shape, initializer, _row_dtype(dtype))
+    if value.dtype.name not in STATIC_ROW_DTYPES:
         raise ValueError(
-            f"sok.Variable rows of dtype {value.dtype.name} are not supported; valid: {VALUE_DTYPE}. Pass "
-            f"dtype=tf.{VALUE_DTYPE} or leave dtype unset (a NumPy or list initial_value of numbers is then "
-            f"converted; cast a tensor first); under a Keras mixed-precision policy the tables stay "
-            f"{VALUE_DTYPE} and lookups return the compute dtype"
+            f"sok.Variable rows of dtype {value.dtype.name} are not supported; valid: "
+            f"{', '.join(STATIC_ROW_DTYPES)}. Pass dtype= one of them or leave dtype unset (a NumPy or list "
+            f"initial_value of numbers is then converted to {VALUE_DTYPE}; cast a tensor first); under a Keras "
+            f"mixed-precision policy the tables keep their dtype and lookups return the compute dtype"
         )
     return value
 
 
-def _initial_value(initial_value: Any, shape: Any, initializer: Any, dtype: Any) -> tf.Tensor:
+def _row_dtype(dtype: Any) -> tf.DType | None:
+    """``dtype`` as a TensorFlow dtype (None: unset); a dtype rows cannot have is refused by name."""
+    if dtype is None:
+        return None
+    try:
+        resolved = tf.as_dtype(dtype)
+    except TypeError:
+        resolved = None
+    if resolved is None or resolved.name not in STATIC_ROW_DTYPES:
+        raise ValueError(
+            f"sok.Variable dtype={dtype!r} is not supported; valid: {', '.join(STATIC_ROW_DTYPES)} (rows of "
+            f"float16 or bfloat16 are summed and updated in float32)"
+        )
+    return resolved
+
+
+def _initial_value(initial_value: Any, shape: Any, initializer: Any, dtype: tf.DType | None) -> tf.Tensor:
+    """The table's global value; rows of float16 / bfloat16 from numbers or an initializer are made in
+    float32 first and rounded to nearest even (the values of a float32 table, rounded)."""
+    half = dtype is not None and dtype != tf.float32
     if initial_value is not None:
         if callable(initial_value):
             initial_value = initial_value()
-        if dtype is None and _untyped_numbers(initial_value):
-            dtype = VALUE_DTYPE  # rows are float32: [[3, 4, 5]] or np.arange(...) are meant as such
-        value = tf.convert_to_tensor(initial_value, dtype=dtype)
+        if _untyped_numbers(initial_value) and (dtype is None or half):
+            value = tf.cast(tf.convert_to_tensor(initial_value, dtype=VALUE_DTYPE), dtype or VALUE_DTYPE)
+        else:
+            value = tf.convert_to_tensor(initial_value, dtype=dtype)
         if value.shape.rank == 1:
             value = tf.reshape(value, [1, -1])
         if value.shape.rank != 2:
@@ -67,7 +87,8 @@ def _initial_value(initial_value: Any, shape: Any, initializer: Any, dtype: Any)
         raise ValueError(f"shape must be [rows, dim], got {shape}")
     if isinstance(initializer, str):
         initializer = tf.keras.initializers.get(initializer)
-    return tf.convert_to_tensor(initializer(shape=shape, dtype=dtype or tf.float32))
+    value = tf.convert_to_tensor(initializer(shape=shape, dtype=tf.float32 if half or dtype is None else dtype))
+    return tf.cast(value, dtype) if half else value
 
 
 def _untyped_numbers(initial_value: Any) -> bool:
@@ -279,13 +300,18 @@ def Variable(*args: Any, mode: str | None = None, **kwargs: Any) -> DistributedV
     initial value (broadcast it first if it is random): with several ranks, every rank raises a
     ValueError naming what differs (shape, mode, dtype or initial_value).
 
-    Rows are float32. A list or NumPy array of numbers given without ``dtype`` is converted (NVIDIA
-    SOK kept its dtype, e.g. int64 for ``np.arange``); a tensor or an explicit ``dtype`` of another
-    type is refused where the table is made.
+    Rows are float32 unless ``dtype`` is ``tf.float16`` or ``tf.bfloat16``: half-width rows that
+    lookups read widened to float32 and sum in float32 (the output is float32), and that
+    ``sok.RowWiseAdagrad`` updates in float32 with float32 accumulators, storing each row rounded to
+    nearest even (initial values and initializers are made in float32 and rounded the same way). A
+    list or NumPy array of numbers given without ``dtype`` is converted to float32 (NVIDIA SOK kept
+    its dtype, e.g. int64 for ``np.arange``); a tensor of another dtype, or a ``dtype`` outside
+    those three, is refused where the table is made.
 
     Example::
 
         v = sok.Variable([[3, 4, 5], [6, 7, 8]])   # float32 rows [[3., 4., 5.], [6., 7., 8.]]
+        h = sok.Variable(shape=[1000, 128], initializer="uniform", dtype=tf.bfloat16)  # half the bytes
     """
     if mode is None or mode == "distributed":
         return DistributedVariable(*args, **kwargs)

@@ -10,6 +10,12 @@ KEY_DTYPES: tuple[str, ...] = ("int64", "uint64", "int32")
 #: The dtype of embedding rows (and of optimizer state in the same rows).
 VALUE_DTYPE: str = "float32"
 
+#: The dtypes a static table's rows (``sok.Variable(dtype=...)``) may have, float32 first (the default).
+#: Rows of the others are read widened to float32, summed and updated in float32 (the optimizer's
+#: state stays float32) and stored rounded to nearest even: the kernels' list is ``RowType`` in
+#: ``csrc/tf_ops/gpu/row_type.h``.
+STATIC_ROW_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+
 #: The dtype of per-row scores (timestamps, frequencies or caller scores).
 SCORE_DTYPE: str = "uint64"
 

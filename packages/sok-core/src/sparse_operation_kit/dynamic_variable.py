@@ -227,7 +227,11 @@ class DynamicVariable(resource_variable_ops.UninitializedVariable):
                 f"takes), got {dimension!r}; pass the embedding width as an int"
             )
         if dtype is not None and _as_dtype(dtype) != tf.float32:
-            raise ValueError(f"dtype {dtype!r} is not supported; valid: tf.float32 (or leave dtype=None)")
+            raise ValueError(
+                f"dtype {dtype!r} is not supported; valid: tf.float32 (or leave dtype=None). A DynamicVariable's "
+                f"rows hold its optimizer state beside the embedding, in float32; rows of float16 or bfloat16 are "
+                f"for sok.Variable tables (dtype=tf.bfloat16)"
+            )
         if constraint is not None:
             raise ValueError("constraint is not supported for a DynamicVariable; pass constraint=None")
         if mode is not None and not (isinstance(mode, str) and _MODE.match(mode)):

@@ -41,6 +41,7 @@ from tensorflow.python.framework import indexed_slices as indexed_slices_lib
 
 from sparse_operation_kit import communication, tf_ops
 from sparse_operation_kit import initializers as inits
+from sparse_operation_kit.dtypes import VALUE_DTYPE
 from sparse_operation_kit.dynamic_variable import DynamicVariable, distinct_index_of, export
 from sparse_operation_kit.lookup import exchange
 from sparse_operation_kit.row_layout import RowLayout
@@ -961,6 +962,7 @@ class OptimizerWrapper:
                 )
             seen.add(id(v))
         pairs = [(self._checked_gradient(g, v), v) if isinstance(v, DynamicVariable) else (g, v) for g, v in pairs]
+        self._check_half_tables([v for _, v in pairs])
         checks: list[Tensor] = []
         if self._check_finite:
             pairs, checks = self._finite_checks(pairs)
@@ -977,6 +979,21 @@ class OptimizerWrapper:
                 with self._row_wise_static_tables():
                     self._optimizer.apply_gradients(others, *args, **kwargs)
             self._apply_dynamic_all(dynamic)
+
+    def _check_half_tables(self, variables: list[Any]) -> None:
+        """Refuses ``sok.Variable`` tables of float16 / bfloat16 rows unless the wrapped optimizer is
+        ``sok.RowWiseAdagrad`` (float32 accumulators and a float32 step, the row rounded when it is
+        stored): Keras' own optimizers keep their state in the variable's dtype and compute in it."""
+        if isinstance(self._optimizer, RowWiseAdagrad) and self._settings.flavor is Flavor.KERAS:
+            return
+        for v in variables:
+            if getattr(v, "is_sok_variable", False) and v.dtype.name != VALUE_DTYPE:
+                raise ValueError(
+                    f"sok.Variable {v.name} has {v.dtype.name} rows, which {type(self._optimizer).__name__} would "
+                    f"update in {v.dtype.name} with {v.dtype.name} state; nothing was updated. Tables of float16 or "
+                    f"bfloat16 rows are trained by sok.RowWiseAdagrad (float32 accumulators, the step in float32); "
+                    f"use it, or make the table float32"
+                )
 
     def _apply_dynamic_all(self, dynamic: list[tuple[Any, DynamicVariable]]) -> None:
         """One step of this wrapper's rule on every dynamic variable of ``dynamic`` (attached already)."""

@@ -46,9 +46,13 @@ def pooled_lookup(
 ) -> list[tf.Tensor]:
     """``[batch, dim_t]`` pooled rows of each static table.
 
+    One op pools the tables of each row dtype (float32, float16, bfloat16: read widened to float32);
+    the outputs are float32, in the order of ``params``.
+
     Args:
-        params: ``sok.Variable`` tables (float32, ``[rows, dim]``), all on one device, or, with
-            ``numbered``, the rows of a lookup's distinct keys (``[distinct, dim]`` tensors).
+        params: ``sok.Variable`` tables (``[rows, dim]`` of a dtype of ``dtypes.STATIC_ROW_DTYPES``),
+            all on one device, or, with ``numbered``, the rows of a lookup's distinct keys
+            (``[distinct, dim]`` float32 tensors).
         ids: one 2-D ``tf.RaggedTensor`` of int32/int64 ids per table, the same batch for all.
         weights: None, or one float32 ``tf.RaggedTensor`` per table with the row lengths of ``ids``.
         combiners: ``"sum"``, ``"mean"`` or ``"sqrtn"`` per table (lower case).
@@ -68,21 +72,29 @@ def pooled_lookup(
             on every rank before the exchange): on a GPU the op then reads nothing back, so the step
             does not wait for the GPU there; the CPU kernel checks anyway.
     """
-    strides, offsets = ([], []) if shards is None else ([s for s, _ in shards], [o for _, o in shards])
+    names = [p.name for p in params] if names is None else list(names)
+    by_dtype: dict[tf.DType, list[int]] = {}
+    for t, p in enumerate(params):
+        by_dtype.setdefault(p.dtype, []).append(t)
+    outputs: list[Any] = [None] * len(params)
     with _on_device(params[0].device):
-        return tf_ops.library().sok_pooled_lookup(
-            params=list(params),
-            ids=[x.values for x in ids],
-            row_splits=[tf.cast(x.row_splits, tf.int64) for x in ids],
-            weights=[] if weights is None else [w.values for w in weights],
-            combiners=list(combiners),
-            names=[p.name for p in params] if names is None else list(names),
-            positions=list(positions),
-            strides=strides,
-            offsets=offsets,
-            numbered=[numbered] * len(params) if numbered else [],
-            checked=checked,
-        )
+        for tables in by_dtype.values():
+            pooled = tf_ops.library().sok_pooled_lookup(
+                params=[params[t] for t in tables],
+                ids=[ids[t].values for t in tables],
+                row_splits=[tf.cast(ids[t].row_splits, tf.int64) for t in tables],
+                weights=[] if weights is None else [weights[t].values for t in tables],
+                combiners=[combiners[t] for t in tables],
+                names=[names[t] for t in tables],
+                positions=[positions[t] for t in tables],
+                strides=[] if shards is None else [shards[t][0] for t in tables],
+                offsets=[] if shards is None else [shards[t][1] for t in tables],
+                numbered=[numbered] * len(tables) if numbered else [],
+                checked=checked,
+            )
+            for t, out in zip(tables, pooled):
+                outputs[t] = out
+    return outputs
 
 
 def _on_device(device: str) -> contextlib.AbstractContextManager[Any]:
@@ -94,7 +106,7 @@ def _on_device(device: str) -> contextlib.AbstractContextManager[Any]:
 def _held_products(op: tf.Operation, t: int, n: int, scaled: tf.Tensor, samples: tf.Tensor) -> tf.Tensor:
     """``scaled_s . row_j`` for each id ``j`` (sample ``s``) of table ``t`` that its shard holds, 0
     for the others."""
-    params, ids = op.inputs[t], tf.cast(op.inputs[n + t], tf.int64)
+    params, ids = tf.cast(op.inputs[t], tf.float32), tf.cast(op.inputs[n + t], tf.int64)
     strides, offsets = op.get_attr("strides"), op.get_attr("offsets")
     if not strides:
         return tf.reduce_sum(tf.gather(scaled, samples) * tf.gather(params, ids), axis=1)

@@ -13,7 +13,9 @@ times less optimizer memory. It is a Keras 3 optimizer: give it to ``sok.Optimiz
 SOK's tables (``sok.DynamicVariable`` rows keep the accumulator as one column beside the
 embedding; ``sok.Variable`` shards get a ``[rows, 1]`` accumulator), or use it alone on any
 variable. A variable of rank 2 or more is updated per row (its first axis, the mean over the
-others); below that, element-wise, as Adagrad with epsilon after the square root.
+others); below that, element-wise, as Adagrad with epsilon after the square root. A variable of
+float16 or bfloat16 (``sok.Variable(dtype=tf.bfloat16)``) gets float32 accumulators and its step
+in float32, the row stored rounded to nearest even (as SOK's fused kernels do).
 
 Example::
 
@@ -40,6 +42,18 @@ def row_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
         ((1000, 1), (64,))
     """
     return tuple(shape) if len(shape) < 2 else (shape[0],) + (1,) * (len(shape) - 1)
+
+
+def state_dtype(dtype: tf.DType) -> tf.DType:
+    """The dtype of the accumulators and of the step's arithmetic for a variable of ``dtype``:
+    float32 for half-width floats, else ``dtype``."""
+    return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
+
+
+def _gatherable(variable: Any) -> Any:
+    """What ``tf.gather`` reads rows of without copying the whole variable: a Keras variable's
+    TensorFlow variable, or the (TensorFlow) variable itself."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
 
 
 def _row_mean_square(g: tf.Tensor) -> tf.Tensor:
@@ -100,25 +114,36 @@ class RowWiseAdagrad(keras.optimizers.Adagrad):
             self.add_variable(
                 shape=row_shape(tuple(var.shape)),
                 initializer=initializer,
-                dtype=var.dtype,
+                dtype=state_dtype(tf.as_dtype(var.dtype)),
                 name=f"{var.name.split(':')[0].replace('/', '_')}_accumulator",
             )
             for var in var_list
         ]
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        """One step of ``variable`` (its rows of an ``IndexedSlices`` gradient only, repeated ids summed)."""
-        dtype = variable.dtype
-        lr = tf.cast(learning_rate, dtype)
+        """One step of ``variable`` (its rows of an ``IndexedSlices`` gradient only, repeated ids summed),
+        in :func:`state_dtype`'s arithmetic."""
+        dtype = tf.as_dtype(variable.dtype)
+        compute = state_dtype(dtype)
+        lr = tf.cast(learning_rate, compute)
         accumulator = self._accumulators[self._get_variable_index(variable)]
         if isinstance(gradient, tf.IndexedSlices):
             ids, positions = tf.unique(gradient.indices)
-            summed = tf.math.unsorted_segment_sum(tf.cast(gradient.values, dtype), positions, tf.size(ids))
+            summed = tf.math.unsorted_segment_sum(tf.cast(gradient.values, compute), positions, tf.size(ids))
             # the accumulator's rows of the step only (a sparse read, no copy of the whole variable)
-            rows = tf.gather(getattr(accumulator, "value", accumulator), ids) + _row_mean_square(summed)
+            rows = tf.gather(_gatherable(accumulator), ids) + _row_mean_square(summed)
             self.assign(accumulator, tf.IndexedSlices(rows, ids))
-            self.assign_sub(variable, tf.IndexedSlices(lr * summed / (tf.sqrt(rows) + self.epsilon), ids))
+            step = lr * summed / (tf.sqrt(rows) + self.epsilon)
+            if compute == dtype:
+                self.assign_sub(variable, tf.IndexedSlices(step, ids))
+            else:  # the row in float32, stored rounded
+                current = tf.cast(tf.gather(_gatherable(variable), ids), compute)
+                self.assign(variable, tf.IndexedSlices(tf.cast(current - step, dtype), ids))
             return
-        gradient = tf.cast(gradient, dtype)
+        gradient = tf.cast(gradient, compute)
         self.assign_add(accumulator, _row_mean_square(gradient))
-        self.assign_sub(variable, lr * gradient / (tf.sqrt(tf.convert_to_tensor(accumulator)) + self.epsilon))
+        step = lr * gradient / (tf.sqrt(tf.convert_to_tensor(accumulator)) + self.epsilon)
+        if compute == dtype:
+            self.assign_sub(variable, step)
+        else:
+            self.assign(variable, tf.cast(tf.cast(tf.convert_to_tensor(variable), compute) - step, dtype))

@@ -750,6 +750,46 @@ def check_many_tables(comm: Comm) -> None:
     m.raise_if_any()
 
 
+@check("half-rows-and-their-row-wise-step")
+def check_half_rows(comm: Comm) -> None:
+    """float16 and bfloat16 tables (distributed and localized) in one call with a float32 table, on
+    every rank: lookups and gradients equal to the bit those of float32 tables of the same values,
+    and a sok.RowWiseAdagrad step in a tf.function leaves each half table equal to the float32
+    table's step rounded to its dtype (the step is float32 either way)."""
+    m = Mismatches()
+    rng = np.random.default_rng(970)
+    shapes, dtypes = [(23, 4), (17, 8), (9, 4)], ["bfloat16", "float16", "float32"]
+    modes = ["distributed", "localized:1" if comm.n > 1 else None, "distributed"]
+    values = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    half = [sok.Variable(v, dtype=d, mode=mode) for v, d, mode in zip(values, dtypes, modes)]
+    full = [sok.Variable(tf.cast(tf.cast(v, d), tf.float32), mode=mode) for v, d, mode in zip(values, dtypes, modes)]
+    lengths = rng.integers(0, 5, (3, 6 + comm.rank))
+    ids = [tf.RaggedTensor.from_row_lengths(rng.integers(0, rows, n.sum()), n) for (rows, _), n in zip(shapes, lengths)]
+
+    def train(tables: list) -> tuple[list, list]:
+        """One step of a tf.function of its own (each makes its optimizer's variables)."""
+        optimizer = sok.OptimizerWrapper(sok.RowWiseAdagrad(learning_rate=0.1))
+
+        @tf.function
+        def step() -> tuple[list, list]:
+            with tf.GradientTape() as tape:
+                out = sok.lookup_sparse(tables, ids, combiners=["sum", "mean", "sqrtn"])
+                loss = tf.add_n([tf.reduce_sum(o * o) for o in out])
+            grads = tape.gradient(loss, tables)
+            optimizer.apply_gradients(zip(grads, tables))
+            return out, [tf.convert_to_tensor(g) for g in grads]
+
+        return step()
+
+    (out_half, grads_half), (out_full, grads_full) = train(half), train(full)
+    for t, d in enumerate(dtypes):
+        m.close(f"{d} table: pooled", out_half[t].numpy(), out_full[t].numpy(), rtol=0, atol=0)
+        m.close(f"{d} table: gradient", grads_half[t].numpy(), grads_full[t].numpy(), rtol=0, atol=0)
+        rounded = tf.cast(tf.cast(full[t], d), tf.float32).numpy()
+        m.close(f"{d} table: after the step", tf.cast(half[t], tf.float32).numpy(), rounded, rtol=0, atol=0)
+    m.raise_if_any()
+
+
 @check("all2all_dense_embedding")
 def check_all2all(comm: Comm) -> None:
     """Rows of a distributed table and of a dynamic table for per-rank different 1-D ids (different

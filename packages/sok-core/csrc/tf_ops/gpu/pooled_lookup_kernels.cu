@@ -115,7 +115,10 @@ std::vector<TableDev> describe(const PooledTable* tables, int num_tables, int64_
     // 4 columns at once where rows and outputs are float4-aligned.
     const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     const bool out4 = d.t.dim % 4 == 0 && aligned16(d.t.out);
-    d.pool_vec = out4 && aligned16(d.t.params) ? 4 : 1;
+    const auto aligned_row4 = [&d](const void* p) {  // 4 elements of the rows at once
+      return reinterpret_cast<uintptr_t>(p) % (4 * row_type_bytes(d.t.row_type)) == 0;
+    };
+    d.pool_vec = out4 && aligned_row4(d.t.params) ? 4 : 1;
     d.pool_lanes = 1;
     while (d.pool_lanes < d.t.dim / d.pool_vec && d.pool_lanes < 32) d.pool_lanes <<= 1;
     const int64_t per_sample = batch > 0 ? std::max<int64_t>(ceil_div(d.t.nnz, batch), 1) : 1;
@@ -240,6 +243,16 @@ __device__ void load_columns(const float* rows, int64_t row, int64_t dim, int64_
   }
 }
 
+// Columns k .. k + V - 1 of row `row` of the (rows, dim) matrix `rows` of type R, as float32.
+template <int V, RowType R>
+__device__ void load_row_columns(const void* rows, int64_t row, int64_t dim, int64_t k, float* x) {
+  if constexpr (V == 4) {
+    load_row_elements4<R>(rows, row * dim + k, x);
+  } else {
+    x[0] = load_row_element<R>(rows, row * dim + k);
+  }
+}
+
 // Columns k .. k + V - 1 of row `row` of the (rows, dim) matrix `rows` = x (load_columns' store).
 template <int V>
 __device__ void store_columns(float* rows, int64_t row, int64_t dim, int64_t k, const float* x) {
@@ -274,8 +287,8 @@ __device__ int64_t held_ids(const TableDev& d, int64_t begin, int64_t end, int l
 // sample s0 + i, clamped to [begin, nnz] and made non-decreasing (a max scan), so that row_splits the
 // checks refuse read nothing outside the ids. A table whose shard holds every valid id (stride 1,
 // offset 0) counts a sample's ids from its row_splits; others count its held ids first (held_ids).
-// (Ids the checks refuse leave such rows wrong, and the op raises.)
-template <int V>
+// (Ids the checks refuse leave such rows wrong, and the op raises.) R: the rows' type.
+template <int V, RowType R>
 __device__ void pool_run(const TableDev& d, int64_t s0, int run, int64_t k, int lane, int lanes, unsigned mask) {
   const PooledTable& t = d.t;
   const bool column = k < t.dim;
@@ -339,7 +352,7 @@ __device__ void pool_run(const TableDev& d, int64_t s0, int run, int64_t k, int 
         use[u] = __shfl_sync(mask, held, src, lanes) != 0 && u0 + u < n;
 #pragma unroll
         for (int v = 0; v < V; ++v) x[u][v] = 0.0f;
-        if (use[u] && column) load_columns<V>(t.params, r, t.dim, k, x[u]);
+        if (use[u] && column) load_row_columns<V, R>(t.params, r, t.dim, k, x[u]);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -443,7 +456,8 @@ __global__ void validate_kernel(const TableDev* tables, int num_tables, int64_t 
 }
 
 // out (batch, dim) of each table: a run of `pool_run` samples per `pool_lanes` threads of a warp,
-// each `pool_vec` columns at a time.
+// each `pool_vec` columns at a time; the tables' rows of type R (one type per call).
+template <RowType R>
 __global__ void __launch_bounds__(kThreads, kGatherBlocksPerSm)
     pool_kernel(const TableDev* tables, int num_tables, int64_t batch) {
   const TableDev& d = block_table(tables, num_tables, kPool);
@@ -459,9 +473,9 @@ __global__ void __launch_bounds__(kThreads, kGatherBlocksPerSm)
   for (int64_t k0 = 0; k0 < d.t.dim; k0 += int64_t{vec} * lanes) {
     const int64_t k = k0 + int64_t{vec} * lane;
     if (vec == 4) {
-      pool_run<4>(d, s0, run, k, lane, lanes, mask);
+      pool_run<4, R>(d, s0, run, k, lane, lanes, mask);
     } else {
-      pool_run<1>(d, s0, run, k, lane, lanes, mask);
+      pool_run<1, R>(d, s0, run, k, lane, lanes, mask);
     }
   }
 }
@@ -1020,7 +1034,15 @@ cudaError_t pooled_forward(const PooledTable* tables, int num_tables, int64_t ba
   SOK_CUDA_RETURN(launch(init_checks_kernel, ceil_div(num_tables, kThreads), stream, checks, num_tables));
   SOK_CUDA_RETURN(launch(validate_kernel, validate, stream, static_cast<const TableDev*>(dev), num_tables, batch,
                          checks, KeysOut{nullptr, nullptr, nullptr, 0, 0}));
-  return launch(pool_kernel, pool, stream, static_cast<const TableDev*>(dev), num_tables, batch);
+  const auto* devs = static_cast<const TableDev*>(dev);
+  switch (tables[0].row_type) {  // the same for every table of the call
+    case kRowFloat16:
+      return launch(pool_kernel<kRowFloat16>, pool, stream, devs, num_tables, batch);
+    case kRowBFloat16:
+      return launch(pool_kernel<kRowBFloat16>, pool, stream, devs, num_tables, batch);
+    default:
+      return launch(pool_kernel<kRowFloat32>, pool, stream, devs, num_tables, batch);
+  }
 }
 
 const char* pooled_grad_unsupported(const PooledTable* tables, int num_tables, int64_t batch) {

@@ -36,6 +36,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gpu/row_type.h"
+
 namespace sok_gpu {
 
 enum PooledCombiner : int32_t { kPooledSum = 0, kPooledMean = 1, kPooledSqrtn = 2 };
@@ -43,7 +45,7 @@ enum PooledCombiner : int32_t { kPooledSum = 0, kPooledMean = 1, kPooledSqrtn = 
 // One table of a call: device pointers into the op's inputs and outputs, and its sharding (the
 // shard holds id i at row i / stride when i mod stride == offset; offset -1: no id).
 struct PooledTable {
-  const float* params;    // (rows, dim): forward only
+  const void* params;     // (rows, dim) of row_type: forward only
   const float* grads;     // (batch, dim): gradient only
   const void* ids;        // (nnz,) int32, or int64 when ids_int64
   const int64_t* splits;  // (batch + 1,); nullptr: not checked (pooled_validate only)
@@ -57,6 +59,7 @@ struct PooledTable {
   int64_t offset;
   int32_t ids_int64;
   int32_t combiner;  // PooledCombiner
+  RowType row_type;  // the params' dtype (read widened to float32), the same for every table of a call
 };
 
 // A position that was not found.

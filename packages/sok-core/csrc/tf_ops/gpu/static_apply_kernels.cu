@@ -39,7 +39,7 @@ __global__ void update_kernel(Batch batch, const float* learning_rate, float eps
     if (row < 0) break;  // padding: it ends the gradient
     const int64_t at = row * x.dim + (e - i * x.dim);
     const float denominator = __fsqrt_rn(__fadd_rn(x.accumulator[at], epsilon));
-    atomicAdd(x.table + at, -__fdiv_rn(__fmul_rn(lr, x.grads[e]), denominator));
+    atomicAdd(static_cast<float*>(x.table) + at, -__fdiv_rn(__fmul_rn(lr, x.grads[e]), denominator));
   }
 }
 
@@ -48,10 +48,11 @@ __global__ void update_kernel(Batch batch, const float* learning_rate, float eps
 constexpr int kHeld = 4;
 
 // A warp per row: the mean of the row's squares (lane sums over columns lane, lane + kWarp, ...,
-// then a butterfly over the warp: the same order every run), its accumulator, then the row. The
-// row's index, its gradient's and the table's first kWarp * kHeld columns and its accumulator are
-// loaded together, so that a row waits on memory once, not once per dependent step (index,
-// gradient, accumulator, table); columns past them are read as they are used.
+// then a butterfly over the warp: the same order every run), its accumulator, then the row (read
+// widened to float32, stored rounded to the table's row type). The row's index, its gradient's and
+// the table's first kWarp * kHeld columns and its accumulator are loaded together, so that a row
+// waits on memory once, not once per dependent step (index, gradient, accumulator, table); columns
+// past them are read as they are used.
 __global__ void row_wise_kernel(Batch batch, const float* learning_rate, float epsilon) {
   const AdagradTable& x = batch.t[blockIdx.y];
   const float lr = *learning_rate;
@@ -61,7 +62,7 @@ __global__ void row_wise_kernel(Batch batch, const float* learning_rate, float e
     const int64_t row = x.indices[i];
     if (row < 0) break;  // padding: it ends the gradient (the warp's rows only go up)
     const float* g = x.grads + i * x.dim;
-    float* w = x.table + row * x.dim;
+    const int64_t at = row * x.dim;  // the row's first element
     const float before = x.accumulator[row];
     float gh[kHeld];
     float wh[kHeld];
@@ -69,7 +70,7 @@ __global__ void row_wise_kernel(Batch batch, const float* learning_rate, float e
     for (int k = 0; k < kHeld; ++k) {
       const int64_t c = lane + int64_t{k} * kWarp;
       gh[k] = c < x.dim ? g[c] : 0.0f;
-      wh[k] = c < x.dim ? w[c] : 0.0f;
+      wh[k] = c < x.dim ? load_row_element(x.table, x.row_type, at + c) : 0.0f;
     }
     float squares = 0.0f;
 #pragma unroll
@@ -90,10 +91,14 @@ __global__ void row_wise_kernel(Batch batch, const float* learning_rate, float e
 #pragma unroll
     for (int k = 0; k < kHeld; ++k) {
       const int64_t c = lane + int64_t{k} * kWarp;
-      if (c < x.dim) w[c] = __fsub_rn(wh[k], __fdiv_rn(__fmul_rn(lr, gh[k]), denominator));
+      if (c < x.dim) {
+        const float step = __fdiv_rn(__fmul_rn(lr, gh[k]), denominator);
+        store_row_element(x.table, x.row_type, at + c, __fsub_rn(wh[k], step));
+      }
     }
     for (int64_t c = lane + int64_t{kHeld} * kWarp; c < x.dim; c += kWarp) {
-      w[c] = __fsub_rn(w[c], __fdiv_rn(__fmul_rn(lr, g[c]), denominator));
+      const float step = __fdiv_rn(__fmul_rn(lr, g[c]), denominator);
+      store_row_element(x.table, x.row_type, at + c, __fsub_rn(load_row_element(x.table, x.row_type, at + c), step));
     }
   }
 }

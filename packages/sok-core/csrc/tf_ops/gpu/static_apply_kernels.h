@@ -12,17 +12,20 @@
 
 #include <cstdint>
 
+#include "gpu/row_type.h"
+
 namespace sok_gpu {
 
 // One table of the step: all pointers in device memory.
 struct AdagradTable {
-  float* table;              // (rows, dim)
+  void* table;               // (rows, dim) of row_type (kRowFloat32 unless row-wise)
   float* accumulator;        // (rows, dim); row-wise: (rows, 1)
   const int64_t* indices;    // (count,)
   const float* grads;        // (count, dim)
   int64_t count;
   int64_t dim;
   int64_t rows;
+  RowType row_type;
 };
 
 // Tables per launch (the descriptors travel as kernel parameters).

@@ -44,7 +44,8 @@ from sparse_operation_kit import _table, communication
 from sparse_operation_kit.agreement import Agreement
 from sparse_operation_kit.checkpoint import directory as ckdir
 from sparse_operation_kit.checkpoint import format as fmt
-from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable
+from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable, is_static
+from sparse_operation_kit.dtypes import VALUE_DTYPE
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 from sparse_operation_kit.optimizer import OptimizerWrapper, checkpoint_aliases, is_keras_optimizer, wrappers_of
 from sparse_operation_kit.progress import Callback, NoOpCallback
@@ -353,6 +354,7 @@ def _dump_variable(
             rows=int(total),
             key_dtype=key_dtype,
             slots=slots,
+            dtype=var.dtype.name if is_static(var) else VALUE_DTYPE,
             kind="dynamic" if isinstance(var, DynamicVariable) else "static",
             mode=getattr(var, "mode", None)
             if isinstance(var, DynamicVariable)
@@ -746,7 +748,7 @@ def _load_static(var: Any, target: Any, keys: np.ndarray, weights: np.ndarray, r
     local = keys.astype(np.int64) if isinstance(var, LocalizedVariable) else keys.astype(np.int64) // n
     value = np.empty(tuple(target.shape), dtype=np.float32)  # a per-row slot: [rows, 1]
     value[local] = weights
-    target.assign(value)
+    target.assign(tf.cast(value, target.dtype))  # half-width rows: rounded to nearest even (exact if dumped so)
 
 
 def incremental_model_dump(sok_vars: Any, time_threshold: Any, sess: Any = None) -> tuple[list, list]:

@@ -49,6 +49,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from sparse_operation_kit.dtypes import STATIC_ROW_DTYPES
+
 try:  # ISA-L: the same CRC-32 as zlib's, computed faster (the optional extra sok-core[fast-crc])
     from isal.isal_zlib import crc32 as _crc32
 except ImportError:
@@ -440,7 +442,7 @@ _TABLE_FIELDS: dict[str, _Spec] = {
     "dim": ((int,), 1, "an integer >= 1"),
     "rows": ((int,), 0, "an integer >= 0"),
     "key_dtype": ((str,), 0, f"one of {', '.join(KEY_FILE_DTYPES)}"),
-    "dtype": ((str,), 0, '"float32"'),
+    "dtype": ((str,), 0, f"one of {', '.join(STATIC_ROW_DTYPES)}"),
     "slots": ((list,), 0, "a list of slot names"),
     "kind": ((str,), 0, '"dynamic" or "static"'),
     "mode": ((str, type(None)), 0, "a string or null"),
@@ -472,7 +474,9 @@ class TableEntry:
         key_dtype: the key file's dtype, one of :data:`KEY_FILE_DTYPES`.
         slots: optimizer slot names whose files were dumped (``<table>-<optimizer>-<slot>``).
         variable: the variable's name (``"emb:0"``); None when the manifest has none.
-        dtype: the rows' dtype (``"float32"``, the only one).
+        dtype: the table's row dtype (:data:`~sparse_operation_kit.dtypes.STATIC_ROW_DTYPES`:
+            ``"float16"`` and ``"bfloat16"`` for ``sok.Variable`` tables of half-width rows). The
+            files hold float32 values either way: half-width rows widened, exactly.
         kind: ``"dynamic"`` (a DynamicVariable) or ``"static"`` (a sok.Variable).
         mode: how the variable was placed (``"distributed"``, ``"localized:<gpu>"``, or a
             DynamicVariable's mode, often None).
@@ -527,7 +531,7 @@ class TableEntry:
                 raise CheckpointError(f"{path}: table {table} lacks the field {name!r}. The manifest is corrupt")
         if data["key_dtype"] not in KEY_FILE_DTYPES:
             raise _bad(path, f"tables.{table}.key_dtype", data["key_dtype"], _TABLE_FIELDS["key_dtype"][2])
-        if data.get("dtype", "float32") != "float32":
+        if data.get("dtype", "float32") not in STATIC_ROW_DTYPES:
             raise _bad(path, f"tables.{table}.dtype", data["dtype"], _TABLE_FIELDS["dtype"][2])
         if data.get("kind", "dynamic") not in TABLE_KINDS:
             raise _bad(path, f"tables.{table}.kind", data["kind"], _TABLE_FIELDS["kind"][2])

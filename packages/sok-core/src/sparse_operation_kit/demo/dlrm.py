@@ -177,6 +177,8 @@ class SokEmbeddings:
         var_types: the var_types of the dynamic tables, taken in turn.
         dynamic_rows: with ``"mixed"``, features of at least this many rows get dynamic tables.
         seed: initial values (every rank makes the same static tables).
+        row_dtype: the static tables' rows (``dtypes.STATIC_ROW_DTYPES``; float16 / bfloat16 ones are
+            trained by ``sok.RowWiseAdagrad``).
 
     Attributes:
         tables: the 26 variables, named ``C1`` .. ``C26`` (Criteo's column names).
@@ -194,6 +196,7 @@ class SokEmbeddings:
         var_types: Sequence[str] = ("hbm", "hybrid"),
         dynamic_rows: int = 4096,
         seed: int = 0,
+        row_dtype: str = "float32",
     ) -> None:
         if len(rows) != NUM_CATEGORICAL:
             raise ValueError(f"rows must have {NUM_CATEGORICAL} entries, got {len(rows)}")
@@ -207,7 +210,7 @@ class SokEmbeddings:
         for i, (count, kind) in enumerate(zip(self.rows, self.kinds)):
             name = f"C{i + 1}"
             if kind == "static":
-                self.tables.append(Variable(shape=[count, dim], initializer=init, dtype=tf.float32, name=name))
+                self.tables.append(Variable(shape=[count, dim], initializer=init, dtype=row_dtype, name=name))
                 continue
             options = {}
             if kind == "hybrid":

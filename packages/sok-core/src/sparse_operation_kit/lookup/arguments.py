@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparse_operation_kit.distributed_variable import DistributedVariable, LocalizedVariable
+from sparse_operation_kit.dtypes import STATIC_ROW_DTYPES
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 
 __all__ = [
@@ -112,10 +113,10 @@ def table_kind(param: Any, index: int) -> str:
     if isinstance(param, DynamicVariable):
         return "dynamic"
     if isinstance(param, (DistributedVariable, LocalizedVariable)):
-        if param.dtype != tf.float32:
+        if param.dtype.name not in STATIC_ROW_DTYPES:
             raise TypeError(
-                f"params[{index}] ({param.name}) has dtype {param.dtype.name}; sok tables must be "
-                f"float32: create it with dtype=tf.float32"
+                f"params[{index}] ({param.name}) has dtype {param.dtype.name}; sok.Variable rows must be "
+                f"{', '.join(STATIC_ROW_DTYPES)}: create it with one of them"
             )
         return "localized" if isinstance(param, LocalizedVariable) else "distributed"
     raise TypeError(

@@ -100,7 +100,7 @@ def pool_rows(
         rows = param.sparse_read(_as_table_keys(unique, param))
     else:
         local = tf.cast(unique, tf.int64) // n if kind == "distributed" else tf.cast(unique, tf.int64)
-        rows = tf.gather(param, local)
+        rows = tf.cast(tf.gather(param, local), tf.float32)  # half-width rows are summed in float32
     if weights is None and not on_gpu(param):
         return tf.sparse.segment_sum(rows, position, samples, num_segments=num_samples), status
     # TensorFlow's GPU kernel of sparse.segment_sum refuses some valid edge batches ("segment ids must
@@ -291,7 +291,7 @@ def _by_table(values: list[tf.Tensor] | None) -> dict[int, tf.Tensor] | None:
 
 
 def _empty_read(table: TablePlan) -> tf.Tensor:
-    """``[0, dim]`` rows read from ``table``: no row, but a gradient path to it."""
+    """``[0, dim]`` float32 rows read from ``table``: no row, but a gradient path to it."""
     if table.kind == "dynamic":
         return try_sparse_read(table.param, tf.zeros([0], table.param.key_type), distinct=True)[0]
-    return tf.gather(table.param, tf.zeros([0], tf.int64))
+    return tf.cast(tf.gather(table.param, tf.zeros([0], tf.int64)), tf.float32)  # half-width rows too
