@@ -50,9 +50,11 @@ class Model(tf.Module):
     """Two ``sok.Variable`` tables (one per feature column), pooled by one ``sok.lookup_sparse``
     (sum and mean), concatenated, then a dense layer: a recommender's serving function in small."""
 
-    def __init__(self) -> None:
+    def __init__(self, row_dtype: str = "float32") -> None:
         rng = np.random.default_rng(3)
-        self.tables = [sok.Variable(rng.normal(size=(ROWS, DIM)).astype(np.float32)) for _ in range(2)]
+        self.tables = [
+            sok.Variable(rng.normal(size=(ROWS, DIM)).astype(np.float32), dtype=row_dtype) for _ in range(2)
+        ]
         self.kernel = tf.Variable(rng.normal(size=(2 * DIM, 1)).astype(np.float32))
 
     @tf.function(input_signature=[tf.TensorSpec([None, 2 * HOTNESS], tf.int64)])
@@ -81,8 +83,10 @@ def serve_in_cpp(
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_a_saved_model_of_sok_tables_serves_from_cpp_without_python(server, tmp_path):
-    model = Model()
+@pytest.mark.parametrize("row_dtype", ["float32", "bfloat16"])
+def test_a_saved_model_of_sok_tables_serves_from_cpp_without_python(server, tmp_path, row_dtype):
+    """float32 tables, and tables of bfloat16 rows (the saved lookup op's T attribute)."""
+    model = Model(row_dtype)
     path = tmp_path / "model"
     tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
     ids = np.random.default_rng(4).integers(0, ROWS, size=(BATCH, 2 * HOTNESS))
