@@ -346,7 +346,8 @@ class PooledLookupOp : public PooledLookupKernel {
       const Block& b = blocks[i];
       const Table& table = tables[b.table];
       bool ok = true;
-      with_row_type(table.row_type, [&](auto row) { ok = pool_block<decltype(row)>(table, b.begin, b.end, out[b.table]); });
+      with_row_type(table.row_type,
+                    [&](auto row) { ok = pool_block<decltype(row)>(table, b.begin, b.end, out[b.table]); });
       if (!ok) bad[b.table].store(true, std::memory_order_relaxed);
     });
     for (size_t t = 0; t < tables.size(); ++t) {

@@ -156,7 +156,8 @@ inline Status gather(OpKernelContext* ctx, const std::vector<std::string>& names
     if (a.dtype() != ::tensorflow::DT_FLOAT || a.shape() != want) {
       return errors::InvalidArgument("accumulators[", t, "] (table ", name, ") is ",
                                      ::tensorflow::DataTypeString(a.dtype()), " ", a.shape().DebugString(),
-                                     "; it must be float32 with the table's ", row_wise ? "rows and one column" : "shape",
+                                     "; it must be float32 with the table's ",
+                                     row_wise ? "rows and one column" : "shape",
                                      ": float ", want.DebugString());
     }
     x.rows = w.dim_size(0);
