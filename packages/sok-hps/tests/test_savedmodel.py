@@ -132,16 +132,27 @@ SERVE = textwrap.dedent(
 )
 
 
-# NVIDIA's notebooks import HPS before TensorFlow
-SERVE_HPS_FIRST = SERVE.replace(
-    "import tensorflow as tf\nimport hierarchical_parameter_server  # loads the ops the SavedModel names\n",
-    "import hierarchical_parameter_server\nimport tensorflow as tf  # HPS loads the ops the SavedModel names\n",
-)
+def _hps_imported_first(then: str) -> str:
+    """SERVE with HPS imported first, then ``then`` (NVIDIA's notebooks: ``import tensorflow``; a
+    Keras user: ``import keras``, whose import imports TensorFlow halfway through its own)."""
+    return SERVE.replace(
+        "import tensorflow as tf\nimport hierarchical_parameter_server  # loads the ops the SavedModel names\n",
+        f"import hierarchical_parameter_server\n{then}\nimport tensorflow as tf  # HPS has loaded its ops\n",
+    )
+
+
+SERVE_HPS_FIRST = _hps_imported_first("")
+SERVE_HPS_THEN_KERAS = _hps_imported_first("import keras")
+SERVE_HPS_THEN_TF_KERAS = _hps_imported_first("import tf_keras")
 
 
 def _serve_in_a_fresh_process(saved, batch_file, out, script=SERVE):
+    """Runs ``script`` in a fresh process; tf_keras' import order runs under TF_USE_LEGACY_KERAS=1
+    (tf.keras is then the tf_keras being imported)."""
+    legacy = {"TF_USE_LEGACY_KERAS": "1"} if script is SERVE_HPS_THEN_TF_KERAS else {}
     run = subprocess.run(
         [sys.executable, "-c", script, str(saved), str(batch_file), str(out)],
+        env={**os.environ, **legacy},
         capture_output=True,
         text=True,
         timeout=300,
@@ -152,13 +163,24 @@ def _serve_in_a_fresh_process(saved, batch_file, out, script=SERVE):
 
 @pytest.mark.parametrize(
     ("kind", "script"),
-    [("cache", SERVE), ("chain", SERVE), ("hash_map", SERVE), ("rocks_db", SERVE), ("cache", SERVE_HPS_FIRST)],
-    ids=["cache", "chain", "hash_map", "rocks_db", "cache-hps-imported-first"],
+    [
+        ("cache", SERVE),
+        ("chain", SERVE),
+        ("hash_map", SERVE),
+        ("rocks_db", SERVE),
+        ("cache", SERVE_HPS_FIRST),
+        ("cache", SERVE_HPS_THEN_KERAS),
+        ("cache", SERVE_HPS_THEN_TF_KERAS),
+    ],
+    ids=["cache", "chain", "hash_map", "rocks_db", "hps-then-tensorflow", "hps-then-keras", "hps-then-tf_keras"],
 )
 def test_an_exported_savedmodel_serves_in_a_fresh_process(tmp_path, kind, script):
     """model.export of a Keras model with a LookupLayer over each tier chain: the cache alone (one
     SokFindOrDefault), the evicting chain cache -> hash map -> RocksDB (misses fetched by
-    SokPyCall), and gpucache off with the hash map read in the graph or RocksDB alone."""
+    SokPyCall), and gpucache off with the hash map read in the graph or RocksDB alone; and served
+    by processes that import HPS before TensorFlow, itself or through Keras 3 or tf_keras."""
+    if script is SERVE_HPS_THEN_TF_KERAS:
+        pytest.importorskip("tf_keras", reason="the tf_keras import order needs tf_keras")
     folder, weights = support.write_table(tmp_path / "t0", ROWS, DIM0, seed=5)
     model_kw, top = support.tier_setup(kind, tmp_path)
     entry = support.model_entry("dlrm", [folder], [DIM0], **model_kw)

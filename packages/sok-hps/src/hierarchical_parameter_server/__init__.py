@@ -8,9 +8,9 @@ return what ``tf.nn.embedding_lookup`` / ``tf.nn.embedding_lookup_sparse`` retur
 
 TensorFlow is imported when one of those three is first used, so
 :mod:`hierarchical_parameter_server.convert` (``sok ckpt convert``) works without it. Once
-TensorFlow is imported (before this package or after it: the order does not matter), the layers
-are imported, so that ``keras.models.load_model`` finds them, and the ops of the lookup graphs are
-loaded, so that ``tf.saved_model.load`` finds them.
+TensorFlow is imported (before this package or after it, itself or through ``import keras``: the
+order does not matter), the layers are imported, so that ``keras.models.load_model`` finds them,
+and the ops of the lookup graphs are loaded, so that ``tf.saved_model.load`` finds them.
 
 Example::
 
@@ -28,6 +28,7 @@ import importlib.abc
 import importlib.util
 import logging
 import sys
+import threading
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -56,33 +57,69 @@ def _with_tensorflow() -> None:
     importlib.import_module(f"{__name__}.graph_calls").load_ops()
 
 
+#: The packages whose import may import TensorFlow in its midst (Keras 3 and tf_keras do, with
+#: TensorFlow's backend): the layers are ``tf.keras`` layers, so they are registered only once the
+#: outermost of these imports is done (inside ``import keras``, ``tf.keras`` is a half-made module).
+_WATCHED = frozenset({"tensorflow", "keras", "tf_keras"})
+
+
 class _AfterTensorFlow(importlib.abc.MetaPathFinder):
-    """Runs :func:`_with_tensorflow` right after the first ``import tensorflow`` of the process
-    (NVIDIA's notebooks import this package first); once, then it leaves ``sys.meta_path``."""
+    """Runs :func:`_with_tensorflow` once TensorFlow is imported (NVIDIA's notebooks import this
+    package first), when the outermost import of :data:`_WATCHED` that brought it in is done
+    (``import keras`` imports TensorFlow halfway through its own import); once, then it leaves
+    ``sys.meta_path``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._finding = threading.local()  # find_spec below asks the other finders, not this one
+        self._importing = 0  # watched imports begun and not yet done
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != "tensorflow":
+        if fullname not in _WATCHED or getattr(self._finding, "active", False):
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        self._finding.active = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._finding.active = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         run = spec.loader.exec_module
 
         def exec_module(module: Any) -> None:
-            run(module)
+            with self._lock:
+                self._importing += 1
             try:
-                _with_tensorflow()
-            except Exception as error:  # noqa: BLE001 - TensorFlow's import must not fail for HPS
-                logging.getLogger(__name__).warning(
-                    "HPS could not load its layers and ops after TensorFlow's import (%s: %s): saved "
-                    "models of HPS layers will not load in this process",
-                    type(error).__name__,
-                    error,
-                )
+                run(module)
+            finally:
+                with self._lock:
+                    self._importing -= 1
+            if self._leave_when_done():
+                self._register()
 
         spec.loader.exec_module = exec_module
         return spec
+
+    def _leave_when_done(self) -> bool:
+        """Whether TensorFlow is imported and no watched import is under way, for the first caller
+        that finds so (this finder then leaves ``sys.meta_path``)."""
+        with self._lock:
+            if self._importing or "tensorflow" not in sys.modules or self not in sys.meta_path:
+                return False
+            sys.meta_path.remove(self)
+            return True
+
+    @staticmethod
+    def _register() -> None:
+        try:
+            _with_tensorflow()
+        except Exception as error:  # noqa: BLE001 - TensorFlow's import must not fail for HPS
+            logging.getLogger(__name__).warning(
+                "HPS could not load its layers and ops after TensorFlow's import (%s: %s): saved "
+                "models of HPS layers will not load in this process",
+                type(error).__name__,
+                error,
+            )
 
 
 if "tensorflow" in sys.modules:
