@@ -17,6 +17,7 @@ HPS did not register (``builtins:exec``) is refused where HPS serves, the functi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
@@ -557,6 +558,31 @@ def test_a_model_saved_before_its_config_exists_serves_once_it_does(tmp_path):
     save_batch(tmp_path / "batch.npz", ids)
     got = _serve_in_a_fresh_process(tmp_path / "saved", tmp_path / "batch.npz", tmp_path / "out.npy")
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_model_traced_where_its_config_cannot_serve_yet_serves_once_it_can(tmp_path, caplog):
+    """The layer's ps_config is in place but names model files not there yet (its paths are the
+    serving host's): exporting does not fail on the config, it says once why HPS did not start, and
+    the export serves once the files are there."""
+    folder = tmp_path / "later" / "t0"
+    entry = support.model_entry("dlrm", [str(folder)], [DIM0])
+    path = support.write_config(tmp_path / "ps.json", support.ps_config([entry], **support.DISABLED_DBS))
+    init.shutdown()
+    ids_in = keras.Input(shape=(3,), dtype="int64")
+    common = {"emb_vec_dtype": tf.float32, "ps_config_file": path, "global_batch_size": 64}
+    emb = hps.LookupLayer(model_name="dlrm", table_id=0, emb_vec_size=DIM0, **common)(ids_in)
+    with caplog.at_level(logging.WARNING, logger="hierarchical_parameter_server.layers"):
+        keras.Model(ids_in, keras.layers.Flatten()(emb)).export(tmp_path / "saved", verbose=False)
+    assert not init.is_initialized()
+    assert [r.getMessage().count(str(folder)) > 0 for r in caplog.records] == [True]
+
+    _, weights = support.write_table(folder, ROWS, DIM0, seed=1)
+    ids = np.random.default_rng(4).integers(0, ROWS + 10, size=(64, 3)).astype(np.int64)
+    try:
+        served = tf.saved_model.load(str(tmp_path / "saved")).serve(tf.constant(ids)).numpy()
+        np.testing.assert_array_equal(served, support.oracle(weights, 0.5, 10)[ids].reshape(64, -1))
+    finally:
+        init.shutdown()
 
 
 def test_functions_traced_before_init_serve_after_it(tmp_path):

@@ -76,6 +76,31 @@ class _HpsLayer(tf.keras.layers.Layer):
         self.ps_config_file = ps_config_file
         self.global_batch_size = global_batch_size
         self.supports_jit = False  # the lookup's misses run Python (SokPyCall)
+        #: Whether a start from ps_config_file failed while this layer was traced: later traces
+        #: (a save traces several times) do not try it again.
+        self._start_failed_while_tracing = False
+
+    def _started_while_tracing(self) -> bool:
+        """Whether HPS is running after a start from ``ps_config_file``, where the file is there, so
+        that the graph being traced holds the lookup itself. Tracing needs no config: a start that
+        fails is logged, not raised, and not tried again by this layer's later traces (the first
+        lookup starts HPS from the file again, and raises if it still cannot)."""
+        if self._start_failed_while_tracing or not os.path.isfile(self.ps_config_file):
+            return False
+        try:
+            init.get_server(self.ps_config_file, self.global_batch_size)
+        except (OSError, ValueError, TypeError, ImportError, RuntimeError, tf.errors.OpError) as error:
+            self._start_failed_while_tracing = True
+            logger.warning(
+                "HPS cannot start from %r while %s is traced (%s: %s); the traced lookups start it from that "
+                "file when they first run, and raise then if it still cannot",
+                self.ps_config_file,
+                self.name,
+                type(error).__name__,
+                error,
+            )
+            return False
+        return True
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -100,17 +125,20 @@ class _HpsLayer(tf.keras.layers.Layer):
     def _rows(self, keys: tf.Tensor) -> tf.Tensor:
         """The rows of the 1-D ``keys``, ``float32 [n, emb_vec_size]``: the served table's lookup
         (:meth:`.server.ServedTable.lookup`). A graph traced while HPS is not running and cannot start
-        yet (no ``ps_config_file``, or no file there yet: NVIDIA's flow builds and saves the model
-        before it writes the config and calls ``hps.Init``) gets a lookup that finds the table when it
-        first runs, starting HPS from ``ps_config_file`` if nothing has; it serves through Python."""
-        if tf.executing_eagerly() or init.is_initialized() or os.path.isfile(self.ps_config_file):
+        (no ``ps_config_file``, no file there yet: NVIDIA's flow builds and saves the model before it
+        writes the config and calls ``hps.Init``; or a config this process cannot serve, such as
+        model files or databases only the serving host has) gets a lookup that finds the table when
+        it first runs, starting HPS from ``ps_config_file`` if nothing has; it serves through Python."""
+        if tf.executing_eagerly() or init.is_initialized() or self._started_while_tracing():
             return self._served(keys.dtype).lookup(keys)
         logger.info(
             "HPS is not running while %s is traced: its lookup finds model %r table %d when it first runs "
-            "and serves through Python (call hps.Init before tracing for the lookup in the graph)",
+            "(starting HPS from ps_config_file %r if nothing has) and serves through Python (call hps.Init "
+            "before tracing for the lookup in the graph)",
             self.name,
             self.model_name,
             self.table_id,
+            self.ps_config_file,
         )
         path = os.path.abspath(self.ps_config_file) if self.ps_config_file else ""
         context = graph_context.untraced_context(
@@ -143,8 +171,8 @@ class LookupLayer(_HpsLayer):
         emb_vec_size: the table's width (``embedding_vecsize_per_table[table_id]``).
         emb_vec_dtype: ``tf.float32`` (the only one).
         ps_config_file: the ps_config JSON for implicit initialisation ("" where ``hps.Init`` is
-            called first). It may be written after the model is traced or saved: the first lookup
-            reads it.
+            called first). It may be written, and its model files and databases be there, only after
+            the model is traced or saved: the first lookup reads it.
         global_batch_size: the ``global_batch_size`` of the implicit initialisation.
         **kwargs: Keras layer arguments (``name``, ...).
 
