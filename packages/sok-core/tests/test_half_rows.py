@@ -174,9 +174,13 @@ def test_a_dtype_rows_cannot_have_is_refused_by_name(dtype) -> None:
         sok.Variable(shape=[4, 3], initializer="uniform", dtype=dtype)
 
 
-def test_a_half_tensor_given_a_float32_dtype_is_refused_as_before() -> None:
-    with pytest.raises((ValueError, TypeError)):
-        sok.Variable(tf.zeros([4, 3], tf.float64))
+@pytest.mark.parametrize(
+    ("given", "dtype"), [("float32", "bfloat16"), ("bfloat16", "float32"), ("float16", "bfloat16")]
+)
+def test_a_tensor_of_another_dtype_than_the_one_asked_is_refused_naming_both(given: str, dtype: str) -> None:
+    with pytest.raises(ValueError, match=rf"initial_value is a {given} tensor and dtype={dtype}: cast it first"):
+        sok.Variable(tf.zeros([4, 3], given), dtype=dtype)
+    assert sok.Variable(tf.zeros([4, 3], given)).dtype == given  # dtype unset: the tensor's
 
 
 def test_dynamic_variables_say_where_half_rows_are() -> None:

@@ -71,6 +71,12 @@ def _initial_value(initial_value: Any, shape: Any, initializer: Any, dtype: tf.D
     if initial_value is not None:
         if callable(initial_value):
             initial_value = initial_value()
+        given = getattr(initial_value, "dtype", None)
+        if isinstance(initial_value, (tf.Tensor, tf.Variable)) and dtype is not None and given != dtype:
+            raise ValueError(
+                f"initial_value is a {given.name} tensor and dtype={dtype.name}: cast it first "
+                f"(tf.cast(initial_value, tf.{dtype.name})), or leave dtype unset to keep {given.name}"
+            )
         if _untyped_numbers(initial_value) and (dtype is None or half):
             value = tf.cast(tf.convert_to_tensor(initial_value, dtype=VALUE_DTYPE), dtype or VALUE_DTYPE)
         else:
