@@ -44,6 +44,20 @@ def _widened(table: tf.Variable) -> np.ndarray:
     return tf.cast(table, tf.float32).numpy()
 
 
+def test_the_ops_take_the_row_dtypes_python_lists() -> None:
+    """SokPooledLookup's T attribute allows exactly dtypes.STATIC_ROW_DTYPES (the kernels' RowType),
+    float32 its default (graphs saved before the attribute load as float32 lookups)."""
+    from sparse_operation_kit import tf_ops
+    from sparse_operation_kit.dtypes import STATIC_ROW_DTYPES
+    from tensorflow.python.framework import op_def_registry
+
+    tf_ops.library()
+    (attr,) = [a for a in op_def_registry.get("SokPooledLookup").attr if a.name == "T"]
+    allowed = [tf.as_dtype(t).name for t in attr.allowed_values.list.type]
+    assert sorted(allowed) == sorted(STATIC_ROW_DTYPES)
+    assert tf.as_dtype(attr.default_value.type).name == STATIC_ROW_DTYPES[0] == "float32"
+
+
 @pytest.mark.parametrize("dtype", HALF)
 def test_rows_are_the_float32_values_rounded_to_nearest_even(dtype: str) -> None:
     values = _values()
