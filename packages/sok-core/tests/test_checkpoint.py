@@ -947,6 +947,7 @@ def test_cli_inspect(tmp_path, capsys):
         "rows": V,
         "dim": DIM,
         "key_dtype": "int64",
+        "dtype": "float32",
         "state_files": ["dyn_0-Adagrad-accumulator"],
     }
     assert info == json.loads(json.dumps(ckpt_inspect(path), default=str))

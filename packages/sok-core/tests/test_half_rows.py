@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ tf = pytest.importorskip("tensorflow")
 
 import sparse_operation_kit as sok  # noqa: E402
 from sparse_operation_kit import communication  # noqa: E402
+from sparse_operation_kit.checkpoint.inspect import inspect  # noqa: E402
 
 HALF = ["float16", "bfloat16"]
 COMBINERS = ["sum", "mean", "sqrtn"]
@@ -224,6 +227,15 @@ def test_checkpoint_keeps_the_dtype_and_the_bits(tmp_path, dtype: str) -> None:
     np.testing.assert_array_equal(
         other.static_slots(same)["accumulator"].numpy(), optimizer.static_slots(table)["accumulator"].numpy()
     )
+    tables = inspect(str(tmp_path))["tables"]
+    assert [t["dtype"] for t in tables.values()] == [dtype]
+    shown = subprocess.run(
+        [sys.executable, "-m", "sparse_operation_kit.cli", "ckpt", "inspect", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert f"rows x 6 (int64 keys, {dtype} rows)" in shown.stdout, shown.stdout + shown.stderr
     widened = sok.Variable(np.zeros((40, 6)), name="half")  # float32: the exact values
     sok.load(str(tmp_path), [widened])
     np.testing.assert_array_equal(widened.numpy(), _widened(table))

@@ -52,9 +52,7 @@ class Model(tf.Module):
 
     def __init__(self, row_dtype: str = "float32") -> None:
         rng = np.random.default_rng(3)
-        self.tables = [
-            sok.Variable(rng.normal(size=(ROWS, DIM)).astype(np.float32), dtype=row_dtype) for _ in range(2)
-        ]
+        self.tables = [sok.Variable(rng.normal(size=(ROWS, DIM)).astype(np.float32), dtype=row_dtype) for _ in range(2)]
         self.kernel = tf.Variable(rng.normal(size=(2 * DIM, 1)).astype(np.float32))
 
     @tf.function(input_signature=[tf.TensorSpec([None, 2 * HOTNESS], tf.int64)])

@@ -128,7 +128,8 @@ def _ckpt_inspect(args: argparse.Namespace) -> int:
     )
     for table, entry in info["tables"].items():
         print(
-            f"  {table}: {entry['rows']:,} rows x {entry['dim']} ({entry['key_dtype']} keys)"
+            f"  {table}: {entry['rows']:,} rows x {entry['dim']} ({entry['key_dtype']} keys"
+            f"{'' if entry['dtype'] == 'float32' else ', ' + entry['dtype'] + ' rows'})"
             f"{'; state ' + ', '.join(entry['state_files']) if entry['state_files'] else ''}"
         )
     print(f"checksums: {info['checksums']}" + (" (no manifest)" if info["manifest"] is None else ""))

@@ -12,7 +12,7 @@ table and file names stay inside the directory (:func:`~sparse_operation_kit.che
 Example::
 
     info = inspect("ckpt")
-    info["tables"]["emb_0"]      # {"rows": 8, "dim": 4, "key_dtype": "int64", "state_files": [...]}
+    info["tables"]["emb_0"]      # {"rows": 8, "dim": 4, "key_dtype": "int64", "dtype": "float32", "state_files": [...]}
     info["checksums"]            # "verified"
 """
 
@@ -38,7 +38,8 @@ def inspect(path: str, verify: bool = True) -> dict[str, Any]:
 
     Returns:
         ``{"path", "manifest" (as ``manifest.json`` holds it; None: NVIDIA SOK's layout), "tables":
-        {table: {rows, dim, key_dtype, state_files}}, "checksums": "verified" | "not checked" | "not
+        {table: {rows, dim, key_dtype, dtype (the table's row dtype: the manifest's, float32 without
+        one), state_files}}, "checksums": "verified" | "not checked" | "not
         available", "leftovers": [{path, complete}: what interrupted (or running) dumps of ``path``
         left beside it, which the next ``sok.dump`` of it deletes]}``.
 
@@ -51,7 +52,7 @@ def inspect(path: str, verify: bool = True) -> dict[str, Any]:
     Example::
 
         >>> inspect("ckpt", verify=False)["tables"]
-        {'emb_0': {'rows': 8, 'dim': 4, 'key_dtype': 'int64', 'state_files': ['emb_0-Adagrad-accumulator']}}
+        {'emb_0': {'rows': 8, 'dim': 4, 'key_dtype': 'int64', 'dtype': 'float32', 'state_files': [...]}}
     """
     return ckdir.read_consistently(path, lambda ckpt: describe(ckpt, verify))
 
@@ -85,7 +86,15 @@ def describe(ckpt: ckdir.OpenCheckpoint, verify: bool = True) -> dict[str, Any]:
                 )
             infos.append(info)
         fmt.check_against_manifest(path, table, manifest, infos, dim or 0)
-        tables[table] = {"rows": rows, "dim": dim, "key_dtype": key_info.dtype, "state_files": states}
+        entry = None if manifest is None else manifest.tables.get(table)
+        row_dtype = weight_info.dtype if entry is None else entry.dtype  # half rows are written widened
+        tables[table] = {
+            "rows": rows,
+            "dim": dim,
+            "key_dtype": key_info.dtype,
+            "dtype": row_dtype,
+            "state_files": states,
+        }
     if not tables:
         raise fmt.CheckpointError(f"{path} holds no checkpoint table (no <table>-key file): it is not a checkpoint")
     if manifest is not None and set(manifest.tables) - set(tables):
