@@ -1,6 +1,6 @@
 """Every tier behaves alike: one conformance class, one subclass per tier (hash_map,
-parallel_hash_map, a hash map with an overflow_margin, redis_cluster, rocks_db), each overriding the
-``tier`` fixture.
+parallel_hash_map, a hash map with an overflow_margin, each in Python and in C++, redis_cluster,
+rocks_db), each overriding the ``tier`` fixture.
 
 * Inserted rows come back bit for bit; missing keys come back as zeros with found False; an unknown
   table has no keys.
@@ -19,6 +19,7 @@ import uuid
 import numpy as np
 import pytest
 from hierarchical_parameter_server.tiers.hash_map import HashMapTier
+from hierarchical_parameter_server.tiers.hash_map_cpp import CppHashMapTier
 
 BATCH = 7  # the tiers' max_batch_size: small, so that every test crosses chunk boundaries
 
@@ -189,6 +190,32 @@ class TestEvictingHashMap(TierConformance):
         tier.close()
 
 
+class TestCppHashMap(TierConformance):
+    @pytest.fixture
+    def tier(self):
+        tier = CppHashMapTier(num_partitions=4, parallel=False, max_batch_size=BATCH)
+        yield tier
+        tier.close()
+
+
+class TestCppParallelHashMap(TierConformance):
+    @pytest.fixture
+    def tier(self):
+        tier = CppHashMapTier(num_partitions=5, parallel=True, max_batch_size=BATCH, allocation_rate=64)
+        yield tier
+        tier.close()
+
+
+class TestCppEvictingHashMap(TierConformance):
+    """Partitions that count accesses (an overflow_margin no test reaches)."""
+
+    @pytest.fixture
+    def tier(self):
+        tier = CppHashMapTier(num_partitions=5, parallel=True, max_batch_size=BATCH, overflow_margin=10**6)
+        yield tier
+        tier.close()
+
+
 class TestRedisCluster(SharedTierConformance):
     @pytest.fixture
     def tier(self, redis_cluster):
@@ -210,9 +237,10 @@ class TestRocksDB(SharedTierConformance):
         tier.close()
 
 
+@pytest.mark.parametrize("tier_class", [HashMapTier, CppHashMapTier], ids=["python", "cpp"])
 @pytest.mark.parametrize("parallel", [False, True])
-def test_closed_hash_map_refuses_calls(parallel):
-    tier = HashMapTier(num_partitions=2, parallel=parallel)
+def test_closed_hash_map_refuses_calls(tier_class, parallel):
+    tier = tier_class(num_partitions=2, parallel=parallel)
     tier.insert("hps_et.m.t", np.arange(3), np.ones((3, 2), np.float32))
     tier.close()
     with pytest.raises(RuntimeError, match="is closed"):

@@ -55,7 +55,7 @@ from sparse_operation_kit.dynamic_variable import DynamicVariable
 
 from ..config import MAX_PARTITIONS, NO_OVERFLOW_LIMIT, OVERFLOW_POLICIES, VolatileDBConfig
 from .base import check_keys, check_rows, start_fetch
-from .partition import partition_of
+from .partition import PartitionContents, partition_of
 
 __all__ = ["HashMapTier"]
 
@@ -380,6 +380,24 @@ class HashMapTier:
             return None
         table = self._table(tag, dim)
         return table.variable if isinstance(table, _StoredTable) else None
+
+    def partition_contents(self, tag: str) -> dict[int, PartitionContents]:
+        """What each partition of ``tag`` that has rows holds, by number; empty for a tag the tier
+        does not hold, and for every tag of a tier that never evicts (its rows are in one det
+        storage per table, not in partitions).
+
+        Raises:
+            RuntimeError: the tier is closed.
+        """
+        self._check_open()
+        table = self._tables.get(tag)
+        if not isinstance(table, _Table):
+            return {}
+        out = {}
+        for p, part in sorted(list(table.partitions.items())):  # a copy: inserts may add partitions
+            with part.lock:
+                out[p] = PartitionContents(part.skeys.copy(), part.access_count[part.sslots], part.high)
+        return out
 
     def size(self, tag: str) -> int:
         self._check_open()

@@ -1,8 +1,10 @@
-"""The partition of a key: the original's ``rrxmrrxmsx_0`` mix, modulo the partition count.
+"""The partition of a key: the original's ``rrxmrrxmsx_0`` mix, modulo the partition count; and
+:class:`PartitionContents`, what one partition of a hash map holds.
 
 The hash map, Redis and the update files place key ``k`` of a table in partition
 ``partition_of(k, num_partitions)``, as the original does (reference §3.3), so data written by
-either can be read by the other. Changing this function strands the rows already in Redis.
+either can be read by the other. Changing this function strands the rows already in Redis. The C++
+tiers use the same function (``csrc/tiers/partition.hpp``).
 
 Example::
 
@@ -11,9 +13,11 @@ Example::
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-__all__ = ["partition_of"]
+__all__ = ["PartitionContents", "partition_of"]
 
 _M1 = np.uint64(0xA24BAED4963EE407)
 _M2 = np.uint64(0x9FB21C651E98DF25)
@@ -39,3 +43,20 @@ def partition_of(keys: np.ndarray, num_partitions: int) -> np.ndarray:
         x = x * _M2
     x = x ^ (x >> np.uint64(28))
     return x % np.uint64(num_partitions)
+
+
+class PartitionContents(NamedTuple):
+    """What one partition of a hash-map tier holds (``partition_contents`` of the Python and the C++
+    ``HashMapTier``), for tests and diagnostics.
+
+    Attributes:
+        keys: int64 ``[n]``, ascending.
+        access_counts: int64 ``[n]``: the fetches of each key that the ``evict_least_used`` policy
+            counts (zeros where the tier never evicts).
+        rows_allocated: rows of the partition's row array ever handed out; an evicted row is reused
+            before a new one is handed out.
+    """
+
+    keys: np.ndarray
+    access_counts: np.ndarray
+    rows_allocated: int

@@ -1,0 +1,133 @@
+// hierarchical_parameter_server._tiers: the Python binding of the C++ tiers (tier.hpp), for
+// hierarchical_parameter_server.tiers.hash_map_cpp and the tests that run the tier conformance
+// suite on both implementations. Arrays in, arrays out: keys int64 [n] and rows float32 [n, dim],
+// C order (an array of another layout or of a dtype that casts safely is converted once, here);
+// the checks and messages of base.py's check_keys / check_rows are the Python wrapper's. fetch and
+// insert release the GIL for the whole C++ call.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "hash_map_tier.hpp"
+#include "partition.hpp"
+
+namespace py = pybind11;
+using sok::hps::HashMapOptions;
+using sok::hps::HashMapTier;
+
+namespace {
+
+using Keys = py::array_t<int64_t, py::array::c_style>;
+using Rows = py::array_t<float, py::array::c_style>;
+
+// overflow_margin, a Python int of any size: one in [0, 2**64 - 1] as it is (HashMapTier refuses 0 with
+// its message), another with that message and the value as given.
+uint64_t margin_of(const py::int_& margin, int64_t max_batch_size, int64_t allocation_rate) {
+  if (margin >= py::int_(0) && margin <= py::int_(UINT64_MAX)) return margin.cast<uint64_t>();
+  throw py::value_error("max_batch_size, overflow_margin and allocation_rate must be >= 1, got " +
+                        std::to_string(max_batch_size) + ", " + py::repr(margin).cast<std::string>() + ", " +
+                        std::to_string(allocation_rate));
+}
+
+// "(3, 4)": the shape of a, for messages.
+std::string shape_of(const py::array& a) {
+  std::string out = "(";
+  for (py::ssize_t d = 0; d < a.ndim(); ++d) out += (d ? ", " : "") + std::to_string(a.shape(d));
+  return out + (a.ndim() == 1 ? ",)" : ")");
+}
+
+std::tuple<py::array_t<float>, py::array_t<bool>> fetch(HashMapTier& tier, const std::string& tag, const Keys& keys,
+                                                        int64_t dim) {
+  if (keys.ndim() != 1) throw py::value_error(tag + ": keys must be 1-D, got keys of shape " + shape_of(keys));
+  const int64_t n = keys.shape(0);
+  sok::hps::check_dim(tag, dim);  // before the rows are made
+  py::array_t<float> rows({n, dim});
+  py::array_t<bool> found(n);
+  const int64_t* k = keys.data();
+  float* r = rows.mutable_data();
+  bool* f = found.mutable_data();
+  {
+    py::gil_scoped_release released;
+    tier.fetch(tag, k, n, dim, r, f);
+  }
+  return {rows, found};
+}
+
+void insert(HashMapTier& tier, const std::string& tag, const Keys& keys, const Rows& rows) {
+  if (keys.ndim() != 1 || rows.ndim() != 2 || rows.shape(0) != keys.shape(0) || rows.shape(1) < 1) {
+    throw py::value_error(tag + ": keys must be [n] and rows [n, dim >= 1], got keys of shape " + shape_of(keys) +
+                          " and rows of shape " + shape_of(rows));
+  }
+  const int64_t* k = keys.data();
+  const float* r = rows.data();
+  const int64_t n = keys.shape(0), dim = rows.shape(1);
+  py::gil_scoped_release released;
+  tier.insert(tag, k, n, r, dim);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_tiers, m) {
+  m.doc() = "The C++ storage tiers of HPS (csrc/tiers): HashMapTier, and the partition function they share.";
+  m.attr("NO_OVERFLOW_LIMIT") = py::int_(sok::hps::kNoOverflowLimit);
+  m.attr("MAX_PARTITIONS") = sok::hps::kMaxPartitions;
+  m.attr("PARALLEL_MIN_KEYS") = sok::hps::kParallelMinKeys;
+  py::register_exception<sok::hps::TierClosed>(m, "TierClosed", PyExc_RuntimeError);
+
+  m.def(
+      "partition_of",
+      [](const Keys& keys, int64_t num_partitions) {
+        if (num_partitions < 1) {
+          throw py::value_error("num_partitions must be >= 1, got " + std::to_string(num_partitions));
+        }
+        py::array_t<uint64_t> out(keys.size());
+        const int64_t* k = keys.data();
+        uint64_t* o = out.mutable_data();
+        for (py::ssize_t i = 0; i < keys.size(); ++i) o[i] = sok::hps::partition_of(k[i], num_partitions);
+        return out;
+      },
+      py::arg("keys"), py::arg("num_partitions"), "The partition of each int64 key (uint64 [n]), as partition.py's.");
+
+  py::class_<HashMapTier>(m, "HashMapTier", "sok::hps::HashMapTier (csrc/tiers/hash_map_tier.hpp).")
+      .def(py::init([](int64_t num_partitions, bool parallel, int64_t allocation_rate, int64_t max_batch_size,
+                       const py::int_& overflow_margin, const std::string& overflow_policy,
+                       double overflow_resolution_target, std::optional<uint64_t> seed) {
+             HashMapOptions o;
+             o.num_partitions = num_partitions;
+             o.parallel = parallel;
+             o.allocation_rate = allocation_rate;
+             o.max_batch_size = max_batch_size;
+             o.overflow_margin = margin_of(overflow_margin, max_batch_size, allocation_rate);
+             o.overflow_policy = sok::hps::parse_overflow_policy(overflow_policy);
+             o.overflow_resolution_target = overflow_resolution_target;
+             o.seed = seed;
+             return std::make_unique<HashMapTier>(o);
+           }),
+           py::arg("num_partitions"), py::arg("parallel"), py::arg("allocation_rate"), py::arg("max_batch_size"),
+           py::arg("overflow_margin"), py::arg("overflow_policy"), py::arg("overflow_resolution_target"),
+           py::arg("seed"))
+      .def_property_readonly("name", &HashMapTier::name)
+      .def_property_readonly("evicts", &HashMapTier::evicts)
+      .def("fetch", &fetch, py::arg("tag"), py::arg("keys"), py::arg("dim"))
+      .def("insert", &insert, py::arg("tag"), py::arg("keys"), py::arg("rows"))
+      .def("size", &HashMapTier::size, py::arg("tag"))
+      .def("close", &HashMapTier::close)
+      .def(
+          "partition_contents",
+          [](HashMapTier& tier, const std::string& tag) {
+            py::dict out;
+            for (auto& [p, c] : tier.partition_contents(tag)) {
+              out[py::int_(p)] = py::make_tuple(py::array_t<int64_t>(c.keys.size(), c.keys.data()),
+                                                py::array_t<int64_t>(c.access_counts.size(), c.access_counts.data()),
+                                                c.rows_allocated);
+            }
+            return out;
+          },
+          py::arg("tag"));
+}
