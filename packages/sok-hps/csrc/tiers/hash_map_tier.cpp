@@ -22,7 +22,7 @@ namespace {
 
 constexpr int64_t kMinGrowthRows = 64;
 // How many keys ahead a bulk loop prefetches the index line of (a few cache misses in flight).
-constexpr int64_t kPrefetchAhead = 8;
+constexpr int64_t kPrefetchAhead = 16;
 
 // x as Python's repr writes a float (shortest round trip, "0.0" rather than "0").
 std::string repr(double x) {
@@ -293,13 +293,22 @@ void HashMapTier::fetch(const std::string& tag, const int64_t* keys, int64_t n, 
     Partition* part = table->find(group.partition);
     std::unique_lock<std::mutex> lock;
     if (part != nullptr) lock = std::unique_lock<std::mutex>(part->lock);
+    // Two passes, each with its misses in flight: the keys' rows from the index (its lines
+    // prefetched ahead), then the rows' values (prefetched ahead) into the output.
+    std::vector<int64_t> slots(group.end - group.begin, -1);
+    if (part != nullptr) {
+      for (int64_t i = group.begin; i < group.end; ++i) {
+        if (i + kPrefetchAhead < group.end) part->index.prefetch(keys[groups.order[i + kPrefetchAhead]]);
+        slots[i - group.begin] = part->index.find(keys[groups.order[i]]);
+      }
+    }
     for (int64_t i = group.begin; i < group.end; ++i) {
-      if (part != nullptr && i + kPrefetchAhead < group.end) {
-        part->index.prefetch(keys[groups.order[i + kPrefetchAhead]]);
+      if (i + kPrefetchAhead < group.end && slots[i + kPrefetchAhead - group.begin] >= 0) {
+        __builtin_prefetch(part->values.data() + slots[i + kPrefetchAhead - group.begin] * dim);
       }
       const int64_t at = groups.order[i];
       float* out = rows + at * dim;
-      const int64_t row = part == nullptr ? -1 : part->index.find(keys[at]);
+      const int64_t row = slots[i - group.begin];
       found[at] = row >= 0;
       if (row < 0) {
         std::fill(out, out + dim, 0.0f);
