@@ -145,6 +145,11 @@ def _hps_imported_first(then: str) -> str:
 SERVE_HPS_FIRST = _hps_imported_first("")
 SERVE_HPS_THEN_KERAS = _hps_imported_first("import keras")
 SERVE_HPS_THEN_TF_KERAS = _hps_imported_first("import tf_keras")
+#: A module of the package first, one that imports TensorFlow in its midst (the layers import it).
+SERVE_HPS_MODULE_FIRST = SERVE.replace(
+    "import tensorflow as tf\nimport hierarchical_parameter_server  # loads the ops the SavedModel names\n",
+    "import hierarchical_parameter_server.tiers.hash_map\nimport tensorflow as tf  # HPS has loaded its ops\n",
+)
 
 
 def _serve_in_a_fresh_process(saved, batch_file, out, script=SERVE):
@@ -172,8 +177,18 @@ def _serve_in_a_fresh_process(saved, batch_file, out, script=SERVE):
         ("cache", SERVE_HPS_FIRST),
         ("cache", SERVE_HPS_THEN_KERAS),
         ("cache", SERVE_HPS_THEN_TF_KERAS),
+        ("cache", SERVE_HPS_MODULE_FIRST),
     ],
-    ids=["cache", "chain", "hash_map", "rocks_db", "hps-then-tensorflow", "hps-then-keras", "hps-then-tf_keras"],
+    ids=[
+        "cache",
+        "chain",
+        "hash_map",
+        "rocks_db",
+        "hps-then-tensorflow",
+        "hps-then-keras",
+        "hps-then-tf_keras",
+        "hps-module-first",
+    ],
 )
 def test_an_exported_savedmodel_serves_in_a_fresh_process(tmp_path, kind, script):
     """model.export of a Keras model with a LookupLayer over each tier chain: the cache alone (one

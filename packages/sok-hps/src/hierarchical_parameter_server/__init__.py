@@ -60,7 +60,14 @@ def _with_tensorflow() -> None:
 #: The packages whose import may import TensorFlow in its midst (Keras 3 and tf_keras do, with
 #: TensorFlow's backend): the layers are ``tf.keras`` layers, so they are registered only once the
 #: outermost of these imports is done (inside ``import keras``, ``tf.keras`` is a half-made module).
+#: This package's own modules are watched too: one that imports TensorFlow first (``import
+#: hierarchical_parameter_server.tiers.hash_map`` as a process's first import) is half made when
+#: TensorFlow's import ends, and the layers import it.
 _WATCHED = frozenset({"tensorflow", "keras", "tf_keras"})
+
+
+def _watched(fullname: str) -> bool:
+    return fullname in _WATCHED or fullname.startswith(f"{__name__}.")
 
 
 class _AfterTensorFlow(importlib.abc.MetaPathFinder):
@@ -75,7 +82,7 @@ class _AfterTensorFlow(importlib.abc.MetaPathFinder):
         self._importing = 0  # watched imports begun and not yet done
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in _WATCHED or getattr(self._finding, "active", False):
+        if not _watched(fullname) or getattr(self._finding, "active", False):
             return None
         self._finding.active = True
         try:
