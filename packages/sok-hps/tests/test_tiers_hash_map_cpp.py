@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 from hierarchical_parameter_server import _tiers
 from hierarchical_parameter_server.config import MAX_PARTITIONS, NO_OVERFLOW_LIMIT
+from hierarchical_parameter_server.tiers import hash_map_defaults
 from hierarchical_parameter_server.tiers.hash_map import HashMapTier
 from hierarchical_parameter_server.tiers.hash_map_cpp import CppHashMapTier
 from hierarchical_parameter_server.tiers.partition import partition_of
@@ -197,3 +199,20 @@ def test_eight_threads_with_evictions(run_in_threads):
     assert found.sum() == tier.size(TAG)
     np.testing.assert_array_equal(got[found], values_of(keys[found], dim))
     tier.close()
+
+
+def test_both_tiers_and_the_cpp_options_share_one_set_of_defaults():
+    """hash_map_defaults.py is the defaults' one home: the C++ HashMapOptions' (_tiers.DEFAULT_OPTIONS)
+    equal it, and so do both tiers' signatures."""
+    expected = {
+        "num_partitions": hash_map_defaults.NUM_PARTITIONS,
+        "parallel": hash_map_defaults.PARALLEL,
+        "allocation_rate": hash_map_defaults.ALLOCATION_RATE,
+        "max_batch_size": hash_map_defaults.MAX_BATCH_SIZE,
+        "overflow_policy": hash_map_defaults.OVERFLOW_POLICY,
+        "overflow_resolution_target": hash_map_defaults.OVERFLOW_RESOLUTION_TARGET,
+    }
+    assert dict(_tiers.DEFAULT_OPTIONS) == expected
+    for tier in (HashMapTier, CppHashMapTier):
+        parameters = inspect.signature(tier.__init__).parameters
+        assert {name: parameters[name].default for name in expected} == expected, tier.__name__

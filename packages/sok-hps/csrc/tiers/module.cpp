@@ -78,6 +78,20 @@ PYBIND11_MODULE(_tiers, m) {
   m.attr("NO_OVERFLOW_LIMIT") = py::int_(sok::hps::kNoOverflowLimit);
   m.attr("MAX_PARTITIONS") = sok::hps::kMaxPartitions;
   m.attr("PARALLEL_MIN_KEYS") = sok::hps::kParallelMinKeys;
+  {  // HashMapOptions' defaults, which tiers/hash_map_defaults.py must hold too (the tests compare them)
+    const HashMapOptions o;
+    const char* policy = o.overflow_policy == sok::hps::OverflowPolicy::kEvictLeastUsed ? "evict_least_used"
+                         : o.overflow_policy == sok::hps::OverflowPolicy::kEvictOldest  ? "evict_oldest"
+                                                                                        : "evict_random";
+    py::dict defaults;
+    defaults["num_partitions"] = o.num_partitions;
+    defaults["parallel"] = o.parallel;
+    defaults["allocation_rate"] = o.allocation_rate;
+    defaults["max_batch_size"] = o.max_batch_size;
+    defaults["overflow_policy"] = policy;
+    defaults["overflow_resolution_target"] = o.overflow_resolution_target;
+    m.attr("DEFAULT_OPTIONS") = defaults;
+  }
   py::register_exception<sok::hps::TierClosed>(m, "TierClosed", PyExc_RuntimeError);
 
   m.def(

@@ -2,7 +2,15 @@
 
 import numpy as np
 
-__all__ = ["MAX_PARTITIONS", "NO_OVERFLOW_LIMIT", "PARALLEL_MIN_KEYS", "HashMapTier", "TierClosed", "partition_of"]
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "MAX_PARTITIONS",
+    "NO_OVERFLOW_LIMIT",
+    "PARALLEL_MIN_KEYS",
+    "HashMapTier",
+    "TierClosed",
+    "partition_of",
+]
 
 #: overflow_margin of a tier that never evicts (config.NO_OVERFLOW_LIMIT).
 NO_OVERFLOW_LIMIT: int
@@ -10,6 +18,7 @@ NO_OVERFLOW_LIMIT: int
 MAX_PARTITIONS: int
 #: The fewest keys of a call that a parallel HashMapTier hands to worker threads.
 PARALLEL_MIN_KEYS: int
+DEFAULT_OPTIONS: dict[str, int | bool | str | float]
 
 class TierClosed(RuntimeError):
     """A call on a closed tier."""

@@ -57,6 +57,7 @@ import tensorflow as tf
 from sparse_operation_kit.dynamic_variable import DynamicVariable
 
 from ..config import MAX_PARTITIONS, NO_OVERFLOW_LIMIT, OVERFLOW_POLICIES, VolatileDBConfig
+from . import hash_map_defaults as defaults
 from .base import check_keys, check_rows, start_fetch
 from .partition import PartitionContents, partition_of
 
@@ -216,13 +217,13 @@ class HashMapTier:
 
     def __init__(
         self,
-        num_partitions: int = 8,
-        parallel: bool = True,
-        allocation_rate: int = 268435456,
-        max_batch_size: int = 65536,
+        num_partitions: int = defaults.NUM_PARTITIONS,
+        parallel: bool = defaults.PARALLEL,
+        allocation_rate: int = defaults.ALLOCATION_RATE,
+        max_batch_size: int = defaults.MAX_BATCH_SIZE,
         overflow_margin: int = NO_OVERFLOW_LIMIT,
-        overflow_policy: str = "evict_random",
-        overflow_resolution_target: float = 0.8,
+        overflow_policy: str = defaults.OVERFLOW_POLICY,
+        overflow_resolution_target: float = defaults.OVERFLOW_RESOLUTION_TARGET,
         seed: int | None = None,
     ) -> None:
         if not 1 <= num_partitions <= MAX_PARTITIONS:

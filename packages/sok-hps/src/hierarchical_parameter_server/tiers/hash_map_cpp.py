@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import _tiers
 from ..config import NO_OVERFLOW_LIMIT, VolatileDBConfig
+from . import hash_map_defaults as defaults
 from .base import check_keys, check_rows
 from .partition import PartitionContents
 
@@ -59,13 +60,13 @@ class CppHashMapTier:
 
     def __init__(
         self,
-        num_partitions: int = 8,
-        parallel: bool = True,
-        allocation_rate: int = 268435456,
-        max_batch_size: int = 65536,
+        num_partitions: int = defaults.NUM_PARTITIONS,
+        parallel: bool = defaults.PARALLEL,
+        allocation_rate: int = defaults.ALLOCATION_RATE,
+        max_batch_size: int = defaults.MAX_BATCH_SIZE,
         overflow_margin: int = NO_OVERFLOW_LIMIT,
-        overflow_policy: str = "evict_random",
-        overflow_resolution_target: float = 0.8,
+        overflow_policy: str = defaults.OVERFLOW_POLICY,
+        overflow_resolution_target: float = defaults.OVERFLOW_RESOLUTION_TARGET,
         seed: int | None = None,
     ) -> None:
         self._tier = _tiers.HashMapTier(
