@@ -64,8 +64,7 @@ enum class Combiner : int32_t { kSum = kCombineSum, kMean = kCombineMean, kSqrtn
 
 // One table of the call: borrowed pointers into the op's inputs.
 struct Table {
-  const void* params;  // (rows, dim) of row_type
-  sok_gpu::RowType row_type;
+  const void* params;  // (rows, dim) of the op's row type (its T attribute)
   int64_t rows;
   int64_t dim;
   const int32_t* ids32;  // (nnz,), one of ids32 / ids64
@@ -92,7 +91,7 @@ struct Table {
   }
   // Whether a row from local() is in [0, rows).
   bool valid(int64_t row) const { return static_cast<uint64_t>(row) < static_cast<uint64_t>(rows); }
-  // The params as rows of Row (row_type's C++ type).
+  // The params as rows of Row (the op's row type's C++ type).
   template <class Row>
   const Row* rows_of() const {
     return static_cast<const Row*>(params);
@@ -328,10 +327,7 @@ class PooledLookupOp : public PooledLookupKernel {
     std::vector<Table> tables;
     int64_t batch = 0;
     OP_REQUIRES_OK(ctx, gather_tables(ctx, attrs_, rows, dims, &tables, &batch));
-    for (int t = 0; t < params.size(); ++t) {
-      tables[t].params = params[t].tensor_data().data();
-      tables[t].row_type = row_type_;
-    }
+    for (int t = 0; t < params.size(); ++t) tables[t].params = params[t].tensor_data().data();
     OpOutputList outputs;
     OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
     std::vector<float*> out(tables.size());
@@ -342,13 +338,13 @@ class PooledLookupOp : public PooledLookupKernel {
     }
     const std::vector<Block> blocks = blocks_of(tables, batch);
     std::vector<std::atomic<bool>> bad(tables.size());
-    for_each_parallel(ctx, static_cast<int64_t>(blocks.size()), kTaskCost, [&](int64_t i) {
-      const Block& b = blocks[i];
-      const Table& table = tables[b.table];
-      bool ok = true;
-      with_row_type(table.row_type,
-                    [&](auto row) { ok = pool_block<decltype(row)>(table, b.begin, b.end, out[b.table]); });
-      if (!ok) bad[b.table].store(true, std::memory_order_relaxed);
+    with_row_type(row_type_, [&](auto row) {  // every table of the call has the op's row type
+      for_each_parallel(ctx, static_cast<int64_t>(blocks.size()), kTaskCost, [&](int64_t i) {
+        const Block& b = blocks[i];
+        if (!pool_block<decltype(row)>(tables[b.table], b.begin, b.end, out[b.table])) {
+          bad[b.table].store(true, std::memory_order_relaxed);
+        }
+      });
     });
     for (size_t t = 0; t < tables.size(); ++t) {
       OP_REQUIRES(ctx, !bad[t].load(), out_of_range(tables[t], positions_[t], names_[t]));

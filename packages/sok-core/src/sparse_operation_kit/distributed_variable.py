@@ -93,7 +93,7 @@ def _initial_value(initial_value: Any, shape: Any, initializer: Any, dtype: tf.D
         raise ValueError(f"shape must be [rows, dim], got {shape}")
     if isinstance(initializer, str):
         initializer = tf.keras.initializers.get(initializer)
-    value = tf.convert_to_tensor(initializer(shape=shape, dtype=tf.float32 if half or dtype is None else dtype))
+    value = tf.convert_to_tensor(initializer(shape=shape, dtype=tf.float32))  # dtype: None or a row dtype
     return tf.cast(value, dtype) if half else value
 
 

@@ -106,15 +106,17 @@ def _on_device(device: str) -> contextlib.AbstractContextManager[Any]:
 def _held_products(op: tf.Operation, t: int, n: int, scaled: tf.Tensor, samples: tf.Tensor) -> tf.Tensor:
     """``scaled_s . row_j`` for each id ``j`` (sample ``s``) of table ``t`` that its shard holds, 0
     for the others."""
-    params, ids = tf.cast(op.inputs[t], tf.float32), tf.cast(op.inputs[n + t], tf.int64)
+    params, ids = op.inputs[t], tf.cast(op.inputs[n + t], tf.int64)
+
+    def rows(of: tf.Tensor) -> tf.Tensor:  # float32 (half-width rows widened), the gathered rows only
+        return tf.cast(tf.gather(params, of), tf.float32)
+
     strides, offsets = op.get_attr("strides"), op.get_attr("offsets")
     if not strides:
-        return tf.reduce_sum(tf.gather(scaled, samples) * tf.gather(params, ids), axis=1)
+        return tf.reduce_sum(tf.gather(scaled, samples) * rows(ids), axis=1)
     stride, offset = strides[t], offsets[t]
     held = tf.reshape(tf.where(device_ops.floormod(ids, stride) == offset), [-1])
-    products = tf.reduce_sum(
-        tf.gather(scaled, tf.gather(samples, held)) * tf.gather(params, tf.gather(ids, held) // stride), axis=1
-    )
+    products = tf.reduce_sum(tf.gather(scaled, tf.gather(samples, held)) * rows(tf.gather(ids, held) // stride), axis=1)
     return tf.scatter_nd(held[:, None], products, tf.shape(ids, out_type=tf.int64))
 
 
