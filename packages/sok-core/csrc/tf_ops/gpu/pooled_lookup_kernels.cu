@@ -1003,6 +1003,19 @@ T* at(void* workspace, size_t offset) {
   return reinterpret_cast<T*>(static_cast<char*>(workspace) + offset);
 }
 
+// pool_kernel of the call's row type over `blocks` blocks (descriptors already at dev).
+cudaError_t launch_pool(const PooledTable* tables, int num_tables, int64_t batch, int64_t blocks, const TableDev* dev,
+                        cudaStream_t stream) {
+  switch (tables[0].row_type) {  // the same for every table of the call
+    case kRowFloat16:
+      return launch(pool_kernel<kRowFloat16>, blocks, stream, dev, num_tables, batch);
+    case kRowBFloat16:
+      return launch(pool_kernel<kRowBFloat16>, blocks, stream, dev, num_tables, batch);
+    default:
+      return launch(pool_kernel<kRowFloat32>, blocks, stream, dev, num_tables, batch);
+  }
+}
+
 }  // namespace
 
 size_t pooled_forward_workspace_bytes(int num_tables) {
@@ -1021,6 +1034,18 @@ cudaError_t pooled_validate(const PooledTable* tables, int num_tables, int64_t b
                 KeysOut{nullptr, nullptr, nullptr, 0, 0});
 }
 
+cudaError_t pooled_pool(const PooledTable* tables, int num_tables, int64_t batch, void* workspace,
+                        cudaStream_t stream) {
+  if (num_tables <= 0) return cudaSuccess;
+  std::vector<TableDev> d = describe(tables, num_tables, batch);
+  const int64_t pool = plan(&d, kPool, [batch](const TableDev& x) {
+    return x.t.dim > 0 ? ceil_div(ceil_div(batch, x.pool_run), kThreads / x.pool_lanes) : int64_t{0};
+  });
+  auto* dev = static_cast<TableDev*>(workspace);
+  SOK_CUDA_RETURN(upload(d, dev, stream));
+  return launch_pool(tables, num_tables, batch, pool, dev, stream);
+}
+
 cudaError_t pooled_forward(const PooledTable* tables, int num_tables, int64_t batch, void* workspace,
                            PooledCheck* checks, cudaStream_t stream) {
   if (num_tables <= 0) return cudaSuccess;
@@ -1034,15 +1059,7 @@ cudaError_t pooled_forward(const PooledTable* tables, int num_tables, int64_t ba
   SOK_CUDA_RETURN(launch(init_checks_kernel, ceil_div(num_tables, kThreads), stream, checks, num_tables));
   SOK_CUDA_RETURN(launch(validate_kernel, validate, stream, static_cast<const TableDev*>(dev), num_tables, batch,
                          checks, KeysOut{nullptr, nullptr, nullptr, 0, 0}));
-  const auto* devs = static_cast<const TableDev*>(dev);
-  switch (tables[0].row_type) {  // the same for every table of the call
-    case kRowFloat16:
-      return launch(pool_kernel<kRowFloat16>, pool, stream, devs, num_tables, batch);
-    case kRowBFloat16:
-      return launch(pool_kernel<kRowBFloat16>, pool, stream, devs, num_tables, batch);
-    default:
-      return launch(pool_kernel<kRowFloat32>, pool, stream, devs, num_tables, batch);
-  }
+  return launch_pool(tables, num_tables, batch, pool, dev, stream);
 }
 
 const char* pooled_grad_unsupported(const PooledTable* tables, int num_tables, int64_t batch) {
