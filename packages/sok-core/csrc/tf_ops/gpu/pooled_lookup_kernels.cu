@@ -108,6 +108,14 @@ bool wide_call(const PooledTable* tables, int num_tables) {
   return num_tables > 0;
 }
 
+// Whether every table's shard has rows below 2^31 (their row numbers travel as 32-bit values).
+bool rows_fit_int32(const PooledTable* tables, int num_tables) {
+  for (int t = 0; t < num_tables; ++t) {
+    if (tables[t].rows > INT32_MAX) return false;
+  }
+  return true;
+}
+
 // The tables' descriptors, without their blocks: ids and divisors laid out table after table.
 std::vector<TableDev> describe(const PooledTable* tables, int num_tables, int64_t batch) {
   std::vector<TableDev> out(num_tables);
@@ -307,8 +315,9 @@ __device__ int64_t held_ids(const TableDev& d, int64_t begin, int64_t end, int l
 // sample s0 + i, clamped to [begin, nnz] and made non-decreasing (a max scan), so that row_splits the
 // checks refuse read nothing outside the ids. A table whose shard holds every valid id (stride 1,
 // offset 0) counts a sample's ids from its row_splits; others count its held ids first (held_ids).
-// (Ids the checks refuse leave such rows wrong, and the op raises.) R: the rows' type.
-template <int V, RowType R>
+// (Ids the checks refuse leave such rows wrong, and the op raises.) R: the rows' type; kRows32:
+// every table's rows fit an int32 (rows_fit_int32).
+template <int V, RowType R, bool kRows32>
 __device__ void pool_run(const TableDev& d, int64_t s0, int run, int64_t k, int lane, int lanes, unsigned mask) {
   const PooledTable& t = d.t;
   const bool column = k < t.dim;
@@ -361,6 +370,9 @@ __device__ void pool_run(const TableDev& d, int64_t s0, int run, int64_t k, int 
       held = valid_row(row, t.rows);
       if (weighted && held) w = t.weights[j];
     }
+    // Rows below 2^31 travel as one 32-bit value, -1 for an id not held: two shuffles per id with
+    // its weight (else four: the row's two halves, whether held, the weight).
+    const int32_t slot = held ? static_cast<int32_t>(row) : -1;
     const int64_t n = last - chunk < lanes ? last - chunk : lanes;
     for (int64_t u0 = 0; u0 < n; u0 += kRunUnroll) {
       float x[kRunUnroll][V];
@@ -369,9 +381,16 @@ __device__ void pool_run(const TableDev& d, int64_t s0, int run, int64_t k, int 
 #pragma unroll
       for (int u = 0; u < kRunUnroll; ++u) {
         const int src = u0 + u < n ? static_cast<int>(u0 + u) : 0;  // every lane takes part in each shuffle
-        const int64_t r = __shfl_sync(mask, row, src, lanes);
+        int64_t r;
+        if constexpr (kRows32) {
+          const int32_t s = __shfl_sync(mask, slot, src, lanes);
+          r = s;
+          use[u] = s >= 0 && u0 + u < n;
+        } else {
+          r = __shfl_sync(mask, row, src, lanes);
+          use[u] = __shfl_sync(mask, held, src, lanes) != 0 && u0 + u < n;
+        }
         wu[u] = __shfl_sync(mask, w, src, lanes);
-        use[u] = __shfl_sync(mask, held, src, lanes) != 0 && u0 + u < n;
 #pragma unroll
         for (int v = 0; v < V; ++v) x[u][v] = 0.0f;
         if (use[u] && column) load_row_columns<V, R>(t.params, r, t.dim, k, x[u]);
@@ -479,8 +498,8 @@ __global__ void validate_kernel(const TableDev* tables, int num_tables, int64_t 
 
 // out (batch, dim) of each table: a run of `pool_run` samples per `pool_lanes` threads of a warp,
 // each `pool_vec` columns at a time; the tables' rows of type R (one type per call); kWide: every
-// table's pool_vec is 8 (wide_call).
-template <RowType R, bool kWide>
+// table's pool_vec is 8 (wide_call); kRows32: every table's rows fit an int32 (rows_fit_int32).
+template <RowType R, bool kWide, bool kRows32>
 __global__ void __launch_bounds__(kThreads, kGatherBlocksPerSm)
     pool_kernel(const TableDev* tables, int num_tables, int64_t batch) {
   const TableDev& d = block_table(tables, num_tables, kPool);
@@ -496,11 +515,11 @@ __global__ void __launch_bounds__(kThreads, kGatherBlocksPerSm)
   for (int64_t k0 = 0; k0 < d.t.dim; k0 += int64_t{vec} * lanes) {
     const int64_t k = k0 + int64_t{vec} * lane;
     if constexpr (kWide) {
-      pool_run<8, R>(d, s0, run, k, lane, lanes, mask);
+      pool_run<8, R, kRows32>(d, s0, run, k, lane, lanes, mask);
     } else if (vec == 4) {
-      pool_run<4, R>(d, s0, run, k, lane, lanes, mask);
+      pool_run<4, R, kRows32>(d, s0, run, k, lane, lanes, mask);
     } else {
-      pool_run<1, R>(d, s0, run, k, lane, lanes, mask);
+      pool_run<1, R, kRows32>(d, s0, run, k, lane, lanes, mask);
     }
   }
 }
@@ -1028,19 +1047,28 @@ T* at(void* workspace, size_t offset) {
   return reinterpret_cast<T*>(static_cast<char*>(workspace) + offset);
 }
 
-// pool_kernel of the call's row type over `blocks` blocks (descriptors already at dev).
+// forward(pool_kernel<R, ...>) with the kernel's flags (wide: float32 rows have no wide kernel).
+template <RowType R, class Forward>
+cudaError_t pool_forward_of(bool wide, bool rows32, Forward forward) {
+  if constexpr (R != kRowFloat32) {
+    if (wide) return rows32 ? forward(pool_kernel<R, true, true>) : forward(pool_kernel<R, true, false>);
+  }
+  return rows32 ? forward(pool_kernel<R, false, true>) : forward(pool_kernel<R, false, false>);
+}
+
+// pool_kernel of the call's row type and flags over `blocks` blocks (descriptors already at dev).
 cudaError_t launch_pool(const PooledTable* tables, int num_tables, int64_t batch, int64_t blocks, const TableDev* dev,
                         cudaStream_t stream) {
   const bool wide = wide_call(tables, num_tables);
+  const bool rows32 = rows_fit_int32(tables, num_tables);
+  const auto forward = [&](auto kernel) { return launch(kernel, blocks, stream, dev, num_tables, batch); };
   switch (tables[0].row_type) {  // the same for every table of the call
     case kRowFloat16:
-      return wide ? launch(pool_kernel<kRowFloat16, true>, blocks, stream, dev, num_tables, batch)
-                  : launch(pool_kernel<kRowFloat16, false>, blocks, stream, dev, num_tables, batch);
+      return pool_forward_of<kRowFloat16>(wide, rows32, forward);
     case kRowBFloat16:
-      return wide ? launch(pool_kernel<kRowBFloat16, true>, blocks, stream, dev, num_tables, batch)
-                  : launch(pool_kernel<kRowBFloat16, false>, blocks, stream, dev, num_tables, batch);
+      return pool_forward_of<kRowBFloat16>(wide, rows32, forward);
     default:
-      return launch(pool_kernel<kRowFloat32, false>, blocks, stream, dev, num_tables, batch);
+      return pool_forward_of<kRowFloat32>(wide, rows32, forward);
   }
 }
 
