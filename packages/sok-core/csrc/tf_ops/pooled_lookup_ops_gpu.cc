@@ -204,9 +204,17 @@ class PooledLookupGpuOp : public PooledLookupKernel {
     Tensor workspace, checks;
     OP_REQUIRES_OK(ctx, allocate_bytes(ctx, sok_gpu::pooled_forward_workspace_bytes(n), &workspace));
     OP_REQUIRES_OK(ctx, allocate_bytes(ctx, n * sizeof(PooledCheck), &checks));
-    OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::pooled_forward(g.tables.data(), n, g.batch, workspace.data(),
-                                                         static_cast<PooledCheck*>(checks.data()), stream)));
-    if (checked_) return;  // nothing to read back: the caller checked (the "checked" attr)
+    auto* device_checks = static_cast<PooledCheck*>(checks.data());
+    if (checked_) {  // nothing to read back: the caller checked (the "checked" attr)
+      OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::pooled_forward(g.tables.data(), n, g.batch, workspace.data(),
+                                                           device_checks, stream)));
+      return;
+    }
+    // The checks are read back before the pooling is launched, not after it: the host then waits for
+    // the checks alone and goes on while the GPU pools, instead of waiting for the pooling too and
+    // leaving the GPU idle while it launches the ops that follow.
+    OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::pooled_validate(g.tables.data(), n, g.batch, workspace.data(),
+                                                          device_checks, stream)));
     std::vector<PooledCheck> host;
     OP_REQUIRES_OK(ctx, read_checks(stream, checks, n, &host));
     OP_REQUIRES_OK(ctx, splits_error(g.tables, host));
@@ -218,6 +226,7 @@ class PooledLookupGpuOp : public PooledLookupKernel {
                                                         static_cast<int64_t>(host[t].bad_ids), example));
       }
     }
+    OP_REQUIRES_OK(ctx, SOK_CUDA(sok_gpu::pooled_pool(g.tables.data(), n, g.batch, workspace.data(), stream)));
   }
 };
 

@@ -71,7 +71,7 @@ struct TableDev {
   int64_t blocks[kKinds];       // each kind's blocks of this table (where its threads stride)
   int32_t shift;                // log2(stride) when stride is a power of two, else -1
   int32_t pool_lanes;           // the forward's threads per sample (dim / pool_vec up to a warp)
-  int32_t pool_vec;             // the forward's columns per load: 4 (float4) or 1
+  int32_t pool_vec;             // the forward's columns per load: 8 (half-width rows, 16 bytes), 4 or 1
   int32_t pool_run;             // the forward's samples per pool_lanes threads (up to pool_lanes)
   int32_t grad_lanes;           // the gradient's threads per distinct id (dim / grad_vec up to a warp)
   int32_t grad_vec;             // the gradient's columns per load: 4 (float4) or 1
@@ -95,9 +95,31 @@ __host__ __device__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) 
 
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
+// Whether the forward of a call loads 8 columns at once (16 bytes) from every table: half-width
+// rows whose dims are multiples of 8, rows and outputs 16-byte aligned. That halves the load
+// instructions of 4 columns a load (the forward is bound by their count, not by the rows' bytes);
+// the forward's kernel then has that one path (pool_kernel<R, true>: no registers for the others).
+bool wide_call(const PooledTable* tables, int num_tables) {
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  for (int t = 0; t < num_tables; ++t) {
+    const PooledTable& x = tables[t];
+    if (x.row_type == kRowFloat32 || x.dim % 8 != 0 || !aligned16(x.params) || !aligned16(x.out)) return false;
+  }
+  return num_tables > 0;
+}
+
+// Whether every table's shard has rows below 2^31 (their row numbers travel as 32-bit values).
+bool rows_fit_int32(const PooledTable* tables, int num_tables) {
+  for (int t = 0; t < num_tables; ++t) {
+    if (tables[t].rows > INT32_MAX) return false;
+  }
+  return true;
+}
+
 // The tables' descriptors, without their blocks: ids and divisors laid out table after table.
 std::vector<TableDev> describe(const PooledTable* tables, int num_tables, int64_t batch) {
   std::vector<TableDev> out(num_tables);
+  const bool wide = wide_call(tables, num_tables);
   int64_t id_base = 0;
   int64_t div_base = 0;
   for (int t = 0; t < num_tables; ++t) {
@@ -119,6 +141,7 @@ std::vector<TableDev> describe(const PooledTable* tables, int num_tables, int64_
       return reinterpret_cast<uintptr_t>(p) % (4 * row_type_bytes(d.t.row_type)) == 0;
     };
     d.pool_vec = out4 && aligned_row4(d.t.params) ? 4 : 1;
+    if (wide) d.pool_vec = 8;
     d.pool_lanes = 1;
     while (d.pool_lanes < d.t.dim / d.pool_vec && d.pool_lanes < 32) d.pool_lanes <<= 1;
     const int64_t per_sample = batch > 0 ? std::max<int64_t>(ceil_div(d.t.nnz, batch), 1) : 1;
@@ -246,7 +269,9 @@ __device__ void load_columns(const float* rows, int64_t row, int64_t dim, int64_
 // Columns k .. k + V - 1 of row `row` of the (rows, dim) matrix `rows` of type R, as float32.
 template <int V, RowType R>
 __device__ void load_row_columns(const void* rows, int64_t row, int64_t dim, int64_t k, float* x) {
-  if constexpr (V == 4) {
+  if constexpr (V == 8) {
+    load_row_elements8<R>(rows, row * dim + k, x);
+  } else if constexpr (V == 4) {
     load_row_elements4<R>(rows, row * dim + k, x);
   } else {
     x[0] = load_row_element<R>(rows, row * dim + k);
@@ -256,7 +281,10 @@ __device__ void load_row_columns(const void* rows, int64_t row, int64_t dim, int
 // Columns k .. k + V - 1 of row `row` of the (rows, dim) matrix `rows` = x (load_columns' store).
 template <int V>
 __device__ void store_columns(float* rows, int64_t row, int64_t dim, int64_t k, const float* x) {
-  if constexpr (V == 4) {
+  if constexpr (V == 8) {
+    *reinterpret_cast<float4*>(rows + row * dim + k) = make_float4(x[0], x[1], x[2], x[3]);
+    *reinterpret_cast<float4*>(rows + row * dim + k + 4) = make_float4(x[4], x[5], x[6], x[7]);
+  } else if constexpr (V == 4) {
     *reinterpret_cast<float4*>(rows + row * dim + k) = make_float4(x[0], x[1], x[2], x[3]);
   } else {
     rows[row * dim + k] = x[0];
@@ -287,13 +315,16 @@ __device__ int64_t held_ids(const TableDev& d, int64_t begin, int64_t end, int l
 // sample s0 + i, clamped to [begin, nnz] and made non-decreasing (a max scan), so that row_splits the
 // checks refuse read nothing outside the ids. A table whose shard holds every valid id (stride 1,
 // offset 0) counts a sample's ids from its row_splits; others count its held ids first (held_ids).
-// (Ids the checks refuse leave such rows wrong, and the op raises.) R: the rows' type.
-template <int V, RowType R>
+// (Ids the checks refuse leave such rows wrong, and the op raises.) R: the rows' type; kRows32:
+// every table's rows fit an int32 (rows_fit_int32).
+template <int V, RowType R, bool kRows32>
 __device__ void pool_run(const TableDev& d, int64_t s0, int run, int64_t k, int lane, int lanes, unsigned mask) {
   const PooledTable& t = d.t;
   const bool column = k < t.dim;
   const bool weighted = t.weights != nullptr;
   const bool whole = t.stride == 1 && t.offset == 0;
+  // Rows in flight per lane: 8 of 4 columns, 4 of 8 (the same registers).
+  constexpr int kRunUnroll = V == 8 ? kUnroll / 2 : kUnroll;
   const auto clamp = [&t](int64_t x, int64_t lo) { return x < lo ? lo : (x > t.nnz ? t.nnz : x); };
   const int64_t first = clamp(t.splits[s0], 0);
   int64_t ends = lane < run ? t.splits[s0 + lane + 1] : INT64_MIN;
@@ -339,23 +370,33 @@ __device__ void pool_run(const TableDev& d, int64_t s0, int run, int64_t k, int 
       held = valid_row(row, t.rows);
       if (weighted && held) w = t.weights[j];
     }
+    // Rows below 2^31 travel as one 32-bit value, -1 for an id not held: two shuffles per id with
+    // its weight (else four: the row's two halves, whether held, the weight).
+    const int32_t slot = held ? static_cast<int32_t>(row) : -1;
     const int64_t n = last - chunk < lanes ? last - chunk : lanes;
-    for (int64_t u0 = 0; u0 < n; u0 += kUnroll) {
-      float x[kUnroll][V];
-      float wu[kUnroll];
-      bool use[kUnroll];
+    for (int64_t u0 = 0; u0 < n; u0 += kRunUnroll) {
+      float x[kRunUnroll][V];
+      float wu[kRunUnroll];
+      bool use[kRunUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kRunUnroll; ++u) {
         const int src = u0 + u < n ? static_cast<int>(u0 + u) : 0;  // every lane takes part in each shuffle
-        const int64_t r = __shfl_sync(mask, row, src, lanes);
+        int64_t r;
+        if constexpr (kRows32) {
+          const int32_t s = __shfl_sync(mask, slot, src, lanes);
+          r = s;
+          use[u] = s >= 0 && u0 + u < n;
+        } else {
+          r = __shfl_sync(mask, row, src, lanes);
+          use[u] = __shfl_sync(mask, held, src, lanes) != 0 && u0 + u < n;
+        }
         wu[u] = __shfl_sync(mask, w, src, lanes);
-        use[u] = __shfl_sync(mask, held, src, lanes) != 0 && u0 + u < n;
 #pragma unroll
         for (int v = 0; v < V; ++v) x[u][v] = 0.0f;
         if (use[u] && column) load_row_columns<V, R>(t.params, r, t.dim, k, x[u]);
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kRunUnroll; ++u) {
         if (u0 + u >= n) break;
         // The samples that end before this id (empty ones too) are done.
         while (chunk + u0 + u >= end) {
@@ -456,8 +497,9 @@ __global__ void validate_kernel(const TableDev* tables, int num_tables, int64_t 
 }
 
 // out (batch, dim) of each table: a run of `pool_run` samples per `pool_lanes` threads of a warp,
-// each `pool_vec` columns at a time; the tables' rows of type R (one type per call).
-template <RowType R>
+// each `pool_vec` columns at a time; the tables' rows of type R (one type per call); kWide: every
+// table's pool_vec is 8 (wide_call); kRows32: every table's rows fit an int32 (rows_fit_int32).
+template <RowType R, bool kWide, bool kRows32>
 __global__ void __launch_bounds__(kThreads, kGatherBlocksPerSm)
     pool_kernel(const TableDev* tables, int num_tables, int64_t batch) {
   const TableDev& d = block_table(tables, num_tables, kPool);
@@ -472,10 +514,12 @@ __global__ void __launch_bounds__(kThreads, kGatherBlocksPerSm)
   const int vec = d.pool_vec;
   for (int64_t k0 = 0; k0 < d.t.dim; k0 += int64_t{vec} * lanes) {
     const int64_t k = k0 + int64_t{vec} * lane;
-    if (vec == 4) {
-      pool_run<4, R>(d, s0, run, k, lane, lanes, mask);
+    if constexpr (kWide) {
+      pool_run<8, R, kRows32>(d, s0, run, k, lane, lanes, mask);
+    } else if (vec == 4) {
+      pool_run<4, R, kRows32>(d, s0, run, k, lane, lanes, mask);
     } else {
-      pool_run<1, R>(d, s0, run, k, lane, lanes, mask);
+      pool_run<1, R, kRows32>(d, s0, run, k, lane, lanes, mask);
     }
   }
 }
@@ -1003,6 +1047,31 @@ T* at(void* workspace, size_t offset) {
   return reinterpret_cast<T*>(static_cast<char*>(workspace) + offset);
 }
 
+// forward(pool_kernel<R, ...>) with the kernel's flags (wide: float32 rows have no wide kernel).
+template <RowType R, class Forward>
+cudaError_t pool_forward_of(bool wide, bool rows32, Forward forward) {
+  if constexpr (R != kRowFloat32) {
+    if (wide) return rows32 ? forward(pool_kernel<R, true, true>) : forward(pool_kernel<R, true, false>);
+  }
+  return rows32 ? forward(pool_kernel<R, false, true>) : forward(pool_kernel<R, false, false>);
+}
+
+// pool_kernel of the call's row type and flags over `blocks` blocks (descriptors already at dev).
+cudaError_t launch_pool(const PooledTable* tables, int num_tables, int64_t batch, int64_t blocks, const TableDev* dev,
+                        cudaStream_t stream) {
+  const bool wide = wide_call(tables, num_tables);
+  const bool rows32 = rows_fit_int32(tables, num_tables);
+  const auto forward = [&](auto kernel) { return launch(kernel, blocks, stream, dev, num_tables, batch); };
+  switch (tables[0].row_type) {  // the same for every table of the call
+    case kRowFloat16:
+      return pool_forward_of<kRowFloat16>(wide, rows32, forward);
+    case kRowBFloat16:
+      return pool_forward_of<kRowBFloat16>(wide, rows32, forward);
+    default:
+      return pool_forward_of<kRowFloat32>(wide, rows32, forward);
+  }
+}
+
 }  // namespace
 
 size_t pooled_forward_workspace_bytes(int num_tables) {
@@ -1021,6 +1090,18 @@ cudaError_t pooled_validate(const PooledTable* tables, int num_tables, int64_t b
                 KeysOut{nullptr, nullptr, nullptr, 0, 0});
 }
 
+cudaError_t pooled_pool(const PooledTable* tables, int num_tables, int64_t batch, void* workspace,
+                        cudaStream_t stream) {
+  if (num_tables <= 0) return cudaSuccess;
+  std::vector<TableDev> d = describe(tables, num_tables, batch);
+  const int64_t pool = plan(&d, kPool, [batch](const TableDev& x) {
+    return x.t.dim > 0 ? ceil_div(ceil_div(batch, x.pool_run), kThreads / x.pool_lanes) : int64_t{0};
+  });
+  auto* dev = static_cast<TableDev*>(workspace);
+  SOK_CUDA_RETURN(upload(d, dev, stream));
+  return launch_pool(tables, num_tables, batch, pool, dev, stream);
+}
+
 cudaError_t pooled_forward(const PooledTable* tables, int num_tables, int64_t batch, void* workspace,
                            PooledCheck* checks, cudaStream_t stream) {
   if (num_tables <= 0) return cudaSuccess;
@@ -1034,15 +1115,7 @@ cudaError_t pooled_forward(const PooledTable* tables, int num_tables, int64_t ba
   SOK_CUDA_RETURN(launch(init_checks_kernel, ceil_div(num_tables, kThreads), stream, checks, num_tables));
   SOK_CUDA_RETURN(launch(validate_kernel, validate, stream, static_cast<const TableDev*>(dev), num_tables, batch,
                          checks, KeysOut{nullptr, nullptr, nullptr, 0, 0}));
-  const auto* devs = static_cast<const TableDev*>(dev);
-  switch (tables[0].row_type) {  // the same for every table of the call
-    case kRowFloat16:
-      return launch(pool_kernel<kRowFloat16>, pool, stream, devs, num_tables, batch);
-    case kRowBFloat16:
-      return launch(pool_kernel<kRowBFloat16>, pool, stream, devs, num_tables, batch);
-    default:
-      return launch(pool_kernel<kRowFloat32>, pool, stream, devs, num_tables, batch);
-  }
+  return launch_pool(tables, num_tables, batch, pool, dev, stream);
 }
 
 const char* pooled_grad_unsupported(const PooledTable* tables, int num_tables, int64_t batch) {

@@ -83,6 +83,11 @@ size_t pooled_forward_workspace_bytes(int num_tables);
 cudaError_t pooled_validate(const PooledTable* tables, int num_tables, int64_t batch, void* workspace,
                             PooledCheck* checks, cudaStream_t stream);
 
+// tables[t].out (batch, dim) = the pooled rows of each sample, with no checks (after
+// pooled_validate's were read: the same pooling as pooled_forward's). Safe as pooled_forward.
+cudaError_t pooled_pool(const PooledTable* tables, int num_tables, int64_t batch, void* workspace,
+                        cudaStream_t stream);
+
 // tables[t].out (batch, dim) = the pooled rows of each sample; checks as pooled_validate. Safe
 // (no read outside the inputs) whatever the row_splits and ids: outputs are then unspecified.
 cudaError_t pooled_forward(const PooledTable* tables, int num_tables, int64_t batch, void* workspace,

@@ -66,19 +66,33 @@ __device__ inline void load_row_elements4(const void* rows, int64_t i, float* x)
   }
 }
 
-// Element `i` of rows of `type` (known at run time: one branch, the same for every lane of a
-// table), as float32.
-__device__ inline float load_row_element(const void* rows, RowType type, int64_t i) {
-  if (type == kRowFloat16) return load_row_element<kRowFloat16>(rows, i);
-  if (type == kRowBFloat16) return load_row_element<kRowBFloat16>(rows, i);
-  return load_row_element<kRowFloat32>(rows, i);
+// Elements i .. i + 7 of half-width rows of type R (float16 or bfloat16) as float32, in one
+// 16-byte load (i a multiple of 8, the rows aligned to 8 elements).
+template <RowType R>
+__device__ inline void load_row_elements8(const void* rows, int64_t i, float* x) {
+  static_assert(R != kRowFloat32, "8 elements in one load: half-width rows only");
+  const uint4 q = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(rows) + i);
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    const auto lo = static_cast<unsigned short>(words[h] & 0xffffu);
+    const auto hi = static_cast<unsigned short>(words[h] >> 16);
+    if constexpr (R == kRowFloat16) {
+      x[2 * h] = __half2float(__ushort_as_half(lo));
+      x[2 * h + 1] = __half2float(__ushort_as_half(hi));
+    } else {
+      x[2 * h] = __bfloat162float(__ushort_as_bfloat16(lo));
+      x[2 * h + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
+    }
+  }
 }
 
-// Stores `value` as element `i` of rows of `type`, rounded to nearest (ties to even).
-__device__ inline void store_row_element(void* rows, RowType type, int64_t i, float value) {
-  if (type == kRowFloat16) {
+// Stores `value` as element `i` of rows of type R, rounded to nearest (ties to even).
+template <RowType R>
+__device__ inline void store_row_element(void* rows, int64_t i, float value) {
+  if constexpr (R == kRowFloat16) {
     static_cast<__half*>(rows)[i] = __float2half_rn(value);
-  } else if (type == kRowBFloat16) {
+  } else if constexpr (R == kRowBFloat16) {
     static_cast<__nv_bfloat16*>(rows)[i] = __float2bfloat16_rn(value);
   } else {
     static_cast<float*>(rows)[i] = value;

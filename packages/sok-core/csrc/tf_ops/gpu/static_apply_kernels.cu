@@ -3,6 +3,7 @@
 // ops: each product, sum, square root and quotient rounded on its own (no fused multiply-add).
 #include <climits>
 #include <cstdint>
+#include <vector>
 
 #include "gpu/static_apply_kernels.h"
 
@@ -53,6 +54,7 @@ constexpr int kHeld = 4;
 // the table's first kWarp * kHeld columns and its accumulator are loaded together, so that a row
 // waits on memory once, not once per dependent step (index, gradient, accumulator, table); columns
 // past them are read as they are used.
+template <RowType R>
 __global__ void row_wise_kernel(Batch batch, const float* learning_rate, float epsilon) {
   const AdagradTable& x = batch.t[blockIdx.y];
   const float lr = *learning_rate;
@@ -70,7 +72,7 @@ __global__ void row_wise_kernel(Batch batch, const float* learning_rate, float e
     for (int k = 0; k < kHeld; ++k) {
       const int64_t c = lane + int64_t{k} * kWarp;
       gh[k] = c < x.dim ? g[c] : 0.0f;
-      wh[k] = c < x.dim ? load_row_element(x.table, x.row_type, at + c) : 0.0f;
+      wh[k] = c < x.dim ? load_row_element<R>(x.table, at + c) : 0.0f;
     }
     float squares = 0.0f;
 #pragma unroll
@@ -93,12 +95,12 @@ __global__ void row_wise_kernel(Batch batch, const float* learning_rate, float e
       const int64_t c = lane + int64_t{k} * kWarp;
       if (c < x.dim) {
         const float step = __fdiv_rn(__fmul_rn(lr, gh[k]), denominator);
-        store_row_element(x.table, x.row_type, at + c, __fsub_rn(wh[k], step));
+        store_row_element<R>(x.table, at + c, __fsub_rn(wh[k], step));
       }
     }
     for (int64_t c = lane + int64_t{kHeld} * kWarp; c < x.dim; c += kWarp) {
       const float step = __fdiv_rn(__fmul_rn(lr, g[c]), denominator);
-      store_row_element(x.table, x.row_type, at + c, __fsub_rn(load_row_element(x.table, x.row_type, at + c), step));
+      store_row_element<R>(x.table, at + c, __fsub_rn(load_row_element<R>(x.table, at + c), step));
     }
   }
 }
@@ -170,12 +172,29 @@ cudaError_t sparse_apply_adagrad(const AdagradTable* tables, int num_tables, con
 
 cudaError_t sparse_apply_row_wise_adagrad(const AdagradTable* tables, int num_tables, const float* lr, float epsilon,
                                           cudaStream_t stream) {
-  return for_each_batch(tables, num_tables, [&](const Batch& b, int count, int) {
-    const unsigned blocks = blocks_for(b, count, [](const AdagradTable& x) { return x.count * kWarp; });
-    if (blocks == 0) return cudaSuccess;
-    row_wise_kernel<<<dim3(blocks, static_cast<unsigned>(count)), kThreads, 0, stream>>>(b, lr, epsilon);
-    return cudaGetLastError();
-  });
+  // One kernel per row type (its loads and stores known at compile time), over that type's tables.
+  for (const RowType type : {kRowFloat32, kRowFloat16, kRowBFloat16}) {
+    std::vector<AdagradTable> of_type;
+    for (int t = 0; t < num_tables; ++t) {
+      if (tables[t].row_type == type) of_type.push_back(tables[t]);
+    }
+    const int count_of_type = static_cast<int>(of_type.size());
+    const cudaError_t e = for_each_batch(of_type.data(), count_of_type, [&](const Batch& b, int count, int) {
+      const unsigned blocks = blocks_for(b, count, [](const AdagradTable& x) { return x.count * kWarp; });
+      if (blocks == 0) return cudaSuccess;
+      const dim3 grid(blocks, static_cast<unsigned>(count));
+      if (type == kRowFloat16) {
+        row_wise_kernel<kRowFloat16><<<grid, kThreads, 0, stream>>>(b, lr, epsilon);
+      } else if (type == kRowBFloat16) {
+        row_wise_kernel<kRowBFloat16><<<grid, kThreads, 0, stream>>>(b, lr, epsilon);
+      } else {
+        row_wise_kernel<kRowFloat32><<<grid, kThreads, 0, stream>>>(b, lr, epsilon);
+      }
+      return cudaGetLastError();
+    });
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t check_adagrad_indices(const AdagradTable* tables, int num_tables, int64_t* first_bad,
