@@ -303,12 +303,14 @@ class Parser {
         continue;
       }
       if (e != 'u') fail("Invalid \\escape", at_);
+      // the rules of json's C scanner: the 4 digits must not end the text, and a pair needs 6
+      // characters and one more after the first escape
       const size_t u = at_ + 1;
-      int64_t cp = hex4(u);
+      int64_t cp = u + 5 < s_.size() ? hex4(u) : -1;
       if (cp < 0) fail("Invalid \\uXXXX escape", u);
       at_ = u + 5;
-      // a high surrogate followed by "\u" and a low one: one code point (json.decoder's rule)
-      if (cp >= 0xD800 && cp <= 0xDBFF && at_ + 1 < s_.size() && s_[at_] == '\\' && s_[at_ + 1] == 'u') {
+      // a high surrogate followed by "\u" and a low one: one code point
+      if (cp >= 0xD800 && cp <= 0xDBFF && at_ + 6 < s_.size() && s_[at_] == '\\' && s_[at_ + 1] == 'u') {
         const int64_t low = hex4(at_ + 1);
         if (low < 0) fail("Invalid \\uXXXX escape", at_ + 1);
         if (low >= 0xDC00 && low <= 0xDFFF) {
