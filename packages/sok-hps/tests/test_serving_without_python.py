@@ -56,20 +56,24 @@ def dumped_table(path: Path) -> tuple[str, np.ndarray]:
     return os.fspath(path / names[0]), rows
 
 
-def export(tmp_path: Path, config_path: Path, supportlonglong: bool = True) -> Path:
-    """The model, exported while HPS is not running: two lookups (one per table), flattened and
-    concatenated."""
+def export(tmp_path: Path, config_path: Path, running: bool = False) -> Path:
+    """The model, two lookups (one per table), flattened and concatenated, exported while HPS is
+    not running (NVIDIA's flow: the graph holds the whole lookup, found by name when it runs), or
+    ``running`` from ``config_path`` (the graph holds the lookup: its tables and its misses' fetch)."""
     init.shutdown()
-    dtype = "int64" if supportlonglong else "int32"
-    ids = keras.Input(shape=(SLOTS,), dtype=dtype)
+    if running:
+        init.Init(ps_config_file=str(config_path), global_batch_size=BATCH)
+    ids = keras.Input(shape=(SLOTS,), dtype="int64")
     common = {"emb_vec_dtype": tf.float32, "ps_config_file": str(config_path), "global_batch_size": BATCH}
     parts = [
         keras.layers.Flatten()(hps.LookupLayer(model_name="m", table_id=i, emb_vec_size=dim, **common)(ids))
         for i, dim in enumerate(DIMS)
     ]
     model = keras.Model(ids, keras.layers.Concatenate()(parts))
-    model.export(tmp_path / "saved", verbose=False)
-    assert not init.is_initialized()
+    try:
+        model.export(tmp_path / "saved", verbose=False)
+    finally:
+        init.shutdown()
     return tmp_path / "saved"
 
 
@@ -98,13 +102,14 @@ SETUPS = {
 }
 
 
+@pytest.mark.parametrize("running", [False, True], ids=["traced before Init", "traced on a running server"])
 @pytest.mark.parametrize("setup", sorted(SETUPS))
-def test_an_hps_savedmodel_serves_from_cpp_as_from_python(program, libraries, tmp_path, setup):
+def test_an_hps_savedmodel_serves_from_cpp_as_from_python(program, libraries, tmp_path, setup, running):
     entry, top = SETUPS[setup]
     config_path = tmp_path / "ps.json"
-    saved = export(tmp_path, config_path)
     sparse_files, tables = files(tmp_path)
     write(config_path, sparse_files, entry, **top)
+    saved = export(tmp_path, config_path, running)
     ids = np.random.default_rng(5).integers(0, ROWS + UNSEEN, size=(BATCH, SLOTS)).astype(np.int64)
     ids[0] = [ROWS, ROWS + 1, 0]  # keys of no table: the default value
     expected = python_serves(saved, ids)

@@ -138,17 +138,22 @@ const ServedTable& Server::table(const std::string& model, int64_t table_id) con
     count += key.first == model;
   }
   if (names.count(model) == 0) {
-    throw ConfigError("model_name " + py_repr(model) + " is not in the ps_config; valid: " +
-                      py_repr(std::vector<std::string>(names.begin(), names.end())) + "; fix model_name or the ps_config");
+    const std::vector<std::string> valid(names.begin(), names.end());
+    throw ConfigError("model_name " + py_repr(model) + " is not in the ps_config; valid: " + py_repr(valid) +
+                      "; fix model_name or the ps_config");
   }
   throw ConfigError("table_id " + std::to_string(table_id) + " of model " + py_repr(model) +
                     " is out of range; valid: 0 .. " + std::to_string(count - 1) + " (" + std::to_string(count) +
                     " tables in its sparse_files)");
 }
 
+void Server::fetch(const ServedTable& table, const int64_t* keys, int64_t n, float* rows, bool* found) {
+  volatile_.fetch(table.tag, keys, n, table.dim, rows, found);
+}
+
 void Server::lookup(const ServedTable& table, const int64_t* keys, int64_t n, float* rows) {
   std::unique_ptr<bool[]> found(new bool[static_cast<size_t>(std::max<int64_t>(n, 1))]);
-  volatile_.fetch(table.tag, keys, n, table.dim, rows, found.get());
+  fetch(table, keys, n, rows, found.get());
   for (int64_t i = 0; i < n; ++i) {
     if (!found[i]) std::fill(rows + i * table.dim, rows + (i + 1) * table.dim, table.default_value);
   }

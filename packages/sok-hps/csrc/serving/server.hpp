@@ -61,6 +61,8 @@ class Server {
 
   // rows [n, table.dim] of keys [n]: the model file's row, or table.default_value in every column.
   void lookup(const ServedTable& table, const int64_t* keys, int64_t n, float* rows);
+  // rows [n, table.dim] of the keys found (found[i]); the others' rows are unspecified.
+  void fetch(const ServedTable& table, const int64_t* keys, int64_t n, float* rows, bool* found);
 
   const std::string& path() const { return path_; }
 
