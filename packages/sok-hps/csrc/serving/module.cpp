@@ -9,6 +9,8 @@
 namespace py = pybind11;
 namespace json = sok::hps::json;
 
+void bind_model_files(py::module_& m);  // py_model_files.cpp
+
 namespace {
 
 // A str of UTF-8 bytes in which a lone surrogate is its 3-byte code (json.hpp).
@@ -54,4 +56,5 @@ PYBIND11_MODULE(_serving, m) {
       "parse_json", [](const std::string& text) { return to_python(json::parse(text)); }, py::arg("text"),
       "The value of the JSON text, as json.loads makes it; JsonParseError (a ValueError) with "
       "json.JSONDecodeError's message where it is not JSON.");
+  bind_model_files(m);
 }
