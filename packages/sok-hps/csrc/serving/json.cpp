@@ -7,6 +7,12 @@
 #include <limits>
 
 namespace sok::hps::json {
+namespace {
+
+// sys.get_int_max_str_digits(): the most digits int() reads.
+constexpr size_t kMaxIntDigits = 4300;
+
+}  // namespace
 
 Value Value::boolean(bool b) {
   Value v;
@@ -132,7 +138,8 @@ class Parser {
 
  private:
   // json.JSONDecodeError's message for an error at byte `at`: line, column and offset in code points.
-  [[noreturn]] void fail(const std::string& what, size_t at) const {
+  [[noreturn]] void fail(const std::string& what, size_t at,
+                         ParseError::Reason reason = ParseError::Reason::kSyntax) const {
     size_t line = 1, column = 1, chars = 0;
     for (size_t i = 0; i < at && i < s_.size(); ++i) {
       const auto c = static_cast<unsigned char>(s_[i]);
@@ -145,8 +152,8 @@ class Parser {
         ++column;
       }
     }
-    throw ParseError(what + ": line " + std::to_string(line) + " column " + std::to_string(column) + " (char " +
-                     std::to_string(chars) + ")");
+    throw ParseError(reason, what + ": line " + std::to_string(line) + " column " + std::to_string(column) + " (char " +
+                                 std::to_string(chars) + ")");
   }
 
   void skip_space() {
@@ -165,7 +172,8 @@ class Parser {
     if (c == '"') return Value::string(string());
     if (c == '{' || c == '[') {
       if (depth >= kMaxDepth) {
-        fail("arrays and objects nest deeper than " + std::to_string(kMaxDepth) + " levels", at_);
+        fail("arrays and objects nest deeper than " + std::to_string(kMaxDepth) + " levels", at_,
+             ParseError::Reason::kTooDeep);
       }
       return c == '{' ? object(depth + 1) : array(depth + 1);
     }
@@ -212,8 +220,15 @@ class Parser {
     at_ = i;
     errno = 0;
     if (integral) {
+      const size_t digits = text.size() - (text[0] == '-');
+      if (digits > kMaxIntDigits) {
+        throw ParseError(ParseError::Reason::kIntegerDigits,
+                         "Exceeds the limit (" + std::to_string(kMaxIntDigits) +
+                             " digits) for integer string conversion: value has " + std::to_string(digits) +
+                             " digits; use sys.set_int_max_str_digits() to increase the limit");
+      }
       const long long v = std::strtoll(text.c_str(), nullptr, 10);
-      if (errno == ERANGE) fail("integer " + text + " does not fit 64 bits", begin);
+      if (errno == ERANGE) fail("integer " + text + " does not fit 64 bits", begin, ParseError::Reason::kIntegerRange);
       return Value::integer(v);
     }
     return Value::floating(std::strtod(text.c_str(), nullptr));  // an overflow is +-inf, as Python's float()

@@ -6,8 +6,10 @@
 // value (at the place of its first); a number with a fraction or an exponent is a float, one without
 // an integer; strings are UTF-8, \u escapes of lone surrogates kept as their 3-byte code; a parse
 // error's message is json.JSONDecodeError's ("Expecting ',' delimiter: line 3 column 5 (char 20)",
-// columns and offsets in code points). Differences: an integer outside int64 is an error (Python
-// keeps any integer), and so is nesting deeper than kMaxDepth (Python's RecursionError).
+// columns and offsets in code points); an integer of more than 4300 digits is an error with int()'s
+// ValueError message. Differences: an integer outside int64 is an error (Python keeps any integer of
+// at most 4300 digits), and so is nesting deeper than kMaxDepth (Python's RecursionError, at about
+// 1000 levels). ParseError::reason() tells these apart.
 //
 // Example:
 //   sok::hps::json::Value v = sok::hps::json::parse(R"({"models": [{"model": "foo"}]})");
@@ -28,10 +30,20 @@ namespace sok::hps::json {
 // How deep arrays and objects may nest.
 constexpr int kMaxDepth = 512;
 
-// A text that is not JSON; what() is json.JSONDecodeError's message.
+// A text that is not JSON, or not what json.loads can or this reader will read.
 class ParseError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  enum class Reason {
+    kSyntax,         // not JSON: what() is json.JSONDecodeError's message
+    kTooDeep,        // nested deeper than kMaxDepth (Python: RecursionError)
+    kIntegerDigits,  // an integer of more than 4300 digits: what() is int()'s ValueError message
+    kIntegerRange,   // an integer outside int64 (Python keeps it)
+  };
+  ParseError(Reason reason, const std::string& what) : std::runtime_error(what), reason_(reason) {}
+  Reason reason() const { return reason_; }
+
+ private:
+  Reason reason_;
 };
 
 enum class Type { kNull, kBool, kInt, kFloat, kString, kArray, kObject };
