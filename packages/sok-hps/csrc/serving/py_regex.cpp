@@ -248,10 +248,12 @@ class State {
   std::map<Text, size_t> groupdict_;
 };
 
-// A code of a character class: a literal (with its code point) or a category (IN).
+// A code of a character class: a literal (with its code point, unknown for a \N{...} name) or a
+// category (IN).
 struct ClassCode {
   bool literal;
   char32_t value;
+  bool known = true;
 };
 
 // \x, \u, \U, \N and octal escapes, common to _class_escape and _escape; std::nullopt for others.
@@ -278,8 +280,15 @@ std::optional<ClassCode> numeric_escape(Tokenizer& source, Text& escape) {
   }
   if (c == 'N') {
     if (!source.match('{')) throw source.fail("missing {");
-    source.getuntil('}', "character name");
-    return ClassCode{true, 0};  // the name is not looked up (py_regex.hpp)
+    const Text name = source.getuntil('}', "character name");
+    // Names are not looked up (py_regex.hpp); a Unicode name has 2 or more letters, digits, spaces and
+    // hyphens, and starts and ends with a letter or a digit.
+    const auto alnum = [](char32_t n) { return ascii_letter(n) || digit(n); };
+    const bool name_like =
+        name.size() >= 2 && alnum(name.front()) && alnum(name.back()) &&
+        std::all_of(name.begin(), name.end(), [&](char32_t n) { return alnum(n) || n == ' ' || n == '-'; });
+    if (!name_like) throw source.fail("undefined character name " + py_repr(utf8(name)), name.size() + 4);
+    return ClassCode{true, 0, false};
   }
   return std::nullopt;
 }
@@ -470,7 +479,8 @@ class Parser {
           break;
         }
         const ClassCode code2 = that[0] == '\\' ? class_escape(source_, that) : ClassCode{true, that[0]};
-        if (!code1.literal || !code2.literal || code2.value < code1.value) {
+        const bool reversed = code1.known && code2.known && code2.value < code1.value;
+        if (!code1.literal || !code2.literal || reversed) {
           throw source_.fail("bad character range " + utf8(self) + "-" + utf8(that), self.size() + 1 + that.size());
         }
       }

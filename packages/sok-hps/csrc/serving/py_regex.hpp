@@ -3,11 +3,13 @@
 // their messages ("missing ), unterminated subpattern at position 0"). config.py refuses an
 // update_filters entry that re.compile refuses, and the C++ reader must say the same.
 //
-// Differences, on patterns no ps_config holds: a \N{...} name is not looked up (any name is taken,
-// its character counting as U+0000 in a range); a group name's non-ASCII characters, a non-ASCII
-// letter after "(?" flags and non-ASCII digits in a "(?(1)...)" group number are taken as
-// str.isidentifier(), str.isalpha() and int() take ASCII ones; nesting beyond 490 levels is
-// RecursionError here, where Python's limit depends on its stack (about 496 levels).
+// Differences, on patterns no ps_config holds:
+// * a \N{...} name is not looked up: any name of a Unicode name's shape is taken, and a range with
+//   its character is not checked;
+// * str.isidentifier() (group names), str.isalpha() (after "(?" flags) and int() (a "(?(1)...)"
+//   group number) are ASCII's here: a non-ASCII character counts as a letter, never as a digit;
+// * nesting beyond 490 levels is RecursionError here; Python's limit depends on its stack (about
+//   496 levels).
 //
 // Example:
 //   py_regex_error("(")->message   // "missing ), unterminated subpattern at position 0"
