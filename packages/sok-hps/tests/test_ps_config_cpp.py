@@ -7,8 +7,9 @@ one a ConfigError with the same message; and the same warnings, in the same orde
 the Python test passes as a mapping is given to C++ as JSON text (parse_ps_config) and, as every
 config, as a file (read_ps_config, against load_config of the same file).
 
-The readers' one difference these cases reach: an integer beyond int64 is a parse error in C++
-(json.hpp), where Python reads it and refuses it as out of range.
+The readers' differences these cases reach (ps_config.hpp): an integer outside int64 and uint64 is
+a parse error in C++ (json.hpp), where Python reads it; one above int64 is refused in a key of no
+maximum, where Python takes it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import logging
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -44,6 +46,9 @@ from ps_config_cases import (
 _serving = pytest.importorskip("hierarchical_parameter_server._serving")
 
 INT64 = range(-(2**63), 2**63)
+UINT64 = range(2**64)
+# The C++ reader's message for an integer above int64 in a key of no maximum.
+ABOVE_INT64 = re.compile(r"expected an integer in \[\d+, 9223372036854775807\], got (\d+) \(int\)$")
 
 
 class _Warnings(logging.Handler):
@@ -90,12 +95,13 @@ def assert_same(cpp: tuple, python: tuple) -> None:
     assert typed(cpp) == typed(python)
 
 
-def beyond_int64(value) -> bool:
+def integers(value) -> list[int]:
+    """The integers in a JSON value."""
     if isinstance(value, dict):
-        return any(beyond_int64(v) for v in value.values())
+        return [i for v in value.values() for i in integers(v)]
     if isinstance(value, (list, tuple)):
-        return any(beyond_int64(v) for v in value)
-    return isinstance(value, int) and not isinstance(value, bool) and value not in INT64
+        return [i for v in value for i in integers(v)]
+    return [value] if isinstance(value, int) and not isinstance(value, bool) else []
 
 
 def check_mapping(raw, tmp_path) -> None:
@@ -103,14 +109,22 @@ def check_mapping(raw, tmp_path) -> None:
     text = json.dumps(raw)
     path = tmp_path / "ps.json"
     path.write_text(text)
-    if beyond_int64(raw):  # the documented difference
+    if any(i not in INT64 and i not in UINT64 for i in integers(raw)):  # json.hpp's difference
         with pytest.raises(_serving.JsonParseError, match="does not fit 64 bits"):
             _serving.parse_ps_config(text)
         with pytest.raises(_serving.ConfigError, match=r"ps\.json' cannot be parsed: integer .* does not fit 64 bits"):
             _serving.read_ps_config(str(path))
         return
-    assert_same(cpp_outcome(_serving.parse_ps_config, text), python_outcome(raw))
-    assert_same(cpp_outcome(_serving.read_ps_config, str(path)), python_outcome(path))
+    above_int64 = [i for i in integers(raw) if i not in INT64]
+    for cpp, python in (
+        (cpp_outcome(_serving.parse_ps_config, text), python_outcome(raw)),
+        (cpp_outcome(_serving.read_ps_config, str(path)), python_outcome(path)),
+    ):
+        if above_int64 and typed(cpp) != typed(python):  # an int64 key of no maximum (ps_config.hpp)
+            found = ABOVE_INT64.search(cpp[1]) if cpp[0] == "error" else None
+            assert found and int(found[1]) in above_int64, (cpp, python)
+        else:
+            assert_same(cpp, python)
 
 
 def check_file(path) -> None:
@@ -440,6 +454,25 @@ ADDRESSES = [
 ]
 
 
+@pytest.mark.parametrize("margin", [1, 2**63 - 1, 2**63, 2**64 - 1])
+def test_overflow_margin_takes_uint64(margin, tmp_path):
+    raw = with_value(minimal(), "volatile_db.overflow_margin", margin)
+    assert python_outcome(raw)[0] == "ok"
+    check_mapping(raw, tmp_path)
+    assert _serving.parse_ps_config(json.dumps(raw))["volatile_db"]["overflow_margin"] == margin
+
+
+@pytest.mark.parametrize(
+    "path", ["models[0].max_batch_size", "models[0].deployed_device_list", "models[0].refresh_interval"]
+)
+def test_integers_above_int64_in_keys_of_no_maximum(path, tmp_path):
+    raw = with_value(minimal(), path, [2**63] if path.endswith("list") else 2**63)
+    assert python_outcome(raw)[0] == "ok"  # config.py takes them
+    with pytest.raises(_serving.ConfigError, match=ABOVE_INT64):
+        _serving.parse_ps_config(json.dumps(raw))
+    check_mapping(raw, tmp_path)
+
+
 @pytest.mark.parametrize("address", ADDRESSES)
 def test_addresses_are_checked_as_parse_address_checks_them(address, tmp_path):
     check_mapping(with_value(minimal(), "volatile_db.address", address), tmp_path)
@@ -458,6 +491,8 @@ VALUES = [
     7,
     -(2**63),
     2**63 - 1,
+    2**63,
+    2**64 - 1,
     2**31,
     0.0,
     -0.5,

@@ -28,6 +28,15 @@ Value Value::integer(int64_t i) {
   return v;
 }
 
+Value Value::unsigned_integer(uint64_t u) {
+  Value v;
+  v.type_ = Type::kInt;
+  v.uint_ = u;
+  v.above_int64_ = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  v.int_ = v.above_int64_ ? 0 : static_cast<int64_t>(u);
+  return v;
+}
+
 Value Value::floating(double d) {
   Value v;
   v.type_ = Type::kFloat;
@@ -71,11 +80,18 @@ bool Value::as_bool() const {
 
 int64_t Value::as_int() const {
   if (type_ != Type::kInt) wrong_type(*this, "an integer");
+  if (above_int64_) throw std::logic_error("JSON integer " + std::to_string(uint_) + " does not fit int64");
   return int_;
 }
 
+uint64_t Value::as_uint64() const {
+  if (type_ != Type::kInt) wrong_type(*this, "an integer");
+  if (!above_int64_ && int_ < 0) throw std::logic_error("JSON integer " + std::to_string(int_) + " is negative");
+  return above_int64_ ? uint_ : static_cast<uint64_t>(int_);
+}
+
 double Value::as_number() const {
-  if (type_ == Type::kInt) return static_cast<double>(int_);
+  if (type_ == Type::kInt) return above_int64_ ? static_cast<double>(uint_) : static_cast<double>(int_);
   if (type_ != Type::kFloat) wrong_type(*this, "a number");
   return float_;
 }
@@ -228,8 +244,13 @@ class Parser {
                              " digits; use sys.set_int_max_str_digits() to increase the limit");
       }
       const long long v = std::strtoll(text.c_str(), nullptr, 10);
-      if (errno == ERANGE) fail("integer " + text + " does not fit 64 bits", begin, ParseError::Reason::kIntegerRange);
-      return Value::integer(v);
+      if (errno != ERANGE) return Value::integer(v);
+      if (text[0] != '-') {
+        errno = 0;
+        const unsigned long long u = std::strtoull(text.c_str(), nullptr, 10);
+        if (errno != ERANGE) return Value::unsigned_integer(u);
+      }
+      fail("integer " + text + " does not fit 64 bits", begin, ParseError::Reason::kIntegerRange);
     }
     return Value::floating(std::strtod(text.c_str(), nullptr));  // an overflow is +-inf, as Python's float()
   }

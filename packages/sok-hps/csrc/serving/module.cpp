@@ -20,7 +20,7 @@ py::object to_python(const json::Value& v) {
     case json::Type::kBool:
       return py::bool_(v.as_bool());
     case json::Type::kInt:
-      return py::int_(v.as_int());
+      return v.above_int64() ? py::int_(v.as_uint64()) : py::int_(v.as_int());
     case json::Type::kFloat:
       return py::float_(v.as_number());
     case json::Type::kString:

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <set>
 #include <utility>
@@ -96,6 +97,12 @@ const char* ignored(const std::string& key) {
 
 std::string describe(const Value& value) { return py_repr(value) + " (" + py_type_name(value) + ")"; }
 
+// What is valid for an integer key, of at least `minimum`, that is given a value above int64's
+// maximum: the keys but overflow_margin are int64 here, where config.py takes any integer.
+std::string beyond_int64(int64_t minimum) {
+  return "expected an integer in [" + py_repr(minimum) + ", " + py_repr(std::numeric_limits<int64_t>::max()) + "]";
+}
+
 // The value as a double when it is a finite JSON number (not a boolean).
 std::optional<double> finite(const Value& value) {
   if (!value.is_number()) return std::nullopt;
@@ -168,18 +175,25 @@ class Reader {
   int64_t integer(const std::string& key, std::optional<int64_t> fallback, int64_t minimum = 0,
                   std::optional<uint64_t> maximum = std::nullopt) {
     const Value* value = member(key, fallback.has_value());
-    return value == nullptr ? *fallback : integer_of(key, *value, minimum, maximum);
+    return value == nullptr ? *fallback : integer_of<int64_t>(key, *value, minimum, maximum);
   }
 
-  int64_t integer_of(const std::string& key, const Value& value, int64_t minimum,
-                     std::optional<uint64_t> maximum) const {
+  template <class Int>
+  Int integer_of(const std::string& key, const Value& value, int64_t minimum, std::optional<uint64_t> maximum) const {
     const std::string bounds =
         maximum ? "in [" + py_repr(minimum) + ", " + py_repr(*maximum) + "]" : ">= " + py_repr(minimum);
     const std::string valid = "expected an integer " + bounds;
     if (value.type() != Type::kInt) throw error(key, value, valid);
+    if (value.above_int64()) {
+      if (maximum && value.as_uint64() > *maximum) throw error(key, value, valid);
+      if (value.as_uint64() > static_cast<uint64_t>(std::numeric_limits<Int>::max())) {
+        throw error(key, value, beyond_int64(minimum));  // config.py takes any integer (ps_config.hpp)
+      }
+      return static_cast<Int>(value.as_uint64());
+    }
     const int64_t i = value.as_int();
     if (i < minimum || (maximum && i >= 0 && static_cast<uint64_t>(i) > *maximum)) throw error(key, value, valid);
-    return i;
+    return static_cast<Int>(i);
   }
 
   double number(const std::string& key, std::optional<double> fallback, double low = 0.0, double high = HUGE_VAL,
@@ -266,8 +280,11 @@ class Reader {
 
 auto int_item(int64_t minimum) {
   return [minimum](const std::string& where, const Value& value) {
-    if (value.type() != Type::kInt || value.as_int() < minimum) {
+    if (value.type() != Type::kInt || (!value.above_int64() && value.as_int() < minimum)) {
       throw ConfigError(where + ": expected an integer >= " + py_repr(minimum) + ", got " + describe(value));
+    }
+    if (value.above_int64()) {  // config.py takes any integer (ps_config.hpp)
+      throw ConfigError(where + ": " + beyond_int64(minimum) + ", got " + describe(value));
     }
     return value.as_int();
   };
@@ -455,7 +472,7 @@ VolatileDbConfig read_volatile_db(const Value* obj, const WarningSink& warn) {
             r.string("tls_server_name_identification", d.tls_server_name_identification);
         const Value* margin = r.raw("overflow_margin");
         cfg.overflow_margin =
-            margin ? r.integer_of("overflow_margin", *margin, 1, kNoOverflowLimit) : d.overflow_margin;
+            margin ? r.integer_of<uint64_t>("overflow_margin", *margin, 1, kNoOverflowLimit) : d.overflow_margin;
         cfg.overflow_policy = r.choice("overflow_policy", d.overflow_policy, overflow_policies());
         cfg.overflow_resolution_target =
             r.number("overflow_resolution_target", d.overflow_resolution_target, 0.0, 1.0, true);

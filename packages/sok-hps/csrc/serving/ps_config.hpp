@@ -11,9 +11,12 @@
 // left at its default) are not written.
 //
 // Differences from config.py, all on input no ps_config holds:
-// * integers beyond int64 (of at most 4300 digits) in the file are a parse error ("integer ... does
-//   not fit 64 bits", json.hpp), where config.py reads them and then refuses them as out of range or
-//   accepts them: an overflow_margin written above 2**63 - 1 is refused here;
+// * an integer below -2**63 or above 2**64 - 1 (of at most 4300 digits) is a parse error
+//   ("integer ... does not fit 64 bits", json.hpp), where config.py reads it, then refuses it as out
+//   of range or (in a key of no maximum) takes it;
+// * an integer above 2**63 - 1 in a key of no maximum (all integer keys but overflow_margin, whose
+//   maximum is 2**64 - 1) is refused here ("expected an integer in [1, 9223372036854775807], got
+//   ..."), where config.py takes it;
 // * arrays and objects nested deeper than json::kMaxDepth (512) levels are "nested too deeply",
 //   where config.py's limit is Python's recursion limit (about 1000 levels);
 // * the port of a volatile_db.address entry is ASCII digits; config.py's str.isdigit() also takes
