@@ -230,6 +230,14 @@ def test_a_missing_file_and_a_directory(tmp_path):
     check_file(tmp_path / "absent" / "ps.json")
 
 
+def test_a_path_with_a_nul_byte():
+    with pytest.raises(ValueError) as python:
+        load_config("ps\0.json")
+    with pytest.raises(_serving.ConfigError) as cpp:  # a ConfigError here (ps_config.hpp)
+        _serving.read_ps_config("ps\0.json")
+    assert str(cpp.value) == str(python.value)
+
+
 def test_files_over_the_size_limit(tmp_path):
     path = tmp_path / "large.json"
     with open(path, "wb") as f:

@@ -13,16 +13,21 @@
 // Differences from config.py, all on input no ps_config holds:
 // * an integer below -2**63 or above 2**64 - 1 (of at most 4300 digits) is a parse error
 //   ("integer ... does not fit 64 bits", json.hpp), where config.py reads it, then refuses it as out
-//   of range or (in a key of no maximum) takes it;
-// * an integer above 2**63 - 1 in a key of no maximum (all integer keys but overflow_margin, whose
-//   maximum is 2**64 - 1) is refused here ("expected an integer in [1, 9223372036854775807], got
-//   ..."), where config.py takes it;
+//   of range or, where it sets no upper bound, takes it;
+// * an integer above 2**63 - 1 where config.py sets no upper bound (most integer keys, the items of
+//   the integer arrays) is refused here ("expected an integer in [1, 9223372036854775807], got
+//   ..."), where config.py takes it; overflow_margin takes up to 2**64 - 1 in both;
 // * arrays and objects nested deeper than json::kMaxDepth (512) levels are "nested too deeply",
 //   where config.py's limit is Python's recursion limit (about 1000 levels);
 // * the port of a volatile_db.address entry is ASCII digits; config.py's str.isdigit() also takes
 //   other Unicode digits (it reads '７０００' as 7000 and fails with int()'s ValueError on '²');
+// * an update_filters entry is checked as py_regex.hpp says (its differences: \N{...} names, non-ASCII
+//   group names and flags, nesting); the exceptions of re.compile other than re.error, which
+//   config.py lets through (OverflowError for a repeat count of 2**32 - 1 or more, ...), are
+//   ConfigError here, of the same message;
 // * a path with a NUL byte raises ConfigError("embedded null byte"), config.py a plain ValueError of
-//   that message.
+//   that message; a path that is not UTF-8 is named in messages as if decoded (Python names its
+//   bytes as '\udcXX').
 //
 // Example:
 //   sok::hps::PsConfig cfg = sok::hps::read_ps_config("hps.json", [](const std::string& w) {
