@@ -150,8 +150,6 @@ class Reader {
     return ConfigError(where(key) + ": " + valid + ", got " + describe(value));
   }
 
-  const Value& obj() const { return obj_; }
-
   // The member `key`, nullptr where absent (the caller takes the default).
   const Value* raw(const std::string& key) {
     known_.insert(key);

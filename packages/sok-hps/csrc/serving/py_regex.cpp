@@ -181,8 +181,9 @@ struct Range {
 
 Range cap(Width lo, Width hi) { return {std::min(lo, kMaxWidth), std::min(hi, kMaxWidth)}; }
 
-// The kinds of item the checks tell apart (_parser.py's opcodes, the unit codes as one).
-enum class Kind { kUnit, kAt, kRepeat, kSubpattern, kOther };
+// The kinds of item a repeat tells apart: an anchor (AT: nothing to repeat), a repeat (multiple
+// repeat), any other of _parser.py's opcodes.
+enum class Kind { kAt, kRepeat, kOther };
 
 struct Item {
   Kind kind;
@@ -326,11 +327,11 @@ ClassCode class_escape(Tokenizer& source, Text escape) {
 Item escape_item(Tokenizer& source, Text escape, State& state) {
   const char32_t c = escape[1];
   if (std::u32string_view(U"AbBZ").find(c) != std::u32string_view::npos) return {Kind::kAt, {}};
-  if (std::u32string_view(U"dDsSwWafnrtv\\").find(c) != std::u32string_view::npos) return {Kind::kUnit, {1, 1}};
-  if (numeric_escape(source, escape)) return {Kind::kUnit, {1, 1}};
+  if (std::u32string_view(U"dDsSwWafnrtv\\").find(c) != std::u32string_view::npos) return {Kind::kOther, {1, 1}};
+  if (numeric_escape(source, escape)) return {Kind::kOther, {1, 1}};
   if (c == '0') {
     escape += source.getwhile(2, octdigit);
-    return {Kind::kUnit, {1, 1}};
+    return {Kind::kOther, {1, 1}};
   }
   if (digit(c)) {
     if (source.next().size() == 1 && digit(source.next()[0])) {
@@ -338,7 +339,7 @@ Item escape_item(Tokenizer& source, Text escape, State& state) {
       if (octdigit(escape[1]) && octdigit(escape[2]) && source.next().size() == 1 && octdigit(source.next()[0])) {
         escape += source.get();
         check_octal(source, escape);
-        return {Kind::kUnit, {1, 1}};
+        return {Kind::kOther, {1, 1}};
       }
     }
     const size_t group = std::stoul(utf8(escape.substr(1)));
@@ -349,7 +350,7 @@ Item escape_item(Tokenizer& source, Text escape, State& state) {
     }
     throw source.fail("invalid group reference " + std::to_string(group), escape.size() - 1);
   }
-  if (escape.size() == 2 && !ascii_letter(c)) return {Kind::kUnit, {1, 1}};
+  if (escape.size() == 2 && !ascii_letter(c)) return {Kind::kOther, {1, 1}};
   throw source.fail("bad escape " + utf8(escape), escape.size());
 }
 
@@ -445,14 +446,14 @@ class Parser {
       if (self[0] == '\\') {
         subpattern.push_back(escape_item(source_, self, state_));
       } else if (!one_of(self, U".[{()*+?^$|")) {
-        subpattern.push_back({Kind::kUnit, {1, 1}});
+        subpattern.push_back({Kind::kOther, {1, 1}});
       } else if (is(self, '[')) {
         character_set();
-        subpattern.push_back({Kind::kUnit, {1, 1}});
+        subpattern.push_back({Kind::kOther, {1, 1}});
       } else if (one_of(self, U"*+?{")) {
         repeat(self, subpattern);
       } else if (is(self, '.')) {
-        subpattern.push_back({Kind::kUnit, {1, 1}});
+        subpattern.push_back({Kind::kOther, {1, 1}});
       } else if (is(self, '(')) {
         group(verbose, nested, first, subpattern);  // global flags may turn verbose on
       } else {                                      // ^ and $
@@ -497,7 +498,7 @@ class Parser {
       min = 1;
     } else if (is(self, '{')) {
       if (is(source_.next(), '}')) {
-        subpattern.push_back({Kind::kUnit, {1, 1}});
+        subpattern.push_back({Kind::kOther, {1, 1}});
         return;
       }
       Text lo, hi;
@@ -508,7 +509,7 @@ class Parser {
         hi = lo;
       }
       if (!source_.match('}')) {
-        subpattern.push_back({Kind::kUnit, {1, 1}});
+        subpattern.push_back({Kind::kOther, {1, 1}});
         source_.seek(here);
         return;
       }
@@ -596,7 +597,7 @@ class Parser {
     const Sub p = parse_sub(sub_verbose, nested + 1);
     if (!source_.match(')')) throw source_.fail("missing ), unterminated subpattern", source_.tell() - start);
     if (gid) state_.closegroup(*gid, p);
-    subpattern.push_back({Kind::kSubpattern, width_of(p)});
+    subpattern.push_back({Kind::kOther, width_of(p)});
   }
 
   void lookaround(Text c, bool verbose, int nested, size_t start, Sub& subpattern) {
