@@ -7,6 +7,12 @@
 #include <limits>
 
 namespace sok::hps::json {
+namespace {
+
+// sys.get_int_max_str_digits(): the most digits int() reads.
+constexpr size_t kMaxIntDigits = 4300;
+
+}  // namespace
 
 Value Value::boolean(bool b) {
   Value v;
@@ -19,6 +25,15 @@ Value Value::integer(int64_t i) {
   Value v;
   v.type_ = Type::kInt;
   v.int_ = i;
+  return v;
+}
+
+Value Value::unsigned_integer(uint64_t u) {
+  Value v;
+  v.type_ = Type::kInt;
+  v.uint_ = u;
+  v.above_int64_ = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  v.int_ = v.above_int64_ ? 0 : static_cast<int64_t>(u);
   return v;
 }
 
@@ -65,11 +80,18 @@ bool Value::as_bool() const {
 
 int64_t Value::as_int() const {
   if (type_ != Type::kInt) wrong_type(*this, "an integer");
+  if (above_int64_) throw std::logic_error("JSON integer " + std::to_string(uint_) + " does not fit int64");
   return int_;
 }
 
+uint64_t Value::as_uint64() const {
+  if (type_ != Type::kInt) wrong_type(*this, "an integer");
+  if (!above_int64_ && int_ < 0) throw std::logic_error("JSON integer " + std::to_string(int_) + " is negative");
+  return above_int64_ ? uint_ : static_cast<uint64_t>(int_);
+}
+
 double Value::as_number() const {
-  if (type_ == Type::kInt) return static_cast<double>(int_);
+  if (type_ == Type::kInt) return above_int64_ ? static_cast<double>(uint_) : static_cast<double>(int_);
   if (type_ != Type::kFloat) wrong_type(*this, "a number");
   return float_;
 }
@@ -132,7 +154,8 @@ class Parser {
 
  private:
   // json.JSONDecodeError's message for an error at byte `at`: line, column and offset in code points.
-  [[noreturn]] void fail(const std::string& what, size_t at) const {
+  [[noreturn]] void fail(const std::string& what, size_t at,
+                         ParseError::Reason reason = ParseError::Reason::kSyntax) const {
     size_t line = 1, column = 1, chars = 0;
     for (size_t i = 0; i < at && i < s_.size(); ++i) {
       const auto c = static_cast<unsigned char>(s_[i]);
@@ -145,8 +168,8 @@ class Parser {
         ++column;
       }
     }
-    throw ParseError(what + ": line " + std::to_string(line) + " column " + std::to_string(column) + " (char " +
-                     std::to_string(chars) + ")");
+    throw ParseError(reason, what + ": line " + std::to_string(line) + " column " + std::to_string(column) + " (char " +
+                                 std::to_string(chars) + ")");
   }
 
   void skip_space() {
@@ -165,7 +188,8 @@ class Parser {
     if (c == '"') return Value::string(string());
     if (c == '{' || c == '[') {
       if (depth >= kMaxDepth) {
-        fail("arrays and objects nest deeper than " + std::to_string(kMaxDepth) + " levels", at_);
+        fail("arrays and objects nest deeper than " + std::to_string(kMaxDepth) + " levels", at_,
+             ParseError::Reason::kTooDeep);
       }
       return c == '{' ? object(depth + 1) : array(depth + 1);
     }
@@ -212,9 +236,21 @@ class Parser {
     at_ = i;
     errno = 0;
     if (integral) {
+      const size_t digits = text.size() - (text[0] == '-');
+      if (digits > kMaxIntDigits) {
+        throw ParseError(ParseError::Reason::kIntegerDigits,
+                         "Exceeds the limit (" + std::to_string(kMaxIntDigits) +
+                             " digits) for integer string conversion: value has " + std::to_string(digits) +
+                             " digits; use sys.set_int_max_str_digits() to increase the limit");
+      }
       const long long v = std::strtoll(text.c_str(), nullptr, 10);
-      if (errno == ERANGE) fail("integer " + text + " does not fit 64 bits", begin);
-      return Value::integer(v);
+      if (errno != ERANGE) return Value::integer(v);
+      if (text[0] != '-') {
+        errno = 0;
+        const unsigned long long u = std::strtoull(text.c_str(), nullptr, 10);
+        if (errno != ERANGE) return Value::unsigned_integer(u);
+      }
+      fail("integer " + text + " does not fit 64 bits", begin, ParseError::Reason::kIntegerRange);
     }
     return Value::floating(std::strtod(text.c_str(), nullptr));  // an overflow is +-inf, as Python's float()
   }

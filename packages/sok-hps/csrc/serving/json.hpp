@@ -6,8 +6,11 @@
 // value (at the place of its first); a number with a fraction or an exponent is a float, one without
 // an integer; strings are UTF-8, \u escapes of lone surrogates kept as their 3-byte code; a parse
 // error's message is json.JSONDecodeError's ("Expecting ',' delimiter: line 3 column 5 (char 20)",
-// columns and offsets in code points). Differences: an integer outside int64 is an error (Python
-// keeps any integer), and so is nesting deeper than kMaxDepth (Python's RecursionError).
+// columns and offsets in code points); an integer of more than 4300 digits is an error with int()'s
+// ValueError message. Differences: an integer outside int64 and uint64 (below -2**63 or above
+// 2**64 - 1) is an error (Python keeps any integer of at most 4300 digits), and so is nesting deeper
+// than kMaxDepth (Python's RecursionError, at about 1000 levels). ParseError::reason() tells these
+// apart.
 //
 // Example:
 //   sok::hps::json::Value v = sok::hps::json::parse(R"({"models": [{"model": "foo"}]})");
@@ -28,10 +31,20 @@ namespace sok::hps::json {
 // How deep arrays and objects may nest.
 constexpr int kMaxDepth = 512;
 
-// A text that is not JSON; what() is json.JSONDecodeError's message.
+// A text that is not JSON, or not what json.loads can or this reader will read.
 class ParseError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  enum class Reason {
+    kSyntax,         // not JSON: what() is json.JSONDecodeError's message
+    kTooDeep,        // nested deeper than kMaxDepth (Python: RecursionError)
+    kIntegerDigits,  // an integer of more than 4300 digits: what() is int()'s ValueError message
+    kIntegerRange,   // an integer outside int64 and uint64 (Python keeps it)
+  };
+  ParseError(Reason reason, const std::string& what) : std::runtime_error(what), reason_(reason) {}
+  Reason reason() const { return reason_; }
+
+ private:
+  Reason reason_;
 };
 
 enum class Type { kNull, kBool, kInt, kFloat, kString, kArray, kObject };
@@ -45,6 +58,8 @@ class Value {
   Value() = default;  // null
   static Value boolean(bool b);
   static Value integer(int64_t i);
+  // An integer above int64's maximum (up to uint64's).
+  static Value unsigned_integer(uint64_t u);
   static Value floating(double d);
   static Value string(std::string s);
   static Value array(Array items);
@@ -55,7 +70,10 @@ class Value {
   bool is_number() const { return type_ == Type::kInt || type_ == Type::kFloat; }
   // The value as its type; std::logic_error for another type (the reader checks type() first).
   bool as_bool() const;
-  int64_t as_int() const;
+  int64_t as_int() const;  // std::logic_error above int64's maximum too
+  // Whether an integer is above int64's maximum; as_uint64() gives any non-negative integer.
+  bool above_int64() const { return type_ == Type::kInt && above_int64_; }
+  uint64_t as_uint64() const;
   double as_number() const;  // an integer or a float
   const std::string& as_string() const;
   const Array& as_array() const;
@@ -70,6 +88,8 @@ class Value {
   Type type_ = Type::kNull;
   bool bool_ = false;
   int64_t int_ = 0;
+  uint64_t uint_ = 0;  // an integer above int64's maximum
+  bool above_int64_ = false;
   double float_ = 0.0;
   std::string string_;
   std::shared_ptr<const Array> array_;  // shared: copies of a parsed tree are cheap

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "json.hpp"
+#include "py_str.hpp"
 
 namespace py = pybind11;
 namespace json = sok::hps::json;
@@ -12,13 +13,6 @@ namespace json = sok::hps::json;
 void bind_model_files(py::module_& m);  // py_model_files.cpp
 
 namespace {
-
-// A str of UTF-8 bytes in which a lone surrogate is its 3-byte code (json.hpp).
-py::object text(const std::string& s) {
-  PyObject* out = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogatepass");
-  if (out == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(out);
-}
 
 // The Python value json.loads makes of the same text.
 py::object to_python(const json::Value& v) {
@@ -28,11 +22,11 @@ py::object to_python(const json::Value& v) {
     case json::Type::kBool:
       return py::bool_(v.as_bool());
     case json::Type::kInt:
-      return py::int_(v.as_int());
+      return v.above_int64() ? py::int_(v.as_uint64()) : py::int_(v.as_int());
     case json::Type::kFloat:
       return py::float_(v.as_number());
     case json::Type::kString:
-      return text(v.as_string());
+      return sok::hps::py_str(v.as_string());
     case json::Type::kArray: {
       py::list out;
       for (const auto& item : v.as_array()) out.append(to_python(item));
@@ -40,7 +34,7 @@ py::object to_python(const json::Value& v) {
     }
     case json::Type::kObject: {
       py::dict out;
-      for (const auto& [key, value] : v.as_object()) out[text(key)] = to_python(value);
+      for (const auto& [key, value] : v.as_object()) out[sok::hps::py_str(key)] = to_python(value);
       return std::move(out);
     }
   }
@@ -49,6 +43,9 @@ py::object to_python(const json::Value& v) {
 
 }  // namespace
 
+// py_ps_config.cpp
+void bind_ps_config(py::module_& m);
+
 PYBIND11_MODULE(_serving, m) {
   m.doc() = "The C++ server's readers (csrc/serving), for tests against the Python readers.";
   py::register_exception<json::ParseError>(m, "JsonParseError", PyExc_ValueError);
@@ -56,5 +53,6 @@ PYBIND11_MODULE(_serving, m) {
       "parse_json", [](const std::string& text) { return to_python(json::parse(text)); }, py::arg("text"),
       "The value of the JSON text, as json.loads makes it; JsonParseError (a ValueError) with "
       "json.JSONDecodeError's message where it is not JSON.");
+  bind_ps_config(m);
   bind_model_files(m);
 }
