@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import unicodedata
 
 import numpy as np
@@ -549,6 +550,38 @@ def test_staging_directories_are_refused(tmp_path, marked, with_manifest):
     if not with_manifest:
         (tmp_path / name / fmt.MANIFEST).unlink()
     expect(path, DIM, "is the staging directory of a sok.dump")
+
+
+def test_a_checkpoint_swapped_while_it_is_read_reads_whole_as_one_or_the_other(tmp_path):
+    """Another thread exchanges the checkpoint with another one again and again (as sok.dump swaps a
+    new one in): every open reads one of the two whole (its files opened relative to the directory
+    opened once), never the key file of one and the weight file or manifest of the other."""
+    tables = {}
+    for name, first in (("ck", 0), ("other", 100)):
+        keys = np.arange(first, first + 500, dtype=np.int64)
+        checkpoint(tmp_path / name, keys=keys, rows=rows_of(500) + first)
+        tables[first] = rows_of(500) + first
+    if not ckdir._exchange(str(tmp_path / "ck"), str(tmp_path / "other")):
+        pytest.skip("this file system cannot exchange two directories (renameat2 RENAME_EXCHANGE)")
+    stop = threading.Event()
+
+    def swap():
+        while not stop.is_set():
+            ckdir._exchange(str(tmp_path / "ck"), str(tmp_path / "other"))
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    try:
+        for _ in range(3000):
+            table = _serving.open_table(tmp_path / "ck" / "emb_0", DIM)
+            table.verify()
+            (keys, rows), *rest = list(table.chunks(1 << 20))
+            assert not rest and len(keys) == 500
+            np.testing.assert_array_equal(keys, np.arange(keys[0], keys[0] + 500))
+            assert rows.tobytes() == tables[int(keys[0])].tobytes()
+    finally:
+        stop.set()
+        swapper.join()
 
 
 def test_the_directory_of_a_relative_table_name_is_the_current_one(tmp_path, monkeypatch):
