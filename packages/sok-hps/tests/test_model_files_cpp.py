@@ -19,8 +19,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import threading
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +30,9 @@ from hierarchical_parameter_server import model_files as mf
 from sparse_operation_kit import dtypes
 from sparse_operation_kit.checkpoint import directory as ckdir
 from sparse_operation_kit.checkpoint import format as fmt
-from test_model_files import DIM, nvidia_checkpoint, sok_dump, write_hps
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_model_files import DIM, nvidia_checkpoint, sok_dump, write_hps  # noqa: E402
 
 _serving = pytest.importorskip("hierarchical_parameter_server._serving")
 
