@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import threading
+import time
 import unicodedata
 from pathlib import Path
 
@@ -588,6 +589,45 @@ def test_a_checkpoint_swapped_while_it_is_read_reads_whole_as_one_or_the_other(t
         swapper.join()
 
 
+@pytest.mark.parametrize("reader", ["python", "cpp"])
+def test_a_checkpoint_missing_between_the_renames_of_a_swap_is_read_again(tmp_path, reader):
+    """Another thread renames the checkpoint aside as a staging directory and back again and again
+    (the two renames of a swap where the file system cannot exchange): a read that finds the table
+    (model_files's first check) and then the directory missing, with the staging directory beside
+    it, waits and reads again: it never reports that staging directories lie beside it. It may still
+    find no directory (mirrored from directory.py: at its last attempt, or back already when it looks
+    for leftovers)."""
+    path = checkpoint(tmp_path / "ck")
+    aside = tmp_path / f".ck{ckdir.STAGING_INFIX}x1y2"
+    open_table = mf.open_table if reader == "python" else _serving.open_table
+    stop = threading.Event()
+
+    def swap():
+        while not stop.is_set():
+            os.rename(tmp_path / "ck", aside)
+            time.sleep(0.0002)
+            os.rename(aside, tmp_path / "ck")
+            time.sleep(0.002)
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    try:
+        read = 0
+        for _ in range(6000):
+            table, error = outcome(lambda: open_table(path, DIM))
+            if error is None:
+                np.testing.assert_array_equal(table.keys, KEYS)
+                read += 1
+            else:
+                missing = f"{path}: no checkpoint directory at {tmp_path / 'ck'}"
+                assert "no table there" in str(error) or str(error).startswith(missing), error
+                assert "staging directories lie beside it" not in str(error), error
+    finally:
+        stop.set()
+        swapper.join()
+    assert read > 0
+
+
 def test_the_directory_of_a_relative_table_name_is_the_current_one(tmp_path, monkeypatch):
     checkpoint(tmp_path / "ck")
     monkeypatch.chdir(tmp_path / "ck")
@@ -687,6 +727,9 @@ def test_the_cpp_constants_mirror_the_python_ones():
         "directory.READ_ATTEMPTS": ckdir.READ_ATTEMPTS,
         "directory.STAGING_MARK": ckdir.STAGING_MARK,
         "directory.STAGING_INFIX": ckdir.STAGING_INFIX,
+        "directory.LOCK_SUFFIX": ckdir.LOCK_SUFFIX,
+        "directory._LOCK_POLL_S": ckdir._LOCK_POLL_S,
+        "directory._LOCK_POLL_MAX_S": ckdir._LOCK_POLL_MAX_S,
         "model_files.KEY_FILE": mf.KEY_FILE,
         "model_files.VECTOR_FILE": mf.VECTOR_FILE,
     }
