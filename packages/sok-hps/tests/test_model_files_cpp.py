@@ -335,6 +335,18 @@ def test_checkpoint_with_a_manifest_reads_the_same(tmp_path):
     expect(checkpoint(tmp_path / "c", keys=np.zeros(0, np.int64), rows=np.zeros((0, 7), np.float32)), DIM, None)
 
 
+@pytest.mark.parametrize("flipped", [None, -1, fmt.HEADER_BYTES + 13])
+def test_checksums_of_files_of_lengths_that_are_no_multiple_of_8(tmp_path, flipped):
+    """3 int32 keys and rows of 3 floats: files and chunks whose lengths leave the CRC-32's last
+    bytes to its byte-wise tail (a flipped byte there is found as well)."""
+    path = checkpoint(tmp_path / "ck", keys=np.array([-4, 9, 2**31 - 1], np.int32), rows=rows_of(3, 3))
+    if flipped is not None:
+        flip(tmp_path / "ck" / "emb_0-weight", flipped, 0x20)
+    expect(path, 3, None)
+    flip(tmp_path / "ck" / "emb_0-key", -1, 0x02)
+    expect(path, 3, "emb_0-key does not match its checksum in the manifest")
+
+
 def setter(name, value, *, entry=False):
     def edit(manifest, table):
         (table if entry else manifest)[name] = value
