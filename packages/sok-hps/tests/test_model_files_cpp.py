@@ -557,6 +557,27 @@ def test_a_manifest_that_is_not_a_regular_file_is_refused(tmp_path, kind):
     expect(path, DIM, "is not a regular file" if kind == "symlink" else "(UTF-8 JSON): [Errno 21] Is a directory")
 
 
+NAMES = ["tabl\u00e9", "it's", 'say "x"', "tab\tx", "\u65e5\u672c", os.fsdecode(b"t\xff\x80"), "\ue000", "zz"]
+
+
+@pytest.mark.parametrize("table", NAMES)
+def test_table_names_of_any_characters_read_and_are_written_as_python_writes_them(tmp_path, table):
+    """Names with quotes, controls, letters of other scripts and bytes that are not UTF-8 (the
+    manifest names those as os.fsdecode reads them, with lone surrogates): found in the manifest as
+    Python finds them, written in messages (repr, the listed tables sorted) as Python writes them."""
+    expect(checkpoint(tmp_path / "ck", table=table), DIM, None)
+
+    def others(manifest, entry):
+        manifest["tables"] = {name: dict(entry) for name in NAMES if name != table}
+
+    expect(checkpoint(tmp_path / "other", table=table, edit=others), DIM, "does not list table")
+
+    def bad_dim(manifest, entry):
+        entry["dim"] = 0
+
+    expect(checkpoint(tmp_path / "bad", table=table, edit=bad_dim), DIM, ".dim is 0")
+
+
 @pytest.mark.parametrize("marked", [False, True])
 @pytest.mark.parametrize("with_manifest", [False, True])
 def test_staging_directories_are_refused(tmp_path, marked, with_manifest):

@@ -41,6 +41,12 @@ std::string repr(std::string_view s);
 std::string repr(const json::Value& v);
 // repr() of a float (shortest round trip: "1.0", "1e+16", "inf").
 std::string repr(double x);
+// os.fsencode of the str whose UTF-8 is `s` (lone surrogates as their 3-byte code): the surrogates
+// U+DC80..U+DCFF, surrogateescape's of the bytes of a file name that are not UTF-8, are those bytes
+// again (so a name from JSON compares with a file's name as Python compares them).
+std::string fsencode(std::string_view s);
+// Python's order of two strs (of their code points), each as repr() reads it.
+bool less(std::string_view a, std::string_view b);
 // type(x).__name__ of what json.loads makes of `v`: "dict", "list", "str", "int", "float", "bool", "NoneType".
 const char* type_name(const json::Value& v);
 // str() of the UnicodeDecodeError that bytes.decode("utf-8") raises for `bytes`; "" when they are UTF-8.
