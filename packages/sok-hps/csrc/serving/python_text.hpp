@@ -1,11 +1,13 @@
 // Python's text for values in messages, so that the C++ readers (model_files.hpp) write the messages of
 // the Python readers they mirror: repr() of a str and of what json.loads makes, type(x).__name__, the
-// UnicodeDecodeError of bytes.decode("utf-8"), and the os.path (posixpath) functions that build paths.
+// UnicodeDecodeError of bytes.decode("utf-8"), os.fsencode, and the os.path (posixpath) functions.
 //
 // repr(str) escapes as Python does the ASCII controls, the quote, the backslash and, of the rest of
 // Unicode, the controls, separators, format characters, surrogates and private use characters that
 // str.isprintable() refuses; an unassigned code point is written as it is (Python escapes it). A
-// byte that is not UTF-8 is Python's surrogateescape of it (the way os.fsdecode reads a file name).
+// byte that is not UTF-8 is Python's surrogateescape of it (the way os.fsdecode reads a file name),
+// but the 3-byte code of a surrogate is that surrogate (as json.hpp keeps a lone one; os.fsdecode
+// escapes each of its bytes). Also OsError, Python's text of an OSError.
 //
 // Example:
 //   python_text::repr("emb'0")                           // "\"emb'0\""
