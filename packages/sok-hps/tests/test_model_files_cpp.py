@@ -19,7 +19,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
+import threading
+import time
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +31,9 @@ from hierarchical_parameter_server import model_files as mf
 from sparse_operation_kit import dtypes
 from sparse_operation_kit.checkpoint import directory as ckdir
 from sparse_operation_kit.checkpoint import format as fmt
-from test_model_files import DIM, nvidia_checkpoint, sok_dump, write_hps
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_model_files import DIM, nvidia_checkpoint, sok_dump, write_hps  # noqa: E402
 
 _serving = pytest.importorskip("hierarchical_parameter_server._serving")
 
@@ -329,6 +335,18 @@ def test_checkpoint_with_a_manifest_reads_the_same(tmp_path):
     expect(checkpoint(tmp_path / "c", keys=np.zeros(0, np.int64), rows=np.zeros((0, 7), np.float32)), DIM, None)
 
 
+@pytest.mark.parametrize("flipped", [None, -1, fmt.HEADER_BYTES + 13])
+def test_checksums_of_files_of_lengths_that_are_no_multiple_of_8(tmp_path, flipped):
+    """3 int32 keys and rows of 3 floats: files and chunks whose lengths leave the CRC-32's last
+    bytes to its byte-wise tail (a flipped byte there is found as well)."""
+    path = checkpoint(tmp_path / "ck", keys=np.array([-4, 9, 2**31 - 1], np.int32), rows=rows_of(3, 3))
+    if flipped is not None:
+        flip(tmp_path / "ck" / "emb_0-weight", flipped, 0x20)
+    expect(path, 3, None)
+    flip(tmp_path / "ck" / "emb_0-key", -1, 0x02)
+    expect(path, 3, "emb_0-key does not match its checksum in the manifest")
+
+
 def setter(name, value, *, entry=False):
     def edit(manifest, table):
         (table if entry else manifest)[name] = value
@@ -539,6 +557,27 @@ def test_a_manifest_that_is_not_a_regular_file_is_refused(tmp_path, kind):
     expect(path, DIM, "is not a regular file" if kind == "symlink" else "(UTF-8 JSON): [Errno 21] Is a directory")
 
 
+NAMES = ["tabl\u00e9", "it's", 'say "x"', "tab\tx", "\u65e5\u672c", os.fsdecode(b"t\xff\x80"), "\ue000", "zz"]
+
+
+@pytest.mark.parametrize("table", NAMES)
+def test_table_names_of_any_characters_read_and_are_written_as_python_writes_them(tmp_path, table):
+    """Names with quotes, controls, letters of other scripts and bytes that are not UTF-8 (the
+    manifest names those as os.fsdecode reads them, with lone surrogates): found in the manifest as
+    Python finds them, written in messages (repr, the listed tables sorted) as Python writes them."""
+    expect(checkpoint(tmp_path / "ck", table=table), DIM, None)
+
+    def others(manifest, entry):
+        manifest["tables"] = {name: dict(entry) for name in NAMES if name != table}
+
+    expect(checkpoint(tmp_path / "other", table=table, edit=others), DIM, "does not list table")
+
+    def bad_dim(manifest, entry):
+        entry["dim"] = 0
+
+    expect(checkpoint(tmp_path / "bad", table=table, edit=bad_dim), DIM, ".dim is 0")
+
+
 @pytest.mark.parametrize("marked", [False, True])
 @pytest.mark.parametrize("with_manifest", [False, True])
 def test_staging_directories_are_refused(tmp_path, marked, with_manifest):
@@ -549,6 +588,77 @@ def test_staging_directories_are_refused(tmp_path, marked, with_manifest):
     if not with_manifest:
         (tmp_path / name / fmt.MANIFEST).unlink()
     expect(path, DIM, "is the staging directory of a sok.dump")
+
+
+def test_a_checkpoint_swapped_while_it_is_read_reads_whole_as_one_or_the_other(tmp_path):
+    """Another thread exchanges the checkpoint with another one again and again (as sok.dump swaps a
+    new one in): every open reads one of the two whole (its files opened relative to the directory
+    opened once), never the key file of one and the weight file or manifest of the other."""
+    tables = {}
+    for name, first in (("ck", 0), ("other", 100)):
+        keys = np.arange(first, first + 500, dtype=np.int64)
+        checkpoint(tmp_path / name, keys=keys, rows=rows_of(500) + first)
+        tables[first] = rows_of(500) + first
+    if not ckdir._exchange(str(tmp_path / "ck"), str(tmp_path / "other")):
+        pytest.skip("this file system cannot exchange two directories (renameat2 RENAME_EXCHANGE)")
+    stop = threading.Event()
+
+    def swap():
+        while not stop.is_set():
+            ckdir._exchange(str(tmp_path / "ck"), str(tmp_path / "other"))
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    try:
+        for _ in range(3000):
+            table = _serving.open_table(tmp_path / "ck" / "emb_0", DIM)
+            table.verify()
+            (keys, rows), *rest = list(table.chunks(1 << 20))
+            assert not rest and len(keys) == 500
+            np.testing.assert_array_equal(keys, np.arange(keys[0], keys[0] + 500))
+            assert rows.tobytes() == tables[int(keys[0])].tobytes()
+    finally:
+        stop.set()
+        swapper.join()
+
+
+@pytest.mark.parametrize("reader", ["python", "cpp"])
+def test_a_checkpoint_missing_between_the_renames_of_a_swap_is_read_again(tmp_path, reader):
+    """Another thread renames the checkpoint aside as a staging directory and back again and again
+    (the two renames of a swap where the file system cannot exchange): a read that finds the table
+    (model_files's first check) and then the directory missing, with the staging directory beside
+    it, waits and reads again: it never reports that staging directories lie beside it. It may still
+    find no directory (mirrored from directory.py: at its last attempt, or back already when it looks
+    for leftovers)."""
+    path = checkpoint(tmp_path / "ck")
+    aside = tmp_path / f".ck{ckdir.STAGING_INFIX}x1y2"
+    open_table = mf.open_table if reader == "python" else _serving.open_table
+    stop = threading.Event()
+
+    def swap():
+        while not stop.is_set():
+            os.rename(tmp_path / "ck", aside)
+            time.sleep(0.0002)
+            os.rename(aside, tmp_path / "ck")
+            time.sleep(0.002)
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    try:
+        read = 0
+        for _ in range(6000):
+            table, error = outcome(lambda: open_table(path, DIM))
+            if error is None:
+                np.testing.assert_array_equal(table.keys, KEYS)
+                read += 1
+            else:
+                missing = f"{path}: no checkpoint directory at {tmp_path / 'ck'}"
+                assert "no table there" in str(error) or str(error).startswith(missing), error
+                assert "staging directories lie beside it" not in str(error), error
+    finally:
+        stop.set()
+        swapper.join()
+    assert read > 0
 
 
 def test_the_directory_of_a_relative_table_name_is_the_current_one(tmp_path, monkeypatch):
@@ -650,6 +760,9 @@ def test_the_cpp_constants_mirror_the_python_ones():
         "directory.READ_ATTEMPTS": ckdir.READ_ATTEMPTS,
         "directory.STAGING_MARK": ckdir.STAGING_MARK,
         "directory.STAGING_INFIX": ckdir.STAGING_INFIX,
+        "directory.LOCK_SUFFIX": ckdir.LOCK_SUFFIX,
+        "directory._LOCK_POLL_S": ckdir._LOCK_POLL_S,
+        "directory._LOCK_POLL_MAX_S": ckdir._LOCK_POLL_MAX_S,
         "model_files.KEY_FILE": mf.KEY_FILE,
         "model_files.VECTOR_FILE": mf.VECTOR_FILE,
     }

@@ -1,12 +1,20 @@
 // A checkpoint directory opened once for reading, as directory.py (checkpoint_directory.hpp).
 #include "checkpoint_directory.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "python_text.hpp"
 
@@ -21,10 +29,104 @@ CheckpointChanged changed(const std::string& path, const std::string& what) {
                            "being read (" + what + "); read it again");
 }
 
+// directory._MissingDuringDump: `path` is missing and dumps' leftovers lie beside it.
+class MissingDuringDump : public CheckpointChanged {
+ public:
+  using CheckpointChanged::CheckpointChanged;
+};
+
 // os.path.isfile: a regular file, symbolic links followed.
 bool is_file(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// os.path.exists and os.path.lexists.
+bool path_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool link_exists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+// os.path.realpath: symbolic links resolved; the part of the path that does not exist kept as it is.
+std::string real_path(const std::string& path) {
+  const std::string absolute = text::abspath(path);
+  char resolved[PATH_MAX];
+  if (::realpath(absolute.c_str(), resolved) != nullptr) return resolved;
+  const auto [head, tail] = text::split(absolute);
+  if (head == absolute || tail.empty()) return absolute;
+  return text::join(real_path(head), tail);
+}
+
+// directory.leftovers: staging directories and set-aside checkpoints of dumps of `path` beside it.
+std::vector<std::string> leftovers(const std::string& path) {
+  const auto [parent, name] = text::split(real_path(path));
+  const std::string prefix = "." + name + kStagingInfix;
+  std::vector<std::string> out;
+  DIR* dir = ::opendir(parent.c_str());
+  if (dir == nullptr) return out;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string_view entry_name = entry->d_name;
+    if (entry_name.substr(0, prefix.size()) == prefix) out.push_back(text::join(parent, entry_name));
+  }
+  ::closedir(dir);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// directory._lock_path: the dump lock file of `path`.
+std::string lock_path(const std::string& path) {
+  const auto [parent, name] = text::split(real_path(path));
+  return text::join(parent, "." + name + kLockSuffix);
+}
+
+// directory._locked: whether a process holds a flock of `path` (False when it cannot be opened).
+bool locked(const std::string& path) {
+  const Fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) return false;
+  if (::flock(fd.get(), LOCK_SH | LOCK_NB) == 0) return false;  // released with the descriptor
+  return errno == EWOULDBLOCK;
+}
+
+// directory.is_complete: a leftover holding a whole checkpoint (its manifest, no marker).
+bool is_complete(const std::string& path) {
+  return is_file(text::join(path, kManifest)) && !path_exists(text::join(path, kStagingMark));
+}
+
+std::string comma_joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+// directory._missing_error: `path` found missing, with leftovers beside it, at the last attempt.
+[[noreturn]] void throw_missing_error(const std::string& path) {
+  std::vector<std::string> running;
+  for (const auto& leftover : leftovers(path)) {
+    if (locked(leftover)) running.push_back(leftover);
+  }
+  if (locked(lock_path(path))) running.push_back(lock_path(path));
+  if (!running.empty()) {
+    throw CheckpointChanged("no checkpoint directory at " + path + " yet: a sok.dump of it is running (" +
+                            comma_joined(running) + " locked); read it once that dump has ended");
+  }
+  if (link_exists(path)) {
+    throw CheckpointChanged(path + " was missing and reappeared (a sok.dump swapped it in); read it again");
+  }
+  const std::vector<std::string> left = leftovers(path);
+  std::vector<std::string> whole;
+  for (const auto& leftover : left) {
+    if (is_complete(leftover)) whole.push_back(leftover);
+  }
+  std::string hint = left.empty() ? "" : "; interrupted dumps of it left " + comma_joined(left);
+  if (!whole.empty()) {
+    hint += " (" + comma_joined(whole) + " holds a complete checkpoint: rename it to " + path + " to load it)";
+  }
+  throw CheckpointError("no checkpoint directory at " + path + hint);
 }
 
 // directory._refuse_staging: refuse `path` when it is a dump's staging directory (by its name, or
@@ -65,8 +167,11 @@ std::optional<std::string> read_manifest_bytes(const std::string& path, int dir_
 OpenCheckpoint::OpenCheckpoint(const std::string& path)
     : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
   if (fd_.get() < 0) {
-    if (errno == ENOENT || errno == ENOTDIR) throw CheckpointError("no checkpoint directory at " + path);
-    throw text::OsError(errno, path);
+    if (errno != ENOENT && errno != ENOTDIR) throw text::OsError(errno, path);
+    if (link_exists(path) || leftovers(path).empty()) throw CheckpointError("no checkpoint directory at " + path);
+    throw MissingDuringDump("no checkpoint directory at " + path +
+                            ", and sok.dump staging directories lie beside it: a dump may be swapping a new "
+                            "checkpoint in; read it again");
   }
   try {
     refuse_staging(path, exists(kStagingMark, fd()));
@@ -88,6 +193,7 @@ bool OpenCheckpoint::replaced() const {
 }
 
 void read_consistently(const std::string& path, const std::function<void(const OpenCheckpoint&)>& read) {
+  double delay = kLockPollS;
   for (int attempt = 1;; ++attempt) {
     try {
       const OpenCheckpoint ckpt(path);
@@ -103,6 +209,10 @@ void read_consistently(const std::string& path, const std::function<void(const O
         if (!ckpt.replaced()) throw;
         throw changed(path, error.what());
       }
+    } catch (const MissingDuringDump&) {
+      if (attempt >= kReadAttempts) throw_missing_error(path);
+      std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+      delay = std::min(2 * delay, kLockPollMaxS);
     } catch (const CheckpointChanged&) {
       if (attempt >= kReadAttempts) {
         throw CheckpointChanged(path + " changed while it was read, " + std::to_string(kReadAttempts) +

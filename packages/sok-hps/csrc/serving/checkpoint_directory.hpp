@@ -1,12 +1,12 @@
 // A checkpoint directory opened once for reading, as sok-core's checkpoint/directory.py opens it
 // (OpenCheckpoint, read_consistently): every file is opened relative to the directory's descriptor,
 // so a sok.dump that swaps another checkpoint into the path meanwhile cannot mix the files of two; a
-// read that fails once the path names another directory is read again, at most kReadAttempts times.
-// A dump's staging directory is refused. Messages are directory.py's, word for word.
-//
-// Differences: a directory missing with dumps' staging directories beside it (a dump swapping by two
-// renames) is "no checkpoint directory at <path>" at once (Python waits and reads again, then names
-// the leftovers); no warning is logged for a checkpoint without manifest.json (NVIDIA SOK's layout).
+// read that fails once the path names another directory is read again, at most kReadAttempts times,
+// and so is a path found missing with dumps' staging directories beside it (a dump may be between
+// the two renames of its swap), after a wait of 5 ms, doubling up to 200 ms; after the last attempt
+// the leftovers are named. A dump's staging directory is refused. Messages are directory.py's, word
+// for word. Difference: no message is logged (Python warns of a checkpoint without manifest.json,
+// NVIDIA SOK's layout, and logs each attempt again).
 //
 // Example:
 //   read_consistently("ckpt", [&](const OpenCheckpoint& ckpt) {
@@ -29,6 +29,11 @@ constexpr int kReadAttempts = 5;
 constexpr char kStagingMark[] = ".sok-staging";
 // directory.STAGING_INFIX: the infix of staging directories' names (.<name>.sok-tmp-<random>).
 constexpr char kStagingInfix[] = ".sok-tmp-";
+// directory.LOCK_SUFFIX: the suffix of a path's dump lock file (.<name>.sok-lock beside it).
+constexpr char kLockSuffix[] = ".sok-lock";
+// directory._LOCK_POLL_S, _LOCK_POLL_MAX_S: a reader's first wait for a path found missing during a
+// dump, and its longest (the wait doubles), in seconds.
+constexpr double kLockPollS = 0.005, kLockPollMaxS = 0.2;
 
 // directory.OpenCheckpoint: the directory (O_DIRECTORY) and its validated manifest.
 class OpenCheckpoint {

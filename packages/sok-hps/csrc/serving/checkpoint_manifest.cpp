@@ -121,7 +121,8 @@ TableEntry table_entry(const std::string& table, const json::Value& data, const 
   entry.rows = data.find("rows")->as_int();
   entry.key_dtype = key_dtype.as_string();
   if (const json::Value* crcs = data.find("crc32")) {
-    for (const auto& [name, digest] : crcs->as_object()) {
+    for (const auto& [text_name, digest] : crcs->as_object()) {
+      const std::string name = text::fsencode(text_name);  // as the file's name
       check_name(name, prefix + ".crc32 file", path);
       if (digest.type() != Type::kString || digest.as_string().size() != 8 || !hex_digits(digest.as_string())) {
         throw bad(path, prefix + ".crc32." + name, digest, "8 hex digits");
@@ -155,9 +156,10 @@ Manifest manifest(const json::Value& data, const std::string& path) {
   if (tables == nullptr || tables->type() != Type::kObject) {
     throw bad(path, "tables", tables ? *tables : json::Value(), "an object of table name -> entry");
   }
-  for (const auto& [table, entry] : tables->as_object()) check_name(table, "table", path);
+  for (const auto& [table, entry] : tables->as_object()) check_name(text::fsencode(table), "table", path);
   Manifest out;
-  for (const auto& [table, entry] : tables->as_object()) {
+  for (const auto& [text_table, entry] : tables->as_object()) {
+    const std::string table = text::fsencode(text_table);  // as the files' names
     out.tables.emplace_back(table, table_entry(table, entry, path));
   }
   return out;
@@ -187,7 +189,8 @@ const TableEntry* check_against_manifest(const std::string& path, const std::str
   if (entry == nullptr) {
     std::vector<std::string> listed;
     for (const auto& [name, unused] : manifest->tables) listed.push_back(name);
-    std::sort(listed.begin(), listed.end());  // UTF-8's byte order is Python's order of code points
+    std::sort(listed.begin(), listed.end(),
+              [](const std::string& a, const std::string& b) { return text::less(a, b); });
     std::string names;
     for (const auto& name : listed) names += (names.empty() ? "" : ", ") + text::repr(name);
     throw CheckpointError(where + " does not list table " + text::repr(table) + ", whose files are in " + path +

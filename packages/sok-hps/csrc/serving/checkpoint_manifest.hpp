@@ -38,7 +38,8 @@ struct TableEntry {
   const std::string* crc32_of(const std::string& name) const;
 };
 
-// format.Manifest: its tables, in the file's order.
+// format.Manifest: its tables, in the file's order. Table and file names are os.fsencode's of
+// the JSON's strs (python_text::fsencode), to compare with the names of files.
 struct Manifest {
   std::vector<std::pair<std::string, TableEntry>> tables;
 

@@ -10,6 +10,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <optional>
+#include <tuple>
 #include <utility>
 
 #include "checkpoint_directory.hpp"

@@ -19,7 +19,10 @@
 // file that is a directory) is a python_text::OsError, with the str() of Python's OSError.
 //
 // Differences from model_files.py: chunks(n) refuses n < 1 when called (Python's generator at its
-// first item); those of checkpoint_directory.hpp; repr() of unassigned code points in names
+// first item); a checkpoint file that is a directory is "[Errno 21] Is a directory" (Python's adds
+// the number of the descriptor os.fdopen was given); a file truncated between the check of its size
+// and its reading is CheckpointError's "ended N bytes early" (NumPy's memmap and np.fromfile fail
+// their own ways); those of checkpoint_directory.hpp; repr() of unassigned code points in names
 // (python_text.hpp); an integer beyond int64 in manifest.json is a parse error (json.hpp).
 //
 // Example:
@@ -34,9 +37,9 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace sok::hps {

@@ -90,6 +90,9 @@ py::dict mirrored_constants() {
   out["directory.READ_ATTEMPTS"] = ckpt::kReadAttempts;
   out["directory.STAGING_MARK"] = ckpt::kStagingMark;
   out["directory.STAGING_INFIX"] = ckpt::kStagingInfix;
+  out["directory.LOCK_SUFFIX"] = ckpt::kLockSuffix;
+  out["directory._LOCK_POLL_S"] = ckpt::kLockPollS;
+  out["directory._LOCK_POLL_MAX_S"] = ckpt::kLockPollMaxS;
   out["model_files.KEY_FILE"] = sok::hps::kKeyFile;
   out["model_files.VECTOR_FILE"] = sok::hps::kVectorFile;
   return out;

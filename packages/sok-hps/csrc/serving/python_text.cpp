@@ -174,6 +174,29 @@ std::string repr(std::string_view s) {
   return out;
 }
 
+std::string fsencode(std::string_view s) {
+  std::string out;
+  for (size_t at = 0; at < s.size();) {
+    const size_t first = at;
+    const uint32_t cp = next_code_point(s, &at);
+    if (cp >= 0xDC80 && cp <= 0xDCFF) {
+      out += static_cast<char>(cp - 0xDC00);
+    } else {
+      out.append(s, first, at - first);
+    }
+  }
+  return out;
+}
+
+bool less(std::string_view a, std::string_view b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const uint32_t x = next_code_point(a, &i), y = next_code_point(b, &j);
+    if (x != y) return x < y;
+  }
+  return i >= a.size() && j < b.size();
+}
+
 std::string repr(double x) {
   if (std::isnan(x)) return "nan";
   if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
