@@ -137,7 +137,7 @@ def serve_expecting_failure(program, libraries, tmp_path, saved) -> str:
         ({"persistent_db": {"type": "rocks_db", "path": "/nonexistent"}}, "its persistent_db.type 'rocks_db'"),
         ({"volatile_db": {"type": "redis_cluster"}}, "its volatile_db.type 'redis_cluster'"),
         ({"volatile_db": {"type": "hash_map", "overflow_margin": 1000}}, "its volatile_db.overflow_margin 1000"),
-        ({"update_source": {"type": "file_system", "path": "/nonexistent"}}, "its update_source.type 'file_system'"),
+        ({"update_source": {"type": "directory", "path": "/nonexistent"}}, "its update_source.type 'directory'"),
     ],
 )
 def test_a_config_whose_rows_cpp_cannot_hold_is_refused_naming_the_setting(program, libraries, tmp_path, top, named):
