@@ -174,3 +174,35 @@ def test_without_the_serving_library_the_lookup_says_what_to_load(program, libra
     message = serve_expecting_failure(program, libraries[:-1], tmp_path, saved)
     assert f"SokPyCall of {graph_calls.LOOKUP}: this process has no Python interpreter" in message
     assert "libsok_hps_serving.so" in message
+
+
+def test_a_savedmodel_of_nvidias_plugin_ops_serves_from_cpp(program, libraries, tmp_path):
+    """NVIDIA's plugin's Init and Lookup (sok-hps's libsok_tf_hps_compat.so, after sok-core's op
+    library): Init starts the C++ server from its ps_config_file, Lookup reads its rows."""
+    sparse_files, tables = files(tmp_path)
+    config_path = tmp_path / "ps.json"
+    write(config_path, sparse_files, **support.DISABLED_DBS)
+    lib = graph_calls.compat_library()
+
+    def lookup(ids: tf.Tensor) -> tf.Tensor:
+        status = lib.init(
+            global_replica_id=0,
+            num_replicas_in_sync=1,
+            visible_devices=[0],
+            ps_config_file=str(config_path),
+            global_batch_size=BATCH,
+        )
+        common = {"global_replica_id": 0, "init_status": status, "model_name": "m", "dtype": tf.float32}
+        return lib.lookup(values=ids, table_id=1, emb_vec_size=DIMS[1], **common)
+
+    module = tf.Module()
+    module.lookup = tf.function(lookup, input_signature=[tf.TensorSpec([None, SLOTS], tf.int64)])
+    tf.saved_model.save(module, str(tmp_path / "saved"))
+    init.shutdown()
+    ids = np.random.default_rng(6).integers(0, ROWS + UNSEEN, size=(BATCH, SLOTS)).astype(np.int64)
+    compat = os.path.join(os.path.dirname(libraries[-1]), graph_calls.COMPAT_LIBRARY)
+    done = serving_cpp.serve(program, tmp_path / "saved", ids, tmp_path, [*libraries, compat])
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "libpython: absent" in done.stdout
+    served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(BATCH, SLOTS, DIMS[1])
+    np.testing.assert_array_equal(served, support.oracle(tables[1], 0.5, UNSEEN)[ids])

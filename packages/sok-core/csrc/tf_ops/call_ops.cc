@@ -27,7 +27,6 @@ namespace {
 
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace errors = ::tensorflow::errors;
 
@@ -68,6 +67,31 @@ bool live(int64_t address) {
   return sok_table_ref_is_live(reinterpret_cast<const sok_table_ref*>(static_cast<intptr_t>(address)));
 }
 
+// function(context, *inputs) into ctx's outputs of out_types: Python where an interpreter installed
+// its dispatch, else the native implementation, else the error that says what to load.
+Status call(OpKernelContext* ctx, const std::string& function, const std::string& context,
+            const std::vector<const Tensor*>& inputs, const std::vector<DataType>& out_types) {
+  PythonCall python = nullptr;
+  NativeCall native = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(dispatch().mu);
+    python = dispatch().python_call;
+    auto it = dispatch().natives.find(function);
+    if (it != dispatch().natives.end()) native = it->second.call;
+  }
+  if (python != nullptr) return python(ctx, function, context, inputs, out_types);
+  if (native == nullptr) return no_implementation("SokPyCall", function);
+  TF_RETURN_IF_ERROR(native(ctx, context, inputs));
+  for (size_t i = 0; i < out_types.size(); ++i) {
+    const Tensor* out = ctx->mutable_output(static_cast<int>(i));
+    if (out == nullptr || out->dtype() != out_types[i]) {
+      return errors::Internal("SokPyCall of ", function, ": the native implementation left output ", i,
+                              out == nullptr ? " unset" : " of another dtype than the graph's");
+    }
+  }
+  return Status();
+}
+
 class PyCallOp : public OpKernel {
  public:
   explicit PyCallOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -77,26 +101,9 @@ class PyCallOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    PythonCall python = nullptr;
-    NativeCall native = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(dispatch().mu);
-      python = dispatch().python_call;
-      auto it = dispatch().natives.find(function_);
-      if (it != dispatch().natives.end()) native = it->second.call;
-    }
-    if (python != nullptr) {
-      OP_REQUIRES_OK(ctx, python(ctx, function_, context_, out_types_));
-      return;
-    }
-    OP_REQUIRES(ctx, native != nullptr, no_implementation("SokPyCall", function_));
-    OP_REQUIRES_OK(ctx, native(ctx, context_));
-    for (int i = 0; i < ctx->num_outputs(); ++i) {
-      const Tensor* out = ctx->mutable_output(i);
-      OP_REQUIRES(ctx, out != nullptr && out->dtype() == out_types_[i],
-                  errors::Internal("SokPyCall of ", function_, ": the native implementation left output ", i,
-                                   out == nullptr ? " unset" : " of another dtype than the graph's"));
-    }
+    std::vector<const Tensor*> inputs;
+    for (int i = 0; i < ctx->num_inputs(); ++i) inputs.push_back(&ctx->input(i));
+    OP_REQUIRES_OK(ctx, call(ctx, function_, context_, inputs, out_types_));
   }
 
  private:
@@ -178,6 +185,13 @@ __attribute__((visibility("default"))) void sok_tf_set_python_dispatch(sok_tf::P
   std::lock_guard<std::mutex> lock(sok_tf::dispatch().mu);
   sok_tf::dispatch().python_call = call;
   sok_tf::dispatch().python_resolve = resolve;
+}
+
+// call() for other libraries' kernels (sok_tf::call_function).
+__attribute__((visibility("default"))) ::tensorflow::Status sok_tf_call_function(
+    ::tensorflow::OpKernelContext* ctx, const std::string& function, const std::string& context,
+    const std::vector<const ::tensorflow::Tensor*>& inputs, const std::vector<::tensorflow::DataType>& out_types) {
+  return sok_tf::call(ctx, function, context, inputs, out_types);
 }
 
 }  // extern "C"

@@ -14,10 +14,8 @@ namespace sok_tf_python {
 namespace {
 
 Status call(OpKernelContext* ctx, const std::string& function, const std::string& context,
-            const std::vector<DataType>& out_types) {
+            const std::vector<const Tensor*>& inputs, const std::vector<DataType>& out_types) {
   TF_RETURN_IF_ERROR(need_python("SokPyCall"));
-  std::vector<const Tensor*> inputs;
-  for (int i = 0; i < ctx->num_inputs(); ++i) inputs.push_back(&ctx->input(i));
   Gil gil;
   return call_into_outputs(ctx, "SokPyCall of " + function, function, context, inputs, out_types);
 }

@@ -1,16 +1,19 @@
 // libsok_hps_serving.so: HPS's lookups where no Python runs. Loaded after sok-core's
 // libsok_tf_ops.so (TF_LoadLibrary, or tf.load_op_library), it registers with it (sok/tf/calls.h)
 // native implementations of the functions of hierarchical_parameter_server.graph_calls that HPS's
-// lookup graphs name: `lookup` (the whole lookup of a layer traced while HPS was not running:
-// NVIDIA's flow, the model saved before hps.Init), and those of a graph traced on a running server:
-// `cache_table` and `volatile_table` (the tables its SokFind reads: served_storage.hpp), `fetch`,
-// `fill` and `schedule_fill` (its misses). Each context names the ps_config file, the model and the
-// table; the process's Server (server.hpp) of that file answers. A SavedModel of HPS's layers then
-// serves from a C++ process. In a Python process the Python server answers (the dispatch prefers
-// Python).
+// graphs name: `lookup` (the whole lookup of a layer traced while HPS was not running: NVIDIA's
+// flow, the model saved before hps.Init); those of a graph traced on a running server: `cache_table`
+// and `volatile_table` (the tables its SokFind reads: served_storage.hpp), `fetch`, `fill` and
+// `schedule_fill` (its misses); and those of the ops of NVIDIA's HPS plugin
+// (libsok_tf_hps_compat.so): `nvidia_init`, `nvidia_lookup`. A graph's context names the ps_config
+// file (NVIDIA's Lookup: the one its Init named), the model and the table; the process's Server
+// (server.hpp) of that file answers. So a SavedModel of HPS's layers, or of NVIDIA's plugin, serves
+// from a C++ process. In a Python process the Python server answers (the dispatch prefers Python).
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "json.hpp"
 #include "model_files.hpp"
@@ -38,6 +41,8 @@ constexpr char kFill[] = "hierarchical_parameter_server.graph_calls:fill";
 constexpr char kScheduleFill[] = "hierarchical_parameter_server.graph_calls:schedule_fill";
 constexpr char kCacheTable[] = "hierarchical_parameter_server.graph_calls:cache_table";
 constexpr char kVolatileTable[] = "hierarchical_parameter_server.graph_calls:volatile_table";
+constexpr char kNvidiaInit[] = "hierarchical_parameter_server.graph_calls:nvidia_init";
+constexpr char kNvidiaLookup[] = "hierarchical_parameter_server.graph_calls:nvidia_lookup";
 
 struct Context {
   std::string ps_config_file;
@@ -94,15 +99,16 @@ Status served(const std::string& what, const std::string& text, std::shared_ptr<
 }
 
 // Output 0 = the rows of input 0 (keys of the table's key dtype, any shape): keys.shape + [dim].
-Status rows_of_keys(OpKernelContext* ctx, const std::string& what, const std::shared_ptr<Server>& server,
-                    const ServedTable& table, bool check_count) {
-  const Tensor& keys = ctx->input(0);
+Status rows_of_keys(OpKernelContext* ctx, const Tensor& keys, const std::string& what,
+                    const std::shared_ptr<Server>& server, const ServedTable& table, bool check_count) {
   const int64_t n = keys.NumElements();
   const auto wanted = table.int64_keys ? ::tensorflow::DT_INT64 : ::tensorflow::DT_INT32;
-  if (keys.dtype() != wanted) {
-    return errors::InvalidArgument(what, ": keys of ", table.tag, " are ", ::tensorflow::DataTypeString(keys.dtype()),
-                                   " but the ps_config's supportlonglong says ",
-                                   ::tensorflow::DataTypeString(wanted));
+  if (keys.dtype() != wanted) {  // ServedTable.check_call's message
+    const std::string key_dtype = ::tensorflow::DataTypeString(wanted);
+    return errors::InvalidArgument(what, ": ids of ", table.tag, " are ", ::tensorflow::DataTypeString(keys.dtype()),
+                                   " but the ps_config's supportlonglong is ", table.int64_keys ? "true" : "false",
+                                   ", so keys are ", key_dtype, "; cast the ids (tf.cast(ids, tf.", key_dtype,
+                                   ")) or set \"supportlonglong\": ", table.int64_keys ? "false" : "true");
   }
   if (check_count && n > table.max_keys) {  // ServedTable._checked_count's message
     return errors::InvalidArgument(
@@ -138,26 +144,26 @@ std::string what_of(const char* function) {
 }
 
 // graph_calls.lookup: the whole lookup of a layer traced while HPS was not running.
-Status lookup(OpKernelContext* ctx, const std::string& text) {
+Status lookup(OpKernelContext* ctx, const std::string& text, const std::vector<const Tensor*>& inputs) {
   const std::string what = what_of(kLookup);
   std::shared_ptr<Server> server;
   const ServedTable* table = nullptr;
   TF_RETURN_IF_ERROR(served(what, text, &server, &table));
-  return rows_of_keys(ctx, what, server, *table, /*check_count=*/true);
+  return rows_of_keys(ctx, *inputs.at(0), what, server, *table, /*check_count=*/true);
 }
 
 // graph_calls.fetch and fill: the rows of the keys the graph's table lacked (the default value: the
 // C++ server's table holds every row the model files have, and nothing else can).
-Status fetch(OpKernelContext* ctx, const std::string& text) {
+Status fetch(OpKernelContext* ctx, const std::string& text, const std::vector<const Tensor*>& inputs) {
   const std::string what = what_of(kFetch);
   std::shared_ptr<Server> server;
   const ServedTable* table = nullptr;
   TF_RETURN_IF_ERROR(served(what, text, &server, &table));
-  return rows_of_keys(ctx, what, server, *table, /*check_count=*/false);
+  return rows_of_keys(ctx, *inputs.at(0), what, server, *table, /*check_count=*/false);
 }
 
 // graph_calls.schedule_fill: True (there is nothing to fill: the table holds every row).
-Status schedule_fill(OpKernelContext* ctx, const std::string& text) {
+Status schedule_fill(OpKernelContext* ctx, const std::string& text, const std::vector<const Tensor*>&) {
   std::shared_ptr<Server> server;
   const ServedTable* table = nullptr;
   TF_RETURN_IF_ERROR(served(what_of(kScheduleFill), text, &server, &table));
@@ -184,6 +190,51 @@ Status volatile_table(const std::string& text, int64_t* address) {
   return resolve(kVolatileTable, text, SOK_KEY_INT64, address);
 }
 
+// The server of NVIDIA's Init: the first one's, for the process (later Inits change nothing, as the
+// plugin's and graph_calls.nvidia_init).
+std::mutex initialised_mu;
+std::shared_ptr<Server> initialised;
+
+// graph_calls.nvidia_init: the server of the op's ps_config_file, unless one is initialised already.
+Status nvidia_init(OpKernelContext*, const std::string& text, const std::vector<const Tensor*>&) {
+  std::lock_guard<std::mutex> lock(initialised_mu);
+  if (initialised != nullptr) return Status();
+  try {
+    initialised = Server::of(json::parse(text).find("ps_config_file")->as_string());
+  } catch (const std::exception& e) {
+    return errors::InvalidArgument("Init (NVIDIA HPS, served without Python): ", e.what());
+  }
+  return Status();
+}
+
+// graph_calls.nvidia_lookup: the rows of the keys (any shape) in the initialised server's table.
+Status nvidia_lookup(OpKernelContext* ctx, const std::string& text, const std::vector<const Tensor*>& inputs) {
+  const std::string what = "Lookup (NVIDIA HPS, served without Python)";
+  std::shared_ptr<Server> server;
+  {
+    std::lock_guard<std::mutex> lock(initialised_mu);
+    server = initialised;
+  }
+  if (server == nullptr) {
+    return errors::FailedPrecondition(what, ": HPS is not initialised: run the model's Init op first");
+  }
+  const ServedTable* table = nullptr;
+  int64_t width = 0;
+  try {
+    const json::Value fields = json::parse(text);
+    table = &server->table(fields.find("model_name")->as_string(), fields.find("table_id")->as_int());
+    width = fields.find("emb_vec_size")->as_int();
+  } catch (const std::exception& e) {
+    return errors::InvalidArgument(what, ": ", e.what());
+  }
+  if (width != table->dim) {  // ServedTable.check_call's message
+    return errors::InvalidArgument(what, ": emb_vec_size ", width, " of Lookup (NVIDIA HPS) is not the width of table ",
+                                   table->table_id, " of model '", table->model, "': the ps_config says ", table->dim,
+                                   " (embedding_vecsize_per_table); pass emb_vec_size=", table->dim);
+  }
+  return rows_of_keys(ctx, *inputs.at(0), what, server, *table, /*check_count=*/false);
+}
+
 bool register_all() {
   constexpr char kLibrary[] = "libsok_hps_serving.so";
   return sok_tf::register_with_sok_ops(kLookup, &lookup, nullptr, kLibrary) &&
@@ -191,7 +242,9 @@ bool register_all() {
          sok_tf::register_with_sok_ops(kFill, &fetch, nullptr, kLibrary) &&
          sok_tf::register_with_sok_ops(kScheduleFill, &schedule_fill, nullptr, kLibrary) &&
          sok_tf::register_with_sok_ops(kCacheTable, nullptr, &cache_table, kLibrary) &&
-         sok_tf::register_with_sok_ops(kVolatileTable, nullptr, &volatile_table, kLibrary);
+         sok_tf::register_with_sok_ops(kVolatileTable, nullptr, &volatile_table, kLibrary) &&
+         sok_tf::register_with_sok_ops(kNvidiaInit, &nvidia_init, nullptr, kLibrary) &&
+         sok_tf::register_with_sok_ops(kNvidiaLookup, &nvidia_lookup, nullptr, kLibrary);
 }
 
 [[maybe_unused]] const bool registered = register_all();
