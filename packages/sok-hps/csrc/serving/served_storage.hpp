@@ -1,8 +1,9 @@
 // The C++ server's tables as SOK storages (sok/kit/storage.hpp), read-only: what the storage ops of
 // an HPS lookup graph traced while HPS ran in Python (SokFind, SokFindOrDefault on the table that
 // SokResolveTable gives) read in a process with no Python. A find reads the Server's rows of the
-// table (server.hpp); every write is refused (the server's rows change only by a new model). CPU
-// only: a graph that placed those ops on a GPU is refused by the storage ABI with its message.
+// table (server.hpp); every write is refused (the server's rows change only by a new model). The
+// rows live in host memory; where the library was built with CUDA, a find whose arrays are on a GPU
+// (TensorFlow placed the graph's lookups there) goes through host copies in the call's stream.
 //
 // Example:
 //   const sok_table_ref* ref = served_table_ref(server, table, SOK_KEY_INT64);   // lives forever
