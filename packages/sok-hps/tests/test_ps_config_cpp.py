@@ -230,6 +230,13 @@ def test_a_missing_file_and_a_directory(tmp_path):
     check_file(tmp_path / "absent" / "ps.json")
 
 
+def test_a_file_name_that_is_not_utf8(tmp_path):
+    """The C++ reader given the name's bytes writes it as Python writes the str os.fsdecode makes of them."""
+    for name in (b"ps\xff.json", b"ps\xe2\x82.json", b"ps\xc3\xa9\x80.json"):
+        path = os.path.join(os.fsencode(tmp_path), name)
+        assert_same(cpp_outcome(_serving.read_ps_config, path), python_outcome(os.fsdecode(path)))
+
+
 def test_a_path_with_a_nul_byte():
     with pytest.raises(ValueError) as python:
         load_config("ps\0.json")

@@ -16,12 +16,11 @@
 #include <thread>
 #include <vector>
 
-#include "python_text.hpp"
+#include "py_errors.hpp"
+#include "py_path.hpp"
 
 namespace sok::hps::checkpoint {
 namespace {
-
-namespace text = python_text;
 
 // directory._changed: the error `what`, raised reading `path` once a dump replaced it.
 CheckpointChanged changed(const std::string& path, const std::string& what) {
@@ -54,24 +53,24 @@ bool link_exists(const std::string& path) {
 
 // os.path.realpath: symbolic links resolved; the part of the path that does not exist kept as it is.
 std::string real_path(const std::string& path) {
-  const std::string absolute = text::abspath(path);
+  const std::string absolute = posixpath::abspath(path);
   char resolved[PATH_MAX];
   if (::realpath(absolute.c_str(), resolved) != nullptr) return resolved;
-  const auto [head, tail] = text::split(absolute);
+  const auto [head, tail] = posixpath::split(absolute);
   if (head == absolute || tail.empty()) return absolute;
-  return text::join(real_path(head), tail);
+  return posixpath::join(real_path(head), tail);
 }
 
 // directory.leftovers: staging directories and set-aside checkpoints of dumps of `path` beside it.
 std::vector<std::string> leftovers(const std::string& path) {
-  const auto [parent, name] = text::split(real_path(path));
+  const auto [parent, name] = posixpath::split(real_path(path));
   const std::string prefix = "." + name + kStagingInfix;
   std::vector<std::string> out;
   DIR* dir = ::opendir(parent.c_str());
   if (dir == nullptr) return out;
   while (const dirent* entry = ::readdir(dir)) {
     const std::string_view entry_name = entry->d_name;
-    if (entry_name.substr(0, prefix.size()) == prefix) out.push_back(text::join(parent, entry_name));
+    if (entry_name.substr(0, prefix.size()) == prefix) out.push_back(posixpath::join(parent, entry_name));
   }
   ::closedir(dir);
   std::sort(out.begin(), out.end());
@@ -80,8 +79,8 @@ std::vector<std::string> leftovers(const std::string& path) {
 
 // directory._lock_path: the dump lock file of `path`.
 std::string lock_path(const std::string& path) {
-  const auto [parent, name] = text::split(real_path(path));
-  return text::join(parent, "." + name + kLockSuffix);
+  const auto [parent, name] = posixpath::split(real_path(path));
+  return posixpath::join(parent, "." + name + kLockSuffix);
 }
 
 // directory._locked: whether a process holds a flock of `path` (False when it cannot be opened).
@@ -94,7 +93,7 @@ bool locked(const std::string& path) {
 
 // directory.is_complete: a leftover holding a whole checkpoint (its manifest, no marker).
 bool is_complete(const std::string& path) {
-  return is_file(text::join(path, kManifest)) && !path_exists(text::join(path, kStagingMark));
+  return is_file(posixpath::join(path, kManifest)) && !path_exists(posixpath::join(path, kStagingMark));
 }
 
 std::string comma_joined(const std::vector<std::string>& items) {
@@ -132,8 +131,8 @@ std::string comma_joined(const std::vector<std::string>& items) {
 // directory._refuse_staging: refuse `path` when it is a dump's staging directory (by its name, or
 // `marked`: it holds the marker file).
 void refuse_staging(const std::string& path, bool marked) {
-  if (text::basename(text::abspath(path)).find(kStagingInfix) == std::string::npos && !marked) return;
-  const bool complete = !marked && is_file(text::join(path, kManifest));
+  if (posixpath::basename(posixpath::abspath(path)).find(kStagingInfix) == std::string::npos && !marked) return;
+  const bool complete = !marked && is_file(posixpath::join(path, kManifest));
   throw CheckpointError(path + " is the staging directory of a sok.dump that did not finish (" +
                         (complete ? "its files are all written" : "it is incomplete") + "); " +
                         (complete ? "rename it to a name of your own to load it" : "it cannot be loaded"));
@@ -142,13 +141,13 @@ void refuse_staging(const std::string& path, bool marked) {
 // format.read_manifest_bytes: the bytes of the manifest of the directory `dir_fd`, unchecked, or
 // nothing (NVIDIA SOK's layout).
 std::optional<std::string> read_manifest_bytes(const std::string& path, int dir_fd) {
-  const std::string file = text::join(path, kManifest);
+  const std::string file = posixpath::join(path, kManifest);
   if (!exists(file, dir_fd)) return std::nullopt;
   const std::string invalid = file + " is not a valid manifest (UTF-8 JSON): ";
   Fd fd;
   try {
     fd = open_file(file, dir_fd);
-  } catch (const text::OsError& error) {
+  } catch (const OsError& error) {
     throw CheckpointError(invalid + error.what());
   }
   std::string raw;
@@ -156,7 +155,7 @@ std::optional<std::string> read_manifest_bytes(const std::string& path, int dir_
   for (;;) {
     const ssize_t count = ::read(fd.get(), buffer, sizeof(buffer));
     if (count < 0 && errno == EINTR) continue;
-    if (count < 0) throw CheckpointError(invalid + text::OsError(errno).what());
+    if (count < 0) throw CheckpointError(invalid + OsError(errno).what());
     if (count == 0) return raw;
     raw.append(buffer, static_cast<size_t>(count));
   }
@@ -167,7 +166,7 @@ std::optional<std::string> read_manifest_bytes(const std::string& path, int dir_
 OpenCheckpoint::OpenCheckpoint(const std::string& path)
     : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
   if (fd_.get() < 0) {
-    if (errno != ENOENT && errno != ENOTDIR) throw text::OsError(errno, path);
+    if (errno != ENOENT && errno != ENOTDIR) throw OsError(errno, path);
     if (link_exists(path) || leftovers(path).empty()) throw CheckpointError("no checkpoint directory at " + path);
     throw MissingDuringDump("no checkpoint directory at " + path +
                             ", and sok.dump staging directories lie beside it: a dump may be swapping a new "
@@ -175,11 +174,13 @@ OpenCheckpoint::OpenCheckpoint(const std::string& path)
   }
   try {
     refuse_staging(path, exists(kStagingMark, fd()));
-    if (const auto raw = read_manifest_bytes(path, fd())) manifest_ = parse_manifest(*raw, text::join(path, kManifest));
+    if (const auto raw = read_manifest_bytes(path, fd())) {
+      manifest_ = parse_manifest(*raw, posixpath::join(path, kManifest));
+    }
   } catch (const CheckpointError& error) {
     if (!replaced()) throw;
     throw changed(path, error.what());
-  } catch (const text::OsError& error) {
+  } catch (const OsError& error) {
     if (!replaced()) throw;
     throw changed(path, error.what());
   }
@@ -188,7 +189,7 @@ OpenCheckpoint::OpenCheckpoint(const std::string& path)
 bool OpenCheckpoint::replaced() const {
   struct stat at_path, opened;
   if (::stat(path_.c_str(), &at_path) != 0) return true;
-  if (::fstat(fd(), &opened) != 0) throw text::OsError(errno);
+  if (::fstat(fd(), &opened) != 0) throw OsError(errno);
   return at_path.st_dev != opened.st_dev || at_path.st_ino != opened.st_ino;
 }
 
@@ -205,7 +206,7 @@ void read_consistently(const std::string& path, const std::function<void(const O
       } catch (const CheckpointError& error) {
         if (!ckpt.replaced()) throw;
         throw changed(path, error.what());
-      } catch (const text::OsError& error) {
+      } catch (const OsError& error) {
         if (!ckpt.replaced()) throw;
         throw changed(path, error.what());
       }

@@ -57,7 +57,7 @@ class OpenCheckpoint {
 
 // directory.read_consistently: read(checkpoint) on the checkpoint at `path`, opened and read again
 // when a dump replaced it meanwhile (read must change nothing when it throws). An exception of read
-// that is no CheckpointError nor python_text::OsError passes as it is.
+// that is no CheckpointError nor OsError (py_errors.hpp) passes as it is.
 void read_consistently(const std::string& path, const std::function<void(const OpenCheckpoint&)>& read);
 
 }  // namespace sok::hps::checkpoint

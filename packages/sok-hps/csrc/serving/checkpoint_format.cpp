@@ -9,12 +9,12 @@
 #include <cstring>
 
 #include "crc32.hpp"
-#include "python_text.hpp"
+#include "py_errors.hpp"
+#include "py_path.hpp"
+#include "py_text.hpp"
 
 namespace sok::hps::checkpoint {
 namespace {
-
-namespace text = python_text;
 
 uint32_t big_endian32(const unsigned char* p) {
   return static_cast<uint32_t>(p[0]) << 24 | static_cast<uint32_t>(p[1]) << 16 | static_cast<uint32_t>(p[2]) << 8 |
@@ -28,7 +28,7 @@ void read_exactly(int fd, void* out, size_t bytes, const std::string& path) {
   while (done < bytes) {
     const ssize_t count = ::read(fd, at + done, bytes - done);
     if (count < 0 && errno == EINTR) continue;
-    if (count < 0) throw text::OsError(errno);
+    if (count < 0) throw OsError(errno);
     if (count == 0) {
       throw CheckpointError("checkpoint file " + path + " is truncated: it ended " + std::to_string(bytes - done) +
                             " bytes early while being read");
@@ -74,14 +74,14 @@ const std::string& check_name(const std::string& name, const std::string& what, 
   } else {
     return name;
   }
-  throw CheckpointError((where.empty() ? "" : where + ": ") + what + " " + text::repr(name) + " is refused: " + rule +
+  throw CheckpointError((where.empty() ? "" : where + ": ") + what + " " + py_repr(name) + " is refused: " + rule +
                         "; table and file names of a checkpoint are plain names inside its directory (not empty, "
                         "not '.' or '..', no path separator, no NUL). The checkpoint is corrupt or was not written "
                         "by sok.dump");
 }
 
 Fd open_file(const std::string& path, int dir_fd) {
-  const std::string name = dir_fd < 0 ? path : text::basename(path);
+  const std::string name = dir_fd < 0 ? path : posixpath::basename(path);
   const std::string not_regular = "checkpoint file " + path +
                                   " is not a regular file (a symbolic link, a directory or a special file); sok reads "
                                   "only the files inside the checkpoint: put the file itself there";
@@ -89,27 +89,27 @@ Fd open_file(const std::string& path, int dir_fd) {
   if (fd.get() < 0) {
     if (errno == ENOENT || errno == ENOTDIR) throw CheckpointError("checkpoint file " + path + " is missing");
     if (errno == ELOOP) throw CheckpointError(not_regular);
-    throw text::OsError(errno, name);
+    throw OsError(errno, name);
   }
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) throw text::OsError(errno);
-  if (S_ISDIR(st.st_mode)) throw text::OsError(EISDIR);  // as os.fdopen refuses it, before format.py checks
+  if (::fstat(fd.get(), &st) != 0) throw OsError(errno);
+  if (S_ISDIR(st.st_mode)) throw OsError(EISDIR);  // as os.fdopen refuses it, before format.py checks
   if (!S_ISREG(st.st_mode)) throw CheckpointError(not_regular);
   return fd;
 }
 
 bool exists(const std::string& path, int dir_fd) {
-  const std::string name = dir_fd < 0 ? path : text::basename(path);
+  const std::string name = dir_fd < 0 ? path : posixpath::basename(path);
   struct stat st;
   if (::fstatat(dir_fd < 0 ? AT_FDCWD : dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) return true;
   if (errno == ENOENT || errno == ENOTDIR) return false;
-  throw text::OsError(errno, name);
+  throw OsError(errno, name);
 }
 
 FileInfo read_header(const std::string& path, int dir_fd) {
   const Fd fd = open_file(path, dir_fd);
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) throw text::OsError(errno);
+  if (::fstat(fd.get(), &st) != 0) throw OsError(errno);
   const int64_t size = st.st_size;
   if (size < kHeaderBytes) {
     throw CheckpointError("checkpoint file " + path + " is truncated: " + std::to_string(size) +
@@ -135,8 +135,8 @@ FileInfo read_header(const std::string& path, int dir_fd) {
 
 std::tuple<FileInfo, FileInfo, int64_t> table_files(const std::string& path, const std::string& table, int dir_fd) {
   check_name(table, "table", path);
-  FileInfo key_info = read_header(text::join(path, key_file(table)), dir_fd);
-  FileInfo weight_info = read_header(text::join(path, weight_file(table)), dir_fd);
+  FileInfo key_info = read_header(posixpath::join(path, key_file(table)), dir_fd);
+  FileInfo weight_info = read_header(posixpath::join(path, weight_file(table)), dir_fd);
   if (key_info.file_type != kFileKey || weight_info.file_type != kFileWeight) {
     throw CheckpointError(key_info.path + " / " + weight_info.path + " have the wrong file types");
   }

@@ -90,7 +90,7 @@ const std::string& check_name(const std::string& name, const std::string& what, 
 
 // format.open_file: `path` (basename(path) relative to dir_fd when dir_fd >= 0), read-only, never
 // through a symbolic link, a regular file. CheckpointError: missing, a symbolic link or a special
-// file; python_text::OsError: a directory (EISDIR, as Python's os.fdopen says it) or another error
+// file; OsError (py_errors.hpp): a directory (EISDIR, as Python's os.fdopen says it) or another error
 // of the system.
 Fd open_file(const std::string& path, int dir_fd);
 

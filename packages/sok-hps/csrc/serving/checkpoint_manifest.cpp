@@ -6,12 +6,13 @@
 
 #include "checkpoint_format.hpp"
 #include "json.hpp"
-#include "python_text.hpp"
+#include "py_errors.hpp"
+#include "py_path.hpp"
+#include "py_text.hpp"
 
 namespace sok::hps::checkpoint {
 namespace {
 
-namespace text = python_text;
 using json::Type;
 
 // format._Spec: the JSON types a field may have (a Python int is never a bool), the least integer
@@ -59,7 +60,7 @@ const std::string& what_of(const std::string& field) {
 // format._bad: the field `name` (its dotted path) of the manifest `path` is `value`, not `what`.
 CheckpointError bad(const std::string& path, const std::string& name, const json::Value& value,
                     const std::string& what) {
-  return CheckpointError(path + ": field " + name + " is " + text::repr(value) + "; expected " + what +
+  return CheckpointError(path + ": field " + name + " is " + py_repr(value) + "; expected " + what +
                          ". The manifest is corrupt");
 }
 
@@ -94,7 +95,7 @@ TableEntry table_entry(const std::string& table, const json::Value& data, const 
   }
   for (const char* name : kRequiredTableFields) {
     if (data.find(name) == nullptr) {
-      throw CheckpointError(path + ": table " + table + " lacks the field " + text::repr(name) +
+      throw CheckpointError(path + ": table " + table + " lacks the field " + py_repr(name) +
                             ". The manifest is corrupt");
     }
   }
@@ -122,7 +123,7 @@ TableEntry table_entry(const std::string& table, const json::Value& data, const 
   entry.key_dtype = key_dtype.as_string();
   if (const json::Value* crcs = data.find("crc32")) {
     for (const auto& [text_name, digest] : crcs->as_object()) {
-      const std::string name = text::fsencode(text_name);  // as the file's name
+      const std::string name = py_fsencode(text_name);  // as the file's name
       check_name(name, prefix + ".crc32 file", path);
       if (digest.type() != Type::kString || digest.as_string().size() != 8 || !hex_digits(digest.as_string())) {
         throw bad(path, prefix + ".crc32." + name, digest, "8 hex digits");
@@ -136,8 +137,7 @@ TableEntry table_entry(const std::string& table, const json::Value& data, const 
 // format.Manifest.from_dict.
 Manifest manifest(const json::Value& data, const std::string& path) {
   if (data.type() != Type::kObject) {
-    throw CheckpointError(path + " is not a valid manifest: it holds a JSON " + text::type_name(data) +
-                          ", not an object");
+    throw CheckpointError(path + " is not a valid manifest: it holds a JSON " + py_type_name(data) + ", not an object");
   }
   const json::Value* version = data.find("format_version");
   // Python's `!=`: 1, 1.0 and true all equal FORMAT_VERSION.
@@ -146,7 +146,7 @@ Manifest manifest(const json::Value& data, const std::string& path) {
                         (version->type() == Type::kFloat && version->as_number() == kFormatVersion) ||
                         (version->type() == Type::kBool && int64_t{version->as_bool()} == kFormatVersion));
   if (!current) {
-    throw CheckpointError(path + " has format version " + (version ? text::repr(*version) : "None") +
+    throw CheckpointError(path + " has format version " + (version ? py_repr(*version) : "None") +
                           "; this sok-core reads version " + std::to_string(kFormatVersion) + ": upgrade sok-core");
   }
   for (const auto& [name, spec] : kManifestFields) {
@@ -156,10 +156,10 @@ Manifest manifest(const json::Value& data, const std::string& path) {
   if (tables == nullptr || tables->type() != Type::kObject) {
     throw bad(path, "tables", tables ? *tables : json::Value(), "an object of table name -> entry");
   }
-  for (const auto& [table, entry] : tables->as_object()) check_name(text::fsencode(table), "table", path);
+  for (const auto& [table, entry] : tables->as_object()) check_name(py_fsencode(table), "table", path);
   Manifest out;
   for (const auto& [text_table, entry] : tables->as_object()) {
-    const std::string table = text::fsencode(text_table);  // as the files' names
+    const std::string table = py_fsencode(text_table);  // as the files' names
     out.tables.emplace_back(table, table_entry(table, entry, path));
   }
   return out;
@@ -184,31 +184,30 @@ const TableEntry* Manifest::find(const std::string& table) const {
 const TableEntry* check_against_manifest(const std::string& path, const std::string& table, const Manifest* manifest,
                                          const FileInfo& key_info, const FileInfo& weight_info, int64_t dim) {
   if (manifest == nullptr) return nullptr;
-  const std::string where = text::join(path, kManifest);
+  const std::string where = posixpath::join(path, kManifest);
   const TableEntry* entry = manifest->find(table);
   if (entry == nullptr) {
     std::vector<std::string> listed;
     for (const auto& [name, unused] : manifest->tables) listed.push_back(name);
-    std::sort(listed.begin(), listed.end(),
-              [](const std::string& a, const std::string& b) { return text::less(a, b); });
+    std::sort(listed.begin(), listed.end(), py_less);
     std::string names;
-    for (const auto& name : listed) names += (names.empty() ? "" : ", ") + text::repr(name);
-    throw CheckpointError(where + " does not list table " + text::repr(table) + ", whose files are in " + path +
+    for (const auto& name : listed) names += (names.empty() ? "" : ", ") + py_repr(name);
+    throw CheckpointError(where + " does not list table " + py_repr(table) + ", whose files are in " + path +
                           " (listed: [" + names + "]); the files do not belong to this checkpoint");
   }
   const int64_t rows = key_info.elements;
   const auto differs = [&](const std::string& name, const std::string& listed, const std::string& found) {
-    throw CheckpointError(where + " says table " + text::repr(table) + " has " + name + " " + listed +
+    throw CheckpointError(where + " says table " + py_repr(table) + " has " + name + " " + listed +
                           " but its files have " + found + ": the checkpoint is inconsistent");
   };
   if (entry->rows != rows) differs("rows", std::to_string(entry->rows), std::to_string(rows));
   const int64_t found_dim = rows ? dim : entry->dim;
   if (entry->dim != found_dim) differs("dim", std::to_string(entry->dim), std::to_string(found_dim));
   if (entry->key_dtype != key_info.dtype) {
-    differs("key_dtype", text::repr(entry->key_dtype), text::repr(key_info.dtype));
+    differs("key_dtype", py_repr(entry->key_dtype), py_repr(key_info.dtype));
   }
   for (const FileInfo* info : {&key_info, &weight_info}) {
-    if (entry->crc32_of(text::basename(info->path)) == nullptr) {
+    if (entry->crc32_of(posixpath::basename(info->path)) == nullptr) {
       throw CheckpointError(where + " has no checksum for " + info->path + ": the checkpoint is inconsistent");
     }
   }
@@ -217,7 +216,7 @@ const TableEntry* check_against_manifest(const std::string& path, const std::str
 
 Manifest parse_manifest(std::string_view raw, const std::string& path) {
   const std::string invalid = path + " is not a valid manifest (UTF-8 JSON): ";
-  if (const std::string error = text::utf8_error(raw); !error.empty()) throw CheckpointError(invalid + error);
+  if (const std::string error = utf8_decode_error(raw); !error.empty()) throw CheckpointError(invalid + error);
   json::Value data;
   try {
     data = json::parse(raw);

@@ -39,7 +39,7 @@ struct TableEntry {
 };
 
 // format.Manifest: its tables, in the file's order. Table and file names are os.fsencode's of
-// the JSON's strs (python_text::fsencode), to compare with the names of files.
+// the JSON's strs (py_fsencode), to compare with the names of files.
 struct Manifest {
   std::vector<std::pair<std::string, TableEntry>> tables;
 

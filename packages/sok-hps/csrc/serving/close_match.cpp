@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "py_text.hpp"
+#include "utf8.hpp"
 
 namespace sok::hps {
 namespace {

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <limits>
 
+#include "utf8.hpp"
+
 namespace sok::hps::json {
 namespace {
 
@@ -253,24 +255,6 @@ class Parser {
       fail("integer " + text + " does not fit 64 bits", begin, ParseError::Reason::kIntegerRange);
     }
     return Value::floating(std::strtod(text.c_str(), nullptr));  // an overflow is +-inf, as Python's float()
-  }
-
-  static void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
   }
 
   // The 4 hex digits after the "\u" at at_ - 1 (at_ on the 'u'), or -1.

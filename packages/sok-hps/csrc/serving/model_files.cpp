@@ -19,12 +19,13 @@
 #include "checkpoint_format.hpp"
 #include "checkpoint_manifest.hpp"
 #include "crc32.hpp"
-#include "python_text.hpp"
+#include "py_errors.hpp"
+#include "py_path.hpp"
+#include "py_text.hpp"
 
 namespace sok::hps {
 namespace {
 
-namespace text = python_text;
 namespace ckpt = checkpoint;
 
 // A file's first `length` bytes, memory-mapped read-only (the mapping outlives the descriptor).
@@ -35,7 +36,7 @@ class Mapping {
     base_ = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fd, 0);
     if (base_ == MAP_FAILED) {
       base_ = nullptr;
-      throw text::OsError(errno);
+      throw OsError(errno);
     }
     ::madvise(base_, length, MADV_SEQUENTIAL);
   }
@@ -60,7 +61,7 @@ bool is_file(const std::string& path) {
 // os.path.getsize.
 int64_t file_size(const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) throw text::OsError(errno, path);
+  if (::stat(path.c_str(), &st) != 0) throw OsError(errno, path);
   return st.st_size;
 }
 
@@ -79,7 +80,7 @@ std::string to_string(__int128 value) {
 // hold them (it may have been truncated since its size was checked).
 std::unique_ptr<Mapping> map_payload(int fd, int64_t offset, int64_t bytes, const std::string& path) {
   struct stat st;
-  if (::fstat(fd, &st) != 0) throw text::OsError(errno);
+  if (::fstat(fd, &st) != 0) throw OsError(errno);
   if (st.st_size < offset + bytes) {
     throw ckpt::CheckpointError("checkpoint file " + path + " is truncated: it ended " +
                                 std::to_string(offset + bytes - st.st_size) + " bytes early while being read");
@@ -113,10 +114,10 @@ namespace {
 
 // model_files._open_hps.
 std::shared_ptr<TableSource::Data> open_hps(const std::string& path, int64_t dim) {
-  const std::string key_path = text::join(path, kKeyFile), vec_path = text::join(path, kVectorFile);
+  const std::string key_path = posixpath::join(path, kKeyFile), vec_path = posixpath::join(path, kVectorFile);
   if (!is_file(vec_path)) {
-    throw ModelFileError(vec_path + " is missing: a sparse-model directory holds " + text::repr(kKeyFile) + " and " +
-                         text::repr(kVectorFile));
+    throw ModelFileError(vec_path + " is missing: a sparse-model directory holds " + py_repr(kKeyFile) + " and " +
+                         py_repr(kVectorFile));
   }
   const int64_t key_bytes = file_size(key_path), vec_bytes = file_size(vec_path);
   for (const auto& [file, size, item] : {std::tuple{key_path, key_bytes, 8}, std::tuple{vec_path, vec_bytes, 4}}) {
@@ -143,17 +144,17 @@ std::shared_ptr<TableSource::Data> open_hps(const std::string& path, int64_t dim
   data->format = "hps";
   data->keys.resize(static_cast<size_t>(rows));
   const ckpt::Fd keys(::open(key_path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (keys.get() < 0) throw text::OsError(errno, key_path);
+  if (keys.get() < 0) throw OsError(errno, key_path);
   for (size_t done = 0; done < static_cast<size_t>(key_bytes);) {
     const ssize_t count = ::read(keys.get(), reinterpret_cast<char*>(data->keys.data()) + done, key_bytes - done);
     if (count < 0 && errno == EINTR) continue;
-    if (count < 0) throw text::OsError(errno);
+    if (count < 0) throw OsError(errno);
     if (count == 0) throw ModelFileError(key_path + " has " + std::to_string(done) + " bytes, not " +
                                          std::to_string(key_bytes) + ": it was truncated while being read");
     done += static_cast<size_t>(count);
   }
   const ckpt::Fd vectors(::open(vec_path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (vectors.get() < 0) throw text::OsError(errno, vec_path);
+  if (vectors.get() < 0) throw OsError(errno, vec_path);
   data->file = map_payload(vectors.get(), 0, vec_bytes, vec_path);
   data->vectors = reinterpret_cast<const float*>(data->file->bytes());
   return data;
@@ -174,7 +175,7 @@ std::shared_ptr<TableSource::Data> open_checkpoint(const std::string& path, cons
     const ckpt::TableEntry* entry =
         ckpt::check_against_manifest(directory, table, checkpoint.manifest(), key_info, weight_info, dim);
     const auto crc_of = [&](const ckpt::FileInfo& info) -> std::optional<std::string> {
-      const std::string* crc = entry ? entry->crc32_of(text::basename(info.path)) : nullptr;
+      const std::string* crc = entry ? entry->crc32_of(posixpath::basename(info.path)) : nullptr;
       return crc ? std::optional<std::string>(*crc) : std::nullopt;
     };
     auto out = std::make_shared<TableSource::Data>();
@@ -186,7 +187,7 @@ std::shared_ptr<TableSource::Data> open_checkpoint(const std::string& path, cons
     const ckpt::Fd weights = ckpt::open_file(weight_info.path, weight_info.dir_fd);
     out->header.resize(ckpt::kHeaderBytes);
     const ssize_t count = ::pread(weights.get(), out->header.data(), out->header.size(), 0);
-    if (count < 0) throw text::OsError(errno);
+    if (count < 0) throw OsError(errno);
     out->header.resize(static_cast<size_t>(count));
     if (rows) {
       out->file = map_payload(weights.get(), ckpt::kHeaderBytes, weight_info.elements * 4, weight_info.path);
@@ -250,13 +251,13 @@ int64_t TableChunks::next(int64_t* keys, float* rows) {
 
 TableSource open_table(const std::string& path, int64_t dim) {
   if (dim < 1) throw ModelFileError(path + ": dim must be >= 1, got " + std::to_string(dim));
-  if (is_file(text::join(path, kKeyFile))) return TableSource(open_hps(path, dim));
-  const auto [directory, table] = text::split(text::normpath(path));
-  if (is_file(text::join(directory, ckpt::key_file(table)))) {
+  if (is_file(posixpath::join(path, kKeyFile))) return TableSource(open_hps(path, dim));
+  const auto [directory, table] = posixpath::split(posixpath::normpath(path));
+  if (is_file(posixpath::join(directory, ckpt::key_file(table)))) {
     return TableSource(open_checkpoint(path, directory, table, dim));
   }
   throw ModelFileError(path + ": no table there; expected a sparse-model directory with the files " +
-                       text::repr(kKeyFile) + " and " + text::repr(kVectorFile) +
+                       py_repr(kKeyFile) + " and " + py_repr(kVectorFile) +
                        ", or <checkpoint dir>/<table> of a sok.dump checkpoint (files <table>-key and "
                        "<table>-weight); check sparse_files in the ps_config");
 }

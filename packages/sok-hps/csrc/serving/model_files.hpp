@@ -16,14 +16,15 @@
 // the weights are memory-mapped, never read whole into memory.
 //
 // An error of the system other than a missing file (permission denied, an I/O error, a checkpoint
-// file that is a directory) is a python_text::OsError, with the str() of Python's OSError.
+// file that is a directory) is an OsError (py_errors.hpp), with the str() of Python's OSError.
 //
 // Differences from model_files.py: chunks(n) refuses n < 1 when called (Python's generator at its
 // first item); a checkpoint file that is a directory is "[Errno 21] Is a directory" (Python's adds
 // the number of the descriptor os.fdopen was given); a file truncated between the check of its size
 // and its reading is CheckpointError's "ended N bytes early" (NumPy's memmap and np.fromfile fail
-// their own ways); those of checkpoint_directory.hpp; repr() of unassigned code points in names
-// (python_text.hpp); an integer beyond int64 in manifest.json is a parse error (json.hpp).
+// their own ways); those of checkpoint_directory.hpp; a file name holding the 3-byte code of a
+// surrogate is written as that surrogate (utf8.hpp); an integer beyond int64 in manifest.json is a
+// parse error (json.hpp).
 //
 // Example:
 //   sok::hps::TableSource table = sok::hps::open_table("model/emb0", 16);

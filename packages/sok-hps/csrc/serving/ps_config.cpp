@@ -20,6 +20,7 @@
 #include "close_match.hpp"
 #include "py_regex.hpp"
 #include "py_text.hpp"
+#include "utf8.hpp"
 
 namespace sok::hps {
 namespace {
@@ -611,40 +612,6 @@ std::string read_bytes(const std::string& path) {
   return data;
 }
 
-// The offset of the first byte of `data` that starts no well-formed UTF-8 sequence (where Python's
-// decoder reports the error), std::nullopt where all is UTF-8.
-std::optional<size_t> utf8_error(const std::string& data) {
-  for (size_t i = 0; i < data.size();) {
-    const auto c = static_cast<unsigned char>(data[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t n = 0;
-    unsigned char low = 0x80, high = 0xBF;  // the second byte's range
-    if (c >= 0xC2 && c <= 0xDF) {
-      n = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      n = 3;
-      low = c == 0xE0 ? 0xA0 : 0x80;
-      high = c == 0xED ? 0x9F : 0xBF;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      n = 4;
-      low = c == 0xF0 ? 0x90 : 0x80;
-      high = c == 0xF4 ? 0x8F : 0xBF;
-    } else {
-      return i;
-    }
-    for (size_t k = 1; k < n; ++k) {
-      if (i + k >= data.size()) return i;
-      const auto next = static_cast<unsigned char>(data[i + k]);
-      if (next < (k == 1 ? low : 0x80) || next > (k == 1 ? high : 0xBF)) return i;
-    }
-    i += n;
-  }
-  return std::nullopt;
-}
-
 // The JSON value of the file at `path`, or ConfigError saying why there is none.
 Value read_json(const std::string& path) {
   const std::string data = read_bytes(path);
@@ -653,10 +620,11 @@ Value read_json(const std::string& path) {
     throw ConfigError(file + " is larger than " + std::to_string(kMaxConfigBytes) +
                       " bytes; a ps_config is a small JSON file, pass its path");
   }
-  if (const std::optional<size_t> at = utf8_error(data)) {
+  if (const std::optional<Utf8Error> error = first_utf8_error(data)) {
+    const size_t at = error->start;
     char byte[8];
-    std::snprintf(byte, sizeof(byte), "0x%02x", static_cast<unsigned char>(data[*at]));
-    throw ConfigError(file + " is not UTF-8 text (byte " + byte + " at offset " + std::to_string(*at) +
+    std::snprintf(byte, sizeof(byte), "0x%02x", static_cast<unsigned char>(data[at]));
+    throw ConfigError(file + " is not UTF-8 text (byte " + byte + " at offset " + std::to_string(at) +
                       "); is it a binary file? Pass the path of a JSON ps_config");
   }
   const std::vector<uint32_t> cps = code_points(data);

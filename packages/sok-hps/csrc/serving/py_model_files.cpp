@@ -12,7 +12,7 @@
 #include "checkpoint_format.hpp"
 #include "checkpoint_manifest.hpp"
 #include "model_files.hpp"
-#include "python_text.hpp"
+#include "py_errors.hpp"
 
 namespace py = pybind11;
 using sok::hps::ModelFileError;
@@ -112,7 +112,7 @@ void bind_model_files(py::module_& m) {
       if (error) std::rethrow_exception(error);
     } catch (const ModelFileError& e) {
       PyErr_SetObject(model_file_error, message(e.what()).ptr());
-    } catch (const sok::hps::python_text::OsError& e) {
+    } catch (const sok::hps::OsError& e) {
       const auto os_error = py::reinterpret_borrow<py::object>(PyExc_OSError);
       const py::object error = e.filename().empty()
                                    ? os_error(e.code(), std::strerror(e.code()))

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "py_text.hpp"
+#include "utf8.hpp"
 
 namespace sok::hps {
 namespace {

@@ -1,4 +1,4 @@
-// Python's repr() and character classes (py_text.hpp says which).
+// Python's repr(), character classes, order of strs and os.fsencode (py_text.hpp says which).
 #include "py_text.hpp"
 
 #include <algorithm>
@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <iterator>
+
+#include "utf8.hpp"
 
 namespace sok::hps {
 namespace {
@@ -29,38 +31,6 @@ std::string list_repr(const std::vector<Item>& items) {
 }
 
 }  // namespace
-
-std::vector<uint32_t> code_points(std::string_view utf8) {
-  std::vector<uint32_t> out;
-  out.reserve(utf8.size());
-  for (size_t i = 0; i < utf8.size();) {
-    const auto c = static_cast<unsigned char>(utf8[i]);
-    const size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-    uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
-    for (size_t k = 1; k < n && i + k < utf8.size(); ++k) cp = (cp << 6) | (utf8[i + k] & 0x3F);
-    out.push_back(cp);
-    i += n;
-  }
-  return out;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 bool py_isspace(uint32_t cp) {
   constexpr uint32_t kSpaces[] = {0x09, 0x0A, 0x0B, 0x0C,   0x0D,   0x1C,   0x1D,   0x1E,   0x1F,
@@ -141,6 +111,29 @@ std::string py_repr(int64_t i) { return std::to_string(i); }
 std::string py_repr(uint64_t u) { return std::to_string(u); }
 std::string py_repr(const std::vector<std::string>& items) { return list_repr(items); }
 std::string py_repr(const std::vector<int64_t>& items) { return list_repr(items); }
+
+bool py_less(std::string_view a, std::string_view b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const uint32_t x = next_code_point(a, &i), y = next_code_point(b, &j);
+    if (x != y) return x < y;
+  }
+  return i >= a.size() && j < b.size();
+}
+
+std::string py_fsencode(std::string_view text) {
+  std::string out;
+  for (size_t at = 0; at < text.size();) {
+    const size_t first = at;
+    const uint32_t cp = next_code_point(text, &at);
+    if (cp >= 0xDC80 && cp <= 0xDCFF) {
+      out += static_cast<char>(cp - 0xDC00);
+    } else {
+      out.append(text, first, at - first);
+    }
+  }
+  return out;
+}
 
 std::string py_repr(const json::Value& v) {
   switch (v.type()) {
