@@ -91,10 +91,14 @@ def test_values_and_types() -> None:
     assert list(_serving.parse_json('{"b": 1, "a": 2, "b": 3}').items()) == [("b", 3), ("a", 2)]
 
 
-def test_integer_beyond_int64_is_refused() -> None:
-    """The one difference from ``json.loads`` (which keeps any integer): named in the message."""
-    with pytest.raises(ValueError, match=r"integer 9223372036854775808 does not fit 64 bits: line 1 column 2"):
-        _serving.parse_json("[9223372036854775808]")
+def test_integer_beyond_64_bits_is_refused() -> None:
+    """The one difference from ``json.loads`` (which keeps any integer): an integer outside
+    [-2**63, 2**64 - 1] is refused, named in the message."""
+    assert _serving.parse_json("[18446744073709551615, -9223372036854775808]") == [2**64 - 1, -(2**63)]
+    with pytest.raises(ValueError, match=r"integer 18446744073709551616 does not fit 64 bits: line 1 column 2"):
+        _serving.parse_json("[18446744073709551616]")
+    with pytest.raises(ValueError, match=r"integer -9223372036854775809 does not fit 64 bits"):
+        _serving.parse_json("[-9223372036854775809]")
 
 
 def test_nesting_is_bounded() -> None:
@@ -118,7 +122,7 @@ def test_random_texts() -> None:
     compared = 0
     for text in texts:
         if re.search(r"\d{19}", text):
-            continue  # an integer that may not fit int64: the documented difference
+            continue  # an integer that may not fit 64 bits: the documented difference
         assert outcome(_serving.parse_json, text) == outcome(json.loads, text), repr(text)
         compared += 1
     assert compared > 2500

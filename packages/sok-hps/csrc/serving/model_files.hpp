@@ -23,8 +23,9 @@
 // the number of the descriptor os.fdopen was given); a file truncated between the check of its size
 // and its reading is CheckpointError's "ended N bytes early" (NumPy's memmap and np.fromfile fail
 // their own ways); those of checkpoint_directory.hpp; a file name holding the 3-byte code of a
-// surrogate is written as that surrogate (utf8.hpp); an integer beyond int64 in manifest.json is a
-// parse error (json.hpp).
+// surrogate is written as that surrogate (utf8.hpp); an integer of manifest.json outside
+// [-2**63, 2**64 - 1] is a parse error (json.hpp), and one above int64 where a count or a width is
+// read says it does not fit int64 (Python names the field's value).
 //
 // Example:
 //   sok::hps::TableSource table = sok::hps::open_table("model/emb0", 16);
