@@ -1,7 +1,7 @@
 """A SavedModel with SOK lookups served from C++ with no Python in the process (issue 39).
 
-``tests/cpp/serve_savedmodel.cc`` is built here against the TensorFlow wheel's C API
-(``libtensorflow_cc.so.2``); it loads SOK's op library (``libsok_tf_ops.so``, which needs no
+``sparse_operation_kit.testing.serving_cpp`` builds its C++ server against the TensorFlow wheel's C
+API (``libtensorflow_cc.so.2``); it loads SOK's op library (``libsok_tf_ops.so``, which needs no
 Python), the SavedModel's ``serve`` graph and variables, and serves one batch. Its outputs must equal
 Python's bit for bit, and libpython must never have been mapped into it. Two models: one of
 ``sok.Variable`` tables (``sok.lookup_sparse`` then a dense layer), and one that mixes two
@@ -12,9 +12,6 @@ default rows.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -23,27 +20,19 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import sparse_operation_kit as sok  # noqa: E402
-from sparse_operation_kit import tf_ops  # noqa: E402
+from sparse_operation_kit import python_ops, tf_ops  # noqa: E402
+from sparse_operation_kit.testing import serving_cpp  # noqa: E402
 
-PROGRAM = Path(__file__).parent / "cpp" / "serve_savedmodel.cc"
 BATCH, HOTNESS, ROWS, DIM = 6, 3, 50, 8
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Path:
     """The C++ server, compiled against this TensorFlow's headers and libraries."""
-    compiler = shutil.which("g++") or shutil.which("c++")
-    include, lib = Path(tf.sysconfig.get_include()), Path(tf.sysconfig.get_lib())
-    if compiler is None or not (include / "tensorflow" / "c" / "c_api.h").exists():
-        pytest.skip("no C++ compiler, or this TensorFlow has no C API headers")
-    if not (lib / "libtensorflow_cc.so.2").exists():
-        pytest.skip(f"no libtensorflow_cc.so.2 in {lib}")
-    binary = tmp_path_factory.mktemp("serve") / "serve_savedmodel"
-    command = [compiler, "-std=c++17", "-O1", str(PROGRAM), f"-I{include}", f"-L{lib}", "-l:libtensorflow_cc.so.2"]
-    command += ["-l:libtensorflow_framework.so.2", f"-Wl,-rpath,{lib}", "-o", str(binary)]
-    built = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert built.returncode == 0, built.stderr[-3000:]
-    return binary
+    program, why_not = serving_cpp.build(tmp_path_factory.mktemp("serve"))
+    if program is None:
+        pytest.skip(why_not)
+    return program
 
 
 class Model(tf.Module):
@@ -62,25 +51,6 @@ class Model(tf.Module):
         return {"score": tf.sigmoid(tf.concat(pooled, axis=1) @ self.kernel)}
 
 
-def serve_in_cpp(
-    server: Path, path: Path, ids: np.ndarray, tmp: Path, libraries: list[str]
-) -> subprocess.CompletedProcess:
-    """The C++ server's run on ``ids`` (int64 ``[rows, cols]``) through the SavedModel at ``path``'s
-    serving signature, loading ``libraries`` first; its output lands in ``tmp / "out.bin"``."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    saved = saved_model_pb2.SavedModel()
-    saved.ParseFromString((path / "saved_model.pb").read_bytes())
-    definition = saved.meta_graphs[0].signature_def["serving_default"]
-    input_name = next(iter(definition.inputs.values())).name
-    output_name = next(iter(definition.outputs.values())).name
-    ids.astype(np.int64).tofile(tmp / "ids.bin")
-    command = [str(server), str(path), input_name, output_name, str(tmp / "ids.bin"), *map(str, ids.shape)]
-    command += [str(tmp / "out.bin"), *libraries]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-
-
 @pytest.mark.parametrize("row_dtype", ["float32", "bfloat16"])
 def test_a_saved_model_of_sok_tables_serves_from_cpp_without_python(server, tmp_path, row_dtype):
     """float32 tables, and tables of bfloat16 rows (the saved lookup op's T attribute)."""
@@ -89,7 +59,7 @@ def test_a_saved_model_of_sok_tables_serves_from_cpp_without_python(server, tmp_
     tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
     ids = np.random.default_rng(4).integers(0, ROWS, size=(BATCH, 2 * HOTNESS))
     expected = model.serve(tf.constant(ids))["score"].numpy()
-    done = serve_in_cpp(server, path, ids, tmp_path, tf_ops.serving_libraries())
+    done = serving_cpp.serve(server, path, ids, tmp_path, tf_ops.serving_libraries())
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert f"output: {BATCH} 1" in done.stdout
     assert "libpython: absent" in done.stdout
@@ -101,9 +71,35 @@ def test_without_sok_op_library_the_cpp_server_names_the_missing_op(server, tmp_
     model = Model()
     path = tmp_path / "model"
     tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
-    done = serve_in_cpp(server, path, np.zeros((1, 2 * HOTNESS), np.int64), tmp_path, [])
+    done = serving_cpp.serve(server, path, np.zeros((1, 2 * HOTNESS), np.int64), tmp_path, [])
     assert done.returncode == 1
     assert "SokPooledLookup" in done.stderr
+
+
+@python_ops.register
+def doubled(context: str, ids: np.ndarray) -> np.ndarray:
+    """What the graph of the next test calls by name: in Python, this function."""
+    return (2 * ids).astype(np.float32)
+
+
+def test_a_function_named_by_the_graph_and_implemented_nowhere_in_cpp_is_refused_by_name(server, tmp_path):
+    """A SokPyCall in a process with no Python and no native implementation of its function: the
+    op loads (it is libsok_tf_ops.so's), and its run fails with a message naming the function, the
+    native implementations loaded (none) and what to load, not a crash or 'Op type not registered'."""
+    module = tf.Module()
+    name = f"{__name__}:doubled"
+    module.serve = tf.function(
+        lambda ids: {"score": python_ops.py_call(name, "", [ids], [tf.float32])[0]},
+        input_signature=[tf.TensorSpec([None, 2], tf.int64)],
+    )
+    path = tmp_path / "model"
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    np.testing.assert_array_equal(module.serve(tf.constant([[1, 2]], tf.int64))["score"].numpy(), [[2, 4]])
+    done = serving_cpp.serve(server, path, np.ones((1, 2), np.int64), tmp_path, tf_ops.serving_libraries())
+    assert done.returncode == 1
+    assert f"SokPyCall of {name}: this process has no Python interpreter" in done.stderr
+    assert "(native implementations: none)" in done.stderr
+    assert "libsok_hps_serving.so" in done.stderr
 
 
 class DynamicModel(tf.Module):
@@ -137,7 +133,7 @@ def test_a_saved_model_of_dynamic_tables_serves_their_rows_from_cpp_without_pyth
     path = tmp_path / "model"
     tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
     assert [table.storage.size() for table in model.tables[:2]] == sizes  # saving inserts nothing
-    done = serve_in_cpp(server, path, held, tmp_path, tf_ops.serving_libraries())
+    done = serving_cpp.serve(server, path, held, tmp_path, tf_ops.serving_libraries())
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "libpython: absent" in done.stdout
     served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(BATCH, 1)
@@ -152,7 +148,7 @@ def test_keys_a_saved_dynamic_table_did_not_hold_read_its_default_row(server, tm
     tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
     ids = np.random.default_rng(7).integers(0, ROWS, size=(BATCH, 3 * HOTNESS))
     ids[:, : 2 * HOTNESS] += 10 * ROWS  # the dynamic tables never held these
-    done = serve_in_cpp(server, path, ids, tmp_path, tf_ops.serving_libraries())
+    done = serving_cpp.serve(server, path, ids, tmp_path, tf_ops.serving_libraries())
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(BATCH, 1)
     static = model.tables[2].numpy()[ids[:, 2 * HOTNESS :]].sum(axis=1)

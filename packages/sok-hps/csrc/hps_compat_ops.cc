@@ -1,9 +1,11 @@
 // The two ops of SavedModels exported with NVIDIA's HPS TensorFlow plugin, `Init` and `Lookup`,
 // with the plugin's names, inputs and attrs (libsok_tf_hps_compat.so), so that such a SavedModel
-// loads and serves with hierarchical_parameter_server. Their kernels call
-// hierarchical_parameter_server.graph_calls (nvidia_init, nvidia_lookup) through sok-core's
-// sok/tf/python_call.h: a library of its own, because the generic names could clash with another
-// library's ops, and a clash must not take SOK's other ops with it.
+// loads and serves with hierarchical_parameter_server. Their kernels compute
+// hierarchical_parameter_server.graph_calls' nvidia_init and nvidia_lookup by name through sok-core's
+// op library (sok/tf/calls.h): the Python functions in a Python process, the natives of
+// libsok_hps_serving.so in a process with no Python (load sok-core's libsok_tf_ops.so first). A
+// library of its own, because the generic names could clash with another library's ops, and a clash
+// must not take SOK's other ops with it. No Python in it.
 //
 // Init(global_replica_id, num_replicas_in_sync, visible_devices) -> status "OK": initialises HPS
 // from the ps_config_file attr, once per process (later calls change nothing).
@@ -14,14 +16,24 @@
 #include <string>
 #include <vector>
 
-#include "sok/tf/python_call.h"
+#include "sok/tf/calls.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
-namespace sok_tf_python {
+namespace sok_tf_hps_compat {
 
+using ::tensorflow::DataType;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
 using ::tensorflow::shape_inference::InferenceContext;
+namespace errors = ::tensorflow::errors;
+
+constexpr char kLibrary[] = "libsok_tf_hps_compat.so";
 
 constexpr char kInit[] = "hierarchical_parameter_server.graph_calls:nvidia_init";
 constexpr char kLookup[] = "hierarchical_parameter_server.graph_calls:nvidia_lookup";
@@ -55,11 +67,9 @@ class NvidiaInitOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, need_python("Init"));
-    {
-      Gil gil;
-      OP_REQUIRES_OK(ctx, call_into_outputs(ctx, "Init (NVIDIA HPS)", kInit, context_, {}, {}));
-    }
+    const sok_tf::CallFunction call = sok_tf::call_function(kLibrary);
+    OP_REQUIRES(ctx, call != nullptr, errors::FailedPrecondition("Init (NVIDIA HPS): load libsok_tf_ops.so first"));
+    OP_REQUIRES_OK(ctx, call(ctx, kInit, context_, {}, {}));
     Tensor* status = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &status));
     status->scalar<::tensorflow::tstring>()() = "OK";
@@ -86,10 +96,9 @@ class NvidiaLookupOp : public OpKernel {
     OP_REQUIRES(ctx, status.NumElements() == 1 && status.flat<::tensorflow::tstring>()(0) == "OK",
                 errors::FailedPrecondition("Lookup (NVIDIA HPS): hierarchical parameter server is not initialized "
                                            "(init_status is not \"OK\")"));
-    OP_REQUIRES_OK(ctx, need_python("Lookup"));
-    Gil gil;
-    OP_REQUIRES_OK(ctx, call_into_outputs(ctx, "Lookup (NVIDIA HPS)", kLookup, context_, {&ctx->input(0)},
-                                          {::tensorflow::DT_FLOAT}));
+    const sok_tf::CallFunction call = sok_tf::call_function(kLibrary);
+    OP_REQUIRES(ctx, call != nullptr, errors::FailedPrecondition("Lookup (NVIDIA HPS): load libsok_tf_ops.so first"));
+    OP_REQUIRES_OK(ctx, call(ctx, kLookup, context_, {&ctx->input(0)}, {::tensorflow::DT_FLOAT}));
   }
 
  private:
@@ -146,4 +155,4 @@ REGISTER_KERNEL_BUILDER(Name("Lookup")
                             .HostMemory("emb_vector"),
                         NvidiaLookupOp);
 
-}  // namespace sok_tf_python
+}  // namespace sok_tf_hps_compat

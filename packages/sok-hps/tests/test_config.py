@@ -15,7 +15,6 @@ name the key's path.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -24,28 +23,23 @@ import threading
 
 import pytest
 from hierarchical_parameter_server import config as config_module
-from hierarchical_parameter_server.config import (
-    MAX_PARTITIONS,
-    MAX_POLL_INTERVAL_MS,
-    MAX_THREAD_POOL_SIZE,
-    ConfigError,
-    load_config,
+from hierarchical_parameter_server.config import MAX_PARTITIONS, ConfigError, load_config
+from ps_config_cases import (
+    ALIAS_CASES,
+    BAD_VALUES,
+    CONFIGS,
+    FLOAT_KEYS,
+    HARD_MODEL_KEYS,
+    HARD_TOP_LEVEL_KEYS,
+    NON_FINITE,
+    NON_FINITE_IDS,
+    NON_FINITE_LITERALS,
+    minimal,
+    reference_section_4,
+    with_alias,
+    with_value,
+    without,
 )
-
-
-def minimal(**model_overrides) -> dict:
-    """Reference §2.6: the top-level and per-model hard keys and a valid model name."""
-    model = {
-        "model": "m",
-        "sparse_files": ["a", "b"],
-        "deployed_device_list": [0],
-        "embedding_vecsize_per_table": [8, 4],
-        "maxnum_catfeature_query_per_table_per_sample": [3, 2],
-        "default_value_for_each_table": [1.5],
-    }
-    model.update(model_overrides)
-    return {"supportlonglong": True, "models": [model]}
-
 
 # The defaults of reference §2.2-2.5, written from the tables there.
 MODEL_DEFAULTS = {
@@ -123,92 +117,39 @@ def test_minimal_config_gets_every_default():
 
 
 def test_sections_present_but_empty_get_the_same_defaults():
-    raw = minimal()
-    raw.update(volatile_db={}, persistent_db={}, update_source={})
-    cfg = load_config(raw)
+    cfg = load_config(CONFIGS["empty-sections"])
     assert cfg.volatile_db == load_config(minimal()).volatile_db
     assert cfg.persistent_db == load_config(minimal()).persistent_db
     assert cfg.update_source == load_config(minimal()).update_source
 
 
 def test_unit_test_config_of_reference_section_4(tmp_path):
-    foo = {
-        "model": "foo",
-        "sparse_files": ["foo_sparse.model"],
-        "num_of_worker_buffer_in_pool": 3,
-        "embedding_table_names": ["sparse_embedding0"],
-        "embedding_vecsize_per_table": [16],
-        "maxnum_catfeature_query_per_table_per_sample": [10],
-        "default_value_for_each_table": [1.0],
-        "deployed_device_list": [0],
-        "max_batch_size": 16384,
-        "cache_refresh_percentage_per_iteration": 0.2,
-        "hit_rate_threshold": 1.0,
-        "gpucacheper": 1.0,
-        "gpucache": True,
-    }
-    bar = dict(
-        foo,
-        model="bar",
-        sparse_files=["bar_sparse_0.model", "bar_sparse_1.model"],
-        embedding_table_names=["sparse_embedding0", "sparse_embedding1"],
-        embedding_vecsize_per_table=[64, 32],
-        maxnum_catfeature_query_per_table_per_sample=[3, 5],
-        default_value_for_each_table=[1.0, 1.0],
-        max_batch_size=1024,
-    )
+    raw = reference_section_4()
     path = tmp_path / "hps.json"
-    path.write_text(json.dumps({"supportlonglong": False, "models": [foo, bar]}))
+    path.write_text(json.dumps(raw))
     cfg = load_config(path)
     assert cfg.supportlonglong is False
     assert [m.model for m in cfg.models] == ["foo", "bar"]
-    for raw in (foo, bar):
-        m = cfg.model(raw["model"])
-        for key, value in raw.items():
+    for model in raw["models"]:
+        m = cfg.model(model["model"])
+        for key, value in model.items():
             got = getattr(m, key)
             assert (list(got) if isinstance(got, tuple) else got) == value, key
     assert cfg.model("bar").table_tag(1) == "hps_et.bar.sparse_embedding1"
 
 
-# Per (section, key): alias -> the canonical name it becomes.
-ALIASES = {
-    ("volatile_db", "type"): {
-        "hashmap": "hash_map",
-        "map": "hash_map",
-        "parallel_hash": "parallel_hash_map",
-        "redis": "redis_cluster",
-        "none": "disabled",
-        "Disable": "disabled",
-    },
-    ("volatile_db", "overflow_policy"): {
-        "least_used": "evict_least_used",
-        "oldest": "evict_oldest",
-        "random": "evict_random",
-    },
-    ("persistent_db", "type"): {"rocksdb": "rocks_db", "rocks": "rocks_db"},
-    ("update_source", "type"): {"none": "null"},
-}
-
-
-@pytest.mark.parametrize(
-    ("section", "key", "alias", "canonical"),
-    [(section, key, alias, name) for (section, key), names in ALIASES.items() for alias, name in names.items()],
-)
+@pytest.mark.parametrize(("section", "key", "alias", "canonical"), ALIAS_CASES)
 def test_aliases_become_canonical_names(section, key, alias, canonical):
-    raw = minimal()
-    raw[section] = {key: alias, "path": "/tmp/x"} if section == "update_source" else {key: alias}
-    assert getattr(getattr(load_config(raw), section), key) == canonical
+    assert getattr(getattr(load_config(with_alias(section, key, alias)), section), key) == canonical
 
 
 def test_use_static_table_forces_the_static_cache():
-    assert load_config(minimal(use_static_table=True)).model("m").embedding_cache_type == "static"
+    assert load_config(CONFIGS["static-table"]).model("m").embedding_cache_type == "static"
 
 
 def test_unknown_key_is_warned_with_the_nearest_name(caplog):
-    raw = minimal(gpucacheperc=0.5)
-    raw["volatile_db"] = {"overflow_polcy": "oldest"}
     with caplog.at_level(logging.WARNING, logger="hierarchical_parameter_server.config"):
-        cfg = load_config(raw)
+        cfg = load_config(CONFIGS["unknown-keys-near-valid-ones"])
     text = caplog.text
     assert "models[0].gpucacheperc" in text and "'gpucacheper'" in text
     assert "volatile_db.overflow_polcy" in text and "'overflow_policy'" in text
@@ -216,131 +157,52 @@ def test_unknown_key_is_warned_with_the_nearest_name(caplog):
 
 
 def test_unknown_key_far_from_any_name_lists_the_valid_keys(caplog):
-    raw = minimal()
-    raw["zzzz"] = 1
     with caplog.at_level(logging.WARNING, logger="hierarchical_parameter_server.config"):
-        load_config(raw)
+        load_config(CONFIGS["unknown-key-far-from-valid-ones"])
     assert "zzzz" in caplog.text and "supportlonglong" in caplog.text
 
 
 def test_keys_the_original_does_not_parse_are_ignored_with_a_note(caplog):
-    raw = minimal(slot_num=3, network_file="x.json")
     with caplog.at_level(logging.WARNING, logger="hierarchical_parameter_server.config"):
-        load_config(raw)
+        load_config(CONFIGS["keys-the-original-does-not-parse"])
     assert "models[0].slot_num is ignored" in caplog.text
 
 
-def _set(raw: dict, path: str, value) -> dict:
-    raw = copy.deepcopy(raw)
-    *parents, last = path.split(".")
-    node = raw
-    for p in parents:
-        if p.endswith("]"):
-            name, index = p[:-1].split("[")
-            node = node[name][int(index)]
-        else:
-            node = node.setdefault(p, {})
-    node[last] = value
-    return raw
-
-
-@pytest.mark.parametrize(
-    ("path", "value", "words"),
-    [
-        ("supportlonglong", "true", "true or false"),
-        ("models[0].gpucacheper", -0.1, "[0.0, 1.0]"),
-        ("models[0].gpucacheper", 1.5, "[0.0, 1.0]"),
-        ("models[0].gpucacheper", "0.5", "number"),
-        ("models[0].max_batch_size", -1, ">= 1"),
-        ("models[0].max_batch_size", 2.5, "integer"),
-        ("models[0].max_batch_size", True, "integer"),
-        ("models[0].hit_rate_threshold", -0.1, ">= 0.0"),
-        ("models[0].cache_refresh_percentage_per_iteration", 2.0, "[0.0, 1.0]"),
-        ("models[0].num_of_worker_buffer_in_pool", 0, ">= 1"),
-        ("models[0].gpucache", 1, "true or false"),
-        ("models[0].embedding_vecsize_per_table", [8], "one per table"),
-        ("models[0].embedding_vecsize_per_table", [8, 0], ">= 1"),
-        ("models[0].maxnum_catfeature_query_per_table_per_sample", [1, 2, 3], "one per table"),
-        ("models[0].default_value_for_each_table", [1.0, 2.0, 3.0], "at most one per table"),
-        ("models[0].default_value_for_each_table", 1.0, "JSON array"),
-        ("models[0].embedding_table_names", ["a.b", "c"], "letters, digits"),
-        ("models[0].embedding_table_names", ["a", "a"], "unique"),
-        ("models[0].model", "A.1", "letters, digits"),
-        ("models[0].model", "", "letters, digits"),
-        ("models[0].sparse_files", [], "non-empty"),
-        ("models[0].deployed_device_list", [0, 0], "repeat"),
-        ("models[0].deployed_device_list", [-1], ">= 0"),
-        ("models[0].embedding_cache_type", "fancy", "'dynamic'"),
-        ("volatile_db.type", "memcached", "'hash_map'"),
-        ("volatile_db.type", "multi_process_hash_map", "parallel_hash_map"),
-        ("volatile_db.num_partitions", 0, f"[1, {MAX_PARTITIONS}]"),
-        ("volatile_db.num_partitions", MAX_PARTITIONS + 1, f"[1, {MAX_PARTITIONS}]"),
-        ("volatile_db.overflow_policy", "evict_newest", "'evict_oldest'"),
-        ("volatile_db.overflow_resolution_target", 0.0, "(0.0, 1.0]"),
-        ("volatile_db.overflow_margin", 0, f"[1, {2**64 - 1}]"),
-        ("volatile_db.overflow_margin", 2**64, f"[1, {2**64 - 1}]"),
-        ("models[0].thread_pool_size", MAX_THREAD_POOL_SIZE + 1, f"[1, {MAX_THREAD_POOL_SIZE}]"),
-        ("update_source.poll_interval_ms", 10**13, f"[1, {MAX_POLL_INTERVAL_MS}]"),
-        ("volatile_db.address", "host:notaport", "host[:port]"),
-        ("volatile_db.update_filters", ["("], "regular expression"),
-        ("persistent_db.type", "leveldb", "'rocks_db'"),
-        ("persistent_db.num_threads", 0, ">= 1"),
-        ("persistent_db.read_only", "no", "true or false"),
-        ("update_source.type", "kafka_message_queue", "directory"),
-        ("update_source.type", "kafka", "directory"),
-    ],
-)
+@pytest.mark.parametrize(("path", "value", "words"), BAD_VALUES)
 def test_bad_values_name_the_path(path, value, words):
     with pytest.raises(ConfigError) as e:
-        load_config(_set(minimal(), path, value))
+        load_config(with_value(minimal(), path, value))
     assert path in str(e.value) and words in str(e.value)
 
 
-@pytest.mark.parametrize(
-    "key",
-    [
-        "sparse_files",
-        "deployed_device_list",
-        "embedding_vecsize_per_table",
-        "maxnum_catfeature_query_per_table_per_sample",
-        "default_value_for_each_table",
-    ],
-)
+@pytest.mark.parametrize("key", HARD_MODEL_KEYS)
 def test_missing_hard_model_key_is_named(key):
-    raw = minimal()
-    del raw["models"][0][key]
     with pytest.raises(ConfigError, match=rf"models\[0\]\.{key}: required"):
-        load_config(raw)
+        load_config(without(minimal(), f"models[0].{key}"))
 
 
-@pytest.mark.parametrize("key", ["supportlonglong", "models"])
+@pytest.mark.parametrize("key", HARD_TOP_LEVEL_KEYS)
 def test_missing_hard_top_level_key_is_named(key):
-    raw = minimal()
-    del raw[key]
     with pytest.raises(ConfigError, match=rf"^{key}: required"):
-        load_config(raw)
+        load_config(without(minimal(), key))
 
 
 def test_empty_models_and_duplicate_names_are_refused():
     with pytest.raises(ConfigError, match="models: expected a non-empty"):
-        load_config({"supportlonglong": True, "models": []})
-    raw = minimal()
-    raw["models"].append(copy.deepcopy(raw["models"][0]))
+        load_config(CONFIGS["empty-models"])
     with pytest.raises(ConfigError, match=r"models\[1\]\.model: 'm' is also the name of models\[0\]"):
-        load_config(raw)
+        load_config(CONFIGS["duplicate-model-names"])
 
 
 def test_redis_needs_as_many_partitions_as_connections():
-    raw = _set(minimal(), "volatile_db.type", "redis")
-    raw["volatile_db"].update(num_partitions=2, num_node_connections=5)
     with pytest.raises(ConfigError, match="volatile_db.num_partitions: 2 .*num_node_connections"):
-        load_config(raw)
+        load_config(CONFIGS["redis-with-too-few-partitions"])
 
 
 def test_directory_update_source_needs_a_path():
     with pytest.raises(ConfigError, match="update_source.path: required"):
-        load_config(_set(minimal(), "update_source.type", "directory"))
-    cfg = load_config(_set(_set(minimal(), "update_source.type", "directory"), "update_source.path", "/u"))
+        load_config(CONFIGS["directory-source-without-path"])
+    cfg = load_config(CONFIGS["directory-source"])
     assert (cfg.update_source.type, cfg.update_source.path, cfg.update_source.poll_interval_ms) == (
         "directory",
         "/u",
@@ -349,7 +211,7 @@ def test_directory_update_source_needs_a_path():
 
 
 def test_addresses_parse_host_and_port():
-    cfg = load_config(_set(minimal(), "volatile_db.address", "10.0.0.1:7000, h2"))
+    cfg = load_config(CONFIGS["addresses"])
     assert cfg.volatile_db.addresses == (("10.0.0.1", 7000), ("h2", 6379))
 
 
@@ -371,29 +233,22 @@ def test_file_errors_name_the_file(tmp_path):
 
 
 def test_num_partitions_is_bounded():
-    assert load_config(_set(minimal(), "volatile_db.num_partitions", MAX_PARTITIONS)).volatile_db.num_partitions == (
-        MAX_PARTITIONS
-    )
+    assert load_config(CONFIGS["most-partitions"]).volatile_db.num_partitions == MAX_PARTITIONS
     with pytest.raises(ConfigError) as e:
-        load_config(_set(minimal(), "volatile_db.num_partitions", 10**8))
+        load_config(CONFIGS["too-many-partitions"])
     assert f"volatile_db.num_partitions: expected an integer in [1, {MAX_PARTITIONS}]" in str(e.value)
     assert "got 100000000 (int)" in str(e.value)
 
 
 def test_redis_connections_cannot_lift_num_partitions_past_the_bound():
     # An absent num_partitions of redis_cluster is raised to num_node_connections.
-    raw = _set(minimal(), "volatile_db.type", "redis")
-    raw["volatile_db"]["num_node_connections"] = MAX_PARTITIONS + 1
     with pytest.raises(
         ConfigError, match=rf"volatile_db\.num_node_connections: expected an integer in \[1, {MAX_PARTITIONS}\]"
     ):
-        load_config(raw)
+        load_config(CONFIGS["redis-connections-beyond-the-partition-bound"])
 
 
-NON_FINITE = [float("nan"), float("inf"), float("-inf"), 10**400]
-
-
-@pytest.mark.parametrize("value", [*NON_FINITE, 1e39], ids=["nan", "inf", "-inf", "10**400", "beyond-float32"])
+@pytest.mark.parametrize("value", [*NON_FINITE, 1e39], ids=[*NON_FINITE_IDS, "beyond-float32"])
 def test_default_value_must_be_a_finite_float32(value):
     with pytest.raises(ConfigError) as e:
         load_config(minimal(default_value_for_each_table=[0.5, value]))
@@ -403,28 +258,18 @@ def test_default_value_must_be_a_finite_float32(value):
 
 
 def test_default_value_nan_and_infinity_written_in_the_json_file_are_refused(tmp_path):
-    for literal in ("NaN", "1e999", "-Infinity"):
+    for literal in NON_FINITE_LITERALS:
         path = tmp_path / f"{literal}.json"
         path.write_text(json.dumps(minimal()).replace("[1.5]", f"[{literal}]"))
         with pytest.raises(ConfigError, match=r"models\[0\]\.default_value_for_each_table\[0\] \(model 'm'\)"):
             load_config(path)
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        "models[0].gpucacheper",
-        "models[0].hit_rate_threshold",
-        "models[0].cache_refresh_percentage_per_iteration",
-        "models[0].refresh_delay",
-        "volatile_db.overflow_resolution_target",
-        "volatile_db.initial_cache_rate",
-    ],
-)
-@pytest.mark.parametrize("value", NON_FINITE, ids=["nan", "inf", "-inf", "10**400"])
+@pytest.mark.parametrize("path", FLOAT_KEYS)
+@pytest.mark.parametrize("value", NON_FINITE, ids=NON_FINITE_IDS)
 def test_every_float_key_refuses_non_finite_values(path, value):
     with pytest.raises(ConfigError) as e:
-        load_config(_set(minimal(), path, value))
+        load_config(with_value(minimal(), path, value))
     assert str(e.value).startswith(f"{path}: expected a ") and f"got {value!r}" in str(e.value)
 
 

@@ -115,7 +115,8 @@ def py_call(
         found, = py_call("mypkg.rows:known", "", [keys], [tf.bool])
     """
     _function(function)  # an unregistered name fails here, where the graph is made
-    return tf_ops.python_library().sok_py_call(
+    tf_ops.python_library()  # the Python dispatch of the op
+    return tf_ops.library().sok_py_call(
         args=list(inputs), Tout=list(dtypes), function=function, context=context, name=name
     )
 
@@ -133,7 +134,8 @@ def resolved_table_inputs(function: str, context: str) -> tuple[tf.Tensor, tf.Te
         UnregisteredFunctionError: ``function`` is not registered."""
     _function(function)
     handle = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[0], shared_name="sok_resolved_table")
-    table = tf_ops.python_library().sok_resolve_table(function=function, context=context)
+    tf_ops.python_library()  # the Python dispatch of the op
+    table = tf_ops.library().sok_resolve_table(function=function, context=context)
     return handle, table
 
 

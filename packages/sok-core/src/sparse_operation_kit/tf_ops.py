@@ -3,11 +3,11 @@
 The library is compiled against the TensorFlow present when sok-core was built; loading it under
 another TensorFlow version fails with a message naming both versions and the fix. Its GPU kernels
 are a second library (``libsok_tf_ops_gpu.so``, built when a CUDA toolkit was found), loaded only by
-a CUDA build of TensorFlow. The ops whose kernels call Python are a third (``libsok_tf_python.so``,
-:func:`python_library`). SOK's own NCCL collectives, for the lookup's exchange on GPU ranks, are a
-fourth (``libsok_tf_nccl.so``, built where NCCL was found; :func:`nccl_library`). Other packages'
-op libraries, built with sok-core's CMake package (``sok_find_tensorflow``), load with the same
-checks through :func:`load_op_library`.
+a CUDA build of TensorFlow. The Python dispatch of the ops that call a function by name is a
+third (``libsok_tf_python.so``, :func:`python_library`). SOK's own NCCL collectives, for the
+lookup's exchange on GPU ranks, are a fourth (``libsok_tf_nccl.so``, built where NCCL was found;
+:func:`nccl_library`). Other packages' op libraries, built with sok-core's CMake package
+(``sok_find_tensorflow``), load with the same checks through :func:`load_op_library`.
 """
 
 from __future__ import annotations
@@ -75,9 +75,12 @@ def serving_libraries() -> list[str]:
 
 @functools.cache
 def python_library() -> Any:
-    """The loaded library of the ops that call Python by name (``SokPyCall``, ``SokResolveTable``;
-    :mod:`sparse_operation_kit.python_ops`), after :func:`library` and its checks."""
-    return _load_beside(PYTHON_LIBRARY)
+    """The op library of the ops that call a function by name (``SokPyCall``, ``SokResolveTable``;
+    :mod:`sparse_operation_kit.python_ops`): :func:`library`, once ``libsok_tf_python.so`` has
+    installed their Python dispatch into it (the Python functions registered with
+    :func:`sparse_operation_kit.python_ops.register` then compute them in this process)."""
+    _load_beside(PYTHON_LIBRARY)
+    return library()
 
 
 def nccl_built() -> bool:

@@ -45,15 +45,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "limits.hpp"
 #include "tier.hpp"
 
 namespace sok {
 namespace hps {
 
-// overflow_margin of a tier that never evicts (config.py's NO_OVERFLOW_LIMIT).
-inline constexpr uint64_t kNoOverflowLimit = UINT64_MAX;
-// The most partitions per table (config.py's MAX_PARTITIONS).
-inline constexpr int64_t kMaxPartitions = 16384;
 // The fewest keys of a call that a parallel tier hands to its worker threads.
 inline constexpr int64_t kParallelMinKeys = 4096;
 

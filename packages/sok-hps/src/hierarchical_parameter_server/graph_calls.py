@@ -71,6 +71,7 @@ __all__ = [
     "FILL",
     "LOOKUP",
     "SCHEDULE_FILL",
+    "SERVING_LIBRARY",
     "VOLATILE_TABLE",
     "TracedTableChangedError",
     "check_traced",
@@ -82,6 +83,7 @@ __all__ = [
     "nvidia_lookup",
     "register",
     "serve_process_server",
+    "serving_libraries",
     "unregister",
 ]
 
@@ -93,6 +95,8 @@ _process_server: Callable[..., ParameterServer] | None = None
 #: sok-hps's op library (csrc/hps_compat_ops.cc, built by its CMakeLists.txt): the ops of SavedModels
 #: exported with NVIDIA's HPS plugin.
 COMPAT_LIBRARY = "libsok_tf_hps_compat.so"
+#: sok-hps's library of HPS's lookups where no Python runs (csrc/serving/native_calls.cc).
+SERVING_LIBRARY = "libsok_hps_serving.so"
 _LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
 _REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps sok-hps (or: make setup in the repository)"
 
@@ -111,6 +115,29 @@ def compat_library() -> Any:
     from sparse_operation_kit import tf_ops
 
     return tf_ops.load_op_library(os.path.join(_LIB_DIR, COMPAT_LIBRARY), package="sok-hps", rebuild=_REBUILD)
+
+
+def serving_libraries() -> list[str]:
+    """The op libraries a process with no Python (a C++ server on TensorFlow's C API, TensorFlow
+    Serving) loads, in this order, to serve SavedModels with HPS's layers: sok-core's
+    (:func:`sparse_operation_kit.tf_ops.serving_libraries`), then ``lib/libsok_hps_serving.so``,
+    whose C++ server answers the lookups of layers traced while HPS was not running
+    (docs/design/hps-serving.md says which ps_configs it serves).
+
+    Raises:
+        FileNotFoundError: sok-hps was built without it (TensorFlow was not importable then); the
+            message says how to rebuild.
+
+    Example::
+
+        $ python -c "from hierarchical_parameter_server import graph_calls; print(*graph_calls.serving_libraries())"
+    """
+    from sparse_operation_kit import tf_ops
+
+    path = os.path.join(_LIB_DIR, SERVING_LIBRARY)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing: sok-hps was built where TensorFlow was not importable; {_REBUILD}")
+    return [*tf_ops.serving_libraries(), path]
 
 
 def load_ops() -> None:

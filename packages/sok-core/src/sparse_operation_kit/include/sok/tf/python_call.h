@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "sok/tf/calls.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace sok_tf_python {
@@ -29,7 +30,6 @@ namespace errors = ::tensorflow::errors;
 
 // The Python module that converts arguments and results (sparse_operation_kit/python_ops.py).
 inline constexpr char kHelper[] = "sparse_operation_kit.python_ops";
-#define SOK_PY_TYPES "{float, double, half, int8, uint8, int16, uint16, int32, uint32, int64, uint64, bool}"
 
 // The NumPy name of a dtype the ops take (SOK_PY_TYPES), or nullptr.
 inline const char* numpy_name(DataType dtype) {

@@ -1,0 +1,157 @@
+// The C++ server's tables as read-only SOK storages (served_storage.hpp).
+#include "served_storage.hpp"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "sok/kit/abi_adapter.hpp"
+#include "sok/kit/keys.hpp"
+
+#ifdef SOK_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace sok {
+namespace hps {
+namespace {
+
+constexpr char kReadOnly[] =
+    "the C++ server's tables are read-only: their rows are the model files' (serve a new model to change them)";
+
+class ServedRows final : public Storage {
+ public:
+  ServedRows(std::shared_ptr<Server> server, const ServedTable& table, int32_t key_type)
+      : Storage(key_type, static_cast<int32_t>(table.dim)), server_(std::move(server)), table_(table) {}
+
+  int64_t size(const sok_exec_context&) override { return table_.rows; }
+  int64_t capacity() override { return table_.rows; }
+
+#ifdef SOK_WITH_CUDA
+  bool supports_device(int32_t device_type) const override {
+    return device_type == SOK_DEVICE_CPU || device_type == SOK_DEVICE_CUDA;
+  }
+#endif
+
+  void find(const sok_exec_context& ctx, int64_t n, const void* keys, Columns cols, float* values,
+            const float* default_row, uint8_t* found) override {
+    if (ctx.device_type == SOK_DEVICE_CPU) {
+      find_on_host(n, keys, cols, values, default_row, found);
+      return;
+    }
+#ifdef SOK_WITH_CUDA
+    // Arrays on the GPU (a graph whose lookups TensorFlow placed there): through host copies, in the
+    // call's stream; the rows live in host memory.
+    const auto stream = static_cast<cudaStream_t>(ctx.stream);
+    const int32_t w = cols.width();
+    std::vector<char> host_keys(static_cast<size_t>(n) * key_size(key_type()));
+    std::vector<float> host_default(default_row != nullptr ? w : 0);
+    std::vector<float> host_values(static_cast<size_t>(n * w));
+    std::vector<uint8_t> host_found(found != nullptr ? n : 0);
+    check(cudaSetDevice(ctx.device_id));
+    check(cudaMemcpyAsync(host_keys.data(), keys, host_keys.size(), cudaMemcpyDeviceToHost, stream));
+    if (default_row != nullptr) {
+      check(cudaMemcpyAsync(host_default.data(), default_row, w * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    }
+    check(cudaStreamSynchronize(stream));
+    find_on_host(n, host_keys.data(), cols, host_values.data(), default_row != nullptr ? host_default.data() : nullptr,
+                 found != nullptr ? host_found.data() : nullptr);
+    check(cudaMemcpyAsync(values, host_values.data(), host_values.size() * sizeof(float), cudaMemcpyHostToDevice,
+                          stream));
+    if (found != nullptr) check(cudaMemcpyAsync(found, host_found.data(), n, cudaMemcpyHostToDevice, stream));
+    check(cudaStreamSynchronize(stream));  // the host buffers go at return
+#endif
+  }
+
+  void find_or_insert(const sok_exec_context&, int64_t, const void*, Columns, float*, uint8_t*, const uint64_t*,
+                      const sok_initializer*, int32_t) override {
+    fail(SOK_ERROR_UNSUPPORTED, kReadOnly);
+  }
+  void insert_or_assign(const sok_exec_context&, int64_t, const void*, Columns, const float*, const uint64_t*,
+                        const sok_initializer*, int32_t) override {
+    fail(SOK_ERROR_UNSUPPORTED, kReadOnly);
+  }
+  void accum_or_assign(const sok_exec_context&, int64_t, const void*, Columns, const float*, const uint64_t*,
+                       const sok_initializer*, int32_t) override {
+    fail(SOK_ERROR_UNSUPPORTED, kReadOnly);
+  }
+  int64_t erase(const sok_exec_context&, int64_t, const void*) override { fail(SOK_ERROR_UNSUPPORTED, kReadOnly); }
+  int64_t export_batch(const sok_exec_context&, int64_t, int64_t, Columns, const uint64_t*, void*, float*,
+                       uint64_t*) override {
+    fail(SOK_ERROR_UNSUPPORTED, "the C++ server's tables are not exported: read the model files");
+  }
+  int64_t insert_and_evict(const sok_exec_context&, int64_t, const void*, Columns, const float*, const uint64_t*,
+                           const sok_initializer*, int32_t, void*, float*, uint64_t*) override {
+    fail(SOK_ERROR_UNSUPPORTED, kReadOnly);
+  }
+  void import_batch(const sok_exec_context&, int64_t, const void*, Columns, const float*, const uint64_t*,
+                    const sok_initializer*, int32_t) override {
+    fail(SOK_ERROR_UNSUPPORTED, kReadOnly);
+  }
+  void clear(const sok_exec_context&) override { fail(SOK_ERROR_UNSUPPORTED, kReadOnly); }
+  std::string describe() override { return "HPS C++ server table " + table_.tag + " of " + server_->path(); }
+
+ private:
+  void find_on_host(int64_t n, const void* keys, Columns cols, float* values, const float* default_row,
+                    uint8_t* found) {
+    std::vector<int64_t> wide(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) wide[i] = static_cast<int64_t>(load_key(keys, key_type(), i));
+    const int64_t dim = table_.dim;
+    std::vector<float> rows(static_cast<size_t>(n * dim));
+    std::unique_ptr<bool[]> hit(new bool[static_cast<size_t>(n > 0 ? n : 1)]);
+    server_->fetch(table_, wide.data(), n, rows.data(), hit.get());
+    const int32_t w = cols.width();
+    for (int64_t i = 0; i < n; ++i) {
+      float* out = values + i * w;
+      if (hit[i]) {
+        std::copy(rows.begin() + i * dim + cols.begin, rows.begin() + i * dim + cols.end, out);
+      } else if (default_row != nullptr) {
+        std::copy(default_row, default_row + w, out);
+      } else {
+        std::fill(out, out + w, 0.0f);
+      }
+      if (found != nullptr) found[i] = hit[i] ? 1 : 0;
+    }
+  }
+
+#ifdef SOK_WITH_CUDA
+  static void check(cudaError_t status) {
+    if (status != cudaSuccess) fail(SOK_ERROR_INTERNAL, std::string("CUDA: ") + cudaGetErrorString(status));
+  }
+#endif
+
+  const std::shared_ptr<Server> server_;  // kept alive by its references
+  const ServedTable& table_;
+};
+
+Storage* refuse_create(const sok_storage_config&, Options&) {
+  invalid("the C++ server's tables are made by the server (served_table_ref), not through create");
+}
+
+}  // namespace
+
+const sok_table_ref* served_table_ref(const std::shared_ptr<Server>& server, const ServedTable& table,
+                                      int32_t key_type) {
+  static std::mutex mu;
+  static auto* refs = new std::map<std::tuple<const Server*, const ServedTable*, int32_t>, sok_table_ref*>;
+  static const sok_storage_api* api = make_storage_api<&refuse_create>("hps_cpp_server");
+  std::lock_guard<std::mutex> lock(mu);
+  auto& ref = (*refs)[{server.get(), &table, key_type}];
+  if (ref == nullptr) {
+    ref = new sok_table_ref{};
+    ref->magic = SOK_TABLE_REF_MAGIC;
+    ref->api = api;
+    ref->storage = detail::to_handle(new ServedRows(server, table, key_type));
+    ref->key_type = key_type;
+    ref->row_width = static_cast<int32_t>(table.dim);
+    ref->inits = nullptr;
+    ref->num_inits = 0;
+  }
+  return ref;
+}
+
+}  // namespace hps
+}  // namespace sok

@@ -1,0 +1,30 @@
+// The C++ server's tables as SOK storages (sok/kit/storage.hpp), read-only: what the storage ops of
+// an HPS lookup graph traced while HPS ran in Python (SokFind, SokFindOrDefault on the table that
+// SokResolveTable gives) read in a process with no Python. A find reads the Server's rows of the
+// table (server.hpp); every write is refused (the server's rows change only by a new model). The
+// rows live in host memory; where the library was built with CUDA, a find whose arrays are on a GPU
+// (TensorFlow placed the graph's lookups there) goes through host copies in the call's stream.
+//
+// Example:
+//   const sok_table_ref* ref = served_table_ref(server, table, SOK_KEY_INT64);   // lives forever
+//   ref->api->find(ref->storage, &cpu, n, keys, 0, table.dim, values, nullptr, found);
+#ifndef SOK_HPS_SERVING_SERVED_STORAGE_HPP_
+#define SOK_HPS_SERVING_SERVED_STORAGE_HPP_
+
+#include <memory>
+
+#include "server.hpp"
+#include "sok/table_ref.h"
+
+namespace sok {
+namespace hps {
+
+// The reference of `table` of `server` with keys of key_type (SOK_KEY_INT64 or SOK_KEY_INT32), made
+// on first use and never freed (a sok_table_ref lives for the process, as sok/table_ref.h asks).
+const sok_table_ref* served_table_ref(const std::shared_ptr<Server>& server, const ServedTable& table,
+                                      int32_t key_type);
+
+}  // namespace hps
+}  // namespace sok
+
+#endif  // SOK_HPS_SERVING_SERVED_STORAGE_HPP_

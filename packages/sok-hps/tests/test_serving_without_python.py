@@ -1,0 +1,208 @@
+"""SavedModels with HPS's layers served from C++ with no Python in the process (issue 39).
+
+A Keras model of ``hps.LookupLayer`` s exported before HPS runs (NVIDIA's flow: the model saved
+before its ps_config is written) holds one lookup per table that names its ps_config file; sok-core's
+C++ serving program (:mod:`sparse_operation_kit.testing.serving_cpp`) loads sok-core's op libraries
+and sok-hps's ``libsok_hps_serving.so``, whose C++ server reads the ps_config and the model files
+(a sparse-model folder and a ``sok.dump`` checkpoint table) and answers. Its predictions must
+equal Python's bit for bit, keys of no table must read the default value, libpython must never be
+mapped, and what it cannot serve must fail with a message that names the setting or the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import hierarchical_parameter_server as hps  # noqa: E402
+import serve_support as support  # noqa: E402
+import sparse_operation_kit as sok  # noqa: E402
+from hierarchical_parameter_server import graph_calls, init  # noqa: E402
+from sparse_operation_kit.testing import serving_cpp  # noqa: E402
+
+BATCH, SLOTS, ROWS, DIMS, UNSEEN = 32, 3, 40, (8, 4), 10
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> Path:
+    built, why_not = serving_cpp.build(tmp_path_factory.mktemp("serve"))
+    if built is None:
+        pytest.skip(why_not)
+    return built
+
+
+@pytest.fixture(scope="module")
+def libraries() -> list[str]:
+    try:
+        return graph_calls.serving_libraries()
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+
+
+def dumped_table(path: Path) -> tuple[str, np.ndarray]:
+    """A ``sok.Variable`` of ROWS x DIMS[1] dumped with ``sok.dump``: ``(its sparse_files entry, rows)``."""
+    rows = np.random.default_rng(7).normal(size=(ROWS, DIMS[1])).astype(np.float32)
+    table = sok.Variable(rows, name="wide")
+    sok.dump(str(path), [table])
+    names = [name[: -len("-weight")] for name in os.listdir(path) if name.endswith("-weight")]
+    assert len(names) == 1, names
+    return os.fspath(path / names[0]), rows
+
+
+def export(tmp_path: Path, config_path: Path, running: bool = False) -> Path:
+    """The model, two lookups (one per table), flattened and concatenated, exported while HPS is
+    not running (NVIDIA's flow: the graph holds the whole lookup, found by name when it runs), or
+    ``running`` from ``config_path`` (the graph holds the lookup: its tables and its misses' fetch)."""
+    init.shutdown()
+    if running:
+        init.Init(ps_config_file=str(config_path), global_batch_size=BATCH)
+    ids = keras.Input(shape=(SLOTS,), dtype="int64")
+    common = {"emb_vec_dtype": tf.float32, "ps_config_file": str(config_path), "global_batch_size": BATCH}
+    parts = [
+        keras.layers.Flatten()(hps.LookupLayer(model_name="m", table_id=i, emb_vec_size=dim, **common)(ids))
+        for i, dim in enumerate(DIMS)
+    ]
+    model = keras.Model(ids, keras.layers.Concatenate()(parts))
+    try:
+        model.export(tmp_path / "saved", verbose=False)
+    finally:
+        init.shutdown()
+    return tmp_path / "saved"
+
+
+def files(tmp_path: Path) -> tuple[list[str], list[np.ndarray]]:
+    folder, narrow = support.write_table(tmp_path / "t0", ROWS, DIMS[0], seed=1)
+    entry, wide = dumped_table(tmp_path / "ckpt")
+    return [folder, entry], [narrow, wide]
+
+
+def write(config_path: Path, sparse_files: list[str], entry: dict | None = None, **top) -> None:
+    model = support.model_entry("m", sparse_files, list(DIMS), **(entry or {}))
+    config_path.write_text(json.dumps(support.ps_config([model], **top)))
+
+
+def python_serves(saved: Path, ids: np.ndarray) -> np.ndarray:
+    try:
+        return tf.saved_model.load(str(saved)).serve(tf.constant(ids)).numpy()
+    finally:
+        init.shutdown()
+
+
+SETUPS = {
+    "cache of every row": ({}, support.DISABLED_DBS),
+    "hash_map, no cache": ({"gpucache": False}, {"volatile_db": {"type": "hash_map", "num_partitions": 3}}),
+    "parallel_hash_map and cache": ({}, {"volatile_db": {"type": "parallel_hash_map"}}),
+}
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["traced before Init", "traced on a running server"])
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_an_hps_savedmodel_serves_from_cpp_as_from_python(program, libraries, tmp_path, setup, running):
+    entry, top = SETUPS[setup]
+    config_path = tmp_path / "ps.json"
+    sparse_files, tables = files(tmp_path)
+    write(config_path, sparse_files, entry, **top)
+    saved = export(tmp_path, config_path, running)
+    ids = np.random.default_rng(5).integers(0, ROWS + UNSEEN, size=(BATCH, SLOTS)).astype(np.int64)
+    ids[0] = [ROWS, ROWS + 1, 0]  # keys of no table: the default value
+    expected = python_serves(saved, ids)
+
+    done = serving_cpp.serve(program, saved, ids, tmp_path, libraries)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "libpython: absent" in done.stdout
+    served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(expected.shape)
+    np.testing.assert_array_equal(served, expected)  # bit for bit
+    # the tables' rows, the default value past them
+    oracle = [support.oracle(table, 0.5, UNSEEN)[ids].reshape(BATCH, -1) for table in tables]
+    np.testing.assert_array_equal(served, np.concatenate(oracle, axis=1))
+
+
+def serve_expecting_failure(program, libraries, tmp_path, saved) -> str:
+    ids = np.zeros((BATCH, SLOTS), np.int64)
+    done = serving_cpp.serve(program, saved, ids, tmp_path, libraries)
+    assert done.returncode == 1, done.stdout
+    return " ".join(done.stderr.split())
+
+
+@pytest.mark.parametrize(
+    "top, named",
+    [
+        ({"persistent_db": {"type": "rocks_db", "path": "/nonexistent"}}, "its persistent_db.type 'rocks_db'"),
+        ({"volatile_db": {"type": "redis_cluster"}}, "its volatile_db.type 'redis_cluster'"),
+        ({"volatile_db": {"type": "hash_map", "overflow_margin": 1000}}, "its volatile_db.overflow_margin 1000"),
+        ({"update_source": {"type": "directory", "path": "/nonexistent"}}, "its update_source.type 'directory'"),
+    ],
+)
+def test_a_config_whose_rows_cpp_cannot_hold_is_refused_naming_the_setting(program, libraries, tmp_path, top, named):
+    config_path = tmp_path / "ps.json"
+    saved = export(tmp_path, config_path)
+    sparse_files, _ = files(tmp_path)
+    write(config_path, sparse_files, **top)
+    message = serve_expecting_failure(program, libraries, tmp_path, saved)
+    assert f"ps_config '{config_path}' cannot be served without Python: {named}" in message
+
+
+def test_config_and_model_file_errors_are_the_python_readers(program, libraries, tmp_path):
+    """The C++ readers' messages: a missing config file, then a corrupt checkpoint."""
+    config_path = tmp_path / "ps.json"
+    saved = export(tmp_path, config_path)
+    message = serve_expecting_failure(program, libraries, tmp_path, saved)
+    assert f"ps_config file '{config_path}' cannot be read (No such file or directory)" in message
+
+    sparse_files, _ = files(tmp_path)
+    write(config_path, sparse_files, **support.DISABLED_DBS)
+    weight = Path(sparse_files[1] + "-weight")
+    data = bytearray(weight.read_bytes())
+    data[-1] ^= 0x40
+    weight.write_bytes(bytes(data))
+    message = serve_expecting_failure(program, libraries, tmp_path, saved)
+    assert "does not match the checkpoint's checksum" in message
+
+
+def test_without_the_serving_library_the_lookup_says_what_to_load(program, libraries, tmp_path):
+    config_path = tmp_path / "ps.json"
+    saved = export(tmp_path, config_path)
+    sparse_files, _ = files(tmp_path)
+    write(config_path, sparse_files, **support.DISABLED_DBS)
+    message = serve_expecting_failure(program, libraries[:-1], tmp_path, saved)
+    assert f"SokPyCall of {graph_calls.LOOKUP}: this process has no Python interpreter" in message
+    assert "libsok_hps_serving.so" in message
+
+
+def test_a_savedmodel_of_nvidias_plugin_ops_serves_from_cpp(program, libraries, tmp_path):
+    """NVIDIA's plugin's Init and Lookup (sok-hps's libsok_tf_hps_compat.so, after sok-core's op
+    library): Init starts the C++ server from its ps_config_file, Lookup reads its rows."""
+    sparse_files, tables = files(tmp_path)
+    config_path = tmp_path / "ps.json"
+    write(config_path, sparse_files, **support.DISABLED_DBS)
+    lib = graph_calls.compat_library()
+
+    def lookup(ids: tf.Tensor) -> tf.Tensor:
+        status = lib.init(
+            global_replica_id=0,
+            num_replicas_in_sync=1,
+            visible_devices=[0],
+            ps_config_file=str(config_path),
+            global_batch_size=BATCH,
+        )
+        common = {"global_replica_id": 0, "init_status": status, "model_name": "m", "dtype": tf.float32}
+        return lib.lookup(values=ids, table_id=1, emb_vec_size=DIMS[1], **common)
+
+    module = tf.Module()
+    module.lookup = tf.function(lookup, input_signature=[tf.TensorSpec([None, SLOTS], tf.int64)])
+    tf.saved_model.save(module, str(tmp_path / "saved"))
+    init.shutdown()
+    ids = np.random.default_rng(6).integers(0, ROWS + UNSEEN, size=(BATCH, SLOTS)).astype(np.int64)
+    compat = os.path.join(os.path.dirname(libraries[-1]), graph_calls.COMPAT_LIBRARY)
+    done = serving_cpp.serve(program, tmp_path / "saved", ids, tmp_path, [*libraries, compat])
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "libpython: absent" in done.stdout
+    served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(BATCH, SLOTS, DIMS[1])
+    np.testing.assert_array_equal(served, support.oracle(tables[1], 0.5, UNSEEN)[ids])
