@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
@@ -87,3 +88,59 @@ def test_ps_config_names_the_checkpoint_tables(trained):
     for path in model["sparse_files"]:
         assert os.path.exists(path + "-key") and os.path.exists(path + "-weight")
     assert model["embedding_vecsize_per_table"] == [config.dim] * 26
+
+
+#: Loads the exported demo (argv[1]) in a fresh process and writes its predictions of the eval
+#: batches (argv[2]: an .npz of dense_i, ids_i) to argv[3].
+PREDICT_SAVED = """
+import sys
+import numpy as np
+import tensorflow as tf
+import hierarchical_parameter_server  # noqa: F401  (the layers' ops and functions)
+loaded = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+batches = np.load(sys.argv[2])
+out = [next(iter(loaded(dense=tf.constant(batches[f"dense_{i}"]), ids=tf.constant(batches[f"ids_{i}"])).values()))
+       for i in range(len(batches.files) // 2)]
+np.save(sys.argv[3], np.concatenate([o.numpy() for o in out]))
+"""
+
+
+def test_the_exported_demo_serves_its_eval_set_from_cpp_as_from_python(trained, tmp_path):
+    """``demo_serve OUTPUT --export DIR`` saves the served model (HPS's lookups traced on the running
+    server, the tower); sok-core's C++ program serves the eval set through it with no Python in the
+    process: its predictions equal the exported model's in a Python process bit for bit, and the
+    trained model's within the demo's tolerance. TF32 is off in both (NVIDIA_TF32_OVERRIDE), as the
+    demo computes its predictions without it."""
+    from hierarchical_parameter_server import graph_calls
+    from sparse_operation_kit.demo.train import PREDICTIONS_FILE
+    from sparse_operation_kit.testing import serving_cpp
+
+    output, config = trained
+    saved = tmp_path / "served"
+    module = "hierarchical_parameter_server.demo_serve"
+    done = subprocess.run([sys.executable, "-m", module, output, "--export", str(saved)], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    batches = [(dense.numpy(), ids.numpy()) for dense, ids, _ in config.eval_dataset()]
+    arrays = {f"{name}_{i}": a for i, batch in enumerate(batches) for name, a in zip(("dense", "ids"), batch)}
+    np.savez(tmp_path / "eval.npz", **arrays)
+    no_tf32 = {"NVIDIA_TF32_OVERRIDE": "0"}
+    env = {**os.environ, **no_tf32}
+    predict = [sys.executable, "-c", PREDICT_SAVED, str(saved), str(tmp_path / "eval.npz"), str(tmp_path / "py.npy")]
+    done = subprocess.run(predict, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    in_python = np.load(tmp_path / "py.npy")
+
+    program, why_not = serving_cpp.build(tmp_path)
+    if program is None:
+        pytest.skip(why_not)
+    libraries = [*graph_calls.serving_libraries()]
+    in_cpp = []
+    for dense, ids in batches:
+        done = serving_cpp.serve(program, saved, {"dense": dense, "ids": ids}, tmp_path, libraries, env=no_tf32)
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+        assert "libpython: absent" in done.stdout
+        in_cpp.append(np.fromfile(tmp_path / "out.bin", np.float32).reshape(len(ids), 1))
+    np.testing.assert_array_equal(np.concatenate(in_cpp), in_python)  # bit for bit
+    trained_predictions = np.load(os.path.join(output, PREDICTIONS_FILE))
+    assert np.max(np.abs(in_python[:, 0] - trained_predictions)) <= demo_serve.AUC_TOLERANCE

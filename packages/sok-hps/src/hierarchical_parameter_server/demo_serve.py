@@ -146,10 +146,14 @@ class HpsEmbeddings:
         return [layer(keys, None, combiner="sum") for keys, layer in zip(table_keys(sp_ids, self.dynamic), self.layers)]
 
 
-def serve(output: str) -> dict[str, float]:
+def serve(output: str, export_to: str | None = None) -> dict[str, float]:
     """Serve the eval set of the demo run in ``output`` (either model) through HPS and compare with
     the trained model's predictions. Returns ``auc``, ``trained_auc`` and ``max_abs_diff``. Float32
     matmuls compute in float32, not TF32, as in ``demo.train.train`` (``demo.dlrm.float32_matmuls``).
+    With ``export_to``, the served model is then saved there as a SavedModel (signature
+    ``serving_default``: ``dense`` float32 ``[B, 13]`` and ``ids`` int64 ``[B, ids per sample]`` to
+    the predictions ``[B, 1]``), which serves from Python or, its ps_config keeping every row in the
+    process, from C++ (``graph_calls.serving_libraries()``).
 
     Raises:
         FileNotFoundError / ValueError: ``output``'s ``demo.json`` is missing or not valid
@@ -170,7 +174,7 @@ def serve(output: str) -> dict[str, float]:
     from sparse_operation_kit.demo.dlrm import float32_matmuls
 
     with float32_matmuls():  # as train() computed the predictions it saved
-        return _serve(output, record)
+        return _serve(output, record, export_to)
 
 
 def _load_weights(tower: Any, path: str, model: str) -> None:
@@ -191,11 +195,13 @@ def _load_weights(tower: Any, path: str, model: str) -> None:
             var.assign(value)
 
 
-def _serve(output: str, record: dict[str, Any]) -> dict[str, float]:
-    """:func:`serve` after its checks, inside ``demo.dlrm.float32_matmuls``."""
+def _served_model(output: str, record: dict[str, Any]) -> tuple[Any, Any, Any, str]:
+    """HPS initialised from the run's ps_config (written into ``output``), and the trained tower over
+    HPS's lookups: ``(config, tower, embed, title)``, ``embed`` training's function from a batch's
+    ids to the 26 embeddings."""
     import tensorflow as tf
     from sparse_operation_kit.demo.criteo import NUM_CATEGORICAL
-    from sparse_operation_kit.demo.train import AUC_THRESHOLDS, DENSE_FILE, PREDICTIONS_FILE, DemoConfig, build_model
+    from sparse_operation_kit.demo.train import DENSE_FILE, DemoConfig, build_model
 
     import hierarchical_parameter_server as hps
 
@@ -220,11 +226,28 @@ def _serve(output: str, record: dict[str, Any]) -> dict[str, float]:
     tower, embed, title = build_model(config, embeddings)  # training's tower and ids -> embeddings
     tower.build_for()
     _load_weights(tower, os.path.join(output, DENSE_FILE), config.model)
+    return config, tower, embed, title
 
+
+def _serve(output: str, record: dict[str, Any], export_to: str | None) -> dict[str, float]:
+    """:func:`serve` after its checks, inside ``demo.dlrm.float32_matmuls``."""
+    import tensorflow as tf
+    from sparse_operation_kit.demo.criteo import NUM_DENSE
+    from sparse_operation_kit.demo.train import AUC_THRESHOLDS, PREDICTIONS_FILE
+
+    config, tower, embed, title = _served_model(output, record)
+    ids_per_sample = sum(config.hotness) if config.model == "dcnv2" else len(record["table_names"])
+    predict = tf.function(
+        lambda dense, ids: tf.sigmoid(tower((dense, embed(ids)))),
+        input_signature=[
+            tf.TensorSpec([None, NUM_DENSE], tf.float32, name="dense"),
+            tf.TensorSpec([None, ids_per_sample], tf.int64, name="ids"),
+        ],
+    )
     auc = tf.keras.metrics.AUC(num_thresholds=AUC_THRESHOLDS)
     served = []
     for dense, ids, labels in config.eval_dataset():
-        p = tf.sigmoid(tower((dense, embed(ids))))
+        p = predict(dense, ids)
         auc.update_state(labels, p)
         served.append(p.numpy()[:, 0])
     served = np.concatenate(served)
@@ -245,19 +268,29 @@ def _serve(output: str, record: dict[str, Any]) -> dict[str, float]:
             f"largest difference of a prediction {result['max_abs_diff']!r} (tolerance {AUC_TOLERANCE})"
         )
     print("serving check passed: HPS serves the trained model")
+    if export_to is not None:  # Keras' archive tracks the tower's variables (a tf.Module would not)
+        archive = tf.keras.export.ExportArchive()
+        archive.track(tower)
+        archive.add_endpoint("serve", predict)  # traced by the eval set above
+        archive.write_out(export_to, verbose=False)
+        print(f"exported the served model to {export_to} (serving_default: dense, ids -> predictions)")
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hierarchical_parameter_server.demo_serve OUTPUT``: serve a demo run of either model (exit 0
-    when it passes; 2, with the reason, for a run it cannot serve)."""
+    """``python -m hierarchical_parameter_server.demo_serve OUTPUT [--export DIR]``: serve a demo run
+    of either model (exit 0 when it passes; 2, with the reason, for a run it cannot serve), and save
+    the served model to DIR."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        usage = "usage: python -m hierarchical_parameter_server.demo_serve OUTPUT (the directory of a demo run)"
+    usage = (
+        "usage: python -m hierarchical_parameter_server.demo_serve OUTPUT [--export DIR] (OUTPUT: the directory "
+        "of a demo run; DIR: where to save the served model as a SavedModel)"
+    )
+    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--export"):
         print(usage, file=sys.stderr)
         return 2
     try:
-        serve(args[0])
+        serve(args[0], args[2] if len(args) == 3 else None)
     except (ValueError, ImportError, OSError) as error:
         print(f"cannot serve {args[0]}: {type(error).__name__}: {error}", file=sys.stderr)
         return 2

@@ -1,18 +1,18 @@
 // Serves one batch of a SavedModel from C++ with TensorFlow's C API and no Python in the process
-// (tests/test_serving_cpp.py builds and runs it): it loads op libraries (SOK's), the SavedModel's
-// "serve" graph and variables, runs one int64 input through one output, writes the output's bytes,
-// and says whether libpython was ever mapped into the process.
+// (serving_cpp.py builds and runs it): it loads op libraries (SOK's, HPS's), the SavedModel's
+// "serve" graph and variables, feeds its inputs, runs one output, writes the output's bytes, and
+// says whether libpython was ever mapped into the process.
 //
-//   serve_savedmodel SAVED_MODEL INPUT OUTPUT IDS_FILE ROWS COLS OUT_FILE [OP_LIBRARY ...]
+//   serve_savedmodel SAVED_MODEL OUTPUT OUT_FILE [--feed TENSOR FILE DTYPE DIMS]... [--library PATH]...
 //
-// INPUT and OUTPUT are tensor names ("serving_default_ids:0"); IDS_FILE holds ROWS x COLS int64.
-// Prints "output: <dims>" and "libpython: absent|present"; exit status 0, or 1 with the error.
+// TENSOR and OUTPUT are tensor names ("serving_default_ids:0"); FILE holds the raw values of DTYPE
+// (int64, int32 or float32) of shape DIMS ("6x4"). Prints "output: <dims>" and
+// "libpython: absent|present"; exit status 0, or 1 with the error.
 #include <tensorflow/c/c_api.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -43,48 +43,107 @@ bool libpython_mapped() {
   return text.find("libpython") != std::string::npos;
 }
 
+struct Feed {
+  std::string tensor;
+  std::string file;
+  std::string dtype;
+  std::vector<int64_t> dims;
+};
+
+// "6x4" as {6, 4}.
+std::vector<int64_t> dims_of(const std::string& text) {
+  std::vector<int64_t> dims;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    const size_t end = text.find('x', begin);
+    dims.push_back(std::atoll(text.substr(begin, end - begin).c_str()));
+    if (end == std::string::npos) break;
+    begin = end + 1;
+  }
+  return dims;
+}
+
+// The tensor of `feed`'s file, or nullptr (the reason on stderr).
+TF_Tensor* tensor_of(const Feed& feed) {
+  TF_DataType type;
+  size_t item = 0;
+  if (feed.dtype == "int64") {
+    type = TF_INT64, item = 8;
+  } else if (feed.dtype == "int32") {
+    type = TF_INT32, item = 4;
+  } else if (feed.dtype == "float32") {
+    type = TF_FLOAT, item = 4;
+  } else {
+    std::cerr << "dtype " << feed.dtype << " of " << feed.tensor << ": use int64, int32 or float32\n";
+    return nullptr;
+  }
+  size_t bytes = item;
+  for (int64_t d : feed.dims) bytes *= static_cast<size_t>(d);
+  TF_Tensor* t = TF_AllocateTensor(type, feed.dims.data(), static_cast<int>(feed.dims.size()), bytes);
+  std::ifstream in(feed.file, std::ios::binary);
+  in.read(static_cast<char*>(TF_TensorData(t)), static_cast<std::streamsize>(bytes));
+  if (!in) {
+    std::cerr << "reading " << bytes << " bytes of " << feed.file << " failed\n";
+    TF_DeleteTensor(t);
+    return nullptr;
+  }
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 8) {
-    std::cerr << "usage: " << argv[0] << " SAVED_MODEL INPUT OUTPUT IDS_FILE ROWS COLS OUT_FILE [OP_LIBRARY ...]\n";
+  const char* usage = " SAVED_MODEL OUTPUT OUT_FILE [--feed TENSOR FILE DTYPE DIMS]... [--library PATH]...\n";
+  if (argc < 4) {
+    std::cerr << "usage: " << argv[0] << usage;
     return 2;
   }
-  const int64_t rows = std::atoll(argv[5]);
-  const int64_t cols = std::atoll(argv[6]);
+  std::vector<Feed> feeds;
+  std::vector<std::string> libraries;
+  for (int i = 4; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--feed" && i + 4 < argc) {
+      feeds.push_back({argv[i + 1], argv[i + 2], argv[i + 3], dims_of(argv[i + 4])});
+      i += 4;
+    } else if (flag == "--library" && i + 1 < argc) {
+      libraries.push_back(argv[++i]);
+    } else {
+      std::cerr << "unknown or incomplete argument " << flag << "; usage: " << argv[0] << usage;
+      return 2;
+    }
+  }
   TF_Status* status = TF_NewStatus();
-  for (int i = 8; i < argc; ++i) {
-    TF_LoadLibrary(argv[i], status);
-    if (TF_GetCode(status) != TF_OK) return fail(std::string("loading ") + argv[i], status);
+  for (const std::string& library : libraries) {
+    TF_LoadLibrary(library.c_str(), status);
+    if (TF_GetCode(status) != TF_OK) return fail("loading " + library, status);
   }
   TF_Graph* graph = TF_NewGraph();
   TF_SessionOptions* options = TF_NewSessionOptions();
   const char* tags[] = {"serve"};
   TF_Session* session = TF_LoadSessionFromSavedModel(options, nullptr, argv[1], tags, 1, graph, nullptr, status);
   if (TF_GetCode(status) != TF_OK) return fail(std::string("loading the SavedModel ") + argv[1], status);
-  TF_Output input{}, output{};
-  if (!output_of(graph, argv[2], &input)) return fail(std::string("no tensor ") + argv[2] + " in the graph", nullptr);
-  if (!output_of(graph, argv[3], &output)) return fail(std::string("no tensor ") + argv[3] + " in the graph", nullptr);
-
-  std::vector<int64_t> ids(static_cast<size_t>(rows * cols));
-  std::ifstream in(argv[4], std::ios::binary);
-  in.read(reinterpret_cast<char*>(ids.data()), static_cast<std::streamsize>(ids.size() * sizeof(int64_t)));
-  if (!in) return fail(std::string("reading ") + argv[4], nullptr);
-  const int64_t dims[2] = {rows, cols};
-  TF_Tensor* feed = TF_AllocateTensor(TF_INT64, dims, 2, ids.size() * sizeof(int64_t));
-  std::memcpy(TF_TensorData(feed), ids.data(), ids.size() * sizeof(int64_t));
+  TF_Output output{};
+  if (!output_of(graph, argv[2], &output)) return fail(std::string("no tensor ") + argv[2] + " in the graph", nullptr);
+  std::vector<TF_Output> inputs(feeds.size());
+  std::vector<TF_Tensor*> values(feeds.size());
+  for (size_t i = 0; i < feeds.size(); ++i) {
+    if (!output_of(graph, feeds[i].tensor, &inputs[i])) return fail("no tensor " + feeds[i].tensor, nullptr);
+    values[i] = tensor_of(feeds[i]);
+    if (values[i] == nullptr) return 1;
+  }
 
   TF_Tensor* fetched = nullptr;
-  TF_SessionRun(session, nullptr, &input, &feed, 1, &output, &fetched, 1, nullptr, 0, nullptr, status);
+  TF_SessionRun(session, nullptr, inputs.data(), values.data(), static_cast<int>(feeds.size()), &output, &fetched, 1,
+                nullptr, 0, nullptr, status);
   if (TF_GetCode(status) != TF_OK) return fail("running the serving signature", status);
-  std::ofstream out(argv[7], std::ios::binary);
+  std::ofstream out(argv[3], std::ios::binary);
   out.write(static_cast<const char*>(TF_TensorData(fetched)), static_cast<std::streamsize>(TF_TensorByteSize(fetched)));
   std::cout << "output:";
   for (int d = 0; d < TF_NumDims(fetched); ++d) std::cout << " " << TF_Dim(fetched, d);
   std::cout << "\nlibpython: " << (libpython_mapped() ? "present" : "absent") << "\n";
 
   TF_DeleteTensor(fetched);
-  TF_DeleteTensor(feed);
+  for (TF_Tensor* value : values) TF_DeleteTensor(value);
   TF_CloseSession(session, status);
   TF_DeleteSession(session, status);
   TF_DeleteSessionOptions(options);

@@ -1,16 +1,17 @@
 """A C++ serving program for tests: a SavedModel served with no Python in the process.
 
-``serve_savedmodel.cc`` (beside this module) is a server in 100 lines on TensorFlow's C API: it
+``serve_savedmodel.cc`` (beside this module) is a server in 150 lines on TensorFlow's C API: it
 loads the op libraries it is given (``TF_LoadLibrary``), a SavedModel's ``serve`` graph and
-variables, serves one batch of int64 ids through the serving signature, writes the output's floats
-and prints whether libpython was ever mapped into it. :func:`build` compiles it against the
+variables, serves one batch through the serving signature (its inputs fed from files), writes the
+output's bytes and prints whether libpython was ever mapped into it. :func:`build` compiles it against the
 TensorFlow wheel (``libtensorflow_cc.so.2``); :func:`serve` runs it. sok-core's and sok-hps's tests
 hold its outputs bit for bit against Python's.
 
 Example::
 
-    program = serving_cpp.build(tmp_path)              # None where this TensorFlow has no C API
+    program, why_not = serving_cpp.build(tmp_path)     # None, and why, where it cannot be built
     done = serving_cpp.serve(program, saved, ids, tmp_path, tf_ops.serving_libraries())
+    done = serving_cpp.serve(program, saved, {"dense": x, "ids": ids}, tmp_path, libraries)
     assert "libpython: absent" in done.stdout
     rows = np.fromfile(tmp_path / "out.bin", np.float32)
 """
@@ -27,6 +28,8 @@ import numpy as np
 __all__ = ["PROGRAM", "build", "serve"]
 
 PROGRAM = Path(__file__).with_name("serve_savedmodel.cc")
+#: The dtypes the program feeds, by TensorFlow's DataType number (DT_FLOAT, DT_INT32, DT_INT64).
+_FED = {1: "float32", 3: "int32", 9: "int64"}
 
 
 def build(directory: Path) -> tuple[Path | None, str]:
@@ -51,19 +54,44 @@ def build(directory: Path) -> tuple[Path | None, str]:
     return binary, ""
 
 
-def serve(program: Path, path: Path, ids: np.ndarray, tmp: Path, libraries: list[str]) -> subprocess.CompletedProcess:
-    """``program``'s run on ``ids`` (int64 ``[rows, cols]``) through the SavedModel at ``path``'s
-    serving signature, loading ``libraries`` first, with no ``PYTHON*`` variable in its environment;
-    its output lands in ``tmp / "out.bin"``."""
+def serve(
+    program: Path,
+    path: Path,
+    inputs: np.ndarray | dict[str, np.ndarray],
+    tmp: Path,
+    libraries: list[str],
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """``program``'s run through the SavedModel at ``path``'s serving signature, loading
+    ``libraries`` first: ``inputs`` is the signature's only input, or its inputs by name (each cast
+    to the signature's dtype: int64, int32 or float32); its output lands in ``tmp / "out.bin"``. The environment is this
+    process's without any ``PYTHON*`` variable, plus ``env``."""
     from tensorflow.core.protobuf import saved_model_pb2
 
     saved = saved_model_pb2.SavedModel()
     saved.ParseFromString((path / "saved_model.pb").read_bytes())
     definition = saved.meta_graphs[0].signature_def["serving_default"]
-    input_name = next(iter(definition.inputs.values())).name
+    if not isinstance(inputs, dict):
+        inputs = {next(iter(definition.inputs)): inputs}
     output_name = next(iter(definition.outputs.values())).name
-    ids.astype(np.int64).tofile(tmp / "ids.bin")
-    command = [str(program), str(path), input_name, output_name, str(tmp / "ids.bin"), *map(str, ids.shape)]
-    command += [str(tmp / "out.bin"), *libraries]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = [str(program), str(path), output_name, str(tmp / "out.bin")]
+    for i, (key, array) in enumerate(inputs.items()):
+        dtype = _FED.get(definition.inputs[key].dtype)
+        if dtype is None or not np.can_cast(np.asarray(array).dtype, dtype, casting="same_kind"):
+            raise TypeError(
+                f"input {key!r}: the signature's dtype {definition.inputs[key].dtype} (a DataType) from "
+                f"{np.asarray(array).dtype}; the C++ server feeds int64, int32 or float32"
+            )
+        array = np.ascontiguousarray(array, dtype=dtype)
+        file = tmp / f"feed_{i}.bin"
+        array.tofile(file)
+        dims = "x".join(str(d) for d in array.shape)
+        command += ["--feed", definition.inputs[key].name, str(file), array.dtype.name, dims]
+    for library in libraries:
+        command += ["--library", library]
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+        | (env or {})
+    )
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
