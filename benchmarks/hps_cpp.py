@@ -1,0 +1,413 @@
+#!/usr/bin/env python
+"""HPS SavedModels served from C++ (no Python in the process) against Python and ``tf.gather``.
+
+One table of ``--rows`` x ``--dim`` float32 rows (keys 0 .. rows-1) is written in HPS's
+sparse-model layout. For each setup the C++ server takes (``--setups``; its ps_config keeps every
+row in the process, docs/design/hps-serving.md):
+
+* ``cache``: the embedding cache at ``gpucacheper`` 1.0 over no database (a det table of every row);
+* ``hash_map``: ``gpucache: false``, the volatile ``hash_map`` only (no ``overflow_margin``);
+
+and each graph form (``--forms``):
+
+* ``before Init``: a Keras model of one ``hps.LookupLayer`` exported while HPS is not running (the
+  graph holds the whole lookup, by name: one ``SokPyCall``);
+* ``running``: the same model exported on a running server (``SokResolveTable`` and
+  ``SokFindOrDefault`` on its tables; the misses' fetch a ``SokPyCall``);
+
+the SavedModel's serving signature is timed three ways on the same batches, in the same run:
+
+* ``python``: in this process, ``tf.saved_model.load(path).serve`` (how users serve from Python:
+  the lookups' calls go to the Python server), taking turns call by call with
+* ``gather``: ``tf.gather`` on a resident ``tf.Variable`` of the same rows, in a ``tf.function``,
+  in this process: the baseline of every ratio;
+* ``C++``: ``hps_serve_cpp.cc`` (beside this script, compiled by it against this TensorFlow's C
+  API) in a subprocess with no ``PYTHON*`` variable: sok-core's op libraries and sok-hps's
+  ``libsok_hps_serving.so`` loaded, the lookups answered by the C++ server. It takes turns call by
+  call with ``gather C++``, a SavedModel of the ``tf.gather`` above served by the same program.
+
+A batch is ``B`` samples x 26 keys (int64, uniform over the rows); ``--pool`` batches per B are
+cycled through: ``--warmup`` unrecorded calls, then ``--iters`` timed ones. Printed per setup,
+form, path and B: M lookups/s (keys over the mean call time), p50 and p99 latency (ms); ``vs
+gather`` = this process's ``tf.gather`` p50 over the path's p50 (1.0 = as fast as ``tf.gather``);
+for ``C++``, ``vs C++ gather`` (the ``gather C++`` p50 over its p50: the same process's baseline)
+and ``C++ / Python`` (the ``python`` p50 over its p50: above 1, C++ is faster). Then where the C++
+calls spend their time: the Session run, freeing its output, and making a feed from the ids (not
+part of a call), and whether libpython was mapped into the C++ process. Goals (issue 39,
+``--check``): the C++ path's ``hash_map`` >= 0.8x ``tf.gather`` at B >= 4,096, libpython absent.
+
+Usage::
+
+    .venv/bin/python benchmarks/hps_cpp.py                 # the full sweep, B 1 .. 65,536
+    .venv/bin/python benchmarks/hps_cpp.py --quick         # CI-sized: small table, B 1 .. 4,096
+    .venv/bin/python benchmarks/hps_cpp.py --setups hash_map --forms before_init --batches 4096 65536
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up banner out of the table
+
+import numpy as np  # noqa: E402
+from hps_cpu import KEYS_PER_SAMPLE, machine_context, summary, timed  # noqa: E402
+
+DRIVER = Path(__file__).with_name("hps_serve_cpp.cc")
+SETUPS = ("cache", "hash_map")
+FORMS = {"before_init": "before Init", "running": "running"}
+DEFAULT_BATCHES = (1, 16, 256, 1024, 4096, 16384, 65536)
+QUICK_BATCHES = (1, 64, 1024, 4096)
+GOAL = 0.8  # the C++ hash_map's p50 against tf.gather's, at B >= GOAL_MIN_BATCH
+GOAL_MIN_BATCH = 4096
+TRACED_CALLS = 5  # per C++ model and B, after the timed ones: the ops' times (FULL_TRACE)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rows", type=int, default=196608, help="table rows (default 196,608)")
+    p.add_argument("--dim", type=int, default=32, help="embedding width (default 32)")
+    p.add_argument("--batches", type=int, nargs="+", default=None, help="samples per batch (x 26 keys)")
+    p.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS))
+    p.add_argument("--forms", nargs="+", choices=sorted(FORMS), default=list(FORMS))
+    p.add_argument("--iters", type=int, default=30, help="timed calls per path and batch (default 30)")
+    p.add_argument("--warmup", type=int, default=3, help="unrecorded calls per path and batch (default 3)")
+    p.add_argument("--pool", type=int, default=4, help="distinct batches cycled through (default 4)")
+    p.add_argument("--quick", action="store_true", help="CI-sized: 12,288 rows, dim 16, B 1 .. 4,096, 10 calls")
+    p.add_argument("--no-cpp", action="store_true", help="leave out the C++ paths (no compiler needed)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write configuration, machine and every result here")
+    p.add_argument("--check", action="store_true", help="exit status 1 when a goal is missed")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.dim, args.iters, args.warmup = 12288, 16, 10, 2
+        args.batches = args.batches or list(QUICK_BATCHES)
+    args.batches = args.batches or list(DEFAULT_BATCHES)
+    return args
+
+
+# -- the C++ driver -------------------------------------------------------------------------------
+def build_driver(directory: str) -> tuple[str | None, str]:
+    """``(program, "")``: ``hps_serve_cpp.cc`` compiled into ``directory`` against this TensorFlow's
+    C API, or ``(None, why not)``."""
+    import tensorflow as tf
+
+    compiler = shutil.which("g++") or shutil.which("c++")
+    include, lib = Path(tf.sysconfig.get_include()), Path(tf.sysconfig.get_lib())
+    if compiler is None:
+        return None, "no C++ compiler (g++ or c++) on PATH; install one (apt-get install g++)"
+    if not (include / "tensorflow" / "c" / "c_api.h").exists():
+        return None, f"this TensorFlow has no C API headers under {include}"
+    if not (lib / "libtensorflow_cc.so.2").exists():
+        return None, f"this TensorFlow has no libtensorflow_cc.so.2 in {lib}"
+    program = os.path.join(directory, "hps_serve_cpp")
+    command = [compiler, "-std=c++17", "-O2", str(DRIVER), f"-I{include}", f"-L{lib}", "-l:libtensorflow_cc.so.2"]
+    command += ["-l:libtensorflow_framework.so.2", f"-Wl,-rpath,{lib}", "-o", program]
+    built = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if built.returncode != 0:
+        return None, f"compiling {DRIVER.name} failed: {built.stderr[-2000:]}"
+    return program, ""
+
+
+def serving_libraries() -> tuple[list[str], str]:
+    """``(the op libraries a C++ server loads, "")``, or ``([], why not)``."""
+    from hierarchical_parameter_server import graph_calls
+
+    try:
+        return graph_calls.serving_libraries(), ""
+    except FileNotFoundError as error:
+        return [], str(error)
+
+
+def signature_names(path: str) -> tuple[str, str]:
+    """The tensor names of the SavedModel's ``serving_default`` input and output."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString(Path(path, "saved_model.pb").read_bytes())
+    signature = saved.meta_graphs[0].signature_def["serving_default"]
+    return next(iter(signature.inputs.values())).name, next(iter(signature.outputs.values())).name
+
+
+def serve_cpp(program: str, models: list[str], ids_file: str, args: argparse.Namespace, libraries: list[str]) -> dict:
+    """The driver's JSON line: ``models`` served taking turns, on the batches of ``ids_file``; under
+    ``"ops"``, per model and B, the median time of each op type over its traced calls."""
+    traces = tempfile.mkdtemp(prefix="traces_", dir=os.path.dirname(ids_file))
+    command = [program, "--trace", traces, "--traces", str(TRACED_CALLS), "--ids", ids_file]
+    command += ["--cols", str(KEYS_PER_SAMPLE), "--batches", ",".join(map(str, args.batches))]
+    command += ["--pool", str(args.pool), "--warmup", str(args.warmup), "--iters", str(args.iters)]
+    for path in models:
+        command += ["--model", path, *signature_names(path)]
+    for library in libraries:
+        command += ["--library", library]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"the C++ driver failed (exit status {done.returncode}): {done.stderr[-3000:]}")
+    served = json.loads(done.stdout.strip().splitlines()[-1])
+    for i, model in enumerate(served["models"]):
+        model["ops"] = {b: op_times(traces, i, b) for b in args.batches}
+    shutil.rmtree(traces, ignore_errors=True)
+    return served
+
+
+def op_times(traces: str, model: int, batch: int) -> dict[str, float]:
+    """Milliseconds per op type (medians over the traced calls of ``model`` at ``batch``), and
+    ``"step"``: the traced call's span from its first op's start to its last op's end."""
+    from tensorflow.core.protobuf import config_pb2
+
+    calls: list[dict[str, float]] = []
+    for k in range(TRACED_CALLS):
+        metadata = config_pb2.RunMetadata()
+        metadata.ParseFromString(Path(traces, f"m{model}_b{batch}_{k}.pb").read_bytes())
+        times: dict[str, float] = {}
+        start, end = float("inf"), 0.0
+        for device in metadata.step_stats.dev_stats:
+            for node in device.node_stats:
+                label = node.timeline_label.split(" = ", 1)[-1].split("(", 1)[0] or node.node_name
+                times[label] = times.get(label, 0.0) + node.all_end_rel_micros / 1e3
+                start = min(start, node.all_start_micros)
+                end = max(end, node.all_start_micros + node.all_end_rel_micros)
+        times["step"] = (end - start) / 1e3
+        calls.append(times)
+    return {op: float(np.median([c.get(op, 0.0) for c in calls])) for op in calls[0]}
+
+
+# -- the SavedModels ------------------------------------------------------------------------------
+def ps_config(setup: str, folder: str, args: argparse.Namespace) -> dict[str, Any]:
+    model = {
+        "model": "bench",
+        "sparse_files": [folder],
+        "embedding_vecsize_per_table": [args.dim],
+        "maxnum_catfeature_query_per_table_per_sample": [KEYS_PER_SAMPLE],
+        "default_value_for_each_table": [0.0],
+        "deployed_device_list": [0],
+        "max_batch_size": max(args.batches),
+        "hit_rate_threshold": 1.0,
+        "gpucache": setup == "cache",
+        "gpucacheper": 1.0,
+    }
+    volatile = {"type": "hash_map"} if setup == "hash_map" else {"type": "disabled"}
+    return {"supportlonglong": True, "models": [model], "volatile_db": volatile, "persistent_db": {"type": "disabled"}}
+
+
+def export_lookup(path: str, config_path: str, form: str, config: dict, args: argparse.Namespace) -> None:
+    """A Keras model of one ``hps.LookupLayer``, exported on a server running from ``config``
+    written to ``config_path``, or before ``hps.Init`` and before ``config_path`` is written
+    (NVIDIA's flow: with the file there, tracing would start HPS and put its lookup in the graph)."""
+    import hierarchical_parameter_server as hps
+    import keras
+    import tensorflow as tf
+    from hierarchical_parameter_server import init
+
+    def write() -> None:
+        with open(config_path, "w") as f:
+            json.dump(config, f)
+
+    init.shutdown()
+    if form == "running":
+        write()
+        init.Init(ps_config_file=config_path, global_batch_size=max(args.batches))
+    ids = keras.Input(shape=(KEYS_PER_SAMPLE,), dtype="int64")
+    layer = hps.LookupLayer(
+        model_name="bench",
+        table_id=0,
+        emb_vec_size=args.dim,
+        emb_vec_dtype=tf.float32,
+        ps_config_file=config_path,
+        global_batch_size=max(args.batches),
+    )
+    try:
+        keras.Model(ids, layer(ids)).export(path, verbose=False)
+    finally:
+        init.shutdown()
+    if form == "before_init":
+        write()
+
+
+def export_gather(path: str, table: Any) -> None:
+    """``tf.gather`` on ``table`` (a ``tf.Variable``) as a SavedModel with a serving signature."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.table = table
+    module.serve = tf.function(
+        lambda ids: tf.gather(module.table, ids), input_signature=[tf.TensorSpec([None, KEYS_PER_SAMPLE], tf.int64)]
+    )
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+
+
+# -- the run --------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import tensorflow as tf
+    from hierarchical_parameter_server import init
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(args.seed)
+    workdir = tempfile.mkdtemp(prefix="hps_cpp_bench_")
+    results: dict[str, Any] = {"paths": {}, "cpp": {}, "skipped_cpp": ""}
+    try:
+        program, why_not = (None, "--no-cpp") if args.no_cpp else build_driver(workdir)
+        libraries: list[str] = []
+        if program is not None:
+            libraries, why_not = serving_libraries()
+        if why_not:
+            results["skipped_cpp"] = why_not
+            program = None
+            print(f"C++: skipped ({why_not})")
+        folder = os.path.join(workdir, "table")
+        os.makedirs(folder)
+        weights = rng.random((args.rows, args.dim), dtype=np.float32)
+        np.arange(args.rows, dtype=np.int64).tofile(os.path.join(folder, "key"))
+        weights.tofile(os.path.join(folder, "emb_vector"))
+        with tf.device("/CPU:0"):
+            table = tf.Variable(weights)
+            pools = {
+                b: [
+                    tf.constant(rng.integers(0, args.rows, size=(b, KEYS_PER_SAMPLE)), tf.int64)
+                    for _ in range(args.pool)
+                ]
+                for b in args.batches
+            }
+        ids_file = os.path.join(workdir, "ids.bin")
+        with open(ids_file, "wb") as f:
+            for b in args.batches:
+                for ids in pools[b]:
+                    ids.numpy().tofile(f)
+        gather = tf.function(lambda ids: tf.gather(table, ids))
+        gather_saved = os.path.join(workdir, "gather")
+        export_gather(gather_saved, table)
+        runs = [(setup, form) for setup in args.setups for form in args.forms]
+        with tqdm(total=len(runs) * len(args.batches), desc="hps C++", unit="run", file=sys.stderr) as bar:
+            for setup, form in runs:
+                name = f"{setup}/{form}"
+                config_path = os.path.join(workdir, f"{setup}_{form}.json")
+                saved = os.path.join(workdir, f"{setup}_{form}")
+                export_lookup(saved, config_path, form, ps_config(setup, folder, args), args)
+
+                python = tf.saved_model.load(saved).serve
+                paths: dict[str, dict] = {"python": {}, "gather": {}}
+                for b in args.batches:
+                    np.testing.assert_array_equal(python(pools[b][0]).numpy(), gather(pools[b][0]).numpy())
+                    samples, baseline = timed([python, gather], pools[b], args.warmup, args.iters)
+                    paths["python"][b] = summary(samples, b * KEYS_PER_SAMPLE)
+                    paths["gather"][b] = summary(baseline, b * KEYS_PER_SAMPLE)
+                    bar.update(1 if program is None else 0.5)
+                del python
+                init.shutdown()
+                if program is not None:
+                    served = serve_cpp(program, [saved, gather_saved], ids_file, args, libraries)
+                    check_cpp(name, served)
+                    results["cpp"][name] = served
+                    for label, model in zip(("C++", "gather C++"), served["models"]):
+                        paths[label] = {int(b): r for b, r in model["batches"].items()}
+                    bar.update(0.5 * len(args.batches))
+                results["paths"][name] = paths
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def check_cpp(name: str, served: dict) -> None:
+    """The C++ lookup's rows must sum as ``tf.gather``'s in the same process (the same rows)."""
+    hps_rows, gather_rows = (model["batches"] for model in served["models"])
+    for b, r in hps_rows.items():
+        if not np.isclose(r["checksum"], gather_rows[b]["checksum"], rtol=1e-12, atol=0):
+            raise AssertionError(
+                f"{name}: the C++ server's rows at B={b} sum to {r['checksum']!r}, tf.gather's to "
+                f"{gather_rows[b]['checksum']!r}: the C++ path served other rows than the table's"
+            )
+
+
+# -- report ---------------------------------------------------------------------------------------
+def report(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
+    """Prints the tables; returns the missed goals."""
+    print(f"table {args.rows} x {args.dim} float32, {KEYS_PER_SAMPLE} keys per sample, "
+          f"{args.iters} timed calls (after {args.warmup}) over {args.pool} batches, CPU")  # fmt: skip
+    print(f"{'setup':<9} {'graph':<12} {'path':<11} {'B':>6} {'M lookups/s':>12} {'p50 ms':>9} {'p99 ms':>9} "
+          f"{'vs gather':>10} {'vs C++ gather':>14} {'C++ / Python':>13}")  # fmt: skip
+    missed = []
+    for name, paths in results["paths"].items():
+        setup, form = name.split("/")
+        for b in args.batches:
+            gather = paths["gather"][b]["p50_ms"]
+            for label in ("python", "C++", "gather", "gather C++"):
+                if label not in paths:
+                    continue
+                r = paths[label][b]
+                r["vs_gather"] = gather / r["p50_ms"]
+                cells = ["", ""]
+                if label == "C++":
+                    r["vs_cpp_gather"] = paths["gather C++"][b]["p50_ms"] / r["p50_ms"]
+                    r["vs_python"] = paths["python"][b]["p50_ms"] / r["p50_ms"]
+                    cells = [f"{r['vs_cpp_gather']:.2f}", f"{r['vs_python']:.2f}"]
+                    if setup == "hash_map" and b >= GOAL_MIN_BATCH and r["vs_gather"] < GOAL:
+                        missed.append(f"C++ {name} at B={b}: {r['vs_gather']:.2f}x tf.gather < {GOAL}x")
+                ratio = "" if label == "gather" else f"{r['vs_gather']:.2f}"
+                print(f"{setup:<9} {FORMS[form]:<12} {label:<11} {b:>6} {r['mlookups_s']:>12.2f} {r['p50_ms']:>9.3f} "
+                      f"{r['p99_ms']:>9.3f} {ratio:>10} {cells[0]:>14} {cells[1]:>13}")  # fmt: skip
+    if results["cpp"]:
+        print_phases(args, results["cpp"])
+        for name, served in results["cpp"].items():
+            first = served["models"][0]
+            print(f"C++ {name}: SavedModel loaded in {first['load_s']:.2f} s, first call (the server's start) "
+                  f"{first['first_call_ms']:.1f} ms, libpython {served['libpython']}")  # fmt: skip
+            if served["libpython"] != "absent":
+                missed.append(f"C++ {name}: libpython was mapped into the C++ process")
+        hash_map = [n for n in results["cpp"] if n.startswith("hash_map/")]
+        if any(b >= GOAL_MIN_BATCH for b in args.batches) and hash_map:
+            ok = not any(m.startswith("C++ hash_map/") and "tf.gather" in m for m in missed)
+            print(f"{'PASS' if ok else 'FAIL'}: C++ hash_map >= {GOAL}x tf.gather at B >= {GOAL_MIN_BATCH}")
+        ok = all(s["libpython"] == "absent" for s in results["cpp"].values())
+        print(f"{'PASS' if ok else 'FAIL'}: no Python in the C++ process (libpython never mapped)")
+    else:
+        print(f"C++: skipped ({results['skipped_cpp']})")
+    return missed
+
+
+def print_phases(args: argparse.Namespace, cpp: dict[str, Any]) -> None:
+    """Where the C++ calls' time goes: the call's p50 split into the Session run and freeing its
+    output; making a feed from the ids (outside the call); and from the traced calls, the step's
+    span, the lookup's op (the slowest op), the other ops together, and ``gather C++``'s alike."""
+    print(f"where a C++ call's time goes (ms): run and free are the timed calls' p50, feed (making the input "
+          f"tensor, outside the call) its p50; step and the ops are medians of {TRACED_CALLS} calls traced "
+          f"with FULL_TRACE")  # fmt: skip
+    print(f"{'setup':<9} {'graph':<12} {'B':>6} {'run':>8} {'free':>7} {'feed':>7} {'step':>8} {'lookup op':<17} "
+          f"{'ms':>8} {'other ops':>10} {'gather run':>11} {'gather op':>10}")  # fmt: skip
+    for name, served in cpp.items():
+        setup, form = name.split("/")
+        hps_model, gather_model = served["models"]
+        for b in args.batches:
+            r, ops = hps_model["batches"][str(b)], dict(hps_model["ops"][b])
+            step = ops.pop("step")
+            op = max(ops, key=ops.get)
+            others = sum(t for o, t in ops.items() if o != op)
+            gather_op = gather_model["ops"][b].get("ResourceGather", float("nan"))
+            print(f"{setup:<9} {FORMS[form]:<12} {b:>6} {r['run_p50_ms']:>8.3f} {r['free_p50_ms']:>7.3f} "
+                  f"{served['feed_ms'][str(b)]:>7.3f} {step:>8.3f} {op:<17} {ops[op]:>8.3f} {others:>10.3f} "
+                  f"{gather_model['batches'][str(b)]['run_p50_ms']:>11.3f} {gather_op:>10.3f}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.device = "/CPU:0"
+    machine = machine_context(args)
+    print(" | ".join(f"{k} {v}" for k, v in machine.items()))
+    sys.stdout.flush()
+    results = run(args)
+    missed = report(args, results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "machine": machine, "results": results}, f, indent=1, default=str)
+    return 1 if args.check and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

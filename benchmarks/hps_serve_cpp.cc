@@ -1,0 +1,306 @@
+// Times SavedModels served from C++ on TensorFlow's C API, with no Python in the process
+// (benchmarks/hps_cpp.py builds and runs it): it loads op libraries (sok-core's, sok-hps's
+// libsok_hps_serving.so), one or more SavedModels' "serve" graphs and variables, then per batch size
+// runs each model's serving signature on a pool of int64 id batches read from a file, warmup calls
+// then timed ones, the models taking turns call by call so that load that comes and goes hits them
+// alike. It prints one JSON line: per model and batch size the p50 / p99 / mean latency of a call
+// (TF_SessionRun with the feed ready, plus freeing the output it returns), its two phases, and
+// lookups/s; per batch size the cost of making a feed from the ids; whether libpython was mapped.
+// With --trace DIR, after the timed calls, --traces calls more per model and batch size run with
+// TensorFlow's FULL_TRACE and write their RunMetadata (each op's time) to DIR/m<model>_b<B>_<k>.pb.
+//
+//   hps_serve_cpp --ids FILE --cols C --batches B1,B2,... [--pool P] [--warmup W] [--iters N]
+//                 --model DIR INPUT OUTPUT [--model DIR INPUT OUTPUT ...] [--library PATH ...]
+//                 [--trace DIR] [--traces K]
+//
+// FILE holds, for each B in the order given, P batches of B x C int64 ids, one after the other.
+// INPUT and OUTPUT are tensor names of the serving signature ("serving_default_ids:0").
+// Exit status 0, 1 with what failed on stderr, 2 for a wrong command line.
+#include <tensorflow/c/c_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kUsage[] =
+    "usage: hps_serve_cpp --ids FILE --cols C --batches B1,B2,... [--pool P] [--warmup W] [--iters N]\n"
+    "                     --model DIR INPUT OUTPUT [--model DIR INPUT OUTPUT ...] [--library PATH ...]\n"
+    "                     [--trace DIR] [--traces K]\n";
+
+struct Model {
+  std::string path, input_name, output_name;
+  TF_Graph* graph = nullptr;
+  TF_Session* session = nullptr;
+  TF_Output input{}, output{};
+  double load_s = 0, first_call_ms = 0;
+};
+
+struct Options {
+  std::string ids, trace;
+  int64_t cols = 0, pool = 4, warmup = 3, iters = 30, traces = 5;
+  std::vector<int64_t> batches;
+  std::vector<Model> models;
+  std::vector<std::string> libraries;
+};
+
+// The seconds of one model's calls at one batch size: whole calls, and their two phases.
+struct Samples {
+  std::vector<double> call, run, free;
+};
+
+[[noreturn]] void fail(const std::string& what, const TF_Status* status = nullptr) {
+  std::cerr << what << (status != nullptr ? std::string(": ") + TF_Message(status) : std::string()) << "\n";
+  std::exit(1);
+}
+
+[[noreturn]] void usage(const std::string& what) {
+  std::cerr << what << "\n" << kUsage;
+  std::exit(2);
+}
+
+int64_t positive(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || value <= 0) {
+    usage(flag + " takes a positive integer, not '" + text + "'");
+  }
+  return value;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  auto take = [&](int* i, const std::string& flag) -> std::string {
+    if (*i + 1 >= argc) usage(flag + " needs a value");
+    return argv[++*i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--ids") {
+      o.ids = take(&i, flag);
+    } else if (flag == "--cols") {
+      o.cols = positive(flag, take(&i, flag));
+    } else if (flag == "--pool") {
+      o.pool = positive(flag, take(&i, flag));
+    } else if (flag == "--warmup") {
+      o.warmup = std::atoll(take(&i, flag).c_str());
+    } else if (flag == "--iters") {
+      o.iters = positive(flag, take(&i, flag));
+    } else if (flag == "--batches") {
+      std::stringstream list(take(&i, flag));
+      for (std::string b; std::getline(list, b, ',');) o.batches.push_back(positive("--batches", b));
+    } else if (flag == "--model") {
+      Model m;
+      m.path = take(&i, flag);
+      m.input_name = take(&i, flag);
+      m.output_name = take(&i, flag);
+      o.models.push_back(m);
+    } else if (flag == "--trace") {
+      o.trace = take(&i, flag);
+    } else if (flag == "--traces") {
+      o.traces = positive(flag, take(&i, flag));
+    } else if (flag == "--library") {
+      o.libraries.push_back(take(&i, flag));
+    } else {
+      usage("unknown argument '" + flag + "'");
+    }
+  }
+  if (o.ids.empty() || o.cols == 0 || o.batches.empty() || o.models.empty()) {
+    usage("--ids, --cols, --batches and at least one --model are required");
+  }
+  return o;
+}
+
+// "name:index" as the graph's output it names.
+bool output_of(TF_Graph* graph, const std::string& tensor, TF_Output* out) {
+  const size_t colon = tensor.rfind(':');
+  const std::string name = colon == std::string::npos ? tensor : tensor.substr(0, colon);
+  out->oper = TF_GraphOperationByName(graph, name.c_str());
+  out->index = colon == std::string::npos ? 0 : std::atoi(tensor.c_str() + colon + 1);
+  return out->oper != nullptr;
+}
+
+// Whether any mapping of this process is a libpython.
+bool libpython_mapped() {
+  std::ifstream maps("/proc/self/maps");
+  const std::string text((std::istreambuf_iterator<char>(maps)), std::istreambuf_iterator<char>());
+  return text.find("libpython") != std::string::npos;
+}
+
+double seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// NumPy's default percentile (linear between the closest ranks).
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const double rank = q / 100.0 * static_cast<double>(v.size() - 1);
+  const size_t below = static_cast<size_t>(rank);
+  const size_t above = std::min(below + 1, v.size() - 1);
+  return v[below] + (rank - static_cast<double>(below)) * (v[above] - v[below]);
+}
+
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return sum / static_cast<double>(v.size());
+}
+
+void load(Model* m, TF_Status* status) {
+  const auto start = Clock::now();
+  m->graph = TF_NewGraph();
+  TF_SessionOptions* options = TF_NewSessionOptions();
+  const char* tags[] = {"serve"};
+  m->session = TF_LoadSessionFromSavedModel(options, nullptr, m->path.c_str(), tags, 1, m->graph, nullptr, status);
+  TF_DeleteSessionOptions(options);
+  if (TF_GetCode(status) != TF_OK) fail("loading the SavedModel " + m->path, status);
+  if (!output_of(m->graph, m->input_name, &m->input)) {
+    fail("no tensor " + m->input_name + " in the graph of " + m->path + "; pass its serving signature's input");
+  }
+  if (!output_of(m->graph, m->output_name, &m->output)) {
+    fail("no tensor " + m->output_name + " in the graph of " + m->path + "; pass its serving signature's output");
+  }
+  m->load_s = seconds(start, Clock::now());
+}
+
+// One call of the model's serving signature on `feed`; adds its seconds to `samples` when given,
+// and the sum of the output's floats to `checksum` when given.
+void call(const Model& m, TF_Tensor* feed, TF_Status* status, Samples* samples, double* checksum = nullptr) {
+  TF_Tensor* fetched = nullptr;
+  const auto start = Clock::now();
+  TF_SessionRun(m.session, nullptr, &m.input, &feed, 1, &m.output, &fetched, 1, nullptr, 0, nullptr, status);
+  const auto ran = Clock::now();
+  if (TF_GetCode(status) != TF_OK) fail("running the serving signature of " + m.path, status);
+  if (checksum != nullptr) {
+    const float* rows = static_cast<const float*>(TF_TensorData(fetched));
+    const size_t n = TF_TensorByteSize(fetched) / sizeof(float);
+    *checksum = 0;
+    for (size_t i = 0; i < n; ++i) *checksum += rows[i];
+  }
+  TF_DeleteTensor(fetched);
+  const auto freed = Clock::now();
+  if (samples != nullptr) {
+    samples->call.push_back(seconds(start, freed));
+    samples->run.push_back(seconds(start, ran));
+    samples->free.push_back(seconds(ran, freed));
+  }
+}
+
+// One call with FULL_TRACE, its RunMetadata (a serialized tensorflow.RunMetadata) written to `path`.
+void traced_call(const Model& m, TF_Tensor* feed, TF_Status* status, const std::string& path) {
+  static const char kFullTrace[] = {0x08, 0x03};  // RunOptions{trace_level: FULL_TRACE}
+  TF_Buffer* options = TF_NewBufferFromString(kFullTrace, sizeof(kFullTrace));
+  TF_Buffer* metadata = TF_NewBuffer();
+  TF_Tensor* fetched = nullptr;
+  TF_SessionRun(m.session, options, &m.input, &feed, 1, &m.output, &fetched, 1, nullptr, 0, metadata, status);
+  if (TF_GetCode(status) != TF_OK) fail("running the serving signature of " + m.path + " traced", status);
+  TF_DeleteTensor(fetched);
+  std::ofstream out(path, std::ios::binary);
+  out.write(static_cast<const char*>(metadata->data), static_cast<std::streamsize>(metadata->length));
+  if (!out) fail("cannot write the trace " + path + "; pass a writable --trace folder");
+  TF_DeleteBuffer(metadata);
+  TF_DeleteBuffer(options);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  TF_Status* status = TF_NewStatus();
+  for (const std::string& library : o.libraries) {
+    TF_LoadLibrary(library.c_str(), status);
+    if (TF_GetCode(status) != TF_OK) fail("loading the op library " + library, status);
+  }
+  for (Model& m : o.models) load(&m, status);
+
+  std::ifstream ids(o.ids, std::ios::binary);
+  if (!ids) fail("cannot open the ids file " + o.ids);
+  std::ostringstream json;
+  json.precision(6);
+  std::ostringstream feeds;
+  feeds.precision(6);
+  std::vector<std::ostringstream> per_model(o.models.size());
+  for (std::ostringstream& s : per_model) s.precision(6);
+  for (size_t b = 0; b < o.batches.size(); ++b) {
+    const int64_t batch = o.batches[b];
+    const int64_t dims[2] = {batch, o.cols};
+    const size_t bytes = static_cast<size_t>(batch * o.cols) * sizeof(int64_t);
+    std::vector<TF_Tensor*> pool;
+    std::vector<double> feed_s;
+    std::vector<char> buffer(bytes);
+    for (int64_t p = 0; p < o.pool; ++p) {
+      if (!ids.read(buffer.data(), static_cast<std::streamsize>(bytes))) {
+        fail("the ids file " + o.ids + " ends before batch " + std::to_string(p) + " of B=" + std::to_string(batch) +
+             "; it must hold --pool batches of B x --cols int64 per --batches entry, in order");
+      }
+      const auto start = Clock::now();  // the data phase: a feed made from the ids
+      TF_Tensor* feed = TF_AllocateTensor(TF_INT64, dims, 2, bytes);
+      std::copy(buffer.begin(), buffer.end(), static_cast<char*>(TF_TensorData(feed)));
+      feed_s.push_back(seconds(start, Clock::now()));
+      pool.push_back(feed);
+    }
+    for (Model& m : o.models) {  // the first call (at the first B) starts HPS's server
+      if (b != 0) break;
+      Samples first;
+      call(m, pool[0], status, &first);
+      m.first_call_ms = first.call[0] * 1e3;
+    }
+    std::vector<double> checksums(o.models.size());
+    for (size_t i = 0; i < o.models.size(); ++i) call(o.models[i], pool[0], status, nullptr, &checksums[i]);
+    for (int64_t w = 0; w < o.warmup; ++w) {
+      for (const Model& m : o.models) call(m, pool[w % o.pool], status, nullptr);
+    }
+    std::vector<Samples> samples(o.models.size());
+    for (int64_t t = 0; t < o.iters; ++t) {
+      for (size_t i = 0; i < o.models.size(); ++i) call(o.models[i], pool[t % o.pool], status, &samples[i]);
+    }
+    for (size_t i = 0; !o.trace.empty() && i < o.models.size(); ++i) {
+      for (int64_t k = 0; k < o.traces; ++k) {
+        const std::string name = "m" + std::to_string(i) + "_b" + std::to_string(batch) + "_" + std::to_string(k);
+        traced_call(o.models[i], pool[k % o.pool], status, o.trace + "/" + name + ".pb");
+      }
+    }
+    const double keys = static_cast<double>(batch * o.cols);
+    for (size_t i = 0; i < o.models.size(); ++i) {
+      const Samples& s = samples[i];
+      per_model[i] << (b == 0 ? "" : ", ") << "\"" << batch << "\": {\"p50_ms\": " << percentile(s.call, 50) * 1e3
+                   << ", \"p99_ms\": " << percentile(s.call, 99) * 1e3 << ", \"mean_ms\": " << mean(s.call) * 1e3
+                   << ", \"mlookups_s\": " << keys / mean(s.call) / 1e6
+                   << ", \"run_p50_ms\": " << percentile(s.run, 50) * 1e3
+                   << ", \"free_p50_ms\": " << percentile(s.free, 50) * 1e3
+                   << ", \"checksum\": " << std::setprecision(17) << checksums[i] << std::setprecision(6) << "}";
+    }
+    feeds << (b == 0 ? "" : ", ") << "\"" << batch << "\": " << percentile(feed_s, 50) * 1e3;
+    for (TF_Tensor* feed : pool) TF_DeleteTensor(feed);
+  }
+
+  json << "{\"libpython\": \"" << (libpython_mapped() ? "present" : "absent") << "\", \"feed_ms\": {" << feeds.str()
+       << "}, \"models\": [";
+  for (size_t i = 0; i < o.models.size(); ++i) {
+    const Model& m = o.models[i];
+    json << (i == 0 ? "" : ", ") << "{\"saved_model\": \"" << m.path << "\", \"load_s\": " << m.load_s
+         << ", \"first_call_ms\": " << m.first_call_ms << ", \"batches\": {" << per_model[i].str() << "}}";
+  }
+  json << "]}";
+  std::cout << json.str() << std::endl;
+
+  for (Model& m : o.models) {
+    TF_CloseSession(m.session, status);
+    TF_DeleteSession(m.session, status);
+    TF_DeleteGraph(m.graph);
+  }
+  TF_DeleteStatus(status);
+  return 0;
+}
