@@ -1,5 +1,5 @@
-"""The ps_config cases of test_config.py (the Python reader), shared with test_ps_config_cpp.py, which
-holds the C++ reader equal to the Python one on each of them.
+"""The ps_config cases of test_config.py; test_ps_config_cpp.py makes its configs with the same
+helpers.
 
 Example::
 

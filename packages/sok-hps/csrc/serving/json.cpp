@@ -39,6 +39,14 @@ Value Value::unsigned_integer(uint64_t u) {
   return v;
 }
 
+Value Value::big_integer(std::string decimal) {
+  Value v;
+  v.type_ = Type::kInt;
+  v.big_ = true;
+  v.string_ = std::move(decimal);
+  return v;
+}
+
 Value Value::floating(double d) {
   Value v;
   v.type_ = Type::kFloat;
@@ -83,16 +91,24 @@ bool Value::as_bool() const {
 int64_t Value::as_int() const {
   if (type_ != Type::kInt) wrong_type(*this, "an integer");
   if (above_int64_) throw std::logic_error("JSON integer " + std::to_string(uint_) + " does not fit int64");
+  if (big_) throw std::logic_error("JSON integer " + string_ + " does not fit int64");
   return int_;
 }
 
 uint64_t Value::as_uint64() const {
   if (type_ != Type::kInt) wrong_type(*this, "an integer");
+  if (big_) throw std::logic_error("JSON integer " + string_ + " does not fit uint64");
   if (!above_int64_ && int_ < 0) throw std::logic_error("JSON integer " + std::to_string(int_) + " is negative");
   return above_int64_ ? uint_ : static_cast<uint64_t>(int_);
 }
 
+const std::string& Value::big_decimal() const {
+  if (!big()) throw std::logic_error("JSON value is not an integer outside int64 and uint64");
+  return string_;
+}
+
 double Value::as_number() const {
+  if (big_) return std::strtod(string_.c_str(), nullptr);  // +-inf beyond double's range
   if (type_ == Type::kInt) return above_int64_ ? static_cast<double>(uint_) : static_cast<double>(int_);
   if (type_ != Type::kFloat) wrong_type(*this, "a number");
   return float_;
@@ -143,7 +159,7 @@ namespace {
 
 class Parser {
  public:
-  explicit Parser(std::string_view text) : s_(text) {}
+  Parser(std::string_view text, BigIntegers big_integers) : s_(text), big_integers_(big_integers) {}
 
   Value document() {
     if (s_.size() >= 3 && s_.substr(0, 3) == "\xEF\xBB\xBF") fail("Unexpected UTF-8 BOM (decode using utf-8-sig)", 0);
@@ -252,6 +268,7 @@ class Parser {
         const unsigned long long u = std::strtoull(text.c_str(), nullptr, 10);
         if (errno != ERANGE) return Value::unsigned_integer(u);
       }
+      if (big_integers_ == BigIntegers::kKeep) return Value::big_integer(text);
       fail("integer " + text + " does not fit 64 bits", begin, ParseError::Reason::kIntegerRange);
     }
     return Value::floating(std::strtod(text.c_str(), nullptr));  // an overflow is +-inf, as Python's float()
@@ -400,11 +417,12 @@ class Parser {
   }
 
   std::string_view s_;
+  BigIntegers big_integers_;
   size_t at_ = 0;
 };
 
 }  // namespace
 
-Value parse(std::string_view text) { return Parser(text).document(); }
+Value parse(std::string_view text, BigIntegers big_integers) { return Parser(text, big_integers).document(); }
 
 }  // namespace sok::hps::json

@@ -8,9 +8,10 @@
 // error's message is json.JSONDecodeError's ("Expecting ',' delimiter: line 3 column 5 (char 20)",
 // columns and offsets in code points); an integer of more than 4300 digits is an error with int()'s
 // ValueError message. Differences: an integer outside int64 and uint64 (below -2**63 or above
-// 2**64 - 1) is an error (Python keeps any integer of at most 4300 digits), and so is nesting deeper
-// than kMaxDepth (Python's RecursionError, at about 1000 levels). ParseError::reason() tells these
-// apart.
+// 2**64 - 1) is an error unless parse is told to keep it (BigIntegers::kKeep: then it is a Value
+// holding its decimal digits, as Python keeps any integer of at most 4300 digits), and nesting deeper
+// than kMaxDepth is an error (Python's RecursionError, at about 1000 levels). ParseError::reason()
+// tells these apart.
 //
 // Example:
 //   sok::hps::json::Value v = sok::hps::json::parse(R"({"models": [{"model": "foo"}]})");
@@ -38,7 +39,7 @@ class ParseError : public std::runtime_error {
     kSyntax,         // not JSON: what() is json.JSONDecodeError's message
     kTooDeep,        // nested deeper than kMaxDepth (Python: RecursionError)
     kIntegerDigits,  // an integer of more than 4300 digits: what() is int()'s ValueError message
-    kIntegerRange,   // an integer outside int64 and uint64 (Python keeps it)
+    kIntegerRange,   // an integer outside int64 and uint64, under BigIntegers::kRefuse (Python keeps it)
   };
   ParseError(Reason reason, const std::string& what) : std::runtime_error(what), reason_(reason) {}
   Reason reason() const { return reason_; }
@@ -48,6 +49,10 @@ class ParseError : public std::runtime_error {
 };
 
 enum class Type { kNull, kBool, kInt, kFloat, kString, kArray, kObject };
+
+// What parse does with an integer outside int64 and uint64 (of at most 4300 digits): refuse it
+// (ParseError::Reason::kIntegerRange) or keep it as its decimal digits (Value::big()).
+enum class BigIntegers { kRefuse, kKeep };
 
 class Value;
 using Array = std::vector<Value>;
@@ -60,6 +65,8 @@ class Value {
   static Value integer(int64_t i);
   // An integer above int64's maximum (up to uint64's).
   static Value unsigned_integer(uint64_t u);
+  // An integer outside int64 and uint64, as its decimal digits ("-" first where negative).
+  static Value big_integer(std::string decimal);
   static Value floating(double d);
   static Value string(std::string s);
   static Value array(Array items);
@@ -70,11 +77,16 @@ class Value {
   bool is_number() const { return type_ == Type::kInt || type_ == Type::kFloat; }
   // The value as its type; std::logic_error for another type (the reader checks type() first).
   bool as_bool() const;
-  int64_t as_int() const;  // std::logic_error above int64's maximum too
-  // Whether an integer is above int64's maximum; as_uint64() gives any non-negative integer.
+  int64_t as_int() const;  // std::logic_error above int64's maximum or big() too
+  // Whether an integer is above int64's maximum and within uint64; as_uint64() gives any
+  // non-negative integer that is not big().
   bool above_int64() const { return type_ == Type::kInt && above_int64_; }
   uint64_t as_uint64() const;
-  double as_number() const;  // an integer or a float
+  // Whether an integer is outside int64 and uint64 (only parse(text, BigIntegers::kKeep) makes one);
+  // big_decimal() gives its digits.
+  bool big() const { return type_ == Type::kInt && big_; }
+  const std::string& big_decimal() const;
+  double as_number() const;  // an integer (+-inf beyond double's range) or a float
   const std::string& as_string() const;
   const Array& as_array() const;
   const Object& as_object() const;
@@ -90,6 +102,7 @@ class Value {
   int64_t int_ = 0;
   uint64_t uint_ = 0;  // an integer above int64's maximum
   bool above_int64_ = false;
+  bool big_ = false;  // an integer outside int64 and uint64: its digits in string_
   double float_ = 0.0;
   std::string string_;
   std::shared_ptr<const Array> array_;  // shared: copies of a parsed tree are cheap
@@ -97,6 +110,6 @@ class Value {
 };
 
 // The value of `text` (the whole text: whitespace may follow it, nothing else). Throws ParseError.
-Value parse(std::string_view text);
+Value parse(std::string_view text, BigIntegers big_integers = BigIntegers::kRefuse);
 
 }  // namespace sok::hps::json

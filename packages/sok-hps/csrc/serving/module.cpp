@@ -47,7 +47,9 @@ py::object to_python(const json::Value& v) {
 void bind_ps_config(py::module_& m);
 
 PYBIND11_MODULE(_serving, m) {
-  m.doc() = "The C++ server's readers (csrc/serving), for tests against the Python readers.";
+  m.doc() =
+      "The C++ server's readers (csrc/serving): the ps_config reader that config.py calls, and the JSON and "
+      "model-file readers, for the tests against Python's.";
   py::register_exception<json::ParseError>(m, "JsonParseError", PyExc_ValueError);
   m.def(
       "parse_json", [](const std::string& text) { return to_python(json::parse(text)); }, py::arg("text"),

@@ -1,5 +1,4 @@
-// The ps_config reader of ps_config.hpp: config.py's _Reader, _model, _section, _parse, _read_bytes
-// and _read_json, in their order and words.
+// The ps_config reader of ps_config.hpp.
 #include "ps_config.hpp"
 
 #include <fcntl.h>
@@ -28,9 +27,6 @@ namespace {
 using json::Type;
 using json::Value;
 
-// A key's canonical values, each with its aliases, in config.py's order (its messages list them so).
-using Choices = std::vector<std::pair<std::string, std::vector<std::string>>>;
-
 const Choices& volatile_types() {
   static const Choices c = {{"disabled", {"disable", "none"}},
                             {"hash_map", {"hashmap", "hash", "map"}},
@@ -44,11 +40,6 @@ const Choices& persistent_types() {
 }
 const Choices& update_source_types() {
   static const Choices c = {{"null", {"none"}}, {"directory", {"dir", "directory_watcher"}}};
-  return c;
-}
-const Choices& overflow_policies() {
-  static const Choices c = {
-      {"evict_random", {"random"}}, {"evict_least_used", {"least_used"}}, {"evict_oldest", {"oldest"}}};
   return c;
 }
 const Choices& cache_types() {
@@ -98,11 +89,14 @@ const char* ignored(const std::string& key) {
 
 std::string describe(const Value& value) { return py_repr(value) + " (" + py_type_name(value) + ")"; }
 
-// What is valid for an integer key, of at least `minimum`, that is given a value above int64's
-// maximum: the keys but overflow_margin are int64 here, where config.py takes any integer.
+// What is valid for an integer key, of at least `minimum` and no maximum, that is given a value
+// above int64's maximum: the integer keys but overflow_margin are int64.
 std::string beyond_int64(int64_t minimum) {
   return "expected an integer in [" + py_repr(minimum) + ", " + py_repr(std::numeric_limits<int64_t>::max()) + "]";
 }
+
+// Whether an integer is below int64's minimum (the negative ones of big()).
+bool below_int64(const Value& value) { return value.big() && value.big_decimal()[0] == '-'; }
 
 // The value as a double when it is a finite JSON number (not a boolean).
 std::optional<double> finite(const Value& value) {
@@ -183,10 +177,13 @@ class Reader {
         maximum ? "in [" + py_repr(minimum) + ", " + py_repr(*maximum) + "]" : ">= " + py_repr(minimum);
     const std::string valid = "expected an integer " + bounds;
     if (value.type() != Type::kInt) throw error(key, value, valid);
+    if (value.big()) {  // beyond 64 bits: below every minimum, above every maximum
+      throw error(key, value, below_int64(value) || maximum ? valid : beyond_int64(minimum));
+    }
     if (value.above_int64()) {
       if (maximum && value.as_uint64() > *maximum) throw error(key, value, valid);
       if (value.as_uint64() > static_cast<uint64_t>(std::numeric_limits<Int>::max())) {
-        throw error(key, value, beyond_int64(minimum));  // config.py takes any integer (ps_config.hpp)
+        throw error(key, value, beyond_int64(minimum));  // the key is int64 (ps_config.hpp)
       }
       return static_cast<Int>(value.as_uint64());
     }
@@ -279,10 +276,11 @@ class Reader {
 
 auto int_item(int64_t minimum) {
   return [minimum](const std::string& where, const Value& value) {
-    if (value.type() != Type::kInt || (!value.above_int64() && value.as_int() < minimum)) {
+    if (value.type() != Type::kInt || below_int64(value) ||
+        (!value.above_int64() && !value.big() && value.as_int() < minimum)) {
       throw ConfigError(where + ": expected an integer >= " + py_repr(minimum) + ", got " + describe(value));
     }
-    if (value.above_int64()) {  // config.py takes any integer (ps_config.hpp)
+    if (value.above_int64() || value.big()) {  // the items are int64 (ps_config.hpp)
       throw ConfigError(where + ": " + beyond_int64(minimum) + ", got " + describe(value));
     }
     return value.as_int();
@@ -332,8 +330,6 @@ std::string regex_item(const std::string& where, const Value& value) {
     throw ConfigError(where + ": expected a regular expression (a string), got " + describe(value));
   }
   if (const std::optional<PyRegexError> e = py_regex_error(value.as_string())) {
-    // config.py catches re.error only; the others leave load_config as they are (py_regex.hpp).
-    if (e->type != "error") throw ConfigError(e->message);
     throw ConfigError(where + ": " + py_repr(value.as_string()) + " is not a valid regular expression (" + e->message +
                       ")");
   }
@@ -405,7 +401,7 @@ ModelConfig read_model(const Value& obj, const std::string& path, const WarningS
   if (std::set<int64_t>(devices.begin(), devices.end()).size() != devices.size()) {
     throw ConfigError(r.where("deployed_device_list") + ": devices repeat in " + py_repr(devices));
   }
-  // The optional keys, in config.py's _MODEL_READS order (the first bad key is the one reported).
+  // The optional keys, in this order (the first bad key is the one reported).
   const ModelConfig d;
   cfg.embedding_cache_type = r.choice("embedding_cache_type", d.embedding_cache_type, cache_types());
   cfg.use_static_table = r.boolean("use_static_table", d.use_static_table);
@@ -584,9 +580,9 @@ std::string python_temp_dir() {
                     "); pass the path of a JSON file");
 }
 
-// Up to kMaxConfigBytes + 1 bytes of the file at `path`. It is opened non-blocking, so that a FIFO
+// Up to max_bytes + 1 bytes of the file at `path`. It is opened non-blocking, so that a FIFO
 // without a writer reads as empty instead of blocking, then read blocking.
-std::string read_bytes(const std::string& path) {
+std::string read_bytes(const std::string& path, int64_t max_bytes) {
   if (path.find('\0') != std::string::npos) throw ConfigError("embedded null byte");
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) unreadable(path, errno);
@@ -594,7 +590,7 @@ std::string read_bytes(const std::string& path) {
   int error = ::fstat(fd, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : 0;
   if (error == 0 && ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) error = errno;
   std::string data;
-  const size_t limit = static_cast<size_t>(kMaxConfigBytes) + 1;
+  const size_t limit = static_cast<size_t>(max_bytes) + 1;
   while (error == 0 && data.size() < limit) {
     const size_t at = data.size();
     data.resize(std::min(limit, at + (size_t{1} << 16)));
@@ -613,11 +609,11 @@ std::string read_bytes(const std::string& path) {
 }
 
 // The JSON value of the file at `path`, or ConfigError saying why there is none.
-Value read_json(const std::string& path) {
-  const std::string data = read_bytes(path);
+Value read_json(const std::string& path, int64_t max_bytes) {
+  const std::string data = read_bytes(path, max_bytes);
   const std::string file = "ps_config file " + py_repr(path);
-  if (data.size() > static_cast<size_t>(kMaxConfigBytes)) {
-    throw ConfigError(file + " is larger than " + std::to_string(kMaxConfigBytes) +
+  if (data.size() > static_cast<size_t>(max_bytes)) {
+    throw ConfigError(file + " is larger than " + std::to_string(max_bytes) +
                       " bytes; a ps_config is a small JSON file, pass its path");
   }
   if (const std::optional<Utf8Error> error = first_utf8_error(data)) {
@@ -632,13 +628,13 @@ Value read_json(const std::string& path) {
     throw ConfigError(file + " is empty; write the ps_config's JSON object into it");
   }
   try {
-    return json::parse(data);
+    return json::parse(data, json::BigIntegers::kKeep);
   } catch (const json::ParseError& e) {
     switch (e.reason()) {
       case json::ParseError::Reason::kTooDeep:
         throw ConfigError(file + " nests arrays or objects too deeply to parse; a ps_config nests 4 levels deep");
       case json::ParseError::Reason::kIntegerDigits:
-      case json::ParseError::Reason::kIntegerRange:
+      case json::ParseError::Reason::kIntegerRange:  // not raised under BigIntegers::kKeep
         throw ConfigError(file + " cannot be parsed: " + e.what());
       case json::ParseError::Reason::kSyntax:
         break;
@@ -648,6 +644,12 @@ Value read_json(const std::string& path) {
 }
 
 }  // namespace
+
+const Choices& overflow_policies() {
+  static const Choices c = {
+      {"evict_random", {"random"}}, {"evict_least_used", {"least_used"}}, {"evict_oldest", {"oldest"}}};
+  return c;
+}
 
 int64_t default_num_partitions() {
   const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
@@ -686,8 +688,8 @@ PsConfig parse_ps_config(const Value& root, const WarningSink& warn) {
   return cfg;
 }
 
-PsConfig read_ps_config(const std::string& path, const WarningSink& warn) {
-  const Value root = read_json(path);
+PsConfig read_ps_config(const std::string& path, const WarningSink& warn, int64_t max_bytes) {
+  const Value root = read_json(path, max_bytes);
   if (root.type() != Type::kObject) {
     throw ConfigError("ps_config file " + py_repr(path) + " holds " + root.kind() +
                       "; a ps_config is a JSON object {\"supportlonglong\": ..., \"models\": [...]}");

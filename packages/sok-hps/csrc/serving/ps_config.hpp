@@ -1,33 +1,26 @@
-// HPS's ps_config (a JSON file) for the C++ server: read, checked and filled with NVIDIA's defaults,
-// as hierarchical_parameter_server/config.py reads it. The structs mirror config.py's dataclasses
-// field for field (PSConfig, ModelConfig, VolatileDBConfig, PersistentDBConfig, UpdateSourceConfig:
-// same field names, same defaults, same order), every check is config.py's, in its order, and every
-// ConfigError message is config.py's word for word, Python reprs included (py_text.hpp);
-// tests/test_ps_config_cpp.py holds the two readers equal on every case of test_config.py and on
-// mutated configs.
+// HPS's ps_config (a JSON file): read, checked and filled with NVIDIA's defaults. This is the one
+// reader of a ps_config: the C++ server calls it, and hierarchical_parameter_server/config.py's
+// load_config calls it through _serving (py_ps_config.cpp) and builds its dataclasses from what it
+// returns, so Python and C++ cannot disagree. The structs have the fields of config.py's dataclasses
+// (PSConfig, ModelConfig, VolatileDBConfig, PersistentDBConfig, UpdateSourceConfig: same names, same
+// defaults, same order; tests/test_ps_config_cpp.py compares the defaults). A ConfigError's message
+// names the key's path, the value as Python's repr writes it (py_text.hpp) and what is valid; where
+// this reader differs from NVIDIA's on purpose, config.py's docstring says.
 //
-// What config.py logs as warnings (an unknown key and the nearest valid one, an ignored key, a Redis
-// batch above REDIS_MAX_BATCH) goes to `warn`, in the same words and order; its debug lines (a key
-// left at its default) are not written.
+// The warnings (an unknown key and the nearest valid one, an ignored key, a Redis batch above
+// kRedisMaxBatch) go to `warn`, which config.py logs.
 //
-// Differences from config.py, all on input no ps_config holds:
-// * an integer below -2**63 or above 2**64 - 1 (of at most 4300 digits) is a parse error
-//   ("integer ... does not fit 64 bits", json.hpp), where config.py reads it, then refuses it as out
-//   of range or, where it sets no upper bound, takes it;
-// * an integer above 2**63 - 1 where config.py sets no upper bound (most integer keys, the items of
-//   the integer arrays) is refused here ("expected an integer in [1, 9223372036854775807], got
-//   ..."), where config.py takes it; overflow_margin takes up to 2**64 - 1 in both;
-// * arrays and objects nested deeper than json::kMaxDepth (512) levels are "nested too deeply",
-//   where config.py's limit is Python's recursion limit (about 1000 levels);
-// * the port of a volatile_db.address entry is ASCII digits; config.py's str.isdigit() also takes
-//   other Unicode digits (it reads '７０００' as 7000 and fails with int()'s ValueError on '²');
-// * an update_filters entry is checked as py_regex.hpp says (its differences: \N{...} names, non-ASCII
-//   group names and flags, nesting); the exceptions of re.compile other than re.error, which
-//   config.py lets through (OverflowError for a repeat count of 2**32 - 1 or more, ...), are
-//   ConfigError here, of the same message;
-// * a path with a NUL byte raises ConfigError("embedded null byte"), config.py a plain ValueError of
-//   that message; a path that is not UTF-8 is named in messages as if decoded (Python names its
-//   bytes as '\udcXX').
+// Where Python (json.loads, str.isdigit, re.compile) takes a value that this reader refuses or reads
+// otherwise:
+// * an integer above 2**63 - 1 is refused in the integer keys of no upper bound (most of them, and
+//   the items of the integer arrays: "expected an integer in [1, 9223372036854775807], got ...");
+//   overflow_margin takes up to 2**64 - 1;
+// * arrays and objects nested deeper than json::kMaxDepth (512) levels are "nested too deeply";
+// * the port of a volatile_db.address entry is ASCII digits (as config.parse_address reads it);
+// * an update_filters entry is checked as py_regex.hpp says (its differences: \N{...} names,
+//   non-ASCII group names and flags, nesting);
+// * a path with a NUL byte raises ConfigError("embedded null byte"); a path that is not UTF-8 is
+//   named in messages as os.fsdecode decodes it (its bytes as '\udcXX').
 //
 // Example:
 //   sok::hps::PsConfig cfg = sok::hps::read_ps_config("hps.json", [](const std::string& w) {
@@ -42,6 +35,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "json.hpp"
@@ -49,7 +43,9 @@
 
 namespace sok::hps {
 
-// config.py's constants of the same names (kNoOverflowLimit and kMaxPartitions: limits.hpp).
+// config.py's MAX_CONFIG_BYTES, MAX_POLL_INTERVAL_MS, MAX_THREAD_POOL_SIZE, MAX_PARTITIONS and
+// NO_OVERFLOW_LIMIT are kMaxConfigBytes, kMaxPollIntervalMs, kMaxThreadPoolSize and limits.hpp's
+// kMaxPartitions and kNoOverflowLimit, which _serving exports.
 // The largest float32, the bound of default_value_for_each_table.
 constexpr double kFloat32Max = 3.4028234663852886e+38;
 // The most bytes of a ps_config file read (a ps_config is a few KiB; this stops e.g. /dev/zero).
@@ -61,12 +57,17 @@ constexpr int64_t kMaxThreadPoolSize = 1024;
 // Redis pipelines longer than this many commands are not advised.
 constexpr int64_t kRedisMaxBatch = 262143;
 
-// A ps_config that cannot be served: config.py's ConfigError message (the key's path, the value,
-// what is valid).
+// A ps_config that cannot be served; the message names the key's path, the value and what is valid
+// (config.py raises it as its ConfigError).
 class ConfigError : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
 };
+
+// A key's canonical values, each with its aliases, in the order messages list them.
+using Choices = std::vector<std::pair<std::string, std::vector<std::string>>>;
+// volatile_db.overflow_policy's (config.py's OVERFLOW_POLICIES).
+const Choices& overflow_policies();
 
 // volatile_db.num_partitions' default: min(16, os.cpu_count() or 1).
 int64_t default_num_partitions();
@@ -154,13 +155,15 @@ struct PsConfig {
   bool fuse_embedding_table = false;
 };
 
-// Receives each warning config.py logs, e.g. "ps_config: unknown key models[0].gpucacheperc is
+// Receives each warning, e.g. "ps_config: unknown key models[0].gpucacheperc is
 // ignored; did you mean 'gpucacheper'?"; none where empty.
 using WarningSink = std::function<void(const std::string&)>;
 
-// load_config(path): the ps_config file at `path`. Throws ConfigError.
-PsConfig read_ps_config(const std::string& path, const WarningSink& warn = nullptr);
-// load_config(mapping): the ps_config of a parsed JSON value. Throws ConfigError.
+// The ps_config file at `path`, of at most `max_bytes` (tests lower the limit). Throws ConfigError.
+PsConfig read_ps_config(const std::string& path, const WarningSink& warn = nullptr,
+                        int64_t max_bytes = kMaxConfigBytes);
+// The ps_config of a parsed JSON value (json::parse with BigIntegers::kKeep, as read_ps_config
+// parses a file). Throws ConfigError.
 PsConfig parse_ps_config(const json::Value& root, const WarningSink& warn = nullptr);
 
 }  // namespace sok::hps

@@ -1,7 +1,8 @@
-// The ps_config reader (ps_config.hpp) in hierarchical_parameter_server._serving: read_ps_config and
-// parse_ps_config return what dataclasses.asdict(load_config(...)) returns (dicts, tuples for the
-// dataclasses' tuples, in field order), and raise _serving.ConfigError, a ValueError, with
-// config.py's message.
+// The ps_config reader (ps_config.hpp) in hierarchical_parameter_server._serving, which config.py's
+// load_config calls: read_ps_config and parse_ps_config return the dict that config.py makes its
+// dataclasses of (dicts, tuples for the dataclasses' tuples, in field order; what
+// dataclasses.asdict(load_config(...)) gives), and raise _serving.ConfigError, a ValueError, which
+// load_config raises again as its ConfigError. The constants config.py exports come from here.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 
@@ -124,10 +125,13 @@ py::dict as_dict(const sok::hps::PsConfig& c) {
   return d;
 }
 
-// The warnings to the Python callable `warn` (none where it is None), as str.
+// The warnings to the Python callable `warn` (none where it is None), as str; called without the GIL.
 sok::hps::WarningSink sink(const py::object& warn) {
   if (warn.is_none()) return nullptr;
-  return [warn](const std::string& message) { warn(py_str(message)); };
+  return [warn](const std::string& message) {
+    py::gil_scoped_acquire gil;
+    warn(py_str(message));
+  };
 }
 
 }  // namespace
@@ -149,17 +153,32 @@ void bind_ps_config(py::module_& m) {
   });
   m.def(
       "read_ps_config",
-      [](const std::string& path, const py::object& warn) {
-        return as_dict(sok::hps::read_ps_config(path, sink(warn)));
+      [](const std::string& path, const py::object& warn, int64_t max_bytes) {
+        sok::hps::PsConfig cfg;
+        {
+          const sok::hps::WarningSink w = sink(warn);
+          py::gil_scoped_release release;  // a slow file (a FIFO, a network mount) blocks no other thread
+          cfg = sok::hps::read_ps_config(path, w, max_bytes);
+        }
+        return as_dict(cfg);
       },
-      py::arg("path"), py::arg("warn") = py::none(),
-      "dataclasses.asdict(load_config(path)) of the C++ reader; warn(message) for each warning config.py logs.");
+      py::arg("path"), py::arg("warn") = py::none(), py::arg("max_bytes") = sok::hps::kMaxConfigBytes,
+      "The ps_config file at path (str or bytes) as a dict of dataclasses.asdict's shape; warn(message) for each "
+      "warning; ConfigError where it cannot be served. At most max_bytes of the file are read.");
   m.def(
       "parse_ps_config",
       [](const std::string& json_text, const py::object& warn) {
-        return as_dict(sok::hps::parse_ps_config(sok::hps::json::parse(json_text), sink(warn)));
+        const sok::hps::json::Value root = sok::hps::json::parse(json_text, sok::hps::json::BigIntegers::kKeep);
+        return as_dict(sok::hps::parse_ps_config(root, sink(warn)));
       },
       py::arg("json_text"), py::arg("warn") = py::none(),
-      "dataclasses.asdict(load_config(json.loads(json_text))) of the C++ reader; JsonParseError where the text is not "
-      "JSON.");
+      "The ps_config json_text holds, as read_ps_config; JsonParseError where the text is not JSON.");
+  m.attr("MAX_CONFIG_BYTES") = sok::hps::kMaxConfigBytes;
+  m.attr("MAX_POLL_INTERVAL_MS") = sok::hps::kMaxPollIntervalMs;
+  m.attr("MAX_THREAD_POOL_SIZE") = sok::hps::kMaxThreadPoolSize;
+  m.attr("MAX_PARTITIONS") = sok::hps::kMaxPartitions;
+  m.attr("NO_OVERFLOW_LIMIT") = sok::hps::kNoOverflowLimit;
+  py::dict policies;
+  for (const auto& [name, aliases] : sok::hps::overflow_policies()) policies[py_str(name)] = strings(aliases);
+  m.attr("OVERFLOW_POLICIES") = policies;
 }

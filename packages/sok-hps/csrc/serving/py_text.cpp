@@ -142,6 +142,7 @@ std::string py_repr(const json::Value& v) {
     case json::Type::kBool:
       return v.as_bool() ? "True" : "False";
     case json::Type::kInt:
+      if (v.big()) return v.big_decimal();
       return v.above_int64() ? py_repr(v.as_uint64()) : py_repr(v.as_int());
     case json::Type::kFloat:
       return py_repr(v.as_number());

@@ -1,5 +1,6 @@
 """Type stub of sok-hps's binding of the C++ server's readers (csrc/serving/module.cpp,
-py_ps_config.cpp, py_model_files.cpp), for the tests that hold them against the Python readers."""
+py_ps_config.cpp, py_model_files.cpp): the ps_config reader, which config.load_config calls, and
+the JSON and model-file readers, for the tests that hold them against the Python ones."""
 
 import os
 from collections.abc import Callable, Iterator
@@ -8,7 +9,13 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_PARTITIONS",
+    "MAX_POLL_INTERVAL_MS",
+    "MAX_THREAD_POOL_SIZE",
     "MIRRORED_CONSTANTS",
+    "NO_OVERFLOW_LIMIT",
+    "OVERFLOW_POLICIES",
     "ConfigError",
     "JsonParseError",
     "ModelFileError",
@@ -26,16 +33,27 @@ MIRRORED_CONSTANTS: dict[str, Any]
 class JsonParseError(ValueError):
     """A text that is not JSON; the message is json.JSONDecodeError's."""
 
-class ConfigError(ValueError):
-    """A ps_config the C++ reader refuses; the message is hierarchical_parameter_server.config's."""
+#: The ps_config reader's limits and values (csrc/serving/ps_config.hpp, csrc/tiers/limits.hpp),
+#: which config.py exports under the same names.
+MAX_CONFIG_BYTES: int
+MAX_PARTITIONS: int
+MAX_POLL_INTERVAL_MS: int
+MAX_THREAD_POOL_SIZE: int
+NO_OVERFLOW_LIMIT: int
+OVERFLOW_POLICIES: dict[str, tuple[str, ...]]
 
-def read_ps_config(path: str, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """dataclasses.asdict(config.load_config(path)), by csrc/serving/ps_config.hpp; warn(message) for
-    each warning config.py logs."""
+class ConfigError(ValueError):
+    """A ps_config the reader refuses; config.load_config raises it again as config.ConfigError."""
+
+def read_ps_config(
+    path: str | bytes, warn: Callable[[str], None] | None = None, max_bytes: int = ...
+) -> dict[str, Any]:
+    """The ps_config file at path (at most max_bytes of it read) as dataclasses.asdict(config.load_config(path))
+    gives it; warn(message) for each warning. Runs without the GIL but for warn."""
 
 def parse_ps_config(json_text: str, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """dataclasses.asdict(config.load_config(json.loads(json_text))), by csrc/serving/ps_config.hpp;
-    JsonParseError where the text is not JSON."""
+    """The ps_config json_text holds, as read_ps_config (integers beyond 64 bits kept, as json.loads
+    keeps them); JsonParseError where the text is not JSON."""
 
 class ModelFileError(ValueError):
     """A table's files cannot be served (model_files.ModelFileError, the same messages)."""
