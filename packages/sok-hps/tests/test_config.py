@@ -18,13 +18,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 from hierarchical_parameter_server import config as config_module
 from hierarchical_parameter_server.config import MAX_PARTITIONS, ConfigError, load_config
-from ps_config_cases import (
+
+sys.path.insert(0, str(Path(__file__).parent))  # the helper modules beside the tests (importlib mode)
+
+from ps_config_cases import (  # noqa: E402
     ALIAS_CASES,
     BAD_VALUES,
     CONFIGS,

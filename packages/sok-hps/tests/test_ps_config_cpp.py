@@ -16,7 +16,9 @@ import json
 import logging
 import os
 import re
+import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +36,10 @@ from hierarchical_parameter_server.config import (
     load_config,
     parse_address,
 )
-from ps_config_cases import minimal, reference_section_4, with_value
+
+sys.path.insert(0, str(Path(__file__).parent))  # the helper modules beside the tests (importlib mode)
+
+from ps_config_cases import minimal, reference_section_4, with_value  # noqa: E402
 
 # The message of an integer above int64's maximum in a key of no upper bound (ps_config.hpp).
 ABOVE_INT64 = re.compile(r"expected an integer in \[\d+, 9223372036854775807\], got (\d+) \(int\)$")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
+sys.path.insert(0, str(Path(__file__).parent))  # the helper modules beside the tests (importlib mode)
 import hierarchical_parameter_server as hps  # noqa: E402
 import serve_support as support  # noqa: E402
 import sparse_operation_kit as sok  # noqa: E402

@@ -95,23 +95,34 @@ class ServedRows final : public Storage {
   std::string describe() override { return "HPS C++ server table " + table_.tag + " of " + server_->path(); }
 
  private:
+  // The rows are fetched straight into `values` when the whole row is asked (a lookup's case), into
+  // a scratch array when a column range is; int64 and uint64 keys are passed as they are (the same 64
+  // bits), int32 keys widened.
   void find_on_host(int64_t n, const void* keys, Columns cols, float* values, const float* default_row,
                     uint8_t* found) {
-    std::vector<int64_t> wide(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) wide[i] = static_cast<int64_t>(load_key(keys, key_type(), i));
+    std::unique_ptr<int64_t[]> widened;
+    const int64_t* wide = static_cast<const int64_t*>(keys);
+    if (key_type() == SOK_KEY_INT32) {
+      widened.reset(new int64_t[static_cast<size_t>(n > 0 ? n : 1)]);
+      for (int64_t i = 0; i < n; ++i) widened[i] = static_cast<int64_t>(load_key(keys, key_type(), i));
+      wide = widened.get();
+    }
     const int64_t dim = table_.dim;
-    std::vector<float> rows(static_cast<size_t>(n * dim));
+    const bool whole = cols.begin == 0 && cols.end == dim;
+    std::unique_ptr<float[]> scratch(whole ? nullptr : new float[static_cast<size_t>(n * dim)]);
     std::unique_ptr<bool[]> hit(new bool[static_cast<size_t>(n > 0 ? n : 1)]);
-    server_->fetch(table_, wide.data(), n, rows.data(), hit.get());
+    server_->fetch(table_, wide, n, whole ? values : scratch.get(), hit.get());
     const int32_t w = cols.width();
     for (int64_t i = 0; i < n; ++i) {
       float* out = values + i * w;
-      if (hit[i]) {
-        std::copy(rows.begin() + i * dim + cols.begin, rows.begin() + i * dim + cols.end, out);
-      } else if (default_row != nullptr) {
-        std::copy(default_row, default_row + w, out);
-      } else {
-        std::fill(out, out + w, 0.0f);
+      if (!hit[i]) {
+        if (default_row != nullptr) {
+          std::copy(default_row, default_row + w, out);
+        } else {
+          std::fill(out, out + w, 0.0f);
+        }
+      } else if (!whole) {
+        std::copy(scratch.get() + i * dim + cols.begin, scratch.get() + i * dim + cols.end, out);
       }
       if (found != nullptr) found[i] = hit[i] ? 1 : 0;
     }

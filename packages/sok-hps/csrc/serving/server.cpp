@@ -53,7 +53,9 @@ void check_rows_somewhere(const PsConfig& config) {
 HashMapOptions volatile_options(const PsConfig& config) {
   HashMapOptions options;
   options.num_partitions = config.volatile_db.num_partitions;
-  options.parallel = config.volatile_db.type != "hash_map";  // and where it is disabled: the rows are here
+  // Parallel whatever the type says: the server's tier is read by lookups only once loaded, and a
+  // lookup's keys fetched by the worker pool give the same rows as on the caller's thread.
+  options.parallel = true;
   options.allocation_rate = config.volatile_db.allocation_rate;
   options.max_batch_size = config.volatile_db.max_batch_size;
   return options;
