@@ -22,6 +22,9 @@ from sparse_operation_kit import tf_ops  # noqa: E402
 
 # Ops without a GPU kernel (the placer would run them on the CPU): none, every op has one.
 CPU_ONLY_OPS: set[str] = set()
+# Ops whose DEVICE_GPU kernels (inputs and outputs in host memory) libsok_tf_ops.so registers itself
+# (csrc/tf_ops/call_ops.cc): the functions they name run on the host in every process.
+HOST_KERNEL_OPS = {"SokPyCall", "SokResolveTable"}
 
 
 def _gpu_library() -> Path:
@@ -53,7 +56,12 @@ def test_gpu_library_has_a_kernel_for_every_storage_op():
     assert tables, f"{path} holds no kernel table"
     kernels = {name.decode() for table in tables for name in table.split(b",") if name}
     ops = {name for name in dir(tf_ops.library()) if re.fullmatch("Sok[A-Za-z]+", name)}
-    assert kernels == ops - CPU_ONLY_OPS
+    assert kernels == ops - CPU_ONLY_OPS - HOST_KERNEL_OPS
+    from tensorflow.python.framework import kernels as registry
+
+    for op in HOST_KERNEL_OPS:
+        devices = {kernel.device_type for kernel in registry.get_registered_kernels_for_op(op).kernel}
+        assert "GPU" in devices, (op, devices)
 
 
 def test_gpu_library_needs_only_tensorflow_and_system_libraries():
