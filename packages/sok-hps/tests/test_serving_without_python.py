@@ -178,6 +178,27 @@ def test_without_the_serving_library_the_lookup_says_what_to_load(program, libra
     assert "libsok_hps_serving.so" in message
 
 
+def test_the_serving_libraries_list_dets_storage_before_the_serving_library(libraries):
+    """The C++ server keeps its rows in sok-backend-det's storage, which it reaches by dlopen
+    RTLD_NOLOAD: the process loads det's library (no ops) before libsok_hps_serving.so."""
+    import sok_backend_det
+
+    det = os.path.join(os.path.dirname(sok_backend_det.__file__), graph_calls.DET_STORAGE_LIBRARY)
+    assert libraries[-2:] == [det, os.path.join(os.path.dirname(libraries[-1]), graph_calls.SERVING_LIBRARY)]
+
+
+def test_without_dets_storage_library_the_lookup_says_what_to_load(program, libraries, tmp_path):
+    config_path = tmp_path / "ps.json"
+    saved = export(tmp_path, config_path)
+    sparse_files, _ = files(tmp_path)
+    write(config_path, sparse_files, **support.DISABLED_DBS)
+    without_det = [path for path in libraries if os.path.basename(path) != graph_calls.DET_STORAGE_LIBRARY]
+    assert len(without_det) == len(libraries) - 1
+    message = serve_expecting_failure(program, without_det, tmp_path, saved)
+    assert "this process has not loaded its library libsok_det_storage.so: load it (TF_LoadLibrary)" in message
+    assert "graph_calls.serving_libraries()" in message
+
+
 def test_a_savedmodel_of_nvidias_plugin_ops_serves_from_cpp(program, libraries, tmp_path):
     """NVIDIA's plugin's Init and Lookup (sok-hps's libsok_tf_hps_compat.so, after sok-core's op
     library): Init starts the C++ server from its ps_config_file, Lookup reads its rows."""

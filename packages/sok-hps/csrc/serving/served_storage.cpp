@@ -27,8 +27,17 @@ class ServedRows final : public Storage {
   ServedRows(std::shared_ptr<Server> server, const ServedTable& table, int32_t key_type)
       : Storage(key_type, static_cast<int32_t>(table.dim)), server_(std::move(server)), table_(table) {}
 
-  int64_t size(const sok_exec_context&) override { return table_.rows; }
-  int64_t capacity() override { return table_.rows; }
+  int64_t size(const sok_exec_context&) override {
+    const sok_exec_context host{SOK_DEVICE_CPU, 0, nullptr};
+    int64_t out = 0;
+    check(server_->storage_api()->size(table_.storage, &host, &out));
+    return out;
+  }
+  int64_t capacity() override {
+    int64_t out = 0;
+    check(server_->storage_api()->capacity(table_.storage, &out));
+    return out;
+  }
 
 #ifdef SOK_WITH_CUDA
   bool supports_device(int32_t device_type) const override {
@@ -95,37 +104,26 @@ class ServedRows final : public Storage {
   std::string describe() override { return "HPS C++ server table " + table_.tag + " of " + server_->path(); }
 
  private:
-  // The rows are fetched straight into `values` when the whole row is asked (a lookup's case), into
-  // a scratch array when a column range is; int64 and uint64 keys are passed as they are (the same 64
-  // bits), int32 keys widened.
+  // det's find on the table's storage, with the caller's columns, default row and found: int64 and
+  // uint64 keys passed as they are (the same 64 bits), int32 keys widened.
   void find_on_host(int64_t n, const void* keys, Columns cols, float* values, const float* default_row,
                     uint8_t* found) {
     std::unique_ptr<int64_t[]> widened;
-    const int64_t* wide = static_cast<const int64_t*>(keys);
+    const void* wide = keys;
     if (key_type() == SOK_KEY_INT32) {
       widened.reset(new int64_t[static_cast<size_t>(n > 0 ? n : 1)]);
       for (int64_t i = 0; i < n; ++i) widened[i] = static_cast<int64_t>(load_key(keys, key_type(), i));
       wide = widened.get();
     }
-    const int64_t dim = table_.dim;
-    const bool whole = cols.begin == 0 && cols.end == dim;
-    std::unique_ptr<float[]> scratch(whole ? nullptr : new float[static_cast<size_t>(n * dim)]);
-    std::unique_ptr<bool[]> hit(new bool[static_cast<size_t>(n > 0 ? n : 1)]);
-    server_->fetch(table_, wide, n, whole ? values : scratch.get(), hit.get());
-    const int32_t w = cols.width();
-    for (int64_t i = 0; i < n; ++i) {
-      float* out = values + i * w;
-      if (!hit[i]) {
-        if (default_row != nullptr) {
-          std::copy(default_row, default_row + w, out);
-        } else {
-          std::fill(out, out + w, 0.0f);
-        }
-      } else if (!whole) {
-        std::copy(scratch.get() + i * dim + cols.begin, scratch.get() + i * dim + cols.end, out);
-      }
-      if (found != nullptr) found[i] = hit[i] ? 1 : 0;
-    }
+    const sok_exec_context host{SOK_DEVICE_CPU, 0, nullptr};
+    const sok_status status =
+        server_->storage_api()->find(table_.storage, &host, n, wide, cols.begin, cols.end, values, default_row, found);
+    check(status);
+  }
+
+  // Throws det's message of a failed call on the table's storage.
+  void check(sok_status status) const {
+    if (status != SOK_OK) fail(status, server_->storage_api()->last_error(table_.storage));
   }
 
 #ifdef SOK_WITH_CUDA

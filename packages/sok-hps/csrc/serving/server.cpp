@@ -1,9 +1,12 @@
 // sok::hps::Server (server.hpp).
 #include "server.hpp"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <climits>
 #include <set>
+#include <stdexcept>
 #include <vector>
 
 #include "model_files.hpp"
@@ -13,8 +16,21 @@ namespace sok {
 namespace hps {
 namespace {
 
-// Rows per insert into the tier while a model file loads (server.py's _LOAD_CHUNK_ROWS).
+// Rows per insert into a table's storage while a model file loads (server.py's _LOAD_CHUNK_ROWS).
 constexpr int64_t kLoadChunkRows = int64_t{1} << 16;
+
+// sok-backend-det's library and its entry point (sok_det_storage.h, which sok-hps does not include:
+// det is reached at run time only).
+constexpr char kDetLibrary[] = "libsok_det_storage.so";
+constexpr char kDetEntry[] = "sok_det_storage_api";
+using DetEntry = const sok_storage_api* (*)();
+
+constexpr sok_exec_context kHost{SOK_DEVICE_CPU, 0, nullptr};
+
+// Throws the det storage's message of a failed call.
+void check(const sok_storage_api* api, sok_storage* storage, sok_status status, const std::string& what) {
+  if (status != SOK_OK) throw std::runtime_error(what + ": " + api->last_error(storage));
+}
 
 // The settings of `config` whose rows a C++ server cannot hold in the process, or "".
 std::string unservable(const PsConfig& config) {
@@ -50,15 +66,24 @@ void check_rows_somewhere(const PsConfig& config) {
   }
 }
 
-HashMapOptions volatile_options(const PsConfig& config) {
-  HashMapOptions options;
-  options.num_partitions = config.volatile_db.num_partitions;
-  // Parallel whatever the type says: the server's tier is read by lookups only once loaded, and a
-  // lookup's keys fetched by the worker pool give the same rows as on the caller's thread.
-  options.parallel = true;
-  options.allocation_rate = config.volatile_db.allocation_rate;
-  options.max_batch_size = config.volatile_db.max_batch_size;
-  return options;
+// A det CPU storage of `table`'s rows: int64 keys, dim columns, slots for every row of its model file
+// made at once (no rehash while it loads).
+sok_storage* create_storage(const sok_storage_api* api, const ServedTable& table) {
+  const std::string capacity = std::to_string(std::max<int64_t>(table.rows, 1));
+  const char* names[] = {"init_capacity"};
+  const char* values[] = {capacity.c_str()};
+  sok_storage_config config{};
+  config.struct_size = sizeof(sok_storage_config);
+  config.key_type = SOK_KEY_INT64;
+  config.row_width = static_cast<int32_t>(table.dim);
+  config.device_type = SOK_DEVICE_CPU;
+  config.device_id = 0;
+  config.num_options = 1;
+  config.option_names = names;
+  config.option_values = values;
+  sok_storage* storage = nullptr;
+  check(api, nullptr, api->create(&config, &storage), "creating the det storage of " + table.tag);
+  return storage;
 }
 
 const PsConfig& checked(const PsConfig& config, const std::string& path) {
@@ -85,6 +110,32 @@ void check_key_range(const ServedTable& table, const TableSource& source) {
 
 }  // namespace
 
+const sok_storage_api* det_storage_api() {
+  static const sok_storage_api* const api = [] {
+    void* library = dlopen(kDetLibrary, RTLD_NOW | RTLD_NOLOAD);
+    auto entry = library != nullptr ? reinterpret_cast<DetEntry>(dlsym(library, kDetEntry)) : nullptr;
+    if (library != nullptr) dlclose(library);  // the NOLOAD handle's reference; the library stays loaded
+    const sok_storage_api* found = entry != nullptr ? entry() : nullptr;
+    if (found == nullptr) {
+      throw std::runtime_error(
+          std::string("the C++ server keeps its tables' rows in sok-backend-det's storage, and this process has "
+                      "not loaded its library ") +
+          kDetLibrary +
+          ": load it (TF_LoadLibrary) before libsok_hps_serving.so, as graph_calls.serving_libraries() lists them "
+          "(python -c \"from hierarchical_parameter_server import graph_calls; "
+          "print(*graph_calls.serving_libraries())\"); it is in the package directory of sok-backend-det");
+    }
+    if (found->api_version != SOK_STORAGE_API_VERSION || !sok_storage_api_has(found, find)) {
+      throw std::runtime_error(std::string(kDetLibrary) + " has storage API version " +
+                               std::to_string(found->api_version) + ", and libsok_hps_serving.so was built for " +
+                               std::to_string(SOK_STORAGE_API_VERSION) +
+                               ": install sok-backend-det and sok-hps of the same release");
+    }
+    return found;
+  }();
+  return api;
+}
+
 std::shared_ptr<Server> Server::of(const std::string& path) {
   static std::mutex mu;
   static auto* servers = new std::map<std::string, std::shared_ptr<Server>>;  // for the process's life
@@ -97,7 +148,7 @@ std::shared_ptr<Server> Server::of(const std::string& path) {
 }
 
 Server::Server(PsConfig config, std::string path)
-    : config_(std::move(checked(config, path))), path_(std::move(path)), volatile_(volatile_options(config_)) {
+    : config_(std::move(checked(config, path))), path_(std::move(path)), det_(det_storage_api()) {
   // server.py's order: every model file opened, verified and its keys checked before a row is stored
   std::vector<std::pair<std::unique_ptr<ServedTable>, TableSource>> sources;
   for (const ModelConfig& m : config_.models) {
@@ -120,13 +171,24 @@ Server::Server(PsConfig config, std::string path)
   std::vector<int64_t> keys(kLoadChunkRows);
   std::vector<float> rows;
   for (auto& [served, source] : sources) {
+    // owned by tables_ from here, so that ~Server destroys it if a later table fails
+    ServedTable& table = *served;
+    tables_.emplace(std::make_pair(table.model, table.table_id), std::move(served));
+    table.storage = create_storage(det_, table);
     TableChunks chunks = source.chunks(kLoadChunkRows);
-    rows.resize(static_cast<size_t>(kLoadChunkRows * served->dim));
+    rows.resize(static_cast<size_t>(kLoadChunkRows * table.dim));
+    const auto dim = static_cast<int32_t>(table.dim);
     for (int64_t n; (n = chunks.next(keys.data(), rows.data())) > 0;) {
-      volatile_.insert(served->tag, keys.data(), n, rows.data(), served->dim);
+      check(det_, table.storage,
+            det_->insert_or_assign(table.storage, &kHost, n, keys.data(), 0, dim, rows.data(), nullptr, nullptr, 0),
+            "loading " + source.path() + " into the det storage of " + table.tag);
     }
-    const auto key = std::make_pair(served->model, served->table_id);
-    tables_.emplace(key, std::move(served));
+  }
+}
+
+Server::~Server() {
+  for (auto& [key, table] : tables_) {
+    if (table->storage != nullptr) det_->destroy(table->storage);
   }
 }
 
@@ -149,16 +211,16 @@ const ServedTable& Server::table(const std::string& model, int64_t table_id) con
                     " tables in its sparse_files)");
 }
 
-void Server::fetch(const ServedTable& table, const int64_t* keys, int64_t n, float* rows, bool* found) {
-  volatile_.fetch(table.tag, keys, n, table.dim, rows, found);
+void Server::fetch(const ServedTable& table, const int64_t* keys, int64_t n, float* rows, const float* default_row,
+                   uint8_t* found) {
+  check(det_, table.storage,
+        det_->find(table.storage, &kHost, n, keys, 0, static_cast<int32_t>(table.dim), rows, default_row, found),
+        "HPS lookup of " + table.tag);
 }
 
 void Server::lookup(const ServedTable& table, const int64_t* keys, int64_t n, float* rows) {
-  std::unique_ptr<bool[]> found(new bool[static_cast<size_t>(std::max<int64_t>(n, 1))]);
-  fetch(table, keys, n, rows, found.get());
-  for (int64_t i = 0; i < n; ++i) {
-    if (!found[i]) std::fill(rows + i * table.dim, rows + (i + 1) * table.dim, table.default_value);
-  }
+  const std::vector<float> default_row(static_cast<size_t>(table.dim), table.default_value);
+  fetch(table, keys, n, rows, default_row.data(), nullptr);
 }
 
 }  // namespace hps

@@ -35,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import logging
 import os
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CACHE_TABLE",
     "COMPAT_LIBRARY",
+    "DET_STORAGE_LIBRARY",
     "FETCH",
     "FILL",
     "LOOKUP",
@@ -97,6 +99,10 @@ _process_server: Callable[..., ParameterServer] | None = None
 COMPAT_LIBRARY = "libsok_tf_hps_compat.so"
 #: sok-hps's library of HPS's lookups where no Python runs (csrc/serving/native_calls.cc).
 SERVING_LIBRARY = "libsok_hps_serving.so"
+#: sok-backend-det's storage as a plain shared library (its csrc/sok_det_storage.h), in the package
+#: directory of sok_backend_det: where the C++ server of :data:`SERVING_LIBRARY` keeps its rows.
+DET_STORAGE_LIBRARY = "libsok_det_storage.so"
+_DET_REINSTALL = "pip install --no-build-isolation --force-reinstall --no-deps sok-backend-det"
 _LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
 _REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps sok-hps (or: make setup in the repository)"
 
@@ -120,13 +126,15 @@ def compat_library() -> Any:
 def serving_libraries() -> list[str]:
     """The op libraries a process with no Python (a C++ server on TensorFlow's C API, TensorFlow
     Serving) loads, in this order, to serve SavedModels with HPS's layers: sok-core's
-    (:func:`sparse_operation_kit.tf_ops.serving_libraries`), then ``lib/libsok_hps_serving.so``,
-    whose C++ server answers the lookups of layers traced while HPS was not running
-    (docs/design/hps-serving.md says which ps_configs it serves).
+    (:func:`sparse_operation_kit.tf_ops.serving_libraries`), then sok-backend-det's
+    ``libsok_det_storage.so`` (no ops: the storage the C++ server keeps its rows in), then
+    ``lib/libsok_hps_serving.so``, whose C++ server answers the lookups of layers traced while HPS
+    was not running (docs/design/hps-serving.md says which ps_configs it serves).
 
     Raises:
-        FileNotFoundError: sok-hps was built without it (TensorFlow was not importable then); the
-            message says how to rebuild.
+        FileNotFoundError: sok-hps was built without its library (TensorFlow was not importable
+            then), or sok-backend-det is not installed or has no ``libsok_det_storage.so`` (built
+            before it had one); the message says how to rebuild or reinstall.
 
     Example::
 
@@ -137,7 +145,24 @@ def serving_libraries() -> list[str]:
     path = os.path.join(_LIB_DIR, SERVING_LIBRARY)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} is missing: sok-hps was built where TensorFlow was not importable; {_REBUILD}")
-    return [*tf_ops.serving_libraries(), path]
+    return [*tf_ops.serving_libraries(), _det_storage_library(), path]
+
+
+def _det_storage_library() -> str:
+    """The path of sok-backend-det's :data:`DET_STORAGE_LIBRARY`, found without importing det."""
+    spec = importlib.util.find_spec("sok_backend_det")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"sok-backend-det is not installed: the C++ server keeps its rows in its {DET_STORAGE_LIBRARY}; "
+            "pip install sok-backend-det"
+        )
+    path = os.path.join(list(spec.submodule_search_locations)[0], DET_STORAGE_LIBRARY)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{path} is missing: this sok-backend-det was built before it shipped its storage as a library of its "
+            f"own; {_DET_REINSTALL}"
+        )
+    return path
 
 
 def load_ops() -> None:

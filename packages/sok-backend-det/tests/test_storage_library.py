@@ -1,0 +1,111 @@
+"""det's storage as a plain shared library: ``libsok_det_storage.so`` beside the Python module, for
+processes with no Python (sok-hps's C++ server, which reaches it by ``dlopen``).
+
+The library's C entry point ``sok_det_storage_api()`` must give the very function table the module's
+capsule holds (one implementation, the module linking the library), and a table made through it
+must store and find rows with no Python in the calls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import sok_backend_det
+from sok_backend_det import _core
+
+LIBRARY = os.path.join(os.path.dirname(sok_backend_det.__file__), "libsok_det_storage.so")
+
+
+def entry_point() -> ctypes.c_void_p:
+    library = ctypes.CDLL(LIBRARY)
+    library.sok_det_storage_api.restype = ctypes.c_void_p
+    library.sok_det_storage_api.argtypes = []
+    return library.sok_det_storage_api()
+
+
+def test_the_library_is_installed_beside_the_module():
+    assert os.path.exists(LIBRARY), os.listdir(os.path.dirname(LIBRARY))
+
+
+def test_its_entry_point_gives_the_function_table_of_the_modules_capsule():
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype = ctypes.c_void_p
+    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    assert entry_point() == get_pointer(_core.storage_api(), b"sok_storage_api")
+
+
+class Config(ctypes.Structure):
+    _fields_ = [  # sok_storage_config
+        ("struct_size", ctypes.c_uint32),
+        ("key_type", ctypes.c_int32),
+        ("row_width", ctypes.c_int32),
+        ("device_type", ctypes.c_int32),
+        ("device_id", ctypes.c_int32),
+        ("num_options", ctypes.c_int32),
+        ("option_names", ctypes.c_void_p),
+        ("option_values", ctypes.c_void_p),
+    ]
+
+
+class Context(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32), ("stream", ctypes.c_void_p)]
+
+
+def test_a_table_made_through_the_entry_point_finds_what_it_stored():
+    """create, insert_or_assign, find (a miss reads the default row), destroy: the first fields of
+    sok_storage_api (sok/storage_api.h), called through ctypes."""
+    status, handle, pointer = ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p
+    create = ctypes.CFUNCTYPE(status, ctypes.POINTER(Config), ctypes.POINTER(handle))
+    destroy = ctypes.CFUNCTYPE(None, handle)
+    last_error = ctypes.CFUNCTYPE(ctypes.c_char_p, handle)
+    size = ctypes.CFUNCTYPE(status, handle, ctypes.POINTER(Context), ctypes.POINTER(ctypes.c_int64))
+    capacity = ctypes.CFUNCTYPE(status, handle, ctypes.POINTER(ctypes.c_int64))
+    find = ctypes.CFUNCTYPE(
+        status, handle, ctypes.POINTER(Context), ctypes.c_int64, pointer, ctypes.c_int32, ctypes.c_int32,
+        pointer, pointer, pointer,
+    )  # fmt: skip
+    find_or_insert = ctypes.CFUNCTYPE(status)  # placeholder: only its place in the table matters here
+    insert_or_assign = ctypes.CFUNCTYPE(
+        status, handle, ctypes.POINTER(Context), ctypes.c_int64, pointer, ctypes.c_int32, ctypes.c_int32,
+        pointer, pointer, pointer, ctypes.c_int32,
+    )  # fmt: skip
+
+    class Api(ctypes.Structure):
+        _fields_ = [
+            ("api_version", ctypes.c_uint32),
+            ("struct_size", ctypes.c_uint32),
+            ("backend_name", ctypes.c_char_p),
+            ("create", create),
+            ("destroy", destroy),
+            ("last_error", last_error),
+            ("size", size),
+            ("capacity", capacity),
+            ("find", find),
+            ("find_or_insert", find_or_insert),
+            ("insert_or_assign", insert_or_assign),
+        ]
+
+    api = Api.from_address(entry_point())
+    assert api.backend_name == b"det"
+    config = Config(ctypes.sizeof(Config), 0, 3, 0, 0, 0, None, None)  # int64 keys, width 3, CPU
+    table = handle()
+    assert api.create(ctypes.byref(config), ctypes.byref(table)) == 0, api.last_error(None)
+    try:
+        cpu = Context(0, 0, None)
+        keys = np.array([5, -7, 1 << 40], np.int64)
+        rows = np.arange(9, dtype=np.float32).reshape(3, 3)
+        done = api.insert_or_assign(table, cpu, 3, keys.ctypes.data, 0, 3, rows.ctypes.data, None, None, 0)
+        assert done == 0, api.last_error(table)
+        asked = np.array([1 << 40, 6, 5], np.int64)
+        values = np.empty((3, 3), np.float32)
+        default = np.full(3, 0.5, np.float32)
+        found = np.empty(3, np.uint8)
+        done = api.find(table, cpu, 3, asked.ctypes.data, 0, 3, values.ctypes.data, default.ctypes.data,
+                        found.ctypes.data)  # fmt: skip
+        assert done == 0, api.last_error(table)
+        np.testing.assert_array_equal(values, np.stack([rows[2], default, rows[0]]))
+        np.testing.assert_array_equal(found, [1, 0, 1])
+    finally:
+        api.destroy(table)
