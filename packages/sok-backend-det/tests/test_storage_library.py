@@ -14,6 +14,7 @@ import os
 import numpy as np
 import sok_backend_det
 from sok_backend_det import _core
+from sparse_operation_kit.testing.abi_fields import field_offset
 
 LIBRARY = os.path.join(os.path.dirname(sok_backend_det.__file__), "libsok_det_storage.so")
 
@@ -53,59 +54,41 @@ class Context(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32), ("stream", ctypes.c_void_p)]
 
 
+def function(api: int, name: str, restype: object, *argtypes: object) -> object:
+    """The function field ``name`` of the function table at ``api``, found where ``sok/storage_api.h``
+    places it (``abi_fields``)."""
+    return ctypes.CFUNCTYPE(restype, *argtypes)(ctypes.c_void_p.from_address(api + field_offset(name)).value)
+
+
 def test_a_table_made_through_the_entry_point_finds_what_it_stored():
-    """create, insert_or_assign, find (a miss reads the default row), destroy: the first fields of
-    sok_storage_api (sok/storage_api.h), called through ctypes."""
+    """create, insert_or_assign, find (a miss reads the default row), destroy, called through ctypes."""
     status, handle, pointer = ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p
-    create = ctypes.CFUNCTYPE(status, ctypes.POINTER(Config), ctypes.POINTER(handle))
-    destroy = ctypes.CFUNCTYPE(None, handle)
-    last_error = ctypes.CFUNCTYPE(ctypes.c_char_p, handle)
-    size = ctypes.CFUNCTYPE(status, handle, ctypes.POINTER(Context), ctypes.POINTER(ctypes.c_int64))
-    capacity = ctypes.CFUNCTYPE(status, handle, ctypes.POINTER(ctypes.c_int64))
-    find = ctypes.CFUNCTYPE(
-        status, handle, ctypes.POINTER(Context), ctypes.c_int64, pointer, ctypes.c_int32, ctypes.c_int32,
-        pointer, pointer, pointer,
-    )  # fmt: skip
-    find_or_insert = ctypes.CFUNCTYPE(status)  # placeholder: only its place in the table matters here
-    insert_or_assign = ctypes.CFUNCTYPE(
-        status, handle, ctypes.POINTER(Context), ctypes.c_int64, pointer, ctypes.c_int32, ctypes.c_int32,
-        pointer, pointer, pointer, ctypes.c_int32,
-    )  # fmt: skip
+    address = entry_point()
+    create = function(address, "create", status, ctypes.POINTER(Config), ctypes.POINTER(handle))
+    destroy = function(address, "destroy", None, handle)
+    last_error = function(address, "last_error", ctypes.c_char_p, handle)
+    rows_call = (status, handle, ctypes.POINTER(Context), ctypes.c_int64, pointer, ctypes.c_int32, ctypes.c_int32)
+    find = function(address, "find", *rows_call, pointer, pointer, pointer)
+    insert_or_assign = function(address, "insert_or_assign", *rows_call, pointer, pointer, pointer, ctypes.c_int32)
+    backend_name = ctypes.c_char_p.from_address(address + 8).value  # after api_version and struct_size
 
-    class Api(ctypes.Structure):
-        _fields_ = [
-            ("api_version", ctypes.c_uint32),
-            ("struct_size", ctypes.c_uint32),
-            ("backend_name", ctypes.c_char_p),
-            ("create", create),
-            ("destroy", destroy),
-            ("last_error", last_error),
-            ("size", size),
-            ("capacity", capacity),
-            ("find", find),
-            ("find_or_insert", find_or_insert),
-            ("insert_or_assign", insert_or_assign),
-        ]
-
-    api = Api.from_address(entry_point())
-    assert api.backend_name == b"det"
+    assert backend_name == b"det"
     config = Config(ctypes.sizeof(Config), 0, 3, 0, 0, 0, None, None)  # int64 keys, width 3, CPU
     table = handle()
-    assert api.create(ctypes.byref(config), ctypes.byref(table)) == 0, api.last_error(None)
+    assert create(ctypes.byref(config), ctypes.byref(table)) == 0, last_error(None)
     try:
         cpu = Context(0, 0, None)
         keys = np.array([5, -7, 1 << 40], np.int64)
         rows = np.arange(9, dtype=np.float32).reshape(3, 3)
-        done = api.insert_or_assign(table, cpu, 3, keys.ctypes.data, 0, 3, rows.ctypes.data, None, None, 0)
-        assert done == 0, api.last_error(table)
+        done = insert_or_assign(table, cpu, 3, keys.ctypes.data, 0, 3, rows.ctypes.data, None, None, 0)
+        assert done == 0, last_error(table)
         asked = np.array([1 << 40, 6, 5], np.int64)
         values = np.empty((3, 3), np.float32)
         default = np.full(3, 0.5, np.float32)
         found = np.empty(3, np.uint8)
-        done = api.find(table, cpu, 3, asked.ctypes.data, 0, 3, values.ctypes.data, default.ctypes.data,
-                        found.ctypes.data)  # fmt: skip
-        assert done == 0, api.last_error(table)
+        done = find(table, cpu, 3, asked.ctypes.data, 0, 3, values.ctypes.data, default.ctypes.data, found.ctypes.data)
+        assert done == 0, last_error(table)
         np.testing.assert_array_equal(values, np.stack([rows[2], default, rows[0]]))
         np.testing.assert_array_equal(found, [1, 0, 1])
     finally:
-        api.destroy(table)
+        destroy(table)

@@ -1,8 +1,6 @@
 // sok::hps::Server (server.hpp).
 #include "server.hpp"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <climits>
 #include <set>
@@ -11,6 +9,7 @@
 
 #include "model_files.hpp"
 #include "py_text.hpp"
+#include "sok/kit/loaded_library.hpp"
 
 namespace sok {
 namespace hps {
@@ -86,14 +85,15 @@ sok_storage* create_storage(const sok_storage_api* api, const ServedTable& table
   return storage;
 }
 
-const PsConfig& checked(const PsConfig& config, const std::string& path) {
+// `path`, after ConfigError where `config` (its ps_config) is not one this server serves.
+std::string checked(const PsConfig& config, std::string path) {
   const std::string what = unservable(config);
   if (!what.empty()) {
     throw ConfigError("ps_config " + py_repr(path) + " cannot be served without Python: its " + what +
                       ". Serve it from a Python process (the Python server has every tier), or change the setting");
   }
   check_rows_somewhere(config);
-  return config;
+  return path;
 }
 
 // server.py's _check_key_range: int32 keys (supportlonglong false) must hold the model file's.
@@ -112,9 +112,7 @@ void check_key_range(const ServedTable& table, const TableSource& source) {
 
 const sok_storage_api* det_storage_api() {
   static const sok_storage_api* const api = [] {
-    void* library = dlopen(kDetLibrary, RTLD_NOW | RTLD_NOLOAD);
-    auto entry = library != nullptr ? reinterpret_cast<DetEntry>(dlsym(library, kDetEntry)) : nullptr;
-    if (library != nullptr) dlclose(library);  // the NOLOAD handle's reference; the library stays loaded
+    auto entry = reinterpret_cast<DetEntry>(loaded_library_symbol(kDetLibrary, kDetEntry));
     const sok_storage_api* found = entry != nullptr ? entry() : nullptr;
     if (found == nullptr) {
       throw std::runtime_error(
@@ -148,19 +146,20 @@ std::shared_ptr<Server> Server::of(const std::string& path) {
 }
 
 Server::Server(PsConfig config, std::string path)
-    : config_(std::move(checked(config, path))), path_(std::move(path)), det_(det_storage_api()) {
+    : path_(checked(config, std::move(path))), det_(det_storage_api()) {
   // server.py's order: every model file opened, verified and its keys checked before a row is stored
   std::vector<std::pair<std::unique_ptr<ServedTable>, TableSource>> sources;
-  for (const ModelConfig& m : config_.models) {
+  for (const ModelConfig& m : config.models) {
     for (int64_t id = 0; id < static_cast<int64_t>(m.sparse_files.size()); ++id) {
       auto served = std::make_unique<ServedTable>();
       served->model = m.model;
       served->table_id = id;
       served->tag = "hps_et." + m.model + "." + m.embedding_table_names[id];
       served->dim = m.embedding_vecsize_per_table[id];
-      served->default_value = static_cast<float>(m.default_value_for_each_table[id]);
+      served->default_row.assign(static_cast<size_t>(served->dim),
+                                 static_cast<float>(m.default_value_for_each_table[id]));
       served->max_keys = m.max_batch_size * m.maxnum_catfeature_query_per_table_per_sample[id];
-      served->int64_keys = config_.supportlonglong;
+      served->int64_keys = config.supportlonglong;
       TableSource source = open_table(m.sparse_files[id], served->dim);
       source.verify();
       check_key_range(*served, source);
@@ -211,16 +210,11 @@ const ServedTable& Server::table(const std::string& model, int64_t table_id) con
                     " tables in its sparse_files)");
 }
 
-void Server::fetch(const ServedTable& table, const int64_t* keys, int64_t n, float* rows, const float* default_row,
-                   uint8_t* found) {
-  check(det_, table.storage,
-        det_->find(table.storage, &kHost, n, keys, 0, static_cast<int32_t>(table.dim), rows, default_row, found),
-        "HPS lookup of " + table.tag);
-}
-
 void Server::lookup(const ServedTable& table, const int64_t* keys, int64_t n, float* rows) {
-  const std::vector<float> default_row(static_cast<size_t>(table.dim), table.default_value);
-  fetch(table, keys, n, rows, default_row.data(), nullptr);
+  check(det_, table.storage,
+        det_->find(table.storage, &kHost, n, keys, 0, static_cast<int32_t>(table.dim), rows, table.default_row.data(),
+                   nullptr),
+        "HPS lookup of " + table.tag);
 }
 
 }  // namespace hps

@@ -31,6 +31,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ps_config.hpp"
 #include "sok/storage_api.h"
@@ -44,7 +45,7 @@ struct ServedTable {
   int64_t table_id = 0;
   std::string tag;  // hps_et.<model>.<table name>, the table's name in the tiers
   int64_t dim = 0;
-  float default_value = 0.0f;
+  std::vector<float> default_row;  // [dim] of default_value_for_each_table: what a key the files lack reads
   int64_t max_keys = 0;        // max_batch_size x maxnum_catfeature_query_per_table_per_sample
   bool int64_keys = false;     // supportlonglong
   int64_t rows = 0;            // of its model file
@@ -74,13 +75,9 @@ class Server {
   // Table table_id of model. Throws ConfigError: no such model or table.
   const ServedTable& table(const std::string& model, int64_t table_id) const;
 
-  // rows [n, table.dim] of keys [n]: the model file's row, or table.default_value in every column.
+  // rows [n, table.dim] of keys [n]: the model file's row, or table.default_row.
   // Throws std::runtime_error (the det storage's message).
   void lookup(const ServedTable& table, const int64_t* keys, int64_t n, float* rows);
-  // rows [n, table.dim] of keys [n] (found[i] = 1 for a hit, found may be null); a miss reads
-  // default_row [dim], or zeros where it is null. Throws std::runtime_error.
-  void fetch(const ServedTable& table, const int64_t* keys, int64_t n, float* rows, const float* default_row,
-             uint8_t* found);
 
   // The det function table the tables' storages (ServedTable::storage) are driven through.
   const sok_storage_api* storage_api() const { return det_; }
@@ -88,7 +85,6 @@ class Server {
   const std::string& path() const { return path_; }
 
  private:
-  const PsConfig config_;
   const std::string path_;
   const sok_storage_api* const det_;
   std::map<std::pair<std::string, int64_t>, std::unique_ptr<ServedTable>> tables_;

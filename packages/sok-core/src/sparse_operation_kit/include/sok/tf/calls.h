@@ -19,12 +19,11 @@
 #ifndef SOK_TF_CALLS_H_
 #define SOK_TF_CALLS_H_
 
-#include <dlfcn.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "sok/kit/loaded_library.hpp"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/platform/logging.h"
 
@@ -66,13 +65,11 @@ inline constexpr char kCallFunction[] = "sok_tf_call_function";
 
 // libsok_tf_ops.so's symbol `name` (nullptr, with an error logged, where the library is not loaded).
 inline void* ops_library_symbol(const char* name, const char* caller) {
-  void* library = dlopen(kOpsLibrary, RTLD_NOW | RTLD_NOLOAD);
-  void* symbol = library != nullptr ? dlsym(library, name) : nullptr;
+  void* symbol = sok::loaded_library_symbol(kOpsLibrary, name);
   if (symbol == nullptr) {
     LOG(ERROR) << caller << " cannot register with SOK's op library: " << kOpsLibrary
                << " is not loaded (load it before " << caller << ", e.g. TF_LoadLibrary or tf.load_op_library)";
   }
-  if (library != nullptr) dlclose(library);  // the NOLOAD handle's reference; the library stays loaded
   return symbol;
 }
 
