@@ -1,9 +1,8 @@
 // hierarchical_parameter_server._tiers: the Python binding of the C++ tiers (tier.hpp), for
-// hierarchical_parameter_server.tiers.hash_map_cpp and the tests that run the tier conformance
-// suite on both implementations. Arrays in, arrays out: keys int64 [n] and rows float32 [n, dim],
-// C order (an array of another layout or of a dtype that casts safely is converted once, here);
-// the checks and messages of base.py's check_keys / check_rows are the Python wrapper's. fetch and
-// insert release the GIL for the whole C++ call.
+// hierarchical_parameter_server.tiers.*_cpp and the tests that run the tier conformance suite on
+// both implementations (the parts every tier's binding shares: py_tier.hpp). WITH_ROCKSDB and
+// WITH_REDIS say whether the tiers over those services were built (where their client libraries
+// were found).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -16,15 +15,23 @@
 
 #include "hash_map_tier.hpp"
 #include "partition.hpp"
+#include "py_tier.hpp"
 
 namespace py = pybind11;
 using sok::hps::HashMapOptions;
 using sok::hps::HashMapTier;
+using Keys = sok::hps::py_tier::Keys;
+
+// The tiers over services, built where their client libraries are (CMakeLists.txt): each binding
+// adds its class to the module.
+#ifdef SOK_HPS_WITH_ROCKSDB
+void bind_rocks_db(py::module_& m);  // rocks_db_module.cpp
+#endif
+#ifdef SOK_HPS_WITH_REDIS
+void bind_redis_cluster(py::module_& m);  // redis_cluster_module.cpp
+#endif
 
 namespace {
-
-using Keys = py::array_t<int64_t, py::array::c_style>;
-using Rows = py::array_t<float, py::array::c_style>;
 
 // overflow_margin, a Python int of any size: one in [0, 2**64 - 1] as it is (HashMapTier refuses 0 with
 // its message), another with that message and the value as given.
@@ -33,42 +40,6 @@ uint64_t margin_of(const py::int_& margin, int64_t max_batch_size, int64_t alloc
   throw py::value_error("max_batch_size, overflow_margin and allocation_rate must be >= 1, got " +
                         std::to_string(max_batch_size) + ", " + py::repr(margin).cast<std::string>() + ", " +
                         std::to_string(allocation_rate));
-}
-
-// "(3, 4)": the shape of a, for messages.
-std::string shape_of(const py::array& a) {
-  std::string out = "(";
-  for (py::ssize_t d = 0; d < a.ndim(); ++d) out += (d ? ", " : "") + std::to_string(a.shape(d));
-  return out + (a.ndim() == 1 ? ",)" : ")");
-}
-
-std::tuple<py::array_t<float>, py::array_t<bool>> fetch(HashMapTier& tier, const std::string& tag, const Keys& keys,
-                                                        int64_t dim) {
-  if (keys.ndim() != 1) throw py::value_error(tag + ": keys must be 1-D, got keys of shape " + shape_of(keys));
-  const int64_t n = keys.shape(0);
-  sok::hps::check_dim(tag, dim);  // before the rows are made
-  py::array_t<float> rows({n, dim});
-  py::array_t<bool> found(n);
-  const int64_t* k = keys.data();
-  float* r = rows.mutable_data();
-  bool* f = found.mutable_data();
-  {
-    py::gil_scoped_release released;
-    tier.fetch(tag, k, n, dim, r, f);
-  }
-  return {rows, found};
-}
-
-void insert(HashMapTier& tier, const std::string& tag, const Keys& keys, const Rows& rows) {
-  if (keys.ndim() != 1 || rows.ndim() != 2 || rows.shape(0) != keys.shape(0) || rows.shape(1) < 1) {
-    throw py::value_error(tag + ": keys must be [n] and rows [n, dim >= 1], got keys of shape " + shape_of(keys) +
-                          " and rows of shape " + shape_of(rows));
-  }
-  const int64_t* k = keys.data();
-  const float* r = rows.data();
-  const int64_t n = keys.shape(0), dim = rows.shape(1);
-  py::gil_scoped_release released;
-  tier.insert(tag, k, n, r, dim);
 }
 
 }  // namespace
@@ -92,7 +63,7 @@ PYBIND11_MODULE(_tiers, m) {
     defaults["overflow_resolution_target"] = o.overflow_resolution_target;
     m.attr("DEFAULT_OPTIONS") = defaults;
   }
-  py::register_exception<sok::hps::TierClosed>(m, "TierClosed", PyExc_RuntimeError);
+  sok::hps::py_tier::register_errors(m);
 
   m.def(
       "partition_of",
@@ -108,7 +79,9 @@ PYBIND11_MODULE(_tiers, m) {
       },
       py::arg("keys"), py::arg("num_partitions"), "The partition of each int64 key (uint64 [n]), as partition.py's.");
 
-  py::class_<HashMapTier>(m, "HashMapTier", "sok::hps::HashMapTier (csrc/tiers/hash_map_tier.hpp).")
+  py::class_<HashMapTier> hash_map(m, "HashMapTier", "sok::hps::HashMapTier (csrc/tiers/hash_map_tier.hpp).");
+  sok::hps::py_tier::def_tier(hash_map);
+  hash_map
       .def(py::init([](int64_t num_partitions, bool parallel, int64_t allocation_rate, int64_t max_batch_size,
                        const py::int_& overflow_margin, const std::string& overflow_policy,
                        double overflow_resolution_target, std::optional<uint64_t> seed) {
@@ -126,12 +99,7 @@ PYBIND11_MODULE(_tiers, m) {
            py::arg("num_partitions"), py::arg("parallel"), py::arg("allocation_rate"), py::arg("max_batch_size"),
            py::arg("overflow_margin"), py::arg("overflow_policy"), py::arg("overflow_resolution_target"),
            py::arg("seed"))
-      .def_property_readonly("name", &HashMapTier::name)
       .def_property_readonly("evicts", &HashMapTier::evicts)
-      .def("fetch", &fetch, py::arg("tag"), py::arg("keys"), py::arg("dim"))
-      .def("insert", &insert, py::arg("tag"), py::arg("keys"), py::arg("rows"))
-      .def("size", &HashMapTier::size, py::arg("tag"))
-      .def("close", &HashMapTier::close)
       .def(
           "partition_contents",
           [](HashMapTier& tier, const std::string& tag) {
@@ -144,4 +112,14 @@ PYBIND11_MODULE(_tiers, m) {
             return out;
           },
           py::arg("tag"));
+  m.attr("WITH_ROCKSDB") = false;
+  m.attr("WITH_REDIS") = false;
+#ifdef SOK_HPS_WITH_ROCKSDB
+  m.attr("WITH_ROCKSDB") = true;
+  bind_rocks_db(m);
+#endif
+#ifdef SOK_HPS_WITH_REDIS
+  m.attr("WITH_REDIS") = true;
+  bind_redis_cluster(m);
+#endif
 }

@@ -5,7 +5,12 @@
 //
 // Errors are exceptions: std::invalid_argument for arguments a tier refuses (a dim of 0, rows of
 // another dim than the table holds, bad options; the Python binding raises ValueError, as the
-// Python tiers do) and TierClosed (RuntimeError in Python) for calls after close().
+// Python tiers do), TierClosed (RuntimeError in Python) for calls after close(), TierUnavailable
+// (tiers.base.TierUnavailable) when the service behind a tier cannot be reached, and TierReadOnly
+// (PermissionError) for a write to a tier opened for reading only.
+//
+// A tier whose rows outlive the process (Redis, RocksDB) is a SharedTier: it records each table's
+// row width and can erase the rows of keys a re-deployed model lacks (tiers.base.SharedTier).
 #ifndef SOK_HPS_TIERS_TIER_HPP_
 #define SOK_HPS_TIERS_TIER_HPP_
 
@@ -21,6 +26,21 @@ static_assert(sizeof(bool) == 1, "found masks are arrays of one-byte bools (NumP
 // A tier that has been closed (Tier::close): later calls throw it. A std::runtime_error, so the
 // Python binding raises RuntimeError, as the Python tiers do.
 class TierClosed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The service behind a tier cannot be reached (a Redis node down, a RocksDB path another process
+// holds, ...); the message names where. The caller treats the keys as missing in that tier and
+// tries again on a later call. tiers.base.TierUnavailable in Python.
+class TierUnavailable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A write (insert, set_stored_dim, retain_only) to a tier opened for reading only. PermissionError
+// in Python.
+class TierReadOnly : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -62,6 +82,24 @@ class Tier {
   // Releases what the tier holds (an in-process tier: every row); later calls throw TierClosed.
   // Calls in flight on other threads finish on the rows they started with.
   virtual void close() = 0;
+};
+
+// A tier whose rows outlive the server that wrote them (tiers.base.SharedTier).
+class SharedTier : public Tier {
+ public:
+  // Where the rows are, for messages (a RocksDB path, Redis addresses).
+  virtual const std::string& location() const = 0;
+
+  // The row width recorded for tag (set_stored_dim), else the width of one stored row of tag, else
+  // -1 (no row and no width of tag). Throws TierUnavailable, TierClosed.
+  virtual int64_t stored_dim(const std::string& tag) = 0;
+
+  // Records dim as the row width of tag. Throws TierReadOnly, TierUnavailable, TierClosed.
+  virtual void set_stored_dim(const std::string& tag, int64_t dim) = 0;
+
+  // Erases every row of tag whose key is not in keys [n]; returns how many were erased. The rows
+  // of keys stay readable throughout. Throws TierReadOnly, TierUnavailable, TierClosed.
+  virtual int64_t retain_only(const std::string& tag, const int64_t* keys, int64_t n) = 0;
 };
 
 }  // namespace hps
