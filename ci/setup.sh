@@ -73,20 +73,27 @@ else
   echo "$HVD_BUILT for TensorFlow $("$PY" -c 'import tensorflow as tf; print(tf.__version__)')" >"$HVD_STAMP"
 fi
 
-step 5 "system packages: redis-server (the Redis tests of sok-hps)"
-# apt-get as root (CI) or through passwordless sudo; without either the Redis tests skip and say why.
-if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
-  echo "found $(redis-server --version | cut -d' ' -f3)"
+step 5 "system packages: redis-server (the Redis tests of sok-hps), librocksdb-dev and libhiredis-dev (its C++ tiers)"
+# apt-get as root (CI) or through passwordless sudo; without either the Redis tests skip and the C++
+# RocksDB and Redis tiers are not built (their tests skip and say why). Debian's packages: RocksDB's
+# own library, and hiredis, the Redis project's C client (the cluster routing is sok-hps's).
+SYSTEM_PACKAGES=(redis-server librocksdb-dev libhiredis-dev)
+have_system_packages() {
+  command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 \
+    && [[ -f /usr/include/rocksdb/db.h && -f /usr/include/hiredis/hiredis.h ]]
+}
+if have_system_packages; then
+  echo "found redis-server $(redis-server --version | cut -d' ' -f3), RocksDB and hiredis headers"
 elif ! command -v apt-get >/dev/null 2>&1; then
-  echo "warning: redis-server is missing and there is no apt-get; the Redis tests will be skipped"
+  echo "warning: ${SYSTEM_PACKAGES[*]} missing and there is no apt-get; the Redis tests and the C++ RocksDB/Redis tiers will be skipped"
 else
   SUDO=""
   [[ $EUID -ne 0 ]] && SUDO="sudo -n"
   if $SUDO true 2>/dev/null; then
-    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server \
-      || echo "warning: apt-get install redis-server failed; the Redis tests will be skipped"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${SYSTEM_PACKAGES[@]}" \
+      || echo "warning: apt-get install ${SYSTEM_PACKAGES[*]} failed; the tests that need them will be skipped"
   else
-    echo "warning: redis-server is missing and apt-get needs root; the Redis tests will be skipped"
+    echo "warning: ${SYSTEM_PACKAGES[*]} missing and apt-get needs root; the tests that need them will be skipped"
   fi
 fi
 
