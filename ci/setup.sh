@@ -85,7 +85,7 @@ have_system_packages() {
 if have_system_packages; then
   echo "found redis-server $(redis-server --version | cut -d' ' -f3), RocksDB and hiredis headers"
 elif ! command -v apt-get >/dev/null 2>&1; then
-  echo "warning: ${SYSTEM_PACKAGES[*]} missing and there is no apt-get; the Redis tests and the C++ RocksDB/Redis tiers will be skipped"
+  echo "warning: ${SYSTEM_PACKAGES[*]} missing and no apt-get; the tests that need them will be skipped"
 else
   SUDO=""
   [[ $EUID -ne 0 ]] && SUDO="sudo -n"
