@@ -97,10 +97,13 @@ def python_serves(saved: Path, ids: np.ndarray) -> np.ndarray:
         init.shutdown()
 
 
+EVICTING = {"type": "hash_map", "num_partitions": 2, "overflow_margin": 1000, "overflow_policy": "evict_oldest"}
 SETUPS = {
     "cache of every row": ({}, support.DISABLED_DBS),
     "hash_map, no cache": ({"gpucache": False}, {"volatile_db": {"type": "hash_map", "num_partitions": 3}}),
     "parallel_hash_map and cache": ({}, {"volatile_db": {"type": "parallel_hash_map"}}),
+    "evicting hash_map, no cache": ({"gpucache": False}, {"volatile_db": EVICTING}),
+    "evicting hash_map and cache": ({}, {"volatile_db": EVICTING}),
 }
 
 
@@ -133,20 +136,43 @@ def serve_expecting_failure(program, libraries, tmp_path, saved) -> str:
     return " ".join(done.stderr.split())
 
 
+@pytest.mark.parametrize("running", [False, True], ids=["traced before Init", "traced on a running server"])
+def test_an_evicting_hash_map_serves_what_the_python_one_keeps(program, libraries, tmp_path, running):
+    """With rows evicted from the volatile hash map (evict_oldest: the same survivors in the C++ and
+    the Python tier after the same calls), C++ serves what Python does: survivors' rows, the
+    default value for the rest."""
+    config_path = tmp_path / "ps.json"
+    sparse_files, _ = files(tmp_path)
+    tight = {**EVICTING, "num_partitions": 1, "overflow_margin": 16, "overflow_resolution_target": 0.5}
+    write(config_path, sparse_files, {"gpucache": False}, volatile_db=tight)
+    saved = export(tmp_path, config_path, running)
+    ids = np.random.default_rng(9).integers(0, ROWS, size=(BATCH, SLOTS)).astype(np.int64)
+    expected = python_serves(saved, ids)
+    assert (expected == 0.5).any() and (expected != 0.5).any()  # some rows evicted, some kept
+
+    done = serving_cpp.serve(program, saved, ids, tmp_path, libraries)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "out.bin", np.float32).reshape(expected.shape), expected)
+
+
 @pytest.mark.parametrize(
-    "top, named",
+    "entry, top, named",
     [
-        ({"persistent_db": {"type": "rocks_db", "path": "/nonexistent"}}, "its persistent_db.type 'rocks_db'"),
-        ({"volatile_db": {"type": "redis_cluster"}}, "its volatile_db.type 'redis_cluster'"),
-        ({"volatile_db": {"type": "hash_map", "overflow_margin": 1000}}, "its volatile_db.overflow_margin 1000"),
-        ({"update_source": {"type": "directory", "path": "/nonexistent"}}, "its update_source.type 'directory'"),
+        ({}, {"persistent_db": {"type": "rocks_db", "path": "/nonexistent"}}, "its persistent_db.type 'rocks_db'"),
+        ({}, {"volatile_db": {"type": "redis_cluster"}}, "its volatile_db.type 'redis_cluster'"),
+        (
+            {"gpucacheper": 0.5},
+            {"volatile_db": {"type": "hash_map"}},
+            "its model 'm''s embedding cache, which evicts (gpucacheper 0.5 below 1.0",
+        ),
+        ({}, {"update_source": {"type": "directory", "path": "/nonexistent"}}, "its update_source.type 'directory'"),
     ],
 )
-def test_a_config_whose_rows_cpp_cannot_hold_is_refused_naming_the_setting(program, libraries, tmp_path, top, named):
+def test_a_config_cpp_cannot_serve_is_refused_naming_the_setting(program, libraries, tmp_path, entry, top, named):
     config_path = tmp_path / "ps.json"
     saved = export(tmp_path, config_path)
     sparse_files, _ = files(tmp_path)
-    write(config_path, sparse_files, **top)
+    write(config_path, sparse_files, entry, **top)
     message = serve_expecting_failure(program, libraries, tmp_path, saved)
     assert f"ps_config '{config_path}' cannot be served without Python: {named}" in message
 

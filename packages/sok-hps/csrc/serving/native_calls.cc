@@ -98,9 +98,14 @@ Status served(const std::string& what, const std::string& text, std::shared_ptr<
   return Status();
 }
 
-// Output 0 = the rows of input 0 (keys of the table's key dtype, any shape): keys.shape + [dim].
-Status rows_of_keys(OpKernelContext* ctx, const Tensor& keys, const std::string& what,
-                    const std::shared_ptr<Server>& server, const ServedTable& table, bool check_count) {
+// What a call does with its keys: the whole lookup (Server::lookup), or the databases' rows of a
+// lookup graph's misses (Server::fetch).
+enum class Rows { kLookup, kFetch };
+
+// The keys of input 0 (the table's key dtype, any shape) as int64, into *wide where they are int32;
+// checked as ServedTable.check_call and _checked_count do (check_count).
+Status int64_keys(OpKernelContext* ctx, const Tensor& keys, const std::string& what, const ServedTable& table,
+                  bool check_count, Tensor* wide, const int64_t** out) {
   const int64_t n = keys.NumElements();
   const auto wanted = table.int64_keys ? ::tensorflow::DT_INT64 : ::tensorflow::DT_INT32;
   if (keys.dtype() != wanted) {  // ServedTable.check_call's message
@@ -116,23 +121,34 @@ Status rows_of_keys(OpKernelContext* ctx, const Tensor& keys, const std::string&
         "maxnum_catfeature_query_per_table_per_sample = ", table.max_keys,
         "; raise them in the ps_config or pass a smaller batch; keys: ", n);
   }
+  if (keys.dtype() == ::tensorflow::DT_INT64) {
+    *out = keys.flat<int64_t>().data();
+    return Status();
+  }
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), wide));
+  auto narrow = keys.flat<int32_t>();
+  auto widened = wide->flat<int64_t>();
+  for (int64_t i = 0; i < n; ++i) widened(i) = narrow(i);
+  *out = widened.data();
+  return Status();
+}
+
+// Output 0 = the rows of input 0 (keys of the table's key dtype, any shape): keys.shape + [dim].
+Status rows_of_keys(OpKernelContext* ctx, const Tensor& keys, const std::string& what,
+                    const std::shared_ptr<Server>& server, const ServedTable& table, Rows how) {
+  Tensor wide;
+  const int64_t* k = nullptr;
+  TF_RETURN_IF_ERROR(int64_keys(ctx, keys, what, table, /*check_count=*/how == Rows::kLookup, &wide, &k));
   TensorShape shape = keys.shape();
   TF_RETURN_IF_ERROR(shape.AddDimWithStatus(table.dim));
   Tensor* rows = nullptr;
   TF_RETURN_IF_ERROR(ctx->allocate_output(0, shape, &rows));
-  Tensor wide;
-  const int64_t* k = nullptr;
-  if (keys.dtype() == ::tensorflow::DT_INT64) {
-    k = keys.flat<int64_t>().data();
-  } else {
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), &wide));
-    auto narrow = keys.flat<int32_t>();
-    auto out = wide.flat<int64_t>();
-    for (int64_t i = 0; i < n; ++i) out(i) = narrow(i);
-    k = out.data();
-  }
   try {
-    server->lookup(table, k, n, rows->flat<float>().data());
+    if (how == Rows::kLookup) {
+      server->lookup(table, k, keys.NumElements(), rows->flat<float>().data());
+    } else {
+      server->fetch(table, k, keys.NumElements(), rows->flat<float>().data());
+    }
   } catch (const std::exception& e) {
     return errors::Internal(what, ": ", e.what());
   }
@@ -149,24 +165,29 @@ Status lookup(OpKernelContext* ctx, const std::string& text, const std::vector<c
   std::shared_ptr<Server> server;
   const ServedTable* table = nullptr;
   TF_RETURN_IF_ERROR(served(what, text, &server, &table));
-  return rows_of_keys(ctx, *inputs.at(0), what, server, *table, /*check_count=*/true);
+  return rows_of_keys(ctx, *inputs.at(0), what, server, *table, Rows::kLookup);
 }
 
-// graph_calls.fetch and fill: the rows of the keys the graph's table lacked (the default value: the
-// C++ server's table holds every row the model files have, and nothing else can).
+// graph_calls.fetch and fill: the databases' rows of the keys the graph's table lacked (the cache
+// here never evicts, so a fill writes nothing into it: fill is fetch).
 Status fetch(OpKernelContext* ctx, const std::string& text, const std::vector<const Tensor*>& inputs) {
   const std::string what = what_of(kFetch);
   std::shared_ptr<Server> server;
   const ServedTable* table = nullptr;
   TF_RETURN_IF_ERROR(served(what, text, &server, &table));
-  return rows_of_keys(ctx, *inputs.at(0), what, server, *table, /*check_count=*/false);
+  return rows_of_keys(ctx, *inputs.at(0), what, server, *table, Rows::kFetch);
 }
 
-// graph_calls.schedule_fill: True (there is nothing to fill: the table holds every row).
-Status schedule_fill(OpKernelContext* ctx, const std::string& text, const std::vector<const Tensor*>&) {
+// graph_calls.schedule_fill: the keys' fetch in the server's background threads; True.
+Status schedule_fill(OpKernelContext* ctx, const std::string& text, const std::vector<const Tensor*>& inputs) {
+  const std::string what = what_of(kScheduleFill);
   std::shared_ptr<Server> server;
   const ServedTable* table = nullptr;
-  TF_RETURN_IF_ERROR(served(what_of(kScheduleFill), text, &server, &table));
+  TF_RETURN_IF_ERROR(served(what, text, &server, &table));
+  Tensor wide;
+  const int64_t* k = nullptr;
+  TF_RETURN_IF_ERROR(int64_keys(ctx, *inputs.at(0), what, *table, /*check_count=*/false, &wide, &k));
+  server->schedule_fill(*table, k, inputs.at(0)->NumElements());
   Tensor* done = nullptr;
   TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({}), &done));
   done->scalar<bool>()() = true;
@@ -175,19 +196,25 @@ Status schedule_fill(OpKernelContext* ctx, const std::string& text, const std::v
 
 // graph_calls.cache_table and volatile_table: the table the graph's SokFind reads, with keys of the
 // table's key dtype (the cache's) or int64 (the volatile DB's).
-Status resolve(const char* function, const std::string& text, int32_t key_type, int64_t* address) {
+Status resolve(const char* function, const char* tier, const std::string& text, int32_t key_type, int64_t* address) {
+  const std::string what = std::string("SokResolveTable by ") + function + " (served without Python)";
   std::shared_ptr<Server> server;
   const ServedTable* table = nullptr;
-  TF_RETURN_IF_ERROR(served(std::string("SokResolveTable by ") + function + " (served without Python)", text,
-                            &server, &table));
+  TF_RETURN_IF_ERROR(served(what, text, &server, &table));
   if (key_type < 0) key_type = table->int64_keys ? SOK_KEY_INT64 : SOK_KEY_INT32;
-  *address = reinterpret_cast<intptr_t>(served_table_ref(server, *table, key_type));
+  try {
+    *address = reinterpret_cast<intptr_t>(served_table_ref(server, *table, tier, key_type));
+  } catch (const std::exception& e) {
+    return errors::InvalidArgument(what, ": ", e.what());
+  }
   return Status();
 }
 
-Status cache_table(const std::string& text, int64_t* address) { return resolve(kCacheTable, text, -1, address); }
+Status cache_table(const std::string& text, int64_t* address) {
+  return resolve(kCacheTable, "cache", text, -1, address);
+}
 Status volatile_table(const std::string& text, int64_t* address) {
-  return resolve(kVolatileTable, text, SOK_KEY_INT64, address);
+  return resolve(kVolatileTable, "volatile", text, SOK_KEY_INT64, address);
 }
 
 // The server of NVIDIA's Init: the first one's, for the process (later Inits change nothing, as the
@@ -232,7 +259,7 @@ Status nvidia_lookup(OpKernelContext* ctx, const std::string& text, const std::v
                                    table->table_id, " of model '", table->model, "': the ps_config says ", table->dim,
                                    " (embedding_vecsize_per_table); pass emb_vec_size=", table->dim);
   }
-  return rows_of_keys(ctx, *inputs.at(0), what, server, *table, /*check_count=*/false);
+  return rows_of_keys(ctx, *inputs.at(0), what, server, *table, Rows::kLookup);
 }
 
 bool register_all() {

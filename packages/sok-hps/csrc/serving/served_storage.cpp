@@ -24,18 +24,17 @@ constexpr char kReadOnly[] =
 
 class ServedRows final : public Storage {
  public:
-  ServedRows(std::shared_ptr<Server> server, const ServedTable& table, int32_t key_type)
-      : Storage(key_type, static_cast<int32_t>(table.dim)), server_(std::move(server)), table_(table) {}
+  ServedRows(std::shared_ptr<Server> server, const ServedTable& table, const DetStorage& rows, int32_t key_type)
+      : Storage(key_type, static_cast<int32_t>(table.dim)), server_(std::move(server)), table_(table), rows_(rows) {}
 
   int64_t size(const sok_exec_context&) override {
-    const sok_exec_context host{SOK_DEVICE_CPU, 0, nullptr};
     int64_t out = 0;
-    check(server_->storage_api()->size(table_.storage, &host, &out));
+    check(det_storage_api()->size(rows_.handle(), &kHostContext, &out));
     return out;
   }
   int64_t capacity() override {
     int64_t out = 0;
-    check(server_->storage_api()->capacity(table_.storage, &out));
+    check(det_storage_api()->capacity(rows_.handle(), &out));
     return out;
   }
 
@@ -115,15 +114,13 @@ class ServedRows final : public Storage {
       for (int64_t i = 0; i < n; ++i) widened[i] = static_cast<int64_t>(load_key(keys, key_type(), i));
       wide = widened.get();
     }
-    const sok_exec_context host{SOK_DEVICE_CPU, 0, nullptr};
-    const sok_status status =
-        server_->storage_api()->find(table_.storage, &host, n, wide, cols.begin, cols.end, values, default_row, found);
-    check(status);
+    check(det_storage_api()->find(rows_.handle(), &kHostContext, n, wide, cols.begin, cols.end, values, default_row,
+                                  found));
   }
 
   // Throws det's message of a failed call on the table's storage.
   void check(sok_status status) const {
-    if (status != SOK_OK) fail(status, server_->storage_api()->last_error(table_.storage));
+    if (status != SOK_OK) fail(status, det_storage_api()->last_error(rows_.handle()));
   }
 
 #ifdef SOK_WITH_CUDA
@@ -132,8 +129,9 @@ class ServedRows final : public Storage {
   }
 #endif
 
-  const std::shared_ptr<Server> server_;  // kept alive by its references
+  const std::shared_ptr<Server> server_;  // kept alive by its references, and with it table_ and rows_
   const ServedTable& table_;
+  const DetStorage& rows_;
 };
 
 Storage* refuse_create(const sok_storage_config&, Options&) {
@@ -143,17 +141,18 @@ Storage* refuse_create(const sok_storage_config&, Options&) {
 }  // namespace
 
 const sok_table_ref* served_table_ref(const std::shared_ptr<Server>& server, const ServedTable& table,
-                                      int32_t key_type) {
+                                      const std::string& tier, int32_t key_type) {
   static std::mutex mu;
-  static auto* refs = new std::map<std::tuple<const Server*, const ServedTable*, int32_t>, sok_table_ref*>;
+  static auto* refs = new std::map<std::tuple<const Server*, const ServedTable*, std::string, int32_t>, sok_table_ref*>;
   static const sok_storage_api* api = make_storage_api<&refuse_create>("hps_cpp_server");
+  const DetStorage& rows = server->graph_table(table, tier);
   std::lock_guard<std::mutex> lock(mu);
-  auto& ref = (*refs)[{server.get(), &table, key_type}];
+  auto& ref = (*refs)[{server.get(), &table, tier, key_type}];
   if (ref == nullptr) {
     ref = new sok_table_ref{};
     ref->magic = SOK_TABLE_REF_MAGIC;
     ref->api = api;
-    ref->storage = detail::to_handle(new ServedRows(server, table, key_type));
+    ref->storage = detail::to_handle(new ServedRows(server, table, rows, key_type));
     ref->key_type = key_type;
     ref->row_width = static_cast<int32_t>(table.dim);
     ref->inits = nullptr;

@@ -15,6 +15,7 @@
 #define SOK_HPS_SERVING_SERVED_STORAGE_HPP_
 
 #include <memory>
+#include <string>
 
 #include "server.hpp"
 #include "sok/table_ref.h"
@@ -22,10 +23,12 @@
 namespace sok {
 namespace hps {
 
-// The reference of `table` of `server` with keys of key_type (SOK_KEY_INT64 or SOK_KEY_INT32), made
-// on first use and never freed (a sok_table_ref lives for the process, as sok/table_ref.h asks).
+// The reference of `table`'s rows in `tier` ("cache" or "volatile": Server::graph_table) of `server`
+// with keys of key_type (SOK_KEY_INT64 or SOK_KEY_INT32), made on first use and never freed (a
+// sok_table_ref lives for the process, as sok/table_ref.h asks). Throws std::invalid_argument where
+// the table has no such rows.
 const sok_table_ref* served_table_ref(const std::shared_ptr<Server>& server, const ServedTable& table,
-                                      int32_t key_type);
+                                      const std::string& tier, int32_t key_type);
 
 }  // namespace hps
 }  // namespace sok

@@ -3,86 +3,63 @@
 
 #include <algorithm>
 #include <climits>
-#include <set>
+#include <exception>
 #include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
+#include "hash_map_tier.hpp"
+#include "log.hpp"
 #include "model_files.hpp"
 #include "py_text.hpp"
-#include "sok/kit/loaded_library.hpp"
+#include "server_tiers.hpp"
 
 namespace sok {
 namespace hps {
 namespace {
 
-// Rows per insert into a table's storage while a model file loads (server.py's _LOAD_CHUNK_ROWS).
+// Rows per chunk while a model file loads into the tiers (server.py's _LOAD_CHUNK_ROWS).
 constexpr int64_t kLoadChunkRows = int64_t{1} << 16;
 
-// sok-backend-det's library and its entry point (sok_det_storage.h, which sok-hps does not include:
-// det is reached at run time only).
-constexpr char kDetLibrary[] = "libsok_det_storage.so";
-constexpr char kDetEntry[] = "sok_det_storage_api";
-using DetEntry = const sok_storage_api* (*)();
+// Whether the model's tables have a cache (config.py's ModelConfig.has_cache).
+bool has_cache(const ModelConfig& m) { return m.gpucache && m.gpucacheper > 0.0; }
 
-constexpr sok_exec_context kHost{SOK_DEVICE_CPU, 0, nullptr};
-
-// Throws the det storage's message of a failed call.
-void check(const sok_storage_api* api, sok_storage* storage, sok_status status, const std::string& what) {
-  if (status != SOK_OK) throw std::runtime_error(what + ": " + api->last_error(storage));
+bool has_database(const PsConfig& config) {
+  return config.volatile_db.type != "disabled" || config.persistent_db.type != "disabled";
 }
 
-// The settings of `config` whose rows a C++ server cannot hold in the process, or "".
+// The settings of `config` this server cannot serve, or "".
 std::string unservable(const PsConfig& config) {
-  const auto& v = config.volatile_db;
-  const bool hash_map = v.type == "hash_map" || v.type == "parallel_hash_map";
-  if (!hash_map && v.type != "disabled") {
-    return "volatile_db.type " + py_repr(v.type) + " (served here: 'hash_map', 'parallel_hash_map', 'disabled')";
-  }
-  if (hash_map && v.overflow_margin != kNoOverflowLimit) {
-    return "volatile_db.overflow_margin " + std::to_string(v.overflow_margin) +
-           " (served here: none, so that no row is ever evicted)";
-  }
-  if (config.persistent_db.type != "disabled") {
-    return "persistent_db.type " + py_repr(config.persistent_db.type) + " (served here: 'disabled')";
-  }
   if (config.update_source.type != "null") {
     return "update_source.type " + py_repr(config.update_source.type) +
            " (served here: 'null'; its updates would be missed)";
+  }
+  const std::string tier = unbuilt_tier(config);
+  if (!tier.empty()) return tier;
+  if (!has_database(config)) return "";
+  for (const ModelConfig& m : config.models) {
+    if (has_cache(m) && m.gpucacheper < 1.0 && m.embedding_cache_type != "static" && m.embedding_cache_type != "uvm") {
+      return "model " + py_repr(m.model) + "'s embedding cache, which evicts (gpucacheper " + py_repr(m.gpucacheper) +
+             " below 1.0 with embedding_cache_type " + py_repr(m.embedding_cache_type) +
+             " and a database behind it; served here: gpucacheper 1.0, embedding_cache_type 'static' or 'uvm', or "
+             "gpucache false)";
+    }
   }
   return "";
 }
 
 // server.py's refusal of a model whose rows would be in no tier.
 void check_rows_somewhere(const PsConfig& config) {
-  if (config.volatile_db.type != "disabled") return;  // no persistent DB: unservable() said so
+  if (has_database(config)) return;
   for (const ModelConfig& m : config.models) {
-    if (m.gpucache && m.gpucacheper > 0.0) continue;
+    if (has_cache(m)) continue;
     const std::string why = !m.gpucache ? "gpucache: false" : "gpucacheper: " + py_repr(m.gpucacheper) + " (no cache)";
     throw ConfigError("model " + py_repr(m.model) + " has " + why +
                       " and the ps_config has no database (volatile_db and persistent_db disabled): its rows would be "
                       "nowhere. Set gpucache: true with gpucacheper above 0 (1.0: the cache holds every row) or "
                       "configure a volatile_db or persistent_db");
   }
-}
-
-// A det CPU storage of `table`'s rows: int64 keys, dim columns, slots for every row of its model file
-// made at once (no rehash while it loads).
-sok_storage* create_storage(const sok_storage_api* api, const ServedTable& table) {
-  const std::string capacity = std::to_string(std::max<int64_t>(table.rows, 1));
-  const char* names[] = {"init_capacity"};
-  const char* values[] = {capacity.c_str()};
-  sok_storage_config config{};
-  config.struct_size = sizeof(sok_storage_config);
-  config.key_type = SOK_KEY_INT64;
-  config.row_width = static_cast<int32_t>(table.dim);
-  config.device_type = SOK_DEVICE_CPU;
-  config.device_id = 0;
-  config.num_options = 1;
-  config.option_names = names;
-  config.option_values = values;
-  sok_storage* storage = nullptr;
-  check(api, nullptr, api->create(&config, &storage), "creating the det storage of " + table.tag);
-  return storage;
 }
 
 // `path`, after ConfigError where `config` (its ps_config) is not one this server serves.
@@ -108,31 +85,89 @@ void check_key_range(const ServedTable& table, const TableSource& source) {
   }
 }
 
+std::vector<std::regex> filters_of(const std::vector<std::string>& patterns) {
+  std::vector<std::regex> out;
+  for (const std::string& p : patterns) out.emplace_back(p, std::regex::ECMAScript);
+  return out;
+}
+
+bool any_fullmatch(const std::vector<std::regex>& filters, const std::string& text) {
+  return std::any_of(filters.begin(), filters.end(), [&](const std::regex& r) { return std::regex_match(text, r); });
+}
+
+// The distinct keys of keys [n] in the order they first appear, and where each key's is.
+void distinct_keys(const int64_t* keys, int64_t n, std::vector<int64_t>* distinct, std::vector<int64_t>* positions) {
+  std::unordered_map<int64_t, int64_t> index;
+  index.reserve(static_cast<size_t>(n));
+  distinct->clear();
+  positions->resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    auto [it, made] = index.emplace(keys[i], static_cast<int64_t>(distinct->size()));
+    if (made) distinct->push_back(keys[i]);
+    (*positions)[i] = it->second;
+  }
+}
+
 }  // namespace
 
-const sok_storage_api* det_storage_api() {
-  static const sok_storage_api* const api = [] {
-    auto entry = reinterpret_cast<DetEntry>(loaded_library_symbol(kDetLibrary, kDetEntry));
-    const sok_storage_api* found = entry != nullptr ? entry() : nullptr;
-    if (found == nullptr) {
-      throw std::runtime_error(
-          std::string("the C++ server keeps its tables' rows in sok-backend-det's storage, and this process has "
-                      "not loaded its library ") +
-          kDetLibrary +
-          ": load it (TF_LoadLibrary) before libsok_hps_serving.so, as graph_calls.serving_libraries() lists them "
-          "(python -c \"from hierarchical_parameter_server import graph_calls; "
-          "print(*graph_calls.serving_libraries())\"); it is in the package directory of sok-backend-det");
+// The server's background threads (server.py's ThreadPoolExecutor): fills and copy-backs, errors
+// logged. Started at the first submit; the destructor runs what was submitted, then joins.
+class Server::Background {
+ public:
+  explicit Background(int64_t threads) : threads_(std::max<int64_t>(1, threads)) {}
+  ~Background() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
     }
-    if (found->api_version != SOK_STORAGE_API_VERSION || !sok_storage_api_has(found, find)) {
-      throw std::runtime_error(std::string(kDetLibrary) + " has storage API version " +
-                               std::to_string(found->api_version) + ", and libsok_hps_serving.so was built for " +
-                               std::to_string(SOK_STORAGE_API_VERSION) +
-                               ": install sok-backend-det and sok-hps of the same release");
+    work_cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
+  void submit(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(fn));
+      ++pending_;
+      if (static_cast<int64_t>(workers_.size()) < threads_ && idle_ == 0) workers_.emplace_back([this] { run(); });
     }
-    return found;
-  }();
-  return api;
-}
+    work_cv_.notify_one();
+  }
+
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [this] { return pending_ == 0; });
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      work_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      --idle_;
+      if (queue_.empty()) return;  // stopping, and nothing left
+      std::function<void()> fn = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        log(LogLevel::kError, std::string("HPS background work failed: ") + e.what());
+      }
+      lock.lock();
+      if (--pending_ == 0) done_cv_.notify_all();
+    }
+  }
+
+  const int64_t threads_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<std::function<void()>> queue_;
+  std::vector<std::thread> workers_;
+  int64_t pending_ = 0, idle_ = 0;
+  bool stopping_ = false;
+};
 
 std::shared_ptr<Server> Server::of(const std::string& path) {
   static std::mutex mu;
@@ -146,49 +181,135 @@ std::shared_ptr<Server> Server::of(const std::string& path) {
 }
 
 Server::Server(PsConfig config, std::string path)
-    : path_(checked(config, std::move(path))), det_(det_storage_api()) {
-  // server.py's order: every model file opened, verified and its keys checked before a row is stored
-  std::vector<std::pair<std::unique_ptr<ServedTable>, TableSource>> sources;
-  for (const ModelConfig& m : config.models) {
-    for (int64_t id = 0; id < static_cast<int64_t>(m.sparse_files.size()); ++id) {
-      auto served = std::make_unique<ServedTable>();
-      served->model = m.model;
-      served->table_id = id;
-      served->tag = "hps_et." + m.model + "." + m.embedding_table_names[id];
-      served->dim = m.embedding_vecsize_per_table[id];
-      served->default_row.assign(static_cast<size_t>(served->dim),
-                                 static_cast<float>(m.default_value_for_each_table[id]));
-      served->max_keys = m.max_batch_size * m.maxnum_catfeature_query_per_table_per_sample[id];
-      served->int64_keys = config.supportlonglong;
-      TableSource source = open_table(m.sparse_files[id], served->dim);
-      source.verify();
-      check_key_range(*served, source);
-      served->rows = source.rows();
-      sources.emplace_back(std::move(served), std::move(source));
+    : path_(checked(config, std::move(path))),
+      config_(std::move(config)),
+      volatile_filters_(filters_of(config_.volatile_db.update_filters)),
+      persistent_filters_(filters_of(config_.persistent_db.update_filters)) {
+  int64_t threads = 1;
+  for (const ModelConfig& m : config_.models) threads = std::max(threads, m.thread_pool_size);
+  background_ = std::make_unique<Background>(threads);
+  volatile_ = make_volatile_tier(config_.volatile_db);
+  volatile_det_ = dynamic_cast<DetTier*>(volatile_.get());
+  persistent_ = make_persistent_tier(config_.persistent_db);
+  bool wrote_shared = false;
+  try {
+    // every model file opened, verified and its keys checked, then every shared database's width,
+    // before a row is written anywhere
+    std::vector<std::tuple<const ModelConfig*, std::unique_ptr<ServedTable>, TableSource>> sources;
+    for (const ModelConfig& m : config_.models) {
+      for (int64_t id = 0; id < static_cast<int64_t>(m.sparse_files.size()); ++id) {
+        auto served = std::make_unique<ServedTable>();
+        served->model = m.model;
+        served->table_id = id;
+        served->tag = "hps_et." + m.model + "." + m.embedding_table_names[id];
+        served->dim = m.embedding_vecsize_per_table[id];
+        served->default_value = static_cast<float>(m.default_value_for_each_table[id]);
+        served->default_row.assign(static_cast<size_t>(served->dim), served->default_value);
+        served->max_keys = m.max_batch_size * m.maxnum_catfeature_query_per_table_per_sample[id];
+        served->int64_keys = config_.supportlonglong;
+        served->hit_rate_threshold = m.hit_rate_threshold;
+        TableSource source = open_table(m.sparse_files[id], served->dim);
+        source.verify();
+        check_key_range(*served, source);
+        served->rows = source.rows();
+        sources.emplace_back(&m, std::move(served), std::move(source));
+      }
     }
-  }
-  std::vector<int64_t> keys(kLoadChunkRows);
-  std::vector<float> rows;
-  for (auto& [served, source] : sources) {
-    // owned by tables_ from here, so that ~Server destroys it if a later table fails
-    ServedTable& table = *served;
-    tables_.emplace(std::make_pair(table.model, table.table_id), std::move(served));
-    table.storage = create_storage(det_, table);
-    TableChunks chunks = source.chunks(kLoadChunkRows);
-    rows.resize(static_cast<size_t>(kLoadChunkRows * table.dim));
-    const auto dim = static_cast<int32_t>(table.dim);
-    for (int64_t n; (n = chunks.next(keys.data(), rows.data())) > 0;) {
-      check(det_, table.storage,
-            det_->insert_or_assign(table.storage, &kHost, n, keys.data(), 0, dim, rows.data(), nullptr, nullptr, 0),
-            "loading " + source.path() + " into the det storage of " + table.tag);
+    for (const auto& [m, served, source] : sources) {
+      for (SharedTier* db : shared_dbs(/*writable=*/false)) {
+        const int64_t stored = db->stored_dim(served->tag);
+        if (stored >= 0 && stored != served->dim) {
+          throw ConfigError(db->name() + " at " + db->location() + " holds table " + served->tag + " (table " +
+                            std::to_string(served->table_id) + " of model " + py_repr(m->model) + ") with rows of " +
+                            std::to_string(stored) + " floats, but embedding_vecsize_per_table gives " +
+                            std::to_string(served->dim) + "; nothing was written. Set embedding_vecsize_per_table to " +
+                            std::to_string(stored) +
+                            ", or serve the new width from another database (persistent_db.path, "
+                            "volatile_db.address) or under another model name, or remove the table's rows from " +
+                            db->location());
+        }
+      }
     }
+    for (auto& [m, served, source] : sources) {
+      ServedTable& table = *served;
+      by_tag_[table.tag] = &table;
+      tables_.emplace(std::make_pair(table.model, table.table_id), std::move(served));
+      wrote_shared = wrote_shared || !shared_dbs(/*writable=*/true).empty();
+      load(*m, table, source);
+    }
+  } catch (const std::exception& e) {
+    if (wrote_shared) {
+      std::string where;
+      for (SharedTier* db : shared_dbs(/*writable=*/true)) {
+        where += (where.empty() ? "" : " and ") + db->name() + " at " + db->location();
+      }
+      log(LogLevel::kError, "HPS start failed after it began writing " + where + " (" + e.what() +
+                                "): the databases are partly re-deployed (the tables' rows of both models, rows the "
+                                "new model lacks possibly erased) and lookups that read them get either; deploy again "
+                                "(Init or reload) once the cause is fixed");
+    }
+    throw;
   }
 }
 
 Server::~Server() {
-  for (auto& [key, table] : tables_) {
-    if (table->storage != nullptr) det_->destroy(table->storage);
+  background_.reset();  // its work reads the tables and the databases
+  tables_.clear();
+  for (Tier* db : {volatile_.get(), persistent_.get()}) {
+    if (db == nullptr) continue;
+    try {
+      db->close();
+    } catch (const std::exception& e) {
+      log(LogLevel::kError, "HPS: closing " + db->name() + " failed: " + e.what());
+    }
   }
+}
+
+std::vector<SharedTier*> Server::shared_dbs(bool writable) const {
+  std::vector<SharedTier*> out;
+  std::vector<Tier*> dbs = writable ? writable_dbs() : std::vector<Tier*>{volatile_.get(), persistent_.get()};
+  for (Tier* db : dbs) {
+    if (auto* shared = dynamic_cast<SharedTier*>(db)) out.push_back(shared);
+  }
+  return out;
+}
+
+std::vector<Tier*> Server::writable_dbs() const {
+  std::vector<Tier*> out;
+  if (volatile_ != nullptr) out.push_back(volatile_.get());
+  if (persistent_ != nullptr && !config_.persistent_db.read_only) out.push_back(persistent_.get());
+  return out;
+}
+
+void Server::load(const ModelConfig& model, ServedTable& table, const TableSource& source) {
+  const std::vector<Tier*> writable = writable_dbs();
+  const std::vector<SharedTier*> shared = shared_dbs(/*writable=*/true);
+  for (SharedTier* db : shared) db->set_stored_dim(table.tag, table.dim);
+  if (has_cache(model)) {
+    table.cache = std::make_unique<DetStorage>("the cache of " + table.tag, table.dim, table.rows);
+    table.cache_answers_all = persistent_ == nullptr && (volatile_ == nullptr || volatile_det_ != nullptr ||
+                                                         dynamic_cast<HashMapTier*>(volatile_.get()) != nullptr);
+  } else if (volatile_det_ != nullptr) {
+    table.volatile_rows = volatile_det_->storage(table.tag, table.dim, table.rows);
+  }
+  std::vector<int64_t> keys(kLoadChunkRows);
+  std::vector<float> rows(static_cast<size_t>(kLoadChunkRows * table.dim));
+  TableChunks chunks = source.chunks(kLoadChunkRows);
+  int64_t loaded = 0;
+  for (int64_t n; (n = chunks.next(keys.data(), rows.data())) > 0; loaded += n) {
+    for (Tier* db : writable) db->insert(table.tag, keys.data(), n, rows.data(), table.dim);
+    if (table.cache != nullptr) table.cache->insert(keys.data(), n, rows.data());
+  }
+  int64_t stale = 0;
+  for (SharedTier* db : shared) {
+    stale += db->retain_only(table.tag, source.keys().data(), static_cast<int64_t>(source.keys().size()));
+  }
+  std::string names;
+  for (Tier* db : writable) names += (names.empty() ? "" : ", ") + db->name();
+  log(LogLevel::kInfo, "HPS table " + table.tag + ": " + std::to_string(loaded) + " rows loaded (" +
+                           (names.empty() ? std::string("cache only") : names) + ")" +
+                           (stale > 0 ? "; " + std::to_string(stale) + " rows of keys the model files lack erased"
+                                      : std::string()));
 }
 
 const ServedTable& Server::table(const std::string& model, int64_t table_id) const {
@@ -210,11 +331,174 @@ const ServedTable& Server::table(const std::string& model, int64_t table_id) con
                     " tables in its sparse_files)");
 }
 
+const DetStorage& Server::graph_table(const ServedTable& table, const std::string& tier) const {
+  const DetStorage* found = tier == "cache"      ? table.cache.get()
+                            : tier == "volatile" ? table.volatile_rows.get()
+                                                 : nullptr;
+  if (found != nullptr) return *found;
+  std::vector<std::string> has;
+  if (table.cache != nullptr) has.push_back("cache");
+  if (table.volatile_rows != nullptr) has.push_back("volatile");
+  throw std::invalid_argument("table " + table.tag + " has no " + py_repr(tier) +
+                              " table that a lookup graph reads; it has: " + py_repr(has));
+}
+
+bool Server::guarded(Tier& db, const char* what, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const TierUnavailable& e) {
+    bool first;
+    {
+      std::lock_guard<std::mutex> lock(unavailable_mu_);
+      first = unavailable_.insert(db.name()).second;
+    }
+    if (first) {
+      log(LogLevel::kWarning, std::string("HPS ") + what + ": " + db.name() + " is unavailable (" + e.what() +
+                                  "); going on without it until it answers");
+    }
+    return false;
+  }
+  bool was_down;
+  {
+    std::lock_guard<std::mutex> lock(unavailable_mu_);
+    was_down = unavailable_.erase(db.name()) > 0;
+  }
+  if (was_down) log(LogLevel::kWarning, "HPS: " + db.name() + " answers again");
+  return true;
+}
+
+void Server::fetch_from_databases(const ServedTable& table, const int64_t* keys, int64_t n, float* rows,
+                                  std::vector<uint8_t>* known) {
+  const int64_t dim = table.dim;
+  const int64_t generation = table.generation.load();  // before the rows are read: a later update voids a copy-back
+  for (int64_t i = 0; i < n; ++i) std::copy(table.default_row.begin(), table.default_row.end(), rows + i * dim);
+  std::vector<uint8_t> missing(static_cast<size_t>(n), 1);
+  bool answered = true;
+  if (n > 0 && volatile_ != nullptr) {
+    std::vector<float> values(static_cast<size_t>(n * dim));
+    std::unique_ptr<bool[]> found(new bool[static_cast<size_t>(n)]);
+    answered = guarded(*volatile_, "lookup",
+                       [&] { volatile_->fetch(table.tag, keys, n, dim, values.data(), found.get()); });
+    if (answered) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (!found[i]) continue;
+        std::copy(values.begin() + i * dim, values.begin() + (i + 1) * dim, rows + i * dim);
+        missing[i] = 0;
+      }
+    }
+  }
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < n; ++i) {
+    if (missing[i]) idx.push_back(i);
+  }
+  if (persistent_ != nullptr && !idx.empty()) {
+    const auto m = static_cast<int64_t>(idx.size());
+    std::vector<int64_t> asked(idx.size());
+    for (int64_t j = 0; j < m; ++j) asked[j] = keys[idx[j]];
+    std::vector<float> values(static_cast<size_t>(m * dim));
+    std::unique_ptr<bool[]> found(new bool[static_cast<size_t>(m)]);
+    const bool got = guarded(*persistent_, "lookup", [&] {
+      persistent_->fetch(table.tag, asked.data(), m, dim, values.data(), found.get());
+    });
+    answered = answered && got;
+    if (got) {
+      std::vector<int64_t> back_keys;
+      std::vector<float> back_rows;
+      for (int64_t j = 0; j < m; ++j) {
+        if (!found[j]) continue;
+        std::copy(values.begin() + j * dim, values.begin() + (j + 1) * dim, rows + idx[j] * dim);
+        missing[idx[j]] = 0;
+        back_keys.push_back(asked[j]);
+        back_rows.insert(back_rows.end(), values.begin() + j * dim, values.begin() + (j + 1) * dim);
+      }
+      if (volatile_ != nullptr && config_.volatile_db.cache_missed_embeddings && !back_keys.empty()) {
+        background_->submit([this, &table, generation, k = std::move(back_keys), r = std::move(back_rows)] {
+          std::lock_guard<std::mutex> lock(table.lock);
+          if (table.generation.load() != generation) {
+            log(LogLevel::kDebug, "HPS copy-back of " + std::to_string(k.size()) + " rows of " + table.tag +
+                                      " skipped: an update came after");
+            return;
+          }
+          guarded(*volatile_, "copy back of persistent rows", [&] {
+            volatile_->insert(table.tag, k.data(), static_cast<int64_t>(k.size()), r.data(), table.dim);
+          });
+        });
+      }
+    }
+  }
+  if (known != nullptr) {
+    known->resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) (*known)[i] = !missing[i] || answered;
+  }
+}
+
+void Server::fetch(const ServedTable& table, const int64_t* keys, int64_t n, float* rows) {
+  fetch_from_databases(table, keys, n, rows, nullptr);
+}
+
+void Server::schedule_fill(const ServedTable& table, const int64_t* keys, int64_t n) {
+  background_->submit([this, &table, k = std::vector<int64_t>(keys, keys + n)] {
+    std::vector<float> rows(k.size() * static_cast<size_t>(table.dim));
+    fetch_from_databases(table, k.data(), static_cast<int64_t>(k.size()), rows.data(), nullptr);
+  });
+}
+
+void Server::wait_for_background_work() { background_->wait(); }
+
+void Server::complete(const ServedTable& table, const int64_t* keys, int64_t n, float* rows, const uint8_t* found,
+                      bool cache) {
+  std::vector<int64_t> where;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!found[i]) where.push_back(i);
+  }
+  if (where.empty()) return;
+  std::vector<int64_t> asked(where.size());
+  for (size_t j = 0; j < where.size(); ++j) asked[j] = keys[where[j]];
+  std::vector<int64_t> missing, positions;
+  distinct_keys(asked.data(), static_cast<int64_t>(asked.size()), &missing, &positions);
+  const int64_t dim = table.dim;
+  bool fetched = !cache || table.hit_rate_threshold >= 1.0;
+  if (!fetched) {
+    std::unordered_set<int64_t> all(keys, keys + n);
+    const double misses = static_cast<double>(missing.size()) / static_cast<double>(all.size());
+    fetched = 1.0 - misses < table.hit_rate_threshold;
+  }
+  if (!fetched) {  // the default in this batch, the rows fetched in the background
+    schedule_fill(table, missing.data(), static_cast<int64_t>(missing.size()));
+    for (int64_t i : where) std::copy(table.default_row.begin(), table.default_row.end(), rows + i * dim);
+    return;
+  }
+  std::vector<float> got(missing.size() * static_cast<size_t>(dim));
+  fetch_from_databases(table, missing.data(), static_cast<int64_t>(missing.size()), got.data(), nullptr);
+  for (size_t j = 0; j < where.size(); ++j) {
+    std::copy(got.begin() + positions[j] * dim, got.begin() + (positions[j] + 1) * dim, rows + where[j] * dim);
+  }
+}
+
 void Server::lookup(const ServedTable& table, const int64_t* keys, int64_t n, float* rows) {
-  check(det_, table.storage,
-        det_->find(table.storage, &kHost, n, keys, 0, static_cast<int32_t>(table.dim), rows, table.default_row.data(),
-                   nullptr),
-        "HPS lookup of " + table.tag);
+  if (table.cache != nullptr && table.cache_answers_all) {
+    table.cache->find(keys, n, rows, table.default_row.data(), nullptr);
+    return;
+  }
+  const DetStorage* first = table.cache != nullptr ? table.cache.get() : table.volatile_rows.get();
+  if (first != nullptr) {
+    if (table.cache == nullptr && persistent_ == nullptr) {  // the hash map's storage holds every row there is
+      first->find(keys, n, rows, table.default_row.data(), nullptr);
+      return;
+    }
+    std::vector<uint8_t> found(static_cast<size_t>(n));
+    first->find(keys, n, rows, nullptr, found.data());
+    complete(table, keys, n, rows, found.data(), /*cache=*/table.cache != nullptr);
+    return;
+  }
+  std::vector<int64_t> distinct, positions;
+  distinct_keys(keys, n, &distinct, &positions);
+  std::vector<float> got(distinct.size() * static_cast<size_t>(table.dim));
+  fetch_from_databases(table, distinct.data(), static_cast<int64_t>(distinct.size()), got.data(), nullptr);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto from = got.begin() + positions[i] * table.dim;
+    std::copy(from, from + table.dim, rows + i * table.dim);
+  }
 }
 
 }  // namespace hps

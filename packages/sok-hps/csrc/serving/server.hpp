@@ -1,22 +1,24 @@
-// sok::hps::Server: the C++ server of a ps_config (docs/design/hps-serving.md, step 3), what a
+// sok::hps::Server: the C++ server of a ps_config (docs/design/hps-serving.md, steps 3 and 4), what a
 // process with no Python serves HPS's lookups with (native_calls.cc). One per ps_config file in the
 // process (Server::of), made at its first lookup: the ps_config read by read_ps_config (ps_config.hpp,
-// the reader config.py is held equal to), every model file loaded when it is made
-// (model_files.hpp: all checked before any row is stored) into one sok-backend-det CPU storage per
-// table (det's open-addressing table, which the Python server's cache of every row is too), reached
-// through the storage C ABI (sok/storage_api.h) of libsok_det_storage.so, which the process loads
-// before libsok_hps_serving.so (det_storage_api()); a key the model files lack reads the table's
-// default_value.
+// the reader config.py calls too), the databases made (server_tiers.hpp), every model file opened and
+// verified (model_files.hpp) and each shared database's recorded width checked before a row is
+// written, then every table loaded into the writable databases and its cache, as server.py's
+// ParameterServer does; the rows a re-deploy lacks are erased from the shared databases.
 //
-// What it serves: a ps_config whose rows all live in the process, so that a lookup is exact (the
-// rows of the model files, or the default): no persistent DB, no update source, and a volatile DB
-// of type hash_map or parallel_hash_map that never evicts (no overflow_margin), or none (the
-// Python server's cache then holds every row). Any other config is refused at its first lookup with
-// a ConfigError that names the setting (its tiers are served by the Python server). The rows are
-// held in det storages whatever the volatile DB says (its partitions and allocation settings are the
-// Python tier's, and do not change what a lookup reads). Unlike the Python server there is no cache
-// to warm: a lookup is exact whatever its hit rate, where the Python server's evicting cache gives a
-// batch below hit_rate_threshold the default for its misses.
+// A lookup is server.py's ServedTable.lookup: the cache (a det CPU storage of every row of the
+// model files, never evicting: det_tier.hpp), where the table has one; else, without a cache, the
+// volatile hash map's det storage of the table where it never evicts; the keys not found there
+// from the databases in order (volatile, persistent, then the table's default_value), a database
+// that cannot be reached skipped with a warning; hit_rate_threshold as the Python server applies it
+// (a batch at or above it gets the default for its misses, which are fetched in the background);
+// cache_missed_embeddings' copy-back of the persistent DB's rows into the volatile DB in the
+// background, skipped where an online update came between.
+//
+// What it serves: every ps_config the Python server serves, except a model whose cache would evict
+// (gpucache with gpucacheper below 1.0, embedding_cache_type dynamic, and a database behind it: the
+// Python server's HKV cache), the database types this build has no tier for (server_tiers.hpp) and
+// an update_source: those are refused at the first lookup with a ConfigError that names the setting.
 //
 // Example:
 //   std::shared_ptr<Server> server = Server::of("/models/ps.json");
@@ -25,16 +27,25 @@
 #ifndef SOK_HPS_SERVING_SERVER_HPP_
 #define SOK_HPS_SERVING_SERVER_HPP_
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <regex>
+#include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "det_tier.hpp"
+#include "model_files.hpp"
 #include "ps_config.hpp"
-#include "sok/storage_api.h"
+#include "tier.hpp"
 
 namespace sok {
 namespace hps {
@@ -45,18 +56,25 @@ struct ServedTable {
   int64_t table_id = 0;
   std::string tag;  // hps_et.<model>.<table name>, the table's name in the tiers
   int64_t dim = 0;
-  std::vector<float> default_row;  // [dim] of default_value_for_each_table: what a key the files lack reads
-  int64_t max_keys = 0;        // max_batch_size x maxnum_catfeature_query_per_table_per_sample
-  bool int64_keys = false;     // supportlonglong
-  int64_t rows = 0;            // of its model file
-  sok_storage* storage = nullptr;  // its rows: a det CPU storage (int64 keys, dim columns), the Server's
+  float default_value = 0.0f;      // default_value_for_each_table's: every column of a key no tier has
+  std::vector<float> default_row;  // [dim] of default_value
+  int64_t max_keys = 0;            // max_batch_size x maxnum_catfeature_query_per_table_per_sample
+  bool int64_keys = false;         // supportlonglong
+  int64_t rows = 0;                // of its model file
+  double hit_rate_threshold = 0.9;
+  // The embedding cache: every row of the model file and of the online updates, never evicting;
+  // null where the model has none (gpucache false, or gpucacheper 0.0).
+  std::unique_ptr<DetStorage> cache;
+  // Whether the cache alone answers every lookup (no database can hold a row it lacks: none, or only
+  // an in-process hash map, which takes the same loads): a key it lacks gets the default value.
+  bool cache_answers_all = false;
+  // Without a cache: the volatile hash map's storage of the table where it never evicts, else null.
+  std::shared_ptr<const DetStorage> volatile_rows;
+  // Orders an online update against a copy-back of rows read before it (server.py's lock).
+  mutable std::mutex lock;
+  // Online updates applied to the table (under lock): a copy-back of rows read before one is skipped.
+  mutable std::atomic<int64_t> generation{0};
 };
-
-// sok-backend-det's function table, from libsok_det_storage.so (sok_det_storage_api), which the
-// process must have loaded (TF_LoadLibrary, dlopen) before; found by dlopen RTLD_NOLOAD, so sok-hps
-// needs no det at build time. Throws std::runtime_error, naming the library to load, where it is not
-// loaded or is of another storage API version.
-const sok_storage_api* det_storage_api();
 
 class Server {
  public:
@@ -64,9 +82,10 @@ class Server {
   // a path that failed is tried again). Throws ConfigError.
   static std::shared_ptr<Server> of(const std::string& path);
 
-  // Checks that this server can serve `config` (see above), then opens and verifies every model
-  // file, then loads them (server.py's order). Throws ConfigError and ModelFileError (model_files.hpp),
-  // and std::runtime_error where det's library is not loaded (det_storage_api) or a det call fails.
+  // Checks that this server can serve `config` (see above), makes the databases, then opens and
+  // verifies every model file and checks the shared databases' widths, then loads them (server.py's
+  // order). Throws ConfigError and ModelFileError (model_files.hpp), TierUnavailable (a database
+  // cannot be reached), and std::runtime_error where det's library is not loaded (det_storage_api).
   Server(PsConfig config, std::string path);
   ~Server();
   Server(const Server&) = delete;
@@ -75,19 +94,54 @@ class Server {
   // Table table_id of model. Throws ConfigError: no such model or table.
   const ServedTable& table(const std::string& model, int64_t table_id) const;
 
-  // rows [n, table.dim] of keys [n]: the model file's row, or table.default_row.
-  // Throws std::runtime_error (the det storage's message).
+  // rows [n, table.dim] of keys [n]: ServedTable.lookup (see above). Throws std::runtime_error.
   void lookup(const ServedTable& table, const int64_t* keys, int64_t n, float* rows);
 
-  // The det function table the tables' storages (ServedTable::storage) are driven through.
-  const sok_storage_api* storage_api() const { return det_; }
+  // rows [n, table.dim] of keys [n] from the databases, the default value where none has a key
+  // (ServedTable.fetch, what a lookup graph's misses call). Throws std::runtime_error.
+  void fetch(const ServedTable& table, const int64_t* keys, int64_t n, float* rows);
+
+  // fetch, in the server's background threads (ServedTable.schedule_fill: a batch at or above the
+  // hit-rate threshold; the cache here never evicts and takes no fetched row, but a copy-back
+  // into the volatile DB may follow).
+  void schedule_fill(const ServedTable& table, const int64_t* keys, int64_t n);
+
+  // The det storage a lookup graph's SokFind reads for `tier` ("cache" or "volatile"). Throws
+  // std::invalid_argument (graph_calls' message) where the table has no such table.
+  const DetStorage& graph_table(const ServedTable& table, const std::string& tier) const;
+
+  // Waits until the background work submitted so far (fills, copy-backs) is done.
+  void wait_for_background_work();
 
   const std::string& path() const { return path_; }
 
  private:
+  class Background;
+
+  void load(const ModelConfig& model, ServedTable& table, const TableSource& source);
+  std::vector<SharedTier*> shared_dbs(bool writable) const;
+  std::vector<Tier*> writable_dbs() const;
+  // fn(), or false (a warning the first time) where db cannot be reached.
+  bool guarded(Tier& db, const char* what, const std::function<void()>& fn);
+  // ServedTable's rows [n, dim] of keys from the cache or the volatile storage, the misses completed.
+  void complete(const ServedTable& table, const int64_t* keys, int64_t n, float* rows, const uint8_t* found,
+                bool cache);
+  // server.py's fetch_from_databases: rows [n, dim]; known [n] (may be null) false where a key got
+  // the default while a database could not be reached.
+  void fetch_from_databases(const ServedTable& table, const int64_t* keys, int64_t n, float* rows,
+                            std::vector<uint8_t>* known);
+
   const std::string path_;
-  const sok_storage_api* const det_;
+  const PsConfig config_;
+  std::unique_ptr<Tier> volatile_;
+  DetTier* volatile_det_ = nullptr;  // volatile_, where it is the hash map that never evicts
+  std::unique_ptr<Tier> persistent_;
+  std::vector<std::regex> volatile_filters_, persistent_filters_;
   std::map<std::pair<std::string, int64_t>, std::unique_ptr<ServedTable>> tables_;
+  std::map<std::string, ServedTable*> by_tag_;
+  std::mutex unavailable_mu_;
+  std::set<std::string> unavailable_;  // the names of the databases that did not answer last time
+  std::unique_ptr<Background> background_;
 };
 
 }  // namespace hps

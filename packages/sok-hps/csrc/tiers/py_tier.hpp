@@ -69,10 +69,13 @@ inline void insert(Tier& tier, const std::string& tag, const Keys& keys, const R
 template <class T, class... Extra>
 void def_tier(py::class_<T, Extra...>& cls) {
   cls.def_property_readonly("name", [](T& t) { return t.name(); })
-      .def("fetch", [](T& t, const std::string& tag, const Keys& keys, int64_t dim) { return fetch(t, tag, keys, dim); },
-           py::arg("tag"), py::arg("keys"), py::arg("dim"))
-      .def("insert", [](T& t, const std::string& tag, const Keys& keys, const Rows& rows) { insert(t, tag, keys, rows); },
-           py::arg("tag"), py::arg("keys"), py::arg("rows"))
+      .def(
+          "fetch", [](T& t, const std::string& tag, const Keys& keys, int64_t dim) { return fetch(t, tag, keys, dim); },
+          py::arg("tag"), py::arg("keys"), py::arg("dim"))
+      .def(
+          "insert",
+          [](T& t, const std::string& tag, const Keys& keys, const Rows& rows) { insert(t, tag, keys, rows); },
+          py::arg("tag"), py::arg("keys"), py::arg("rows"))
       .def(
           "size",
           [](T& t, const std::string& tag) {
