@@ -88,6 +88,12 @@ int64_t DetStorage::size() const {
   return out;
 }
 
+int64_t DetStorage::capacity() const {
+  int64_t out = 0;
+  check(api_->capacity(storage_, &out), "capacity");
+  return out;
+}
+
 std::shared_ptr<const DetStorage> DetTier::table(const std::string& tag, int64_t dim, const char* what) {
   check_dim(tag, dim);
   std::lock_guard<std::mutex> lock(mu_);

@@ -32,22 +32,32 @@ const sok_storage_api* det_storage_api();
 // The host execution context of every det call here (det's CPU storage).
 inline constexpr sok_exec_context kHostContext{SOK_DEVICE_CPU, 0, nullptr};
 
+// Rows a lookup graph's SokFind reads (served_storage.hpp): a det storage, or the evicting cache
+// (evicting_cache.hpp). Keys int64.
+class GraphRows {
+ public:
+  virtual ~GraphRows() = default;
+  virtual int64_t dim() const = 0;
+  // rows [n, dim] of keys [n]: the stored row, or default_row (zeros where null); found [n] may be null.
+  virtual void find(const int64_t* keys, int64_t n, float* rows, const float* default_row, uint8_t* found) const = 0;
+  virtual int64_t size() const = 0;
+  virtual int64_t capacity() const = 0;
+};
+
 // One det CPU storage (int64 keys, dim float columns), destroyed with this object.
-class DetStorage {
+class DetStorage final : public GraphRows {
  public:
   // Slots for `capacity` rows at once (no rehash while as many load). Throws std::runtime_error.
   DetStorage(const std::string& what, int64_t dim, int64_t capacity);
-  ~DetStorage();
+  ~DetStorage() override;
   DetStorage(const DetStorage&) = delete;
   DetStorage& operator=(const DetStorage&) = delete;
 
-  sok_storage* handle() const { return storage_; }
-  int64_t dim() const { return dim_; }
-
-  // rows [n, dim] of keys [n]: the stored row, or default_row (zeros where null); found [n] may be null.
-  void find(const int64_t* keys, int64_t n, float* rows, const float* default_row, uint8_t* found) const;
+  int64_t dim() const override { return dim_; }
+  void find(const int64_t* keys, int64_t n, float* rows, const float* default_row, uint8_t* found) const override;
   void insert(const int64_t* keys, int64_t n, const float* rows) const;  // the last of a repeated key wins
-  int64_t size() const;
+  int64_t size() const override;
+  int64_t capacity() const override;
 
  private:
   void check(sok_status status, const char* call) const;

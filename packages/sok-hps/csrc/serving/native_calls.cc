@@ -98,9 +98,9 @@ Status served(const std::string& what, const std::string& text, std::shared_ptr<
   return Status();
 }
 
-// What a call does with its keys: the whole lookup (Server::lookup), or the databases' rows of a
-// lookup graph's misses (Server::fetch).
-enum class Rows { kLookup, kFetch };
+// What a call does with its keys: the whole lookup (Server::lookup), or the rows of a lookup graph's
+// misses from the databases (Server::fetch), filling the cache (Server::fill).
+enum class Rows { kLookup, kFetch, kFill };
 
 // The keys of input 0 (the table's key dtype, any shape) as int64, into *wide where they are int32;
 // checked as ServedTable.check_call and _checked_count do (check_count).
@@ -144,10 +144,13 @@ Status rows_of_keys(OpKernelContext* ctx, const Tensor& keys, const std::string&
   Tensor* rows = nullptr;
   TF_RETURN_IF_ERROR(ctx->allocate_output(0, shape, &rows));
   try {
+    float* out = rows->flat<float>().data();
     if (how == Rows::kLookup) {
-      server->lookup(table, k, keys.NumElements(), rows->flat<float>().data());
+      server->lookup(table, k, keys.NumElements(), out);
+    } else if (how == Rows::kFetch) {
+      server->fetch(table, k, keys.NumElements(), out);
     } else {
-      server->fetch(table, k, keys.NumElements(), rows->flat<float>().data());
+      server->fill(table, k, keys.NumElements(), out);
     }
   } catch (const std::exception& e) {
     return errors::Internal(what, ": ", e.what());
@@ -168,14 +171,23 @@ Status lookup(OpKernelContext* ctx, const std::string& text, const std::vector<c
   return rows_of_keys(ctx, *inputs.at(0), what, server, *table, Rows::kLookup);
 }
 
-// graph_calls.fetch and fill: the databases' rows of the keys the graph's table lacked (the cache
-// here never evicts, so a fill writes nothing into it: fill is fetch).
-Status fetch(OpKernelContext* ctx, const std::string& text, const std::vector<const Tensor*>& inputs) {
-  const std::string what = what_of(kFetch);
+// graph_calls.fetch and fill: the databases' rows of the keys the graph's table lacked; fill writes
+// them into an evicting cache.
+Status misses(const char* function, Rows how, OpKernelContext* ctx, const std::string& text,
+              const std::vector<const Tensor*>& inputs) {
+  const std::string what = what_of(function);
   std::shared_ptr<Server> server;
   const ServedTable* table = nullptr;
   TF_RETURN_IF_ERROR(served(what, text, &server, &table));
-  return rows_of_keys(ctx, *inputs.at(0), what, server, *table, Rows::kFetch);
+  return rows_of_keys(ctx, *inputs.at(0), what, server, *table, how);
+}
+
+Status fetch(OpKernelContext* ctx, const std::string& text, const std::vector<const Tensor*>& inputs) {
+  return misses(kFetch, Rows::kFetch, ctx, text, inputs);
+}
+
+Status fill(OpKernelContext* ctx, const std::string& text, const std::vector<const Tensor*>& inputs) {
+  return misses(kFill, Rows::kFill, ctx, text, inputs);
 }
 
 // graph_calls.schedule_fill: the keys' fetch in the server's background threads; True.
@@ -266,7 +278,7 @@ bool register_all() {
   constexpr char kLibrary[] = "libsok_hps_serving.so";
   return sok_tf::register_with_sok_ops(kLookup, &lookup, nullptr, kLibrary) &&
          sok_tf::register_with_sok_ops(kFetch, &fetch, nullptr, kLibrary) &&
-         sok_tf::register_with_sok_ops(kFill, &fetch, nullptr, kLibrary) &&
+         sok_tf::register_with_sok_ops(kFill, &fill, nullptr, kLibrary) &&
          sok_tf::register_with_sok_ops(kScheduleFill, &schedule_fill, nullptr, kLibrary) &&
          sok_tf::register_with_sok_ops(kCacheTable, nullptr, &cache_table, kLibrary) &&
          sok_tf::register_with_sok_ops(kVolatileTable, nullptr, &volatile_table, kLibrary) &&

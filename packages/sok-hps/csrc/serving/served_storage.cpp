@@ -20,23 +20,15 @@ namespace hps {
 namespace {
 
 constexpr char kReadOnly[] =
-    "the C++ server's tables are read-only: their rows are the model files' (serve a new model to change them)";
+    "the C++ server's tables are read-only to a graph: only the server writes them (model files, online updates)";
 
 class ServedRows final : public Storage {
  public:
-  ServedRows(std::shared_ptr<Server> server, const ServedTable& table, const DetStorage& rows, int32_t key_type)
+  ServedRows(std::shared_ptr<Server> server, const ServedTable& table, const GraphRows& rows, int32_t key_type)
       : Storage(key_type, static_cast<int32_t>(table.dim)), server_(std::move(server)), table_(table), rows_(rows) {}
 
-  int64_t size(const sok_exec_context&) override {
-    int64_t out = 0;
-    check(det_storage_api()->size(rows_.handle(), &kHostContext, &out));
-    return out;
-  }
-  int64_t capacity() override {
-    int64_t out = 0;
-    check(det_storage_api()->capacity(rows_.handle(), &out));
-    return out;
-  }
+  int64_t size(const sok_exec_context&) override { return rows_.size(); }
+  int64_t capacity() override { return rows_.capacity(); }
 
 #ifdef SOK_WITH_CUDA
   bool supports_device(int32_t device_type) const override {
@@ -103,24 +95,36 @@ class ServedRows final : public Storage {
   std::string describe() override { return "HPS C++ server table " + table_.tag + " of " + server_->path(); }
 
  private:
-  // det's find on the table's storage, with the caller's columns, default row and found: int64 and
-  // uint64 keys passed as they are (the same 64 bits), int32 keys widened.
+  // The rows' find, with the caller's columns, default row and found: int64 and uint64 keys passed as
+  // they are (the same 64 bits), int32 keys widened.
   void find_on_host(int64_t n, const void* keys, Columns cols, float* values, const float* default_row,
                     uint8_t* found) {
     std::unique_ptr<int64_t[]> widened;
-    const void* wide = keys;
+    const auto* wide = static_cast<const int64_t*>(keys);
     if (key_type() == SOK_KEY_INT32) {
       widened.reset(new int64_t[static_cast<size_t>(n > 0 ? n : 1)]);
       for (int64_t i = 0; i < n; ++i) widened[i] = static_cast<int64_t>(load_key(keys, key_type(), i));
       wide = widened.get();
     }
-    check(det_storage_api()->find(rows_.handle(), &kHostContext, n, wide, cols.begin, cols.end, values, default_row,
-                                  found));
-  }
-
-  // Throws det's message of a failed call on the table's storage.
-  void check(sok_status status) const {
-    if (status != SOK_OK) fail(status, det_storage_api()->last_error(rows_.handle()));
+    const int64_t dim = rows_.dim();
+    if (cols.begin == 0 && cols.end == dim) {
+      rows_.find(wide, n, values, default_row, found);
+      return;
+    }
+    // some columns: whole rows, then the asked ones (a default row is the asked columns')
+    const int32_t w = cols.width();
+    std::vector<float> whole(static_cast<size_t>(n * dim));
+    std::vector<uint8_t> hit(static_cast<size_t>(n));
+    rows_.find(wide, n, whole.data(), nullptr, hit.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float* out = values + i * w;
+      if (hit[i] || default_row == nullptr) {
+        std::copy(whole.begin() + i * dim + cols.begin, whole.begin() + i * dim + cols.end, out);
+      } else {
+        std::copy(default_row, default_row + w, out);
+      }
+      if (found != nullptr) found[i] = hit[i];
+    }
   }
 
 #ifdef SOK_WITH_CUDA
@@ -131,7 +135,7 @@ class ServedRows final : public Storage {
 
   const std::shared_ptr<Server> server_;  // kept alive by its references, and with it table_ and rows_
   const ServedTable& table_;
-  const DetStorage& rows_;
+  const GraphRows& rows_;
 };
 
 Storage* refuse_create(const sok_storage_config&, Options&) {
@@ -145,7 +149,7 @@ const sok_table_ref* served_table_ref(const std::shared_ptr<Server>& server, con
   static std::mutex mu;
   static auto* refs = new std::map<std::tuple<const Server*, const ServedTable*, std::string, int32_t>, sok_table_ref*>;
   static const sok_storage_api* api = make_storage_api<&refuse_create>("hps_cpp_server");
-  const DetStorage& rows = server->graph_table(table, tier);
+  const GraphRows& rows = server->graph_table(table, tier);
   std::lock_guard<std::mutex> lock(mu);
   auto& ref = (*refs)[{server.get(), &table, tier, key_type}];
   if (ref == nullptr) {

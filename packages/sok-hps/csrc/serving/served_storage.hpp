@@ -1,15 +1,15 @@
 // The C++ server's tables as SOK storages (sok/kit/storage.hpp), read-only: what the storage ops of
 // an HPS lookup graph traced while HPS ran in Python (SokFind, SokFindOrDefault on the table that
-// SokResolveTable gives) read in a process with no Python. A thin wrapper over the table's det
-// storage (server.hpp): a find is det's find on it (int32 keys widened to its int64); every write is
-// refused, although det's storage would take it: one Server's rows are shared by every graph of the
-// process and must stay the model files' (they change only by a new model), and the storage ABI has
-// no read-only flag. The rows live in host memory, and det's CPU storage refuses CUDA contexts: where
-// the library was built with CUDA, a find whose arrays are on a GPU (TensorFlow placed the graph's
-// lookups there) goes through host copies in the call's stream, then det's find on the host.
+// SokResolveTable gives) read in a process with no Python. A thin wrapper over the rows the graph
+// reads (Server::graph_table: the table's cache, a det storage or the evicting cache, or the volatile
+// hash map's det storage): a find is their find (int32 keys widened to int64); every write is
+// refused: only the server writes them (the model files, online updates, the cache's fills), which
+// every graph of the process shares, and the storage ABI has no read-only flag. The rows live in
+// host memory: where the library was built with CUDA, a find whose arrays are on a GPU (TensorFlow
+// placed the graph's lookups there) goes through host copies in the call's stream.
 //
 // Example:
-//   const sok_table_ref* ref = served_table_ref(server, table, SOK_KEY_INT64);   // lives forever
+//   const sok_table_ref* ref = served_table_ref(server, table, "cache", SOK_KEY_INT64);   // lives forever
 //   ref->api->find(ref->storage, &cpu, n, keys, 0, table.dim, values, nullptr, found);
 #ifndef SOK_HPS_SERVING_SERVED_STORAGE_HPP_
 #define SOK_HPS_SERVING_SERVED_STORAGE_HPP_

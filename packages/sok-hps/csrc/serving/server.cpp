@@ -35,18 +35,7 @@ std::string unservable(const PsConfig& config) {
     return "update_source.type " + py_repr(config.update_source.type) +
            " (served here: 'null'; its updates would be missed)";
   }
-  const std::string tier = unbuilt_tier(config);
-  if (!tier.empty()) return tier;
-  if (!has_database(config)) return "";
-  for (const ModelConfig& m : config.models) {
-    if (has_cache(m) && m.gpucacheper < 1.0 && m.embedding_cache_type != "static" && m.embedding_cache_type != "uvm") {
-      return "model " + py_repr(m.model) + "'s embedding cache, which evicts (gpucacheper " + py_repr(m.gpucacheper) +
-             " below 1.0 with embedding_cache_type " + py_repr(m.embedding_cache_type) +
-             " and a database behind it; served here: gpucacheper 1.0, embedding_cache_type 'static' or 'uvm', or "
-             "gpucache false)";
-    }
-  }
-  return "";
+  return unbuilt_tier(config);
 }
 
 // server.py's refusal of a model whose rows would be in no tier.
@@ -285,8 +274,17 @@ void Server::load(const ModelConfig& model, ServedTable& table, const TableSourc
   const std::vector<Tier*> writable = writable_dbs();
   const std::vector<SharedTier*> shared = shared_dbs(/*writable=*/true);
   for (SharedTier* db : shared) db->set_stored_dim(table.tag, table.dim);
-  if (has_cache(model)) {
-    table.cache = std::make_unique<DetStorage>("the cache of " + table.tag, table.dim, table.rows);
+  int64_t room = 0;  // rows the evicting cache is pre-filled with
+  if (has_cache(model) && has_database(config_) && model.gpucacheper < 1.0 &&
+      model.embedding_cache_type != "static" && model.embedding_cache_type != "uvm") {
+    auto cache = std::make_unique<EvictingCache>(table.tag, table.dim, capacity_of(table.rows, model.gpucacheper));
+    table.evicting_cache = cache.get();
+    if (model.cache_refresh_percentage_per_iteration > 0 && model.init_ec) room = cache->capacity();
+    table.cache = std::move(cache);
+  } else if (has_cache(model)) {
+    auto cache = std::make_unique<DetStorage>("the cache of " + table.tag, table.dim, table.rows);
+    table.full_cache = cache.get();
+    table.cache = std::move(cache);
     table.cache_answers_all = persistent_ == nullptr && (volatile_ == nullptr || volatile_det_ != nullptr ||
                                                          dynamic_cast<HashMapTier*>(volatile_.get()) != nullptr);
   } else if (volatile_det_ != nullptr) {
@@ -298,7 +296,11 @@ void Server::load(const ModelConfig& model, ServedTable& table, const TableSourc
   int64_t loaded = 0;
   for (int64_t n; (n = chunks.next(keys.data(), rows.data())) > 0; loaded += n) {
     for (Tier* db : writable) db->insert(table.tag, keys.data(), n, rows.data(), table.dim);
-    if (table.cache != nullptr) table.cache->insert(keys.data(), n, rows.data());
+    if (table.full_cache != nullptr) {
+      table.full_cache->insert(keys.data(), n, rows.data());
+    } else if (loaded < room) {
+      table.evicting_cache->insert(keys.data(), std::min(n, room - loaded), rows.data());
+    }
   }
   int64_t stale = 0;
   for (SharedTier* db : shared) {
@@ -308,6 +310,8 @@ void Server::load(const ModelConfig& model, ServedTable& table, const TableSourc
   for (Tier* db : writable) names += (names.empty() ? "" : ", ") + db->name();
   log(LogLevel::kInfo, "HPS table " + table.tag + ": " + std::to_string(loaded) + " rows loaded (" +
                            (names.empty() ? std::string("cache only") : names) + ")" +
+                           (room > 0 ? "; cache pre-filled with " + std::to_string(std::min(loaded, room)) + " rows"
+                                     : std::string()) +
                            (stale > 0 ? "; " + std::to_string(stale) + " rows of keys the model files lack erased"
                                       : std::string()));
 }
@@ -331,8 +335,8 @@ const ServedTable& Server::table(const std::string& model, int64_t table_id) con
                     " tables in its sparse_files)");
 }
 
-const DetStorage& Server::graph_table(const ServedTable& table, const std::string& tier) const {
-  const DetStorage* found = tier == "cache"      ? table.cache.get()
+const GraphRows& Server::graph_table(const ServedTable& table, const std::string& tier) const {
+  const GraphRows* found = tier == "cache"      ? table.cache.get()
                             : tier == "volatile" ? table.volatile_rows.get()
                                                  : nullptr;
   if (found != nullptr) return *found;
@@ -436,10 +440,25 @@ void Server::fetch(const ServedTable& table, const int64_t* keys, int64_t n, flo
   fetch_from_databases(table, keys, n, rows, nullptr);
 }
 
+void Server::fill(const ServedTable& table, const int64_t* keys, int64_t n, float* rows) {
+  std::lock_guard<std::mutex> lock(table.lock);  // no update between the fetch and the cache's insert
+  std::vector<uint8_t> known;
+  fetch_from_databases(table, keys, n, rows, &known);
+  if (table.evicting_cache == nullptr) return;  // a cache of every row takes none: its misses are defaults
+  std::vector<int64_t> k;
+  std::vector<float> r;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!known[i]) continue;
+    k.push_back(keys[i]);
+    r.insert(r.end(), rows + i * table.dim, rows + (i + 1) * table.dim);
+  }
+  if (!k.empty()) table.evicting_cache->insert(k.data(), static_cast<int64_t>(k.size()), r.data());
+}
+
 void Server::schedule_fill(const ServedTable& table, const int64_t* keys, int64_t n) {
   background_->submit([this, &table, k = std::vector<int64_t>(keys, keys + n)] {
     std::vector<float> rows(k.size() * static_cast<size_t>(table.dim));
-    fetch_from_databases(table, k.data(), static_cast<int64_t>(k.size()), rows.data(), nullptr);
+    fill(table, k.data(), static_cast<int64_t>(k.size()), rows.data());
   });
 }
 
@@ -469,7 +488,11 @@ void Server::complete(const ServedTable& table, const int64_t* keys, int64_t n, 
     return;
   }
   std::vector<float> got(missing.size() * static_cast<size_t>(dim));
-  fetch_from_databases(table, missing.data(), static_cast<int64_t>(missing.size()), got.data(), nullptr);
+  if (cache) {
+    fill(table, missing.data(), static_cast<int64_t>(missing.size()), got.data());
+  } else {
+    fetch_from_databases(table, missing.data(), static_cast<int64_t>(missing.size()), got.data(), nullptr);
+  }
   for (size_t j = 0; j < where.size(); ++j) {
     std::copy(got.begin() + positions[j] * dim, got.begin() + (positions[j] + 1) * dim, rows + where[j] * dim);
   }
@@ -480,7 +503,7 @@ void Server::lookup(const ServedTable& table, const int64_t* keys, int64_t n, fl
     table.cache->find(keys, n, rows, table.default_row.data(), nullptr);
     return;
   }
-  const DetStorage* first = table.cache != nullptr ? table.cache.get() : table.volatile_rows.get();
+  const GraphRows* first = table.cache != nullptr ? table.cache.get() : table.volatile_rows.get();
   if (first != nullptr) {
     if (table.cache == nullptr && persistent_ == nullptr) {  // the hash map's storage holds every row there is
       first->find(keys, n, rows, table.default_row.data(), nullptr);

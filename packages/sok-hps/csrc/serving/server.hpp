@@ -15,10 +15,12 @@
 // cache_missed_embeddings' copy-back of the persistent DB's rows into the volatile DB in the
 // background, skipped where an online update came between.
 //
-// What it serves: every ps_config the Python server serves, except a model whose cache would evict
-// (gpucache with gpucacheper below 1.0, embedding_cache_type dynamic, and a database behind it: the
-// Python server's HKV cache), the database types this build has no tier for (server_tiers.hpp) and
-// an update_source: those are refused at the first lookup with a ConfigError that names the setting.
+// What it serves: every ps_config the Python server serves, except the database types this build has
+// no tier for (server_tiers.hpp) and an update_source: those are refused at the first lookup with a
+// ConfigError that names the setting. Where it differs from the Python server: the evicting cache is
+// in host memory (evicting_cache.hpp), not an HKV table on the GPU, so which keys it holds after
+// the same lookups differs, and with hit_rate_threshold below 1.0 so may which misses of a batch
+// get the default value; with hit_rate_threshold 1.0 (or more) every lookup is exact in both.
 //
 // Example:
 //   std::shared_ptr<Server> server = Server::of("/models/ps.json");
@@ -43,6 +45,7 @@
 #include <vector>
 
 #include "det_tier.hpp"
+#include "evicting_cache.hpp"
 #include "model_files.hpp"
 #include "ps_config.hpp"
 #include "tier.hpp"
@@ -62,9 +65,12 @@ struct ServedTable {
   bool int64_keys = false;         // supportlonglong
   int64_t rows = 0;                // of its model file
   double hit_rate_threshold = 0.9;
-  // The embedding cache: every row of the model file and of the online updates, never evicting;
-  // null where the model has none (gpucache false, or gpucacheper 0.0).
-  std::unique_ptr<DetStorage> cache;
+  // The embedding cache, null where the model has none (gpucache false, or gpucacheper 0.0): with a
+  // database behind it and gpucacheper below 1.0 (embedding_cache_type dynamic) an EvictingCache
+  // (evicting), else a det storage of every row of the model file and of the online updates.
+  std::unique_ptr<GraphRows> cache;
+  DetStorage* full_cache = nullptr;        // cache, where it never evicts
+  EvictingCache* evicting_cache = nullptr;  // cache, where it evicts
   // Whether the cache alone answers every lookup (no database can hold a row it lacks: none, or only
   // an in-process hash map, which takes the same loads): a key it lacks gets the default value.
   bool cache_answers_all = false;
@@ -101,14 +107,17 @@ class Server {
   // (ServedTable.fetch, what a lookup graph's misses call). Throws std::runtime_error.
   void fetch(const ServedTable& table, const int64_t* keys, int64_t n, float* rows);
 
-  // fetch, in the server's background threads (ServedTable.schedule_fill: a batch at or above the
-  // hit-rate threshold; the cache here never evicts and takes no fetched row, but a copy-back
-  // into the volatile DB may follow).
+  // fetch, and the rows into an evicting cache (not the defaults of keys a database that could not be
+  // reached may hold): ServedTable.fill, what a lookup graph's misses of a cache call.
+  void fill(const ServedTable& table, const int64_t* keys, int64_t n, float* rows);
+
+  // fill, in the server's background threads (ServedTable.schedule_fill: the misses of a batch at or
+  // above the hit-rate threshold).
   void schedule_fill(const ServedTable& table, const int64_t* keys, int64_t n);
 
-  // The det storage a lookup graph's SokFind reads for `tier` ("cache" or "volatile"). Throws
+  // The rows a lookup graph's SokFind reads for `tier` ("cache" or "volatile"). Throws
   // std::invalid_argument (graph_calls' message) where the table has no such table.
-  const DetStorage& graph_table(const ServedTable& table, const std::string& tier) const;
+  const GraphRows& graph_table(const ServedTable& table, const std::string& tier) const;
 
   // Waits until the background work submitted so far (fills, copy-backs) is done.
   void wait_for_background_work();
