@@ -48,7 +48,9 @@ void EvictingCache::find(const int64_t* keys, int64_t n, float* rows, const floa
 
 int64_t EvictingCache::size() const { return rows_.size(tag_); }
 
-void EvictingCache::insert(const int64_t* keys, int64_t n, const float* rows) { rows_.insert(tag_, keys, n, rows, dim_); }
+void EvictingCache::insert(const int64_t* keys, int64_t n, const float* rows) {
+  rows_.insert(tag_, keys, n, rows, dim_);
+}
 
 int64_t EvictingCache::update_present(const int64_t* keys, int64_t n, const float* rows) {
   std::vector<float> held(static_cast<size_t>(n * dim_));
