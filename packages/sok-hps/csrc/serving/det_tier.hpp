@@ -38,17 +38,32 @@ class GraphRows {
  public:
   virtual ~GraphRows() = default;
   virtual int64_t dim() const = 0;
-  // rows [n, dim] of keys [n]: the stored row, or default_row (zeros where null); found [n] may be null.
+  // rows [n, dim] of keys [n], arrays in host memory: the stored row, or default_row (zeros where
+  // null); found [n] may be null.
   virtual void find(const int64_t* keys, int64_t n, float* rows, const float* default_row, uint8_t* found) const = 0;
   virtual int64_t size() const = 0;
   virtual int64_t capacity() const = 0;
+  // The GPU the rows are in (they are found there, in a caller's stream: find_on_device), or -1:
+  // host memory.
+  virtual int32_t device() const { return -1; }
+  // find with every array on device() and ctx (a CUDA context of device()) the caller's stream. Only
+  // where device() >= 0.
+  virtual void find_on_device(const sok_exec_context& ctx, const int64_t* keys, int64_t n, float* rows,
+                              const float* default_row, uint8_t* found) const;
 };
 
-// One det CPU storage (int64 keys, dim float columns), destroyed with this object.
+// The GPU the C++ server's caches of every row live on, as the Python server's (cache.py's
+// cache_device: the first GPU, else the CPU): 0 where this library was built with CUDA and the
+// process sees a GPU, else -1.
+int32_t cache_device();
+
+// One det storage (int64 keys, dim float columns), in host memory or on a GPU, destroyed with this
+// object. Its host-array calls (find, insert) copy through the GPU's memory where it is on one.
 class DetStorage final : public GraphRows {
  public:
-  // Slots for `capacity` rows at once (no rehash while as many load). Throws std::runtime_error.
-  DetStorage(const std::string& what, int64_t dim, int64_t capacity);
+  // Slots for `capacity` rows at once (no rehash while as many load), on GPU `device` (-1: host
+  // memory). Throws std::runtime_error.
+  DetStorage(const std::string& what, int64_t dim, int64_t capacity, int32_t device = -1);
   ~DetStorage() override;
   DetStorage(const DetStorage&) = delete;
   DetStorage& operator=(const DetStorage&) = delete;
@@ -58,13 +73,19 @@ class DetStorage final : public GraphRows {
   void insert(const int64_t* keys, int64_t n, const float* rows) const;  // the last of a repeated key wins
   int64_t size() const override;
   int64_t capacity() const override;
+  int32_t device() const override { return device_; }
+  void find_on_device(const sok_exec_context& ctx, const int64_t* keys, int64_t n, float* rows,
+                      const float* default_row, uint8_t* found) const override;
 
  private:
   void check(sok_status status, const char* call) const;
+  sok_exec_context context() const;  // of the storage's own calls: the host, or its GPU and stream
 
   const sok_storage_api* const api_;
   const std::string what_;  // for messages: "the det storage of <tag>"
   const int64_t dim_;
+  const int32_t device_;
+  void* stream_ = nullptr;  // a cudaStream_t of device_'s, for the host-array calls
   sok_storage* storage_ = nullptr;
 };
 

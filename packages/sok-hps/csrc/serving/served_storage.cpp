@@ -43,8 +43,12 @@ class ServedRows final : public Storage {
       return;
     }
 #ifdef SOK_WITH_CUDA
-    // Arrays on the GPU (a graph whose lookups TensorFlow placed there): through host copies, in the
-    // call's stream; the rows live in host memory.
+    // Arrays on the GPU (a graph whose lookups TensorFlow placed there): found there, in the call's
+    // stream, where the rows are on that GPU and the keys 64-bit; else through host copies.
+    if (rows_.device() == ctx.device_id && key_type() != SOK_KEY_INT32 && cols.begin == 0 && cols.end == rows_.dim()) {
+      rows_.find_on_device(ctx, static_cast<const int64_t*>(keys), n, values, default_row, found);
+      return;
+    }
     const auto stream = static_cast<cudaStream_t>(ctx.stream);
     const int32_t w = cols.width();
     std::vector<char> host_keys(static_cast<size_t>(n) * key_size(key_type()));

@@ -282,7 +282,7 @@ void Server::load(const ModelConfig& model, ServedTable& table, const TableSourc
     if (model.cache_refresh_percentage_per_iteration > 0 && model.init_ec) room = cache->capacity();
     table.cache = std::move(cache);
   } else if (has_cache(model)) {
-    auto cache = std::make_unique<DetStorage>("the cache of " + table.tag, table.dim, table.rows);
+    auto cache = std::make_unique<DetStorage>("the cache of " + table.tag, table.dim, table.rows, cache_device());
     table.full_cache = cache.get();
     table.cache = std::move(cache);
     table.cache_answers_all = persistent_ == nullptr && (volatile_ == nullptr || volatile_det_ != nullptr ||

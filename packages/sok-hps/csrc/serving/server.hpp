@@ -67,7 +67,8 @@ struct ServedTable {
   double hit_rate_threshold = 0.9;
   // The embedding cache, null where the model has none (gpucache false, or gpucacheper 0.0): with a
   // database behind it and gpucacheper below 1.0 (embedding_cache_type dynamic) an EvictingCache
-  // (evicting), else a det storage of every row of the model file and of the online updates.
+  // (evicting, in host memory), else a det storage of every row of the model file and of the online
+  // updates, on the GPU where there is one (cache_device, as the Python server's cache).
   std::unique_ptr<GraphRows> cache;
   DetStorage* full_cache = nullptr;        // cache, where it never evicts
   EvictingCache* evicting_cache = nullptr;  // cache, where it evicts
