@@ -131,6 +131,69 @@ def test_an_hps_savedmodel_serves_from_cpp_as_from_python(program, libraries, tm
     np.testing.assert_array_equal(served, np.concatenate(oracle, axis=1))
 
 
+DATABASE_SETUPS = {
+    "cache of every row over rocks_db": ({}, {"persistent_db": "rocks"}),
+    "evicting cache over a hash_map and rocks_db": (
+        {"gpucacheper": 0.5},
+        {"volatile_db": {"type": "hash_map"}, "persistent_db": "rocks"},
+    ),
+    "rocks_db only, no cache": ({"gpucache": False}, {"volatile_db": {"type": "disabled"}, "persistent_db": "rocks"}),
+    "evicting hash_map copying back from rocks_db, no cache": (
+        {"gpucache": False},
+        {"volatile_db": {**EVICTING, "overflow_margin": 8, "cache_missed_embeddings": True}, "persistent_db": "rocks"},
+    ),
+    "redis_cluster, no cache": ({"gpucache": False}, {"volatile_db": "redis"}),
+    "evicting cache over redis_cluster and rocks_db": (
+        {"gpucacheper": 0.5},
+        {"volatile_db": "redis", "persistent_db": "rocks"},
+    ),
+}
+
+
+def database_config(top: dict, tmp_path: Path, request) -> dict:
+    """``top`` with ``"rocks"`` a RocksDB under ``tmp_path`` and ``"redis"`` the session's Redis
+    cluster; skips where this build or this machine lacks either."""
+    from hierarchical_parameter_server import _tiers
+
+    out = dict(top)
+    if out.get("persistent_db") == "rocks":
+        if not _tiers.WITH_ROCKSDB:
+            pytest.skip("this build of sok-hps has no C++ RocksDB tier (librocksdb-dev: ci/setup.sh)")
+        support.require_rocksdict()
+        out["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rocks")}
+    if out.get("volatile_db") == "redis":
+        if not _tiers.WITH_REDIS:
+            pytest.skip("this build of sok-hps has no C++ Redis tier (libhiredis-dev: ci/setup.sh)")
+        cluster = request.getfixturevalue("redis_cluster")
+        out["volatile_db"] = {"type": "redis_cluster", "address": cluster.address, "num_partitions": 3}
+    return out
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["traced before Init", "traced on a running server"])
+@pytest.mark.parametrize("setup", sorted(DATABASE_SETUPS))
+def test_an_hps_savedmodel_over_databases_serves_from_cpp_as_from_python(
+    program, libraries, tmp_path, setup, running, request
+):
+    """The C++ server's chain of tiers (its RocksDB and Redis tiers, the copy-back, the evicting
+    cache) over the same databases the Python server used: the same predictions, bit for bit, and
+    the tables' rows (the default value for keys no tier has)."""
+    entry, top = DATABASE_SETUPS[setup]
+    config_path = tmp_path / "ps.json"
+    sparse_files, tables = files(tmp_path)
+    write(config_path, sparse_files, entry, **database_config(top, tmp_path, request))
+    saved = export(tmp_path, config_path, running)
+    ids = np.random.default_rng(5).integers(0, ROWS + UNSEEN, size=(BATCH, SLOTS)).astype(np.int64)
+    expected = python_serves(saved, ids)
+
+    done = serving_cpp.serve(program, saved, ids, tmp_path, libraries)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "libpython: absent" in done.stdout
+    served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(expected.shape)
+    np.testing.assert_array_equal(served, expected)
+    oracle = [support.oracle(table, 0.5, UNSEEN)[ids].reshape(BATCH, -1) for table in tables]
+    np.testing.assert_array_equal(served, np.concatenate(oracle, axis=1))
+
+
 def serve_expecting_failure(program, libraries, tmp_path, saved) -> str:
     ids = np.zeros((BATCH, SLOTS), np.int64)
     done = serving_cpp.serve(program, saved, ids, tmp_path, libraries)
