@@ -542,6 +542,18 @@ def test_addresses_are_checked_as_parse_address_checks_them(address, tmp_path):
     assert result[:2] == expected
 
 
+def test_every_code_point_is_whitespace_as_str_isspace_says(tmp_path):
+    # parse_address strips its entry: every whitespace character around one goes, every other
+    # character (before a port, in an entry of its own) stays and is the host.
+    chars = [chr(c) for c in range(0x110000) if c != ord(",")]
+    spaces = "".join(c for c in chars if c.isspace())
+    kept = [c for c in chars if not c.isspace()]
+    for address, hosts in ((f"{spaces}h:1{spaces}", ["h"]), (",".join(c + ":1" for c in kept), kept)):
+        assert both(with_value(minimal(), "volatile_db.address", address), tmp_path)[0] == "ok"
+        addresses = load_config(with_value(minimal(), "volatile_db.address", address)).volatile_db.addresses
+        assert addresses == tuple((host, 1) for host in hosts)
+
+
 # -- mappings: what JSON can say ------------------------------------------------------------------
 
 

@@ -16,9 +16,16 @@ struct Range {
   uint32_t first, last;
 };
 
-constexpr Range kNonPrintable[] = {
-#include "unicode_nonprintable.inc"
-};
+// kNonPrintable (what str.isprintable() refuses) and kSpaces (what str.isspace() takes), written at
+// build time into the build directory by gen_unicode_tables.py, run by the Python the package is built for.
+#include "unicode_tables.inc"
+
+// Whether cp is in one of the ranges (closed, ascending).
+template <size_t N>
+bool in_ranges(const Range (&ranges)[N], uint32_t cp) {
+  const Range* it = std::upper_bound(ranges, ranges + N, cp, [](uint32_t c, const Range& r) { return c < r.first; });
+  return it != ranges && cp <= std::prev(it)->last;
+}
 
 template <class Item>
 std::string list_repr(const std::vector<Item>& items) {
@@ -32,18 +39,9 @@ std::string list_repr(const std::vector<Item>& items) {
 
 }  // namespace
 
-bool py_isspace(uint32_t cp) {
-  constexpr uint32_t kSpaces[] = {0x09, 0x0A, 0x0B, 0x0C,   0x0D,   0x1C,   0x1D,   0x1E,   0x1F,
-                                  0x20, 0x85, 0xA0, 0x1680, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000};
-  return (cp >= 0x2000 && cp <= 0x200A) || std::find(std::begin(kSpaces), std::end(kSpaces), cp) != std::end(kSpaces);
-}
+bool py_isspace(uint32_t cp) { return in_ranges(kSpaces, cp); }
 
-bool py_isprintable(uint32_t cp) {
-  const auto* end = std::end(kNonPrintable);
-  const auto* it =
-      std::upper_bound(std::begin(kNonPrintable), end, cp, [](uint32_t c, const Range& r) { return c < r.first; });
-  return it == std::begin(kNonPrintable) || cp > std::prev(it)->last;
-}
+bool py_isprintable(uint32_t cp) { return !in_ranges(kNonPrintable, cp); }
 
 // unicode_repr of CPython's Objects/unicodeobject.c.
 std::string py_repr(std::string_view text) {

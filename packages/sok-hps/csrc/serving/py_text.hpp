@@ -5,7 +5,10 @@
 //
 // A str is held as utf8.hpp says: UTF-8, a lone surrogate as its 3-byte code (json.hpp's strings), a
 // byte that is not UTF-8 as its surrogateescape (a file name as os.fsdecode reads it). The Unicode
-// tables are Python 3.11's (Unicode 14.0.0): unicode_nonprintable.inc.
+// tables (str.isprintable(), str.isspace()) are those of the Python the package is built for, of its
+// Unicode version (3.11: 14.0, 3.12: 15.0): that Python writes them at build time
+// (gen_unicode_tables.py, into the build directory's unicode_tables.inc), so these functions say
+// what it says; a C++ process (libsok_hps_serving.so) has the tables of the Python it was built for.
 //
 // Example:
 //   py_repr(json::parse(R"({"a": [1, 2.5, "it's"]})"))  // {'a': [1, 2.5, "it's"]}
