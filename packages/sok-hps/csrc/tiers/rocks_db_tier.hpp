@@ -53,9 +53,9 @@ inline constexpr int kRocksDbTableFormatVersion = 5;
 // The settings of a RocksDbTier, as persistent_db of a ps_config gives them (config.py says what each
 // means); the defaults are the Python tier's.
 struct RocksDbOptions {
-  std::string path;              // the database directory (made with its parents unless read_only)
-  int num_threads = 16;          // RocksDB's background threads (IncreaseParallelism), >= 1
-  bool read_only = false;        // open for reading only; writes throw TierReadOnly
+  std::string path;                // the database directory (made with its parents unless read_only)
+  int num_threads = 16;            // RocksDB's background threads (IncreaseParallelism), >= 1
+  bool read_only = false;          // open for reading only; writes throw TierReadOnly
   int64_t max_batch_size = 65536;  // rows per MultiGet and per WriteBatch, >= 1
 };
 
