@@ -1,6 +1,6 @@
 """Every tier behaves alike: one conformance class, one subclass per tier (hash_map,
 parallel_hash_map, a hash map with an overflow_margin, each in Python and in C++, redis_cluster,
-rocks_db), each overriding the ``tier`` fixture.
+rocks_db in Python and in C++), each overriding the ``tier`` fixture.
 
 * Inserted rows come back bit for bit; missing keys come back as zeros with found False; an unknown
   table has no keys.
@@ -18,6 +18,7 @@ import uuid
 
 import numpy as np
 import pytest
+from hierarchical_parameter_server import _tiers
 from hierarchical_parameter_server.tiers.hash_map import HashMapTier
 from hierarchical_parameter_server.tiers.hash_map_cpp import CppHashMapTier
 
@@ -233,6 +234,18 @@ class TestRocksDB(SharedTierConformance):
         from hierarchical_parameter_server.tiers.rocks_db import RocksDBTier
 
         tier = RocksDBTier(str(tmp_path / "rocksdb"), num_threads=2, max_batch_size=BATCH)
+        yield tier
+        tier.close()
+
+
+class TestCppRocksDB(SharedTierConformance):
+    @pytest.fixture
+    def tier(self, tmp_path):
+        if not _tiers.WITH_ROCKSDB:
+            pytest.skip("sok-hps was built without RocksDB (no librocksdb-dev): the C++ rocks_db tier is not built")
+        from hierarchical_parameter_server.tiers.rocks_db_cpp import CppRocksDBTier
+
+        tier = CppRocksDBTier(str(tmp_path / "rocksdb"), num_threads=2, max_batch_size=BATCH)
         yield tier
         tier.close()
 

@@ -7,7 +7,12 @@ __all__ = [
     "MAX_PARTITIONS",
     "NO_OVERFLOW_LIMIT",
     "PARALLEL_MIN_KEYS",
+    "ROCKSDB_VERSION",
+    "ROCKS_DB_DEFAULT_OPTIONS",
+    "ROCKS_DB_TABLE_FORMAT_VERSION",
+    "WITH_ROCKSDB",
     "HashMapTier",
+    "RocksDbTier",
     "TierClosed",
     "partition_of",
 ]
@@ -48,3 +53,30 @@ class HashMapTier:
     def size(self, tag: str) -> int: ...
     def close(self) -> None: ...
     def partition_contents(self, tag: str) -> dict[int, tuple[np.ndarray, np.ndarray, int]]: ...
+
+#: Whether the RocksDB tier was built (RocksDB's headers and library were found); the names below
+#: exist only then.
+WITH_ROCKSDB: bool
+#: The version of the RocksDB the tier is built with, "7.8.3".
+ROCKSDB_VERSION: str
+#: The format_version of the table files RocksDbTier writes (tiers.rocks_db.TABLE_FORMAT_VERSION).
+ROCKS_DB_TABLE_FORMAT_VERSION: int
+#: RocksDbOptions' defaults: num_threads, read_only, max_batch_size.
+ROCKS_DB_DEFAULT_OPTIONS: dict[str, int | bool]
+
+class RocksDbTier:
+    """sok::hps::RocksDbTier (csrc/tiers/rocks_db_tier.hpp); tiers.rocks_db_cpp wraps it."""
+
+    name: str
+    location: str
+    read_only: bool
+    max_batch_size: int
+
+    def __init__(self, path: str, num_threads: int, read_only: bool, max_batch_size: int) -> None: ...
+    def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]: ...
+    def insert(self, tag: str, keys: np.ndarray, rows: np.ndarray) -> None: ...
+    def size(self, tag: str) -> int: ...
+    def close(self) -> None: ...
+    def stored_dim(self, tag: str) -> int | None: ...
+    def set_stored_dim(self, tag: str, dim: int) -> None: ...
+    def retain_only(self, tag: str, keys: np.ndarray) -> int: ...

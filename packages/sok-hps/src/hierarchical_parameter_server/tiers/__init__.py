@@ -6,8 +6,9 @@
 * persistent DB (``persistent_db``): :class:`~.rocks_db.RocksDBTier` (``rocks_db``, needs
   ``pip install sok-hps[rocksdb]``).
 
-The same hash map in C++, :class:`~.hash_map_cpp.CppHashMapTier` (``csrc/tiers``), is not made
-here yet: the C++ server of ``docs/design/hps-serving.md`` will use it.
+The same hash map and RocksDB tier in C++, :class:`~.hash_map_cpp.CppHashMapTier` and
+:class:`~.rocks_db_cpp.CppRocksDBTier` (``csrc/tiers``), are not made here yet: the C++ server of
+``docs/design/hps-serving.md`` will use them.
 
 Every tier follows :class:`~.base.Tier`; a service that cannot be reached raises
 :class:`~.base.TierUnavailable`. Redis and RocksDB, whose rows outlive the server, are also

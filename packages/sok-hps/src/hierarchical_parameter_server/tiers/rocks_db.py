@@ -7,6 +7,12 @@ row written before :meth:`RocksDBTier.close` (or a crash) is there when the path
 ``read_only`` opens the database for reading only (e.g. one shared over NFS); ``insert`` then
 raises ``PermissionError``.
 
+Table files are written in format_version :data:`TABLE_FORMAT_VERSION` (5, which RocksDB reads
+since 6.6), so that the C++ tier (:mod:`.rocks_db_cpp`, built against the system's RocksDB, e.g.
+Debian's 7.8.3) opens a database this tier wrote, and this tier one the C++ tier wrote. A database
+rocksdict wrote in its default format_version 6 (RocksDB 8.6 or newer reads it) is rewritten by
+:meth:`RocksDBTier.rewrite_tables`.
+
 The width of each table is recorded in the default column family (key ``hps_dim:<tag>``, value
 the width as decimal text; :meth:`RocksDBTier.set_stored_dim`), so that a server refuses a
 deploy of another width; a database written without it reports the size of a stored row.
@@ -26,26 +32,54 @@ import os
 import threading
 
 import numpy as np
-from rocksdict import AccessType, Options, Rdict, WriteBatch
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    BottommostLevelCompaction,
+    Cache,
+    CompactOptions,
+    DataBlockIndexType,
+    Options,
+    Rdict,
+    WriteBatch,
+)
 
 from ..config import PersistentDBConfig
 from .base import TierUnavailable, check_keys, check_rows, fill_rows, start_fetch
 
-__all__ = ["RocksDBTier"]
+__all__ = ["TABLE_FORMAT_VERSION", "RocksDBTier"]
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_FAMILY = "default"
 _DIM_KEY = "hps_dim:"
+_POINT_LOOKUP_CACHE_MB = 8
+#: The format of the table files the tier writes: 5, which RocksDB reads since 6.6, so that the C++
+#: tier built against an older RocksDB than rocksdict's (Debian's 7.8.3) opens what this tier wrote;
+#: rocksdict's RocksDB (9.8.4) writes 6 unless told otherwise, which RocksDB before 8.6 cannot read.
+TABLE_FORMAT_VERSION = 5
 
 
 def _dim_key(tag: str) -> bytes:
     return (_DIM_KEY + tag).encode()
 
 
+def _point_lookup_tables() -> BlockBasedOptions:
+    """The table options ``optimize_for_point_lookup(8)`` makes (a hash index in each data block,
+    a Bloom filter of 10 bits per key, an 8 MiB block cache), of :data:`TABLE_FORMAT_VERSION`."""
+    tables = BlockBasedOptions()
+    tables.set_data_block_index_type(DataBlockIndexType.binary_and_hash())
+    tables.set_data_block_hash_ratio(0.75)
+    tables.set_bloom_filter(10, False)
+    tables.set_block_cache(Cache(_POINT_LOOKUP_CACHE_MB << 20))
+    tables.set_format_version(TABLE_FORMAT_VERSION)
+    return tables
+
+
 def _family_options() -> Options:
     options = Options(raw_mode=True)
-    options.optimize_for_point_lookup(8)
+    options.optimize_for_point_lookup(_POINT_LOOKUP_CACHE_MB)
+    options.set_block_based_table_factory(_point_lookup_tables())
     return options
 
 
@@ -119,7 +153,7 @@ class RocksDBTier:
     def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
         self._check_open()
         keys, values = check_rows(tag, keys, values)
-        self._check_writable(tag)
+        self._check_writable(f"{tag} not written")
         if not len(keys):
             return
         self._family(tag)
@@ -133,11 +167,9 @@ class RocksDBTier:
                 batch.put(raw_keys[8 * i : 8 * i + 8], raw_values[row_bytes * i : row_bytes * (i + 1)])
             self._db.write(batch)
 
-    def _check_writable(self, tag: str) -> None:
+    def _check_writable(self, refused: str) -> None:
         if self.read_only:
-            raise PermissionError(
-                f"rocks_db at {self.path!r} is opened read-only (persistent_db.read_only); {tag} not written"
-            )
+            raise PermissionError(f"rocks_db at {self.path!r} is opened read-only (persistent_db.read_only); {refused}")
 
     @property
     def location(self) -> str:
@@ -156,13 +188,13 @@ class RocksDBTier:
 
     def set_stored_dim(self, tag: str, dim: int) -> None:
         self._check_open()
-        self._check_writable(tag)
+        self._check_writable(f"{tag} not written")
         self._db.put(_dim_key(tag), str(int(dim)).encode())
 
     def retain_only(self, tag: str, keys: np.ndarray) -> int:
         """Erase the rows of ``tag`` whose key is not in ``keys`` (one pass over the table's keys)."""
         self._check_open()
-        self._check_writable(tag)
+        self._check_writable(f"{tag} not written")
         keep = check_keys(tag, keys, 1)
         family = self._families.get(tag)
         if family is None:
@@ -193,6 +225,23 @@ class RocksDBTier:
                 if family is None:
                     family = self._families[tag] = self._db.create_column_family(tag, _family_options())
         return family
+
+    def rewrite_tables(self) -> None:
+        """Rewrite every table file of the database in :data:`TABLE_FORMAT_VERSION` (a full
+        compaction of every column family), so that a RocksDB before 8.6 (the C++ tier built against
+        Debian's 7.8.3) opens a database that rocksdict wrote in its default format_version 6. Reads
+        and writes every row once; the rows and widths stay as they are.
+
+        Raises:
+            PermissionError: the tier is read-only.
+        """
+        self._check_open()
+        self._check_writable("its table files not rewritten")
+        every_level = CompactOptions()
+        every_level.set_bottommost_level_compaction(BottommostLevelCompaction.force())
+        for family in [self._db, *self._families.values()]:
+            family.compact_range(None, None, every_level)
+        log.info("rocks_db at %s: table files rewritten in format_version %d", self.path, TABLE_FORMAT_VERSION)
 
     def size(self, tag: str) -> int:
         """Rows of ``tag`` (counted by iterating them: exact, linear in the table's size)."""
