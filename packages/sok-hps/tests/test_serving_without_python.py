@@ -246,7 +246,6 @@ def test_an_evicting_cache_smaller_than_a_batch_still_serves_every_row(program, 
 @pytest.mark.parametrize(
     "entry, top, named",
     [
-        ({}, {"persistent_db": {"type": "rocks_db", "path": "/nonexistent"}}, "its persistent_db.type 'rocks_db'"),
         ({}, {"volatile_db": {"type": "redis_cluster"}}, "its volatile_db.type 'redis_cluster'"),
         ({}, {"update_source": {"type": "directory", "path": "/nonexistent"}}, "its update_source.type 'directory'"),
     ],
