@@ -310,8 +310,8 @@ class RedisClusterTier::Client {
 
   // Sends every command and reads its reply into it: routed by key slot to the nodes of the slot
   // map, pipelined per node, MOVED and ASK followed. Throws TierUnavailable (after it has closed
-  // this call's connections and the failing node's idle ones, and marked the slot map stale),
-  // TierClosed.
+  // the failing connection, the call's others with replies unread and the failing node's idle
+  // ones, and marked the slot map stale), TierClosed.
   void run(std::vector<Command>& commands) {
     check_open();
     try {
@@ -357,13 +357,14 @@ class RedisClusterTier::Client {
     uint64_t generation = 0;
   };
 
-  // A connection lent to a call; back to its node's pool if healthy (every reply sent on it read).
+  // A connection lent to a call; back to its node's pool unless replies of commands sent on it are
+  // still unread (the call failed half way).
   struct Lease {
     Node* node = nullptr;
     Context context;
     uint64_t generation = 0;
     bool reused = false;  // from the pool, not made for this call
-    bool healthy = false;
+    bool replies_unread = false;
   };
 
   // The connections one round of a call holds, given back when it ends.
@@ -440,6 +441,7 @@ class RedisClusterTier::Client {
         size_t k = 0;
         for (const auto& [name, sent] : by_node) {
           Lease& lease = held.leases[k];
+          lease.replies_unread = true;
           for (const size_t i : sent) append(lease.context.get(), commands[i], !asked[i].empty());
           if (!flush(lease.context.get())) {
             sent_ok[k] = false;
@@ -462,7 +464,7 @@ class RedisClusterTier::Client {
               }
               commands[i].reply = std::move(reply);
             }
-            lease.healthy = read_all;
+            lease.replies_unread = !read_all;
           }
         }
       }
@@ -533,7 +535,8 @@ class RedisClusterTier::Client {
     Context closing;
     {
       std::lock_guard<std::mutex> lock(pools_mutex_);
-      if (lease.healthy && !closed_.load(std::memory_order_relaxed) && lease.generation == lease.node->generation) {
+      const bool reusable = !lease.replies_unread && lease.generation == lease.node->generation;
+      if (reusable && !closed_.load(std::memory_order_relaxed)) {
         lease.node->idle.push_back(std::move(lease.context));
       } else {
         closing = std::move(lease.context);
@@ -642,8 +645,9 @@ class RedisClusterTier::Client {
           Held held(*this);
           held.leases.push_back(acquire(name));
           Lease& lease = held.leases.back();
+          lease.replies_unread = true;
           const Reply reply = exchange(lease.context.get(), command({"CLUSTER", "SLOTS"}), name, lease.reused);
-          lease.healthy = true;
+          lease.replies_unread = false;
           return parse_slot_map(*reply, name);
         } catch (const NodeFailure& failure) {
           drop(name);

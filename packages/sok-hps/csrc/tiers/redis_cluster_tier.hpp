@@ -21,12 +21,12 @@
 // Failures: a connection that fails (refused, reset, closed, no reply within socket_timeout_s), an
 // error reply (CLUSTERDOWN, TRYAGAIN, LOADING, NOAUTH, ...) or a slot no node serves throws
 // TierUnavailable, "redis_cluster at <address> cannot serve: <node>: <what>" ("cannot be reached"
-// when no configured node answers CLUSTER SLOTS). The connections of that call and the idle ones to
-// the failing node are closed and the slot map is asked for again on the next call, so the tier
-// works again once the node is back. A pooled connection that the node closed while it sat idle (a
-// node restarted since) is replaced once within the call. SIGPIPE is blocked on the calling thread
-// while the tier writes to a socket, so a node that goes away cannot kill a process that has not
-// ignored it.
+// when no configured node answers CLUSTER SLOTS). The failing connection, the call's others with
+// replies unread, and the idle ones to the failing node are closed, and the slot map is asked for
+// again on the next call, so the tier works again once the node is back. A pooled connection that
+// the node closed while it sat idle (a node restarted since) is replaced once within the call.
+// SIGPIPE is blocked on the calling thread while the tier writes to a socket, so a node that goes
+// away cannot kill a process that has not ignored it.
 //
 // Overflow (overflow_margin rows per partition): after an insert, each partition it wrote holding
 // more than overflow_margin rows loses random rows (HRANDFIELD, HDEL) down to
