@@ -11,7 +11,7 @@ to both runs on both (the ``tier_class`` fixture).
 * A node killed during a fetch loop makes fetches raise TierUnavailable naming the address (no
   other error, no hang); once the node is back (same port and directory, data from its
   append-only file) fetches return every row again; a node restarted while the tier sat idle is
-  served on the next call.
+  served on the next call; a node that answers nothing times out, and serves again once it answers.
 * 8 threads at once get the right rows through at most ``num_node_connections`` connections per node.
 * A password set on the nodes is needed and enough.
 * Overflow with ``evict_random`` evicts each overflowing partition down to the target; other
@@ -259,6 +259,41 @@ def test_node_restarted_while_the_tier_sat_idle(fresh_redis_cluster, tier_class)
     for node in range(3):
         cluster.kill(node)
         cluster.restart(node)
+    got, found = tier.fetch(TAG, keys, 4)
+    assert found.all()
+    np.testing.assert_array_equal(got, values)
+    tier.close()
+
+
+def test_a_node_that_stops_answering_times_out_then_serves_again(fresh_redis_cluster, tier_class):
+    """A node that keeps its connections but answers nothing (SIGSTOP): a fetch raises
+    TierUnavailable naming the address within a few socket timeouts; once the node answers again,
+    fetches return every row."""
+    cluster = fresh_redis_cluster
+    tier = tier_class(cluster.address, num_partitions=8, socket_timeout_s=0.5)
+    keys = np.arange(1000, dtype=np.int64)
+    values = np.random.default_rng(6).random((1000, 4), dtype=np.float32)
+    tier.insert(TAG, keys, values)
+    outcome: dict = {}
+
+    def fetch() -> None:
+        start = time.monotonic()
+        try:
+            tier.fetch(TAG, keys, 4)
+        except TierUnavailable as error:
+            outcome["error"] = error
+        outcome["seconds"] = time.monotonic() - start
+
+    cluster.pause(1)
+    fetching = threading.Thread(target=fetch, daemon=True)
+    fetching.start()
+    fetching.join(timeout=10)
+    try:
+        assert not fetching.is_alive(), "a fetch from a node that answers nothing hung"
+        assert outcome["seconds"] < 5 and cluster.address in str(outcome["error"])
+    finally:
+        cluster.resume(1)
+        fetching.join()
     got, found = tier.fetch(TAG, keys, 4)
     assert found.all()
     np.testing.assert_array_equal(got, values)
