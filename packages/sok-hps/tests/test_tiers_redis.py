@@ -49,7 +49,7 @@ TAG = "hps_et.model.sparse_embedding0"
 def cpp_tier_class():
     """CppRedisClusterTier, or a skip where sok-hps was built without hiredis."""
     if not _tiers.WITH_REDIS:
-        pytest.skip("sok-hps was built without hiredis (_tiers.WITH_REDIS is False): apt-get install libhiredis-dev")
+        pytest.skip("sok-hps was built without hiredis (_tiers.WITH_REDIS is False): install libhiredis-dev")
     from hierarchical_parameter_server.tiers.redis_cluster_cpp import CppRedisClusterTier
 
     return CppRedisClusterTier

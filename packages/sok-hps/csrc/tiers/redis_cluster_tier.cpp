@@ -314,6 +314,7 @@ class RedisClusterTier::Client {
   // ones, and marked the slot map stale), TierClosed.
   void run(std::vector<Command>& commands) {
     check_open();
+    if (commands.empty()) return;
     try {
       run_rounds(commands);
     } catch (const NodeFailure& failure) {
@@ -399,7 +400,8 @@ class RedisClusterTier::Client {
   void run_rounds(std::vector<Command>& commands) {
     std::vector<size_t> pending(commands.size());
     std::iota(pending.begin(), pending.end(), size_t{0});
-    std::vector<std::string> asked(commands.size());   // the node an ASK reply named
+    std::vector<std::string> redirected(commands.size());  // the node a MOVED or ASK reply named
+    std::vector<char> asking(commands.size(), 0);          // ASK: send ASKING first
     std::vector<std::string> target(commands.size());  // the node of the command's last round
     std::set<std::string> replaced;                    // nodes whose stale pooled connection was replaced
     for (int round = 1;; ++round) {
@@ -409,8 +411,8 @@ class RedisClusterTier::Client {
         const Command& c = commands[i];
         if (!c.node.empty()) {
           target[i] = c.node;
-        } else if (!asked[i].empty()) {
-          target[i] = asked[i];
+        } else if (!redirected[i].empty()) {
+          target[i] = redirected[i];
         } else {
           const int slot = key_slot(c.words.at(1));
           if (map->owner[slot] < 0) {
@@ -442,7 +444,7 @@ class RedisClusterTier::Client {
         for (const auto& [name, sent] : by_node) {
           Lease& lease = held.leases[k];
           lease.replies_unread = true;
-          for (const size_t i : sent) append(lease.context.get(), commands[i], !asked[i].empty());
+          for (const size_t i : sent) append(lease.context.get(), commands[i], asking[i]);
           if (!flush(lease.context.get())) {
             sent_ok[k] = false;
             failed(lease, sent, 0);
@@ -456,8 +458,8 @@ class RedisClusterTier::Client {
             bool read_all = true;
             for (size_t j = 0; j < sent.size() && read_all; ++j) {
               const size_t i = sent[j];
-              Reply asking = asked[i].empty() ? nullptr : read_reply(lease.context.get());
-              Reply reply = asked[i].empty() || asking ? read_reply(lease.context.get()) : nullptr;
+              Reply asked = asking[i] ? read_reply(lease.context.get()) : nullptr;
+              Reply reply = !asking[i] || asked ? read_reply(lease.context.get()) : nullptr;
               if (!reply) {
                 read_all = false;
                 failed(lease, sent, j);
@@ -473,11 +475,11 @@ class RedisClusterTier::Client {
         if (!c.reply || !is_error(*c.reply)) continue;
         const std::string error = text_of(*c.reply);
         const size_t address = error.find(' ', error.find(' ') + 1);
-        if (error.rfind("MOVED ", 0) == 0 && address != std::string::npos) {
-          mark_stale();
-          asked[i].clear();
-        } else if (error.rfind("ASK ", 0) == 0 && address != std::string::npos) {
-          asked[i] = error.substr(address + 1);
+        const bool moved = error.rfind("MOVED ", 0) == 0;
+        if ((moved || error.rfind("ASK ", 0) == 0) && address != std::string::npos) {
+          if (moved) mark_stale();  // and the next call's map has the slot's new node
+          redirected[i] = error.substr(address + 1);
+          asking[i] = !moved;
         } else {
           throw NodeFailure(target[i], c.words[0] + " " + (c.words.size() > 1 ? c.words[1] : "") + ": " + error);
         }

@@ -12,11 +12,11 @@
 // configured addresses, then of the nodes last known), a key's slot is CRC16-XMODEM of its {hash
 // tag} modulo 16384, as Redis computes it. The commands of one call are grouped by node and
 // pipelined, every node's pipeline sent before any reply is read, so the nodes work at once. A
-// MOVED reply refreshes the slot map and sends the command again, an ASK reply sends it again to
-// the node named, after ASKING; at most kRedirectRounds rounds per call. Each node has a pool of
-// at most num_node_connections connections; a call holds one connection per node it sends to
-// (taken in the order of the nodes' addresses, so calls never wait on each other in a cycle) and
-// waits while a node has none free.
+// MOVED reply sends the command again to the node it names and has the slot map asked for again;
+// an ASK reply sends it again to the node it names, after ASKING; at most kRedirectRounds rounds
+// per call. Each node has a pool of at most num_node_connections connections; a call holds one
+// connection per node it sends to (taken in the order of the nodes' addresses, so calls never wait
+// on each other in a cycle) and waits while a node has none free.
 //
 // Failures: a connection that fails (refused, reset, closed, no reply within socket_timeout_s), an
 // error reply (CLUSTERDOWN, TRYAGAIN, LOADING, NOAUTH, ...) or a slot no node serves throws
