@@ -165,7 +165,7 @@ def database_config(top: dict, tmp_path: Path, request) -> dict:
         if not _tiers.WITH_REDIS:
             pytest.skip("this build of sok-hps has no C++ Redis tier (libhiredis-dev: ci/setup.sh)")
         cluster = request.getfixturevalue("redis_cluster")
-        out["volatile_db"] = {"type": "redis_cluster", "address": cluster.address, "num_partitions": 3}
+        out["volatile_db"] = {"type": "redis_cluster", "address": cluster.address, "num_partitions": 5}
     return out
 
 
@@ -246,7 +246,6 @@ def test_an_evicting_cache_smaller_than_a_batch_still_serves_every_row(program, 
 @pytest.mark.parametrize(
     "entry, top, named",
     [
-        ({}, {"volatile_db": {"type": "redis_cluster"}}, "its volatile_db.type 'redis_cluster'"),
         ({}, {"update_source": {"type": "directory", "path": "/nonexistent"}}, "its update_source.type 'directory'"),
     ],
 )

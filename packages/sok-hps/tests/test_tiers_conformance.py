@@ -1,6 +1,6 @@
 """Every tier behaves alike: one conformance class, one subclass per tier (hash_map,
-parallel_hash_map, a hash map with an overflow_margin, each in Python and in C++, redis_cluster,
-rocks_db in Python and in C++), each overriding the ``tier`` fixture.
+parallel_hash_map, a hash map with an overflow_margin, each in Python and in C++, redis_cluster
+and rocks_db in Python and in C++), each overriding the ``tier`` fixture.
 
 * Inserted rows come back bit for bit; missing keys come back as zeros with found False; an unknown
   table has no keys.
@@ -223,6 +223,18 @@ class TestRedisCluster(SharedTierConformance):
         from hierarchical_parameter_server.tiers.redis_cluster import RedisClusterTier
 
         tier = RedisClusterTier(redis_cluster.address, num_partitions=6, max_batch_size=BATCH)
+        yield tier
+        tier.close()
+
+
+class TestCppRedisCluster(SharedTierConformance):
+    @pytest.fixture
+    def tier(self, redis_cluster):
+        if not _tiers.WITH_REDIS:
+            pytest.skip("sok-hps was built without hiredis (_tiers.WITH_REDIS is False): install libhiredis-dev")
+        from hierarchical_parameter_server.tiers.redis_cluster_cpp import CppRedisClusterTier
+
+        tier = CppRedisClusterTier(redis_cluster.address, num_partitions=6, max_batch_size=BATCH)
         yield tier
         tier.close()
 

@@ -2,16 +2,14 @@
 #include "hash_map_tier.hpp"
 
 #include <algorithm>
-#include <charconv>
-#include <cmath>
 #include <cstring>
 #include <mutex>
-#include <numeric>
 #include <random>
 #include <stdexcept>
 #include <utility>
 
 #include "key_index.hpp"
+#include "overflow.hpp"
 #include "partition.hpp"
 #include "sok/kit/keys.hpp"
 #include "sok/kit/parallel.hpp"
@@ -24,24 +22,6 @@ constexpr int64_t kMinGrowthRows = 64;
 // How many keys ahead a bulk loop prefetches the index line of (a few cache misses in flight).
 constexpr int64_t kPrefetchAhead = 16;
 
-// x as Python's repr writes a float (shortest round trip, "0.0" rather than "0").
-std::string repr(double x) {
-  if (std::isnan(x)) return "nan";
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  char buffer[32];
-  const auto end = std::to_chars(buffer, buffer + sizeof(buffer), x).ptr;
-  std::string out(buffer, end);
-  if (out.find_first_of(".e") == std::string::npos) out += ".0";
-  return out;
-}
-
-// The rows an overflowing partition keeps: round(margin * target), half to even as Python's round.
-uint64_t keep_rows_of(const HashMapOptions& o) {
-  if (o.overflow_margin == kNoOverflowLimit) return kNoOverflowLimit;
-  const double keep = std::nearbyint(static_cast<double>(o.overflow_margin) * o.overflow_resolution_target);
-  return keep <= 0 ? 0 : static_cast<uint64_t>(keep);
-}
-
 const HashMapOptions& checked(const HashMapOptions& o) {
   if (o.num_partitions < 1 || o.num_partitions > kMaxPartitions) {
     throw std::invalid_argument("num_partitions must be in [1, " + std::to_string(kMaxPartitions) + "], got " +
@@ -52,47 +32,8 @@ const HashMapOptions& checked(const HashMapOptions& o) {
                                 std::to_string(o.max_batch_size) + ", " + std::to_string(o.overflow_margin) + ", " +
                                 std::to_string(o.allocation_rate));
   }
-  if (!(0.0 < o.overflow_resolution_target && o.overflow_resolution_target <= 1.0)) {
-    throw std::invalid_argument("overflow_resolution_target must be in (0, 1], got " +
-                                repr(o.overflow_resolution_target));
-  }
+  check_overflow_resolution_target(o.overflow_resolution_target);
   return o;
-}
-
-// The positions of a call's keys grouped by partition: order[begin, end) of each group are the
-// positions (ascending) of the keys of partition `partition`.
-struct Groups {
-  struct Group {
-    int64_t partition, begin, end;
-  };
-  std::vector<int64_t> order;
-  std::vector<Group> groups;
-};
-
-// Work in the number of keys, not of partitions: a counting sort where there are no more partitions
-// than keys, else a sort of the positions by partition.
-Groups group_by_partition(const int64_t* keys, int64_t n, int64_t num_partitions) {
-  Groups out;
-  out.order.resize(n);
-  std::vector<int64_t> parts(n);
-  for (int64_t i = 0; i < n; ++i) parts[i] = static_cast<int64_t>(partition_of(keys[i], num_partitions));
-  if (num_partitions <= n) {
-    std::vector<int64_t> start(num_partitions + 1, 0);
-    for (int64_t i = 0; i < n; ++i) ++start[parts[i] + 1];
-    for (int64_t p = 0; p < num_partitions; ++p) {
-      if (start[p + 1] > 0) out.groups.push_back({p, start[p], start[p] + start[p + 1]});
-      start[p + 1] += start[p];
-    }
-    for (int64_t i = 0; i < n; ++i) out.order[start[parts[i]]++] = i;
-  } else {
-    std::iota(out.order.begin(), out.order.end(), int64_t{0});
-    std::stable_sort(out.order.begin(), out.order.end(), [&](int64_t a, int64_t b) { return parts[a] < parts[b]; });
-    for (int64_t i = 0; i < n; ++i) {
-      if (i == 0 || parts[out.order[i]] != parts[out.order[i - 1]]) out.groups.push_back({parts[out.order[i]], i, i});
-      out.groups.back().end = i + 1;
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -220,7 +161,7 @@ struct HashMapTier::Table {
 HashMapTier::HashMapTier(const HashMapOptions& options)
     : options_(checked(options)),
       name_(options.parallel ? "parallel_hash_map" : "hash_map"),
-      keep_rows_(keep_rows_of(options)),
+      keep_rows_(keep_rows_of(options.overflow_margin, options.overflow_resolution_target)),
       seed_(options.seed ? *options.seed : (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()) {}
 
 HashMapTier::~HashMapTier() = default;

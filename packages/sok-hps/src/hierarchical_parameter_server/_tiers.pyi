@@ -7,12 +7,15 @@ __all__ = [
     "MAX_PARTITIONS",
     "NO_OVERFLOW_LIMIT",
     "PARALLEL_MIN_KEYS",
+    "HashMapTier",
+    "REDIS_CLUSTER_DEFAULT_OPTIONS",
     "ROCKSDB_VERSION",
     "ROCKS_DB_DEFAULT_OPTIONS",
     "ROCKS_DB_TABLE_FORMAT_VERSION",
-    "WITH_ROCKSDB",
-    "HashMapTier",
+    "RedisClusterTier",
     "RocksDbTier",
+    "WITH_REDIS",
+    "WITH_ROCKSDB",
     "TierClosed",
     "partition_of",
 ]
@@ -24,6 +27,10 @@ MAX_PARTITIONS: int
 #: The fewest keys of a call that a parallel HashMapTier hands to worker threads.
 PARALLEL_MIN_KEYS: int
 DEFAULT_OPTIONS: dict[str, int | bool | str | float]
+#: Whether RedisClusterTier was built (hiredis was found).
+WITH_REDIS: bool
+#: RedisClusterOptions' defaults (tiers/redis_cluster_defaults.py holds the same); only where WITH_REDIS.
+REDIS_CLUSTER_DEFAULT_OPTIONS: dict[str, int | bool | str | float]
 
 class TierClosed(RuntimeError):
     """A call on a closed tier."""
@@ -73,6 +80,35 @@ class RocksDbTier:
     max_batch_size: int
 
     def __init__(self, path: str, num_threads: int, read_only: bool, max_batch_size: int) -> None: ...
+    def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]: ...
+    def insert(self, tag: str, keys: np.ndarray, rows: np.ndarray) -> None: ...
+    def size(self, tag: str) -> int: ...
+    def close(self) -> None: ...
+    def stored_dim(self, tag: str) -> int | None: ...
+    def set_stored_dim(self, tag: str, dim: int) -> None: ...
+    def retain_only(self, tag: str, keys: np.ndarray) -> int: ...
+
+class RedisClusterTier:
+    """sok::hps::RedisClusterTier (csrc/tiers/redis_cluster_tier.hpp); tiers.redis_cluster_cpp wraps
+    it. Only where WITH_REDIS."""
+
+    name: str
+    location: str
+
+    def __init__(
+        self,
+        address: str,
+        user_name: str,
+        password: str,
+        num_partitions: int,
+        num_node_connections: int,
+        max_batch_size: int,
+        enable_tls: bool,
+        overflow_margin: int,
+        overflow_policy: str,
+        overflow_resolution_target: float,
+        socket_timeout_s: float,
+    ) -> None: ...
     def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]: ...
     def insert(self, tag: str, keys: np.ndarray, rows: np.ndarray) -> None: ...
     def size(self, tag: str) -> int: ...

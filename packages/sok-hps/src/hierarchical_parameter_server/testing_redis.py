@@ -10,6 +10,8 @@ Example::
         cluster.address          # '127.0.0.1:40001,127.0.0.1:40002,127.0.0.1:40003'
         cluster.kill(1)          # SIGKILL node 1
         cluster.restart(1)       # same port and directory; waits for cluster_state:ok
+        cluster.pause(2)         # SIGSTOP: connections stay open, nothing is answered
+        cluster.resume(2)        # SIGCONT; waits for cluster_state:ok
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -149,6 +152,15 @@ class LocalRedisCluster:
         """Start node ``node`` again on its port and directory and wait for ``cluster_state:ok``."""
         self._launch(self.ports[node])
         self._wait(self._cluster_ok, "cluster_state:ok after the restart")
+
+    def pause(self, node: int) -> None:
+        """SIGSTOP node ``node``: it keeps its connections open and answers nothing (a hung node)."""
+        self._procs[self.ports[node]].send_signal(signal.SIGSTOP)
+
+    def resume(self, node: int) -> None:
+        """SIGCONT node ``node`` (after :meth:`pause`) and wait for ``cluster_state:ok``."""
+        self._procs[self.ports[node]].send_signal(signal.SIGCONT)
+        self._wait(self._cluster_ok, "cluster_state:ok after the resume")
 
     def stop(self) -> None:
         """Stop every node that runs (SIGTERM, then SIGKILL after 10 s)."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -41,6 +42,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
 from ..config import NO_OVERFLOW_LIMIT, VolatileDBConfig, parse_address
+from . import redis_cluster_defaults as defaults
 from .base import TierUnavailable, check_keys, check_rows, fill_rows, start_fetch
 from .partition import partition_of
 
@@ -67,6 +69,12 @@ def dim_key(tag: str) -> str:
     return f"hps_et{{{tag}}}dim"
 
 
+def glob_escaped(text: str) -> str:
+    """``text`` with the characters of Redis's glob patterns (``*?[]\\``) escaped, so that a
+    ``SCAN ... MATCH`` pattern matches them as they are."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
 class RedisClusterTier:
     """Rows in a Redis cluster (see the module docstring).
 
@@ -85,21 +93,21 @@ class RedisClusterTier:
 
     def __init__(
         self,
-        address: str = "127.0.0.1:7000",
-        user_name: str = "default",
-        password: str = "",
-        num_partitions: int = 8,
-        num_node_connections: int = 5,
-        max_batch_size: int = 65536,
+        address: str = defaults.ADDRESS,
+        user_name: str = defaults.USER_NAME,
+        password: str = defaults.PASSWORD,
+        num_partitions: int = defaults.NUM_PARTITIONS,
+        num_node_connections: int = defaults.NUM_NODE_CONNECTIONS,
+        max_batch_size: int = defaults.MAX_BATCH_SIZE,
         enable_tls: bool = False,
         tls_ca_certificate: str = "cacertbundle.crt",
         tls_client_certificate: str = "client_cert.pem",
         tls_client_key: str = "client_key.pem",
         tls_server_name_identification: str = "redis.localhost",
         overflow_margin: int = NO_OVERFLOW_LIMIT,
-        overflow_policy: str = "evict_random",
-        overflow_resolution_target: float = 0.8,
-        socket_timeout_s: float = 5.0,
+        overflow_policy: str = defaults.OVERFLOW_POLICY,
+        overflow_resolution_target: float = defaults.OVERFLOW_RESOLUTION_TARGET,
+        socket_timeout_s: float = defaults.SOCKET_TIMEOUT_S,
     ) -> None:
         if overflow_margin != NO_OVERFLOW_LIMIT and overflow_policy != "evict_random":
             raise ValueError(
@@ -297,7 +305,7 @@ class RedisClusterTier:
                 for first in range(0, len(absent), self.max_batch_size):
                     erased += client.hdel(name, *absent[first : first + self.max_batch_size])
             ours = {value_hash(tag, p).encode() for p in range(self.num_partitions)}
-            for name in client.scan_iter(match=value_hash(tag, "*")):
+            for name in client.scan_iter(match=value_hash(glob_escaped(tag), "*")):
                 if name not in ours:
                     erased += client.hlen(name)
                     client.delete(name)
