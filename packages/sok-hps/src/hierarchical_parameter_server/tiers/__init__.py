@@ -6,9 +6,10 @@
 * persistent DB (``persistent_db``): :class:`~.rocks_db.RocksDBTier` (``rocks_db``, needs
   ``pip install sok-hps[rocksdb]``).
 
-The same hash map and RocksDB tier in C++, :class:`~.hash_map_cpp.CppHashMapTier` and
-:class:`~.rocks_db_cpp.CppRocksDBTier` (``csrc/tiers``), are not made here yet: the C++ server of
-``docs/design/hps-serving.md`` will use them.
+The same tiers in C++ (``csrc/tiers``; :class:`~.hash_map_cpp.CppHashMapTier`,
+:class:`~.redis_cluster_cpp.CppRedisClusterTier`, :class:`~.rocks_db_cpp.CppRocksDBTier` in Python)
+are what the C++ server (``csrc/serving/server_tiers.cpp``) makes in a process with no Python; a
+Python process's server makes these.
 
 Every tier follows :class:`~.base.Tier`; a service that cannot be reached raises
 :class:`~.base.TierUnavailable`. Redis and RocksDB, whose rows outlive the server, are also

@@ -33,8 +33,7 @@ a chunk above the margin):
 * ``evict_oldest``: the rows least recently fetched or written. "Time" is a counter of calls
   (exact order) where the original uses seconds.
 
-The same tier in C++ (no Python in its data path, not used by the server yet):
-:mod:`.hash_map_cpp`.
+The same tier in C++ (no Python in its data path; the C++ server's): :mod:`.hash_map_cpp`.
 
 Example::
 

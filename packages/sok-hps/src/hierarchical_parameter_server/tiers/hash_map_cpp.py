@@ -15,8 +15,8 @@ two differ:
 * ``parallel`` works on a call's partitions on sok-core's worker threads only for calls of at least
   ``_tiers.PARALLEL_MIN_KEYS`` keys; smaller calls gain nothing from threads.
 
-The server does not use it yet: the C++ server of ``docs/design/hps-serving.md`` (its step 3) will
-call the C++ tier directly; until then the tests run the tier suites on both implementations.
+The C++ server (``docs/design/hps-serving.md``) uses the C++ tier directly; a Python process's
+server uses the Python one. The tests run the tier suites on both implementations.
 
 Example::
 

@@ -19,8 +19,8 @@ the two differ:
 
 Built only where hiredis was found (``_tiers.WITH_REDIS``; Debian: ``apt-get install
 libhiredis-dev``, then rebuild sok-hps); importing this module raises ImportError otherwise. The
-server does not use it yet: the C++ server of ``docs/design/hps-serving.md`` will construct the
-C++ class directly; until then the tests run the tier suites on both implementations.
+C++ server (``docs/design/hps-serving.md``) uses the C++ class directly; a Python process's server
+uses the Python tier. The tests run the tier suites on both implementations.
 
 Example::
 

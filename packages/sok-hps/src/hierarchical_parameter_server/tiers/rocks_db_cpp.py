@@ -15,8 +15,8 @@ insert release the GIL for the whole call. Where the two differ:
   format_version 6, before RocksDB 8.6) raises :class:`~.base.TierUnavailable` saying so and how
   to rewrite it (:meth:`.rocks_db.RocksDBTier.rewrite_tables`).
 
-The server does not use it yet: the C++ server of ``docs/design/hps-serving.md`` will call the C++
-tier directly; until then the tests run the tier suites on both implementations.
+The C++ server (``docs/design/hps-serving.md``) uses the C++ tier directly; a Python process's
+server uses the Python one. The tests run the tier suites on both implementations.
 
 Example::
 
