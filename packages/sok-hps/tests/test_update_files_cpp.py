@@ -12,7 +12,9 @@ test_updates.py and test_update_poller.py do not reach.
 * The source's C++ thread (start without launch), its stderr log sink, its own steady clock.
 * Model filters match as Python's re.fullmatch; a filter re.compile refuses raises what it raises.
 * A name that is not UTF-8 is named as os.fsdecode reads it.
-* The interpreter exits cleanly while the source's daemon thread applies, reads or waits.
+* The interpreter exits cleanly while the source's daemon thread applies, logs, reads or waits.
+* A C++ process with no Python (update_source_program.cpp, built from sok_hps_serving_core's
+  sources) writes updates and applies them in the source's own thread, its lines on stderr.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
 import threading
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -157,14 +162,21 @@ def test_files_of_the_documented_layout_are_read_bit_for_bit(tmp_path, version, 
     )
 
 
+def cpp_write_update(directory, model: str, table: str, keys: np.ndarray, values: np.ndarray) -> str:
+    """The C++ writer's whole write, as a C++ process writes an update (the rename too)."""
+    return _serving.write_update(str(directory), model, table, keys.view(np.int64), values)
+
+
+@pytest.mark.parametrize("writer", [write_update, cpp_write_update])
 @pytest.mark.parametrize(("count", "dim"), [(0, 2), (5, 1), (20000, 257)])  # the last: 20.6 MB, 3 chunks
-def test_the_writer_writes_the_documented_bytes(tmp_path, count, dim):
+def test_the_writer_writes_the_documented_bytes(tmp_path, count, dim, writer):
     keys, values = every_key_bit(count, seed=1), odd_floats((count, dim), seed=2)
-    path = write_update(tmp_path, "m", "t", keys, values)
+    path = writer(tmp_path, "m", "t", keys, values)
+    assert os.listdir(tmp_path) == [os.path.basename(path)]  # no temporary file left
     data = open(path, "rb").read()
-    sequence, writer = ORDER.unpack_from(data, HEAD.size)
-    assert data == reference_file(b"hps_et.m.t", keys, values, 2, sequence, writer)
-    assert os.path.basename(path) == f"{sequence:020d}-{os.getpid()}-{os.path.basename(path).split('-')[2]}"
+    sequence, writer_id = ORDER.unpack_from(data, HEAD.size)
+    assert data == reference_file(b"hps_et.m.t", keys, values, 2, sequence, writer_id)
+    assert re.fullmatch(rf"{sequence:020d}-{os.getpid()}-\d{{6,}}\.hpsu", os.path.basename(path))
     assert outcome(path) == reference_read(data, path)
 
 
@@ -448,3 +460,59 @@ def test_the_interpreter_exits_cleanly_while_the_source_runs(tmp_path, when):
     )
     assert (done.returncode, done.stdout) == (0, "exiting\n"), done.stderr
     assert "terminate" not in done.stderr and "Fatal" not in done.stderr
+
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def core_sources() -> list[Path]:
+    """The sources of sok_hps_serving_core, as CMakeLists.txt lists them."""
+    listed = re.search(
+        r"add_library\(\s*sok_hps_serving_core STATIC\s+([^)]*)\)", (PACKAGE / "CMakeLists.txt").read_text()
+    )
+    return [PACKAGE / source for source in listed.group(1).split()]
+
+
+def test_a_cpp_process_applies_updates_with_no_python(tmp_path):
+    compiler = shutil.which("g++") or shutil.which("c++")
+    include = PACKAGE.parent / "sok-core" / "src" / "sparse_operation_kit" / "include"
+    if compiler is None or not include.is_dir():
+        pytest.skip("no C++ compiler, or no sok-core checkout beside sok-hps")
+    sources = [Path(__file__).with_name("update_source_program.cpp"), *core_sources()]
+    flags = [
+        "-std=c++17",
+        "-O0",
+        f"-I{PACKAGE / 'csrc' / 'serving'}",
+        f"-I{PACKAGE / 'csrc' / 'tiers'}",
+        f"-I{include}",
+    ]
+
+    def compile_one(source: Path) -> Path:
+        target = tmp_path / (source.stem + ".o")
+        built = subprocess.run([compiler, *flags, "-c", str(source), "-o", str(target)], capture_output=True, text=True)
+        assert built.returncode == 0, built.stderr[-3000:]
+        return target
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        objects = list(pool.map(compile_one, sources))
+    program = tmp_path / "update_source_program"
+    linked = subprocess.run(
+        [compiler, *map(str, objects), "-pthread", "-o", str(program)], capture_output=True, text=True
+    )
+    assert linked.returncode == 0, linked.stderr[-3000:]
+    directory = tmp_path / "u"
+    done = subprocess.run([str(program), str(directory)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        "stopped 1\napplied 0\napplied 3\nunapplied rows of width 2, but the table's dim is 3\nlibpython: absent\n"
+    )
+    written = {int(read_update(directory / name).keys[0]): name for name in os.listdir(directory)}
+    assert sorted(written) == [0, 1, 2, 3]  # the C++ writer's files, read by updates.py
+    assert done.stderr.splitlines() == [
+        f"sok-hps updates ERROR: update file {directory / written[2]} cannot be applied by this server: rows of "
+        "width 2, but the table's dim is 3; nothing of it applied, the file left in place for other readers and not "
+        "tried again by this source (restart the server to try it again)",
+        f"sok-hps updates WARNING: applying update {directory / written[3]} failed (runtime_error: tier down); trying "
+        "it again at every poll",
+        f"sok-hps updates WARNING: update {directory / written[3]} applied after it failed",
+    ]

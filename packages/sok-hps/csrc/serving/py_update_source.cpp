@@ -1,5 +1,6 @@
 // The online updates (update_files.hpp, update_source.hpp) in hierarchical_parameter_server._serving,
-// which updates.py is a thin layer over: read_update, stage_update and check_update_name; the
+// which updates.py is a thin layer over: read_update, stage_update and check_update_name (and
+// write_update, the C++ writer's whole write, for the tests); the
 // UpdateSource class (sok::hps::DirectoryUpdateSource with Python callbacks); UpdateFileError and
 // UpdateIncomplete (ValueErrors, which updates.py exports); the format's constants.
 //
@@ -350,6 +351,23 @@ DirectoryUpdateSource::Launch launch_of(const py::object& launch) {
   };
 }
 
+using Keys = py::array_t<int64_t, py::array::c_style>;
+using Values = py::array_t<float, py::array::c_style>;
+
+// write(directory, model, table, keys, values, n, dim) (stage_update or write_update) without the GIL.
+template <class Write>
+auto write_rows(Write write, const py::object& directory, const std::string& model, const std::string& table,
+                const Keys& keys, const Values& values) {
+  if (keys.ndim() != 1 || values.ndim() != 2 || values.shape(0) != keys.shape(0)) {
+    throw py::value_error("an update needs keys int64 [n] and values float32 [n, dim]");
+  }
+  const std::string folder = fs_path(directory);
+  return without_gil([&] {
+    return write(folder, model, table, keys.data(), values.data(), static_cast<uint64_t>(keys.shape(0)),
+                 static_cast<uint64_t>(values.shape(1)));
+  });
+}
+
 // _serving.UpdateSource: the C++ source is destroyed without the GIL (a loop of its own thread may
 // need the GIL to end).
 struct PyUpdateSource {
@@ -421,21 +439,22 @@ void bind_update_source(py::module_& m) {
       "without the GIL; UpdateIncomplete, UpdateFileError or OSError where it cannot be read.");
   m.def(
       "stage_update",
-      [](const py::object& directory, const std::string& model, const std::string& table,
-         const py::array_t<int64_t, py::array::c_style>& keys, const py::array_t<float, py::array::c_style>& values) {
-        if (keys.ndim() != 1 || values.ndim() != 2 || values.shape(0) != keys.shape(0)) {
-          throw py::value_error("stage_update needs keys int64 [n] and values float32 [n, dim]");
-        }
-        const std::string folder = fs_path(directory);
-        const sok::hps::StagedUpdate staged = without_gil([&] {
-          return sok::hps::stage_update(folder, model, table, keys.data(), values.data(),
-                                        static_cast<uint64_t>(keys.shape(0)), static_cast<uint64_t>(values.shape(1)));
-        });
+      [](const py::object& directory, const std::string& model, const std::string& table, const Keys& keys,
+         const Values& values) {
+        const sok::hps::StagedUpdate staged = write_rows(sok::hps::stage_update, directory, model, table, keys, values);
         return py::make_tuple(py_fs_str(staged.temporary), py_fs_str(staged.path));
       },
       py::arg("directory"), py::arg("model"), py::arg("table"), py::arg("keys"), py::arg("values"),
       "The update of keys (int64 [n]) and values (float32 [n, dim]) written without the GIL under a temporary "
       "name in directory (made when missing): (temporary, path), to be renamed into place.");
+  m.def(
+      "write_update",
+      [](const py::object& directory, const std::string& model, const std::string& table, const Keys& keys,
+         const Values& values) {
+        return py_fs_str(write_rows(sok::hps::write_update, directory, model, table, keys, values));
+      },
+      py::arg("directory"), py::arg("model"), py::arg("table"), py::arg("keys"), py::arg("values"),
+      "The C++ writer's whole write (stage_update, then the rename), as a C++ process writes an update: its path.");
 
   py::class_<PyUpdateSource>(m, "UpdateSource",
                              "sok::hps::DirectoryUpdateSource (update_source.hpp): what updates.DirectoryUpdateSource "

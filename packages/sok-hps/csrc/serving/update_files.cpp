@@ -83,13 +83,6 @@ bool is_tag(const std::string& tag) {
   return dot != std::string_view::npos && is_name(names.substr(0, dot)) && is_name(names.substr(dot + 1));
 }
 
-// The part `index` (1: model, 2: table) of a tag, as Python's tag.split(".")[index].
-std::string tag_part(const std::string& tag, int index) {
-  size_t start = 0;
-  for (int i = 0; i < index; ++i) start = tag.find('.', start) + 1;
-  return tag.substr(start, tag.find('.', start) - start);
-}
-
 UpdateFileError bad(const std::string& path, const std::string& what) {
   return UpdateFileError("update file " + path + ": " + what);
 }
@@ -176,10 +169,10 @@ void after_fork_in_child() { fork_generation.fetch_add(1); }
 
 }  // namespace
 
-std::string UpdateHeader::model() const { return tag_part(tag, 1); }
-std::string UpdateHeader::table() const { return tag_part(tag, 2); }
-std::string Update::model() const { return tag_part(tag, 1); }
-std::string Update::table() const { return tag_part(tag, 2); }
+std::string UpdateHeader::model() const {
+  const size_t start = tag.find('.') + 1;  // a checked tag: hps_et.<model>.<table>
+  return tag.substr(start, tag.find('.', start) - start);
+}
 
 UpdateRows allocate_rows(uint64_t count, uint32_t dim) {
   struct Vectors {

@@ -91,8 +91,7 @@ struct UpdateHeader {
   uint64_t sequence = 0;  // version 1: the time its name starts with
   uint64_t writer = 0;    // 0 in version 1
 
-  std::string model() const;
-  std::string table() const;
+  std::string model() const;  // the tag's <model>
 };
 
 // The memory of the rows of one update: keys (count,), values (count, dim), kept alive by `owner`.
@@ -122,9 +121,6 @@ struct Update {
   uint32_t checksum = 0;        // the file's CRC-32
   uint64_t writer = 0;          // the id of the thread that wrote it (0: version 1)
   std::shared_ptr<void> rows;   // owns keys and values (UpdateRows::owner)
-
-  std::string model() const;
-  std::string table() const;
 };
 
 // An update file opened and its header checked; read() reads its rows. Never follows a symbolic

@@ -38,6 +38,7 @@ __all__ = [
     "read_ps_config",
     "read_update",
     "stage_update",
+    "write_update",
 ]
 
 #: The C++ constants that mirror Python ones, under the Python names ("format.HEADER_BYTES", ...).
@@ -137,6 +138,12 @@ def stage_update(
     """The update of keys (int64 [n]) and values (float32 [n, dim], both C-contiguous) written
     without the GIL under a temporary name in directory (made when missing): (temporary, path),
     to be renamed into place."""
+
+def write_update(
+    directory: str | bytes | os.PathLike[str], model: str, table: str, keys: np.ndarray, values: np.ndarray
+) -> str:
+    """The C++ writer's whole write (stage_update, then the rename), as a C++ process writes an
+    update: its path."""
 
 class UpdateSource:
     """sok::hps::DirectoryUpdateSource (csrc/serving/update_source.hpp), what
