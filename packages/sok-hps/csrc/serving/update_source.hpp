@@ -119,7 +119,8 @@ struct UpdateSourceOptions {
 
 class DirectoryUpdateSource {
  public:
-  // Called on each update, in order, on the loop's thread. Throws UpdateRejected (or another
+  // Called on each update, in order, on the loop's thread; its keys and values are the caller's for
+  // the call (a copy of update.rows keeps them longer). Throws UpdateRejected (or another
   // std::invalid_argument) to refuse it, anything else to have it tried again at the next poll.
   using Apply = std::function<void(const Update& update)>;
   // Runs `loop` in a thread it makes, and returns; the loop returns after stop().
