@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -194,6 +195,53 @@ def test_an_hps_savedmodel_over_databases_serves_from_cpp_as_from_python(
     np.testing.assert_array_equal(served, np.concatenate(oracle, axis=1))
 
 
+UPDATE_SETUPS = {
+    "cache of every row": ({}, support.DISABLED_DBS),
+    "hash_map, no cache": ({"gpucache": False}, {"volatile_db": {"type": "hash_map"}}),
+    "evicting cache over an evicting hash_map": ({"gpucacheper": 0.25}, {"volatile_db": EVICTING}),
+}
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["traced before Init", "traced on a running server"])
+@pytest.mark.parametrize("setup", sorted(UPDATE_SETUPS))
+def test_online_updates_reach_the_cpp_server(program, libraries, tmp_path, setup, running):
+    """An update directory with updates of both tables (rows changed, a key new to the table): the
+    C++ server's update source applies them (a run after its first poll serves them), as Python's."""
+    from hierarchical_parameter_server import updates
+
+    entry, top = UPDATE_SETUPS[setup]
+    config_path = tmp_path / "ps.json"
+    sparse_files, tables = files(tmp_path)
+    directory = tmp_path / "updates"
+    source = {"type": "directory", "path": str(directory), "poll_interval_ms": 20}
+    write(config_path, sparse_files, entry, **top, update_source=source)
+    saved = export(tmp_path, config_path, running)
+    rng = np.random.default_rng(11)
+    changed = np.array([3, 7, ROWS + 2], np.int64)  # ROWS + 2: a key no model file has
+    for t, (table, dim) in enumerate(zip(tables, DIMS)):
+        rows = rng.normal(size=(len(changed), dim)).astype(np.float32)
+        updates.write_update(str(directory), "m", f"sparse_embedding{t}", changed, rows)
+        oracle = support.oracle(table, 0.5, UNSEEN)
+        oracle[changed] = rows
+        tables[t] = oracle
+    ids = np.random.default_rng(5).integers(0, ROWS + UNSEEN, size=(BATCH, SLOTS)).astype(np.int64)
+    ids[0] = changed
+    try:
+        model = tf.saved_model.load(str(saved))
+        model.serve(tf.constant(ids))
+        time.sleep(1.0)  # the source polls every 20 ms
+        expected = model.serve(tf.constant(ids)).numpy()
+    finally:
+        init.shutdown()
+    want = np.concatenate([table[ids].reshape(BATCH, -1) for table in tables], axis=1)
+    np.testing.assert_array_equal(expected, want)
+
+    done = serving_cpp.serve(program, saved, ids, tmp_path, libraries, runs=3, pause_ms=500)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "libpython: absent" in done.stdout
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "out.bin", np.float32).reshape(want.shape), want)
+
+
 def serve_expecting_failure(program, libraries, tmp_path, saved) -> str:
     ids = np.zeros((BATCH, SLOTS), np.int64)
     done = serving_cpp.serve(program, saved, ids, tmp_path, libraries)
@@ -243,19 +291,19 @@ def test_an_evicting_cache_smaller_than_a_batch_still_serves_every_row(program, 
     np.testing.assert_array_equal(served, np.concatenate(oracle, axis=1))
 
 
-@pytest.mark.parametrize(
-    "entry, top, named",
-    [
-        ({}, {"update_source": {"type": "directory", "path": "/nonexistent"}}, "its update_source.type 'directory'"),
-    ],
-)
-def test_a_config_cpp_cannot_serve_is_refused_naming_the_setting(program, libraries, tmp_path, entry, top, named):
+def test_an_update_source_path_that_cannot_be_a_directory_is_refused_as_in_python(program, libraries, tmp_path):
     config_path = tmp_path / "ps.json"
     saved = export(tmp_path, config_path)
     sparse_files, _ = files(tmp_path)
-    write(config_path, sparse_files, entry, **top)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    write(config_path, sparse_files, update_source={"type": "directory", "path": str(blocker)})
     message = serve_expecting_failure(program, libraries, tmp_path, saved)
-    assert f"ps_config '{config_path}' cannot be served without Python: {named}" in message
+    assert (
+        f"update_source.path '{blocker}' cannot be the directory of online updates: File exists; nothing was" in message
+    )
+    with pytest.raises(Exception, match="cannot be the directory of online updates: File exists; nothing was written"):
+        python_serves(saved, np.zeros((BATCH, SLOTS), np.int64))
 
 
 def test_config_and_model_file_errors_are_the_python_readers(program, libraries, tmp_path):

@@ -9,9 +9,7 @@
 
 namespace sok {
 namespace hps {
-namespace {
-
-const char* name_of(LogLevel level) {
+const char* log_level_name(LogLevel level) {
   switch (level) {
     case LogLevel::kDebug:
       return "DEBUG";
@@ -22,14 +20,16 @@ const char* name_of(LogLevel level) {
     case LogLevel::kError:
       return "ERROR";
   }
-  return "?";
+  return "LOG";
 }
+
+namespace {
 
 // SOK_HPS_LOG_LEVEL's level, WARNING where it is unset or not a level's name.
 LogLevel threshold() {
   const char* value = std::getenv("SOK_HPS_LOG_LEVEL");
   for (LogLevel level : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarning, LogLevel::kError}) {
-    if (value != nullptr && std::strcmp(value, name_of(level)) == 0) return level;
+    if (value != nullptr && std::strcmp(value, log_level_name(level)) == 0) return level;
   }
   return LogLevel::kWarning;
 }
@@ -37,22 +37,22 @@ LogLevel threshold() {
 void to_stderr(LogLevel level, const std::string& message) {
   static const LogLevel from = threshold();
   if (level < from) return;
-  std::fprintf(stderr, "[sok-hps] %s: %s\n", name_of(level), message.c_str());
+  std::fprintf(stderr, "[sok-hps] %s: %s\n", log_level_name(level), message.c_str());
 }
 
 std::mutex mu;
-std::shared_ptr<const LogSink> sink;  // null: to_stderr
+std::shared_ptr<const LineSink> sink;  // null: to_stderr
 
 }  // namespace
 
-void set_log_sink(LogSink s) {
-  auto made = s ? std::make_shared<const LogSink>(std::move(s)) : nullptr;
+void set_log_sink(LineSink s) {
+  auto made = s ? std::make_shared<const LineSink>(std::move(s)) : nullptr;
   std::lock_guard<std::mutex> lock(mu);
   sink = std::move(made);
 }
 
 void log(LogLevel level, const std::string& message) {
-  std::shared_ptr<const LogSink> current;
+  std::shared_ptr<const LineSink> current;
   {
     std::lock_guard<std::mutex> lock(mu);
     current = sink;

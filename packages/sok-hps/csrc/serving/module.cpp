@@ -1,5 +1,6 @@
 // hierarchical_parameter_server._serving: the Python binding of the C++ server's readers
-// (csrc/serving), for the tests that hold them against the Python readers they mirror.
+// (csrc/serving): config.py's ps_config reader, updates.py's update files and source, and the
+// readers the tests hold against the Python readers they mirror.
 #include <pybind11/pybind11.h>
 
 #include <string>
@@ -45,11 +46,14 @@ py::object to_python(const json::Value& v) {
 
 // py_ps_config.cpp
 void bind_ps_config(py::module_& m);
+// py_update_source.cpp
+void bind_update_source(py::module_& m);
 
 PYBIND11_MODULE(_serving, m) {
   m.doc() =
-      "The C++ server's readers (csrc/serving): the ps_config reader that config.py calls, and the JSON and "
-      "model-file readers, for the tests against Python's.";
+      "The C++ server's readers (csrc/serving): the ps_config reader that config.py calls, the online updates' "
+      "files and directory source that updates.py calls, and the JSON and model-file readers, for the tests "
+      "against Python's.";
   py::register_exception<json::ParseError>(m, "JsonParseError", PyExc_ValueError);
   m.def(
       "parse_json", [](const std::string& text) { return to_python(json::parse(text)); }, py::arg("text"),
@@ -57,4 +61,5 @@ PYBIND11_MODULE(_serving, m) {
       "json.JSONDecodeError's message where it is not JSON.");
   bind_ps_config(m);
   bind_model_files(m);
+  bind_update_source(m);
 }

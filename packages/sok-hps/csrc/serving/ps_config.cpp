@@ -22,6 +22,13 @@
 #include "utf8.hpp"
 
 namespace sok::hps {
+
+bool is_name(std::string_view s) {
+  return !s.empty() && s.size() <= kMaxNameLength && std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
 namespace {
 
 using json::Type;
@@ -306,13 +313,6 @@ std::string str_item(const std::string& where, const Value& value) {
     throw ConfigError(where + ": expected a non-empty string, got " + describe(value));
   }
   return value.as_string();
-}
-
-// NAME_PATTERN: [a-zA-Z0-9_\-]{1,120}.
-bool is_name(const std::string& s) {
-  return !s.empty() && s.size() <= 120 && std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
-  });
 }
 
 std::string name_item(const std::string& where, const Value& value) {

@@ -35,6 +35,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -46,6 +47,11 @@ namespace sok::hps {
 // config.py's MAX_CONFIG_BYTES, MAX_POLL_INTERVAL_MS, MAX_THREAD_POOL_SIZE, MAX_PARTITIONS and
 // NO_OVERFLOW_LIMIT are kMaxConfigBytes, kMaxPollIntervalMs, kMaxThreadPoolSize and limits.hpp's
 // kMaxPartitions and kNoOverflowLimit, which _serving exports.
+// The longest model or table name: config.py's NAME_PATTERN is [a-zA-Z0-9_\-]{1,120}.
+constexpr size_t kMaxNameLength = 120;
+// Whether `s` is a model or table name (NAME_PATTERN's full match): it becomes part of the table tag
+// hps_et.<model>.<table>, which the online updates (update_files.hpp) check too.
+bool is_name(std::string_view s);
 // The largest float32, the bound of default_value_for_each_table.
 constexpr double kFloat32Max = 3.4028234663852886e+38;
 // The most bytes of a ps_config file read (a ps_config is a few KiB; this stops e.g. /dev/zero).

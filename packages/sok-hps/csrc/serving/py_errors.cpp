@@ -9,11 +9,13 @@
 
 namespace sok::hps {
 
-OsError::OsError(int code, const std::string& filename)
+OsError::OsError(int code, const std::string& filename, const std::string& filename2)
     : std::runtime_error("[Errno " + std::to_string(code) + "] " + std::strerror(code) +
-                         (filename.empty() ? "" : ": " + py_repr(filename))),
+                         (filename.empty() ? "" : ": " + py_repr(filename)) +
+                         (filename.empty() || filename2.empty() ? "" : " -> " + py_repr(filename2))),
       code_(code),
-      filename_(filename) {}
+      filename_(filename),
+      filename2_(filename2) {}
 
 std::string utf8_decode_error(std::string_view bytes) {
   const std::optional<Utf8Error> error = first_utf8_error(bytes);

@@ -74,6 +74,42 @@ std::string py_repr(std::string_view text) {
   return out + quote;
 }
 
+// bytes_repr of CPython's Objects/bytesobject.c.
+std::string py_bytes_repr(std::string_view bytes) {
+  const bool has_single = bytes.find('\'') != std::string_view::npos;
+  const bool has_double = bytes.find('"') != std::string_view::npos;
+  const char quote = has_single && !has_double ? '"' : '\'';
+  std::string out = "b";
+  out += quote;
+  char escape[8];
+  for (const char c : bytes) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == quote || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (byte < ' ' || byte >= 0x7F) {
+      std::snprintf(escape, sizeof(escape), "\\x%02x", byte);
+      out += escape;
+    } else {
+      out += c;
+    }
+  }
+  return out + quote;
+}
+
+// C's %#x writes 0 without its 0x.
+std::string py_hex(uint64_t value, int width) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "0x%0*llx", std::max(width - 2, 1), static_cast<unsigned long long>(value));
+  return text;
+}
+
 // float_repr_style 'short' of CPython's Python/pystrtod.c: the shortest digits that round-trip, in
 // positional notation for exponents -4 <= e < 16, else d.ddde+XX.
 std::string py_repr(double x) {

@@ -1,7 +1,7 @@
 // What Python writes and sees in text, for the C++ readers that must give Python's messages: repr()
-// of the values json.loads makes (str, int, float, bool, None, list, dict) and of the C++ values
-// they become, type(value).__name__, the code points str.isspace() and str.isprintable() treat as
-// they do, the order of strs and os.fsencode.
+// of the values json.loads makes (str, int, float, bool, None, list, dict), of the C++ values they
+// become and of bytes, type(value).__name__, the code points str.isspace() and str.isprintable()
+// treat as they do, the order of strs and os.fsencode.
 //
 // A str is held as utf8.hpp says: UTF-8, a lone surrogate as its 3-byte code (json.hpp's strings), a
 // byte that is not UTF-8 as its surrogateescape (a file name as os.fsdecode reads it). The Unicode
@@ -14,6 +14,7 @@
 //   py_repr(json::parse(R"({"a": [1, 2.5, "it's"]})"))  // {'a': [1, 2.5, "it's"]}
 //   py_repr(1e16)                                       // 1e+16
 //   py_repr("emb\xff")                                  // 'emb\udcff'
+//   py_bytes_repr("JU\0")                               // b'JU\x00'
 //   py_type_name(json::parse("null"))                   // NoneType
 #pragma once
 
@@ -31,6 +32,10 @@ bool py_isprintable(uint32_t cp);
 
 std::string py_repr(std::string_view text);
 inline std::string py_repr(const char* text) { return py_repr(std::string_view(text)); }
+// repr() of a bytes object holding `bytes`: b'HCTR', b"it's", b'\x00\xff'.
+std::string py_bytes_repr(std::string_view bytes);
+// f"{value:#0{width}x}": 0x and at least `width` - 2 lower-case hex digits (py_hex(0, 10): 0x00000000).
+std::string py_hex(uint64_t value, int width);
 std::string py_repr(double x);
 std::string py_repr(int64_t i);
 std::string py_repr(uint64_t u);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <unordered_map>
@@ -12,6 +13,7 @@
 #include "hash_map_tier.hpp"
 #include "log.hpp"
 #include "model_files.hpp"
+#include "py_errors.hpp"
 #include "py_text.hpp"
 #include "server_tiers.hpp"
 
@@ -30,12 +32,35 @@ bool has_database(const PsConfig& config) {
 }
 
 // The settings of `config` this server cannot serve, or "".
-std::string unservable(const PsConfig& config) {
-  if (config.update_source.type != "null") {
-    return "update_source.type " + py_repr(config.update_source.type) +
-           " (served here: 'null'; its updates would be missed)";
+std::string unservable(const PsConfig& config) { return unbuilt_tier(config); }
+
+// The source of update_source (a directory), made (its directory too) but not started; null
+// without one. Throws ConfigError (server.py's message) where its path cannot be the directory.
+std::unique_ptr<DirectoryUpdateSource> make_update_source(const UpdateSourceConfig& config) {
+  if (config.type != "directory") return nullptr;
+  UpdateSourceOptions options;
+  options.poll_interval_s = static_cast<double>(config.poll_interval_ms) / 1000.0;
+  options.log = [](LogLevel level, const std::string& message, const std::exception_ptr& error) {
+    std::string line = message;
+    if (error) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        line += " (" + error_type_name(e) + ": " + e.what() + ")";
+      } catch (...) {
+        line += " (an exception of no std::exception type)";
+      }
+    }
+    log(level, line);
+  };
+  try {
+    return std::make_unique<DirectoryUpdateSource>(config.path, std::move(options));
+  } catch (const OsError& error) {
+    throw ConfigError("update_source.path " + py_repr(config.path) + " cannot be the directory of online updates: " +
+                      std::strerror(error.code()) +
+                      "; nothing was written. Give the path of a directory this process can create or write (not "
+                      "a file), or remove what is in the way");
   }
-  return unbuilt_tier(config);
 }
 
 // server.py's refusal of a model whose rows would be in no tier.
@@ -182,6 +207,7 @@ Server::Server(PsConfig config, std::string path)
   persistent_ = make_persistent_tier(config_.persistent_db);
   bool wrote_shared = false;
   try {
+    updates_ = make_update_source(config_.update_source);
     // every model file opened, verified and its keys checked, then every shared database's width,
     // before a row is written anywhere
     std::vector<std::tuple<const ModelConfig*, std::unique_ptr<ServedTable>, TableSource>> sources;
@@ -226,6 +252,10 @@ Server::Server(PsConfig config, std::string path)
       wrote_shared = wrote_shared || !shared_dbs(/*writable=*/true).empty();
       load(*m, table, source);
     }
+    if (updates_ != nullptr) {
+      updates_->start([this](const Update& update) { apply_update(update); });
+      log(LogLevel::kInfo, "HPS applies the online updates written to " + config_.update_source.path);
+    }
   } catch (const std::exception& e) {
     if (wrote_shared) {
       std::string where;
@@ -242,6 +272,8 @@ Server::Server(PsConfig config, std::string path)
 }
 
 Server::~Server() {
+  if (updates_ != nullptr) updates_->stop();
+  updates_.reset();
   background_.reset();  // its work reads the tables and the databases
   tables_.clear();
   for (Tier* db : {volatile_.get(), persistent_.get()}) {
@@ -463,6 +495,65 @@ void Server::schedule_fill(const ServedTable& table, const int64_t* keys, int64_
 }
 
 void Server::wait_for_background_work() { background_->wait(); }
+
+void Server::apply_update(const Update& update) {
+  auto it = by_tag_.find(update.tag);
+  if (it == by_tag_.end()) {
+    log(LogLevel::kWarning, "HPS update of " + update.tag + " skipped: no model of the ps_config has that table");
+    return;
+  }
+  ServedTable& table = *it->second;
+  const auto n = static_cast<int64_t>(update.count);
+  if (static_cast<int64_t>(update.dim) != table.dim) {
+    throw UpdateRejected("update of " + update.tag + " has values of shape (" + std::to_string(n) + ", " +
+                         std::to_string(update.dim) + ") for " + std::to_string(n) +
+                         " keys, but the table's rows have width " + std::to_string(table.dim) +
+                         "; write the update with [" + std::to_string(n) + ", " + std::to_string(table.dim) +
+                         "] rows");
+  }
+  if (!table.int64_keys) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (update.keys[i] < INT32_MIN || update.keys[i] > INT32_MAX) {
+        throw UpdateRejected("an update of " + table.tag + " has key " + std::to_string(update.keys[i]) +
+                             ", outside int32, but supportlonglong is false (int32 keys); set \"supportlonglong\": "
+                             "true in the ps_config and look up int64 ids");
+      }
+    }
+  }
+  std::vector<Tier*> targets;
+  if (volatile_ != nullptr && any_fullmatch(volatile_filters_, table.model)) targets.push_back(volatile_.get());
+  if (persistent_ != nullptr && !config_.persistent_db.read_only && any_fullmatch(persistent_filters_, table.model)) {
+    targets.push_back(persistent_.get());
+  }
+  if (has_database(config_) && targets.empty()) {
+    log(LogLevel::kInfo, "HPS update of " + update.tag + " skipped: no database's update_filters take model " +
+                             table.model);
+    return;
+  }
+  std::string unreachable;
+  {
+    std::lock_guard<std::mutex> lock(table.lock);
+    table.generation.fetch_add(1);
+    for (Tier* db : targets) {
+      try {
+        db->insert(update.tag, update.keys, n, update.values, table.dim);
+      } catch (const TierUnavailable& e) {
+        if (unreachable.empty()) unreachable = e.what();
+      }
+    }
+    if (table.full_cache != nullptr) {
+      table.full_cache->insert(update.keys, n, update.values);
+    } else if (table.evicting_cache != nullptr) {
+      const int64_t cached = table.evicting_cache->update_present(update.keys, n, update.values);
+      log(LogLevel::kDebug, "update of " + table.tag + ": " + std::to_string(cached) + " of " + std::to_string(n) +
+                                " rows were cached and are updated");
+    }
+  }
+  if (!unreachable.empty()) {
+    throw TierUnavailable("update of " + update.tag + " not written everywhere: " + unreachable);
+  }
+  log(LogLevel::kInfo, "HPS applied an update of " + std::to_string(n) + " rows to " + update.tag);
+}
 
 void Server::complete(const ServedTable& table, const int64_t* keys, int64_t n, float* rows, const uint8_t* found,
                       bool cache) {

@@ -15,9 +15,14 @@
 // cache_missed_embeddings' copy-back of the persistent DB's rows into the volatile DB in the
 // background, skipped where an online update came between.
 //
+// Online updates (update_source: a directory): the source (update_source.hpp, the one updates.py
+// calls) made before the load and started after it; each update applied as server.py's
+// apply_update does, to the databases whose update_filters take its model, then to the cache (the
+// rows it holds, or every row where it holds every row), ordered against the copy-backs.
+//
 // What it serves: every ps_config the Python server serves, except the database types this build has
-// no tier for (server_tiers.hpp) and an update_source: those are refused at the first lookup with a
-// ConfigError that names the setting. Where it differs from the Python server: the evicting cache is
+// no tier for (server_tiers.hpp): those are refused at the first lookup with a ConfigError that names
+// the setting. Where it differs from the Python server: the evicting cache is
 // in host memory (evicting_cache.hpp), not an HKV table on the GPU, so which keys it holds after
 // the same lookups differs, and with hit_rate_threshold below 1.0 so may which misses of a batch
 // get the default value; with hit_rate_threshold 1.0 (or more) every lookup is exact in both.
@@ -49,6 +54,7 @@
 #include "model_files.hpp"
 #include "ps_config.hpp"
 #include "tier.hpp"
+#include "update_source.hpp"
 
 namespace sok {
 namespace hps {
@@ -123,6 +129,12 @@ class Server {
   // Waits until the background work submitted so far (fills, copy-backs) is done.
   void wait_for_background_work();
 
+  // server.py's apply_update: one online update written to the databases whose update_filters take
+  // its model, then to the table's cache. Throws UpdateRejected (rows of another width, keys beyond
+  // int32 with supportlonglong false: nothing written) and TierUnavailable (a database could not be
+  // reached: the others and the cache have it; the source applies it again later).
+  void apply_update(const Update& update);
+
   const std::string& path() const { return path_; }
 
  private:
@@ -152,6 +164,7 @@ class Server {
   std::mutex unavailable_mu_;
   std::set<std::string> unavailable_;  // the names of the databases that did not answer last time
   std::unique_ptr<Background> background_;
+  std::unique_ptr<DirectoryUpdateSource> updates_;  // null without an update_source
 };
 
 }  // namespace hps

@@ -1,9 +1,10 @@
 """Type stub of sok-hps's binding of the C++ server's readers (csrc/serving/module.cpp,
-py_ps_config.cpp, py_model_files.cpp): the ps_config reader, which config.load_config calls, and
+py_ps_config.cpp, py_model_files.cpp, py_update_source.cpp): the ps_config reader, which
+config.load_config calls; the online updates' files and directory source, which updates.py calls;
 the JSON and model-file readers, for the tests that hold them against the Python ones."""
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -21,10 +22,23 @@ __all__ = [
     "ModelFileError",
     "TableChunks",
     "TableSource",
+    "UPDATE_CHUNK_BYTES",
+    "UPDATE_FORMAT_VERSION",
+    "UPDATE_MAGIC",
+    "UPDATE_MAX_TAG_BYTES",
+    "UPDATE_REJECTED_FOLDER",
+    "UPDATE_SUFFIX",
+    "UpdateFileError",
+    "UpdateIncomplete",
+    "UpdateSource",
+    "check_update_name",
     "open_table",
     "parse_json",
     "parse_ps_config",
     "read_ps_config",
+    "read_update",
+    "stage_update",
+    "write_update",
 ]
 
 #: The C++ constants that mirror Python ones, under the Python names ("format.HEADER_BYTES", ...).
@@ -88,3 +102,77 @@ class TableSource:
 
 def open_table(path: str | bytes | os.PathLike[str], dim: int) -> TableSource:
     """Open one table of sparse_files and check its files (model_files.open_table)."""
+
+#: The update files' format (csrc/serving/update_files.hpp), which updates.py exports: the magic
+#: (``HCTR``), the version written, the file names' suffix, the folder of rejected files, the
+#: longest tag and the bytes of rows read at a time.
+UPDATE_MAGIC: int
+UPDATE_FORMAT_VERSION: int
+UPDATE_SUFFIX: str
+UPDATE_REJECTED_FOLDER: str
+UPDATE_MAX_TAG_BYTES: int
+UPDATE_CHUNK_BYTES: int
+
+class UpdateFileError(ValueError):
+    """An update file that cannot be applied: the message names the file and what is wrong."""
+
+class UpdateIncomplete(UpdateFileError):
+    """An update file shorter than its header says: truncated, or still being copied in."""
+
+#: updates.Update's fields: (tag, keys int64 [n], values float32 [n, dim], path, sequence,
+#: version, checksum, writer).
+UpdateFields = tuple[str, np.ndarray, np.ndarray, str, int, int, int, int]
+#: The arrays an update's rows are read into: read_into(count, dim) -> (keys, values).
+ReadInto = Callable[[int, int], tuple[np.ndarray, np.ndarray]]
+
+def check_update_name(what: str, name: object) -> None:
+    """ValueError where name (of a "model" or "table") is not a str of NAME_PATTERN."""
+
+def read_update(path: str | bytes | os.PathLike[str], read_into: ReadInto) -> UpdateFields:
+    """The update file at path, its rows read into read_into's arrays without the GIL;
+    UpdateIncomplete, UpdateFileError or OSError where it cannot be read."""
+
+def stage_update(
+    directory: str | bytes | os.PathLike[str], model: str, table: str, keys: np.ndarray, values: np.ndarray
+) -> tuple[str, str]:
+    """The update of keys (int64 [n]) and values (float32 [n, dim], both C-contiguous) written
+    without the GIL under a temporary name in directory (made when missing): (temporary, path),
+    to be renamed into place."""
+
+def write_update(
+    directory: str | bytes | os.PathLike[str], model: str, table: str, keys: np.ndarray, values: np.ndarray
+) -> str:
+    """The C++ writer's whole write (stage_update, then the rename), as a C++ process writes an
+    update: its path."""
+
+class UpdateSource:
+    """sok::hps::DirectoryUpdateSource (csrc/serving/update_source.hpp), what
+    updates.DirectoryUpdateSource runs on."""
+
+    def __init__(
+        self,
+        directory: str | bytes | os.PathLike[str],
+        poll_interval_s: float,
+        model_filters: Iterable[str],
+        incomplete_timeout_s: float,
+        log: Callable[[int, str, BaseException | None], None] | None,
+        clock: Callable[[], float] | None,
+        read_into: ReadInto,
+    ) -> None:
+        """log(level, message, error) gets each line (None: stderr), clock() the time in seconds
+        (None: a steady clock); re.error (or the exception re.compile raises) for a bad filter."""
+    def poll(self) -> list[UpdateFields]:
+        """The new updates, in order, each taken as applied."""
+    @property
+    def unapplied(self) -> dict[str, str]:
+        """The files apply refused: name -> why."""
+    def start(
+        self,
+        apply: Callable[[UpdateFields], Any],
+        launch: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
+        """Apply each update in a loop that launch(loop) runs in a thread it makes (None: a C++
+        thread of the source's own); RuntimeError where the source runs already."""
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Stop the loop, waiting at most timeout_s; False (and an error line) where it has not
+        ended then."""

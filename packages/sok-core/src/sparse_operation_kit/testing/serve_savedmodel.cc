@@ -4,19 +4,24 @@
 // says whether libpython was ever mapped into the process.
 //
 //   serve_savedmodel SAVED_MODEL OUTPUT OUT_FILE [--feed TENSOR FILE DTYPE DIMS]... [--library PATH]...
+//                    [--runs N --pause-ms MS]
 //
 // TENSOR and OUTPUT are tensor names ("serving_default_ids:0"); FILE holds the raw values of DTYPE
-// (int64, int32 or float32) of shape DIMS ("6x4"). Prints "output: <dims>" and
+// (int64, int32 or float32) of shape DIMS ("6x4"). --runs: the batch is run N times (default 1),
+// MS milliseconds apart, and the last run's output is written (what a server serves once its
+// background work, e.g. online updates, had time to run). Prints "output: <dims>" and
 // "libpython: absent|present"; exit status 0, or 1 with the error.
 #include <tensorflow/c/c_api.h>
 
 #include <cstdint>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -93,13 +98,15 @@ TF_Tensor* tensor_of(const Feed& feed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* usage = " SAVED_MODEL OUTPUT OUT_FILE [--feed TENSOR FILE DTYPE DIMS]... [--library PATH]...\n";
+  const char* usage =
+      " SAVED_MODEL OUTPUT OUT_FILE [--feed TENSOR FILE DTYPE DIMS]... [--library PATH]... [--runs N --pause-ms MS]\n";
   if (argc < 4) {
     std::cerr << "usage: " << argv[0] << usage;
     return 2;
   }
   std::vector<Feed> feeds;
   std::vector<std::string> libraries;
+  int runs = 1, pause_ms = 0;
   for (int i = 4; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--feed" && i + 4 < argc) {
@@ -107,6 +114,10 @@ int main(int argc, char** argv) {
       i += 4;
     } else if (flag == "--library" && i + 1 < argc) {
       libraries.push_back(argv[++i]);
+    } else if (flag == "--runs" && i + 1 < argc && std::atoi(argv[i + 1]) >= 1) {
+      runs = std::atoi(argv[++i]);
+    } else if (flag == "--pause-ms" && i + 1 < argc && std::atoi(argv[i + 1]) >= 0) {
+      pause_ms = std::atoi(argv[++i]);
     } else {
       std::cerr << "unknown or incomplete argument " << flag << "; usage: " << argv[0] << usage;
       return 2;
@@ -133,9 +144,14 @@ int main(int argc, char** argv) {
   }
 
   TF_Tensor* fetched = nullptr;
-  TF_SessionRun(session, nullptr, inputs.data(), values.data(), static_cast<int>(feeds.size()), &output, &fetched, 1,
-                nullptr, 0, nullptr, status);
-  if (TF_GetCode(status) != TF_OK) return fail("running the serving signature", status);
+  for (int run = 0; run < runs; ++run) {
+    if (run > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    if (fetched != nullptr) TF_DeleteTensor(fetched);
+    fetched = nullptr;
+    TF_SessionRun(session, nullptr, inputs.data(), values.data(), static_cast<int>(feeds.size()), &output, &fetched,
+                  1, nullptr, 0, nullptr, status);
+    if (TF_GetCode(status) != TF_OK) return fail("running the serving signature", status);
+  }
   std::ofstream out(argv[3], std::ios::binary);
   out.write(static_cast<const char*>(TF_TensorData(fetched)), static_cast<std::streamsize>(TF_TensorByteSize(fetched)));
   std::cout << "output:";
