@@ -152,8 +152,8 @@ DATABASE_SETUPS = {
 
 
 def database_config(top: dict, tmp_path: Path, request) -> dict:
-    """``top`` with ``"rocks"`` a RocksDB under ``tmp_path`` and ``"redis"`` the session's Redis
-    cluster; skips where this build or this machine lacks either."""
+    """``top`` with ``"rocks"`` a RocksDB under ``tmp_path`` and ``"redis"`` a Redis
+    cluster of its own; skips where this build or this machine lacks either."""
     from hierarchical_parameter_server import _tiers
 
     out = dict(top)
@@ -165,7 +165,7 @@ def database_config(top: dict, tmp_path: Path, request) -> dict:
     if out.get("volatile_db") == "redis":
         if not _tiers.WITH_REDIS:
             pytest.skip("this build of sok-hps has no C++ Redis tier (libhiredis-dev: ci/setup.sh)")
-        cluster = request.getfixturevalue("redis_cluster")
+        cluster = request.getfixturevalue("fresh_redis_cluster")  # the session cluster holds other tests' tables
         out["volatile_db"] = {"type": "redis_cluster", "address": cluster.address, "num_partitions": 5}
     return out
 

@@ -466,11 +466,20 @@ PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def core_sources() -> list[Path]:
-    """The sources of sok_hps_serving_core, as CMakeLists.txt lists them."""
+    """The C++ sources of sok_hps_serving_core, as CMakeLists.txt lists them (not the generated
+    Unicode tables, which generated_tables writes)."""
     listed = re.search(
         r"add_library\(\s*sok_hps_serving_core STATIC\s+([^)]*)\)", (PACKAGE / "CMakeLists.txt").read_text()
     )
-    return [PACKAGE / source for source in listed.group(1).split()]
+    return [PACKAGE / source for source in listed.group(1).split() if source.endswith(".cpp")]
+
+
+def generated_tables(directory: Path) -> Path:
+    """``directory``, with the Unicode tables py_text.cpp includes, written by this Python as the
+    build writes them (csrc/serving/gen_unicode_tables.py)."""
+    script = PACKAGE / "csrc" / "serving" / "gen_unicode_tables.py"
+    subprocess.run([sys.executable, str(script), str(directory / "unicode_tables.inc")], check=True)
+    return directory
 
 
 def test_a_cpp_process_applies_updates_with_no_python(tmp_path):
@@ -485,6 +494,7 @@ def test_a_cpp_process_applies_updates_with_no_python(tmp_path):
         f"-I{PACKAGE / 'csrc' / 'serving'}",
         f"-I{PACKAGE / 'csrc' / 'tiers'}",
         f"-I{include}",
+        f"-I{generated_tables(tmp_path)}",
     ]
 
     def compile_one(source: Path) -> Path:
