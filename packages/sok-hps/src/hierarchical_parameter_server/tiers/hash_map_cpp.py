@@ -27,18 +27,16 @@ Example::
 
 from __future__ import annotations
 
-import numpy as np
-
 from .. import _tiers
 from ..config import NO_OVERFLOW_LIMIT, VolatileDBConfig
 from . import hash_map_defaults as defaults
-from .base import check_keys, check_rows
+from .cpp_tier import CppTier
 from .partition import PartitionContents
 
 __all__ = ["CppHashMapTier"]
 
 
-class CppHashMapTier:
+class CppHashMapTier(CppTier):
     """In-process rows by table tag, in C++: the partitions of each table, evicting by policy when
     ``overflow_margin`` is set (see the module docstring and ``csrc/tiers/hash_map_tier.hpp``).
 
@@ -95,19 +93,6 @@ class CppHashMapTier:
             overflow_policy=cfg.overflow_policy,
             overflow_resolution_target=cfg.overflow_resolution_target,
         )
-
-    def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._tier.fetch(tag, check_keys(tag, keys, dim), dim)
-
-    def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
-        self._tier.insert(tag, *check_rows(tag, keys, values))
-
-    def size(self, tag: str) -> int:
-        return self._tier.size(tag)
-
-    def close(self) -> None:
-        """Drop every row; later calls raise RuntimeError."""
-        self._tier.close()
 
     def partition_contents(self, tag: str) -> dict[int, PartitionContents]:
         """What each partition of ``tag`` that has rows holds, by number (empty for a tag the tier

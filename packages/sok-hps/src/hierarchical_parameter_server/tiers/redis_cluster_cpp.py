@@ -32,12 +32,10 @@ Example::
 
 from __future__ import annotations
 
-import numpy as np
-
 from .. import _tiers
 from ..config import NO_OVERFLOW_LIMIT, VolatileDBConfig
 from . import redis_cluster_defaults as defaults
-from .base import check_keys, check_rows
+from .cpp_tier import CppSharedTier
 
 __all__ = ["CppRedisClusterTier"]
 
@@ -50,9 +48,11 @@ if not _tiers.WITH_REDIS:
     )
 
 
-class CppRedisClusterTier:
+class CppRedisClusterTier(CppSharedTier):
     """Rows in a Redis cluster, through C++ (see the module docstring and
-    ``csrc/tiers/redis_cluster_tier.hpp``).
+    ``csrc/tiers/redis_cluster_tier.hpp``). ``retain_only`` also erases the rows a deploy with
+    another ``num_partitions`` left (as :meth:`~.redis_cluster.RedisClusterTier.retain_only`);
+    ``close`` closes the connections (the rows stay in Redis).
 
     Args:
         address: ``host[:port]`` entries separated by commas (port 6379 where none is given); the
@@ -118,34 +118,3 @@ class CppRedisClusterTier:
             overflow_policy=cfg.overflow_policy,
             overflow_resolution_target=cfg.overflow_resolution_target,
         )
-
-    @property
-    def location(self) -> str:
-        """The cluster's addresses."""
-        return self._tier.location
-
-    def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._tier.fetch(tag, check_keys(tag, keys, dim), dim)
-
-    def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
-        self._tier.insert(tag, *check_rows(tag, keys, values))
-
-    def size(self, tag: str) -> int:
-        return self._tier.size(tag)
-
-    def stored_dim(self, tag: str) -> int | None:
-        """The recorded width of ``tag``, else the size of one of its rows, else None."""
-        return self._tier.stored_dim(tag)
-
-    def set_stored_dim(self, tag: str, dim: int) -> None:
-        self._tier.set_stored_dim(tag, dim)
-
-    def retain_only(self, tag: str, keys: np.ndarray) -> int:
-        """Erase the rows of ``tag`` whose key is not in ``keys``, and those a deploy with another
-        ``num_partitions`` left (as :meth:`~.redis_cluster.RedisClusterTier.retain_only`). Returns
-        how many rows were erased."""
-        return self._tier.retain_only(tag, check_keys(tag, keys, 1))
-
-    def close(self) -> None:
-        """Close the connections (the rows stay in Redis); later calls raise RuntimeError."""
-        self._tier.close()

@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from .. import _tiers
 from ..config import PersistentDBConfig
-from .base import check_keys, check_rows
+from .cpp_tier import CppSharedTier
 
 __all__ = ["CppRocksDBTier"]
 
@@ -47,9 +45,11 @@ if not _tiers.WITH_ROCKSDB:
     )
 
 
-class CppRocksDBTier:
+class CppRocksDBTier(CppSharedTier):
     """Rows in a RocksDB database at ``path``, in C++ (see the module docstring and
-    ``csrc/tiers/rocks_db_tier.hpp``).
+    ``csrc/tiers/rocks_db_tier.hpp``). ``size`` counts a table's rows by iterating them (exact,
+    linear in its size); ``retain_only`` is one pass over its keys; ``close`` flushes and closes the
+    database once the calls in flight have returned (idempotent; the rows stay on disk).
 
     Args:
         path: the database directory (made with its parents when missing, unless ``read_only``).
@@ -75,34 +75,3 @@ class CppRocksDBTier:
     def from_config(cls, cfg: PersistentDBConfig) -> CppRocksDBTier:
         """The tier ``persistent_db`` describes."""
         return cls(cfg.path, num_threads=cfg.num_threads, read_only=cfg.read_only, max_batch_size=cfg.max_batch_size)
-
-    @property
-    def location(self) -> str:
-        """The database's path."""
-        return self.path
-
-    def fetch(self, tag: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._tier.fetch(tag, check_keys(tag, keys, dim), dim)
-
-    def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
-        self._tier.insert(tag, *check_rows(tag, keys, values))
-
-    def size(self, tag: str) -> int:
-        """Rows of ``tag`` (counted by iterating them: exact, linear in the table's size)."""
-        return self._tier.size(tag)
-
-    def stored_dim(self, tag: str) -> int | None:
-        """The recorded width of ``tag``, else the size of one of its rows, else None."""
-        return self._tier.stored_dim(tag)
-
-    def set_stored_dim(self, tag: str, dim: int) -> None:
-        self._tier.set_stored_dim(tag, dim)
-
-    def retain_only(self, tag: str, keys: np.ndarray) -> int:
-        """Erase the rows of ``tag`` whose key is not in ``keys`` (one pass over the table's keys)."""
-        return self._tier.retain_only(tag, check_keys(tag, keys, 1))
-
-    def close(self) -> None:
-        """Flush and close the database once the calls in flight have returned (idempotent); the
-        rows stay on disk; later calls raise RuntimeError."""
-        self._tier.close()
