@@ -1,4 +1,5 @@
-"""Write unicode_tables.inc: the Unicode tables of py_text.cpp, as the running Python has them.
+"""Write unicode_tables.inc: the Unicode tables of py_text.cpp, as the running Python has them, and
+its minor version (re's rules change between releases too: py_regex.cpp).
 
 py_text.cpp writes Python's repr() of strs and strips them as str.strip() does; what repr() escapes
 (str.isprintable()) and what strip() strips (str.isspace()) are tables of the Unicode version of
@@ -66,6 +67,9 @@ def tables() -> str:
             "// What str.isspace() calls whitespace (category Zs, bidirectional class WS, B or S): what",
             "// str.strip() strips.",
             *array("kSpaces", closed_ranges(str.isspace)),
+            "",
+            "// The Python's minor version (3.x): what py_regex.cpp's checks follow where re changed.",
+            f"constexpr int kPythonMinor = {sys.version_info.minor};",
             "",
         ]
     )

@@ -627,6 +627,12 @@ class Parser {
       if (!gid) throw source_.fail("unknown group name " + py_repr(utf8(condname)), condname.size() + 1);
       condgroup = *gid;
     } else {
+      // Python 3.12 refuses what 3.11 took with a DeprecationWarning: a number of other than ASCII digits
+      const bool ascii_digits = !condname.empty() && std::all_of(condname.begin(), condname.end(),
+                                                                 [](char32_t c) { return c >= '0' && c <= '9'; });
+      if (python_minor() >= 12 && !ascii_digits) {
+        throw source_.fail("bad character in group name " + py_repr(utf8(condname)), condname.size() + 1);
+      }
       const std::optional<std::string> number = group_number(condname);
       if (!number) throw source_.fail("bad character in group name " + py_repr(utf8(condname)), condname.size() + 1);
       if (*number == "0") throw source_.fail("bad group number", condname.size() + 1);

@@ -43,6 +43,8 @@ bool py_isspace(uint32_t cp) { return in_ranges(kSpaces, cp); }
 
 bool py_isprintable(uint32_t cp) { return !in_ranges(kNonPrintable, cp); }
 
+int python_minor() { return kPythonMinor; }
+
 // unicode_repr of CPython's Objects/unicodeobject.c.
 std::string py_repr(std::string_view text) {
   const std::vector<uint32_t> cps = code_points(text);

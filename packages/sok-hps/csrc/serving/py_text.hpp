@@ -29,6 +29,8 @@ namespace sok::hps {
 
 bool py_isspace(uint32_t cp);
 bool py_isprintable(uint32_t cp);
+// The minor version (3.x) of the Python the package was built for (unicode_tables.inc).
+int python_minor();
 
 std::string py_repr(std::string_view text);
 inline std::string py_repr(const char* text) { return py_repr(std::string_view(text)); }
