@@ -62,7 +62,7 @@ The default ``--setups`` are ``cache`` and ``hash_map`` (the full sweep: about 3
 table and B 1, 256, 4,096, 16,384 and 65,536 (the run prints its own ``seconds per setup and
 form``): ``evicting_cache`` about 45 s (``hash_map`` 20-40 s), ``redis_cluster`` 65-90 s,
 ``rocks_db`` 115-205 s. Every key of ``redis_cluster`` and ``rocks_db`` is a database read in both
-servers (on that VM about 1-1.6 us a distinct key in Redis, 3 in RocksDB: B 65,536 takes 0.3-1.5 s
+servers (on that VM about 1-2 us a distinct key in Redis, 3 in RocksDB: B 65,536 takes 0.3-1.5 s
 a call), and each server's start (three per setup and form) writes the table into the database; cut
 ``--batches`` or ``--iters`` there. A setup whose service is missing is skipped with the reason
 printed, never silently: no ``redis-server`` / ``redis-cli`` on PATH or no ``redis`` Python package
