@@ -2,11 +2,22 @@
 """HPS SavedModels served from C++ (no Python in the process) against Python and ``tf.gather``.
 
 One table of ``--rows`` x ``--dim`` float32 rows (keys 0 .. rows-1) is written in HPS's
-sparse-model layout. For each setup the C++ server takes (``--setups``; its ps_config keeps every
-row in the process, docs/design/hps-serving.md):
+sparse-model layout. For each setup (``--setups``: a ps_config the C++ server takes,
+docs/design/hps-serving.md), every lookup exact (``hit_rate_threshold`` 1.0, so every setup's rows
+are checked against ``tf.gather``'s):
 
 * ``cache``: the embedding cache at ``gpucacheper`` 1.0 over no database (a det table of every row);
 * ``hash_map``: ``gpucache: false``, the volatile ``hash_map`` only (no ``overflow_margin``);
+* ``evicting_cache``: the evicting cache at ``gpucacheper`` 0.25 (rounded up to a power of two: a
+  third of the default table) over the volatile ``hash_map``; with uniform keys about capacity /
+  rows of a batch's keys hit it once it is full, the rest are fetched from the ``hash_map`` and
+  inserted, evicting others;
+* ``rocks_db``: ``gpucache: false``, no volatile database, the persistent ``rocks_db`` in the run's
+  work directory (the Python server's tier is rocksdict's, the C++ server's librocksdb's, on the
+  same files, one process at a time);
+* ``redis_cluster``: ``gpucache: false``, the volatile ``redis_cluster`` (``num_partitions`` 5, as
+  many as ``num_node_connections``) on a cluster of 3 ``redis-server`` nodes on loopback ports that
+  this script starts (``LocalRedisCluster``, its files in the work directory) and stops at the end;
 
 and each graph form (``--forms``):
 
@@ -33,8 +44,11 @@ gather`` = this process's ``tf.gather`` p50 over the path's p50 (1.0 = as fast a
 for ``C++``, ``vs C++ gather`` (the ``gather C++`` p50 over its p50: the same process's baseline)
 and ``C++ / Python`` (the ``python`` p50 over its p50: above 1, C++ is faster). Then where the C++
 calls spend their time: the Session run, freeing its output, and making a feed from the ids (not
-part of a call), and whether libpython was mapped into the C++ process. Goals (issue 39,
-``--check``), libpython absent, and at B >= 4,096:
+part of a call), whether libpython was mapped into the C++ process, the evicting cache's capacity,
+each setup and form's seconds, and each skipped setup with its reason. Checked (an error where
+not): the Python rows equal ``tf.gather``'s for the first batch of each B, and the C++ rows (their
+sum: ``check_cpp``) the C++ ``tf.gather``'s for that batch before the warmup and again after the
+timed calls. Goals (issue 39, ``--check``), libpython absent, and at B >= 4,096:
 
 * on the CPU (``--device cpu``): the C++ path's ``hash_map`` >= 0.8x ``tf.gather``;
 * on a GPU (``--device gpu``, the default where TensorFlow sees one: the ``tf.gather`` table on the
@@ -43,22 +57,39 @@ part of a call), and whether libpython was mapped into the C++ process. Goals (i
   fetch their output to the host); the ``hash_map`` (its rows in host memory) is shown against the
   PCIe floor, TensorFlow's copy of the rows' bytes from host to GPU, measured in the same run.
 
+The default ``--setups`` are ``cache`` and ``hash_map`` (the full sweep: about 3 minutes on the
+2-core CPU VM of benchmarks/README.md). What the others cost there, per graph form at the default
+table and B 1, 256, 4,096, 16,384 and 65,536 (the run prints its own ``seconds per setup and
+form``): ``evicting_cache`` about 45 s (``hash_map`` 20-40 s), ``redis_cluster`` 65-90 s,
+``rocks_db`` 115-205 s. Every key of ``redis_cluster`` and ``rocks_db`` is a database read in both
+servers (on that VM about 1-2 us a distinct key in Redis, 3 in RocksDB: B 65,536 takes 0.3-1.5 s
+a call), and each server's start (three per setup and form) writes the table into the database; cut
+``--batches`` or ``--iters`` there. A setup whose service is missing is skipped with the reason
+printed, never silently: no ``redis-server`` / ``redis-cli`` on PATH or no ``redis`` Python package
+(``redis_cluster``), no ``rocksdict`` (``rocks_db``), or, where the C++ paths run, a build of
+sok-hps without that C++ tier (``hierarchical_parameter_server._tiers.WITH_REDIS`` /
+``WITH_ROCKSDB``: libhiredis-dev, librocksdb-dev, ``ci/setup.sh``).
+
 Usage::
 
     .venv/bin/python benchmarks/hps_cpp.py                 # the full sweep, B 1 .. 65,536
     .venv/bin/python benchmarks/hps_cpp.py --quick         # CI-sized: small table, B 1 .. 4,096
     .venv/bin/python benchmarks/hps_cpp.py --setups hash_map --forms before_init --batches 4096 65536
+    .venv/bin/python benchmarks/hps_cpp.py --setups evicting_cache rocks_db redis_cluster --batches 1 256 4096
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +99,11 @@ import numpy as np  # noqa: E402
 from hps_cpu import KEYS_PER_SAMPLE, machine_context, summary, timed  # noqa: E402
 
 DRIVER = Path(__file__).with_name("hps_serve_cpp.cc")
-SETUPS = ("cache", "hash_map")
+SETUPS = ("cache", "hash_map", "evicting_cache", "rocks_db", "redis_cluster")
+DEFAULT_SETUPS = ("cache", "hash_map")
+EVICTING_CACHE_PER = 0.25  # the evicting_cache setup's gpucacheper
+REDIS_NODES = 3
+REDIS_PARTITIONS = 5  # the redis_cluster setup's num_partitions: at least num_node_connections (5)
 FORMS = {"before_init": "before Init", "running": "running"}
 DEFAULT_BATCHES = (1, 16, 256, 1024, 4096, 16384, 65536)
 QUICK_BATCHES = (1, 64, 1024, 4096)
@@ -83,7 +118,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=196608, help="table rows (default 196,608)")
     p.add_argument("--dim", type=int, default=32, help="embedding width (default 32)")
     p.add_argument("--batches", type=int, nargs="+", default=None, help="samples per batch (x 26 keys)")
-    p.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS))
+    p.add_argument(
+        "--setups",
+        nargs="+",
+        choices=SETUPS,
+        default=list(DEFAULT_SETUPS),
+        help=f"ps_configs to serve (default: {' '.join(DEFAULT_SETUPS)})",
+    )
     p.add_argument("--forms", nargs="+", choices=sorted(FORMS), default=list(FORMS))
     p.add_argument("--iters", type=int, default=30, help="timed calls per path and batch (default 30)")
     p.add_argument("--warmup", type=int, default=3, help="unrecorded calls per path and batch (default 3)")
@@ -194,8 +235,40 @@ def op_times(traces: str, model: int, batch: int) -> dict[str, float]:
     return {op: float(np.median([c.get(op, 0.0) for c in calls])) for op in calls[0]}
 
 
+# -- the setups ----------------------------------------------------------------------------------
+def setup_missing(setup: str, cpp: bool) -> str:
+    """Why ``setup`` cannot be served here (its service, its Python library, or, where the C++
+    paths run (``cpp``), this build's C++ tier for it is missing), or ``""``."""
+    if setup == "rocks_db":
+        if importlib.util.find_spec("rocksdict") is None:
+            return "the Python server's rocks_db tier needs rocksdict: pip install 'sok-hps[rocksdb]'"
+        from hierarchical_parameter_server import _tiers
+
+        if cpp and not _tiers.WITH_ROCKSDB:
+            return (
+                "this build of sok-hps has no C++ rocks_db tier (_tiers.WITH_ROCKSDB is False): install "
+                "librocksdb-dev (ci/setup.sh) and rebuild sok-hps, or pass --no-cpp"
+            )
+    if setup == "redis_cluster":
+        for tool in ("redis-server", "redis-cli"):
+            if shutil.which(tool) is None:
+                return f"no {tool} on PATH to start a local cluster: apt-get install redis-server"
+        if importlib.util.find_spec("redis") is None:
+            return "the Python server's redis_cluster tier needs the redis package: pip install 'sok-hps[redis]'"
+        from hierarchical_parameter_server import _tiers
+
+        if cpp and not _tiers.WITH_REDIS:
+            return (
+                "this build of sok-hps has no C++ redis_cluster tier (_tiers.WITH_REDIS is False): install "
+                "libhiredis-dev (ci/setup.sh) and rebuild sok-hps, or pass --no-cpp"
+            )
+    return ""
+
+
 # -- the SavedModels ------------------------------------------------------------------------------
-def ps_config(setup: str, folder: str, args: argparse.Namespace) -> dict[str, Any]:
+def ps_config(setup: str, folder: str, args: argparse.Namespace, workdir: str, redis: str | None) -> dict[str, Any]:
+    """The ps_config of ``setup`` for the table in ``folder``; ``rocks_db`` keeps its database in
+    ``workdir``, ``redis_cluster`` takes the cluster at ``redis`` (``host:port,...``)."""
     model = {
         "model": "bench",
         "sparse_files": [folder],
@@ -204,12 +277,20 @@ def ps_config(setup: str, folder: str, args: argparse.Namespace) -> dict[str, An
         "default_value_for_each_table": [0.0],
         "deployed_device_list": [0],
         "max_batch_size": max(args.batches),
-        "hit_rate_threshold": 1.0,
-        "gpucache": setup == "cache",
-        "gpucacheper": 1.0,
+        "hit_rate_threshold": 1.0,  # every lookup exact: misses are fetched before the call returns
+        "gpucache": setup in ("cache", "evicting_cache"),
+        "gpucacheper": EVICTING_CACHE_PER if setup == "evicting_cache" else 1.0,
     }
-    volatile = {"type": "hash_map"} if setup == "hash_map" else {"type": "disabled"}
-    return {"supportlonglong": True, "models": [model], "volatile_db": volatile, "persistent_db": {"type": "disabled"}}
+    volatile, persistent = {"type": "disabled"}, {"type": "disabled"}
+    if setup in ("hash_map", "evicting_cache"):
+        volatile = {"type": "hash_map"}
+    elif setup == "redis_cluster":
+        volatile = {"type": "redis_cluster", "address": redis, "num_partitions": REDIS_PARTITIONS}
+    elif setup == "rocks_db":
+        persistent = {"type": "rocks_db", "path": os.path.join(workdir, "rocks_db")}
+    elif setup != "cache":
+        raise ValueError(f"unknown setup {setup!r}; the setups are {', '.join(SETUPS)}")
+    return {"supportlonglong": True, "models": [model], "volatile_db": volatile, "persistent_db": persistent}
 
 
 def export_lookup(path: str, config_path: str, form: str, config: dict, args: argparse.Namespace) -> None:
@@ -262,11 +343,12 @@ def export_gather(path: str, table: Any) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import tensorflow as tf
     from hierarchical_parameter_server import init
+    from hierarchical_parameter_server.testing_redis import LocalRedisCluster
     from tqdm import tqdm
 
     rng = np.random.default_rng(args.seed)
     workdir = tempfile.mkdtemp(prefix="hps_cpp_bench_")
-    results: dict[str, Any] = {"paths": {}, "cpp": {}, "skipped_cpp": ""}
+    results: dict[str, Any] = {"paths": {}, "cpp": {}, "skipped_cpp": "", "skipped_setups": {}, "wall_s": {}}
     try:
         program, why_not = (None, "--no-cpp") if args.no_cpp else build_driver(workdir)
         libraries: list[str] = []
@@ -276,6 +358,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results["skipped_cpp"] = why_not
             program = None
             print(f"C++: skipped ({why_not})")
+        setups = []
+        for setup in args.setups:
+            missing = setup_missing(setup, cpp=program is not None)
+            if missing:
+                results["skipped_setups"][setup] = missing
+                print(f"{setup}: skipped ({missing})")
+            else:
+                setups.append(setup)
+        sys.stdout.flush()
         folder = os.path.join(workdir, "table")
         os.makedirs(folder)
         weights = rng.random((args.rows, args.dim), dtype=np.float32)
@@ -301,18 +392,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results["pcie_floor"] = pcie_floor(args)
         gather_saved = os.path.join(workdir, "gather")
         export_gather(gather_saved, table)
-        runs = [(setup, form) for setup in args.setups for form in args.forms]
-        with tqdm(total=len(runs) * len(args.batches), desc="hps C++", unit="run", file=sys.stderr) as bar:
+        runs = [(setup, form) for setup in setups for form in args.forms]
+        with (
+            tqdm(total=len(runs) * len(args.batches), desc="hps C++", unit="run", file=sys.stderr) as bar,
+            contextlib.ExitStack() as services,
+        ):
+            redis = None
+            if "redis_cluster" in setups:  # stopped when the runs end, however they end
+                cluster = LocalRedisCluster(os.path.join(workdir, "redis"), nodes=REDIS_NODES)
+                redis = services.enter_context(cluster).address
             for setup, form in runs:
-                name = f"{setup}/{form}"
+                name, started = f"{setup}/{form}", time.perf_counter()
                 config_path = os.path.join(workdir, f"{setup}_{form}.json")
                 saved = os.path.join(workdir, f"{setup}_{form}")
-                export_lookup(saved, config_path, form, ps_config(setup, folder, args), args)
+                export_lookup(saved, config_path, form, ps_config(setup, folder, args, workdir, redis), args)
 
                 python = tf.saved_model.load(saved).serve
                 paths: dict[str, dict] = {"python": {}, "gather": {}}
                 for b in args.batches:
-                    np.testing.assert_array_equal(python(pools[b][0]).numpy(), gather(pools[b][0]).numpy())
+                    np.testing.assert_array_equal(
+                        python(pools[b][0]).numpy(),
+                        gather(pools[b][0]).numpy(),
+                        err_msg=f"{name} served from Python at B={b}: other rows than tf.gather's",
+                    )
                     samples, baseline = timed([python, gather], pools[b], args.warmup, args.iters)
                     paths["python"][b] = summary(samples, b * KEYS_PER_SAMPLE)
                     paths["gather"][b] = summary(baseline, b * KEYS_PER_SAMPLE)
@@ -327,7 +429,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         paths[label] = {int(b): r for b, r in model["batches"].items()}
                     bar.update(0.5 * len(args.batches))
                 results["paths"][name] = paths
+                results["wall_s"][name] = time.perf_counter() - started
     finally:
+        init.shutdown()  # the Python server's databases closed before their files go
         shutil.rmtree(workdir, ignore_errors=True)
     return results
 
@@ -352,14 +456,19 @@ def pcie_floor(args: argparse.Namespace) -> dict[int, dict[str, float]]:
 
 
 def check_cpp(name: str, served: dict) -> None:
-    """The C++ lookup's rows must sum as ``tf.gather``'s in the same process (the same rows)."""
+    """The C++ lookup's rows must sum as ``tf.gather``'s in the same process (the same rows), for
+    the first batch of each B before the timed calls and again after them (``checksum_after``: an
+    evicting cache has evicted rows by then)."""
+    setup, form = name.split("/")
     hps_rows, gather_rows = (model["batches"] for model in served["models"])
     for b, r in hps_rows.items():
-        if not np.isclose(r["checksum"], gather_rows[b]["checksum"], rtol=1e-12, atol=0):
-            raise AssertionError(
-                f"{name}: the C++ server's rows at B={b} sum to {r['checksum']!r}, tf.gather's to "
-                f"{gather_rows[b]['checksum']!r}: the C++ path served other rows than the table's"
-            )
+        for key, when in (("checksum", "before"), ("checksum_after", "after")):
+            if not np.isclose(r[key], gather_rows[b][key], rtol=1e-12, atol=0):
+                raise AssertionError(
+                    f"{name}: the C++ server's rows at B={b} ({when} the timed calls) sum to {r[key]!r}, "
+                    f"tf.gather's to {gather_rows[b][key]!r}: the C++ path served other rows than the table's "
+                    f"(reproduce it alone: --setups {setup} --forms {form} --batches {b})"
+                )
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -368,7 +477,7 @@ def report(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
     print(f"table {args.rows} x {args.dim} float32, {KEYS_PER_SAMPLE} keys per sample, {args.iters} timed calls "
           f"(after {args.warmup}) over {args.pool} batches, tf.gather on {args.device}")  # fmt: skip
     gpu = args.device != "/CPU:0"
-    print(f"{'setup':<9} {'graph':<12} {'path':<11} {'B':>6} {'M lookups/s':>12} {'p50 ms':>9} {'p99 ms':>9} "
+    print(f"{'setup':<14} {'graph':<12} {'path':<11} {'B':>6} {'M lookups/s':>12} {'p50 ms':>9} {'p99 ms':>9} "
           f"{'vs gather':>10} {'vs C++ gather':>14} {'C++ / Python':>13}")  # fmt: skip
     missed = []
     for name, paths in results["paths"].items():
@@ -390,8 +499,18 @@ def report(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
                     if gpu and name == "cache/running" and b >= GOAL_MIN_BATCH and r["vs_cpp_gather"] < GPU_GOAL:
                         missed.append(f"C++ {name} at B={b}: {r['vs_cpp_gather']:.2f}x C++ tf.gather < {GPU_GOAL}x")
                 ratio = "" if label == "gather" else f"{r['vs_gather']:.2f}"
-                print(f"{setup:<9} {FORMS[form]:<12} {label:<11} {b:>6} {r['mlookups_s']:>12.2f} {r['p50_ms']:>9.3f} "
+                print(f"{setup:<14} {FORMS[form]:<12} {label:<11} {b:>6} {r['mlookups_s']:>12.2f} {r['p50_ms']:>9.3f} "
                       f"{r['p99_ms']:>9.3f} {ratio:>10} {cells[0]:>14} {cells[1]:>13}")  # fmt: skip
+    if any(name.startswith("evicting_cache/") for name in results["paths"]):
+        from hierarchical_parameter_server.cache import capacity_of
+
+        capacity = capacity_of(args.rows, EVICTING_CACHE_PER)
+        print(f"evicting_cache: a cache of {capacity} of the {args.rows} rows (gpucacheper {EVICTING_CACHE_PER}); "
+              f"uniform keys hit it about {capacity / args.rows:.0%} of the time once it is full")  # fmt: skip
+    for setup, why in results["skipped_setups"].items():
+        print(f"{setup}: skipped ({why})")
+    walls = ", ".join(f"{name} {s:.0f}" for name, s in results["wall_s"].items())
+    print(f"seconds per setup and form (the exports, the servers' starts, every path and B): {walls}")
     if results["cpp"]:
         print_phases(args, results["cpp"])
         for name, served in results["cpp"].items():
@@ -434,7 +553,7 @@ def print_phases(args: argparse.Namespace, cpp: dict[str, Any]) -> None:
     print(f"where a C++ call's time goes (ms): run and free are the timed calls' p50, feed (making the input "
           f"tensor, outside the call) its p50; step and the ops are medians of {TRACED_CALLS} calls traced "
           f"with FULL_TRACE")  # fmt: skip
-    print(f"{'setup':<9} {'graph':<12} {'B':>6} {'run':>8} {'free':>7} {'feed':>7} {'step':>8} {'lookup op':<17} "
+    print(f"{'setup':<14} {'graph':<12} {'B':>6} {'run':>8} {'free':>7} {'feed':>7} {'step':>8} {'lookup op':<17} "
           f"{'ms':>8} {'other ops':>10} {'gather run':>11} {'gather op':>10}")  # fmt: skip
     for name, served in cpp.items():
         setup, form = name.split("/")
@@ -445,7 +564,7 @@ def print_phases(args: argparse.Namespace, cpp: dict[str, Any]) -> None:
             op = max(ops, key=ops.get)
             others = sum(t for o, t in ops.items() if o != op)
             gather_op = gather_model["ops"][b].get("ResourceGather", float("nan"))
-            print(f"{setup:<9} {FORMS[form]:<12} {b:>6} {r['run_p50_ms']:>8.3f} {r['free_p50_ms']:>7.3f} "
+            print(f"{setup:<14} {FORMS[form]:<12} {b:>6} {r['run_p50_ms']:>8.3f} {r['free_p50_ms']:>7.3f} "
                   f"{served['feed_ms'][str(b)]:>7.3f} {step:>8.3f} {op:<17} {ops[op]:>8.3f} {others:>10.3f} "
                   f"{gather_model['batches'][str(b)]['run_p50_ms']:>11.3f} {gather_op:>10.3f}")  # fmt: skip
 
