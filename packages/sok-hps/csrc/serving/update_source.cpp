@@ -102,6 +102,19 @@ LogSink stderr_log_sink(LogLevel min_level) {
   };
 }
 
+// The exception `error` holds as a T (the object itself, alive while `error` is), or null.
+template <class T>
+const T* exception_as(const std::exception_ptr& error) {
+  if (error == nullptr) return nullptr;
+  try {
+    std::rethrow_exception(error);
+  } catch (const T& e) {
+    return &e;
+  } catch (...) {
+  }
+  return nullptr;
+}
+
 std::string error_type_name(const std::exception& error) {
   if (const auto* foreign = dynamic_cast<const ForeignError*>(&error)) return foreign->type_name();
   int status = 0;
@@ -131,8 +144,23 @@ struct DirectoryUpdateSource::State {
 
   State(std::string directory_, UpdateSourceOptions options_);
 
+  // A line to options.log. Inside a catch handler (an exception being handled) the line waits for
+  // flush_logs(), which the poll's end and the next line outside a handler call: a sink that calls
+  // into Python may end this thread there (the interpreter finalizing: pthread_exit's forced unwind),
+  // and a forced unwind caught while another exception is being handled calls std::terminate.
   void log(LogLevel level, const std::string& message, const std::exception_ptr& error = nullptr) const {
+    if (std::current_exception() != nullptr) {
+      pending_logs.push_back({level, message, error});
+      return;
+    }
+    flush_logs();
     options.log(level, message, error);
+  }
+  // The lines log() held back, in order. Outside any catch handler.
+  void flush_logs() const {
+    std::vector<PendingLog> lines;
+    lines.swap(pending_logs);
+    for (const PendingLog& line : lines) options.log(line.level, line.message, line.error);
   }
   bool wanted(const std::string& model) const;
   std::vector<std::string> new_names();
@@ -162,6 +190,12 @@ struct DirectoryUpdateSource::State {
 
   // The poll's state, under `mutex`.
   mutable std::recursive_mutex mutex;
+  struct PendingLog {
+    LogLevel level;
+    std::string message;
+    std::exception_ptr error;
+  };
+  mutable std::vector<PendingLog> pending_logs;  // log()'s lines from catch handlers, under `mutex`
   std::set<std::string> seen;                                   // names applied, filtered out, rejected, refused
   std::map<std::string, std::string> unapplied;                 // name -> why apply refused it
   std::map<std::string, Waiting> waiting;                       // name -> its incomplete state
@@ -240,6 +274,9 @@ template <class Read>
 auto DirectoryUpdateSource::State::open(const std::string& name, Read read) -> std::optional<decltype(read(name))> {
   const std::string path = posixpath::join(directory, name);
   struct stat info;
+  // What failed, acted on after the handler: the actions call the sinks and the clock, which may
+  // call into Python (see log()).
+  std::exception_ptr failed;
   try {
     if (::lstat(path.c_str(), &info) != 0) throw OsError(errno, path);
     if (!S_ISREG(info.st_mode)) {
@@ -250,17 +287,23 @@ auto DirectoryUpdateSource::State::open(const std::string& name, Read read) -> s
     waiting.erase(name);
     warned.erase({Failure::kRead, path});
     return result;
-  } catch (const OsError& error) {
-    if (error.code() == ENOENT) {  // another source moved it aside meanwhile
-      waiting.erase(name);
-    } else {
-      warn_once(Failure::kRead, path,
-                "update file " + path + " cannot be read (" + error.what() + "); trying again at every poll");
-    }
-  } catch (const UpdateIncomplete& error) {
-    wait(path, info, error);
-  } catch (const UpdateFileError& error) {
-    reject(path, error.what());
+  } catch (const UpdateFileError&) {  // UpdateIncomplete among them
+    failed = std::current_exception();
+  } catch (const OsError&) {
+    failed = std::current_exception();
+  }
+  const auto* incomplete = exception_as<UpdateIncomplete>(failed);
+  const auto* bad = exception_as<UpdateFileError>(failed);
+  const auto* os = exception_as<OsError>(failed);
+  if (incomplete != nullptr) {
+    wait(path, info, *incomplete);
+  } else if (bad != nullptr) {
+    reject(path, bad->what());
+  } else if (os != nullptr && os->code() == ENOENT) {  // another source moved it aside meanwhile
+    waiting.erase(name);
+  } else if (os != nullptr) {
+    warn_once(Failure::kRead, path,
+              "update file " + path + " cannot be read (" + os->what() + "); trying again at every poll");
   }
   return std::nullopt;
 }
@@ -423,6 +466,7 @@ bool DirectoryUpdateSource::State::apply_one(Update& update, const Apply& apply)
 void DirectoryUpdateSource::State::step(const Run& run, const Apply& apply) {
   std::lock_guard<std::recursive_mutex> lock(mutex);
   for_each_update([&](Update&& update) { return !run.stop && apply_one(update, apply); });
+  flush_logs();
 }
 
 void DirectoryUpdateSource::State::loop(Run& run, const Apply& apply) {
@@ -432,6 +476,10 @@ void DirectoryUpdateSource::State::loop(Run& run, const Apply& apply) {
     } catch (const std::exception&) {
       log(LogLevel::kError, "the update source of " + directory + " failed; it goes on at the next poll",
           std::current_exception());
+    }
+    {
+      std::lock_guard<std::recursive_mutex> lock(mutex);
+      flush_logs();
     }
     std::unique_lock<std::mutex> lock(run_mutex);
     if (wait_seconds(run_changed, lock, options.poll_interval_s, [&] { return run.stop.load(); })) break;
@@ -464,6 +512,7 @@ std::vector<Update> DirectoryUpdateSource::poll() {
     }
     return true;
   });
+  s.flush_logs();
   return ready;
 }
 
