@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -289,6 +290,65 @@ def test_an_evicting_cache_smaller_than_a_batch_still_serves_every_row(program, 
     np.testing.assert_array_equal(served, expected)
     oracle = [support.oracle(table, 0.5, UNSEEN)[ids].reshape(len(ids), -1) for table in tables]
     np.testing.assert_array_equal(served, np.concatenate(oracle, axis=1))
+
+
+TORN_SETUPS = {
+    "cache of every row": ({}, support.DISABLED_DBS),
+    "hash_map, no cache": ({"gpucache": False}, {"volatile_db": {"type": "hash_map"}}),
+    "evicting cache over a hash_map": ({"gpucacheper": 0.5}, {"volatile_db": {"type": "hash_map"}}),
+}
+
+
+@pytest.mark.parametrize("setup", sorted(TORN_SETUPS))
+def test_lookups_while_updates_apply_never_see_a_row_half_written(program, libraries, tmp_path, setup):
+    """Online updates that set every row of both tables to one value per version, written all the
+    while the C++ server looks the same keys up 60 times: every row of every lookup is whole (one
+    version's value in all its columns), and no key's version goes back."""
+    from hierarchical_parameter_server import updates
+
+    entry, top = TORN_SETUPS[setup]
+    folders = []
+    for t, dim in enumerate(DIMS):
+        folder = tmp_path / f"t{t}"
+        folder.mkdir()
+        np.arange(ROWS, dtype=np.int64).tofile(folder / "key")
+        np.zeros((ROWS, dim), np.float32).tofile(folder / "emb_vector")
+        folders.append(str(folder))
+    directory = tmp_path / "updates"
+    config_path = tmp_path / "ps.json"
+    source = {"type": "directory", "path": str(directory), "poll_interval_ms": 5}
+    write(config_path, folders, entry, **top, update_source=source)
+    saved = export(tmp_path, config_path)
+    keys = np.arange(ROWS, dtype=np.int64)
+    done = threading.Event()
+
+    def writer() -> None:
+        version = 0
+        while not done.is_set():
+            version += 1
+            for t, dim in enumerate(DIMS):
+                updates.write_update(str(directory), "m", f"sparse_embedding{t}", keys, np.full((ROWS, dim), version))
+            time.sleep(0.005)
+
+    ids = np.random.default_rng(8).integers(0, ROWS, size=(BATCH, SLOTS)).astype(np.int64)
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        served = serving_cpp.serve(program, saved, ids, tmp_path, libraries, runs=60, pause_ms=10, every_run=True)
+    finally:
+        done.set()
+        thread.join()
+    assert served.returncode == 0, served.stdout + served.stderr[-3000:]
+    out = np.fromfile(tmp_path / "out.bin", np.float32).reshape(60, BATCH, SLOTS * sum(DIMS))
+    parts = np.split(out, [SLOTS * DIMS[0]], axis=2)
+    seen = set()
+    for part, dim in zip(parts, DIMS):
+        rows = part.reshape(60, BATCH, SLOTS, dim)
+        np.testing.assert_array_equal(rows.min(axis=3), rows.max(axis=3))  # no row half written
+        versions = rows[..., 0]
+        assert (np.diff(versions, axis=0) >= 0).all()  # no key's version goes back
+        seen.update(np.unique(versions).tolist())
+    assert len(seen) > 3, seen  # lookups ran while versions changed
 
 
 def test_an_update_source_path_that_cannot_be_a_directory_is_refused_as_in_python(program, libraries, tmp_path):

@@ -4,12 +4,13 @@
 // says whether libpython was ever mapped into the process.
 //
 //   serve_savedmodel SAVED_MODEL OUTPUT OUT_FILE [--feed TENSOR FILE DTYPE DIMS]... [--library PATH]...
-//                    [--runs N --pause-ms MS]
+//                    [--runs N --pause-ms MS] [--every-run]
 //
 // TENSOR and OUTPUT are tensor names ("serving_default_ids:0"); FILE holds the raw values of DTYPE
 // (int64, int32 or float32) of shape DIMS ("6x4"). --runs: the batch is run N times (default 1),
 // MS milliseconds apart, and the last run's output is written (what a server serves once its
-// background work, e.g. online updates, had time to run). Prints "output: <dims>" and
+// background work, e.g. online updates, had time to run); --every-run writes every run's output,
+// one after the other. Prints "output: <dims>" and
 // "libpython: absent|present"; exit status 0, or 1 with the error.
 #include <tensorflow/c/c_api.h>
 
@@ -99,7 +100,8 @@ TF_Tensor* tensor_of(const Feed& feed) {
 
 int main(int argc, char** argv) {
   const char* usage =
-      " SAVED_MODEL OUTPUT OUT_FILE [--feed TENSOR FILE DTYPE DIMS]... [--library PATH]... [--runs N --pause-ms MS]\n";
+      " SAVED_MODEL OUTPUT OUT_FILE [--feed TENSOR FILE DTYPE DIMS]... [--library PATH]... [--runs N --pause-ms MS]"
+      " [--every-run]\n";
   if (argc < 4) {
     std::cerr << "usage: " << argv[0] << usage;
     return 2;
@@ -107,6 +109,7 @@ int main(int argc, char** argv) {
   std::vector<Feed> feeds;
   std::vector<std::string> libraries;
   int runs = 1, pause_ms = 0;
+  bool every_run = false;
   for (int i = 4; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--feed" && i + 4 < argc) {
@@ -118,6 +121,8 @@ int main(int argc, char** argv) {
       runs = std::atoi(argv[++i]);
     } else if (flag == "--pause-ms" && i + 1 < argc && std::atoi(argv[i + 1]) >= 0) {
       pause_ms = std::atoi(argv[++i]);
+    } else if (flag == "--every-run") {
+      every_run = true;
     } else {
       std::cerr << "unknown or incomplete argument " << flag << "; usage: " << argv[0] << usage;
       return 2;
@@ -144,6 +149,7 @@ int main(int argc, char** argv) {
   }
 
   TF_Tensor* fetched = nullptr;
+  std::ofstream out(argv[3], std::ios::binary);
   for (int run = 0; run < runs; ++run) {
     if (run > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     if (fetched != nullptr) TF_DeleteTensor(fetched);
@@ -151,9 +157,11 @@ int main(int argc, char** argv) {
     TF_SessionRun(session, nullptr, inputs.data(), values.data(), static_cast<int>(feeds.size()), &output, &fetched,
                   1, nullptr, 0, nullptr, status);
     if (TF_GetCode(status) != TF_OK) return fail("running the serving signature", status);
+    if (every_run || run == runs - 1) {
+      out.write(static_cast<const char*>(TF_TensorData(fetched)),
+                static_cast<std::streamsize>(TF_TensorByteSize(fetched)));
+    }
   }
-  std::ofstream out(argv[3], std::ios::binary);
-  out.write(static_cast<const char*>(TF_TensorData(fetched)), static_cast<std::streamsize>(TF_TensorByteSize(fetched)));
   std::cout << "output:";
   for (int d = 0; d < TF_NumDims(fetched); ++d) std::cout << " " << TF_Dim(fetched, d);
   std::cout << "\nlibpython: " << (libpython_mapped() ? "present" : "absent") << "\n";

@@ -63,12 +63,14 @@ def serve(
     env: dict[str, str] | None = None,
     runs: int = 1,
     pause_ms: int = 0,
+    every_run: bool = False,
 ) -> subprocess.CompletedProcess:
     """``program``'s run through the SavedModel at ``path``'s serving signature, loading
     ``libraries`` first: ``inputs`` is the signature's only input, or its inputs by name (each cast
     to the signature's dtype: int64, int32 or float32); its output lands in ``tmp / "out.bin"``: the
     last of ``runs`` runs, ``pause_ms`` apart (time for a server's background work, such as online
-    updates). The environment is this process's without any ``PYTHON*`` variable, plus ``env``."""
+    updates), or with ``every_run`` every run's output, one after the other. The environment is
+    this process's without any ``PYTHON*`` variable, plus ``env``."""
     from tensorflow.core.protobuf import saved_model_pb2
 
     saved = saved_model_pb2.SavedModel()
@@ -92,7 +94,7 @@ def serve(
         command += ["--feed", definition.inputs[key].name, str(file), array.dtype.name, dims]
     for library in libraries:
         command += ["--library", library]
-    command += ["--runs", str(runs), "--pause-ms", str(pause_ms)]
+    command += ["--runs", str(runs), "--pause-ms", str(pause_ms)] + (["--every-run"] if every_run else [])
     env = (
         {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         | {"TF_CPP_MIN_LOG_LEVEL": "2"}
