@@ -211,16 +211,24 @@ int64_t DetStorage::capacity() const {
   return out;
 }
 
+void DetTier::check_open() const {
+  if (closed_) throw TierClosed("this " + name_ + " is closed and holds no rows; make a new HashMapTier");
+}
+
+void DetTier::check_table_dim(const std::string& tag, const DetStorage& table, int64_t dim, const char* what) const {
+  if (table.dim() != dim) {
+    throw std::invalid_argument(tag + ": the " + name_ + " holds rows of dim " + std::to_string(table.dim()) + ", " +
+                                what + " dim " + std::to_string(dim));
+  }
+}
+
 std::shared_ptr<const DetStorage> DetTier::table(const std::string& tag, int64_t dim, const char* what) {
   check_dim(tag, dim);
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) throw TierClosed("this " + name_ + " is closed and holds no rows; make a new HashMapTier");
+  check_open();
   auto it = tables_.find(tag);
   if (it == tables_.end()) return nullptr;
-  if (it->second->dim() != dim) {
-    throw std::invalid_argument(tag + ": the " + name_ + " holds rows of dim " + std::to_string(it->second->dim()) +
-                                ", " + what + " dim " + std::to_string(dim));
-  }
+  check_table_dim(tag, *it->second, dim, what);
   return it->second;
 }
 
@@ -243,12 +251,9 @@ std::shared_ptr<const DetStorage> DetTier::storage(const std::string& tag, int64
   if (std::shared_ptr<const DetStorage> t = table(tag, dim, "got rows of")) return t;
   auto made = std::make_shared<const DetStorage>("the " + name_ + " storage of " + tag, dim, capacity);
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) throw TierClosed("this " + name_ + " is closed and holds no rows; make a new HashMapTier");
+  check_open();
   auto [it, inserted] = tables_.emplace(tag, made);  // another thread's, where it made one meanwhile
-  if (!inserted && it->second->dim() != dim) {
-    throw std::invalid_argument(tag + ": the " + name_ + " holds rows of dim " + std::to_string(it->second->dim()) +
-                                ", got rows of dim " + std::to_string(dim));
-  }
+  if (!inserted) check_table_dim(tag, *it->second, dim, "got rows of");
   return it->second;
 }
 
@@ -256,7 +261,7 @@ int64_t DetTier::size(const std::string& tag) {
   std::shared_ptr<const DetStorage> t;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) throw TierClosed("this " + name_ + " is closed and holds no rows; make a new HashMapTier");
+    check_open();
     auto it = tables_.find(tag);
     if (it == tables_.end()) return 0;
     t = it->second;

@@ -111,6 +111,9 @@ class DetTier final : public Tier {
   // tag's table, nullptr where the tier has none; throws TierClosed, and std::invalid_argument when its
   // dim is not dim (`what`: "asked for" or "got rows of").
   std::shared_ptr<const DetStorage> table(const std::string& tag, int64_t dim, const char* what);
+  void check_open() const;  // TierClosed after close(); under mu_
+  // std::invalid_argument unless `table` (tag's) holds rows of dim (`what`: as table()'s).
+  void check_table_dim(const std::string& tag, const DetStorage& table, int64_t dim, const char* what) const;
 
   const std::string name_;
   std::mutex mu_;
