@@ -366,6 +366,15 @@ def test_an_update_source_path_that_cannot_be_a_directory_is_refused_as_in_pytho
         python_serves(saved, np.zeros((BATCH, SLOTS), np.int64))
 
 
+def test_an_update_filter_only_pythons_re_can_run_is_refused_naming_it(program, libraries, tmp_path):
+    config_path = tmp_path / "ps.json"
+    saved = export(tmp_path, config_path)
+    sparse_files, _ = files(tmp_path)
+    write(config_path, sparse_files, volatile_db={"type": "hash_map", "update_filters": ["(?P<m>m)"]})
+    message = serve_expecting_failure(program, libraries, tmp_path, saved)
+    assert "volatile_db.update_filters entry '(?P<m>m)' is a regular expression of Python's re that C++'s" in message
+
+
 def test_config_and_model_file_errors_are_the_python_readers(program, libraries, tmp_path):
     """The C++ readers' messages: a missing config file, then a corrupt checkpoint."""
     config_path = tmp_path / "ps.json"

@@ -99,14 +99,14 @@ void check_key_range(const ServedTable& table, const TableSource& source) {
   }
 }
 
-std::vector<std::regex> filters_of(const std::vector<std::string>& patterns) {
-  std::vector<std::regex> out;
-  for (const std::string& p : patterns) out.emplace_back(p, std::regex::ECMAScript);
-  return out;
-}
-
-bool any_fullmatch(const std::vector<std::regex>& filters, const std::string& text) {
-  return std::any_of(filters.begin(), filters.end(), [&](const std::regex& r) { return std::regex_match(text, r); });
+// A database's update_filters (`section`: "volatile_db"), or ConfigError naming the setting where
+// the C++ server cannot run one (py_regex.hpp's checks passed when the ps_config was read).
+ModelFilters update_filters(const std::vector<std::string>& patterns, const std::string& section) {
+  try {
+    return ModelFilters(patterns, section + ".update_filters entry");
+  } catch (const ModelFilterError& e) {
+    throw ConfigError(e.what());
+  }
 }
 
 // The distinct keys of keys [n] in the order they first appear, and where each key's is.
@@ -197,8 +197,8 @@ std::shared_ptr<Server> Server::of(const std::string& path) {
 Server::Server(PsConfig config, std::string path)
     : path_(checked(config, std::move(path))),
       config_(std::move(config)),
-      volatile_filters_(filters_of(config_.volatile_db.update_filters)),
-      persistent_filters_(filters_of(config_.persistent_db.update_filters)) {
+      volatile_filters_(update_filters(config_.volatile_db.update_filters, "volatile_db")),
+      persistent_filters_(update_filters(config_.persistent_db.update_filters, "persistent_db")) {
   int64_t threads = 1;
   for (const ModelConfig& m : config_.models) threads = std::max(threads, m.thread_pool_size);
   background_ = std::make_unique<Background>(threads);
@@ -521,8 +521,8 @@ void Server::apply_update(const Update& update) {
     }
   }
   std::vector<Tier*> targets;
-  if (volatile_ != nullptr && any_fullmatch(volatile_filters_, table.model)) targets.push_back(volatile_.get());
-  if (persistent_ != nullptr && !config_.persistent_db.read_only && any_fullmatch(persistent_filters_, table.model)) {
+  if (volatile_ != nullptr && volatile_filters_.match(table.model)) targets.push_back(volatile_.get());
+  if (persistent_ != nullptr && !config_.persistent_db.read_only && persistent_filters_.match(table.model)) {
     targets.push_back(persistent_.get());
   }
   if (has_database(config_) && targets.empty()) {

@@ -42,7 +42,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -52,6 +51,7 @@
 #include "det_tier.hpp"
 #include "evicting_cache.hpp"
 #include "model_files.hpp"
+#include "model_filters.hpp"
 #include "ps_config.hpp"
 #include "tier.hpp"
 #include "update_source.hpp"
@@ -158,7 +158,7 @@ class Server {
   std::unique_ptr<Tier> volatile_;
   DetTier* volatile_det_ = nullptr;  // volatile_, where it is the hash map that never evicts
   std::unique_ptr<Tier> persistent_;
-  std::vector<std::regex> volatile_filters_, persistent_filters_;
+  ModelFilters volatile_filters_, persistent_filters_;
   std::map<std::pair<std::string, int64_t>, std::unique_ptr<ServedTable>> tables_;
   std::map<std::string, ServedTable*> by_tag_;
   std::mutex unavailable_mu_;

@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
-#include <regex>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -22,7 +21,6 @@
 
 #include "py_errors.hpp"
 #include "py_path.hpp"
-#include "py_regex.hpp"
 #include "py_text.hpp"
 
 namespace sok::hps {
@@ -185,7 +183,7 @@ struct DirectoryUpdateSource::State {
 
   const std::string directory;
   UpdateSourceOptions options;
-  std::vector<std::regex> filters;
+  ModelFilters filters;
   std::string filters_repr;  // repr() of the filters' tuple, as updates.py's lines show them
 
   // The poll's state, under `mutex`.
@@ -211,29 +209,22 @@ struct DirectoryUpdateSource::State {
   std::thread thread;            // start()'s own thread, where no launch made one
 };
 
-DirectoryUpdateSource::State::State(std::string directory_, UpdateSourceOptions options_)
-    : directory(std::move(directory_)), options(std::move(options_)) {
+// `options`, after std::invalid_argument where its interval or timeout is out of range (checked before
+// the filters, as updates.py checks them).
+static UpdateSourceOptions checked_options(UpdateSourceOptions options) {
   if (!(options.poll_interval_s > 0)) {
     throw std::invalid_argument("poll_interval_s must be > 0, got " + py_repr(options.poll_interval_s));
   }
   if (!(options.incomplete_timeout_s >= 0)) {
     throw std::invalid_argument("incomplete_timeout_s must be >= 0, got " + py_repr(options.incomplete_timeout_s));
   }
-  for (const std::string& pattern : options.model_filters) {
-    if (const std::optional<PyRegexError> error = py_regex_error(pattern)) {
-      throw ModelFilterError(error->type, error->message);
-    }
-    try {
-      filters.emplace_back(pattern, std::regex::ECMAScript);
-    } catch (const std::regex_error& error) {
-      throw ModelFilterError("ValueError", "model filter " + py_repr(pattern) +
-                                               " is a regular expression of Python's re that C++'s std::regex "
-                                               "(ECMAScript) cannot run (" +
-                                               error.what() +
-                                               "); write it without Python's extensions ((?P<name>...), inline "
-                                               "flags, look-behind, \\A, \\Z)");
-    }
-  }
+  return options;
+}
+
+DirectoryUpdateSource::State::State(std::string directory_, UpdateSourceOptions options_)
+    : directory(std::move(directory_)),
+      options(checked_options(std::move(options_))),
+      filters(options.model_filters, "model filter") {
   filters_repr = tuple_repr(options.model_filters);
   if (!options.log) options.log = stderr_log_sink();
   if (!options.clock) options.clock = steady_seconds;
@@ -242,7 +233,7 @@ DirectoryUpdateSource::State::State(std::string directory_, UpdateSourceOptions 
 }
 
 bool DirectoryUpdateSource::State::wanted(const std::string& model) const {
-  return std::any_of(filters.begin(), filters.end(), [&](const std::regex& f) { return std::regex_match(model, f); });
+  return filters.match(model);
 }
 
 std::vector<std::string> DirectoryUpdateSource::State::new_names() {

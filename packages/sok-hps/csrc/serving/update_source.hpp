@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "log.hpp"
+#include "model_filters.hpp"
 #include "update_files.hpp"
 
 namespace sok::hps {
@@ -81,19 +82,6 @@ class ForeignError : public std::runtime_error {
 
  private:
   std::string type_name_;
-};
-
-// A model filter that is no regular expression: type() is the Python exception re.compile raises
-// ("error": re.error, "OverflowError", "ValueError", "RecursionError"; py_regex.hpp), or
-// "ValueError" where std::regex cannot run it.
-class ModelFilterError : public std::invalid_argument {
- public:
-  ModelFilterError(std::string type, const std::string& message)
-      : std::invalid_argument(message), type_(std::move(type)) {}
-  const std::string& type() const { return type_; }
-
- private:
-  std::string type_;
 };
 
 // The name an error is reported by in a warning: a ForeignError's type_name(), else its C++ class's
