@@ -123,8 +123,8 @@ class _HpsLayer(tf.keras.layers.Layer):
 
     @tf.autograph.experimental.do_not_convert  # tf_keras converts call(); this is host logic
     def _rows(self, keys: tf.Tensor) -> tf.Tensor:
-        """The rows of the 1-D ``keys``, ``float32 [n, emb_vec_size]``: the served table's lookup
-        (:meth:`.server.ServedTable.lookup`). A graph traced while HPS is not running and cannot start
+        """The rows of ``keys`` (any shape), ``float32 keys.shape + [emb_vec_size]``: the served
+        table's lookup (:meth:`.server.ServedTable.lookup`). A graph traced while HPS is not running and cannot start
         (no ``ps_config_file``, no file there yet: NVIDIA's flow builds and saves the model before it
         writes the config and calls ``hps.Init``; or a config this process cannot serve, such as
         model files or databases only the serving host has) gets a lookup that finds the table when
@@ -144,9 +144,12 @@ class _HpsLayer(tf.keras.layers.Layer):
         context = graph_context.untraced_context(
             path, self.global_batch_size, self.model_name, self.table_id, self.emb_vec_size, keys.dtype.name
         )
-        (rows,) = python_ops.py_call(graph_context.LOOKUP, context, [keys], [tf.float32], name="HpsLookup")
-        rows.set_shape([keys.shape[0], self.emb_vec_size])
-        return rows
+        flat = tf.reshape(keys, [-1])
+        (rows,) = python_ops.py_call(graph_context.LOOKUP, context, [flat], [tf.float32], name="HpsLookup")
+        rows.set_shape([flat.shape[0], self.emb_vec_size])
+        if keys.shape.rank == 1:
+            return rows
+        return tf.reshape(rows, tf.concat([tf.shape(keys), [self.emb_vec_size]], axis=0))
 
 
 def _check_ids_dtype(dtype: tf.DType, layer: str) -> None:
@@ -201,8 +204,7 @@ class LookupLayer(_HpsLayer):
         """
         ids = tf.convert_to_tensor(ids)
         _check_ids_dtype(ids.dtype, self.name)
-        rows = self._rows(tf.reshape(ids, [-1]))
-        out = tf.reshape(rows, tf.concat([tf.shape(ids), [self.emb_vec_size]], axis=0))
+        out = self._rows(ids)
         out.set_shape(ids.shape.concatenate([self.emb_vec_size]))
         if max_norm is not None:  # as tf.nn.embedding_lookup clips: each row, over the last axis
             out = tf.clip_by_norm(out, max_norm, axes=[out.shape.rank - 1])

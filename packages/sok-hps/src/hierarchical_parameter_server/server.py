@@ -178,15 +178,16 @@ class ServedTable:
 
     # -- in the graph --------------------------------------------------------------------------
     def lookup(self, keys: tf.Tensor) -> tf.Tensor:
-        """The rows of the 1-D ``keys``: ``float32 [n, dim]``. TensorFlow ops (eager or in a
-        ``tf.function``) on the cache's device.
+        """The rows of ``keys`` (any shape): ``float32 keys.shape + [dim]``. TensorFlow ops (eager
+        or in a ``tf.function``) on the cache's device.
 
         Where the cache answers every lookup (:attr:`cache_answers_all`), that is one
-        ``SokFindOrDefault``. Otherwise the keys are found as they come (no de-duplication on the
-        path where every key is found) with ``SokFind`` in the table's cache or, with
-        ``gpucache: false``, in the CPU storage of a
-        ``hash_map`` volatile DB that never evicts (:meth:`.tiers.hash_map.HashMapTier.graph_table`);
-        only when some are missing are those de-duplicated and fetched (:meth:`_complete`).
+        ``SokFindOrDefault`` on the keys as they are (its rows take their shape: a served graph
+        runs no reshapes around it). Otherwise the keys, flattened, are found as they come (no
+        de-duplication on the path where every key is found) with ``SokFind`` in the table's cache
+        or, with ``gpucache: false``, in the CPU storage of a ``hash_map`` volatile DB that never
+        evicts (:meth:`.tiers.hash_map.HashMapTier.graph_table`); only when some are missing are
+        those de-duplicated and fetched (:meth:`_complete`).
         Otherwise (no cache, and a volatile DB that evicts, Redis, or none) the distinct keys are
         fetched.
 
@@ -199,19 +200,29 @@ class ServedTable:
         device = self.cache.variable.table_device if self.cache is not None else "/CPU:0"
         with tf.name_scope("HpsLookup"), tf.device(device):
             keys = self._checked_count(keys)
-            if self.cache is not None:
+            if self.cache is not None and self.cache_answers_all:
                 inputs = python_ops.resolved_table_inputs(graph_context.CACHE_TABLE, self.context)
-                if self.cache_answers_all:
-                    return self.cache.find_or_default(keys, self.default_value, inputs)
-                values, found = self.cache.find(keys, inputs)
-                return self._complete(keys, values, found, cache=True)
-            if self._volatile_rows is not None:
-                int64_keys = tf.cast(keys, tf.int64)  # the tier's keys
-                inputs = python_ops.resolved_table_inputs(graph_context.VOLATILE_TABLE, self.context)
-                values, found = tf_ops.library().sok_find(*inputs, int64_keys, col_begin=0, col_end=self.dim)
-                return self._complete(keys, values, found, cache=False)
-            distinct, positions = tf_ops.library().sok_unique_index(keys)
-            return tf.gather(self._fetch_op(distinct, cache=False), positions)
+                return self.cache.find_or_default(keys, self.default_value, inputs)
+            if keys.shape.rank == 1:
+                return self._lookup_flat(keys)
+            rows = self._lookup_flat(tf.reshape(keys, [-1]))
+            out = tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], axis=0))
+            out.set_shape(keys.shape.concatenate([self.dim]))
+            return out
+
+    def _lookup_flat(self, keys: tf.Tensor) -> tf.Tensor:
+        """:meth:`lookup` of 1-D ``keys`` where the cache does not answer every key."""
+        if self.cache is not None:
+            inputs = python_ops.resolved_table_inputs(graph_context.CACHE_TABLE, self.context)
+            values, found = self.cache.find(keys, inputs)
+            return self._complete(keys, values, found, cache=True)
+        if self._volatile_rows is not None:
+            int64_keys = tf.cast(keys, tf.int64)  # the tier's keys
+            inputs = python_ops.resolved_table_inputs(graph_context.VOLATILE_TABLE, self.context)
+            values, found = tf_ops.library().sok_find(*inputs, int64_keys, col_begin=0, col_end=self.dim)
+            return self._complete(keys, values, found, cache=False)
+        distinct, positions = tf_ops.library().sok_unique_index(keys)
+        return tf.gather(self._fetch_op(distinct, cache=False), positions)
 
     def _checked_count(self, keys: tf.Tensor) -> tf.Tensor:
         """``keys``, after a check in the graph that they are at most :attr:`max_keys` (none when
