@@ -149,19 +149,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 # -- the C++ driver -------------------------------------------------------------------------------
+def driver_missing() -> str:
+    """Why ``hps_serve_cpp.cc`` cannot be compiled here (no compiler, no C API headers or library in
+    this TensorFlow), or ``""``; compiles nothing."""
+    import tensorflow as tf
+
+    include, lib = Path(tf.sysconfig.get_include()), Path(tf.sysconfig.get_lib())
+    if (shutil.which("g++") or shutil.which("c++")) is None:
+        return "no C++ compiler (g++ or c++) on PATH; install one (apt-get install g++)"
+    if not (include / "tensorflow" / "c" / "c_api.h").exists():
+        return f"this TensorFlow has no C API headers under {include}"
+    if not (lib / "libtensorflow_cc.so.2").exists():
+        return f"this TensorFlow has no libtensorflow_cc.so.2 in {lib}"
+    return ""
+
+
 def build_driver(directory: str) -> tuple[str | None, str]:
     """``(program, "")``: ``hps_serve_cpp.cc`` compiled into ``directory`` against this TensorFlow's
     C API, or ``(None, why not)``."""
     import tensorflow as tf
 
+    missing = driver_missing()
+    if missing:
+        return None, missing
     compiler = shutil.which("g++") or shutil.which("c++")
     include, lib = Path(tf.sysconfig.get_include()), Path(tf.sysconfig.get_lib())
-    if compiler is None:
-        return None, "no C++ compiler (g++ or c++) on PATH; install one (apt-get install g++)"
-    if not (include / "tensorflow" / "c" / "c_api.h").exists():
-        return None, f"this TensorFlow has no C API headers under {include}"
-    if not (lib / "libtensorflow_cc.so.2").exists():
-        return None, f"this TensorFlow has no libtensorflow_cc.so.2 in {lib}"
     program = os.path.join(directory, "hps_serve_cpp")
     command = [compiler, "-std=c++17", "-O2", str(DRIVER), f"-I{include}", f"-L{lib}", "-l:libtensorflow_cc.so.2"]
     command += ["-l:libtensorflow_framework.so.2", f"-Wl,-rpath,{lib}", "-o", program]
@@ -183,12 +195,33 @@ def serving_libraries() -> tuple[list[str], str]:
 
 def signature_names(path: str) -> tuple[str, str]:
     """The tensor names of the SavedModel's ``serving_default`` input and output."""
+    inputs, outputs = signature_tensors(path)
+    return next(iter(inputs.values())), next(iter(outputs.values()))
+
+
+def signature_tensors(path: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The SavedModel's ``serving_default`` inputs and outputs: argument or output name -> tensor name."""
     from tensorflow.core.protobuf import saved_model_pb2
 
     saved = saved_model_pb2.SavedModel()
     saved.ParseFromString(Path(path, "saved_model.pb").read_bytes())
     signature = saved.meta_graphs[0].signature_def["serving_default"]
-    return next(iter(signature.inputs.values())).name, next(iter(signature.outputs.values())).name
+    return {k: v.name for k, v in signature.inputs.items()}, {k: v.name for k, v in signature.outputs.items()}
+
+
+def run_driver(command: list[str], extra_env: dict[str, str] | None = None) -> dict:
+    """The JSON line the C++ driver prints, run as ``command`` with no ``PYTHON*`` variable (and the
+    variables of ``extra_env`` set).
+
+    Raises:
+        RuntimeError: the driver failed (its exit status and the end of its stderr).
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    env |= extra_env or {}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"the C++ driver failed (exit status {done.returncode}): {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def serve_cpp(program: str, models: list[str], ids_file: str, args: argparse.Namespace, libraries: list[str]) -> dict:
@@ -202,11 +235,7 @@ def serve_cpp(program: str, models: list[str], ids_file: str, args: argparse.Nam
         command += ["--model", path, *signature_names(path)]
     for library in libraries:
         command += ["--library", library]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=3600, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"the C++ driver failed (exit status {done.returncode}): {done.stderr[-3000:]}")
-    served = json.loads(done.stdout.strip().splitlines()[-1])
+    served = run_driver(command)
     for i, model in enumerate(served["models"]):
         model["ops"] = {b: op_times(traces, i, b) for b in args.batches}
     shutil.rmtree(traces, ignore_errors=True)

@@ -1,22 +1,26 @@
 // Times SavedModels served from C++ on TensorFlow's C API, with no Python in the process
 // (benchmarks/hps_cpp.py builds and runs it): it loads op libraries (sok-core's, sok-hps's
 // libsok_hps_serving.so), one or more SavedModels' "serve" graphs and variables, then per batch size
-// runs each model's serving signature on a pool of int64 id batches read from a file, warmup calls
-// then timed ones, the models taking turns call by call so that load that comes and goes hits them
-// alike. It prints one JSON line: per model and batch size the p50 / p99 / mean latency of a call
-// (TF_SessionRun with the feed ready, plus freeing the output it returns), its two phases, and
-// lookups/s; the sum of the output's floats for the pool's first batch before the warmup calls and
-// again after the timed ones (`checksum`, `checksum_after`); per batch size the cost of making a feed
-// from the ids; whether libpython was mapped.
+// runs each model's serving signature on a pool of id batches (int64, or int32 with --ids-dtype)
+// read from a file, and for a model given --dense, float batches of as many samples read from a
+// second file fed to its second input; warmup calls then timed ones, the models taking turns call by
+// call so that load that comes and goes hits them alike. It prints one JSON line: per model and
+// batch size the p50 / p99 / mean latency of a call (TF_SessionRun with the feeds ready, plus freeing
+// the output it returns), its two phases, and lookups/s; the sum of the output's floats for the
+// pool's first batch before the warmup calls and again after the timed ones (`checksum`,
+// `checksum_after`); per batch size the cost of making a batch's feeds from the files' bytes;
+// whether libpython was mapped.
 // With --trace DIR, after the timed calls, --traces calls more per model and batch size run with
 // TensorFlow's FULL_TRACE and write their RunMetadata (each op's time) to DIR/m<model>_b<B>_<k>.pb.
 //
-//   hps_serve_cpp --ids FILE --cols C --batches B1,B2,... [--pool P] [--warmup W] [--iters N]
-//                 --model DIR INPUT OUTPUT [--model DIR INPUT OUTPUT ...] [--library PATH ...]
-//                 [--trace DIR] [--traces K]
+//   hps_serve_cpp --ids FILE --cols C --batches B1,B2,... [--ids-dtype int64|int32] [--pool P] [--warmup W]
+//                 [--iters N] --model DIR INPUT OUTPUT [--dense NAME] [--model DIR INPUT OUTPUT [--dense NAME] ...]
+//                 [--floats FILE --float-cols D] [--library PATH ...] [--trace DIR] [--traces K]
 //
-// FILE holds, for each B in the order given, P batches of B x C int64 ids, one after the other.
-// INPUT and OUTPUT are tensor names of the serving signature ("serving_default_ids:0").
+// The ids FILE holds, for each B in the order given, P batches of B x C ids (--ids-dtype, default
+// int64), one after the other. INPUT and OUTPUT are tensor names of the serving signature
+// ("serving_default_ids:0"). --dense NAME gives the model before it a second input, NAME, of float32
+// [B, D], fed from the --floats FILE: for each B, P batches of B x D float32, in the same order.
 // Exit status 0, 1 with what failed on stderr, 2 for a wrong command line.
 #include <tensorflow/c/c_api.h>
 
@@ -38,24 +42,32 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr char kUsage[] =
-    "usage: hps_serve_cpp --ids FILE --cols C --batches B1,B2,... [--pool P] [--warmup W] [--iters N]\n"
-    "                     --model DIR INPUT OUTPUT [--model DIR INPUT OUTPUT ...] [--library PATH ...]\n"
-    "                     [--trace DIR] [--traces K]\n";
+    "usage: hps_serve_cpp --ids FILE --cols C --batches B1,B2,... [--ids-dtype int64|int32] [--pool P]\n"
+    "                     [--warmup W] [--iters N] --model DIR INPUT OUTPUT [--dense NAME]\n"
+    "                     [--model DIR INPUT OUTPUT [--dense NAME] ...] [--floats FILE --float-cols D]\n"
+    "                     [--library PATH ...] [--trace DIR] [--traces K]\n";
 
 struct Model {
-  std::string path, input_name, output_name;
+  std::string path, input_name, output_name, dense_name;  // dense_name "": the ids are the only input
   TF_Graph* graph = nullptr;
   TF_Session* session = nullptr;
-  TF_Output input{}, output{};
+  TF_Output input{}, output{}, dense{};
   double load_s = 0, first_call_ms = 0;
 };
 
 struct Options {
-  std::string ids, trace;
-  int64_t cols = 0, pool = 4, warmup = 3, iters = 30, traces = 5;
+  std::string ids, floats, trace;
+  TF_DataType ids_dtype = TF_INT64;
+  int64_t cols = 0, float_cols = 0, pool = 4, warmup = 3, iters = 30, traces = 5;
   std::vector<int64_t> batches;
   std::vector<Model> models;
   std::vector<std::string> libraries;
+};
+
+// One batch's feeds: the ids [B, C], and the floats [B, D] where --floats is given (else null).
+struct Batch {
+  TF_Tensor* ids = nullptr;
+  TF_Tensor* floats = nullptr;
 };
 
 // The seconds of one model's calls at one batch size: whole calls, and their two phases.
@@ -92,6 +104,18 @@ Options parse(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag == "--ids") {
       o.ids = take(&i, flag);
+    } else if (flag == "--ids-dtype") {
+      const std::string dtype = take(&i, flag);
+      if (dtype != "int64" && dtype != "int32") usage("--ids-dtype takes int64 or int32, not '" + dtype + "'");
+      o.ids_dtype = dtype == "int32" ? TF_INT32 : TF_INT64;
+    } else if (flag == "--floats") {
+      o.floats = take(&i, flag);
+    } else if (flag == "--float-cols") {
+      o.float_cols = positive(flag, take(&i, flag));
+    } else if (flag == "--dense") {
+      if (o.models.empty()) usage("--dense NAME names an input of the --model before it; give that --model first");
+      if (!o.models.back().dense_name.empty()) usage("--dense is given twice for --model " + o.models.back().path);
+      o.models.back().dense_name = take(&i, flag);
     } else if (flag == "--cols") {
       o.cols = positive(flag, take(&i, flag));
     } else if (flag == "--pool") {
@@ -121,6 +145,14 @@ Options parse(int argc, char** argv) {
   }
   if (o.ids.empty() || o.cols == 0 || o.batches.empty() || o.models.empty()) {
     usage("--ids, --cols, --batches and at least one --model are required");
+  }
+  const bool dense =
+      std::any_of(o.models.begin(), o.models.end(), [](const Model& m) { return !m.dense_name.empty(); });
+  if (dense && (o.floats.empty() || o.float_cols == 0)) {
+    usage("--dense needs --floats FILE and --float-cols D (the float batches its input is fed)");
+  }
+  if (!dense && (!o.floats.empty() || o.float_cols != 0)) {
+    usage("--floats and --float-cols feed the input that --dense NAME names after a --model; no --model has one");
   }
   return o;
 }
@@ -174,15 +206,32 @@ void load(Model* m, TF_Status* status) {
   if (!output_of(m->graph, m->output_name, &m->output)) {
     fail("no tensor " + m->output_name + " in the graph of " + m->path + "; pass its serving signature's output");
   }
+  if (!m->dense_name.empty() && !output_of(m->graph, m->dense_name, &m->dense)) {
+    fail("no tensor " + m->dense_name + " in the graph of " + m->path + "; pass its serving signature's float input");
+  }
   m->load_s = seconds(start, Clock::now());
 }
 
-// One call of the model's serving signature on `feed`; adds its seconds to `samples` when given,
+// The model's inputs and their feeds from `batch`: the ids, then the floats where it has --dense. Returns
+// how many.
+int inputs_of(const Model& m, const Batch& batch, TF_Output inputs[2], TF_Tensor* values[2]) {
+  inputs[0] = m.input;
+  values[0] = batch.ids;
+  if (m.dense_name.empty()) return 1;
+  inputs[1] = m.dense;
+  values[1] = batch.floats;
+  return 2;
+}
+
+// One call of the model's serving signature on `batch`; adds its seconds to `samples` when given,
 // and the sum of the output's floats to `checksum` when given.
-void call(const Model& m, TF_Tensor* feed, TF_Status* status, Samples* samples, double* checksum = nullptr) {
+void call(const Model& m, const Batch& batch, TF_Status* status, Samples* samples, double* checksum = nullptr) {
+  TF_Output inputs[2];
+  TF_Tensor* values[2];
+  const int n = inputs_of(m, batch, inputs, values);
   TF_Tensor* fetched = nullptr;
   const auto start = Clock::now();
-  TF_SessionRun(m.session, nullptr, &m.input, &feed, 1, &m.output, &fetched, 1, nullptr, 0, nullptr, status);
+  TF_SessionRun(m.session, nullptr, inputs, values, n, &m.output, &fetched, 1, nullptr, 0, nullptr, status);
   const auto ran = Clock::now();
   if (TF_GetCode(status) != TF_OK) fail("running the serving signature of " + m.path, status);
   if (checksum != nullptr) {
@@ -200,13 +249,35 @@ void call(const Model& m, TF_Tensor* feed, TF_Status* status, Samples* samples, 
   }
 }
 
+// The next [rows, cols] tensor of `dtype` in `file` (the `what` file at `path`, holding `layout` per
+// batch size): batch `p` of B = rows. Adds the seconds of making the tensor from the bytes read to
+// *made_s.
+TF_Tensor* next_feed(std::istream& file, const std::string& what, const std::string& path, TF_DataType dtype,
+                     int64_t rows, int64_t cols, int64_t p, const std::string& layout, double* made_s) {
+  const size_t bytes = static_cast<size_t>(rows * cols) * TF_DataTypeSize(dtype);
+  std::vector<char> buffer(bytes);
+  if (!file.read(buffer.data(), static_cast<std::streamsize>(bytes))) {
+    fail("the " + what + " file " + path + " ends before batch " + std::to_string(p) + " of B=" + std::to_string(rows) +
+         "; it must hold " + layout + " per --batches entry, in order");
+  }
+  const int64_t dims[2] = {rows, cols};
+  const auto start = Clock::now();
+  TF_Tensor* feed = TF_AllocateTensor(dtype, dims, 2, bytes);
+  std::copy(buffer.begin(), buffer.end(), static_cast<char*>(TF_TensorData(feed)));
+  *made_s += seconds(start, Clock::now());
+  return feed;
+}
+
 // One call with FULL_TRACE, its RunMetadata (a serialized tensorflow.RunMetadata) written to `path`.
-void traced_call(const Model& m, TF_Tensor* feed, TF_Status* status, const std::string& path) {
+void traced_call(const Model& m, const Batch& batch, TF_Status* status, const std::string& path) {
   static const char kFullTrace[] = {0x08, 0x03};  // RunOptions{trace_level: FULL_TRACE}
   TF_Buffer* options = TF_NewBufferFromString(kFullTrace, sizeof(kFullTrace));
   TF_Buffer* metadata = TF_NewBuffer();
+  TF_Output inputs[2];
+  TF_Tensor* values[2];
+  const int n = inputs_of(m, batch, inputs, values);
   TF_Tensor* fetched = nullptr;
-  TF_SessionRun(m.session, options, &m.input, &feed, 1, &m.output, &fetched, 1, nullptr, 0, metadata, status);
+  TF_SessionRun(m.session, options, inputs, values, n, &m.output, &fetched, 1, nullptr, 0, metadata, status);
   if (TF_GetCode(status) != TF_OK) fail("running the serving signature of " + m.path + " traced", status);
   TF_DeleteTensor(fetched);
   std::ofstream out(path, std::ios::binary);
@@ -229,6 +300,13 @@ int main(int argc, char** argv) {
 
   std::ifstream ids(o.ids, std::ios::binary);
   if (!ids) fail("cannot open the ids file " + o.ids);
+  std::ifstream floats;
+  if (!o.floats.empty()) {
+    floats.open(o.floats, std::ios::binary);
+    if (!floats) fail("cannot open the floats file " + o.floats);
+  }
+  const std::string ids_layout =
+      "--pool batches of B x --cols " + std::string(o.ids_dtype == TF_INT32 ? "int32" : "int64");
   std::ostringstream json;
   json.precision(6);
   std::ostringstream feeds;
@@ -237,20 +315,17 @@ int main(int argc, char** argv) {
   for (std::ostringstream& s : per_model) s.precision(6);
   for (size_t b = 0; b < o.batches.size(); ++b) {
     const int64_t batch = o.batches[b];
-    const int64_t dims[2] = {batch, o.cols};
-    const size_t bytes = static_cast<size_t>(batch * o.cols) * sizeof(int64_t);
-    std::vector<TF_Tensor*> pool;
+    std::vector<Batch> pool;
     std::vector<double> feed_s;
-    std::vector<char> buffer(bytes);
     for (int64_t p = 0; p < o.pool; ++p) {
-      if (!ids.read(buffer.data(), static_cast<std::streamsize>(bytes))) {
-        fail("the ids file " + o.ids + " ends before batch " + std::to_string(p) + " of B=" + std::to_string(batch) +
-             "; it must hold --pool batches of B x --cols int64 per --batches entry, in order");
+      Batch feed;  // the data phase: feeds made from the files' bytes
+      double made_s = 0;
+      feed.ids = next_feed(ids, "ids", o.ids, o.ids_dtype, batch, o.cols, p, ids_layout, &made_s);
+      if (!o.floats.empty()) {
+        feed.floats = next_feed(floats, "floats", o.floats, TF_FLOAT, batch, o.float_cols, p,
+                                "--pool batches of B x --float-cols float32", &made_s);
       }
-      const auto start = Clock::now();  // the data phase: a feed made from the ids
-      TF_Tensor* feed = TF_AllocateTensor(TF_INT64, dims, 2, bytes);
-      std::copy(buffer.begin(), buffer.end(), static_cast<char*>(TF_TensorData(feed)));
-      feed_s.push_back(seconds(start, Clock::now()));
+      feed_s.push_back(made_s);
       pool.push_back(feed);
     }
     for (Model& m : o.models) {  // the first call (at the first B) starts HPS's server
@@ -289,7 +364,10 @@ int main(int argc, char** argv) {
                    << ", \"checksum_after\": " << checksums_after[i] << std::setprecision(6) << "}";
     }
     feeds << (b == 0 ? "" : ", ") << "\"" << batch << "\": " << percentile(feed_s, 50) * 1e3;
-    for (TF_Tensor* feed : pool) TF_DeleteTensor(feed);
+    for (const Batch& feed : pool) {
+      TF_DeleteTensor(feed.ids);
+      if (feed.floats != nullptr) TF_DeleteTensor(feed.floats);
+    }
   }
 
   json << "{\"libpython\": \"" << (libpython_mapped() ? "present" : "absent") << "\", \"feed_ms\": {" << feeds.str()
