@@ -54,8 +54,22 @@ timed calls. Goals (issue 39, ``--check``), libpython absent, and at B >= 4,096:
 * on a GPU (``--device gpu``, the default where TensorFlow sees one: the ``tf.gather`` table on the
   GPU, the HPS caches there too): the C++ path's warm ``cache`` (the graph traced on a running
   server: its lookup reads the cache on the GPU) >= 0.9x the C++ ``tf.gather`` (both C++ paths
-  fetch their output to the host); the ``hash_map`` (its rows in host memory) is shown against the
-  PCIe floor, TensorFlow's copy of the rows' bytes from host to GPU, measured in the same run.
+  fetch their output to the host).
+
+On a GPU the setups whose C++ rows are in host memory (``hash_map``; ``evicting_cache``, whose C++
+cache is in host memory) are shown against the PCIe floor, what the link does:
+``copy_bandwidth.cu`` (beside this script, compiled with nvcc: on PATH, else under
+``$CUDA_HOME/bin`` or ``/usr/local/cuda/bin``) times ``cudaMemcpyAsync`` between page-locked host
+memory (``cudaMallocHost``) and GPU memory with CUDA events, the median of ``--iters`` copies after
+``--warmup``, both ways, for 256 MiB (printed as the link's GB/s) and for each B's rows (B x 26 x
+dim float32), before TensorFlow takes the GPU. The floor of B is the rows' bytes over the
+host-to-GPU bandwidth measured for a copy of that many bytes; the ratio printed per setup, form
+and B is ``(C++ gather p50 + floor) / C++ p50``: both C++ calls fetch their output to the host,
+so the C++ gather plus one copy of the rows at link speed is the best a tier with its rows in
+host memory could do in this benchmark (1.0: as fast as that; issue 39's goal is 0.9). Where nvcc
+is missing or the program fails, the output says why and the floor falls back to TensorFlow's copy
+of the rows' bytes from a pageable host tensor to the GPU (p50 of ``--iters``), labelled as such:
+it runs well below the link, so that floor flatters.
 
 The default ``--setups`` are ``cache`` and ``hash_map`` (the full sweep: about 3 minutes on the
 2-core CPU VM of benchmarks/README.md). What the others cost there, per graph form at the default
@@ -99,6 +113,9 @@ import numpy as np  # noqa: E402
 from hps_cpu import KEYS_PER_SAMPLE, machine_context, summary, timed  # noqa: E402
 
 DRIVER = Path(__file__).with_name("hps_serve_cpp.cc")
+COPY_BANDWIDTH = Path(__file__).with_name("copy_bandwidth.cu")
+LINK_BYTES = 1 << 28  # the copies whose bandwidth is printed as the link's (256 MiB)
+HOST_ROW_SETUPS = ("hash_map", "evicting_cache")  # setups whose C++ rows are in host memory
 SETUPS = ("cache", "hash_map", "evicting_cache", "rocks_db", "redis_cluster")
 DEFAULT_SETUPS = ("cache", "hash_map")
 EVICTING_CACHE_PER = 0.25  # the evicting_cache setup's gpucacheper
@@ -396,6 +413,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 setups.append(setup)
         sys.stdout.flush()
+        if args.device != "/CPU:0":  # before TensorFlow takes the GPU's memory
+            results["pcie_floor"] = pcie_floor(args, workdir)
         folder = os.path.join(workdir, "table")
         os.makedirs(folder)
         weights = rng.random((args.rows, args.dim), dtype=np.float32)
@@ -417,8 +436,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for ids in pools[b]:
                     ids.numpy().tofile(f)
         gather = tf.function(lambda ids: tf.gather(table, ids))
-        if args.device != "/CPU:0":
-            results["pcie_floor"] = pcie_floor(args)
         gather_saved = os.path.join(workdir, "gather")
         export_gather(gather_saved, table)
         runs = [(setup, form) for setup in setups for form in args.forms]
@@ -465,9 +482,122 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def pcie_floor(args: argparse.Namespace) -> dict[int, dict[str, float]]:
-    """Per B: TensorFlow's copy of a lookup's rows (B x 26 x dim float32) from host memory to the
-    GPU (``summary`` of ``--iters`` copies): what a lookup whose rows are in host memory cannot beat."""
+def rows_bytes(batch: int, dim: int) -> int:
+    """The bytes of a lookup's rows: ``batch`` x 26 keys x ``dim`` float32."""
+    return batch * KEYS_PER_SAMPLE * dim * 4
+
+
+def find_nvcc() -> str | None:
+    """nvcc: on PATH, else ``$CUDA_HOME/bin/nvcc``, else ``/usr/local/cuda/bin/nvcc``; None where none is."""
+    found = shutil.which("nvcc")
+    if found is not None:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root and os.access(os.path.join(root, "bin", "nvcc"), os.X_OK):
+            return os.path.join(root, "bin", "nvcc")
+    return None
+
+
+def build_copy_bandwidth(directory: str) -> tuple[str | None, str]:
+    """``(program, "")``: ``copy_bandwidth.cu`` compiled with nvcc into ``directory``, or ``(None, why not)``."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        return None, (
+            "nvcc not found (not on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin): install the CUDA toolkit or "
+            "put its bin/ on PATH"
+        )
+    program = os.path.join(directory, "copy_bandwidth")
+    command = [nvcc, "-O2", "-std=c++17", str(COPY_BANDWIDTH), "-o", program]
+    built = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if built.returncode != 0:
+        return None, f"{nvcc} failed on {COPY_BANDWIDTH.name} (exit status {built.returncode}): {built.stderr[-2000:]}"
+    return program, ""
+
+
+def parse_copy_bandwidth(stdout: str, sizes: list[int]) -> dict[str, Any]:
+    """copy_bandwidth's JSON line (the last line of ``stdout``): its ``name``, ``iters``, ``warmup``
+    and, under ``"sizes"``, each size's ``h2d_ms``, ``d2h_ms``, ``h2d_gbps``, ``d2h_gbps`` by its
+    bytes (int), checked to hold every one of ``sizes`` with positive figures.
+
+    Raises:
+        ValueError: the line is not such a JSON object (what is wrong, and the line).
+    """
+    lines = stdout.strip().splitlines()
+    line = lines[-1] if lines else ""
+    try:
+        measured = json.loads(line)
+        by_bytes = {int(entry["bytes"]): entry for entry in measured["sizes"]}
+        fields = ("h2d_ms", "d2h_ms", "h2d_gbps", "d2h_gbps")
+        figures = {b: {k: float(by_bytes[b][k]) for k in fields} for b in sizes}
+        out = {"name": str(measured["name"]), "iters": int(measured["iters"]), "warmup": int(measured["warmup"])}
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"copy_bandwidth's output is not its JSON line with the sizes {sizes} ({type(error).__name__}: "
+            f"{error}): {line[:500]!r}"
+        ) from error
+    bad = {b: f for b, f in figures.items() if not all(v > 0 and np.isfinite(v) for v in f.values())}
+    if bad:
+        raise ValueError(
+            f"copy_bandwidth measured times or bandwidths that are not positive: {bad}; line {line[:500]!r}"
+        )
+    return out | {"sizes": figures}
+
+
+def link_floor(measured: dict[str, Any], batches: list[int], dim: int) -> dict[int, dict[str, float]]:
+    """Per B, from copy_bandwidth's figures (parse_copy_bandwidth): the rows' ``bytes``, the
+    bandwidths measured for a copy of that many bytes (``h2d_gbps``, ``d2h_gbps``: 10^9 bytes a
+    second) and ``floor_ms``, the bytes over the host-to-GPU one."""
+    floor = {}
+    for b in batches:
+        size = rows_bytes(b, dim)
+        figures = measured["sizes"][size]
+        floor[b] = {
+            "bytes": size,
+            "h2d_gbps": figures["h2d_gbps"],
+            "d2h_gbps": figures["d2h_gbps"],
+            "floor_ms": size / (figures["h2d_gbps"] * 1e6),
+        }
+    return floor
+
+
+def host_tier_ratio(cpp_gather_p50_ms: float, floor_ms: float, cpp_p50_ms: float) -> float:
+    """``(C++ gather p50 + floor) / C++ p50``: a C++ path whose rows are in host memory against the
+    C++ ``tf.gather`` plus one copy of the rows to the GPU at the floor (1.0: as fast as that)."""
+    return (cpp_gather_p50_ms + floor_ms) / cpp_p50_ms
+
+
+def pcie_floor(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
+    """The PCIe floor of each B (see the module docstring): ``{"source": "copy_bandwidth", "name",
+    "iters", "warmup", "link": {h2d_gbps, d2h_gbps, bytes}, "batches": link_floor(...)}``, or where
+    nvcc or the program fails, ``{"source": "tensorflow_copy", "why", "batches": {B: {bytes,
+    floor_ms, h2d_gbps}}}`` from TensorFlow's copy (tensorflow_copy_floor)."""
+    program, why = build_copy_bandwidth(workdir)
+    if program is not None:
+        sizes = sorted({rows_bytes(b, args.dim) for b in args.batches} | {LINK_BYTES})
+        command = [program, "--iters", str(args.iters), "--warmup", str(args.warmup), *map(str, sizes)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            why = f"copy_bandwidth failed (exit status {done.returncode}): {done.stderr.strip()[-2000:]}"
+        else:
+            measured = parse_copy_bandwidth(done.stdout, sizes)
+            link = measured["sizes"][LINK_BYTES]
+            return {
+                "source": "copy_bandwidth",
+                "name": measured["name"],
+                "iters": measured["iters"],
+                "warmup": measured["warmup"],
+                "link": {"bytes": LINK_BYTES, "h2d_gbps": link["h2d_gbps"], "d2h_gbps": link["d2h_gbps"]},
+                "batches": link_floor(measured, args.batches, args.dim),
+            }
+    print(
+        f"PCIe floor: {why}; falling back to TensorFlow's copy from a pageable host tensor (not the link's bandwidth)"
+    )
+    return {"source": "tensorflow_copy", "why": why, "batches": tensorflow_copy_floor(args)}
+
+
+def tensorflow_copy_floor(args: argparse.Namespace) -> dict[int, dict[str, float]]:
+    """Per B: TensorFlow's copy of a lookup's rows (B x 26 x dim float32) from a (pageable) host
+    tensor to the GPU, the p50 of ``--iters`` copies as ``floor_ms``; the fallback of pcie_floor."""
     import tensorflow as tf
 
     @tf.function
@@ -480,7 +610,9 @@ def pcie_floor(args: argparse.Namespace) -> dict[int, dict[str, float]]:
         with tf.device("/CPU:0"):
             host = tf.constant(np.ones((b * KEYS_PER_SAMPLE, args.dim), np.float32))
         (samples,) = timed([copy], [host], args.warmup, args.iters)
-        floor[b] = summary(samples, b * KEYS_PER_SAMPLE)
+        p50 = summary(samples, b * KEYS_PER_SAMPLE)["p50_ms"]
+        size = rows_bytes(b, args.dim)
+        floor[b] = {"bytes": size, "floor_ms": p50, "h2d_gbps": size / (p50 * 1e6)}
     return floor
 
 
@@ -555,24 +687,45 @@ def report(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
         if gpu and large and "cache/running" in results["cpp"]:
             ok = not any(m.startswith("C++ cache/running") for m in missed)
             print(f"{'PASS' if ok else 'FAIL'}: C++ warm cache >= {GPU_GOAL}x C++ tf.gather at B >= {GOAL_MIN_BATCH}")
-        if gpu:
-            print_floor(args, results)
         ok = all(s["libpython"] == "absent" for s in results["cpp"].values())
         print(f"{'PASS' if ok else 'FAIL'}: no Python in the C++ process (libpython never mapped)")
     else:
         print(f"C++: skipped ({results['skipped_cpp']})")
+    if gpu:
+        print_floor(args, results)
     return missed
 
 
 def print_floor(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    """The C++ hash_map paths (rows in host memory) against the PCIe floor (pcie_floor)."""
-    print("C++ hash_map against the PCIe floor (TensorFlow's host-to-GPU copy of the rows' bytes): floor p50 / C++ p50")
-    for name, paths in results["paths"].items():
-        if name.startswith("hash_map/") and "C++" in paths:
-            cells = [
-                f"B={b}: {results['pcie_floor'][b]['p50_ms'] / paths['C++'][b]['p50_ms']:.2f}" for b in args.batches
-            ]
-            print(f"  {name}: " + ", ".join(cells))
+    """The PCIe floor (pcie_floor), then the C++ paths of HOST_ROW_SETUPS against it:
+    host_tier_ratio per setup, form and B (stored in the C++ results as ``vs_host_floor``)."""
+    floor = results["pcie_floor"]
+    if floor["source"] == "copy_bandwidth":
+        link = floor["link"]
+        print(f"PCIe floor: copy_bandwidth.cu on {floor['name']}, cudaMemcpyAsync between page-locked host memory "
+              f"and the GPU, median of {floor['iters']} copies (after {floor['warmup']}): the link (256 MiB copies) "
+              f"host to GPU {link['h2d_gbps']:.1f} GB/s, GPU to host {link['d2h_gbps']:.1f} GB/s")  # fmt: skip
+        for b, f in floor["batches"].items():
+            print(f"  B={b}: rows {f['bytes'] / 1e6:.1f} MB, host to GPU {f['h2d_gbps']:.1f} GB/s (floor "
+                  f"{f['floor_ms']:.3f} ms), GPU to host {f['d2h_gbps']:.1f} GB/s")  # fmt: skip
+    else:
+        print(f"PCIe floor: TensorFlow's copy of the rows' bytes from a pageable host tensor to the GPU, NOT the "
+              f"link's bandwidth ({floor['why']})")  # fmt: skip
+        for b, f in floor["batches"].items():
+            print(f"  B={b}: rows {f['bytes'] / 1e6:.1f} MB, {f['h2d_gbps']:.1f} GB/s (floor {f['floor_ms']:.3f} ms)")
+    host_rows = {n: p for n, p in results["paths"].items() if n.split("/")[0] in HOST_ROW_SETUPS and "C++" in p}
+    if host_rows:
+        print("C++ paths with their rows in host memory against the best such a tier could do here: "
+              "(C++ gather p50 + the rows' copy to the GPU at the floor) / C++ p50")  # fmt: skip
+    for name, paths in host_rows.items():
+        cells = []
+        for b in args.batches:
+            r = paths["C++"][b]
+            r["vs_host_floor"] = host_tier_ratio(
+                paths["gather C++"][b]["p50_ms"], floor["batches"][b]["floor_ms"], r["p50_ms"]
+            )
+            cells.append(f"B={b}: {r['vs_host_floor']:.2f}")
+        print(f"  {name}: " + ", ".join(cells))
 
 
 def print_phases(args: argparse.Namespace, cpp: dict[str, Any]) -> None:
