@@ -30,6 +30,7 @@ import serve_support as support  # noqa: E402
 import sparse_operation_kit as sok  # noqa: E402
 from hierarchical_parameter_server import graph_calls, init  # noqa: E402
 from sparse_operation_kit.testing import serving_cpp  # noqa: E402
+from sparse_operation_kit.testing.device import skip_unless_gpu_tensorflow  # noqa: E402
 
 BATCH, SLOTS, ROWS, DIMS, UNSEEN = 32, 3, 40, (8, 4), 10
 
@@ -60,14 +61,15 @@ def dumped_table(path: Path) -> tuple[str, np.ndarray]:
     return os.fspath(path / names[0]), rows
 
 
-def export(tmp_path: Path, config_path: Path, running: bool = False) -> Path:
+def export(tmp_path: Path, config_path: Path, running: bool = False, key_dtype: str = "int64") -> Path:
     """The model, two lookups (one per table), flattened and concatenated, exported while HPS is
     not running (NVIDIA's flow: the graph holds the whole lookup, found by name when it runs), or
-    ``running`` from ``config_path`` (the graph holds the lookup: its tables and its misses' fetch)."""
+    ``running`` from ``config_path`` (the graph holds the lookup: its tables and its misses' fetch).
+    Its ids are ``key_dtype`` (int32 where the ps_config says ``supportlonglong: false``)."""
     init.shutdown()
     if running:
         init.Init(ps_config_file=str(config_path), global_batch_size=BATCH)
-    ids = keras.Input(shape=(SLOTS,), dtype="int64")
+    ids = keras.Input(shape=(SLOTS,), dtype=key_dtype)
     common = {"emb_vec_dtype": tf.float32, "ps_config_file": str(config_path), "global_batch_size": BATCH}
     parts = [
         keras.layers.Flatten()(hps.LookupLayer(model_name="m", table_id=i, emb_vec_size=dim, **common)(ids))
@@ -292,6 +294,61 @@ def test_an_evicting_cache_smaller_than_a_batch_still_serves_every_row(program, 
     np.testing.assert_array_equal(served, np.concatenate(oracle, axis=1))
 
 
+def lookup_devices(saved: Path) -> set[str]:
+    """The devices the SavedModel's graph puts its table finds (SokFind, SokFindOrDefault) on."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    model = saved_model_pb2.SavedModel()
+    model.ParseFromString((saved / "saved_model.pb").read_bytes())
+    graph = model.meta_graphs[0].graph_def
+    nodes = [*graph.node, *(node for function in graph.library.function for node in function.node_def)]
+    return {node.device for node in nodes if node.op in ("SokFind", "SokFindOrDefault")}
+
+
+LARGE_BATCH = 50_000  # x SLOTS: 150,000 keys a table
+GPU_CACHES = {
+    # the C++ server's caches are on the GPU as Python's, keyed as the graph's ids: found in place
+    "evicting cache, int64 keys": ({"gpucacheper": 0.5}, {"volatile_db": {"type": "hash_map"}}, "int64"),
+    "evicting cache, int32 keys": ({"gpucacheper": 0.5}, {"volatile_db": {"type": "hash_map"}}, "int32"),
+    "cache of every row, int32 keys": ({}, support.DISABLED_DBS, "int32"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("setup", sorted(GPU_CACHES))
+def test_a_large_gpu_lookup_of_the_gpu_caches_serves_as_python(program, libraries, tmp_path, setup):
+    """On a GPU, a graph traced on a running server (its finds on the GPU, where Python's cache is)
+    reads the C++ server's cache on that GPU (an hkv cache that evicts, or det's cache of every row,
+    with int64 or int32 keys): a batch of 150,000 keys a table, served three times in a row (the
+    later runs read rows the first ones cached), equals Python's bit for bit and the tables' rows,
+    the default value past them."""
+    skip_unless_gpu_tensorflow()
+    entry, top, key_dtype = GPU_CACHES[setup]
+    rows = 1000
+    folders = [support.write_table(tmp_path / f"t{i}", rows, dim, seed=i)[0] for i, dim in enumerate(DIMS)]
+    tables = [
+        np.fromfile(Path(folder) / "emb_vector", np.float32).reshape(rows, dim) for folder, dim in zip(folders, DIMS)
+    ]
+    config_path = tmp_path / "ps.json"
+    model = support.model_entry("m", folders, list(DIMS), max_batch_size=LARGE_BATCH, **entry)
+    config_path.write_text(json.dumps(support.ps_config([model], supportlonglong=key_dtype == "int64", **top)))
+    saved = export(tmp_path, config_path, running=True, key_dtype=key_dtype)
+    devices = lookup_devices(saved)
+    assert devices and all("GPU" in device.upper() for device in devices), devices  # the finds run on the GPU
+    ids = np.random.default_rng(11).integers(0, rows + UNSEEN, size=(LARGE_BATCH, SLOTS)).astype(key_dtype)
+    expected = python_serves(saved, ids)
+
+    done = serving_cpp.serve(
+        program, saved, ids, tmp_path, libraries, env={"TF_FORCE_GPU_ALLOW_GROWTH": "true"}, runs=3
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "libpython: absent" in done.stdout
+    served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(expected.shape)
+    np.testing.assert_array_equal(served, expected)  # bit for bit
+    oracle = [support.oracle(table, 0.5, UNSEEN)[ids].reshape(LARGE_BATCH, -1) for table in tables]
+    np.testing.assert_array_equal(served, np.concatenate(oracle, axis=1))
+
+
 TORN_SETUPS = {
     "cache of every row": ({}, support.DISABLED_DBS),
     "hash_map, no cache": ({"gpucache": False}, {"volatile_db": {"type": "hash_map"}}),
@@ -402,24 +459,49 @@ def test_without_the_serving_library_the_lookup_says_what_to_load(program, libra
     assert "libsok_hps_serving.so" in message
 
 
-def test_the_serving_libraries_list_dets_storage_before_the_serving_library(libraries):
-    """The C++ server keeps its rows in sok-backend-det's storage, which it reaches by dlopen
-    RTLD_NOLOAD: the process loads det's library (no ops) before libsok_hps_serving.so."""
+def test_the_serving_libraries_list_the_backends_storages_before_the_serving_library(libraries):
+    """The C++ server keeps its rows in sok-backend-det's storage and its evicting caches in
+    sok-backend-hkv's, which it reaches by dlopen RTLD_NOLOAD: the process loads both libraries (no
+    ops) before libsok_hps_serving.so."""
     import sok_backend_det
+    import sok_backend_hkv
 
     det = os.path.join(os.path.dirname(sok_backend_det.__file__), graph_calls.DET_STORAGE_LIBRARY)
-    assert libraries[-2:] == [det, os.path.join(os.path.dirname(libraries[-1]), graph_calls.SERVING_LIBRARY)]
+    hkv = os.path.join(os.path.dirname(sok_backend_hkv.__file__), graph_calls.HKV_STORAGE_LIBRARY)
+    serving = os.path.join(os.path.dirname(libraries[-1]), graph_calls.SERVING_LIBRARY)
+    assert libraries[-3:] == [det, hkv, serving]
 
 
-def test_without_dets_storage_library_the_lookup_says_what_to_load(program, libraries, tmp_path):
+def test_the_cpp_evicting_cache_is_made_as_the_python_one():
+    """The C++ server's evicting cache is an hkv storage of cache.py's capacity and options (its
+    own copy of them, storage_options.hpp)."""
+    from hierarchical_parameter_server import _serving, cache
+
+    for rows, fraction in [(1, 0.1), (100, 0.0001), (1000, 0.5), (30000, 0.2), (10**7, 0.3), (10**9, 0.99)]:
+        assert _serving.capacity_of(rows, fraction) == cache.capacity_of(rows, fraction), (rows, fraction)
+    for capacity in (128, 4096, 8192, 16384, 1 << 24):
+        python = {name: str(value) for name, value in cache.hkv_options(capacity).items() if name != "var_type"}
+        assert dict(_serving.hkv_cache_options(capacity)) == python, capacity
+
+
+STORAGE_LIBRARIES = {
+    # the library left out, and a ps_config whose server needs it (hkv: an evicting cache)
+    "det": (graph_calls.DET_STORAGE_LIBRARY, {}, support.DISABLED_DBS),
+    "hkv": (graph_calls.HKV_STORAGE_LIBRARY, {"gpucacheper": 0.5}, {"volatile_db": {"type": "hash_map"}}),
+}
+
+
+@pytest.mark.parametrize("backend", sorted(STORAGE_LIBRARIES))
+def test_without_a_backends_storage_library_the_lookup_says_what_to_load(program, libraries, tmp_path, backend):
+    library, entry, top = STORAGE_LIBRARIES[backend]
     config_path = tmp_path / "ps.json"
     saved = export(tmp_path, config_path)
     sparse_files, _ = files(tmp_path)
-    write(config_path, sparse_files, **support.DISABLED_DBS)
-    without_det = [path for path in libraries if os.path.basename(path) != graph_calls.DET_STORAGE_LIBRARY]
-    assert len(without_det) == len(libraries) - 1
-    message = serve_expecting_failure(program, without_det, tmp_path, saved)
-    assert "this process has not loaded its library libsok_det_storage.so: load it (TF_LoadLibrary)" in message
+    write(config_path, sparse_files, entry, **top)
+    without = [path for path in libraries if os.path.basename(path) != library]
+    assert len(without) == len(libraries) - 1
+    message = serve_expecting_failure(program, without, tmp_path, saved)
+    assert f"this process has not loaded its library {library}: load it (TF_LoadLibrary)" in message
     assert "graph_calls.serving_libraries()" in message
 
 

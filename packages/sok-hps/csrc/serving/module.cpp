@@ -2,11 +2,13 @@
 // (csrc/serving): config.py's ps_config reader, updates.py's update files and source, and the
 // readers the tests hold against the Python readers they mirror.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <string>
 
 #include "json.hpp"
 #include "py_str.hpp"
+#include "storage_options.hpp"
 
 namespace py = pybind11;
 namespace json = sok::hps::json;
@@ -59,6 +61,11 @@ PYBIND11_MODULE(_serving, m) {
       "parse_json", [](const std::string& text) { return to_python(json::parse(text)); }, py::arg("text"),
       "The value of the JSON text, as json.loads makes it; JsonParseError (a ValueError) with "
       "json.JSONDecodeError's message where it is not JSON.");
+  m.def("capacity_of", &sok::hps::capacity_of, py::arg("rows"), py::arg("fraction"),
+        "The C++ server's evicting cache capacity (storage_options.hpp), cache.capacity_of's.");
+  m.def("hkv_cache_options", &sok::hps::hkv_cache_options, py::arg("capacity"),
+        "The (name, value) options the C++ server creates an evicting cache of `capacity` rows with, "
+        "cache.hkv_options's.");
   bind_ps_config(m);
   bind_model_files(m);
   bind_update_source(m);

@@ -83,7 +83,7 @@ Status served(const std::string& what, const std::string& text, std::shared_ptr<
   try {
     *server = Server::of(c.ps_config_file);
     *table = &(*server)->table(c.model, c.table_id);
-  } catch (const std::exception& e) {  // ConfigError, ModelFileError, det_storage_api's std::runtime_error
+  } catch (const std::exception& e) {  // ConfigError, ModelFileError, row_storage's std::runtime_error
     return errors::InvalidArgument(what, ": ", e.what());
   }
   const std::string key_dtype = (*table)->int64_keys ? "int64" : "int32";

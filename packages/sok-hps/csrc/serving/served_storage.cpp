@@ -44,9 +44,12 @@ class ServedRows final : public Storage {
     }
 #ifdef SOK_WITH_CUDA
     // Arrays on the GPU (a graph whose lookups TensorFlow placed there): found there, in the call's
-    // stream, where the rows are on that GPU and the keys 64-bit; else through host copies.
-    if (rows_.device() == ctx.device_id && key_type() != SOK_KEY_INT32 && cols.begin == 0 && cols.end == rows_.dim()) {
-      rows_.find_on_device(ctx, static_cast<const int64_t*>(keys), n, values, default_row, found);
+    // stream, where the rows are on that GPU with keys of the graph's type (uint64 ones are int64's
+    // bits); else through host copies.
+    const bool same_keys = key_type() == rows_.key_type() ||
+                           (key_type() == SOK_KEY_UINT64 && rows_.key_type() == SOK_KEY_INT64);
+    if (rows_.device() == ctx.device_id && same_keys && cols.begin == 0 && cols.end == rows_.dim()) {
+      rows_.find_on_device(ctx, keys, n, values, default_row, found);
       return;
     }
     const auto stream = static_cast<cudaStream_t>(ctx.stream);

@@ -307,14 +307,17 @@ void Server::load(const ModelConfig& model, ServedTable& table, const TableSourc
   const std::vector<SharedTier*> shared = shared_dbs(/*writable=*/true);
   for (SharedTier* db : shared) db->set_stored_dim(table.tag, table.dim);
   int64_t room = 0;  // rows the evicting cache is pre-filled with
+  const int32_t key_type = table.int64_keys ? SOK_KEY_INT64 : SOK_KEY_INT32;  // of the cache, as the graph's keys
   if (has_cache(model) && has_database(config_) && model.gpucacheper < 1.0 &&
       model.embedding_cache_type != "static" && model.embedding_cache_type != "uvm") {
-    auto cache = std::make_unique<EvictingCache>(table.tag, table.dim, capacity_of(table.rows, model.gpucacheper));
+    auto cache = std::make_unique<EvictingCache>(table.tag, table.dim, capacity_of(table.rows, model.gpucacheper),
+                                                 key_type);
     table.evicting_cache = cache.get();
     if (model.cache_refresh_percentage_per_iteration > 0 && model.init_ec) room = cache->capacity();
     table.cache = std::move(cache);
   } else if (has_cache(model)) {
-    auto cache = std::make_unique<DetStorage>("the cache of " + table.tag, table.dim, table.rows, cache_device());
+    auto cache = std::make_unique<RowStorage>(det_storage_api(), "the cache of " + table.tag, table.dim, key_type,
+                                              cache_device(), det_options(table.rows));
     table.full_cache = cache.get();
     table.cache = std::move(cache);
     table.cache_answers_all = persistent_ == nullptr && (volatile_ == nullptr || volatile_det_ != nullptr ||

@@ -73,16 +73,17 @@ struct ServedTable {
   double hit_rate_threshold = 0.9;
   // The embedding cache, null where the model has none (gpucache false, or gpucacheper 0.0): with a
   // database behind it and gpucacheper below 1.0 (embedding_cache_type dynamic) an EvictingCache
-  // (evicting, in host memory), else a det storage of every row of the model file and of the online
-  // updates, on the GPU where there is one (cache_device, as the Python server's cache).
+  // (an hkv storage), else a det storage of every row of the model file and of the online updates;
+  // either on the GPU where there is one (cache_device, as the Python server's cache), with keys of
+  // the table's key type (int32 where supportlonglong is false), so a graph's find reads it in place.
   std::unique_ptr<GraphRows> cache;
-  DetStorage* full_cache = nullptr;        // cache, where it never evicts
+  RowStorage* full_cache = nullptr;         // cache, where it never evicts
   EvictingCache* evicting_cache = nullptr;  // cache, where it evicts
   // Whether the cache alone answers every lookup (no database can hold a row it lacks: none, or only
   // an in-process hash map, which takes the same loads): a key it lacks gets the default value.
   bool cache_answers_all = false;
   // Without a cache: the volatile hash map's storage of the table where it never evicts, else null.
-  std::shared_ptr<const DetStorage> volatile_rows;
+  std::shared_ptr<const RowStorage> volatile_rows;
   // Orders an online update against a copy-back of rows read before it (server.py's lock).
   mutable std::mutex lock;
   // Online updates applied to the table (under lock): a copy-back of rows read before one is skipped.
@@ -98,7 +99,7 @@ class Server {
   // Checks that this server can serve `config` (see above), makes the databases, then opens and
   // verifies every model file and checks the shared databases' widths, then loads them (server.py's
   // order). Throws ConfigError and ModelFileError (model_files.hpp), TierUnavailable (a database
-  // cannot be reached), and std::runtime_error where det's library is not loaded (det_storage_api).
+  // cannot be reached), and std::runtime_error where det's or hkv's library is not loaded (row_storage.hpp).
   Server(PsConfig config, std::string path);
   ~Server();
   Server(const Server&) = delete;

@@ -31,7 +31,9 @@ __all__ = [
     "UpdateFileError",
     "UpdateIncomplete",
     "UpdateSource",
+    "capacity_of",
     "check_update_name",
+    "hkv_cache_options",
     "open_table",
     "parse_json",
     "parse_ps_config",
@@ -74,6 +76,12 @@ class ModelFileError(ValueError):
 
 def parse_json(text: str) -> Any:
     """The value of the JSON text, as json.loads makes it (sok::hps::json::parse)."""
+
+def capacity_of(rows: int, fraction: float) -> int:
+    """The C++ server's evicting cache capacity (storage_options.hpp), cache.capacity_of's."""
+
+def hkv_cache_options(capacity: int) -> list[tuple[str, str]]:
+    """The options the C++ server creates an evicting cache of ``capacity`` rows with, cache.hkv_options's."""
 
 class TableChunks(Iterator[tuple[np.ndarray, np.ndarray]]):
     """A table's rows in file order: (int64 [n], float32 [n, dim]) fresh arrays per chunk."""

@@ -61,6 +61,25 @@ def capacity_of(rows: int, fraction: float) -> int:
     return capacity
 
 
+def hkv_options(capacity: int) -> dict[str, Any]:
+    """The ``DynamicVariable`` storage options of an evicting cache of ``capacity`` rows (a power
+    of two, :func:`capacity_of`): an hkv table that never grows past it and evicts the least
+    recently written row. The C++ server creates its evicting caches with the same options
+    (``_serving.hkv_cache_options``, csrc/serving/storage_options.hpp).
+
+    Example::
+
+        >>> hkv_options(8192)
+        {'var_type': 'hybrid', 'init_capacity': 8192, 'max_capacity': 8192, 'evict_strategy': 'lru'}
+    """
+    return {
+        "var_type": "hybrid",
+        "init_capacity": min(capacity, DEFAULT_INIT_CAPACITY),
+        "max_capacity": capacity,
+        "evict_strategy": "lru",
+    }
+
+
 class EmbeddingCache:
     """The cache of one table (``tag``) of ``dim`` float32 columns.
 
@@ -83,12 +102,7 @@ class EmbeddingCache:
         name = tag.replace(".", "_")
         if evicting:
             self.capacity: int | None = capacity_of(rows, fraction)
-            storage: dict[str, Any] = {
-                "var_type": "hybrid",
-                "init_capacity": min(self.capacity, DEFAULT_INIT_CAPACITY),
-                "max_capacity": self.capacity,
-                "evict_strategy": "lru",
-            }
+            storage: dict[str, Any] = hkv_options(self.capacity)
         else:
             self.capacity = None
             storage = {"var_type": "hbm"}

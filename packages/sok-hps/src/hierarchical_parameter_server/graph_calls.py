@@ -102,7 +102,9 @@ SERVING_LIBRARY = "libsok_hps_serving.so"
 #: sok-backend-det's storage as a plain shared library (its csrc/sok_det_storage.h), in the package
 #: directory of sok_backend_det: where the C++ server of :data:`SERVING_LIBRARY` keeps its rows.
 DET_STORAGE_LIBRARY = "libsok_det_storage.so"
-_DET_REINSTALL = "pip install --no-build-isolation --force-reinstall --no-deps sok-backend-det"
+#: sok-backend-hkv's (its csrc/sok_hkv_storage.h), in the package directory of sok_backend_hkv:
+#: where that server keeps its evicting caches (as :mod:`.cache` does).
+HKV_STORAGE_LIBRARY = "libsok_hkv_storage.so"
 _LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
 _REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps sok-hps (or: make setup in the repository)"
 
@@ -127,14 +129,15 @@ def serving_libraries() -> list[str]:
     """The op libraries a process with no Python (a C++ server on TensorFlow's C API, TensorFlow
     Serving) loads, in this order, to serve SavedModels with HPS's layers: sok-core's
     (:func:`sparse_operation_kit.tf_ops.serving_libraries`), then sok-backend-det's
-    ``libsok_det_storage.so`` (no ops: the storage the C++ server keeps its rows in), then
-    ``lib/libsok_hps_serving.so``, whose C++ server answers the lookups of layers traced while HPS
-    was not running (docs/design/hps-serving.md says which ps_configs it serves).
+    ``libsok_det_storage.so`` and sok-backend-hkv's ``libsok_hkv_storage.so`` (no ops: the storages
+    the C++ server keeps its rows and its evicting caches in), then ``lib/libsok_hps_serving.so``,
+    whose C++ server answers the lookups of layers traced while HPS was not running
+    (docs/design/hps-serving.md says which ps_configs it serves).
 
     Raises:
         FileNotFoundError: sok-hps was built without its library (TensorFlow was not importable
-            then), or sok-backend-det is not installed or has no ``libsok_det_storage.so`` (built
-            before it had one); the message says how to rebuild or reinstall.
+            then), or a backend is not installed or has no storage library (built before it had
+            one); the message says how to rebuild or reinstall.
 
     Example::
 
@@ -145,22 +148,25 @@ def serving_libraries() -> list[str]:
     path = os.path.join(_LIB_DIR, SERVING_LIBRARY)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} is missing: sok-hps was built where TensorFlow was not importable; {_REBUILD}")
-    return [*tf_ops.serving_libraries(), _det_storage_library(), path]
+    det = _storage_library("sok_backend_det", DET_STORAGE_LIBRARY, "its tables' rows")
+    hkv = _storage_library("sok_backend_hkv", HKV_STORAGE_LIBRARY, "its evicting caches")
+    return [*tf_ops.serving_libraries(), det, hkv, path]
 
 
-def _det_storage_library() -> str:
-    """The path of sok-backend-det's :data:`DET_STORAGE_LIBRARY`, found without importing det."""
-    spec = importlib.util.find_spec("sok_backend_det")
+def _storage_library(package: str, library: str, role: str) -> str:
+    """The path of the storage ``library`` of the backend ``package`` (an import name), found
+    without importing the backend; ``role``: what the C++ server keeps in it, for messages."""
+    distribution = package.replace("_", "-")
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"sok-backend-det is not installed: the C++ server keeps its rows in its {DET_STORAGE_LIBRARY}; "
-            "pip install sok-backend-det"
+            f"{distribution} is not installed: the C++ server keeps {role} in its {library}; pip install {distribution}"
         )
-    path = os.path.join(list(spec.submodule_search_locations)[0], DET_STORAGE_LIBRARY)
+    path = os.path.join(list(spec.submodule_search_locations)[0], library)
     if not os.path.exists(path):
         raise FileNotFoundError(
-            f"{path} is missing: this sok-backend-det was built before it shipped its storage as a library of its "
-            f"own; {_DET_REINSTALL}"
+            f"{path} is missing: this {distribution} was built before it shipped its storage as a library of its "
+            f"own; pip install --no-build-isolation --force-reinstall --no-deps {distribution}"
         )
     return path
 
