@@ -1,12 +1,13 @@
 // The C++ server's tables as SOK storages (sok/kit/storage.hpp), read-only: what the storage ops of
 // an HPS lookup graph traced while HPS ran in Python (SokFind, SokFindOrDefault on the table that
 // SokResolveTable gives) read in a process with no Python. A thin wrapper over the rows the graph
-// reads (Server::graph_table: the table's cache, a det storage or the evicting cache, or the volatile
-// hash map's det storage): a find is their find (int32 keys widened to int64); every write is
-// refused: only the server writes them (the model files, online updates, the cache's fills), which
-// every graph of the process shares, and the storage ABI has no read-only flag. The rows live in
-// host memory: where the library was built with CUDA, a find whose arrays are on a GPU (TensorFlow
-// placed the graph's lookups there) goes through host copies in the call's stream.
+// reads (Server::graph_table: the table's cache, a det storage or the evicting hkv cache, or the
+// volatile hash map's det storage): a find is their find; every write is refused: only the server
+// writes them (the model files, online updates, the cache's fills), which every graph of the process
+// shares, and the storage ABI has no read-only flag. Where the library was built with CUDA, a find
+// whose arrays are on a GPU (TensorFlow placed the graph's lookups there) runs there in the call's
+// stream where the rows are on that GPU with keys of the graph's type (the caches, as Python's),
+// else through host copies in that stream.
 //
 // Example:
 //   const sok_table_ref* ref = served_table_ref(server, table, "cache", SOK_KEY_INT64);   // lives forever

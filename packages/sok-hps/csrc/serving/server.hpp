@@ -22,10 +22,11 @@
 //
 // What it serves: every ps_config the Python server serves, except the database types this build has
 // no tier for (server_tiers.hpp): those are refused at the first lookup with a ConfigError that names
-// the setting. Where it differs from the Python server: the evicting cache is
-// in host memory (evicting_cache.hpp), not an HKV table on the GPU, so which keys it holds after
-// the same lookups differs, and with hit_rate_threshold below 1.0 so may which misses of a batch
-// get the default value; with hit_rate_threshold 1.0 (or more) every lookup is exact in both.
+// the setting. Its caches are the Python server's tables (det's of every row, hkv's where it evicts),
+// on the GPU where the process sees one; which keys an evicting cache holds after the same lookups
+// may still differ (hkv's scores are write times, fills run in the background), and with
+// hit_rate_threshold below 1.0 so may which misses of a batch get the default value; with
+// hit_rate_threshold 1.0 (or more) every lookup is exact in both.
 //
 // Example:
 //   std::shared_ptr<Server> server = Server::of("/models/ps.json");
