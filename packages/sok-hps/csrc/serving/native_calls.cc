@@ -125,7 +125,11 @@ Status int64_keys(OpKernelContext* ctx, const Tensor& keys, const std::string& w
     *out = keys.flat<int64_t>().data();
     return Status();
   }
-  TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), wide));
+  // in host memory: the kernel runs on the host even where TensorFlow placed SokPyCall on a GPU (its
+  // inputs and outputs are host memory there; a temporary would be the GPU's)
+  ::tensorflow::AllocatorAttributes on_host;
+  on_host.set_on_host(true);
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), wide, on_host));
   auto narrow = keys.flat<int32_t>();
   auto widened = wide->flat<int64_t>();
   for (int64_t i = 0; i < n; ++i) widened(i) = narrow(i);
