@@ -75,14 +75,16 @@ The default ``--setups`` are ``cache`` and ``hash_map`` (the full sweep: about 3
 2-core CPU VM of benchmarks/README.md). What the others cost there, per graph form at the default
 table and B 1, 256, 4,096, 16,384 and 65,536 (the run prints its own ``seconds per setup and
 form``): ``evicting_cache`` about 45 s (``hash_map`` 20-40 s), ``redis_cluster`` 65-90 s,
-``rocks_db`` 115-205 s. Every key of ``redis_cluster`` and ``rocks_db`` is a database read in both
-servers (on that VM about 1-2 us a distinct key in Redis, 3 in RocksDB: B 65,536 takes 0.3-1.5 s
-a call), and each server's start (three per setup and form) writes the table into the database; cut
-``--batches`` or ``--iters`` there. A setup whose service is missing is skipped with the reason
-printed, never silently: no ``redis-server`` / ``redis-cli`` on PATH or no ``redis`` Python package
-(``redis_cluster``), no ``rocksdict`` (``rocks_db``), or, where the C++ paths run, a build of
-sok-hps without that C++ tier (``hierarchical_parameter_server._tiers.WITH_REDIS`` /
-``WITH_ROCKSDB``: libhiredis-dev, librocksdb-dev, ``ci/setup.sh``).
+``rocks_db`` 115-205 s (before f07b952, whose faster reads about halved it at B 256 to 65,536).
+Every key of ``redis_cluster`` and ``rocks_db`` is a database read in both servers (on that VM about
+1-2 us a distinct key in Redis; in RocksDB 0.6-1.4 from the C++ server and 1.8-2.9 from the Python
+one: B 65,536 takes 0.2-1.5 s a call), and each server's start (three per setup and form) writes the
+table into the database; cut ``--batches`` or ``--iters`` there. A setup whose service is missing is
+skipped with the reason printed, never silently: no ``redis-server`` / ``redis-cli`` on PATH or no
+``redis`` Python package (``redis_cluster``), no ``rocksdict`` (``rocks_db``), or, where the C++
+paths run, a build of sok-hps without that C++ tier
+(``hierarchical_parameter_server._tiers.WITH_REDIS`` / ``WITH_ROCKSDB``: libhiredis-dev,
+librocksdb-dev, ``ci/setup.sh``).
 
 Usage::
 

@@ -2,8 +2,10 @@
 where it applies: rows survive close and reopen; read_only is honoured; a database another handle
 or process holds is reported as unavailable with the path; 8 threads fetch and insert at once;
 table files are of TABLE_FORMAT_VERSION, and rewrite_tables rewrites those of rocksdict's default
-format. A database either tier wrote, closed or not, the other reads bit for bit; the C++ tier's
-defaults and messages are the Python tier's."""
+format. A large fetch (keys repeated, missing, in any order, in parts on several threads in C++)
+reads every row; retain_only flushes the table into a table file; every table's blocks share one
+block cache of BLOCK_CACHE_BYTES. A database either tier wrote, closed or not, the other reads bit
+for bit; the C++ tier's defaults and messages are the Python tier's."""
 
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ pytest.importorskip("rocksdict", reason="rocksdict is not installed: pip install
 
 from hierarchical_parameter_server import _tiers  # noqa: E402
 from hierarchical_parameter_server.tiers.base import TierUnavailable  # noqa: E402
-from hierarchical_parameter_server.tiers.rocks_db import TABLE_FORMAT_VERSION, RocksDBTier  # noqa: E402
+from hierarchical_parameter_server.tiers.rocks_db import (  # noqa: E402
+    BLOCK_CACHE_BYTES,
+    TABLE_FORMAT_VERSION,
+    RocksDBTier,
+)
 from rocksdict import Options, Rdict  # noqa: E402
 
 TAGS = {"hps_et.a.sparse_embedding0": 4, "hps_et.a.sparse_embedding1": 16, "hps_et.b.x": 1}
@@ -258,6 +264,68 @@ def test_cpp_close_waits_for_the_calls_in_flight(tmp_path, run_in_threads):
     again.close()
 
 
+def test_a_large_fetch_of_repeated_missing_and_shuffled_keys_reads_every_row(tmp_path, tier_class):
+    """More distinct keys than the C++ tier reads on one thread (its parts on sok-core's worker
+    pool), over many multi-gets (max_batch_size 1000), in no order, some twice, some never written."""
+    path, tag = str(tmp_path / "db"), "hps_et.a.sparse_embedding0"
+    keys, values = any_bits(8, n=12000)
+    tier = tier_class(path, num_threads=2, max_batch_size=1000)
+    tier.insert(tag, keys[:9000], values[:9000])
+    rng = np.random.default_rng(7)
+    asked = rng.permutation(np.concatenate([np.arange(len(keys)), rng.integers(0, len(keys), 3000)]))
+    if _tiers.WITH_ROCKSDB:
+        assert len(keys) >= 2 * _tiers.ROCKS_DB_KEYS_PER_THREAD
+    got, found = tier.fetch(tag, keys[asked], 8)
+    np.testing.assert_array_equal(found, asked < 9000)
+    want = np.where((asked < 9000)[:, None], values[np.minimum(asked, 8999)], np.float32(0))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    tier.close()
+
+
+def test_retain_only_flushes_the_table_into_a_table_file(tmp_path, tier_class):
+    """The servers call retain_only once they have written a table: its rows then leave the
+    memtable (and the write-ahead log) for a table file."""
+    path, tag = str(tmp_path / "db"), "hps_et.a.sparse_embedding0"
+    keys, values = table(16, n=3000)
+    tier = tier_class(path, num_threads=2, max_batch_size=1000)
+    tier.insert(tag, keys, values)
+    assert not table_format_versions(path)  # the rows are in the memtable only
+    assert tier.retain_only(tag, keys[:2000]) == 1000
+    assert len(table_format_versions(path)) == 1
+    assert sum(f.stat().st_size for f in pathlib.Path(path).glob("*.sst")) > 2000 * 16 * 4
+    got, found = tier.fetch(tag, keys, 16)
+    np.testing.assert_array_equal(found, np.arange(3000) < 2000)
+    np.testing.assert_array_equal(got[:2000], values[:2000])
+    tier.close()
+
+
+def block_caches_logged(path: str) -> dict[str, tuple[str, int]]:
+    """Each column family's block cache as RocksDB's LOG at ``path`` reports it when the family is
+    opened or made: ``{family: (the cache's address, its capacity in bytes)}``."""
+    caches = {}
+    text = (pathlib.Path(path) / "LOG").read_text()
+    sections = re.findall(r"Options for column family \[(.*?)\]:\n(.*?)(?=Options for column|\Z)", text, re.S)
+    for family, options in sections:
+        address = re.search(r"^\s+block_cache: (0x[0-9a-f]+)$", options, re.M)
+        capacity = re.search(r"^\s+block_cache_options:\n\s+capacity : (\d+)$", options, re.M)
+        caches[family] = (address.group(1), int(capacity.group(1)))
+    return caches
+
+
+def test_every_table_shares_one_block_cache_of_block_cache_bytes(tmp_path, tier_class):
+    path = str(tmp_path / "db")
+    tier = tier_class(path, num_threads=2)
+    tier.insert("hps_et.a.sparse_embedding0", *table(4, n=10))
+    tier.close()
+    tier = tier_class(path, num_threads=2)  # the default family and a table opened, one made
+    tier.insert("hps_et.a.sparse_embedding1", *table(4, n=10))
+    tier.close()  # the LOG written out
+    caches = block_caches_logged(path)
+    assert set(caches) == {"default", "hps_et.a.sparse_embedding0", "hps_et.a.sparse_embedding1"}
+    assert len(set(caches.values())) == 1
+    assert next(iter(caches.values()))[1] == BLOCK_CACHE_BYTES
+
+
 def test_table_files_are_of_table_format_version(tmp_path, tier_class):
     path = str(tmp_path / "db")
     tier = tier_class(path, num_threads=2)
@@ -377,6 +445,7 @@ def test_cpp_defaults_are_the_python_tiers():
 
     assert _tiers.ROCKS_DB_DEFAULT_OPTIONS == defaults(RocksDBTier) == defaults(CppRocksDBTier)
     assert _tiers.ROCKS_DB_TABLE_FORMAT_VERSION == TABLE_FORMAT_VERSION
+    assert _tiers.ROCKS_DB_BLOCK_CACHE_BYTES == BLOCK_CACHE_BYTES
 
 
 @needs_cpp
@@ -401,6 +470,26 @@ def test_a_fetch_of_another_width_fails_with_the_python_tiers_message(tmp_path):
         reader = tier_class_of(implementation)(path, read_only=True)
         with pytest.raises(ValueError, match=r"rows of \[4, 6\] floats, asked for dim 8") as refused:
             reader.fetch(tag, np.arange(6), 8)
+        messages.append(str(refused.value))
+        reader.close()
+    assert messages[0] == messages[1]
+
+
+@needs_cpp
+def test_a_fetch_of_another_width_names_every_width_of_its_rows_in_both_tiers(tmp_path):
+    """The widths are in different multi-gets (max_batch_size 2): the message names all of them, in
+    both tiers."""
+    path, tag = str(tmp_path / "db"), "hps_et.a.sparse_embedding0"
+    writer = RocksDBTier(path, num_threads=2)
+    writer.insert(tag, np.arange(5000), np.ones((5000, 6), np.float32))
+    writer.insert(tag, np.arange(5000, 5002), np.ones((2, 4), np.float32))
+    writer.insert(tag, np.arange(5002, 10000), np.ones((4998, 8), np.float32))
+    writer.close()
+    messages = []
+    for implementation in TIER_CLASSES:
+        reader = tier_class_of(implementation)(path, read_only=True, max_batch_size=2)
+        with pytest.raises(ValueError, match=r"rows of \[4, 6, 8\] floats, asked for dim 8") as refused:
+            reader.fetch(tag, np.arange(10000)[::-1], 8)
         messages.append(str(refused.value))
         reader.close()
     assert messages[0] == messages[1]

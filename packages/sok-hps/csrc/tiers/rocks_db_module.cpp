@@ -1,7 +1,8 @@
 // The binding of sok::hps::RocksDbTier (rocks_db_tier.hpp) into hierarchical_parameter_server._tiers,
 // where RocksDB was found (CMakeLists.txt; module.cpp calls bind_rocks_db). Besides the class: the
-// options' defaults and the table format, which the tests hold against the Python tier's, and the
-// version of the RocksDB the tier is built with.
+// options' defaults, the table format and the block cache's capacity, which the tests hold against
+// the Python tier's, the fewest keys a fetch reads per thread, and the version of the RocksDB the
+// tier is built with.
 #include <pybind11/pybind11.h>
 
 #include <rocksdb/version.h>
@@ -21,6 +22,8 @@ void bind_rocks_db(py::module_& m) {
   m.attr("ROCKSDB_VERSION") = std::to_string(ROCKSDB_MAJOR) + "." + std::to_string(ROCKSDB_MINOR) + "." +
                               std::to_string(ROCKSDB_PATCH);
   m.attr("ROCKS_DB_TABLE_FORMAT_VERSION") = sok::hps::kRocksDbTableFormatVersion;
+  m.attr("ROCKS_DB_BLOCK_CACHE_BYTES") = sok::hps::kRocksDbBlockCacheBytes;
+  m.attr("ROCKS_DB_KEYS_PER_THREAD") = sok::hps::kRocksDbKeysPerThread;
   {
     const RocksDbOptions o;
     py::dict defaults;

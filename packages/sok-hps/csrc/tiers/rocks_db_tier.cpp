@@ -12,8 +12,10 @@
 #include <fstream>
 #include <set>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
+#include <rocksdb/cache.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
@@ -22,12 +24,13 @@
 #include <rocksdb/write_batch.h>
 
 #include "py_text.hpp"
+#include "sok/kit/parallel.hpp"
 
 namespace sok {
 namespace hps {
 namespace {
 
-constexpr uint64_t kPointLookupCacheMb = 8;                      // OptimizeForPointLookup's block cache
+constexpr uint64_t kPointLookupCacheMb = 8;                      // its block cache's, replaced by the tier's
 constexpr uint64_t kMemtableMemoryBudget = 512ull * 1024 * 1024;  // OptimizeLevelStyleCompaction's
 constexpr const char* kDimKeyPrefix = "hps_dim:";                 // the width records' keys, + tag
 
@@ -40,12 +43,14 @@ const RocksDbOptions& checked(const RocksDbOptions& o) {
 }
 
 // The options of a table's column family: OptimizeForPointLookup, its table files of
-// kRocksDbTableFormatVersion (the rest of the table options as OptimizeForPointLookup makes them).
-rocksdb::ColumnFamilyOptions family_options() {
+// kRocksDbTableFormatVersion and their blocks in block_cache (the rest of the table options as
+// OptimizeForPointLookup makes them).
+rocksdb::ColumnFamilyOptions family_options(const std::shared_ptr<rocksdb::Cache>& block_cache) {
   rocksdb::ColumnFamilyOptions options;
   options.OptimizeForPointLookup(kPointLookupCacheMb);
   rocksdb::BlockBasedTableOptions tables = *options.table_factory->GetOptions<rocksdb::BlockBasedTableOptions>();
   tables.format_version = kRocksDbTableFormatVersion;
+  tables.block_cache = block_cache;
   options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(tables));
   return options;
 }
@@ -57,6 +62,10 @@ std::array<char, 8> encode_key(int64_t key) {
   for (int b = 0; b < 8; ++b) out[b] = static_cast<char>(bits >> (8 * b));
   return out;
 }
+
+// The order of a key's row in RocksDB (its 8 bytes compared bytewise) as a number: its bytes read
+// big-endian.
+uint64_t stored_order(int64_t key) { return __builtin_bswap64(static_cast<uint64_t>(key)); }
 
 int64_t decode_key(const char* bytes) {
   uint64_t bits = 0;
@@ -114,9 +123,11 @@ bool locked_by_this_process(const std::string& path) {
 }  // namespace
 
 RocksDbTier::RocksDbTier(const RocksDbOptions& options)
-    : options_(checked(options)), quoted_path_(py_repr(options.path)) {
+    : options_(checked(options)),
+      quoted_path_(py_repr(options.path)),
+      block_cache_(rocksdb::NewLRUCache(static_cast<size_t>(kRocksDbBlockCacheBytes))) {
   const std::string open_failed = "rocks_db at " + quoted_path_ + " cannot be opened: ";
-  rocksdb::Options db_options(rocksdb::DBOptions(), family_options());
+  rocksdb::Options db_options(rocksdb::DBOptions(), family_options(block_cache_));
   db_options.create_if_missing = !options_.read_only;
   db_options.create_missing_column_families = !options_.read_only;
   db_options.IncreaseParallelism(options_.num_threads);
@@ -144,7 +155,7 @@ RocksDbTier::RocksDbTier(const RocksDbOptions& options)
   for (const std::string& family : families) {
     descriptors.emplace_back(family, family == rocksdb::kDefaultColumnFamilyName
                                          ? static_cast<rocksdb::ColumnFamilyOptions>(db_options)
-                                         : family_options());
+                                         : family_options(block_cache_));
   }
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* db = nullptr;
@@ -210,7 +221,7 @@ rocksdb::ColumnFamilyHandle* RocksDbTier::family_for_insert(const std::string& t
   std::lock_guard<std::mutex> lock(families_mutex_);
   rocksdb::ColumnFamilyHandle*& family = families_[tag];
   if (family == nullptr) {
-    const rocksdb::Status made = db_->CreateColumnFamily(family_options(), tag, &family);
+    const rocksdb::Status made = db_->CreateColumnFamily(family_options(block_cache_), tag, &family);
     if (!made.ok()) {
       families_.erase(tag);
       fail("making the table " + tag, made.ToString());
@@ -227,42 +238,72 @@ void RocksDbTier::fetch(const std::string& tag, const int64_t* keys, int64_t n, 
   std::fill(found, found + n, false);
   rocksdb::ColumnFamilyHandle* family = find_family(tag);
   if (family == nullptr || n == 0) return;
-  const int64_t most = std::min(n, options_.max_batch_size);
-  std::vector<std::array<char, 8>> raw(most);
-  std::vector<rocksdb::Slice> slices(most);
-  std::vector<rocksdb::PinnableSlice> values(most);
-  std::vector<rocksdb::Status> statuses(most);
+  // The keys in RocksDB's order, each with its position: equal keys side by side, read once.
+  std::vector<std::pair<uint64_t, int64_t>> sorted(n);  // (stored_order(key), position in keys)
+  for (int64_t i = 0; i < n; ++i) sorted[i] = {stored_order(keys[i]), i};
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int64_t> starts;  // where each distinct key's run in sorted starts; n after the last
+  for (int64_t i = 0; i < n; ++i) {
+    if (i == 0 || sorted[i].first != sorted[i - 1].first) starts.push_back(i);
+  }
+  const auto distinct = static_cast<int64_t>(starts.size());
+  starts.push_back(n);
   const size_t row_bytes = sizeof(float) * dim;
-  for (int64_t first = 0; first < n; first += options_.max_batch_size) {
-    const int64_t count = std::min(options_.max_batch_size, n - first);
-    for (int64_t i = 0; i < count; ++i) {
-      raw[i] = encode_key(keys[first + i]);
-      slices[i] = rocksdb::Slice(raw[i].data(), raw[i].size());
-    }
-    db_->MultiGet(rocksdb::ReadOptions(), family, count, slices.data(), values.data(), statuses.data());
-    std::set<size_t> sizes;  // of the rows found, checked before any is written (as the Python tier)
-    bool other_width = false;
-    for (int64_t i = 0; i < count; ++i) {
-      if (statuses[i].ok()) {
-        sizes.insert(values[i].size());
-        other_width |= values[i].size() != row_bytes;
-      } else if (!statuses[i].IsNotFound()) {
-        fail("reading " + tag, statuses[i].ToString());
+  const int64_t parts = std::clamp<int64_t>(distinct / kRocksDbKeysPerThread, 1, sok::num_workers());
+  // The widths of the rows found, checked once every part is read: of rows of dim floats, of others.
+  std::vector<char> dim_found(parts, 0);
+  std::vector<std::set<size_t>> other_sizes(parts);
+  // Part p reads distinct keys [distinct * p / parts, distinct * (p + 1) / parts) in MultiGets of at
+  // most max_batch_size sorted keys, writing each row found of dim floats to every position of its key.
+  const auto read_part = [&](int64_t part) {
+    const int64_t begin = distinct * part / parts, end = distinct * (part + 1) / parts;
+    const int64_t most = std::min(end - begin, options_.max_batch_size);
+    std::vector<std::array<char, 8>> raw(most);
+    std::vector<rocksdb::Slice> slices(most);
+    std::vector<rocksdb::PinnableSlice> values(most);
+    std::vector<rocksdb::Status> statuses(most);
+    for (int64_t first = begin; first < end; first += options_.max_batch_size) {
+      const int64_t count = std::min(options_.max_batch_size, end - first);
+      for (int64_t j = 0; j < count; ++j) {
+        raw[j] = encode_key(keys[sorted[starts[first + j]].second]);
+        slices[j] = rocksdb::Slice(raw[j].data(), raw[j].size());
+      }
+      db_->MultiGet(rocksdb::ReadOptions(), family, count, slices.data(), values.data(), statuses.data(),
+                    /*sorted_input=*/true);
+      for (int64_t j = 0; j < count; ++j) {
+        if (statuses[j].ok()) {
+          if (values[j].size() == row_bytes) {
+            dim_found[part] = 1;
+            for (int64_t at = starts[first + j]; at < starts[first + j + 1]; ++at) {
+              const int64_t position = sorted[at].second;
+              std::memcpy(rows + position * dim, values[j].data(), row_bytes);
+              found[position] = true;
+            }
+          } else {
+            other_sizes[part].insert(values[j].size());
+          }
+        } else if (!statuses[j].IsNotFound()) {
+          fail("reading " + tag, statuses[j].ToString());
+        }
+        values[j].Reset();
       }
     }
-    if (other_width) {
-      std::vector<int64_t> widths;
-      for (const size_t size : sizes) widths.push_back(static_cast<int64_t>(size / sizeof(float)));
-      throw std::invalid_argument(tag + ": rocks_db holds rows of " + py_repr(widths) + " floats, asked for dim " +
-                                  std::to_string(dim));
-    }
-    for (int64_t i = 0; i < count; ++i) {
-      if (statuses[i].ok()) {
-        std::memcpy(rows + (first + i) * dim, values[i].data(), row_bytes);
-        found[first + i] = true;
-      }
-      values[i].Reset();
-    }
+  };
+  sok::parallel_for(parts, 2, [&](int, int64_t begin, int64_t end) {
+    for (int64_t part = begin; part < end; ++part) read_part(part);
+  });
+  std::set<size_t> sizes;
+  for (int64_t part = 0; part < parts; ++part) {
+    sizes.insert(other_sizes[part].begin(), other_sizes[part].end());
+    if (dim_found[part]) sizes.insert(row_bytes);
+  }
+  if (sizes.size() > 1 || (sizes.size() == 1 && *sizes.begin() != row_bytes)) {
+    std::fill(rows, rows + n * dim, 0.0f);
+    std::fill(found, found + n, false);
+    std::vector<int64_t> widths;
+    for (const size_t size : sizes) widths.push_back(static_cast<int64_t>(size / sizeof(float)));
+    throw std::invalid_argument(tag + ": rocks_db holds rows of " + py_repr(widths) + " floats, asked for dim " +
+                                std::to_string(dim));
   }
 }
 
@@ -360,6 +401,8 @@ int64_t RocksDbTier::retain_only(const std::string& tag, const int64_t* keys, in
   }
   if (!it->status().ok()) fail("reading the keys of " + tag, it->status().ToString());
   if (!stored.empty()) erase_absent();
+  const rocksdb::Status flushed = db_->Flush(rocksdb::FlushOptions(), family);
+  if (!flushed.ok()) fail("flushing " + tag, flushed.ToString());
   return erased;
 }
 

@@ -6,13 +6,21 @@
 // little-endian bytes and its value the row's raw float32 bytes. The default family holds each
 // table's width: key "hps_dim:<tag>", value the width as decimal text (set_stored_dim).
 //
-// Options, as the Python tier sets them: every family OptimizeForPointLookup(8) with its table files
-// of format_version kRocksDbTableFormatVersion; the database IncreaseParallelism(num_threads) and
-// OptimizeLevelStyleCompaction(512 MiB) besides, create_if_missing and
-// create_missing_column_families unless read_only (then OpenForReadOnly), RocksDB's LOG at INFO_LEVEL.
-// Writes go through the write-ahead log, so every row written before close() (or a crash) is there
-// when the path is opened again. Reads are MultiGets and writes WriteBatches of max_batch_size rows
-// each.
+// Options, as the Python tier sets them: every family OptimizeForPointLookup's (a hash index in each
+// data block, a Bloom filter) with its table files of format_version kRocksDbTableFormatVersion and
+// its blocks in the tier's one LRU block cache of kRocksDbBlockCacheBytes, which all its families
+// share; the database IncreaseParallelism(num_threads) and OptimizeLevelStyleCompaction(512 MiB)
+// besides, create_if_missing and create_missing_column_families unless read_only (then
+// OpenForReadOnly), RocksDB's LOG at INFO_LEVEL. Writes go through the write-ahead log, so every row
+// written before close() (or a crash) is there when the path is opened again; writes are WriteBatches
+// of max_batch_size rows each.
+//
+// Reads: a fetch reads each distinct key once, in the order RocksDB keeps keys (by their bytes), in
+// MultiGets of at most max_batch_size keys told that their keys are sorted (RocksDB then skips its
+// own sort of them, and the keys of one block come one after another), on sok-core's worker pool in
+// parts of at least kRocksDbKeysPerThread keys where a fetch has that many. retain_only, which the servers
+// call once they have written a table (the end of its deploy), then flushes the table's memtable into
+// a table file: a table file is faster to search than a memtable of many rows.
 //
 // A writable open refuses a database this process holds open already, also through another RocksDB
 // library (the Python tier's rocksdict), whose lock RocksDB itself does not see (Linux only).
@@ -37,6 +45,7 @@
 #include "tier.hpp"
 
 namespace rocksdb {
+class Cache;
 class ColumnFamilyHandle;
 class DB;
 }  // namespace rocksdb
@@ -49,6 +58,16 @@ namespace hps {
 // each is built with (rocksdict's 9.8.4 writes 6 unless told otherwise, which RocksDB before 8.6
 // cannot read). tiers/rocks_db.py's TABLE_FORMAT_VERSION (the tests compare them).
 inline constexpr int kRocksDbTableFormatVersion = 5;
+
+// The capacity of a tier's block cache, one LRU cache for all its tables (OptimizeForPointLookup(8)
+// gives each table one of 8 MiB): blocks read from table files stay there, uncompressed and
+// checksummed, up to this many bytes; the rest are read again from the files (the OS's page cache).
+// tiers/rocks_db.py's BLOCK_CACHE_BYTES (the tests compare them).
+inline constexpr int64_t kRocksDbBlockCacheBytes = int64_t{256} << 20;
+
+// The fewest distinct keys of a fetch per thread of sok-core's worker pool: a fetch of fewer reads
+// on the caller's thread.
+inline constexpr int64_t kRocksDbKeysPerThread = 1024;
 
 // The settings of a RocksDbTier, as persistent_db of a ps_config gives them (config.py says what each
 // means); the defaults are the Python tier's.
@@ -74,8 +93,9 @@ class RocksDbTier final : public SharedTier {
   const std::string& location() const override { return options_.path; }
   const RocksDbOptions& options() const { return options_; }
 
-  // Throws std::invalid_argument where rows of tag are stored of another width than dim (the Python
-  // tier's message); TierUnavailable where RocksDB fails to read.
+  // Throws std::invalid_argument where rows of tag are stored of another width than dim, naming every
+  // width among the rows of keys (the Python tier's message; rows and found are then zeros and
+  // false); TierUnavailable where RocksDB fails to read.
   void fetch(const std::string& tag, const int64_t* keys, int64_t n, int64_t dim, float* rows,
              bool* found) override;
   // Writes the rows (of any width, as the Python tier). An insert of no keys makes no table.
@@ -92,7 +112,8 @@ class RocksDbTier final : public SharedTier {
   int64_t stored_dim(const std::string& tag) override;
   void set_stored_dim(const std::string& tag, int64_t dim) override;
   // One pass over tag's keys in batches of max_batch_size, each batch's absent keys erased in one
-  // WriteBatch.
+  // WriteBatch; then tag's memtable is flushed into a table file (the servers call it once they have
+  // written a table's rows).
   int64_t retain_only(const std::string& tag, const int64_t* keys, int64_t n) override;
 
  private:
@@ -112,6 +133,7 @@ class RocksDbTier final : public SharedTier {
   const RocksDbOptions options_;
   const std::string name_ = "rocks_db";
   const std::string quoted_path_;  // the path as Python's repr writes it, for messages
+  const std::shared_ptr<rocksdb::Cache> block_cache_;  // of every family's table files
   std::atomic<bool> closing_{false};
   // Held shared by every call while it uses db_, uniquely by close().
   mutable std::shared_mutex calls_mutex_;

@@ -10,7 +10,9 @@ __all__ = [
     "HashMapTier",
     "REDIS_CLUSTER_DEFAULT_OPTIONS",
     "ROCKSDB_VERSION",
+    "ROCKS_DB_BLOCK_CACHE_BYTES",
     "ROCKS_DB_DEFAULT_OPTIONS",
+    "ROCKS_DB_KEYS_PER_THREAD",
     "ROCKS_DB_TABLE_FORMAT_VERSION",
     "RedisClusterTier",
     "RocksDbTier",
@@ -68,6 +70,10 @@ WITH_ROCKSDB: bool
 ROCKSDB_VERSION: str
 #: The format_version of the table files RocksDbTier writes (tiers.rocks_db.TABLE_FORMAT_VERSION).
 ROCKS_DB_TABLE_FORMAT_VERSION: int
+#: The capacity of a RocksDbTier's block cache, shared by its tables (tiers.rocks_db.BLOCK_CACHE_BYTES).
+ROCKS_DB_BLOCK_CACHE_BYTES: int
+#: The fewest distinct keys of a fetch per thread of sok-core's worker pool (fewer: one thread).
+ROCKS_DB_KEYS_PER_THREAD: int
 #: RocksDbOptions' defaults: num_threads, read_only, max_batch_size.
 ROCKS_DB_DEFAULT_OPTIONS: dict[str, int | bool]
 

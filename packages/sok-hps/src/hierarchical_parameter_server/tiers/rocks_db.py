@@ -1,11 +1,18 @@
 """The persistent DB: RocksDB through rocksdict (``persistent_db.type: rocks_db``).
 
 One column family per table tag; a key is the key's 8 little-endian bytes and its value the row's
-raw float32 bytes (the original's layout, reference §3.3). Reads are batched multi-gets and writes
-write batches, ``max_batch_size`` rows each. Writes go through RocksDB's write-ahead log, so every
-row written before :meth:`RocksDBTier.close` (or a crash) is there when the path is opened again.
-``read_only`` opens the database for reading only (e.g. one shared over NFS); ``insert`` then
-raises ``PermissionError``.
+raw float32 bytes (the original's layout, reference §3.3). Writes are write batches of
+``max_batch_size`` rows each, through RocksDB's write-ahead log, so every row written before
+:meth:`RocksDBTier.close` (or a crash) is there when the path is opened again. ``read_only`` opens
+the database for reading only (e.g. one shared over NFS); ``insert`` then raises
+``PermissionError``.
+
+A fetch reads each distinct key once, in the order RocksDB keeps keys (by their bytes), in
+multi-gets of at most ``max_batch_size`` keys: RocksDB sorts a multi-get's keys first, which costs
+little on keys in that order, and the keys of one block come one after another. The tables' blocks
+share one LRU block cache of :data:`BLOCK_CACHE_BYTES`. :meth:`RocksDBTier.retain_only`, which the
+servers call once they have written a table (the end of its deploy), then flushes the table's
+memtable into a table file: a table file is faster to search than a memtable of many rows.
 
 Table files are written in format_version :data:`TABLE_FORMAT_VERSION` (5, which RocksDB reads
 since 6.6), so that the C++ tier (:mod:`.rocks_db_cpp`, built against the system's RocksDB, e.g.
@@ -45,9 +52,9 @@ from rocksdict import (
 )
 
 from ..config import PersistentDBConfig
-from .base import TierUnavailable, check_keys, check_rows, fill_rows, start_fetch
+from .base import TierUnavailable, check_keys, check_rows, start_fetch
 
-__all__ = ["TABLE_FORMAT_VERSION", "RocksDBTier"]
+__all__ = ["BLOCK_CACHE_BYTES", "TABLE_FORMAT_VERSION", "RocksDBTier"]
 
 log = logging.getLogger(__name__)
 
@@ -58,29 +65,49 @@ _POINT_LOOKUP_CACHE_MB = 8
 #: tier built against an older RocksDB than rocksdict's (Debian's 7.8.3) opens what this tier wrote;
 #: rocksdict's RocksDB (9.8.4) writes 6 unless told otherwise, which RocksDB before 8.6 cannot read.
 TABLE_FORMAT_VERSION = 5
+#: The capacity of a tier's block cache, one LRU cache for all its tables (``optimize_for_point_lookup``
+#: gives each table one of 8 MiB): blocks read from table files stay there, uncompressed and
+#: checksummed, up to this many bytes; the rest are read again from the files (the OS's page cache).
+#: The C++ tier's kRocksDbBlockCacheBytes (the tests compare them).
+BLOCK_CACHE_BYTES = 256 << 20
 
 
 def _dim_key(tag: str) -> bytes:
     return (_DIM_KEY + tag).encode()
 
 
-def _point_lookup_tables() -> BlockBasedOptions:
+def _point_lookup_tables(block_cache: Cache) -> BlockBasedOptions:
     """The table options ``optimize_for_point_lookup(8)`` makes (a hash index in each data block,
-    a Bloom filter of 10 bits per key, an 8 MiB block cache), of :data:`TABLE_FORMAT_VERSION`."""
+    a Bloom filter of 10 bits per key), of :data:`TABLE_FORMAT_VERSION`, their blocks in
+    ``block_cache`` (instead of an 8 MiB cache of their own)."""
     tables = BlockBasedOptions()
     tables.set_data_block_index_type(DataBlockIndexType.binary_and_hash())
     tables.set_data_block_hash_ratio(0.75)
     tables.set_bloom_filter(10, False)
-    tables.set_block_cache(Cache(_POINT_LOOKUP_CACHE_MB << 20))
+    tables.set_block_cache(block_cache)
     tables.set_format_version(TABLE_FORMAT_VERSION)
     return tables
 
 
-def _family_options() -> Options:
+def _family_options(block_cache: Cache) -> Options:
     options = Options(raw_mode=True)
     options.optimize_for_point_lookup(_POINT_LOOKUP_CACHE_MB)
-    options.set_block_based_table_factory(_point_lookup_tables())
+    options.set_block_based_table_factory(_point_lookup_tables(block_cache))
     return options
+
+
+def _in_stored_order(keys: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """The distinct ``keys`` (int64) as their stored bytes, in RocksDB's order of them (bytewise), and
+    for each key the index of its distinct key: ``(8 bytes a distinct key, int64 [len(keys)])``.
+
+    Example::
+
+        _in_stored_order(np.array([256, 1, 256]))  # (np.array([256, 1], "<i8").tobytes(), [0, 1, 0])
+    """
+    # A key's stored bytes, read big-endian, order keys as RocksDB does.
+    order = keys.astype("<i8").view("<u8").byteswap()
+    distinct, where = np.unique(order, return_inverse=True)
+    return distinct.astype(">u8").tobytes(), where.reshape(-1)
 
 
 class RocksDBTier:
@@ -103,7 +130,8 @@ class RocksDBTier:
         self.path = os.fspath(path)
         self.read_only = read_only
         self.max_batch_size = max_batch_size
-        options = _family_options()
+        self._block_cache = Cache(BLOCK_CACHE_BYTES)
+        options = _family_options(self._block_cache)
         options.create_if_missing(not read_only)
         options.create_missing_column_families(not read_only)
         options.increase_parallelism(num_threads)
@@ -117,7 +145,7 @@ class RocksDBTier:
             self._db = Rdict(
                 self.path,
                 options,
-                column_families={f: _family_options() for f in families if f != _DEFAULT_FAMILY},
+                column_families={f: _family_options(self._block_cache) for f in families if f != _DEFAULT_FAMILY},
                 access_type=access,
             )
         except Exception as e:  # rocksdict raises plain Exception with RocksDB's status text
@@ -143,11 +171,25 @@ class RocksDBTier:
         family = self._families.get(tag)
         if family is None or not len(keys):
             return out, found
-        raw = keys.astype("<i8").tobytes()
-        for first in range(0, len(keys), self.max_batch_size):
-            last = min(len(keys), first + self.max_batch_size)
+        raw, where = _in_stored_order(keys)
+        distinct = len(raw) // 8
+        rows, hit = np.zeros((distinct, dim), np.float32), np.zeros(distinct, bool)
+        sizes: set[int] = set()  # of the rows found, checked once every row is read
+        for first in range(0, distinct, self.max_batch_size):
+            last = min(distinct, first + self.max_batch_size)
             replies = family[[raw[8 * i : 8 * i + 8] for i in range(first, last)]]
-            fill_rows(self.name, tag, replies, np.arange(first, last), out, found)
+            at = first + np.flatnonzero(np.fromiter((v is not None for v in replies), bool, count=last - first))
+            present = [v for v in replies if v is not None]
+            sizes.update(len(v) for v in present)
+            if sizes <= {4 * dim}:
+                rows[at] = np.frombuffer(b"".join(present), np.float32).reshape(-1, dim)
+                hit[at] = True
+        if not sizes <= {4 * dim}:
+            raise ValueError(
+                f"{tag}: {self.name} holds rows of {[s // 4 for s in sorted(sizes)]} floats, asked for dim {dim}"
+            )
+        np.take(rows, where, axis=0, out=out)
+        np.take(hit, where, out=found)
         return out, found
 
     def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
@@ -192,7 +234,9 @@ class RocksDBTier:
         self._db.put(_dim_key(tag), str(int(dim)).encode())
 
     def retain_only(self, tag: str, keys: np.ndarray) -> int:
-        """Erase the rows of ``tag`` whose key is not in ``keys`` (one pass over the table's keys)."""
+        """Erase the rows of ``tag`` whose key is not in ``keys`` (one pass over the table's keys),
+        then flush the table's memtable into a table file (the servers call this once they have
+        written a table's rows)."""
         self._check_open()
         self._check_writable(f"{tag} not written")
         keep = check_keys(tag, keys, 1)
@@ -206,7 +250,9 @@ class RocksDBTier:
             if len(stored) == self.max_batch_size:
                 erased += self._erase_absent(handle, stored, keep)
                 stored = []
-        return erased + (self._erase_absent(handle, stored, keep) if stored else 0)
+        erased += self._erase_absent(handle, stored, keep) if stored else 0
+        family.flush()
+        return erased
 
     def _erase_absent(self, handle, stored: list[bytes], keep: np.ndarray) -> int:
         absent = np.flatnonzero(~np.isin(np.frombuffer(b"".join(stored), "<i8"), keep))
@@ -223,7 +269,9 @@ class RocksDBTier:
             with self._lock:
                 family = self._families.get(tag)
                 if family is None:
-                    family = self._families[tag] = self._db.create_column_family(tag, _family_options())
+                    family = self._families[tag] = self._db.create_column_family(
+                        tag, _family_options(self._block_cache)
+                    )
         return family
 
     def rewrite_tables(self) -> None:

@@ -9,6 +9,8 @@ RocksDB (Debian's 7.8.3) instead of rocksdict's, and without Python in its data 
 insert release the GIL for the whole call. Where the two differ:
 
 * ``close`` waits for the calls in flight on other threads, then flushes every table;
+* a fetch of many keys reads them in parts on sok-core's worker pool (``_tiers.ROCKS_DB_KEYS_PER_THREAD``
+  keys or more a thread), with the GIL released;
 * a writable open refuses a path this process holds open through the Python tier (whose lock
   RocksDB's own check does not see); the reverse is not checked;
 * a database written in a table format its RocksDB cannot read (rocksdict's default
