@@ -15,7 +15,11 @@
 # tree has none: sok-core's own backends build against the checkout they sit in and ask no version.
 #
 # sok_add_backend(<package> SOURCES <source>...) builds the backend's pybind11 module <package>._core
-# from the C++ sources and installs it into <package>. sok_configure_backend(<target>) is the part of
+# from the C++ sources and installs it into <package>. With STORAGE_LIBRARY <name> STORAGE_SOURCES
+# <source>... the storage itself is built once as the plain shared library lib<name>.so (its C entry
+# point for processes with no Python, such as sok-hps's C++ server) from STORAGE_SOURCES and the
+# CUDA sources, installed beside the module, which is built from SOURCES alone and links it (det
+# and hkv ship so: sok_det_storage.h, sok_hkv_storage.h). sok_configure_backend(<target>) is the part of
 # it that a module target made otherwise (a backend in plain C, another binding library) calls
 # itself: it gives the target sok-core's C headers (the contract sok/storage_api.h, the C++ kit
 # sok/kit/*.hpp, and sok/gpu_engine/, the GPU hash-table engine of the CUDA sources), C++17, the
@@ -72,20 +76,37 @@ endfunction()
 
 # Macros, not functions: enable_language(CUDA) must run in the directory scope.
 macro(sok_add_backend package)
-  cmake_parse_arguments(_sok_add "" "" "SOURCES" ${ARGN})
-  if(NOT _sok_add_SOURCES OR _sok_add_UNPARSED_ARGUMENTS)
+  cmake_parse_arguments(_sok_add "" "STORAGE_LIBRARY" "SOURCES;STORAGE_SOURCES" ${ARGN})
+  if(NOT _sok_add_SOURCES OR _sok_add_UNPARSED_ARGUMENTS OR (_sok_add_STORAGE_LIBRARY AND NOT _sok_add_STORAGE_SOURCES)
+     OR (_sok_add_STORAGE_SOURCES AND NOT _sok_add_STORAGE_LIBRARY))
     message(FATAL_ERROR "sok_add_backend(${package} ${ARGN}): expected sok_add_backend(<package> SOURCES "
-                        "<source>...), e.g. sok_add_backend(my_sok_backend SOURCES csrc/module.cpp)")
+                        "<source>... [STORAGE_LIBRARY <name> STORAGE_SOURCES <source>...]), e.g. "
+                        "sok_add_backend(my_sok_backend SOURCES csrc/module.cpp)")
   endif()
   if(NOT SKBUILD)
     message(WARNING "Build this package with pip: pip install --no-build-isolation ${CMAKE_CURRENT_SOURCE_DIR}")
   endif()
   find_package(Python REQUIRED COMPONENTS Interpreter Development.Module)
   find_package(pybind11 CONFIG REQUIRED)
-  python_add_library(_core MODULE WITH_SOABI ${_sok_add_SOURCES})
-  target_link_libraries(_core PRIVATE pybind11::headers)
-  sok_configure_backend(_core)
-  install(TARGETS _core DESTINATION ${package})
+  if(_sok_add_STORAGE_LIBRARY)
+    # The storage built once as lib<name>.so (no soname version: found by its file name, shipped in
+    # one wheel with its module), for processes with no Python; the module links it (RPATH $ORIGIN)
+    # and takes its build facts (version, CUDA and architectures definitions) for BUILD_INFO.
+    add_library(${_sok_add_STORAGE_LIBRARY} SHARED ${_sok_add_STORAGE_SOURCES})
+    sok_configure_backend(${_sok_add_STORAGE_LIBRARY})
+    python_add_library(_core MODULE WITH_SOABI ${_sok_add_SOURCES})
+    target_link_libraries(_core PRIVATE pybind11::headers ${_sok_add_STORAGE_LIBRARY})
+    target_include_directories(_core PRIVATE "${SokCore_INCLUDE_DIR}" "${CMAKE_CURRENT_SOURCE_DIR}/csrc")
+    target_compile_definitions(_core PRIVATE $<TARGET_PROPERTY:${_sok_add_STORAGE_LIBRARY},COMPILE_DEFINITIONS>)
+    set_target_properties(_core PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_VISIBILITY_PRESET hidden
+                                           VISIBILITY_INLINES_HIDDEN ON BUILD_RPATH "$ORIGIN" INSTALL_RPATH "$ORIGIN")
+    install(TARGETS _core ${_sok_add_STORAGE_LIBRARY} LIBRARY DESTINATION ${package})
+  else()
+    python_add_library(_core MODULE WITH_SOABI ${_sok_add_SOURCES})
+    target_link_libraries(_core PRIVATE pybind11::headers)
+    sok_configure_backend(_core)
+    install(TARGETS _core DESTINATION ${package})
+  endif()
 endmacro()
 
 macro(sok_configure_backend target)
