@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import ctypes
 
-from sparse_operation_kit.testing.storage_library import Config, Context, struct_fields
+from sparse_operation_kit.testing.abi_fields import struct_fields
+from sparse_operation_kit.testing.storage_library import Config, Context
 
 
 def test_config_mirrors_sok_storage_config():

@@ -19,18 +19,34 @@ from pathlib import Path
 
 import sparse_operation_kit
 
-__all__ = ["field_offset", "function_fields"]
+__all__ = ["field_offset", "function_fields", "struct_fields"]
+
+
+@functools.cache
+def _struct_body(name: str) -> str | None:
+    """The body of ``typedef struct <name> { ... } <name>;`` in ``sok/storage_api.h`` without its
+    comments, or None where the header declares no such struct."""
+    header = Path(sparse_operation_kit.get_include(), "sok", "storage_api.h").read_text()
+    match = re.search(rf"typedef struct {name} \{{(.*?)\}} {name};", header, re.S)
+    return None if match is None else re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S)
 
 
 @functools.cache
 def function_fields() -> tuple[str, ...]:
     """The function-pointer fields of ``sok_storage_api`` in declaration order."""
-    header = Path(sparse_operation_kit.get_include(), "sok", "storage_api.h").read_text()
-    match = re.search(r"typedef struct sok_storage_api \{(.*?)\} sok_storage_api;", header, re.S)
-    if match is None:
+    body = _struct_body("sok_storage_api")
+    if body is None:
         raise RuntimeError("storage_api.h declares no `typedef struct sok_storage_api { ... } sok_storage_api;`")
-    body = re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S)
     return tuple(re.findall(r"\(\*(\w+)\)\s*\(", body))
+
+
+def struct_fields(name: str) -> tuple[str, ...]:
+    """The field names of ``typedef struct <name> { ... } <name>;`` in ``sok/storage_api.h``, in
+    order: what a ``ctypes`` mirror of the struct must list (``testing.storage_library``)."""
+    body = _struct_body(name)
+    if body is None:
+        raise ValueError(f"storage_api.h declares no `typedef struct {name} {{ ... }} {name};`")
+    return tuple(re.findall(r"(\w+)\s*;", body))
 
 
 def field_offset(name: str) -> int:

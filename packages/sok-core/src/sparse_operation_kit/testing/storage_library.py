@@ -2,9 +2,9 @@
 ``sok/storage_api.h``) driven through ``ctypes``, with no Python module of the backend in the calls:
 what a process with no Python (sok-hps's C++ server) does with det's and hkv's libraries.
 
-``Config`` and ``Context`` mirror ``sok_storage_config`` and ``sok_exec_context``
-(:func:`struct_fields` reads their fields from the header, and sok-core's tests hold the mirrors to
-it); the functions are found by name where the header places them (:mod:`.abi_fields`).
+``Config`` and ``Context`` mirror ``sok_storage_config`` and ``sok_exec_context`` (sok-core's tests
+hold them to the header's fields, ``abi_fields.struct_fields``); the functions are found by name
+where the header places them (:mod:`.abi_fields`).
 
 Example::
 
@@ -18,17 +18,13 @@ Example::
 from __future__ import annotations
 
 import ctypes
-import functools
-import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-import sparse_operation_kit
 from sparse_operation_kit.testing.abi_fields import field_offset
 
-__all__ = ["CPU", "Config", "Context", "StorageLibrary", "capsule_address", "struct_fields"]
+__all__ = ["CPU", "Config", "Context", "StorageLibrary", "capsule_address"]
 
 _status, _handle, _pointer = ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p
 
@@ -55,17 +51,6 @@ class Context(ctypes.Structure):
 
 
 CPU = Context(0, 0, None)  # SOK_DEVICE_CPU
-
-
-@functools.cache
-def struct_fields(name: str) -> tuple[str, ...]:
-    """The field names of ``typedef struct <name> { ... } <name>;`` in ``sok/storage_api.h``, in order."""
-    header = Path(sparse_operation_kit.get_include(), "sok", "storage_api.h").read_text()
-    match = re.search(rf"typedef struct {name} \{{(.*?)\}} {name};", header, re.S)
-    if match is None:
-        raise ValueError(f"storage_api.h declares no `typedef struct {name} {{ ... }} {name};`")
-    body = re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S)
-    return tuple(re.findall(r"(\w+)\s*;", body))
 
 
 def capsule_address(core: Any) -> int:
