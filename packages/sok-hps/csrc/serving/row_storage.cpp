@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "sok/kit/keys.hpp"
 #include "sok/kit/loaded_library.hpp"
 
 #ifdef SOK_WITH_CUDA
@@ -46,11 +47,19 @@ void check_cuda(cudaError_t status, const std::string& what) {
   if (status != cudaSuccess) throw std::runtime_error(what + ": CUDA: " + cudaGetErrorString(status));
 }
 
-// An array of `bytes` on the current GPU, freed in `stream` when it goes.
+// An array of `bytes` on the current GPU, freed in `stream` when it goes; `from` (host memory), where
+// given, is copied in, in `stream`.
 class DeviceBuffer {
  public:
-  DeviceBuffer(size_t bytes, cudaStream_t stream, const std::string& what) : stream_(stream) {
+  DeviceBuffer(size_t bytes, cudaStream_t stream, const std::string& what, const void* from = nullptr)
+      : stream_(stream) {
     check_cuda(cudaMallocAsync(&data_, std::max<size_t>(bytes, 1), stream), what);
+    if (from == nullptr) return;
+    const cudaError_t copied = cudaMemcpyAsync(data_, from, bytes, cudaMemcpyHostToDevice, stream);
+    if (copied != cudaSuccess) {
+      cudaFreeAsync(data_, stream);  // no destructor runs for a constructor that throws
+      check_cuda(copied, what);
+    }
   }
   ~DeviceBuffer() { cudaFreeAsync(data_, stream_); }
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -172,16 +181,10 @@ void RowStorage::find(const int64_t* keys, int64_t n, float* rows, const float* 
   // through the GPU's memory, in the storage's stream
   const std::string what = "find on " + what_;
   const auto stream = static_cast<cudaStream_t>(stream_);
-  const size_t key_bytes = static_cast<size_t>(n) * (key_type_ == SOK_KEY_INT64 ? sizeof(int64_t) : sizeof(int32_t));
   const auto rows_bytes = static_cast<size_t>(n * dim_) * sizeof(float);
   check_cuda(cudaSetDevice(device_), what);
-  DeviceBuffer dk(key_bytes, stream, what), r(rows_bytes, stream, what), def(dim_ * sizeof(float), stream, what),
-      f(static_cast<size_t>(n), stream, what);
-  check_cuda(cudaMemcpyAsync(dk.as<void>(), k, key_bytes, cudaMemcpyHostToDevice, stream), what);
-  if (default_row != nullptr) {
-    check_cuda(cudaMemcpyAsync(def.as<float>(), default_row, dim_ * sizeof(float), cudaMemcpyHostToDevice, stream),
-               what);
-  }
+  DeviceBuffer dk(n * key_size(key_type_), stream, what, k), r(rows_bytes, stream, what),
+      def(dim_ * sizeof(float), stream, what, default_row), f(static_cast<size_t>(n), stream, what);
   const sok_exec_context ctx = context();
   check(api_->find(storage_, &ctx, n, dk.as<void>(), 0, d, r.as<float>(),
                    default_row != nullptr ? def.as<float>() : nullptr, found != nullptr ? f.as<uint8_t>() : nullptr),
@@ -208,12 +211,9 @@ void RowStorage::insert(const int64_t* keys, int64_t n, const float* rows) const
 #ifdef SOK_WITH_CUDA
   const std::string what = "insert into " + what_;
   const auto stream = static_cast<cudaStream_t>(stream_);
-  const size_t key_bytes = static_cast<size_t>(n) * (key_type_ == SOK_KEY_INT64 ? sizeof(int64_t) : sizeof(int32_t));
-  const auto rows_bytes = static_cast<size_t>(n * dim_) * sizeof(float);
   check_cuda(cudaSetDevice(device_), what);
-  DeviceBuffer dk(key_bytes, stream, what), r(rows_bytes, stream, what);
-  check_cuda(cudaMemcpyAsync(dk.as<void>(), k, key_bytes, cudaMemcpyHostToDevice, stream), what);
-  check_cuda(cudaMemcpyAsync(r.as<float>(), rows, rows_bytes, cudaMemcpyHostToDevice, stream), what);
+  DeviceBuffer dk(n * key_size(key_type_), stream, what, k),
+      r(static_cast<size_t>(n * dim_) * sizeof(float), stream, what, rows);
   const sok_exec_context ctx = context();
   check(api_->insert_or_assign(storage_, &ctx, n, dk.as<void>(), 0, d, r.as<float>(), nullptr, nullptr, 0), "insert");
   check_cuda(cudaStreamSynchronize(stream), what);
