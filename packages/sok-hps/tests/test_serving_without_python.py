@@ -101,6 +101,21 @@ def python_serves(saved: Path, ids: np.ndarray) -> np.ndarray:
         init.shutdown()
 
 
+def cpp_serves(program, saved: Path, ids: np.ndarray, tmp_path: Path, libraries, shape, **options) -> np.ndarray:
+    """The C++ program's output (of ``shape``) for ``ids`` through ``saved`` (``serving_cpp.serve``'s
+    ``options``), once it ran to the end with no libpython in the process."""
+    done = serving_cpp.serve(program, saved, ids, tmp_path, libraries, **options)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "libpython: absent" in done.stdout
+    return np.fromfile(tmp_path / "out.bin", np.float32).reshape(shape)
+
+
+def tables_rows(tables: list[np.ndarray], ids: np.ndarray) -> np.ndarray:
+    """The model's output from the tables themselves: each table's rows of ``ids`` (0.5 past its
+    rows, the default value), flattened and concatenated as :func:`export`'s model does."""
+    return np.concatenate([support.oracle(t, 0.5, UNSEEN)[ids].reshape(len(ids), -1) for t in tables], axis=1)
+
+
 EVICTING = {"type": "hash_map", "num_partitions": 2, "overflow_margin": 1000, "overflow_policy": "evict_oldest"}
 SETUPS = {
     "cache of every row": ({}, support.DISABLED_DBS),
@@ -125,14 +140,9 @@ def test_an_hps_savedmodel_serves_from_cpp_as_from_python(program, libraries, tm
     ids[0] = [ROWS, ROWS + 1, 0]  # keys of no table: the default value
     expected = python_serves(saved, ids)
 
-    done = serving_cpp.serve(program, saved, ids, tmp_path, libraries)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert "libpython: absent" in done.stdout
-    served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(expected.shape)
+    served = cpp_serves(program, saved, ids, tmp_path, libraries, expected.shape)
     np.testing.assert_array_equal(served, expected)  # bit for bit
-    # the tables' rows, the default value past them
-    oracle = [support.oracle(table, 0.5, UNSEEN)[ids].reshape(BATCH, -1) for table in tables]
-    np.testing.assert_array_equal(served, np.concatenate(oracle, axis=1))
+    np.testing.assert_array_equal(served, tables_rows(tables, ids))  # the default value past the rows
 
 
 DATABASE_SETUPS = {
@@ -189,13 +199,9 @@ def test_an_hps_savedmodel_over_databases_serves_from_cpp_as_from_python(
     ids = np.random.default_rng(5).integers(0, ROWS + UNSEEN, size=(BATCH, SLOTS)).astype(np.int64)
     expected = python_serves(saved, ids)
 
-    done = serving_cpp.serve(program, saved, ids, tmp_path, libraries)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert "libpython: absent" in done.stdout
-    served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(expected.shape)
+    served = cpp_serves(program, saved, ids, tmp_path, libraries, expected.shape)
     np.testing.assert_array_equal(served, expected)
-    oracle = [support.oracle(table, 0.5, UNSEEN)[ids].reshape(BATCH, -1) for table in tables]
-    np.testing.assert_array_equal(served, np.concatenate(oracle, axis=1))
+    np.testing.assert_array_equal(served, tables_rows(tables, ids))
 
 
 UPDATE_SETUPS = {
@@ -239,10 +245,8 @@ def test_online_updates_reach_the_cpp_server(program, libraries, tmp_path, setup
     want = np.concatenate([table[ids].reshape(BATCH, -1) for table in tables], axis=1)
     np.testing.assert_array_equal(expected, want)
 
-    done = serving_cpp.serve(program, saved, ids, tmp_path, libraries, runs=3, pause_ms=500)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert "libpython: absent" in done.stdout
-    np.testing.assert_array_equal(np.fromfile(tmp_path / "out.bin", np.float32).reshape(want.shape), want)
+    served = cpp_serves(program, saved, ids, tmp_path, libraries, want.shape, runs=3, pause_ms=500)
+    np.testing.assert_array_equal(served, want)
 
 
 def serve_expecting_failure(program, libraries, tmp_path, saved) -> str:
@@ -338,15 +342,10 @@ def test_a_large_gpu_lookup_of_the_gpu_caches_serves_as_python(program, librarie
     ids = np.random.default_rng(11).integers(0, rows + UNSEEN, size=(LARGE_BATCH, SLOTS)).astype(key_dtype)
     expected = python_serves(saved, ids)
 
-    done = serving_cpp.serve(
-        program, saved, ids, tmp_path, libraries, env={"TF_FORCE_GPU_ALLOW_GROWTH": "true"}, runs=3
-    )
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert "libpython: absent" in done.stdout
-    served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(expected.shape)
+    gpu = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+    served = cpp_serves(program, saved, ids, tmp_path, libraries, expected.shape, env=gpu, runs=3)
     np.testing.assert_array_equal(served, expected)  # bit for bit
-    oracle = [support.oracle(table, 0.5, UNSEEN)[ids].reshape(LARGE_BATCH, -1) for table in tables]
-    np.testing.assert_array_equal(served, np.concatenate(oracle, axis=1))
+    np.testing.assert_array_equal(served, tables_rows(tables, ids))
 
 
 TORN_SETUPS = {
@@ -530,8 +529,5 @@ def test_a_savedmodel_of_nvidias_plugin_ops_serves_from_cpp(program, libraries, 
     init.shutdown()
     ids = np.random.default_rng(6).integers(0, ROWS + UNSEEN, size=(BATCH, SLOTS)).astype(np.int64)
     compat = os.path.join(os.path.dirname(libraries[-1]), graph_calls.COMPAT_LIBRARY)
-    done = serving_cpp.serve(program, tmp_path / "saved", ids, tmp_path, [*libraries, compat])
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    assert "libpython: absent" in done.stdout
-    served = np.fromfile(tmp_path / "out.bin", np.float32).reshape(BATCH, SLOTS, DIMS[1])
+    served = cpp_serves(program, tmp_path / "saved", ids, tmp_path, [*libraries, compat], (BATCH, SLOTS, DIMS[1]))
     np.testing.assert_array_equal(served, support.oracle(tables[1], 0.5, UNSEEN)[ids])
